@@ -1,0 +1,1 @@
+//! Configuration: pgbouncer.ini-compatible INI, userlist.

@@ -1,0 +1,1 @@
+//! The sans-IO wire codec.
