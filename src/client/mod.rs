@@ -1,0 +1,208 @@
+//! One client: startup, authentication, the welcome, then the session loop.
+
+mod auth;
+mod io;
+mod session;
+mod startup;
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+
+pub use io::ClientIo;
+pub use startup::{parse_options, read_params, StartupRequest};
+
+use crate::cancel::ClientHandle;
+use crate::net::Stream;
+use crate::params::ParamSet;
+use crate::pool::{Pool, PoolError};
+use crate::runtime::Runtime;
+use crate::wire::{self, sqlstate, ErrorResponse, TxStatus, WireError};
+use session::Session;
+use startup::Opening;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SessionError {
+    #[error("client closed the connection")]
+    Gone,
+    #[error("client i/o: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("{}", .0.message)]
+    Fatal(ErrorResponse),
+}
+
+impl From<WireError> for SessionError {
+    fn from(e: WireError) -> Self {
+        SessionError::Fatal(ErrorResponse::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string()))
+    }
+}
+
+impl From<PoolError> for SessionError {
+    fn from(e: PoolError) -> Self {
+        SessionError::Fatal(pool_error_response(&e))
+    }
+}
+
+/// The error a client sees when it could not get a server.
+pub fn pool_error_response(e: &PoolError) -> ErrorResponse {
+    match e {
+        PoolError::WaitTimeout => ErrorResponse::fatal(sqlstate::QUERY_CANCELED, "query_wait_timeout".to_string()),
+        PoolError::Closed => ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, "the pool is closed".to_string()),
+        PoolError::Login(err) => match err.as_ref() {
+            crate::server::ServerError::Refused(fields) => {
+                ErrorResponse::fatal(fields.code(), fields.message().to_string())
+            }
+            other => ErrorResponse::fatal(sqlstate::CONNECTION_FAILURE, other.to_string()),
+        },
+    }
+}
+
+/// Counts a client from accept to close, for max_client_conn.
+struct ClientSlot<'a>(&'a Runtime);
+
+impl Drop for ClientSlot<'_> {
+    fn drop(&mut self) {
+        self.0.clients.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Serves one accepted client connection to its end.
+pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
+    let peer = stream.peer_label();
+    let max_message = rt.config.load().settings.max_packet_size.min(wire::DEFAULT_MAX_MESSAGE_LEN);
+    let mut io = ClientIo::new(stream, max_message);
+    let over_limit = {
+        let n = rt.clients.fetch_add(1, Ordering::AcqRel) + 1;
+        n > rt.config.load().settings.max_client_conn as usize
+    };
+    let _slot = ClientSlot(&rt);
+    let id = rt.next_client_id();
+    match run(&rt, &mut io, id, over_limit).await {
+        Ok(()) | Err(SessionError::Gone) => {}
+        Err(SessionError::Io(e)) => tracing::debug!(client = id, %peer, "client connection lost: {e}"),
+        Err(SessionError::Fatal(err)) => {
+            tracing::info!(client = id, %peer, code = %err.code, "closing client: {}", err.message);
+            io.send_error(&[], &err).await;
+        }
+    }
+}
+
+async fn run(rt: &Arc<Runtime>, io: &mut ClientIo, id: u64, over_limit: bool) -> Result<(), SessionError> {
+    let login_timeout = rt.config.load().settings.client_login_timeout;
+    let login = async {
+        let req = match startup::read_opening(io, rt).await? {
+            Opening::Cancel => return Ok(None),
+            Opening::Login(req) => req,
+        };
+        if over_limit {
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                "no more connections allowed (max_client_conn)".to_string(),
+            )));
+        }
+        let authed = auth::authenticate(io, rt, &req.user).await?;
+        let mut out = BytesMut::new();
+        wire::encode_auth_ok(&mut out);
+        io.send(&out).await?;
+        let pool = open_pool(rt, &req, authed.credential)?;
+        let welcome = welcome(&pool, rt).await?;
+        Ok(Some((req, pool, welcome)))
+    };
+    let opened = match login_timeout {
+        Some(limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
+            SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                "client_login_timeout".to_string(),
+            ))
+        })??,
+        None => login.await?,
+    };
+    let Some((req, pool, welcome)) = opened else {
+        return Ok(());
+    };
+    let handle = rt.cancels.register(id);
+    let result = greet_and_run(rt, io, id, req, pool, &welcome, &handle).await;
+    rt.cancels.remove(handle.pid);
+    result
+}
+
+fn open_pool(
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+    credential: Option<crate::server::Credential>,
+) -> Result<Arc<Pool>, SessionError> {
+    let config = rt.config.load();
+    let Some(db) = config.database(&req.database) else {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!("no such database: {}", req.database),
+        )));
+    };
+    let pool = rt.pool_for(&db, &req.user);
+    if let (Some(c), None) = (credential, &db.user) {
+        pool.offer_credential(c);
+    }
+    Ok(pool)
+}
+
+/// The server parameters a client is greeted with: those of the pool's first login; if the
+/// pool has never logged in, one server is opened now to learn them.
+async fn welcome(pool: &Arc<Pool>, rt: &Runtime) -> Result<Arc<Vec<(String, String)>>, SessionError> {
+    if let Some(w) = pool.welcome() {
+        return Ok(w);
+    }
+    let wait = rt.config.load().settings.query_wait_timeout;
+    let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
+    let server = pool.checkout(ticket, wait).await?;
+    drop(server);
+    pool.welcome().ok_or_else(|| {
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CONNECTION_FAILURE,
+            "server sent no parameters at login".to_string(),
+        ))
+    })
+}
+
+async fn greet_and_run(
+    rt: &Arc<Runtime>,
+    io: &mut ClientIo,
+    id: u64,
+    req: StartupRequest,
+    pool: Arc<Pool>,
+    welcome: &[(String, String)],
+    handle: &Arc<ClientHandle>,
+) -> Result<(), SessionError> {
+    let tracked = rt.tracked.load_full();
+    let mut params = ParamSet::default();
+    let mut out = BytesMut::new();
+    for (name, value) in welcome {
+        let value = req
+            .params
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map_or(value.as_str(), |(_, v)| v.as_str());
+        if let Some(canonical) = tracked.canonical(name) {
+            params.set(canonical, value);
+        }
+        wire::encode_parameter_status(&mut out, name, value);
+    }
+    for (name, value) in &req.params {
+        if params.get(name).is_none() {
+            params.set(name, value);
+            wire::encode_parameter_status(&mut out, name, value);
+        }
+    }
+    wire::encode_backend_key_data(&mut out, handle.pid, &handle.secret());
+    wire::encode_ready_for_query(&mut out, TxStatus::Idle);
+    io.send(&out).await?;
+    tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
+    let settings = rt.config.load();
+    let timeouts = session::Timeouts::from_settings(&settings.settings);
+    let mut session = Session::new(id, pool, handle.clone(), params, tracked, timeouts);
+    session.run(io).await
+}
+
+/// How long to wait for a session's final writes.
+pub const CLOSE_GRACE: Duration = Duration::from_secs(5);

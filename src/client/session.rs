@@ -1,0 +1,609 @@
+//! The session loop: relays a logged-in client's messages to a server checked out from its
+//! pool, and hands the server back as soon as the pool mode allows.
+//!
+//! One task drives both directions with bounded buffers, so a slow reader on either side
+//! slows the other (backpressure) and neither side's writes can deadlock the other's.
+
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use bytes::BytesMut;
+use tokio_util::io::{poll_read_buf, poll_write_buf};
+
+use super::{ClientIo, SessionError};
+use crate::cancel::{CancelTarget, ClientHandle};
+use crate::config::{PoolMode, Settings};
+use crate::gate::Ticket;
+use crate::params::{self, ParamSet, Tracked};
+use crate::pool::{Pool, ServerGuard};
+use crate::server::ServerError;
+use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
+
+/// Bytes buffered towards one side before pgward stops reading from the other.
+const HIGH_WATER: usize = 256 * 1024;
+
+/// The client-side time limits, from the settings.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timeouts {
+    pub query: Option<Duration>,
+    pub query_wait: Option<Duration>,
+    pub client_idle: Option<Duration>,
+    pub idle_transaction: Option<Duration>,
+    pub transaction: Option<Duration>,
+}
+
+impl Timeouts {
+    pub fn from_settings(s: &Settings) -> Self {
+        Timeouts {
+            query: s.query_timeout,
+            query_wait: s.query_wait_timeout,
+            client_idle: s.client_idle_timeout,
+            idle_transaction: s.idle_transaction_timeout,
+            transaction: s.transaction_timeout,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    Query,
+    IdleTransaction,
+    Transaction,
+    ClientIdle,
+}
+
+impl Timer {
+    fn error(self) -> ErrorResponse {
+        let (code, msg) = match self {
+            Timer::Query => (sqlstate::QUERY_CANCELED, "query_timeout"),
+            Timer::IdleTransaction => (sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout"),
+            Timer::Transaction => (sqlstate::TRANSACTION_TIMEOUT, "transaction_timeout"),
+            Timer::ClientIdle => (sqlstate::IDLE_SESSION_TIMEOUT, "client_idle_timeout"),
+        };
+        ErrorResponse::fatal(code, msg.to_string())
+    }
+}
+
+enum Event {
+    ClientData,
+    ClientClosed,
+    ServerData,
+    ServerClosed,
+    Timer(Timer),
+}
+
+/// A server checked out by this client, and where the conversation with it stands.
+struct Link {
+    server: ServerGuard,
+    /// Query, Sync and FunctionCall messages sent whose ReadyForQuery has not come back.
+    pending: u32,
+    /// Extended-protocol messages were sent since the last Sync.
+    batch_open: bool,
+    attached_at: Instant,
+    /// When the oldest pending request was sent.
+    busy_since: Option<Instant>,
+    /// When the last ReadyForQuery arrived.
+    ready_since: Instant,
+}
+
+/// What a run of complete client messages asks of the server.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct ClientChunk {
+    /// Bytes of whole messages to forward.
+    len: usize,
+    /// Messages that each get a ReadyForQuery back.
+    syncs: u32,
+    /// Whether the last extended-protocol message was not followed by a Sync: Some(true)
+    /// opens a batch, Some(false) closes it, None leaves it as it was.
+    batch: Option<bool>,
+    terminate: bool,
+}
+
+pub struct Session {
+    id: u64,
+    pool: Arc<Pool>,
+    mode: PoolMode,
+    handle: Arc<ClientHandle>,
+    params: ParamSet,
+    tracked: Arc<Tracked>,
+    timeouts: Timeouts,
+    link: Option<Link>,
+    to_server: BytesMut,
+    to_client: BytesMut,
+    last_client_activity: Instant,
+}
+
+impl Session {
+    pub fn new(
+        id: u64,
+        pool: Arc<Pool>,
+        handle: Arc<ClientHandle>,
+        params: ParamSet,
+        tracked: Arc<Tracked>,
+        timeouts: Timeouts,
+    ) -> Self {
+        let mode = pool.settings().mode;
+        Session {
+            id,
+            pool,
+            mode,
+            handle,
+            params,
+            tracked,
+            timeouts,
+            link: None,
+            to_server: BytesMut::new(),
+            to_client: BytesMut::new(),
+            last_client_activity: Instant::now(),
+        }
+    }
+
+    pub async fn run(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        let result = self.relay(io).await;
+        if let Err(SessionError::Fatal(err)) = &result {
+            let pending = std::mem::take(&mut self.to_client);
+            io.send_error(&pending, err).await;
+        }
+        self.finish().await;
+        match result {
+            Err(SessionError::Fatal(_)) => Ok(()),
+            other => other,
+        }
+    }
+
+    async fn relay(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        loop {
+            match self.next_event(io).await? {
+                Event::ClientData => {
+                    self.last_client_activity = Instant::now();
+                    if self.on_client_data(io).await? {
+                        return Ok(());
+                    }
+                }
+                Event::ClientClosed => return Ok(()),
+                Event::ServerData => self.on_server_data().await?,
+                Event::ServerClosed => return Err(self.server_lost()),
+                Event::Timer(t) => {
+                    if let Some(link) = &mut self.link {
+                        link.server.poison();
+                    }
+                    return Err(SessionError::Fatal(t.error()));
+                }
+            }
+        }
+    }
+
+    /// Waits for the next thing to act on, moving buffered bytes meanwhile.
+    async fn next_event(&mut self, io: &mut ClientIo) -> Result<Event, SessionError> {
+        let deadline = self.next_deadline();
+        let pump = poll_fn(|cx| self.poll_pump(io, cx));
+        match deadline {
+            Some((at, timer)) => tokio::select! {
+                ev = pump => ev,
+                _ = tokio::time::sleep_until(at.into()) => Ok(Event::Timer(timer)),
+            },
+            None => pump.await,
+        }
+    }
+
+    fn poll_pump(&mut self, io: &mut ClientIo, cx: &mut Context<'_>) -> Poll<Result<Event, SessionError>> {
+        if let Some(link) = &mut self.link {
+            if flush(&mut link.server.stream, &mut self.to_server, cx).is_err() {
+                return Poll::Ready(Ok(Event::ServerClosed));
+            }
+        }
+        if let Err(e) = flush(&mut io.stream, &mut self.to_client, cx) {
+            return Poll::Ready(Err(e.into()));
+        }
+        if self.to_server.len() < HIGH_WATER {
+            reserve_for_frame(&mut io.rbuf);
+            match poll_read_buf(Pin::new(&mut io.stream), cx, &mut io.rbuf) {
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Ok(Event::ClientClosed)),
+                Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Event::ClientData)),
+                Poll::Pending => {}
+            }
+        }
+        if let Some(link) = &mut self.link {
+            if self.to_client.len() < HIGH_WATER {
+                let server = &mut *link.server;
+                reserve_for_frame(&mut server.rbuf);
+                match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Ok(Event::ServerClosed)),
+                    Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Event::ServerData)),
+                    Poll::Pending => {}
+                }
+            }
+        }
+        Poll::Pending
+    }
+
+    fn next_deadline(&self) -> Option<(Instant, Timer)> {
+        let t = &self.timeouts;
+        let mut candidates: Vec<(Instant, Timer)> = Vec::new();
+        let idle_client = match &self.link {
+            None => true,
+            Some(link) => {
+                let in_tx = link.server.tx != TxStatus::Idle;
+                if let (Some(limit), Some(since)) = (t.query, link.busy_since) {
+                    candidates.push((since + limit, Timer::Query));
+                }
+                if let (Some(limit), true, 0) = (t.idle_transaction, in_tx, link.pending) {
+                    candidates.push((link.ready_since + limit, Timer::IdleTransaction));
+                }
+                if let (Some(limit), true) = (t.transaction, in_tx) {
+                    candidates.push((link.attached_at + limit, Timer::Transaction));
+                }
+                !in_tx && link.pending == 0 && !link.batch_open
+            }
+        };
+        if let (Some(limit), true) = (t.client_idle, idle_client) {
+            candidates.push((self.last_client_activity + limit, Timer::ClientIdle));
+        }
+        candidates.into_iter().min_by_key(|(at, _)| *at)
+    }
+
+    /// Forwards the complete messages the client sent, checking out a server first if
+    /// needed. Returns true when the client said Terminate.
+    async fn on_client_data(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
+        let chunk = scan_client(&io.rbuf, io.max_message)?;
+        if chunk.len > 0 {
+            if self.link.is_none() {
+                self.attach(io).await?;
+            }
+            if self.handle.cancels_in_flight() {
+                self.handle.wait_cancels().await;
+            }
+            let bytes = io.rbuf.split_to(chunk.len);
+            append(&mut self.to_server, bytes);
+            if let Some(link) = &mut self.link {
+                if chunk.syncs > 0 && link.pending == 0 {
+                    link.busy_since = Some(Instant::now());
+                }
+                link.pending += chunk.syncs;
+                if let Some(open) = chunk.batch {
+                    link.batch_open = open;
+                }
+            }
+        }
+        if chunk.terminate {
+            io.rbuf.clear();
+        }
+        Ok(chunk.terminate)
+    }
+
+    /// Checks out a server (waiting in the gate's queue) and brings its tracked
+    /// parameters in line with the client's.
+    async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        let ticket = Ticket::new(self.id, Instant::now());
+        let checkout = self.pool.checkout(ticket, self.timeouts.query_wait);
+        tokio::pin!(checkout);
+        let mut server = loop {
+            tokio::select! {
+                server = &mut checkout => break server?,
+                more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+            }
+        };
+        self.sync_params(&mut server).await?;
+        self.handle.attach(CancelTarget {
+            addr: server.addr.clone(),
+            key: server.key.clone(),
+        });
+        let now = Instant::now();
+        self.link = Some(Link {
+            server,
+            pending: 0,
+            batch_open: false,
+            attached_at: now,
+            busy_since: None,
+            ready_since: now,
+        });
+        Ok(())
+    }
+
+    async fn sync_params(&mut self, server: &mut ServerGuard) -> Result<(), SessionError> {
+        let diffs: Vec<(String, String)> = self
+            .params
+            .differences(&server.params)
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_string()))
+            .collect();
+        if diffs.is_empty() {
+            return Ok(());
+        }
+        let pairs: Vec<(&str, &str)> = diffs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
+        match server.simple_query(&params::set_statement(&pairs), &self.tracked).await {
+            Ok(()) => {}
+            Err(ServerError::Refused(fields)) => {
+                return Err(SessionError::Fatal(ErrorResponse::fatal(
+                    fields.code(),
+                    fields.message().to_string(),
+                )))
+            }
+            Err(e) => {
+                server.poison();
+                return Err(SessionError::Fatal(ErrorResponse::fatal(
+                    sqlstate::CONNECTION_FAILURE,
+                    e.to_string(),
+                )));
+            }
+        }
+        for (name, value) in &diffs {
+            // The server's spelling wins (it reports `UTF8` for `utf8`); a parameter it does
+            // not report keeps the value that was set.
+            match server.params.get(name).map(str::to_string) {
+                Some(v) => {
+                    self.params.set(name, &v);
+                }
+                None => {
+                    server.params.set(name, value);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the server's complete messages to the client, following ReadyForQuery and
+    /// ParameterStatus, and gives the server back when the pool mode allows.
+    async fn on_server_data(&mut self) -> Result<(), SessionError> {
+        let Some(link) = &mut self.link else {
+            return Ok(());
+        };
+        let server = &mut *link.server;
+        let mut offset = 0;
+        while let Some((tag, len)) = frame_at(&server.rbuf, offset) {
+            let body = &server.rbuf[offset + 5..offset + 1 + len];
+            match tag {
+                b'Z' => {
+                    let status = body.first().copied().and_then(TxStatus::from_byte).ok_or_else(|| {
+                        SessionError::Fatal(ErrorResponse::fatal(
+                            sqlstate::PROTOCOL_VIOLATION,
+                            "server sent a malformed ReadyForQuery".to_string(),
+                        ))
+                    })?;
+                    server.tx = status;
+                    link.pending = link.pending.saturating_sub(1);
+                    link.ready_since = Instant::now();
+                    link.busy_since = (link.pending > 0).then_some(link.ready_since);
+                }
+                b'S' => {
+                    if let Some((name, value)) = parameter_status(body) {
+                        if let Some(canonical) = self.tracked.canonical(name) {
+                            server.params.set(canonical, value);
+                            self.params.set(canonical, value);
+                        }
+                    }
+                }
+                _ => {}
+            }
+            offset += 1 + len;
+        }
+        if offset > 0 {
+            let bytes = server.rbuf.split_to(offset);
+            append(&mut self.to_client, bytes);
+        }
+        self.maybe_release().await
+    }
+
+    async fn maybe_release(&mut self) -> Result<(), SessionError> {
+        let Some(link) = &self.link else {
+            return Ok(());
+        };
+        let quiet = link.pending == 0
+            && !link.batch_open
+            && self.to_server.is_empty()
+            && link.server.rbuf.is_empty();
+        if !quiet || self.mode == PoolMode::Session {
+            return Ok(());
+        }
+        if link.server.tx != TxStatus::Idle {
+            if self.mode == PoolMode::Statement {
+                return Err(SessionError::Fatal(ErrorResponse::fatal(
+                    sqlstate::FEATURE_NOT_SUPPORTED,
+                    "transaction blocks not allowed in statement pooling mode".to_string(),
+                )));
+            }
+            return Ok(());
+        }
+        self.release().await;
+        Ok(())
+    }
+
+    /// Gives the server back, once no cancel for it is still on its way.
+    async fn release(&mut self) {
+        let Some(mut link) = self.link.take() else {
+            return;
+        };
+        if !self.handle.detach() {
+            self.handle.wait_cancels().await;
+        }
+        let settings = self.pool.settings();
+        if settings.reset_always && self.mode == PoolMode::Transaction {
+            if let Some(q) = &settings.reset_query {
+                if link.server.simple_query(q, &self.tracked).await.is_err() {
+                    link.server.poison();
+                }
+            }
+        }
+    }
+
+    /// The server went away while this client was using it.
+    fn server_lost(&mut self) -> SessionError {
+        if let Some(mut link) = self.link.take() {
+            link.server.poison();
+            self.handle.detach();
+        }
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CONNECTION_FAILURE,
+            "server closed the connection unexpectedly".to_string(),
+        ))
+    }
+
+    /// The client is gone: a server in the middle of anything is closed, a clean one goes
+    /// back (after server_reset_query in session mode).
+    async fn finish(&mut self) {
+        let Some(link) = &mut self.link else {
+            return;
+        };
+        let clean = link.pending == 0 && !link.batch_open && self.to_server.is_empty() && link.server.is_clean();
+        if !clean {
+            link.server.poison();
+        } else if self.mode == PoolMode::Session {
+            if let Some(q) = self.pool.settings().reset_query.clone() {
+                if link.server.simple_query(&q, &self.tracked).await.is_err() {
+                    link.server.poison();
+                }
+            }
+        }
+        self.release().await;
+    }
+}
+
+/// Writes as much of `buf` as the socket takes now.
+fn flush<S: tokio::io::AsyncWrite + Unpin>(
+    stream: &mut S,
+    buf: &mut BytesMut,
+    cx: &mut Context<'_>,
+) -> std::io::Result<()> {
+    while !buf.is_empty() {
+        match poll_write_buf(Pin::new(&mut *stream), cx, buf) {
+            Poll::Ready(Ok(0)) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Poll::Ready(Ok(_)) => {}
+            Poll::Ready(Err(e)) => return Err(e),
+            Poll::Pending => break,
+        }
+    }
+    Ok(())
+}
+
+/// Makes room for the rest of the message at the front of `buf`, or a read's worth.
+fn reserve_for_frame(buf: &mut BytesMut) {
+    let want = if buf.len() >= 5 {
+        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
+        (len + 1).saturating_sub(buf.len()).clamp(8192, 1 << 20)
+    } else {
+        8192
+    };
+    if buf.capacity() - buf.len() < want {
+        buf.reserve(want);
+    }
+}
+
+fn append(dst: &mut BytesMut, src: BytesMut) {
+    if dst.is_empty() {
+        *dst = src;
+    } else {
+        dst.extend_from_slice(&src);
+    }
+}
+
+/// The tag and length of a complete message at `offset`, if one is there. Lengths are
+/// checked by the scanners before this is trusted.
+fn frame_at(buf: &[u8], offset: usize) -> Option<(u8, usize)> {
+    let head = buf.get(offset..offset + 5)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len < 4 || buf.len() < offset + 1 + len {
+        return None;
+    }
+    Some((head[0], len))
+}
+
+/// Reads the complete client messages at the front of `buf`: their size, and what they ask
+/// of the server. Unknown message types and oversized lengths are protocol violations.
+fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionError> {
+    let mut chunk = ClientChunk::default();
+    let mut offset = 0;
+    loop {
+        let Some(head) = buf.get(offset..offset + 5) else {
+            break;
+        };
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        if len < 4 || len > max_message {
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!("invalid message length {len}"),
+            )));
+        }
+        if buf.len() < offset + 1 + len {
+            break;
+        }
+        match head[0] {
+            b'X' => {
+                chunk.terminate = true;
+                break;
+            }
+            b'Q' | b'F' => chunk.syncs += 1,
+            b'S' => {
+                chunk.syncs += 1;
+                chunk.batch = Some(false);
+            }
+            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => chunk.batch = Some(true),
+            b'd' | b'c' | b'f' => {}
+            other => {
+                return Err(SessionError::Fatal(ErrorResponse::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    format!("invalid frontend message type {other}"),
+                )))
+            }
+        }
+        offset += 1 + len;
+        chunk.len = offset;
+    }
+    Ok(chunk)
+}
+
+fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
+    let mut parts = body.split(|b| *b == 0);
+    let name = std::str::from_utf8(parts.next()?).ok()?;
+    let value = std::str::from_utf8(parts.next()?).ok()?;
+    Some((name, value))
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
+        let mut v = vec![tag];
+        v.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+        v.extend_from_slice(body);
+        v
+    }
+
+    #[test]
+    fn scan_counts_syncs_and_batches() {
+        let mut buf = msg(b'P', b"\0select 1\0\0\0");
+        buf.extend(msg(b'B', b"\0\0\0\0\0\0\0\0"));
+        buf.extend(msg(b'E', b"\0\0\0\0\0"));
+        let c = scan_client(&buf, 1 << 20).unwrap();
+        assert_eq!((c.syncs, c.batch, c.len), (0, Some(true), buf.len()));
+        buf.extend(msg(b'S', b""));
+        buf.extend(msg(b'Q', b"select 1\0"));
+        let c = scan_client(&buf, 1 << 20).unwrap();
+        assert_eq!((c.syncs, c.batch), (2, Some(false)));
+    }
+
+    #[test]
+    fn scan_stops_at_partial_messages_and_terminate() {
+        let mut buf = msg(b'Q', b"select 1\0");
+        let whole = buf.len();
+        buf.extend(&msg(b'Q', b"select 2\0")[..6]);
+        let c = scan_client(&buf, 1 << 20).unwrap();
+        assert_eq!(c.len, whole);
+        let mut buf = msg(b'X', b"");
+        buf.extend(msg(b'Q', b"select 1\0"));
+        let c = scan_client(&buf, 1 << 20).unwrap();
+        assert!(c.terminate);
+        assert_eq!(c.len, 0);
+    }
+
+    #[test]
+    fn scan_refuses_bad_lengths_and_types() {
+        assert!(scan_client(&[b'Q', 0, 0, 0, 3], 1 << 20).is_err());
+        assert!(scan_client(&[b'Q', 0x7f, 0xff, 0xff, 0xff], 1 << 20).is_err());
+        assert!(scan_client(&msg(b'z', b""), 1 << 20).is_err());
+    }
+}

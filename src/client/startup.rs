@@ -1,0 +1,230 @@
+//! The startup phase: SSL and GSS requests, cancel requests, the startup message and its
+//! parameters.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::BytesMut;
+
+use super::{ClientIo, SessionError};
+use crate::params::Tracked;
+use crate::runtime::Runtime;
+use crate::wire::{self, sqlstate, ErrorResponse, StartupPacket};
+
+/// What the client asked for in its startup message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StartupRequest {
+    pub user: String,
+    pub database: String,
+    /// Tracked parameters the client set, by canonical name.
+    pub params: Vec<(String, String)>,
+}
+
+pub enum Opening {
+    Login(StartupRequest),
+    /// A cancel request, already handled.
+    Cancel,
+}
+
+/// Reads packets until a startup message or a cancel request.
+pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Opening, SessionError> {
+    loop {
+        let packet = loop {
+            if let Some(p) = wire::decode_startup(&mut io.rbuf, io.max_message)? {
+                break p;
+            }
+            io.fill().await?;
+        };
+        match packet {
+            StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
+                if !io.rbuf.is_empty() {
+                    return Err(protocol("data received before the encryption answer"));
+                }
+                io.send(b"N").await?;
+            }
+            StartupPacket::Cancel { pid, secret } => {
+                let limit = rt.config.load().settings.cancel_wait_timeout.unwrap_or(Duration::from_secs(10));
+                rt.cancels.cancel(pid, &secret, limit).await;
+                return Ok(Opening::Cancel);
+            }
+            StartupPacket::Startup { minor, params, .. } => {
+                let protocol_options: Vec<String> = params
+                    .iter()
+                    .filter(|(k, _)| k.starts_with("_pq_."))
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                if minor > 0 || !protocol_options.is_empty() {
+                    let mut out = BytesMut::new();
+                    wire::encode_negotiate_protocol_version(&mut out, 0, &protocol_options);
+                    io.send(&out).await?;
+                }
+                let settings = &rt.config.load().settings;
+                let req = read_params(params, &rt.tracked.load(), &settings.ignore_startup_parameters)?;
+                return Ok(Opening::Login(req));
+            }
+        }
+    }
+}
+
+/// Sorts startup parameters into tracked ones and ignored ones; anything else is refused,
+/// as PgBouncer does, because it could not follow the client to another server.
+pub fn read_params(
+    params: Vec<(String, String)>,
+    tracked: &Tracked,
+    ignored: &[String],
+) -> Result<StartupRequest, SessionError> {
+    let mut user = None;
+    let mut database = None;
+    let mut set = Vec::new();
+    for (key, value) in params {
+        match key.as_str() {
+            "user" => user = Some(value),
+            "database" => database = Some(value),
+            "options" => {
+                for (k, v) in parse_options(&value)? {
+                    accept(&k, v, tracked, ignored, &mut set, true)?;
+                }
+            }
+            k if k.starts_with("_pq_.") => {}
+            _ => accept(&key, value, tracked, ignored, &mut set, false)?,
+        }
+    }
+    let user = user
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| protocol("no PostgreSQL user name specified in startup packet"))?;
+    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
+    Ok(StartupRequest {
+        user,
+        database,
+        params: set,
+    })
+}
+
+fn accept(
+    key: &str,
+    value: String,
+    tracked: &Tracked,
+    ignored: &[String],
+    set: &mut Vec<(String, String)>,
+    from_options: bool,
+) -> Result<(), SessionError> {
+    if let Some(name) = tracked.canonical(key) {
+        set.retain(|(n, _)| n != name);
+        set.push((name.to_string(), value));
+        return Ok(());
+    }
+    let ignore_options = from_options && ignored.iter().any(|i| i.eq_ignore_ascii_case("options"));
+    if ignore_options || ignored.iter().any(|i| i.eq_ignore_ascii_case(key)) {
+        return Ok(());
+    }
+    Err(SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::PROTOCOL_VIOLATION,
+        format!("unsupported startup parameter: {key}"),
+    )))
+}
+
+/// Splits a libpq `options` value: `-c key=value`, `-ckey=value` and `--key=value`, separated
+/// by white space, where a backslash escapes the next character.
+pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, SessionError> {
+    let words = split_words(options);
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let word = &words[i];
+        let setting = if word == "-c" {
+            i += 1;
+            words.get(i).cloned().ok_or_else(|| protocol("-c without a setting in options"))?
+        } else if let Some(rest) = word.strip_prefix("--").or_else(|| word.strip_prefix("-c")) {
+            rest.to_string()
+        } else {
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!("unsupported options startup parameter: only '-c key=value' is allowed, got \"{word}\""),
+            )));
+        };
+        let (k, v) = setting
+            .split_once('=')
+            .ok_or_else(|| protocol("a setting in options has no '='"))?;
+        out.push((k.replace('-', "_"), v.to_string()));
+        i += 1;
+    }
+    Ok(out)
+}
+
+fn split_words(s: &str) -> Vec<String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => {
+                if let Some(n) = chars.next() {
+                    cur.push(n);
+                }
+            }
+            c if c.is_whitespace() => {
+                if !cur.is_empty() {
+                    words.push(std::mem::take(&mut cur));
+                }
+            }
+            c => cur.push(c),
+        }
+    }
+    if !cur.is_empty() {
+        words.push(cur);
+    }
+    words
+}
+
+fn protocol(msg: &str) -> SessionError {
+    SessionError::Fatal(ErrorResponse::fatal(sqlstate::PROTOCOL_VIOLATION, msg.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn options_accept_c_and_double_dash() {
+        let got = parse_options(r"-c search_path=a\ b --work-mem=64MB -cTimeZone=UTC").unwrap();
+        assert_eq!(
+            got,
+            vec![
+                ("search_path".to_string(), "a b".to_string()),
+                ("work_mem".to_string(), "64MB".to_string()),
+                ("TimeZone".to_string(), "UTC".to_string()),
+            ]
+        );
+        assert!(parse_options("-x").is_err());
+        assert!(parse_options("-c").is_err());
+        assert!(parse_options("-c novalue").is_err());
+    }
+
+    #[test]
+    fn tracked_params_are_kept_and_unknown_ones_refused() {
+        let tracked = Tracked::new::<&str>(&[]);
+        let req = read_params(
+            params(&[("user", "u"), ("datestyle", "ISO"), ("options", "-c timezone=UTC")]),
+            &tracked,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(req.database, "u");
+        assert_eq!(
+            req.params,
+            params(&[("DateStyle", "ISO"), ("TimeZone", "UTC")])
+        );
+        assert!(read_params(params(&[("user", "u"), ("extra_float_digits", "3")]), &tracked, &[]).is_err());
+        let ok = read_params(
+            params(&[("user", "u"), ("extra_float_digits", "3")]),
+            &tracked,
+            &["extra_float_digits".to_string()],
+        );
+        assert!(ok.is_ok());
+        assert!(read_params(params(&[("database", "d")]), &tracked, &[]).is_err());
+    }
+}

@@ -1,0 +1,153 @@
+//! Whether a pool may open another server connection.
+
+use std::time::Duration;
+
+/// The limits that bound one pool, as PgBouncer reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    pub pool_size: usize,
+    pub min_pool_size: usize,
+    pub reserve_pool_size: usize,
+    pub reserve_pool_timeout: Duration,
+    /// `max_db_connections`: servers of all pools of this database; 0 is unlimited.
+    pub max_db_connections: usize,
+    /// `max_user_connections`: servers of all pools of this user; 0 is unlimited.
+    pub max_user_connections: usize,
+}
+
+/// What is in use now.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Usage {
+    /// Servers of this pool: idle, checked out and being opened.
+    pub pool_total: usize,
+    /// Servers being opened for this pool.
+    pub connecting: usize,
+    /// Tickets waiting in this pool.
+    pub waiting: usize,
+    pub db_total: usize,
+    pub user_total: usize,
+}
+
+/// The gate's answer to "may this pool open a server?".
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Growth {
+    /// Open one within `pool_size` (or to reach `min_pool_size`).
+    Open,
+    /// Open one from the reserve: a ticket has waited longer than `reserve_pool_timeout`.
+    Reserve,
+    /// Nothing to open: no waiter is left uncovered by a connection already being opened.
+    NotNeeded,
+    /// The pool is full.
+    PoolFull,
+    /// `max_db_connections` is reached.
+    DbFull,
+    /// `max_user_connections` is reached.
+    UserFull,
+}
+
+impl Limits {
+    /// Decides whether one more server should be opened, given what is in use and how long the
+    /// oldest ticket has waited.
+    pub fn growth(&self, usage: &Usage, oldest_wait: Option<Duration>) -> Growth {
+        let uncovered = usage.waiting > usage.connecting;
+        let below_min = usage.pool_total < self.min_pool_size;
+        if !uncovered && !below_min {
+            return Growth::NotNeeded;
+        }
+        if self.max_db_connections > 0 && usage.db_total >= self.max_db_connections {
+            return Growth::DbFull;
+        }
+        if self.max_user_connections > 0 && usage.user_total >= self.max_user_connections {
+            return Growth::UserFull;
+        }
+        if usage.pool_total < self.pool_size.max(self.min_pool_size) {
+            return Growth::Open;
+        }
+        let reserve_due = oldest_wait.is_some_and(|w| w >= self.reserve_pool_timeout);
+        if uncovered
+            && reserve_due
+            && usage.pool_total < self.pool_size + self.reserve_pool_size
+        {
+            return Growth::Reserve;
+        }
+        Growth::PoolFull
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            pool_size: 2,
+            min_pool_size: 0,
+            reserve_pool_size: 1,
+            reserve_pool_timeout: Duration::from_secs(5),
+            max_db_connections: 0,
+            max_user_connections: 0,
+        }
+    }
+
+    fn usage(pool_total: usize, connecting: usize, waiting: usize) -> Usage {
+        Usage {
+            pool_total,
+            connecting,
+            waiting,
+            db_total: pool_total,
+            user_total: pool_total,
+        }
+    }
+
+    #[test]
+    fn opens_only_for_uncovered_waiters() {
+        let l = limits();
+        assert_eq!(l.growth(&usage(0, 0, 0), None), Growth::NotNeeded);
+        assert_eq!(l.growth(&usage(0, 0, 1), Some(Duration::ZERO)), Growth::Open);
+        assert_eq!(l.growth(&usage(1, 1, 1), Some(Duration::ZERO)), Growth::NotNeeded);
+        assert_eq!(l.growth(&usage(1, 1, 2), Some(Duration::ZERO)), Growth::Open);
+    }
+
+    #[test]
+    fn full_pool_uses_the_reserve_only_after_the_timeout() {
+        let l = limits();
+        assert_eq!(
+            l.growth(&usage(2, 0, 1), Some(Duration::from_secs(4))),
+            Growth::PoolFull
+        );
+        assert_eq!(
+            l.growth(&usage(2, 0, 1), Some(Duration::from_secs(5))),
+            Growth::Reserve
+        );
+        assert_eq!(
+            l.growth(&usage(3, 0, 1), Some(Duration::from_secs(50))),
+            Growth::PoolFull
+        );
+    }
+
+    #[test]
+    fn min_pool_size_fills_without_waiters() {
+        let l = Limits {
+            min_pool_size: 2,
+            ..limits()
+        };
+        assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
+        assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
+    }
+
+    #[test]
+    fn database_and_user_caps_hold() {
+        let l = Limits {
+            max_db_connections: 3,
+            max_user_connections: 2,
+            pool_size: 10,
+            ..limits()
+        };
+        let mut u = usage(1, 0, 1);
+        u.db_total = 3;
+        assert_eq!(l.growth(&u, None), Growth::DbFull);
+        u.db_total = 1;
+        u.user_total = 2;
+        assert_eq!(l.growth(&u, None), Growth::UserFull);
+    }
+}

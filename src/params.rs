@@ -1,0 +1,142 @@
+//! Session parameters that must follow a client from server to server.
+
+/// The parameters PgBouncer tracks by default; `track_extra_parameters` adds to them.
+pub const DEFAULT_TRACKED: [&str; 6] = [
+    "client_encoding",
+    "DateStyle",
+    "TimeZone",
+    "IntervalStyle",
+    "standard_conforming_strings",
+    "application_name",
+];
+
+/// Which parameter names are tracked, in the spelling the server reports them.
+#[derive(Debug, Clone)]
+pub struct Tracked {
+    names: Vec<String>,
+}
+
+impl Tracked {
+    /// The default list plus `extra` (case-insensitive, duplicates ignored).
+    pub fn new<S: AsRef<str>>(extra: &[S]) -> Self {
+        let mut names: Vec<String> = DEFAULT_TRACKED.iter().map(|s| s.to_string()).collect();
+        for e in extra {
+            let e = e.as_ref().trim();
+            if is_plain_name(e) && !names.iter().any(|n| n.eq_ignore_ascii_case(e)) {
+                names.push(e.to_string());
+            }
+        }
+        Tracked { names }
+    }
+
+    /// The canonical spelling of `name` if it is tracked.
+    pub fn canonical(&self, name: &str) -> Option<&str> {
+        self.names
+            .iter()
+            .find(|n| n.eq_ignore_ascii_case(name))
+            .map(|s| s.as_str())
+    }
+}
+
+/// A name that can stand unquoted after SET.
+fn is_plain_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
+}
+
+/// Values of tracked parameters, keyed by canonical name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ParamSet {
+    entries: Vec<(String, String)>,
+}
+
+impl ParamSet {
+    pub fn get(&self, name: &str) -> Option<&str> {
+        self.entries
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// Sets a value; returns whether it changed.
+    pub fn set(&mut self, name: &str, value: &str) -> bool {
+        match self.entries.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) if v == value => false,
+            Some((_, v)) => {
+                *v = value.to_string();
+                true
+            }
+            None => {
+                self.entries.push((name.to_string(), value.to_string()));
+                true
+            }
+        }
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.entries.iter().map(|(n, v)| (n.as_str(), v.as_str()))
+    }
+
+    /// The entries of `self` that `other` lacks or holds with another value.
+    pub fn differences<'a>(&'a self, other: &'a ParamSet) -> Vec<(&'a str, &'a str)> {
+        self.iter()
+            .filter(|(n, v)| other.get(n) != Some(v))
+            .collect()
+    }
+}
+
+/// `SET name TO 'value'; ...` for each pair, quoted so that no value can end the literal
+/// whatever `standard_conforming_strings` says.
+pub fn set_statement(pairs: &[(&str, &str)]) -> String {
+    let mut sql = String::new();
+    for (name, value) in pairs {
+        sql.push_str("SET ");
+        sql.push_str(name);
+        sql.push_str(" TO E'");
+        for c in value.chars() {
+            match c {
+                '\'' => sql.push_str("''"),
+                '\\' => sql.push_str("\\\\"),
+                c => sql.push(c),
+            }
+        }
+        sql.push_str("';");
+    }
+    sql
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracked_names_are_case_insensitive_and_canonical() {
+        let t = Tracked::new(&["search_path", "DATESTYLE", "bad name;"]);
+        assert_eq!(t.canonical("datestyle"), Some("DateStyle"));
+        assert_eq!(t.canonical("SEARCH_PATH"), Some("search_path"));
+        assert_eq!(t.canonical("bad name;"), None);
+        assert_eq!(t.canonical("work_mem"), None);
+    }
+
+    #[test]
+    fn differences_list_what_the_other_lacks() {
+        let mut a = ParamSet::default();
+        let mut b = ParamSet::default();
+        a.set("TimeZone", "UTC");
+        a.set("DateStyle", "ISO, MDY");
+        b.set("DateStyle", "ISO, MDY");
+        assert_eq!(a.differences(&b), vec![("TimeZone", "UTC")]);
+        assert!(b.set("TimeZone", "UTC"));
+        assert!(!b.set("TimeZone", "UTC"));
+        assert!(a.differences(&b).is_empty());
+    }
+
+    #[test]
+    fn set_statement_quotes_values() {
+        assert_eq!(
+            set_statement(&[("application_name", "it's a \\ test")]),
+            "SET application_name TO E'it''s a \\\\ test';"
+        );
+    }
+}

@@ -1,0 +1,112 @@
+//! Pools of server connections keyed by (database, user): checkout through the gate's queue,
+//! check-in through a guard's Drop, sizes, lifetimes and the maintenance pass.
+
+mod guard;
+#[allow(clippy::module_inception)]
+mod pool;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub use guard::ServerGuard;
+pub use pool::{Pool, PoolStats};
+
+use crate::config::PoolMode;
+use crate::gate::Limits;
+use crate::params::Tracked;
+use crate::server::{Credential, ServerError, ServerTarget};
+
+/// A pool's identity: the database name clients ask for, and the user they log in as.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PoolKey {
+    pub db: String,
+    pub user: String,
+}
+
+/// How one pool behaves; replaced whole on reload.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub target: ServerTarget,
+    pub limits: Limits,
+    pub mode: PoolMode,
+    pub connect_timeout: Duration,
+    pub login_retry: Duration,
+    pub lifetime: Option<Duration>,
+    pub idle_timeout: Option<Duration>,
+    /// Run `check_query` on a server idle for longer than this; None never checks.
+    pub check_delay: Option<Duration>,
+    pub check_query: Option<String>,
+    pub reset_query: Option<String>,
+    pub reset_always: bool,
+    pub tracked: Arc<Tracked>,
+    pub max_message: usize,
+}
+
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PoolError {
+    #[error("query_wait_timeout: no server connection became free in time")]
+    WaitTimeout,
+    #[error("{0}")]
+    Login(Arc<ServerError>),
+    #[error("the pool is closed")]
+    Closed,
+}
+
+/// Every pool, plus the counters shared by the pools of one database or one user.
+#[derive(Debug, Default)]
+pub struct Pools {
+    map: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    db_counts: Mutex<HashMap<String, Arc<AtomicUsize>>>,
+    user_counts: Mutex<HashMap<String, Arc<AtomicUsize>>>,
+    ids: Arc<AtomicU64>,
+}
+
+impl Pools {
+    /// The pool for `key`, created with `settings()` if it does not exist yet.
+    pub fn get_or_create(
+        &self,
+        key: &PoolKey,
+        settings: impl FnOnce() -> PoolSettings,
+        credential: Credential,
+    ) -> Arc<Pool> {
+        let mut map = lock(&self.map);
+        if let Some(pool) = map.get(key) {
+            return pool.clone();
+        }
+        let settings = settings();
+        let db_count = counter(&self.db_counts, &key.db);
+        let user_count = counter(&self.user_counts, &settings.target.user);
+        let pool = Arc::new(Pool::new(
+            key.clone(),
+            settings,
+            credential,
+            db_count,
+            user_count,
+            self.ids.clone(),
+        ));
+        map.insert(key.clone(), pool.clone());
+        pool
+    }
+
+    pub fn get(&self, key: &PoolKey) -> Option<Arc<Pool>> {
+        lock(&self.map).get(key).cloned()
+    }
+
+    pub fn all(&self) -> Vec<Arc<Pool>> {
+        let mut pools: Vec<_> = lock(&self.map).values().cloned().collect();
+        pools.sort_by(|a, b| a.key.cmp(&b.key));
+        pools
+    }
+}
+
+fn counter(map: &Mutex<HashMap<String, Arc<AtomicUsize>>>, name: &str) -> Arc<AtomicUsize> {
+    lock(map).entry(name.to_string()).or_default().clone()
+}
+
+/// Locks a mutex, recovering the data if a thread panicked while holding it: pool state is
+/// kept consistent by every critical section, none of which can panic halfway.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}

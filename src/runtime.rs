@@ -1,0 +1,158 @@
+//! The running pooler's shared state, passed explicitly to every task: the configuration
+//! snapshot, the auth file, the pools and the cancel keys. No global statics.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use rand::RngCore;
+
+use crate::cancel::CancelRegistry;
+use crate::config::{Config, DatabaseDef, Secret};
+use crate::gate::Limits;
+use crate::params::Tracked;
+use crate::pool::{Pool, PoolKey, PoolSettings, Pools};
+use crate::server::{Credential, ServerAddr, ServerTarget};
+
+pub struct Runtime {
+    pub config: ArcSwap<Config>,
+    pub userlist: ArcSwap<HashMap<String, Secret>>,
+    pub tracked: ArcSwap<Tracked>,
+    pub pools: Pools,
+    pub cancels: CancelRegistry,
+    pub clients: AtomicUsize,
+    next_client: AtomicU64,
+    /// Seeds the fake SCRAM secrets shown to unknown users, so a probe cannot tell them apart.
+    pub mock_key: [u8; 32],
+}
+
+impl Runtime {
+    pub fn new(config: Config, userlist: HashMap<String, Secret>) -> Arc<Self> {
+        let mut mock_key = [0u8; 32];
+        rand::thread_rng().fill_bytes(&mut mock_key);
+        let tracked = Tracked::new(&config.settings.track_extra_parameters);
+        Arc::new(Runtime {
+            config: ArcSwap::from_pointee(config),
+            userlist: ArcSwap::from_pointee(userlist),
+            tracked: ArcSwap::from_pointee(tracked),
+            pools: Pools::default(),
+            cancels: CancelRegistry::default(),
+            clients: AtomicUsize::new(0),
+            next_client: AtomicU64::new(1),
+            mock_key,
+        })
+    }
+
+    pub fn next_client_id(&self) -> u64 {
+        self.next_client.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The pool serving `user` on database entry `db`, created on first use.
+    pub fn pool_for(&self, db: &DatabaseDef, user: &str) -> Arc<Pool> {
+        let config = self.config.load();
+        let key = PoolKey {
+            db: db.name.clone(),
+            user: user.to_string(),
+        };
+        let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
+        let credential = self.server_credential(db, &server_user);
+        self.pools.get_or_create(
+            &key,
+            || pool_settings(&config, db, user, self.tracked.load_full()),
+            credential,
+        )
+    }
+
+    /// What pgward proves to the server for `server_user`: the connection string's password,
+    /// else the auth file's secret.
+    fn server_credential(&self, db: &DatabaseDef, server_user: &str) -> Credential {
+        if let Some(p) = &db.password {
+            return Credential::Password(p.clone());
+        }
+        match self.userlist.load().get(server_user) {
+            Some(Secret::Plain(p)) => Credential::Password(p.clone()),
+            Some(Secret::Md5(s)) => Credential::Md5Secret(s.clone()),
+            _ => Credential::None,
+        }
+    }
+}
+
+/// Builds one pool's settings from the configuration.
+pub fn pool_settings(
+    config: &Config,
+    db: &DatabaseDef,
+    user: &str,
+    tracked: Arc<Tracked>,
+) -> PoolSettings {
+    let s = &config.settings;
+    let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
+    let pool_size = config.pool_size_for(db, user) as usize;
+    let user_def = config.user(user);
+    let limits = Limits {
+        pool_size,
+        min_pool_size: db.min_pool_size.unwrap_or(s.min_pool_size) as usize,
+        reserve_pool_size: db.reserve_pool.unwrap_or(s.reserve_pool_size) as usize,
+        reserve_pool_timeout: s.reserve_pool_timeout.unwrap_or(Duration::ZERO),
+        max_db_connections: db.max_db_connections.unwrap_or(s.max_db_connections) as usize,
+        max_user_connections: user_def
+            .and_then(|u| u.max_user_connections)
+            .unwrap_or(s.max_user_connections) as usize,
+    };
+    PoolSettings {
+        target: server_target(db, server_user),
+        limits,
+        mode: config.pool_mode_for(db, user),
+        connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
+        login_retry: s.server_login_retry.unwrap_or(Duration::ZERO),
+        lifetime: s.server_lifetime,
+        idle_timeout: s.server_idle_timeout,
+        check_delay: s.server_check_delay,
+        check_query: non_empty(&s.server_check_query),
+        reset_query: non_empty(&s.server_reset_query),
+        reset_always: s.server_reset_query_always,
+        tracked,
+        max_message: s.max_packet_size,
+    }
+}
+
+fn server_target(db: &DatabaseDef, server_user: String) -> ServerTarget {
+    let host = db.host.clone().unwrap_or_default();
+    let addr = if host.is_empty() || host.starts_with('/') {
+        let dir = if host.is_empty() {
+            "/var/run/postgresql".to_string()
+        } else {
+            host
+        };
+        ServerAddr::Unix { dir, port: db.port }
+    } else {
+        ServerAddr::Tcp {
+            host,
+            port: db.port,
+        }
+    };
+    let mut startup_params = Vec::new();
+    for (name, value) in [
+        ("client_encoding", &db.client_encoding),
+        ("DateStyle", &db.datestyle),
+        ("TimeZone", &db.timezone),
+        ("application_name", &db.application_name),
+    ] {
+        if let Some(v) = value {
+            startup_params.push((name.to_string(), v.clone()));
+        }
+    }
+    ServerTarget {
+        addr,
+        database: db.dbname.clone().unwrap_or_else(|| db.name.clone()),
+        user: server_user,
+        startup_params,
+        connect_query: db.connect_query.clone(),
+    }
+}
+
+fn non_empty(s: &str) -> Option<String> {
+    let t = s.trim();
+    (!t.is_empty()).then(|| t.to_string())
+}

@@ -1,0 +1,170 @@
+//! Opening and logging in a server connection.
+
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+
+use super::{BackendKey, Credential, ServerConn, ServerError, ServerTarget};
+use crate::params::{ParamSet, Tracked};
+use crate::wire::{self, AuthRequest, Backend, ScramClient, ScramCredential, TxStatus};
+
+/// Connects and logs in within `timeout`, then runs the target's `connect_query`.
+pub async fn connect(
+    target: &ServerTarget,
+    credential: &Credential,
+    tracked: &Tracked,
+    timeout: Duration,
+    id: u64,
+    max_message: usize,
+) -> Result<ServerConn, ServerError> {
+    let attempt = async {
+        let stream = target.addr.connect().await?;
+        let now = Instant::now();
+        let mut conn = ServerConn {
+            id,
+            stream,
+            rbuf: BytesMut::with_capacity(16 * 1024),
+            params: ParamSet::default(),
+            welcome: Vec::new(),
+            key: BackendKey {
+                pid: 0,
+                secret: Bytes::new(),
+            },
+            addr: target.addr.clone(),
+            created: now,
+            last_used: now,
+            tx: TxStatus::Idle,
+            reusable: true,
+            max_message,
+        };
+        login(&mut conn, target, credential, tracked).await?;
+        if let Some(sql) = &target.connect_query {
+            conn.simple_query(sql, tracked).await?;
+        }
+        Ok(conn)
+    };
+    tokio::time::timeout(timeout, attempt)
+        .await
+        .map_err(|_| ServerError::Timeout)?
+}
+
+async fn login(
+    conn: &mut ServerConn,
+    target: &ServerTarget,
+    credential: &Credential,
+    tracked: &Tracked,
+) -> Result<(), ServerError> {
+    let mut params: Vec<(&str, &str)> = vec![
+        ("user", target.user.as_str()),
+        ("database", target.database.as_str()),
+    ];
+    params.extend(
+        target
+            .startup_params
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    );
+    let mut out = BytesMut::new();
+    wire::encode_startup(&mut out, &params);
+    conn.send(&out).await?;
+    let mut scram: Option<ScramClient> = None;
+    loop {
+        let frame = conn.read_frame().await?;
+        match wire::decode_backend(&frame)? {
+            Backend::Auth(request) => {
+                answer_auth(conn, target, credential, &mut scram, request).await?;
+            }
+            Backend::ParameterStatus { name, value } => {
+                conn.note_parameter(&name, &value, tracked);
+                conn.welcome.push((name, value));
+            }
+            Backend::BackendKeyData { pid, secret } => conn.key = BackendKey { pid, secret },
+            Backend::ErrorResponse(fields) => return Err(ServerError::Refused(fields)),
+            Backend::ReadyForQuery(status) => {
+                conn.tx = status;
+                return Ok(());
+            }
+            Backend::NoticeResponse(_) | Backend::NegotiateProtocolVersion => {}
+            _ => return Err(ServerError::Protocol("unexpected message during login")),
+        }
+    }
+}
+
+async fn answer_auth(
+    conn: &mut ServerConn,
+    target: &ServerTarget,
+    credential: &Credential,
+    scram: &mut Option<ScramClient>,
+    request: AuthRequest,
+) -> Result<(), ServerError> {
+    let mut out = BytesMut::new();
+    match request {
+        AuthRequest::Ok => return Ok(()),
+        AuthRequest::CleartextPassword => match credential {
+            Credential::Password(p) => wire::encode_password(&mut out, p.as_bytes()),
+            _ => return Err(no_password(target, "a plain password")),
+        },
+        AuthRequest::Md5Password { salt } => {
+            let answer = match credential {
+                Credential::Password(p) => {
+                    wire::md5_response_from_password(&target.user, p, salt)
+                }
+                Credential::Md5Secret(s) => wire::md5_response(s, salt),
+                _ => return Err(no_password(target, "an MD5 password")),
+            };
+            wire::encode_password(&mut out, answer.as_bytes());
+        }
+        AuthRequest::Sasl { mechanisms } => {
+            if !mechanisms.iter().any(|m| m == "SCRAM-SHA-256") {
+                return Err(ServerError::Auth(
+                    "server offers no SASL mechanism pgward supports".into(),
+                ));
+            }
+            let cred = match credential {
+                Credential::Password(p) => ScramCredential::Password(p.clone()),
+                Credential::ScramKeys {
+                    client_key,
+                    server_key,
+                } => ScramCredential::Keys {
+                    client_key: *client_key,
+                    server_key: *server_key,
+                },
+                _ => return Err(no_password(target, "a SCRAM password")),
+            };
+            let client = ScramClient::new(cred, wire::random_nonce());
+            wire::encode_sasl_initial(&mut out, "SCRAM-SHA-256", &client.client_first());
+            *scram = Some(client);
+        }
+        AuthRequest::SaslContinue { data } => {
+            let client = scram
+                .as_mut()
+                .ok_or(ServerError::Protocol("SASL continue before SASL start"))?;
+            let reply = client
+                .handle_server_first(&data)
+                .map_err(|e| ServerError::Auth(e.to_string()))?;
+            wire::encode_sasl_response(&mut out, &reply);
+        }
+        AuthRequest::SaslFinal { data } => {
+            let client = scram
+                .as_ref()
+                .ok_or(ServerError::Protocol("SASL final before SASL start"))?;
+            client
+                .handle_server_final(&data)
+                .map_err(|e| ServerError::Auth(e.to_string()))?;
+            return Ok(());
+        }
+        AuthRequest::Other(code) => {
+            return Err(ServerError::Auth(format!(
+                "server asks for authentication method {code}, which pgward does not support"
+            )))
+        }
+    }
+    conn.send(&out).await
+}
+
+fn no_password(target: &ServerTarget, what: &str) -> ServerError {
+    ServerError::Auth(format!(
+        "server asks for {what} for user \"{}\" and pgward has none (set password= in [databases] or add the user to auth_file)",
+        target.user
+    ))
+}

@@ -1,0 +1,234 @@
+//! One backend connection: login, simple queries pgward runs itself (parameter sync, reset,
+//! check), and the state the pool needs to decide whether it is clean.
+
+mod login;
+
+use std::io;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::net::Stream;
+use crate::params::{ParamSet, Tracked};
+use crate::wire::{self, Backend, ErrorFields, Frame, TxStatus, WireError};
+
+pub use login::connect;
+
+/// Where a server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ServerAddr {
+    Tcp { host: String, port: u16 },
+    /// A Unix socket: the directory and the port that names the socket file.
+    Unix { dir: String, port: u16 },
+}
+
+impl ServerAddr {
+    pub async fn connect(&self) -> io::Result<Stream> {
+        match self {
+            ServerAddr::Tcp { host, port } => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Ok(Stream::Tcp(s))
+            }
+            ServerAddr::Unix { dir, port } => {
+                let path = format!("{dir}/.s.PGSQL.{port}");
+                Ok(Stream::Unix(tokio::net::UnixStream::connect(path).await?))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for ServerAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ServerAddr::Tcp { host, port } => write!(f, "{host}:{port}"),
+            ServerAddr::Unix { dir, port } => write!(f, "{dir}/.s.PGSQL.{port}"),
+        }
+    }
+}
+
+/// What pgward proves to the server with, when it asks.
+#[derive(Clone, Default)]
+pub enum Credential {
+    /// No password known: only trust (or peer) logins work.
+    #[default]
+    None,
+    Password(String),
+    /// An MD5 secret (`md5` + 32 hex digits): answers an MD5 challenge without the password.
+    Md5Secret(String),
+    /// The SCRAM keys a client proved against a stored SCRAM secret.
+    ScramKeys {
+        client_key: [u8; 32],
+        server_key: [u8; 32],
+    },
+}
+
+impl std::fmt::Debug for Credential {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let kind = match self {
+            Credential::None => "none",
+            Credential::Password(_) => "password",
+            Credential::Md5Secret(_) => "md5 secret",
+            Credential::ScramKeys { .. } => "scram keys",
+        };
+        f.write_str(kind)
+    }
+}
+
+/// Everything needed to open a server connection for one pool.
+#[derive(Debug, Clone)]
+pub struct ServerTarget {
+    pub addr: ServerAddr,
+    pub database: String,
+    pub user: String,
+    /// Startup parameters sent at login (client_encoding, DateStyle, TimeZone,
+    /// application_name from the connection string).
+    pub startup_params: Vec<(String, String)>,
+    pub connect_query: Option<String>,
+}
+
+/// The key the server gave at login, to cancel what it runs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackendKey {
+    pub pid: u32,
+    pub secret: Bytes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("server connection failed: {0}")]
+    Io(#[from] io::Error),
+    #[error("server sent a malformed message: {0}")]
+    Wire(#[from] WireError),
+    #[error("server did not answer within server_connect_timeout")]
+    Timeout,
+    #[error("server closed the connection")]
+    Closed,
+    #[error("server error: {}", .0.message())]
+    Refused(ErrorFields),
+    #[error("server login failed: {0}")]
+    Auth(String),
+    #[error("server protocol error: {0}")]
+    Protocol(&'static str),
+}
+
+impl ServerError {
+    /// Whether trying again soon may succeed (network trouble, a server starting up or
+    /// shutting down), as opposed to an answer that will not change (bad password, no such
+    /// database).
+    pub fn is_transient(&self) -> bool {
+        match self {
+            ServerError::Io(_) | ServerError::Timeout | ServerError::Closed => true,
+            ServerError::Refused(fields) => {
+                matches!(fields.code(), "57P03" | "57P01" | "57P02" | "53300")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// A logged-in backend connection.
+#[derive(Debug)]
+pub struct ServerConn {
+    pub id: u64,
+    pub stream: Stream,
+    /// Bytes read from the server and not yet handled.
+    pub rbuf: BytesMut,
+    /// Tracked parameters as the server last reported them.
+    pub params: ParamSet,
+    /// Every ParameterStatus of the login, in order.
+    pub welcome: Vec<(String, String)>,
+    pub key: BackendKey,
+    pub addr: ServerAddr,
+    pub created: Instant,
+    pub last_used: Instant,
+    pub tx: TxStatus,
+    /// False once anything left the connection in a state that must not be reused.
+    pub reusable: bool,
+    max_message: usize,
+}
+
+impl ServerConn {
+    /// Whether the connection can go back to the pool: idle, nothing unread, not broken.
+    pub fn is_clean(&self) -> bool {
+        self.reusable && self.tx == TxStatus::Idle && self.rbuf.is_empty()
+    }
+
+    /// Marks the connection as not to be reused.
+    pub fn poison(&mut self) {
+        self.reusable = false;
+    }
+
+    /// Whether an idle connection is still open: an idle server sends nothing, so readable
+    /// data or end of stream means the server went away (or told us why before it did).
+    pub fn is_alive(&self) -> bool {
+        let mut probe = [0u8; 1];
+        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Reads one whole message.
+    pub async fn read_frame(&mut self) -> Result<Frame, ServerError> {
+        loop {
+            if let Some(frame) = wire::decode_frame(&mut self.rbuf, self.max_message)? {
+                return Ok(frame);
+            }
+            self.rbuf.reserve(8192);
+            if self.stream.read_buf(&mut self.rbuf).await? == 0 {
+                self.reusable = false;
+                return Err(ServerError::Closed);
+            }
+        }
+    }
+
+    pub async fn send(&mut self, bytes: &[u8]) -> Result<(), ServerError> {
+        if let Err(e) = self.stream.write_all(bytes).await {
+            self.reusable = false;
+            return Err(e.into());
+        }
+        Ok(())
+    }
+
+    /// Runs `sql` with the simple query protocol and reads to ReadyForQuery, keeping the
+    /// tracked parameters it reports. Rows and notices are dropped; the first error is
+    /// returned after ReadyForQuery, so the connection stays in step.
+    pub async fn simple_query(&mut self, sql: &str, tracked: &Tracked) -> Result<(), ServerError> {
+        let mut out = BytesMut::new();
+        wire::encode_query(&mut out, sql);
+        self.send(&out).await?;
+        let mut failure = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match wire::decode_backend(&frame)? {
+                Backend::ReadyForQuery(status) => {
+                    self.tx = status;
+                    return failure.map_or(Ok(()), |f| Err(ServerError::Refused(f)));
+                }
+                Backend::ErrorResponse(fields) => {
+                    failure.get_or_insert(fields);
+                }
+                Backend::ParameterStatus { name, value } => self.note_parameter(&name, &value, tracked),
+                Backend::CopyInResponse | Backend::CopyBothResponse => {
+                    self.reusable = false;
+                    return Err(ServerError::Protocol("unexpected COPY in an internal query"));
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// Records a ParameterStatus the server sent; returns the canonical name if tracked.
+    pub fn note_parameter<'t>(&mut self, name: &str, value: &str, tracked: &'t Tracked) -> Option<&'t str> {
+        let canonical = tracked.canonical(name)?;
+        self.params.set(canonical, value);
+        Some(canonical)
+    }
+
+    /// Ends the connection politely.
+    pub async fn terminate(mut self) {
+        let mut out = BytesMut::new();
+        wire::encode_terminate(&mut out);
+        let _ = self.stream.write_all(&out).await;
+        let _ = self.stream.shutdown().await;
+    }
+}
