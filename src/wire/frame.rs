@@ -1,0 +1,397 @@
+//! Splitting a byte stream into protocol messages.
+//!
+//! After the startup phase every message is a tag byte, a big-endian Int32 length that counts
+//! itself but not the tag, then the body. The startup phase has no tag: [`decode_startup`]
+//! handles it.
+
+use bytes::{Bytes, BytesMut};
+
+use super::codec::{put_untagged, Reader};
+use super::error::WireError;
+
+/// Largest accepted tagged message (length field value), as in PostgreSQL (`PQ_LARGE_MESSAGE_LIMIT`).
+pub const DEFAULT_MAX_MESSAGE_LEN: usize = 1 << 30;
+/// Largest accepted startup-phase packet, as in PostgreSQL (`MAX_STARTUP_PACKET_LENGTH`).
+pub const MAX_STARTUP_PACKET_LEN: usize = 10_000;
+/// Size of the tag byte plus the length word.
+pub const HEADER_LEN: usize = 5;
+
+/// Request code of an SSLRequest packet.
+pub const SSL_REQUEST_CODE: u32 = 80_877_103;
+/// Request code of a GSSENCRequest packet.
+pub const GSSENC_REQUEST_CODE: u32 = 80_877_104;
+/// Request code of a CancelRequest packet.
+pub const CANCEL_REQUEST_CODE: u32 = 80_877_102;
+/// Protocol version 3.0 as sent in a StartupMessage.
+pub const PROTOCOL_3_0: u32 = 3 << 16;
+/// Longest cancel secret accepted (protocol 3.2 allows up to 256 bytes).
+pub const MAX_CANCEL_SECRET_LEN: usize = 256;
+
+/// One whole tagged message: tag byte, length word and body, kept as received.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Frame {
+    raw: Bytes,
+}
+
+impl Frame {
+    /// Wraps a complete raw message, checking that its length word matches its size.
+    pub fn from_raw(raw: Bytes) -> Result<Self, WireError> {
+        let mut buf = BytesMut::from(&raw[..]);
+        match decode_frame(&mut buf, usize::MAX)? {
+            Some(frame) if buf.is_empty() => Ok(frame),
+            _ => Err(WireError::Malformed(
+                "message length does not match its content",
+            )),
+        }
+    }
+
+    /// The message type byte.
+    pub fn tag(&self) -> u8 {
+        self.raw.first().copied().unwrap_or(0)
+    }
+
+    /// The body after the length word (a cheap reference-counted slice).
+    pub fn body(&self) -> Bytes {
+        self.raw.slice(HEADER_LEN.min(self.raw.len())..)
+    }
+
+    /// The whole message as received.
+    pub fn raw(&self) -> &Bytes {
+        &self.raw
+    }
+
+    /// The whole message as received, by value.
+    pub fn into_raw(self) -> Bytes {
+        self.raw
+    }
+
+    /// Size of the whole message in bytes, tag included.
+    pub fn len(&self) -> usize {
+        self.raw.len()
+    }
+
+    /// Always false: a frame holds at least its header.
+    pub fn is_empty(&self) -> bool {
+        self.raw.is_empty()
+    }
+}
+
+/// Reads a big-endian Int32 length word at the start of `buf`, if present.
+fn peek_len(buf: &[u8]) -> Option<i32> {
+    let word: [u8; 4] = buf.get(..4)?.try_into().ok()?;
+    Some(i32::from_be_bytes(word))
+}
+
+/// Checks a declared length against its lower and upper bounds.
+fn check_len(len: i32, min: usize, max: usize) -> Result<usize, WireError> {
+    let as_usize = usize::try_from(len).map_err(|_| WireError::BadLength(len.into()))?;
+    if as_usize < min {
+        return Err(WireError::BadLength(len.into()));
+    }
+    if as_usize > max {
+        return Err(WireError::TooLarge { len: as_usize, max });
+    }
+    Ok(as_usize)
+}
+
+/// Splits one tagged message off the front of `buf`.
+///
+/// Returns `Ok(None)` without consuming anything while the message is incomplete. The length
+/// word is validated as soon as the header is in, before waiting for the body, so an oversized
+/// or negative length fails immediately. `max_len` bounds the length word (which counts itself).
+/// On success the message is split off without copying.
+pub fn decode_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, WireError> {
+    let Some(len) = buf.get(1..).and_then(peek_len) else {
+        return Ok(None);
+    };
+    let len = check_len(len, 4, max_len)?;
+    let total = len + 1;
+    if buf.len() < total {
+        return Ok(None);
+    }
+    Ok(Some(Frame {
+        raw: buf.split_to(total).freeze(),
+    }))
+}
+
+/// A packet of the startup phase (sent before any tagged message).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StartupPacket {
+    /// The client asks for TLS.
+    SslRequest,
+    /// The client asks for GSSAPI encryption.
+    GssEncRequest,
+    /// Cancel the query running on backend `pid`, proven by `secret` (4 bytes in protocol 3.0,
+    /// up to 256 in 3.2).
+    Cancel {
+        /// Backend process id from BackendKeyData.
+        pid: u32,
+        /// Secret key from BackendKeyData.
+        secret: Bytes,
+    },
+    /// A StartupMessage for protocol `major.minor` (major is always 3).
+    Startup {
+        /// Protocol major version.
+        major: u16,
+        /// Protocol minor version requested (the server may negotiate it down).
+        minor: u16,
+        /// Parameters in the order sent; always contains `user`.
+        params: Vec<(String, String)>,
+    },
+}
+
+/// Splits one startup-phase packet off the front of `buf` and decodes it.
+///
+/// Returns `Ok(None)` without consuming anything while incomplete. The packet length is
+/// bounded by `min(max_len, 10000)` like PostgreSQL, and checked before waiting for the rest.
+pub fn decode_startup(
+    buf: &mut BytesMut,
+    max_len: usize,
+) -> Result<Option<StartupPacket>, WireError> {
+    let Some(len) = peek_len(buf) else {
+        return Ok(None);
+    };
+    let len = check_len(len, 8, max_len.min(MAX_STARTUP_PACKET_LEN))?;
+    if buf.len() < len {
+        return Ok(None);
+    }
+    let packet = buf.split_to(len).freeze();
+    parse_startup(packet.slice(4..)).map(Some)
+}
+
+/// Decodes a startup packet body (request code onwards).
+fn parse_startup(body: Bytes) -> Result<StartupPacket, WireError> {
+    let mut r = Reader::new(body);
+    let code = r.u32("invalid startup packet: missing protocol code")?;
+    match code {
+        SSL_REQUEST_CODE => exact_end(&r, StartupPacket::SslRequest),
+        GSSENC_REQUEST_CODE => exact_end(&r, StartupPacket::GssEncRequest),
+        CANCEL_REQUEST_CODE => parse_cancel(r),
+        _ if code >> 16 == 3 => parse_params(r, code),
+        _ => Err(WireError::UnsupportedProtocol(code)),
+    }
+}
+
+fn exact_end(r: &Reader, packet: StartupPacket) -> Result<StartupPacket, WireError> {
+    r.finish("invalid length of startup packet")?;
+    Ok(packet)
+}
+
+fn parse_cancel(mut r: Reader) -> Result<StartupPacket, WireError> {
+    let pid = r.u32("invalid length of cancel request packet")?;
+    let secret = r.rest();
+    if !(4..=MAX_CANCEL_SECRET_LEN).contains(&secret.len()) {
+        return Err(WireError::Malformed(
+            "invalid length of cancel request packet",
+        ));
+    }
+    Ok(StartupPacket::Cancel { pid, secret })
+}
+
+fn parse_params(mut r: Reader, code: u32) -> Result<StartupPacket, WireError> {
+    const LAYOUT: &str = "invalid startup packet layout: expected terminator as last byte";
+    let mut params = Vec::new();
+    loop {
+        let key = r.cstr_utf8(LAYOUT)?;
+        if key.is_empty() {
+            break;
+        }
+        let value = r.cstr_utf8(LAYOUT)?;
+        params.push((key, value));
+    }
+    r.finish(LAYOUT)?;
+    if !params.iter().any(|(k, _)| k == "user") {
+        return Err(WireError::Malformed(
+            "no PostgreSQL user name specified in startup packet",
+        ));
+    }
+    Ok(StartupPacket::Startup {
+        major: 3,
+        minor: (code & 0xffff) as u16,
+        params,
+    })
+}
+
+/// Re-encodes a startup packet (the inverse of [`decode_startup`]).
+pub fn encode_startup_packet(buf: &mut BytesMut, packet: &StartupPacket) {
+    use bytes::BufMut;
+    put_untagged(buf, |b| match packet {
+        StartupPacket::SslRequest => b.put_u32(SSL_REQUEST_CODE),
+        StartupPacket::GssEncRequest => b.put_u32(GSSENC_REQUEST_CODE),
+        StartupPacket::Cancel { pid, secret } => {
+            b.put_u32(CANCEL_REQUEST_CODE);
+            b.put_u32(*pid);
+            b.put_slice(secret);
+        }
+        StartupPacket::Startup {
+            major,
+            minor,
+            params,
+        } => {
+            b.put_u32((u32::from(*major) << 16) | u32::from(*minor));
+            for (k, v) in params {
+                super::codec::put_cstr(b, k.as_bytes());
+                super::codec::put_cstr(b, v.as_bytes());
+            }
+            b.put_u8(0);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::BufMut;
+
+    fn startup_bytes(params: &[(&str, &str)], code: u32) -> BytesMut {
+        let mut b = BytesMut::new();
+        put_untagged(&mut b, |b| {
+            b.put_u32(code);
+            for (k, v) in params {
+                b.put_slice(k.as_bytes());
+                b.put_u8(0);
+                b.put_slice(v.as_bytes());
+                b.put_u8(0);
+            }
+            b.put_u8(0);
+        });
+        b
+    }
+
+    #[test]
+    fn frame_waits_then_splits() {
+        let mut buf = BytesMut::from(&b"Q\x00\x00\x00\x08sel"[..]);
+        assert_eq!(decode_frame(&mut buf, 100).unwrap(), None);
+        assert_eq!(buf.len(), 8);
+        buf.put_slice(b"\0S\x00\x00\x00\x04");
+        let f = decode_frame(&mut buf, 100).unwrap().unwrap();
+        assert_eq!(f.tag(), b'Q');
+        assert_eq!(&f.body()[..], b"sel\0");
+        assert_eq!(f.len(), 9);
+        let f = decode_frame(&mut buf, 100).unwrap().unwrap();
+        assert_eq!(f.tag(), b'S');
+        assert!(f.body().is_empty());
+        assert!(buf.is_empty());
+    }
+
+    #[test]
+    fn frame_rejects_bad_lengths_early() {
+        let mut buf = BytesMut::from(&b"Q\x00\x00\x00\x03"[..]);
+        assert_eq!(decode_frame(&mut buf, 100), Err(WireError::BadLength(3)));
+        let mut buf = BytesMut::from(&b"Q\xff\xff\xff\xff"[..]);
+        assert_eq!(decode_frame(&mut buf, 100), Err(WireError::BadLength(-1)));
+        let mut buf = BytesMut::from(&b"Q\x00\x00\x01\x00"[..]);
+        assert_eq!(
+            decode_frame(&mut buf, 100),
+            Err(WireError::TooLarge { len: 256, max: 100 })
+        );
+        assert_eq!(buf.len(), 5);
+    }
+
+    #[test]
+    fn frame_from_raw_checks_length() {
+        assert!(Frame::from_raw(Bytes::from_static(b"S\x00\x00\x00\x04")).is_ok());
+        assert!(Frame::from_raw(Bytes::from_static(b"S\x00\x00\x00\x05")).is_err());
+        assert!(Frame::from_raw(Bytes::from_static(b"S\x00\x00\x00\x04x")).is_err());
+    }
+
+    #[test]
+    fn startup_message() {
+        let mut buf = startup_bytes(&[("user", "bob"), ("database", "db")], PROTOCOL_3_0 | 2);
+        let whole = buf.clone();
+        let mut part = BytesMut::from(&whole[..whole.len() - 1]);
+        assert_eq!(decode_startup(&mut part, 1 << 20).unwrap(), None);
+        let p = decode_startup(&mut buf, 1 << 20).unwrap().unwrap();
+        assert_eq!(
+            p,
+            StartupPacket::Startup {
+                major: 3,
+                minor: 2,
+                params: vec![
+                    ("user".into(), "bob".into()),
+                    ("database".into(), "db".into())
+                ],
+            }
+        );
+        let mut again = BytesMut::new();
+        encode_startup_packet(&mut again, &p);
+        assert_eq!(again, whole);
+    }
+
+    #[test]
+    fn startup_rejections() {
+        let mut b = startup_bytes(&[("database", "db")], PROTOCOL_3_0);
+        assert!(matches!(
+            decode_startup(&mut b, 1 << 20),
+            Err(WireError::Malformed(_))
+        ));
+        let mut b = startup_bytes(&[("user", "x")], 2 << 16);
+        assert_eq!(
+            decode_startup(&mut b, 1 << 20),
+            Err(WireError::UnsupportedProtocol(2 << 16))
+        );
+        let mut b = startup_bytes(&[("user", "\u{e9}")], PROTOCOL_3_0);
+        if let Some(x) = b.iter().position(|&c| c == 0xc3) {
+            b[x] = 0xff;
+        }
+        assert!(matches!(
+            decode_startup(&mut b, 1 << 20),
+            Err(WireError::Malformed(_))
+        ));
+        let mut b = startup_bytes(&[("user", "x")], PROTOCOL_3_0);
+        b.put_u8(7);
+        let len = b.len() as u32;
+        b[..4].copy_from_slice(&len.to_be_bytes());
+        assert!(matches!(
+            decode_startup(&mut b, 1 << 20),
+            Err(WireError::Malformed(_))
+        ));
+        let mut b = BytesMut::from(&b"\x00\x00\x27\x11"[..]);
+        assert_eq!(
+            decode_startup(&mut b, 1 << 20),
+            Err(WireError::TooLarge {
+                len: 10001,
+                max: 10000
+            })
+        );
+        let mut b = BytesMut::from(&b"\x00\x00\x00\x07"[..]);
+        assert_eq!(
+            decode_startup(&mut b, 1 << 20),
+            Err(WireError::BadLength(7))
+        );
+    }
+
+    #[test]
+    fn special_requests() {
+        for p in [
+            StartupPacket::SslRequest,
+            StartupPacket::GssEncRequest,
+            StartupPacket::Cancel {
+                pid: 42,
+                secret: Bytes::from_static(b"\x01\x02\x03\x04"),
+            },
+            StartupPacket::Cancel {
+                pid: 7,
+                secret: Bytes::from(vec![9u8; 256]),
+            },
+        ] {
+            let mut b = BytesMut::new();
+            encode_startup_packet(&mut b, &p);
+            assert_eq!(decode_startup(&mut b, 1 << 20).unwrap(), Some(p));
+            assert!(b.is_empty());
+        }
+        let mut short = BytesMut::new();
+        put_untagged(&mut short, |b| {
+            b.put_u32(CANCEL_REQUEST_CODE);
+            b.put_u32(1);
+            b.put_u16(1);
+        });
+        assert!(decode_startup(&mut short, 1 << 20).is_err());
+        let mut long_ssl = BytesMut::new();
+        put_untagged(&mut long_ssl, |b| {
+            b.put_u32(SSL_REQUEST_CODE);
+            b.put_u32(1);
+        });
+        assert!(decode_startup(&mut long_ssl, 1 << 20).is_err());
+    }
+}

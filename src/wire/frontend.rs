@@ -1,0 +1,536 @@
+//! Messages sent by a client (frontend) to a server: typed decoding and encoders.
+
+use bytes::{BufMut, Bytes, BytesMut};
+
+use super::codec::{len_i16, len_i32, put_cstr, put_message, put_untagged, Reader};
+use super::error::WireError;
+use super::frame::{Frame, CANCEL_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
+
+/// Message type bytes of both directions. Names are unique across directions; CopyData and
+/// CopyDone use the same byte both ways.
+pub mod tags {
+    /// Query (F).
+    pub const QUERY: u8 = b'Q';
+    /// Parse (F).
+    pub const PARSE: u8 = b'P';
+    /// Bind (F).
+    pub const BIND: u8 = b'B';
+    /// Describe (F).
+    pub const DESCRIBE: u8 = b'D';
+    /// Execute (F).
+    pub const EXECUTE: u8 = b'E';
+    /// Close (F).
+    pub const CLOSE: u8 = b'C';
+    /// Sync (F).
+    pub const SYNC: u8 = b'S';
+    /// Flush (F).
+    pub const FLUSH: u8 = b'H';
+    /// Terminate (F).
+    pub const TERMINATE: u8 = b'X';
+    /// CopyData (F and B).
+    pub const COPY_DATA: u8 = b'd';
+    /// CopyDone (F and B).
+    pub const COPY_DONE: u8 = b'c';
+    /// CopyFail (F).
+    pub const COPY_FAIL: u8 = b'f';
+    /// FunctionCall (F).
+    pub const FUNCTION_CALL: u8 = b'F';
+    /// PasswordMessage, SASLInitialResponse, SASLResponse, GSSResponse (F).
+    pub const PASSWORD: u8 = b'p';
+
+    /// Authentication* (B).
+    pub const AUTHENTICATION: u8 = b'R';
+    /// ParameterStatus (B).
+    pub const PARAMETER_STATUS: u8 = b'S';
+    /// BackendKeyData (B).
+    pub const BACKEND_KEY_DATA: u8 = b'K';
+    /// ReadyForQuery (B).
+    pub const READY_FOR_QUERY: u8 = b'Z';
+    /// ErrorResponse (B).
+    pub const ERROR_RESPONSE: u8 = b'E';
+    /// NoticeResponse (B).
+    pub const NOTICE_RESPONSE: u8 = b'N';
+    /// CommandComplete (B).
+    pub const COMMAND_COMPLETE: u8 = b'C';
+    /// ParseComplete (B).
+    pub const PARSE_COMPLETE: u8 = b'1';
+    /// BindComplete (B).
+    pub const BIND_COMPLETE: u8 = b'2';
+    /// CloseComplete (B).
+    pub const CLOSE_COMPLETE: u8 = b'3';
+    /// NoData (B).
+    pub const NO_DATA: u8 = b'n';
+    /// EmptyQueryResponse (B).
+    pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
+    /// PortalSuspended (B).
+    pub const PORTAL_SUSPENDED: u8 = b's';
+    /// CopyInResponse (B).
+    pub const COPY_IN_RESPONSE: u8 = b'G';
+    /// CopyOutResponse (B).
+    pub const COPY_OUT_RESPONSE: u8 = b'H';
+    /// CopyBothResponse (B).
+    pub const COPY_BOTH_RESPONSE: u8 = b'W';
+    /// DataRow (B).
+    pub const DATA_ROW: u8 = b'D';
+    /// RowDescription (B).
+    pub const ROW_DESCRIPTION: u8 = b'T';
+    /// ParameterDescription (B).
+    pub const PARAMETER_DESCRIPTION: u8 = b't';
+    /// NotificationResponse (B).
+    pub const NOTIFICATION_RESPONSE: u8 = b'A';
+    /// NegotiateProtocolVersion (B).
+    pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
+    /// FunctionCallResponse (B).
+    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
+}
+
+/// A client message, decoded only as far as a pooler needs. The full bytes stay in the
+/// [`Frame`] for forwarding.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Frontend {
+    /// Simple query; `sql` excludes the trailing NUL.
+    Query {
+        /// Query text.
+        sql: Bytes,
+    },
+    /// Parse a prepared statement.
+    Parse {
+        /// Statement name (empty for the unnamed statement).
+        name: Bytes,
+        /// Query text.
+        query: Bytes,
+        /// Parameter type OIDs (0 = unspecified).
+        param_types: Vec<u32>,
+    },
+    /// Bind; only the names are decoded.
+    Bind {
+        /// Destination portal name.
+        portal: Bytes,
+        /// Source statement name.
+        statement: Bytes,
+    },
+    /// Describe a statement (`b'S'`) or portal (`b'P'`).
+    Describe {
+        /// `b'S'` or `b'P'`.
+        kind: u8,
+        /// Object name.
+        name: Bytes,
+    },
+    /// Execute a portal.
+    Execute {
+        /// Portal name.
+        portal: Bytes,
+        /// Row limit as sent (0 means no limit; PostgreSQL also treats negative values, seen
+        /// here as large numbers, as no limit).
+        max_rows: u32,
+    },
+    /// Close a statement (`b'S'`) or portal (`b'P'`).
+    Close {
+        /// `b'S'` or `b'P'`.
+        kind: u8,
+        /// Object name.
+        name: Bytes,
+    },
+    /// Sync.
+    Sync,
+    /// Flush.
+    Flush,
+    /// Terminate.
+    Terminate,
+    /// CopyData (content left in the frame).
+    CopyData,
+    /// CopyDone.
+    CopyDone,
+    /// CopyFail with the client's reason.
+    CopyFail {
+        /// Reason text, without NUL.
+        message: Bytes,
+    },
+    /// FunctionCall (content left in the frame).
+    FunctionCall,
+    /// PasswordMessage, SASLInitialResponse or SASLResponse: which one depends on what the
+    /// server asked; see [`parse_password`] and [`parse_sasl_initial`].
+    Password,
+    /// A tag this codec does not know.
+    Unknown(u8),
+}
+
+/// Decodes a client message.
+pub fn decode_frontend(frame: &Frame) -> Result<Frontend, WireError> {
+    let mut r = Reader::new(frame.body());
+    let msg = match frame.tag() {
+        tags::QUERY => decode_query(&mut r)?,
+        tags::PARSE => decode_parse(&mut r)?,
+        tags::BIND => Frontend::Bind {
+            portal: r.cstr("invalid Bind message: missing portal name")?,
+            statement: r.cstr("invalid Bind message: missing statement name")?,
+        },
+        tags::DESCRIBE => {
+            let (kind, name) = decode_target(&mut r, "invalid DESCRIBE message subtype")?;
+            Frontend::Describe { kind, name }
+        }
+        tags::EXECUTE => decode_execute(&mut r)?,
+        tags::CLOSE => {
+            let (kind, name) = decode_target(&mut r, "invalid CLOSE message subtype")?;
+            Frontend::Close { kind, name }
+        }
+        tags::SYNC => empty(&r, Frontend::Sync, "invalid Sync message format")?,
+        tags::FLUSH => empty(&r, Frontend::Flush, "invalid Flush message format")?,
+        tags::TERMINATE => Frontend::Terminate,
+        tags::COPY_DATA => Frontend::CopyData,
+        tags::COPY_DONE => Frontend::CopyDone,
+        tags::COPY_FAIL => Frontend::CopyFail {
+            message: r.cstr("invalid CopyFail message: missing terminator")?,
+        },
+        tags::FUNCTION_CALL => Frontend::FunctionCall,
+        tags::PASSWORD => Frontend::Password,
+        other => Frontend::Unknown(other),
+    };
+    Ok(msg)
+}
+
+fn empty(r: &Reader, msg: Frontend, what: &'static str) -> Result<Frontend, WireError> {
+    r.finish(what)?;
+    Ok(msg)
+}
+
+fn decode_query(r: &mut Reader) -> Result<Frontend, WireError> {
+    const WHAT: &str = "invalid Query message: text must end with its only NUL byte";
+    let sql = r.cstr(WHAT)?;
+    r.finish(WHAT)?;
+    Ok(Frontend::Query { sql })
+}
+
+fn decode_parse(r: &mut Reader) -> Result<Frontend, WireError> {
+    const WHAT: &str = "invalid Parse message format";
+    let name = r.cstr(WHAT)?;
+    let query = r.cstr(WHAT)?;
+    let count = usize::try_from(r.i16(WHAT)?).map_err(|_| WireError::Malformed(WHAT))?;
+    if r.remaining() != count * 4 {
+        return Err(WireError::Malformed(WHAT));
+    }
+    let mut param_types = Vec::with_capacity(count);
+    for _ in 0..count {
+        param_types.push(r.u32(WHAT)?);
+    }
+    Ok(Frontend::Parse {
+        name,
+        query,
+        param_types,
+    })
+}
+
+fn decode_target(r: &mut Reader, what: &'static str) -> Result<(u8, Bytes), WireError> {
+    let kind = r.u8(what)?;
+    if kind != b'S' && kind != b'P' {
+        return Err(WireError::Malformed(what));
+    }
+    let name = r.cstr(what)?;
+    r.finish(what)?;
+    Ok((kind, name))
+}
+
+fn decode_execute(r: &mut Reader) -> Result<Frontend, WireError> {
+    const WHAT: &str = "invalid Execute message format";
+    let portal = r.cstr(WHAT)?;
+    let max_rows = r.u32(WHAT)?;
+    r.finish(WHAT)?;
+    Ok(Frontend::Execute { portal, max_rows })
+}
+
+/// Decodes a PasswordMessage body: the password without its NUL. The NUL must be the last
+/// byte and the only one.
+pub fn parse_password(body: &[u8]) -> Result<Bytes, WireError> {
+    const WHAT: &str = "invalid password packet size";
+    let mut r = Reader::from_slice(body);
+    let pw = r.cstr(WHAT)?;
+    r.finish(WHAT)?;
+    Ok(pw)
+}
+
+/// Decodes a SASLInitialResponse body: the mechanism name and the initial client data (empty
+/// when the client sent none, length -1).
+pub fn parse_sasl_initial(body: &[u8]) -> Result<(String, Bytes), WireError> {
+    const WHAT: &str = "invalid SASLInitialResponse message format";
+    let mut r = Reader::from_slice(body);
+    let mechanism = r.cstr_utf8(WHAT)?;
+    let len = r.i32(WHAT)?;
+    let data = match usize::try_from(len) {
+        Ok(n) => r.take(n, WHAT)?,
+        Err(_) if len == -1 => Bytes::new(),
+        Err(_) => return Err(WireError::Malformed(WHAT)),
+    };
+    r.finish(WHAT)?;
+    Ok((mechanism, data))
+}
+
+/// Query: simple-protocol query text.
+pub fn encode_query(buf: &mut BytesMut, sql: &str) {
+    put_message(buf, tags::QUERY, |b| put_cstr(b, sql.as_bytes()));
+}
+
+/// Sync.
+pub fn encode_sync(buf: &mut BytesMut) {
+    put_message(buf, tags::SYNC, |_| {});
+}
+
+/// Flush.
+pub fn encode_flush(buf: &mut BytesMut) {
+    put_message(buf, tags::FLUSH, |_| {});
+}
+
+/// Terminate.
+pub fn encode_terminate(buf: &mut BytesMut) {
+    put_message(buf, tags::TERMINATE, |_| {});
+}
+
+/// Parse: prepare `query` as statement `name` with the given parameter type OIDs.
+pub fn encode_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32]) {
+    put_message(buf, tags::PARSE, |b| {
+        put_cstr(b, name);
+        put_cstr(b, query);
+        b.put_i16(len_i16(param_types.len()));
+        for oid in param_types.iter().take(i16::MAX as usize) {
+            b.put_u32(*oid);
+        }
+    });
+}
+
+/// Close a statement (`b'S'`) or portal (`b'P'`).
+pub fn encode_close(buf: &mut BytesMut, kind: u8, name: &[u8]) {
+    put_message(buf, tags::CLOSE, |b| {
+        b.put_u8(kind);
+        put_cstr(b, name);
+    });
+}
+
+/// Describe a statement (`b'S'`) or portal (`b'P'`).
+pub fn encode_describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
+    put_message(buf, tags::DESCRIBE, |b| {
+        b.put_u8(kind);
+        put_cstr(b, name);
+    });
+}
+
+/// StartupMessage for protocol 3.0 with the given parameters.
+pub fn encode_startup(buf: &mut BytesMut, params: &[(&str, &str)]) {
+    put_untagged(buf, |b| {
+        b.put_u32(PROTOCOL_3_0);
+        for (k, v) in params {
+            put_cstr(b, k.as_bytes());
+            put_cstr(b, v.as_bytes());
+        }
+        b.put_u8(0);
+    });
+}
+
+/// CancelRequest for backend `pid` with its secret key.
+pub fn encode_cancel_request(buf: &mut BytesMut, pid: u32, secret: &[u8]) {
+    put_untagged(buf, |b| {
+        b.put_u32(CANCEL_REQUEST_CODE);
+        b.put_u32(pid);
+        b.put_slice(secret);
+    });
+}
+
+/// SSLRequest.
+pub fn encode_ssl_request(buf: &mut BytesMut) {
+    put_untagged(buf, |b| b.put_u32(SSL_REQUEST_CODE));
+}
+
+/// PasswordMessage (cleartext or MD5 response), NUL-terminated.
+pub fn encode_password(buf: &mut BytesMut, password: &[u8]) {
+    put_message(buf, tags::PASSWORD, |b| put_cstr(b, password));
+}
+
+/// SASLInitialResponse: chosen mechanism and the client-first-message.
+pub fn encode_sasl_initial(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
+    put_message(buf, tags::PASSWORD, |b| {
+        put_cstr(b, mechanism.as_bytes());
+        b.put_i32(len_i32(data.len()));
+        b.put_slice(data);
+    });
+}
+
+/// SASLResponse: a continuation message of the SASL exchange.
+pub fn encode_sasl_response(buf: &mut BytesMut, data: &[u8]) {
+    put_message(buf, tags::PASSWORD, |b| b.put_slice(data));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::frame::{decode_frame, decode_startup, StartupPacket};
+    use super::*;
+
+    fn one(buf: &mut BytesMut) -> Frame {
+        let f = decode_frame(buf, 1 << 20).unwrap().unwrap();
+        assert!(buf.is_empty());
+        f
+    }
+
+    fn roundtrip(encode: impl FnOnce(&mut BytesMut)) -> Frontend {
+        let mut b = BytesMut::new();
+        encode(&mut b);
+        decode_frontend(&one(&mut b)).unwrap()
+    }
+
+    #[test]
+    fn encoders_roundtrip() {
+        assert_eq!(
+            roundtrip(|b| encode_query(b, "select 1")),
+            Frontend::Query {
+                sql: Bytes::from_static(b"select 1")
+            }
+        );
+        assert_eq!(roundtrip(encode_sync), Frontend::Sync);
+        assert_eq!(roundtrip(encode_flush), Frontend::Flush);
+        assert_eq!(roundtrip(encode_terminate), Frontend::Terminate);
+        assert_eq!(
+            roundtrip(|b| encode_parse(b, b"s1", b"select $1", &[23, 0])),
+            Frontend::Parse {
+                name: Bytes::from_static(b"s1"),
+                query: Bytes::from_static(b"select $1"),
+                param_types: vec![23, 0],
+            }
+        );
+        assert_eq!(
+            roundtrip(|b| encode_close(b, b'S', b"s1")),
+            Frontend::Close {
+                kind: b'S',
+                name: Bytes::from_static(b"s1")
+            }
+        );
+        assert_eq!(
+            roundtrip(|b| encode_describe(b, b'P', b"")),
+            Frontend::Describe {
+                kind: b'P',
+                name: Bytes::new()
+            }
+        );
+    }
+
+    #[test]
+    fn password_messages_roundtrip() {
+        let mut b = BytesMut::new();
+        encode_password(&mut b, b"secret");
+        let f = one(&mut b);
+        assert_eq!(decode_frontend(&f).unwrap(), Frontend::Password);
+        assert_eq!(
+            parse_password(&f.body()).unwrap(),
+            Bytes::from_static(b"secret")
+        );
+
+        encode_sasl_initial(&mut b, "SCRAM-SHA-256", b"n,,n=,r=abc");
+        let f = one(&mut b);
+        let (mech, data) = parse_sasl_initial(&f.body()).unwrap();
+        assert_eq!(mech, "SCRAM-SHA-256");
+        assert_eq!(&data[..], b"n,,n=,r=abc");
+
+        encode_sasl_response(&mut b, b"c=biws");
+        assert_eq!(&one(&mut b).body()[..], b"c=biws");
+    }
+
+    #[test]
+    fn password_rejections() {
+        assert!(parse_password(b"a\0b\0").is_err());
+        assert!(parse_password(b"ab").is_err());
+        assert!(parse_sasl_initial(b"M\0\x00\x00\x00\x05abc").is_err());
+        assert!(parse_sasl_initial(b"M\0\x00\x00\x00\x01ab").is_err());
+        assert!(parse_sasl_initial(b"M\0\xff\xff\xff\xfe").is_err());
+        assert_eq!(
+            parse_sasl_initial(b"M\0\xff\xff\xff\xff").unwrap(),
+            ("M".to_string(), Bytes::new())
+        );
+    }
+
+    #[test]
+    fn startup_encoders_roundtrip() {
+        let mut b = BytesMut::new();
+        encode_startup(&mut b, &[("user", "u"), ("database", "d")]);
+        encode_cancel_request(&mut b, 5, b"abcd");
+        encode_ssl_request(&mut b);
+        assert_eq!(
+            decode_startup(&mut b, 1 << 20).unwrap(),
+            Some(StartupPacket::Startup {
+                major: 3,
+                minor: 0,
+                params: vec![("user".into(), "u".into()), ("database".into(), "d".into())],
+            })
+        );
+        assert_eq!(
+            decode_startup(&mut b, 1 << 20).unwrap(),
+            Some(StartupPacket::Cancel {
+                pid: 5,
+                secret: Bytes::from_static(b"abcd")
+            })
+        );
+        assert_eq!(
+            decode_startup(&mut b, 1 << 20).unwrap(),
+            Some(StartupPacket::SslRequest)
+        );
+    }
+
+    fn frame(tag: u8, body: &[u8]) -> Frame {
+        let mut b = BytesMut::new();
+        put_message(&mut b, tag, |b| b.put_slice(body));
+        one(&mut b)
+    }
+
+    #[test]
+    fn typed_decoding() {
+        let f = frame(b'B', b"p1\0s1\0\x00\x00rest");
+        assert_eq!(
+            decode_frontend(&f).unwrap(),
+            Frontend::Bind {
+                portal: Bytes::from_static(b"p1"),
+                statement: Bytes::from_static(b"s1")
+            }
+        );
+        let f = frame(b'E', b"\0\x00\x00\x00\x0a");
+        assert_eq!(
+            decode_frontend(&f).unwrap(),
+            Frontend::Execute {
+                portal: Bytes::new(),
+                max_rows: 10
+            }
+        );
+        let f = frame(b'f', b"oops\0");
+        assert_eq!(
+            decode_frontend(&f).unwrap(),
+            Frontend::CopyFail {
+                message: Bytes::from_static(b"oops")
+            }
+        );
+        for (tag, want) in [
+            (b'd', Frontend::CopyData),
+            (b'c', Frontend::CopyDone),
+            (b'F', Frontend::FunctionCall),
+            (b'X', Frontend::Terminate),
+            (b'z', Frontend::Unknown(b'z')),
+        ] {
+            assert_eq!(decode_frontend(&frame(tag, b"")).unwrap(), want);
+        }
+    }
+
+    #[test]
+    fn typed_rejections() {
+        for (tag, body) in [
+            (b'Q', &b"select 1"[..]),
+            (b'Q', b"a\0b\0"),
+            (b'P', b"\0q\0\x00\x01"),
+            (b'P', b"\0q\0\xff\xff"),
+            (b'D', b"X\0"),
+            (b'C', b"S"),
+            (b'E', b"\0\x00"),
+            (b'S', b"x"),
+            (b'H', b"x"),
+            (b'B', b"p"),
+        ] {
+            assert!(
+                decode_frontend(&frame(tag, body)).is_err(),
+                "{}",
+                tag as char
+            );
+        }
+    }
+}

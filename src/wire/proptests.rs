@@ -1,0 +1,158 @@
+//! Property tests: arbitrary input never makes a decoder panic, errors never consume input,
+//! and encoders round-trip through the decoders.
+
+use bytes::{BufMut, Bytes, BytesMut};
+use proptest::prelude::*;
+
+use super::codec::put_message;
+use super::*;
+
+fn any_bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
+    prop::collection::vec(any::<u8>(), 0..max)
+}
+
+fn frame(tag: u8, body: &[u8]) -> Frame {
+    let mut b = BytesMut::new();
+    put_message(&mut b, tag, |b| b.put_slice(body));
+    Frame::from_raw(b.freeze()).expect("valid frame")
+}
+
+/// Drains frames from `buf`; checks that errors and incomplete reads leave `buf` untouched
+/// and that each frame is exactly what was consumed.
+fn drain_frames(buf: &mut BytesMut, max: usize) -> Vec<Frame> {
+    let mut out = Vec::new();
+    loop {
+        let before = buf.clone();
+        match decode_frame(buf, max) {
+            Ok(Some(f)) => {
+                assert_eq!(f.raw()[..], before[..f.len()]);
+                assert!(f.len() >= HEADER_LEN && f.len() - 1 <= max);
+                out.push(f);
+            }
+            Ok(None) | Err(_) => {
+                assert_eq!(*buf, before);
+                return out;
+            }
+        }
+    }
+}
+
+fn sample_stream() -> BytesMut {
+    let mut b = BytesMut::new();
+    encode_query(&mut b, "select 1");
+    encode_parse(&mut b, b"s", b"select $1", &[23]);
+    encode_describe(&mut b, b'S', b"s");
+    encode_sync(&mut b);
+    encode_error(&mut b, &ErrorResponse::error(sqlstate::SYNTAX_ERROR, "x"));
+    encode_data_row(&mut b, &[Some(b"1"), None]);
+    encode_ready_for_query(&mut b, TxStatus::Idle);
+    b
+}
+
+proptest! {
+    #[test]
+    fn decode_frame_never_panics(data in any_bytes(300), max in 0usize..400) {
+        let mut buf = BytesMut::from(&data[..]);
+        for f in drain_frames(&mut buf, max) {
+            let _ = decode_frontend(&f);
+            let _ = decode_backend(&f);
+        }
+    }
+
+    #[test]
+    fn split_streams_decode_identically(cuts in prop::collection::vec(0usize..200, 0..8)) {
+        let whole = sample_stream();
+        let expected = drain_frames(&mut whole.clone(), DEFAULT_MAX_MESSAGE_LEN);
+        let mut cuts: Vec<usize> = cuts.into_iter().map(|c| c.min(whole.len())).collect();
+        cuts.push(whole.len());
+        cuts.sort_unstable();
+        let (mut buf, mut got, mut from) = (BytesMut::new(), Vec::new(), 0);
+        for to in cuts {
+            buf.put_slice(&whole[from..to]);
+            from = to;
+            got.extend(drain_frames(&mut buf, DEFAULT_MAX_MESSAGE_LEN));
+        }
+        prop_assert!(buf.is_empty());
+        prop_assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn decode_startup_never_panics(data in any_bytes(300), max in 0usize..400) {
+        let mut buf = BytesMut::from(&data[..]);
+        let before = buf.clone();
+        match decode_startup(&mut buf, max) {
+            Ok(Some(_)) => prop_assert!(buf.len() < before.len()),
+            Ok(None) | Err(_) => prop_assert_eq!(buf, before),
+        }
+    }
+
+    #[test]
+    fn startup_packets_roundtrip(
+        params in prop::collection::vec(("[a-z_]{1,8}", "[^\u{0}]{0,8}"), 0..5),
+        minor in any::<u16>(),
+    ) {
+        let mut params: Vec<(String, String)> = params;
+        params.push(("user".into(), "u".into()));
+        let packet = StartupPacket::Startup { major: 3, minor, params };
+        let mut buf = BytesMut::new();
+        encode_startup_packet(&mut buf, &packet);
+        prop_assert_eq!(decode_startup(&mut buf, 10_000).unwrap(), Some(packet));
+    }
+
+    #[test]
+    fn typed_decoders_never_panic(tag in any::<u8>(), body in any_bytes(64)) {
+        let f = frame(tag, &body);
+        let _ = decode_frontend(&f);
+        let _ = decode_backend(&f);
+        let _ = parse_sasl_initial(&body);
+        let _ = parse_password(&body);
+        let _ = ErrorFields::parse(&body);
+    }
+
+    #[test]
+    fn queries_roundtrip(sql in "[^\u{0}]{0,40}") {
+        let mut b = BytesMut::new();
+        encode_query(&mut b, &sql);
+        let f = decode_frame(&mut b, 1 << 20).unwrap().unwrap();
+        prop_assert_eq!(
+            decode_frontend(&f).unwrap(),
+            Frontend::Query { sql: Bytes::from(sql.into_bytes()) }
+        );
+    }
+
+    #[test]
+    fn parse_roundtrips(name in any_bytes(8), query in any_bytes(16), types in prop::collection::vec(any::<u32>(), 0..6)) {
+        let strip = |v: &[u8]| Bytes::copy_from_slice(v.split(|&b| b == 0).next().unwrap_or_default());
+        let mut b = BytesMut::new();
+        encode_parse(&mut b, &name, &query, &types);
+        let f = decode_frame(&mut b, 1 << 20).unwrap().unwrap();
+        prop_assert_eq!(
+            decode_frontend(&f).unwrap(),
+            Frontend::Parse { name: strip(&name), query: strip(&query), param_types: types }
+        );
+    }
+
+    #[test]
+    fn scram_server_never_panics(first in any_bytes(80), last in any_bytes(120)) {
+        let secret = ScramSecret::from_password("pw", b"salt", 1);
+        let mut server = ScramServer::new(secret.clone(), "srv".into());
+        let _ = server.first(&first);
+        let _ = server.finish(&last);
+        let mut server = ScramServer::new(secret, "srv".into());
+        server.first(b"n,,n=,r=abc").unwrap();
+        let mut forged = b"c=biws,r=abcsrv,p=".to_vec();
+        forged.extend_from_slice(&last);
+        prop_assert!(server.finish(&forged).is_err());
+    }
+
+    #[test]
+    fn scram_client_never_panics(first in any_bytes(80), last in any_bytes(80)) {
+        let cred = ScramCredential::Keys { client_key: [1; 32], server_key: [2; 32] };
+        let mut client = ScramClient::new(cred.clone(), "abc".into());
+        let _ = client.handle_server_first(&first);
+        let _ = client.handle_server_final(&last);
+        let mut client = ScramClient::new(cred, "abc".into());
+        client.handle_server_first(b"r=abcd,s=AAAA,i=1").unwrap();
+        prop_assert!(client.handle_server_final(&last).is_err());
+    }
+}
