@@ -1,5 +1,14 @@
 //! pgward: a PostgreSQL connection pooler that reads pgbouncer.ini, whose pool checkout is an
 //! admission gate.
 
+pub mod cancel;
+pub mod client;
 pub mod config;
+pub mod gate;
+pub mod listener;
+pub mod net;
+pub mod params;
+pub mod pool;
+pub mod runtime;
+pub mod server;
 pub mod wire;

@@ -1,1 +1,217 @@
-fn main() {}
+//! The pgward executable: reads a pgbouncer.ini-compatible file and serves until told to stop.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use pgward::config::{self, Config};
+use pgward::listener::Listeners;
+use pgward::runtime::Runtime;
+
+const USAGE: &str = "\
+pgward - a PostgreSQL connection pooler that reads pgbouncer.ini
+
+Usage: pgward [OPTION]... CONFIG
+
+Options:
+  -v, --verbose    log more (repeat for even more)
+  -q, --quiet      log nothing to stderr
+  -d, --daemon     accepted for compatibility; pgward stays in the foreground
+  -V, --version    print the version and exit
+  -h, --help       print this help and exit
+
+CONFIG is a pgbouncer.ini-style file: [databases], [users], [pools] and
+[pgbouncer] (or [pgward]) sections, with %include.";
+
+struct Args {
+    config: PathBuf,
+    verbose: i32,
+    quiet: bool,
+}
+
+enum Command {
+    Run(Args),
+    Exit(ExitCode),
+}
+
+fn parse_args() -> Command {
+    let mut config = None;
+    let mut verbose = 0;
+    let mut quiet = false;
+    for arg in std::env::args().skip(1) {
+        match arg.as_str() {
+            "-h" | "--help" => {
+                println!("{USAGE}");
+                return Command::Exit(ExitCode::SUCCESS);
+            }
+            "-V" | "--version" => {
+                println!("pgward {}", env!("CARGO_PKG_VERSION"));
+                return Command::Exit(ExitCode::SUCCESS);
+            }
+            "-v" | "--verbose" => verbose += 1,
+            "-q" | "--quiet" => quiet = true,
+            "-d" | "--daemon" => {}
+            a if a.starts_with("-v") && a[1..].chars().all(|c| c == 'v') => {
+                verbose += (a.len() - 1) as i32
+            }
+            a if a.starts_with('-') => {
+                eprintln!("pgward: unknown option {a}\n\n{USAGE}");
+                return Command::Exit(ExitCode::from(2));
+            }
+            a => config = Some(PathBuf::from(a)),
+        }
+    }
+    match config {
+        Some(config) => Command::Run(Args {
+            config,
+            verbose,
+            quiet,
+        }),
+        None => {
+            eprintln!("pgward: no configuration file given\n\n{USAGE}");
+            Command::Exit(ExitCode::from(2))
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let args = match parse_args() {
+        Command::Run(a) => a,
+        Command::Exit(code) => return code,
+    };
+    let config = match config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("pgward: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    if let Err(e) = init_logging(&config, &args) {
+        eprintln!("pgward: cannot open logfile: {e}");
+        return ExitCode::FAILURE;
+    }
+    for w in &config.warnings {
+        tracing::warn!("{w}");
+    }
+    let threads = config.settings.worker_threads.max(1);
+    let runtime = if threads == 1 {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(threads)
+            .enable_all()
+            .build()
+    };
+    match runtime {
+        Ok(rt) => rt.block_on(serve(config)),
+        Err(e) => {
+            eprintln!("pgward: cannot start: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging(config: &Config, args: &Args) -> std::io::Result<()> {
+    let level = match config.settings.verbose.max(0) + args.verbose {
+        0 => tracing::Level::INFO,
+        1 => tracing::Level::DEBUG,
+        _ => tracing::Level::TRACE,
+    };
+    let builder = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_target(false);
+    match &config.settings.logfile {
+        Some(path) => {
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)?;
+            builder
+                .with_ansi(false)
+                .with_writer(std::sync::Mutex::new(file))
+                .init();
+        }
+        None if args.quiet => builder.with_writer(std::io::sink).init(),
+        None => builder.with_writer(std::io::stderr).init(),
+    }
+    Ok(())
+}
+
+async fn serve(config: Config) -> ExitCode {
+    let userlist = match &config.settings.auth_file {
+        Some(path) => match config::load_userlist(path) {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("pgward: {e}");
+                return ExitCode::FAILURE;
+            }
+        },
+        None => Default::default(),
+    };
+    let listeners = match Listeners::bind(&config.settings) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("pgward: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let pidfile = config.settings.pidfile.clone();
+    if let Some(p) = &pidfile {
+        if let Err(e) = std::fs::write(p, format!("{}\n", std::process::id())) {
+            eprintln!("pgward: cannot write pidfile {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let socket = listeners.unix.as_ref().map(|(_, p)| p.clone());
+    let rt = Runtime::new(config, userlist);
+    tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
+    let tasks = listeners.spawn(&rt);
+    tokio::spawn(maintenance(rt.clone()));
+    wait_for_stop().await;
+    for t in tasks {
+        t.abort();
+    }
+    cleanup(pidfile.as_deref(), socket.as_deref());
+    tracing::info!("pgward stopped");
+    ExitCode::SUCCESS
+}
+
+/// Once a second: each pool's maintenance pass.
+async fn maintenance(rt: Arc<Runtime>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        for pool in rt.pools.all() {
+            pool.maintain(now);
+        }
+    }
+}
+
+async fn wait_for_stop() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::quit()),
+    ) else {
+        tracing::error!("cannot install signal handlers");
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
+        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
+        _ = quit.recv() => tracing::info!("SIGQUIT received, shutting down"),
+    }
+}
+
+fn cleanup(pidfile: Option<&Path>, socket: Option<&Path>) {
+    for p in [pidfile, socket].into_iter().flatten() {
+        let _ = std::fs::remove_file(p);
+    }
+}

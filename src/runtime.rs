@@ -10,7 +10,7 @@ use arc_swap::ArcSwap;
 use rand::RngCore;
 
 use crate::cancel::CancelRegistry;
-use crate::config::{Config, DatabaseDef, Secret};
+use crate::config::{Config, DatabaseDef, Secret, ServerCheck};
 use crate::gate::Limits;
 use crate::params::Tracked;
 use crate::pool::{Pool, PoolKey, PoolSettings, Pools};
@@ -105,15 +105,19 @@ pub fn pool_settings(
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
-        login_retry: s.server_login_retry.unwrap_or(Duration::ZERO),
-        lifetime: s.server_lifetime,
+        login_retry: s.server_login_retry,
+        lifetime: Some(db.server_lifetime.unwrap_or(s.server_lifetime)),
         idle_timeout: s.server_idle_timeout,
-        check_delay: s.server_check_delay,
-        check_query: non_empty(&s.server_check_query),
+        check_delay: Some(s.server_check_delay),
+        check_query: match s.server_check() {
+            ServerCheck::Disabled => None,
+            ServerCheck::EmptyQuery => Some(String::new()),
+            ServerCheck::Query(q) => Some(q.to_string()),
+        },
         reset_query: non_empty(&s.server_reset_query),
         reset_always: s.server_reset_query_always,
         tracked,
-        max_message: s.max_packet_size,
+        max_message: (s.max_packet_size as usize).min(crate::wire::DEFAULT_MAX_MESSAGE_LEN),
     }
 }
 

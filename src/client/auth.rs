@@ -65,7 +65,11 @@ async fn read_password_message(io: &mut ClientIo) -> Result<bytes::Bytes, Sessio
     Ok(frame.body())
 }
 
-async fn plain(io: &mut ClientIo, user: &str, secret: Option<&Secret>) -> Result<Authenticated, SessionError> {
+async fn plain(
+    io: &mut ClientIo,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Authenticated, SessionError> {
     let mut out = BytesMut::new();
     wire::encode_auth_cleartext(&mut out);
     io.send(&out).await?;
@@ -74,7 +78,9 @@ async fn plain(io: &mut ClientIo, user: &str, secret: Option<&Secret>) -> Result
     let given = String::from_utf8_lossy(&given);
     let ok = match secret {
         Some(Secret::Plain(p)) => constant_eq(p.as_bytes(), given.as_bytes()),
-        Some(Secret::Md5(m)) => constant_eq(m.as_bytes(), wire::md5_secret(user, &given).as_bytes()),
+        Some(Secret::Md5(m)) => {
+            constant_eq(m.as_bytes(), wire::md5_secret(user, &given).as_bytes())
+        }
         Some(Secret::Scram(s)) => ScramSecret::parse(s).is_some_and(|sec| {
             let again = ScramSecret::from_password(&given, &sec.salt, sec.iterations);
             constant_eq(&again.stored_key, &sec.stored_key)
@@ -88,7 +94,11 @@ async fn plain(io: &mut ClientIo, user: &str, secret: Option<&Secret>) -> Result
     }
 }
 
-async fn md5(io: &mut ClientIo, user: &str, secret: Option<&Secret>) -> Result<Authenticated, SessionError> {
+async fn md5(
+    io: &mut ClientIo,
+    user: &str,
+    secret: Option<&Secret>,
+) -> Result<Authenticated, SessionError> {
     let mut salt = [0u8; 4];
     rand::thread_rng().fill_bytes(&mut salt);
     let mut out = BytesMut::new();
@@ -121,7 +131,10 @@ async fn scram(
         Some(Secret::Plain(p)) => {
             let mut salt = [0u8; 16];
             rand::thread_rng().fill_bytes(&mut salt);
-            (Some(ScramSecret::from_password(p, &salt, SCRAM_ITERATIONS)), false)
+            (
+                Some(ScramSecret::from_password(p, &salt, SCRAM_ITERATIONS)),
+                false,
+            )
         }
         _ => (None, false),
     };

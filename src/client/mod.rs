@@ -35,7 +35,10 @@ pub enum SessionError {
 
 impl From<WireError> for SessionError {
     fn from(e: WireError) -> Self {
-        SessionError::Fatal(ErrorResponse::fatal(sqlstate::PROTOCOL_VIOLATION, e.to_string()))
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::PROTOCOL_VIOLATION,
+            e.to_string(),
+        ))
     }
 }
 
@@ -48,12 +51,14 @@ impl From<PoolError> for SessionError {
 /// The error a client sees when it could not get a server.
 pub fn pool_error_response(e: &PoolError) -> ErrorResponse {
     match e {
-        PoolError::WaitTimeout => ErrorResponse::fatal(sqlstate::QUERY_CANCELED, "query_wait_timeout".to_string()),
-        PoolError::Closed => ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, "the pool is closed".to_string()),
+        PoolError::WaitTimeout => {
+            ErrorResponse::fatal(sqlstate::QUERY_CANCELED, "query_wait_timeout".to_string())
+        }
+        PoolError::Closed => {
+            ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, "the pool is closed".to_string())
+        }
         PoolError::Login(err) => match err.as_ref() {
-            crate::server::ServerError::Refused(fields) => {
-                ErrorResponse::fatal(fields.code(), fields.message().to_string())
-            }
+            crate::server::ServerError::Refused(fields) => fields.to_fatal(),
             other => ErrorResponse::fatal(sqlstate::CONNECTION_FAILURE, other.to_string()),
         },
     }
@@ -71,7 +76,8 @@ impl Drop for ClientSlot<'_> {
 /// Serves one accepted client connection to its end.
 pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
     let peer = stream.peer_label();
-    let max_message = rt.config.load().settings.max_packet_size.min(wire::DEFAULT_MAX_MESSAGE_LEN);
+    let max_message =
+        (rt.config.load().settings.max_packet_size as usize).min(wire::DEFAULT_MAX_MESSAGE_LEN);
     let mut io = ClientIo::new(stream, max_message);
     let over_limit = {
         let n = rt.clients.fetch_add(1, Ordering::AcqRel) + 1;
@@ -81,7 +87,9 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
     let id = rt.next_client_id();
     match run(&rt, &mut io, id, over_limit).await {
         Ok(()) | Err(SessionError::Gone) => {}
-        Err(SessionError::Io(e)) => tracing::debug!(client = id, %peer, "client connection lost: {e}"),
+        Err(SessionError::Io(e)) => {
+            tracing::debug!(client = id, %peer, "client connection lost: {e}")
+        }
         Err(SessionError::Fatal(err)) => {
             tracing::info!(client = id, %peer, code = %err.code, "closing client: {}", err.message);
             io.send_error(&[], &err).await;
@@ -89,7 +97,12 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
     }
 }
 
-async fn run(rt: &Arc<Runtime>, io: &mut ClientIo, id: u64, over_limit: bool) -> Result<(), SessionError> {
+async fn run(
+    rt: &Arc<Runtime>,
+    io: &mut ClientIo,
+    id: u64,
+    over_limit: bool,
+) -> Result<(), SessionError> {
     let login_timeout = rt.config.load().settings.client_login_timeout;
     let login = async {
         let req = match startup::read_opening(io, rt).await? {
@@ -149,7 +162,10 @@ fn open_pool(
 
 /// The server parameters a client is greeted with: those of the pool's first login; if the
 /// pool has never logged in, one server is opened now to learn them.
-async fn welcome(pool: &Arc<Pool>, rt: &Runtime) -> Result<Arc<Vec<(String, String)>>, SessionError> {
+async fn welcome(
+    pool: &Arc<Pool>,
+    rt: &Runtime,
+) -> Result<Arc<Vec<(String, String)>>, SessionError> {
     if let Some(w) = pool.welcome() {
         return Ok(w);
     }

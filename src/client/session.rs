@@ -20,7 +20,7 @@ use crate::gate::Ticket;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
 use crate::server::ServerError;
-use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
+use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
 /// Bytes buffered towards one side before pgward stops reading from the other.
 const HIGH_WATER: usize = 256 * 1024;
@@ -59,7 +59,10 @@ impl Timer {
     fn error(self) -> ErrorResponse {
         let (code, msg) = match self {
             Timer::Query => (sqlstate::QUERY_CANCELED, "query_timeout"),
-            Timer::IdleTransaction => (sqlstate::IDLE_IN_TRANSACTION_TIMEOUT, "idle_transaction_timeout"),
+            Timer::IdleTransaction => (
+                sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
+                "idle_transaction_timeout",
+            ),
             Timer::Transaction => (sqlstate::TRANSACTION_TIMEOUT, "transaction_timeout"),
             Timer::ClientIdle => (sqlstate::IDLE_SESSION_TIMEOUT, "client_idle_timeout"),
         };
@@ -189,7 +192,11 @@ impl Session {
         }
     }
 
-    fn poll_pump(&mut self, io: &mut ClientIo, cx: &mut Context<'_>) -> Poll<Result<Event, SessionError>> {
+    fn poll_pump(
+        &mut self,
+        io: &mut ClientIo,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Event, SessionError>> {
         if let Some(link) = &mut self.link {
             if flush(&mut link.server.stream, &mut self.to_server, cx).is_err() {
                 return Poll::Ready(Ok(Event::ServerClosed));
@@ -201,7 +208,9 @@ impl Session {
         if self.to_server.len() < HIGH_WATER {
             reserve_for_frame(&mut io.rbuf);
             match poll_read_buf(Pin::new(&mut io.stream), cx, &mut io.rbuf) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Ok(Event::ClientClosed)),
+                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                    return Poll::Ready(Ok(Event::ClientClosed))
+                }
                 Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Event::ClientData)),
                 Poll::Pending => {}
             }
@@ -211,7 +220,9 @@ impl Session {
                 let server = &mut *link.server;
                 reserve_for_frame(&mut server.rbuf);
                 match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => return Poll::Ready(Ok(Event::ServerClosed)),
+                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
+                        return Poll::Ready(Ok(Event::ServerClosed))
+                    }
                     Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Event::ServerData)),
                     Poll::Pending => {}
                 }
@@ -278,7 +289,8 @@ impl Session {
     /// parameters in line with the client's.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
-        let checkout = self.pool.checkout(ticket, self.timeouts.query_wait);
+        let pool = self.pool.clone();
+        let checkout = pool.checkout(ticket, self.timeouts.query_wait);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {
@@ -313,14 +325,17 @@ impl Session {
         if diffs.is_empty() {
             return Ok(());
         }
-        let pairs: Vec<(&str, &str)> = diffs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect();
-        match server.simple_query(&params::set_statement(&pairs), &self.tracked).await {
+        let pairs: Vec<(&str, &str)> = diffs
+            .iter()
+            .map(|(n, v)| (n.as_str(), v.as_str()))
+            .collect();
+        match server
+            .simple_query(&params::set_statement(&pairs), &self.tracked)
+            .await
+        {
             Ok(()) => {}
             Err(ServerError::Refused(fields)) => {
-                return Err(SessionError::Fatal(ErrorResponse::fatal(
-                    fields.code(),
-                    fields.message().to_string(),
-                )))
+                return Err(SessionError::Fatal(fields.to_fatal()))
             }
             Err(e) => {
                 server.poison();
@@ -357,12 +372,16 @@ impl Session {
             let body = &server.rbuf[offset + 5..offset + 1 + len];
             match tag {
                 b'Z' => {
-                    let status = body.first().copied().and_then(TxStatus::from_byte).ok_or_else(|| {
-                        SessionError::Fatal(ErrorResponse::fatal(
-                            sqlstate::PROTOCOL_VIOLATION,
-                            "server sent a malformed ReadyForQuery".to_string(),
-                        ))
-                    })?;
+                    let status = body
+                        .first()
+                        .copied()
+                        .and_then(TxStatus::from_byte)
+                        .ok_or_else(|| {
+                            SessionError::Fatal(ErrorResponse::fatal(
+                                sqlstate::PROTOCOL_VIOLATION,
+                                "server sent a malformed ReadyForQuery".to_string(),
+                            ))
+                        })?;
                     server.tx = status;
                     link.pending = link.pending.saturating_sub(1);
                     link.ready_since = Instant::now();
@@ -447,7 +466,10 @@ impl Session {
         let Some(link) = &mut self.link else {
             return;
         };
-        let clean = link.pending == 0 && !link.batch_open && self.to_server.is_empty() && link.server.is_clean();
+        let clean = link.pending == 0
+            && !link.batch_open
+            && self.to_server.is_empty()
+            && link.server.is_clean();
         if !clean {
             link.server.poison();
         } else if self.mode == PoolMode::Session {
@@ -515,10 +537,7 @@ fn frame_at(buf: &[u8], offset: usize) -> Option<(u8, usize)> {
 fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionError> {
     let mut chunk = ClientChunk::default();
     let mut offset = 0;
-    loop {
-        let Some(head) = buf.get(offset..offset + 5) else {
-            break;
-        };
+    while let Some(head) = buf.get(offset..offset + 5) {
         let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
         if len < 4 || len > max_message {
             return Err(SessionError::Fatal(ErrorResponse::fatal(
@@ -560,7 +579,6 @@ fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
     let value = std::str::from_utf8(parts.next()?).ok()?;
     Some((name, value))
 }
-
 
 #[cfg(test)]
 mod tests {

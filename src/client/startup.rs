@@ -43,7 +43,12 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 io.send(b"N").await?;
             }
             StartupPacket::Cancel { pid, secret } => {
-                let limit = rt.config.load().settings.cancel_wait_timeout.unwrap_or(Duration::from_secs(10));
+                let limit = rt
+                    .config
+                    .load()
+                    .settings
+                    .cancel_wait_timeout
+                    .unwrap_or(Duration::from_secs(10));
                 rt.cancels.cancel(pid, &secret, limit).await;
                 return Ok(Opening::Cancel);
             }
@@ -59,7 +64,11 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                     io.send(&out).await?;
                 }
                 let settings = &rt.config.load().settings;
-                let req = read_params(params, &rt.tracked.load(), &settings.ignore_startup_parameters)?;
+                let req = read_params(
+                    params,
+                    &rt.tracked.load(),
+                    &settings.ignore_startup_parameters,
+                )?;
                 return Ok(Opening::Login(req));
             }
         }
@@ -92,7 +101,9 @@ pub fn read_params(
     let user = user
         .filter(|u| !u.is_empty())
         .ok_or_else(|| protocol("no PostgreSQL user name specified in startup packet"))?;
-    let database = database.filter(|d| !d.is_empty()).unwrap_or_else(|| user.clone());
+    let database = database
+        .filter(|d| !d.is_empty())
+        .unwrap_or_else(|| user.clone());
     Ok(StartupRequest {
         user,
         database,
@@ -133,7 +144,10 @@ pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, SessionErro
         let word = &words[i];
         let setting = if word == "-c" {
             i += 1;
-            words.get(i).cloned().ok_or_else(|| protocol("-c without a setting in options"))?
+            words
+                .get(i)
+                .cloned()
+                .ok_or_else(|| protocol("-c without a setting in options"))?
         } else if let Some(rest) = word.strip_prefix("--").or_else(|| word.strip_prefix("-c")) {
             rest.to_string()
         } else {
@@ -177,7 +191,10 @@ fn split_words(s: &str) -> Vec<String> {
 }
 
 fn protocol(msg: &str) -> SessionError {
-    SessionError::Fatal(ErrorResponse::fatal(sqlstate::PROTOCOL_VIOLATION, msg.to_string()))
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::PROTOCOL_VIOLATION,
+        msg.to_string(),
+    ))
 }
 
 #[cfg(test)]
@@ -185,7 +202,10 @@ mod tests {
     use super::*;
 
     fn params(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -208,7 +228,11 @@ mod tests {
     fn tracked_params_are_kept_and_unknown_ones_refused() {
         let tracked = Tracked::new::<&str>(&[]);
         let req = read_params(
-            params(&[("user", "u"), ("datestyle", "ISO"), ("options", "-c timezone=UTC")]),
+            params(&[
+                ("user", "u"),
+                ("datestyle", "ISO"),
+                ("options", "-c timezone=UTC"),
+            ]),
             &tracked,
             &[],
         )
@@ -218,7 +242,12 @@ mod tests {
             req.params,
             params(&[("DateStyle", "ISO"), ("TimeZone", "UTC")])
         );
-        assert!(read_params(params(&[("user", "u"), ("extra_float_digits", "3")]), &tracked, &[]).is_err());
+        assert!(read_params(
+            params(&[("user", "u"), ("extra_float_digits", "3")]),
+            &tracked,
+            &[]
+        )
+        .is_err());
         let ok = read_params(
             params(&[("user", "u"), ("extra_float_digits", "3")]),
             &tracked,

@@ -64,10 +64,7 @@ impl Limits {
             return Growth::Open;
         }
         let reserve_due = oldest_wait.is_some_and(|w| w >= self.reserve_pool_timeout);
-        if uncovered
-            && reserve_due
-            && usage.pool_total < self.pool_size + self.reserve_pool_size
-        {
+        if uncovered && reserve_due && usage.pool_total < self.pool_size + self.reserve_pool_size {
             return Growth::Reserve;
         }
         Growth::PoolFull
@@ -103,9 +100,18 @@ mod tests {
     fn opens_only_for_uncovered_waiters() {
         let l = limits();
         assert_eq!(l.growth(&usage(0, 0, 0), None), Growth::NotNeeded);
-        assert_eq!(l.growth(&usage(0, 0, 1), Some(Duration::ZERO)), Growth::Open);
-        assert_eq!(l.growth(&usage(1, 1, 1), Some(Duration::ZERO)), Growth::NotNeeded);
-        assert_eq!(l.growth(&usage(1, 1, 2), Some(Duration::ZERO)), Growth::Open);
+        assert_eq!(
+            l.growth(&usage(0, 0, 1), Some(Duration::ZERO)),
+            Growth::Open
+        );
+        assert_eq!(
+            l.growth(&usage(1, 1, 1), Some(Duration::ZERO)),
+            Growth::NotNeeded
+        );
+        assert_eq!(
+            l.growth(&usage(1, 1, 2), Some(Duration::ZERO)),
+            Growth::Open
+        );
     }
 
     #[test]

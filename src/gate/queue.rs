@@ -88,8 +88,8 @@ mod tests {
         for id in 1..=3 {
             q.push(Ticket::new(id, t0 + Duration::from_millis(id)), id);
         }
-        let order: Vec<u64> = std::iter::from_fn(|| q.pop_next(|_| true).map(|(t, _)| t.client_id))
-            .collect();
+        let order: Vec<u64> =
+            std::iter::from_fn(|| q.pop_next(|_| true).map(|(t, _)| t.client_id)).collect();
         assert_eq!(order, vec![1, 2, 3]);
     }
 

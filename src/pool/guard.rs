@@ -28,13 +28,17 @@ impl ServerGuard {
 impl Deref for ServerGuard {
     type Target = ServerConn;
     fn deref(&self) -> &ServerConn {
-        self.conn.as_ref().expect("a guard holds its server until dropped")
+        self.conn
+            .as_ref()
+            .expect("a guard holds its server until dropped")
     }
 }
 
 impl DerefMut for ServerGuard {
     fn deref_mut(&mut self) -> &mut ServerConn {
-        self.conn.as_mut().expect("a guard holds its server until dropped")
+        self.conn
+            .as_mut()
+            .expect("a guard holds its server until dropped")
     }
 }
 

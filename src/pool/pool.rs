@@ -13,6 +13,9 @@ use crate::server::{self, Credential, ServerConn, ServerError};
 
 type Waiter = oneshot::Sender<Result<ServerGuard, PoolError>>;
 
+/// The ParameterStatus list of a server login.
+pub type Welcome = Arc<Vec<(String, String)>>;
+
 /// How long a pool waits before opening again after the server could not be reached.
 const TRANSIENT_RETRY: Duration = Duration::from_millis(500);
 
@@ -48,7 +51,7 @@ pub struct Pool {
     settings: ArcSwap<PoolSettings>,
     credential: Mutex<Credential>,
     inner: Mutex<Inner>,
-    welcome: Mutex<Option<Arc<Vec<(String, String)>>>>,
+    welcome: Mutex<Option<Welcome>>,
     db_count: Arc<AtomicUsize>,
     user_count: Arc<AtomicUsize>,
     ids: Arc<AtomicU64>,
@@ -94,7 +97,7 @@ impl Pool {
     }
 
     /// The ParameterStatus list of the first server login, for client welcomes.
-    pub fn welcome(&self) -> Option<Arc<Vec<(String, String)>>> {
+    pub fn welcome(&self) -> Option<Welcome> {
         lock(&self.welcome).clone()
     }
 

@@ -106,9 +106,7 @@ async fn answer_auth(
         },
         AuthRequest::Md5Password { salt } => {
             let answer = match credential {
-                Credential::Password(p) => {
-                    wire::md5_response_from_password(&target.user, p, salt)
-                }
+                Credential::Password(p) => wire::md5_response_from_password(&target.user, p, salt),
                 Credential::Md5Secret(s) => wire::md5_response(s, salt),
                 _ => return Err(no_password(target, "an MD5 password")),
             };

@@ -18,9 +18,15 @@ pub use login::connect;
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ServerAddr {
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
     /// A Unix socket: the directory and the port that names the socket file.
-    Unix { dir: String, port: u16 },
+    Unix {
+        dir: String,
+        port: u16,
+    },
 }
 
 impl ServerAddr {
@@ -105,7 +111,7 @@ pub enum ServerError {
     Timeout,
     #[error("server closed the connection")]
     Closed,
-    #[error("server error: {}", .0.message())]
+    #[error("server error: {}", .0.text())]
     Refused(ErrorFields),
     #[error("server login failed: {0}")]
     Auth(String),
@@ -121,7 +127,7 @@ impl ServerError {
         match self {
             ServerError::Io(_) | ServerError::Timeout | ServerError::Closed => true,
             ServerError::Refused(fields) => {
-                matches!(fields.code(), "57P03" | "57P01" | "57P02" | "53300")
+                matches!(fields.sqlstate(), "57P03" | "57P01" | "57P02" | "53300")
             }
             _ => false,
         }
@@ -207,10 +213,14 @@ impl ServerConn {
                 Backend::ErrorResponse(fields) => {
                     failure.get_or_insert(fields);
                 }
-                Backend::ParameterStatus { name, value } => self.note_parameter(&name, &value, tracked),
+                Backend::ParameterStatus { name, value } => {
+                    self.note_parameter(&name, &value, tracked);
+                }
                 Backend::CopyInResponse | Backend::CopyBothResponse => {
                     self.reusable = false;
-                    return Err(ServerError::Protocol("unexpected COPY in an internal query"));
+                    return Err(ServerError::Protocol(
+                        "unexpected COPY in an internal query",
+                    ));
                 }
                 _ => {}
             }
@@ -218,7 +228,12 @@ impl ServerConn {
     }
 
     /// Records a ParameterStatus the server sent; returns the canonical name if tracked.
-    pub fn note_parameter<'t>(&mut self, name: &str, value: &str, tracked: &'t Tracked) -> Option<&'t str> {
+    pub fn note_parameter<'t>(
+        &mut self,
+        name: &str,
+        value: &str,
+        tracked: &'t Tracked,
+    ) -> Option<&'t str> {
         let canonical = tracked.canonical(name)?;
         self.params.set(canonical, value);
         Some(canonical)

@@ -5,6 +5,8 @@
 
 use bytes::{BufMut, Bytes, BytesMut};
 
+use std::borrow::Cow;
+
 use super::codec::{len_i16, len_i32, put_cstr, put_message, Reader};
 use super::error::WireError;
 use super::frame::{Frame, PROTOCOL_3_0};
@@ -198,6 +200,24 @@ impl ErrorFields {
     pub fn message(&self) -> Option<&str> {
         self.get(b'M')
     }
+
+    /// The SQLSTATE, or XX000 when the server sent none.
+    pub fn sqlstate(&self) -> &str {
+        self.code().unwrap_or(super::sqlstate::INTERNAL_ERROR)
+    }
+
+    /// The primary message, or an empty string.
+    pub fn text(&self) -> &str {
+        self.message().unwrap_or("")
+    }
+
+    /// The same error as a FATAL of pgward's own, keeping code, message, detail and hint.
+    pub fn to_fatal(&self) -> ErrorResponse {
+        let mut e = ErrorResponse::fatal(self.sqlstate().to_string(), self.text());
+        e.detail = self.get(b'D').map(str::to_string);
+        e.hint = self.get(b'H').map(str::to_string);
+        e
+    }
 }
 
 /// Decodes a server message.
@@ -349,7 +369,7 @@ pub struct ErrorResponse {
     /// Severity.
     pub severity: Severity,
     /// SQLSTATE code (see [`super::sqlstate`]).
-    pub code: &'static str,
+    pub code: Cow<'static, str>,
     /// Primary message.
     pub message: String,
     /// Optional detail.
@@ -360,10 +380,14 @@ pub struct ErrorResponse {
 
 impl ErrorResponse {
     /// A response with the given severity.
-    pub fn new(severity: Severity, code: &'static str, message: impl Into<String>) -> Self {
+    pub fn new(
+        severity: Severity,
+        code: impl Into<Cow<'static, str>>,
+        message: impl Into<String>,
+    ) -> Self {
         Self {
             severity,
-            code,
+            code: code.into(),
             message: message.into(),
             detail: None,
             hint: None,
@@ -371,12 +395,12 @@ impl ErrorResponse {
     }
 
     /// An ERROR.
-    pub fn error(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn error(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self::new(Severity::Error, code, message)
     }
 
     /// A FATAL error (the connection is closed after it).
-    pub fn fatal(code: &'static str, message: impl Into<String>) -> Self {
+    pub fn fatal(code: impl Into<Cow<'static, str>>, message: impl Into<String>) -> Self {
         Self::new(Severity::Fatal, code, message)
     }
 

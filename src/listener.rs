@@ -1,0 +1,146 @@
+//! Listening sockets: TCP (`listen_addr`, `listen_port`) and the Unix socket in
+//! `unix_socket_dir`, each accepted connection served by its own task.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use tokio::net::{TcpListener, UnixListener};
+
+use crate::client;
+use crate::config::Settings;
+use crate::net::Stream;
+use crate::runtime::Runtime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: io::Error },
+    #[error("listen_addr {0:?} is not an address")]
+    BadAddr(String),
+}
+
+/// The sockets pgward accepts on.
+pub struct Listeners {
+    pub tcp: Vec<TcpListener>,
+    pub unix: Option<(UnixListener, PathBuf)>,
+}
+
+impl Listeners {
+    pub fn bind(s: &Settings) -> Result<Self, ListenError> {
+        let mut tcp = Vec::new();
+        for addr in s.listen_addrs() {
+            for sa in socket_addrs(&addr, s.listen_port)? {
+                tcp.push(bind_tcp(sa, s)?);
+            }
+        }
+        let unix = if s.unix_socket_dir.is_empty() {
+            None
+        } else {
+            Some(bind_unix(s)?)
+        };
+        Ok(Listeners { tcp, unix })
+    }
+
+    /// Accepts until the runtime shuts down, spawning a task per client.
+    pub fn spawn(self, rt: &Arc<Runtime>) -> Vec<tokio::task::JoinHandle<()>> {
+        let mut tasks = Vec::new();
+        for l in self.tcp {
+            let rt = rt.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((s, _)) => {
+                            let _ = s.set_nodelay(true);
+                            tokio::spawn(client::serve(rt.clone(), Stream::Tcp(s)));
+                        }
+                        Err(e) => accept_failed(e).await,
+                    }
+                }
+            }));
+        }
+        if let Some((l, _)) = self.unix {
+            let rt = rt.clone();
+            tasks.push(tokio::spawn(async move {
+                loop {
+                    match l.accept().await {
+                        Ok((s, _)) => {
+                            tokio::spawn(client::serve(rt.clone(), Stream::Unix(s)));
+                        }
+                        Err(e) => accept_failed(e).await,
+                    }
+                }
+            }));
+        }
+        tasks
+    }
+}
+
+/// Out of file descriptors and the like: wait a moment rather than spin.
+async fn accept_failed(e: io::Error) {
+    tracing::warn!("accept failed: {e}");
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+}
+
+fn socket_addrs(addr: &str, port: u16) -> Result<Vec<SocketAddr>, ListenError> {
+    if addr == "*" {
+        return Ok(vec![
+            SocketAddr::from(([0, 0, 0, 0], port)),
+            SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, port)),
+        ]);
+    }
+    let host = addr.trim_start_matches('[').trim_end_matches(']');
+    if let Ok(ip) = host.parse::<std::net::IpAddr>() {
+        return Ok(vec![SocketAddr::new(ip, port)]);
+    }
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .map(|it| it.collect())
+        .map_err(|_| ListenError::BadAddr(addr.to_string()))
+}
+
+fn bind_tcp(sa: SocketAddr, s: &Settings) -> Result<TcpListener, ListenError> {
+    let err = |source| ListenError::Bind {
+        addr: sa.to_string(),
+        source,
+    };
+    let domain = socket2::Domain::for_address(sa);
+    let sock = socket2::Socket::new(domain, socket2::Type::STREAM, None).map_err(err)?;
+    sock.set_reuse_address(true).map_err(err)?;
+    if s.so_reuseport {
+        sock.set_reuse_port(true).map_err(err)?;
+    }
+    if sa.is_ipv6() {
+        sock.set_only_v6(true).map_err(err)?;
+    }
+    sock.set_nonblocking(true).map_err(err)?;
+    sock.bind(&sa.into()).map_err(err)?;
+    sock.listen(s.listen_backlog.min(i32::MAX as u32) as i32)
+        .map_err(err)?;
+    TcpListener::from_std(sock.into()).map_err(err)
+}
+
+fn bind_unix(s: &Settings) -> Result<(UnixListener, PathBuf), ListenError> {
+    let path = PathBuf::from(format!("{}/.s.PGSQL.{}", s.unix_socket_dir, s.listen_port));
+    let err = |source| ListenError::Bind {
+        addr: path.display().to_string(),
+        source,
+    };
+    if path.exists() {
+        // A socket file left by a process that is gone; a live one answers connect.
+        if std::os::unix::net::UnixStream::connect(&path).is_ok() && !s.so_reuseport {
+            return Err(err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "another process is listening there",
+            )));
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+    let listener = UnixListener::bind(&path).map_err(err)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(s.unix_socket_mode))
+        .map_err(err)?;
+    Ok((listener, path))
+}
