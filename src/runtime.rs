@@ -105,6 +105,11 @@ pub fn pool_settings(
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
+        query_wait: match db.query_wait_timeout {
+            Some(d) if d.is_zero() => None,
+            Some(d) => Some(d),
+            None => s.query_wait_timeout,
+        },
         login_retry: s.server_login_retry,
         lifetime: Some(db.server_lifetime.unwrap_or(s.server_lifetime)),
         idle_timeout: s.server_idle_timeout,

@@ -120,7 +120,7 @@ async fn run(
         wire::encode_auth_ok(&mut out);
         io.send(&out).await?;
         let pool = open_pool(rt, &req, authed.credential)?;
-        let welcome = welcome(&pool, rt).await?;
+        let welcome = welcome(&pool).await?;
         Ok(Some((req, pool, welcome)))
     };
     let opened = match login_timeout {
@@ -162,14 +162,11 @@ fn open_pool(
 
 /// The server parameters a client is greeted with: those of the pool's first login; if the
 /// pool has never logged in, one server is opened now to learn them.
-async fn welcome(
-    pool: &Arc<Pool>,
-    rt: &Runtime,
-) -> Result<Arc<Vec<(String, String)>>, SessionError> {
+async fn welcome(pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
     if let Some(w) = pool.welcome() {
         return Ok(w);
     }
-    let wait = rt.config.load().settings.query_wait_timeout;
+    let wait = pool.settings().query_wait;
     let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
     let server = pool.checkout(ticket, wait).await?;
     drop(server);

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::BytesMut;
+use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
 use super::{ClientIo, SessionError};
@@ -29,7 +29,6 @@ const HIGH_WATER: usize = 256 * 1024;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Timeouts {
     pub query: Option<Duration>,
-    pub query_wait: Option<Duration>,
     pub client_idle: Option<Duration>,
     pub idle_transaction: Option<Duration>,
     pub transaction: Option<Duration>,
@@ -39,7 +38,6 @@ impl Timeouts {
     pub fn from_settings(s: &Settings) -> Self {
         Timeouts {
             query: s.query_timeout,
-            query_wait: s.query_wait_timeout,
             client_idle: s.client_idle_timeout,
             idle_transaction: s.idle_transaction_timeout,
             transaction: s.transaction_timeout,
@@ -260,7 +258,11 @@ impl Session {
     /// needed. Returns true when the client said Terminate.
     async fn on_client_data(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
         let chunk = scan_client(&io.rbuf, io.max_message)?;
-        if chunk.len > 0 {
+        if self.link.is_none() && chunk.syncs == 0 && chunk.batch.is_none() {
+            // Only COPY messages outside a COPY: PostgreSQL ignores them, and they must not
+            // hold a server that nothing would give back.
+            io.rbuf.advance(chunk.len);
+        } else if chunk.len > 0 {
             if self.link.is_none() {
                 self.attach(io).await?;
             }
@@ -290,7 +292,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
-        let checkout = pool.checkout(ticket, self.timeouts.query_wait);
+        let checkout = pool.checkout(ticket, pool.settings().query_wait);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {

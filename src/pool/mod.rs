@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use guard::ServerGuard;
-pub use pool::{Pool, PoolStats};
+pub use pool::{Pool, PoolStats, Welcome};
 
 use crate::config::PoolMode;
 use crate::gate::Limits;
@@ -32,6 +32,8 @@ pub struct PoolSettings {
     pub limits: Limits,
     pub mode: PoolMode,
     pub connect_timeout: Duration,
+    /// query_wait_timeout: how long a ticket may wait for a server.
+    pub query_wait: Option<Duration>,
     pub login_retry: Duration,
     pub lifetime: Option<Duration>,
     pub idle_timeout: Option<Duration>,
