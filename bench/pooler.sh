@@ -122,7 +122,11 @@ start_pooler() {
 }
 
 if has_target pgbouncer; then start_pooler pgbouncer "$(command -v pgbouncer)"; fi
-if has_target pgward; then start_pooler pgward "$repo/target/release/pgward"; fi
+if has_target pgward; then
+    # A copy, since the postgres OS user may not reach the source tree (under /root, say).
+    install -m 755 "$repo/target/release/pgward" "$work/pgward-bin"
+    start_pooler pgward "$work/pgward-bin"
+fi
 
 # --- runs -------------------------------------------------------------------------------------
 # cpu_ticks PID: user + system CPU time of a process, in clock ticks.
