@@ -1,0 +1,207 @@
+#!/usr/bin/env bash
+# Side-by-side pgbench of direct PostgreSQL, PgBouncer and pgward (see bench/README.md).
+#
+# usage: bench/pooler.sh [MODE...]      MODE is a pgbench protocol: simple (default), extended,
+#                                       prepared
+# environment:
+#   TARGETS               targets to run, default "direct pgbouncer pgward"
+#   ROUNDS                rounds (each target once per round, in rotating order), default 3
+#   PGWARD_BENCH_SECONDS  length of one pgbench run, default 8
+#   CLIENTS, JOBS         pgbench -c and -j, default 32 and 2
+#   POOL_SIZE             default_pool_size of both poolers, default 8
+#   SCALE                 pgbench -i scale, default 10
+#   AUTH_TYPE             auth_type of both poolers: md5 (default) or trust
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+# shellcheck source=bench/throwaway-pg.sh
+. bench/throwaway-pg.sh
+
+read -r -a targets <<<"${TARGETS:-direct pgbouncer pgward}"
+modes=("$@")
+[ "${#modes[@]}" -gt 0 ] || modes=(simple)
+rounds=${ROUNDS:-3}
+seconds=${PGWARD_BENCH_SECONDS:-8}
+clients=${CLIENTS:-32}
+jobs=${JOBS:-2}
+pool_size=${POOL_SIZE:-8}
+scale=${SCALE:-10}
+auth_type=${AUTH_TYPE:-md5}
+bench_password=benchpass
+ticks=$(getconf CLK_TCK)
+
+for target in "${targets[@]}"; do
+    case $target in direct | pgbouncer | pgward) ;; *) die "unknown target: $target" ;; esac
+done
+for mode in "${modes[@]}"; do
+    case $mode in simple | extended | prepared) ;; *) die "unknown pgbench protocol: $mode" ;; esac
+done
+
+has_target() {
+    [[ " ${targets[*]} " == *" $1 "* ]]
+}
+
+# Installs PgBouncer from Debian if missing, and keeps the package's own service stopped.
+ensure_pgbouncer() {
+    command -v pgbouncer >/dev/null && return 0
+    apt_install pgbouncer
+    if command -v systemctl >/dev/null; then
+        systemctl stop pgbouncer >/dev/null 2>&1 || true
+        systemctl disable pgbouncer >/dev/null 2>&1 || true
+    fi
+    if [ -f /var/run/postgresql/pgbouncer.pid ]; then
+        kill "$(cat /var/run/postgresql/pgbouncer.pid)" 2>/dev/null || true
+    fi
+}
+
+ensure_postgres
+if has_target pgbouncer; then ensure_pgbouncer; fi
+if has_target pgward; then
+    echo "building pgward (cargo build --release)"
+    cargo build --release --quiet
+fi
+
+declare -A pooler_pid=() pooler_port=()
+# shellcheck disable=SC2317 # called by throwaway_cleanup
+on_cleanup() {
+    local pid
+    for pid in "${pooler_pid[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+}
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+throwaway_start pgward-bench "host all all 127.0.0.1/32 trust" bench "$bench_password"
+work=$THROWAWAY_DIR
+pg_port=$THROWAWAY_PORT
+echo "initializing pgbench tables (scale $scale) on PostgreSQL port $pg_port"
+PGPASSWORD=$bench_password pgbench -i -q -s "$scale" -h 127.0.0.1 -p "$pg_port" -U bench bench \
+    >"$work/pgbench-init.log" 2>&1 || die "pgbench -i failed: $(tail "$work/pgbench-init.log")"
+
+# --- poolers ----------------------------------------------------------------------------------
+printf '"bench" "%s"\n' "$bench_password" >"$work/userlist.txt"
+
+# pooler_ini NAME PORT: the same settings for both poolers; only the paths and port differ.
+pooler_ini() {
+    local dir="$work/$1"
+    cat <<EOF
+[databases]
+bench = host=127.0.0.1 port=$pg_port dbname=bench
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $2
+unix_socket_dir = $dir
+logfile = $dir/pooler.log
+pidfile = $dir/pooler.pid
+auth_type = $auth_type
+auth_file = $work/userlist.txt
+pool_mode = transaction
+default_pool_size = $pool_size
+max_client_conn = 200
+EOF
+}
+
+# start_pooler NAME PROGRAM: starts the pooler in the background as the postgres OS user.
+start_pooler() {
+    local name=$1 program=$2 port dir="$work/$1"
+    port=$(free_port)
+    mkdir -p "$dir"
+    pooler_ini "$name" "$port" >"$dir/pooler.ini"
+    if is_root; then chown -R postgres: "$dir"; fi
+    "${AS_POSTGRES[@]}" "$program" "$dir/pooler.ini" >"$dir/stdout.log" 2>&1 &
+    pooler_pid[$name]=$!
+    pooler_port[$name]=$port
+    if ! wait_for_port "$port" 10; then
+        tail -n 20 "$dir/stdout.log" "$dir/pooler.log" 2>/dev/null >&2 || true
+        die "$name did not start listening on port $port"
+    fi
+    echo "$name listening on port $port (pid ${pooler_pid[$name]})"
+}
+
+if has_target pgbouncer; then start_pooler pgbouncer "$(command -v pgbouncer)"; fi
+if has_target pgward; then
+    # A copy, since the postgres OS user may not reach the source tree (under /root, say).
+    install -m 755 "$repo/target/release/pgward" "$work/pgward-bin"
+    start_pooler pgward "$work/pgward-bin"
+fi
+
+# --- runs -------------------------------------------------------------------------------------
+# cpu_ticks PID: user + system CPU time of a process, in clock ticks.
+cpu_ticks() {
+    local stat
+    stat=$(cat "/proc/$1/stat") || die "process $1 is gone"
+    # Fields after the command name, which is in parentheses and may contain spaces.
+    read -r -a rest <<<"${stat##*) }"
+    echo $((rest[11] + rest[12]))
+}
+
+target_port() {
+    if [ "$1" = direct ]; then echo "$pg_port"; else echo "${pooler_port[$1]}"; fi
+}
+
+mkdir -p bench/results
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+tsv="bench/results/pooler-$stamp.tsv"
+report="bench/results/pooler-$stamp.md"
+printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\n' >"$tsv"
+failures=0
+
+# run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
+run_one() {
+    local mode=$1 target=$2 round=$3 port out before=0 after tps lat tx cpu="-" cpu_text="-"
+    port=$(target_port "$target")
+    [ "$target" = direct ] || before=$(cpu_ticks "${pooler_pid[$target]}")
+    if ! out=$(PGPASSWORD=$bench_password pgbench -n -S -M "$mode" -c "$clients" -j "$jobs" \
+        -T "$seconds" -h 127.0.0.1 -p "$port" -U bench bench 2>&1); then
+        echo "round $round $mode $target: pgbench failed:" >&2
+        echo "$out" | tail -n 5 >&2
+        failures=$((failures + 1))
+        return 0
+    fi
+    tps=$(echo "$out" | awk '/^tps = / && /(without initial connection|excluding connections)/ {print $3; exit}')
+    [ -n "$tps" ] || tps=$(echo "$out" | awk '/^tps = / {v=$3} END {print v}')
+    lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
+    tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
+    if [ "$target" != direct ]; then
+        after=$(cpu_ticks "${pooler_pid[$target]}")
+        cpu=$(awk -v d=$((after - before)) -v hz="$ticks" -v n="$tx" \
+            'BEGIN {printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0)}')
+        cpu_text="$cpu us"
+    fi
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$target" "$round" "$tps" "$lat" "$cpu" "$tx" >>"$tsv"
+    printf 'round %s  %-8s  %-10s  tps %10.1f  latency %7.3f ms  pooler cpu/tx %s\n' \
+        "$round" "$mode" "$target" "$tps" "$lat" "$cpu_text"
+}
+
+echo "pgbench -S -c $clients -j $jobs -T $seconds; pool size $pool_size; rounds $rounds;" \
+    "targets: ${targets[*]}; modes: ${modes[*]}"
+for mode in "${modes[@]}"; do
+    for round in $(seq 1 "$rounds"); do
+        n=${#targets[@]}
+        for i in $(seq 0 $((n - 1))); do
+            run_one "$mode" "${targets[$(((i + round - 1) % n))]}" "$round"
+        done
+    done
+done
+
+# --- summary ----------------------------------------------------------------------------------
+summarize() {
+    echo "# pgward pooler benchmark, $stamp"
+    echo
+    echo "pgbench select-only (-S), $clients clients, $jobs threads, ${seconds}s per run," \
+        "$rounds rounds; poolers in transaction mode with $pool_size server connections," \
+        "auth_type $auth_type; PostgreSQL $(psql -X -At -h 127.0.0.1 -p "$pg_port" -U postgres \
+            -d postgres -c 'SHOW server_version'), $(nproc) cores."
+    [ "$failures" = 0 ] || echo "**$failures run(s) failed and are left out.**"
+    echo
+    echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    awk -F'\t' -f bench/summary.awk "$tsv"
+}
+summarize | tee "$report"
+echo
+echo "results: $tsv, $report"
+[ "$failures" = 0 ]

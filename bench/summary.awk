@@ -1,0 +1,41 @@
+# Reads the TSV written by bench/pooler.sh (mode, target, round, tps, latency_ms, cpu_us_per_tx,
+# transactions) and prints one markdown table row per (mode, target): medians, and ratios of
+# tps and latency against the direct target of the same mode.
+
+function median(list,    values, n, i, j, tmp) {
+    n = split(list, values, " ")
+    if (n == 0 || values[1] == "-") return "-"
+    for (i = 2; i <= n; i++) {
+        tmp = values[i] + 0
+        for (j = i - 1; j >= 1 && values[j] + 0 > tmp; j--) values[j + 1] = values[j]
+        values[j + 1] = tmp
+    }
+    if (n % 2) return values[(n + 1) / 2]
+    return (values[n / 2] + values[n / 2 + 1]) / 2
+}
+
+function ratio(value, base) {
+    if (value == "-" || base == "-" || base + 0 == 0) return "-"
+    return sprintf("%.2f", value / base)
+}
+
+NR > 1 {
+    key = $1 SUBSEP $2
+    if (!(key in tps)) order[++keys] = key
+    tps[key] = tps[key] " " $4
+    lat[key] = lat[key] " " $5
+    cpu[key] = cpu[key] " " $6
+}
+
+END {
+    for (k = 1; k <= keys; k++) {
+        key = order[k]
+        split(key, part, SUBSEP)
+        direct = part[1] SUBSEP "direct"
+        t = median(tps[key]); l = median(lat[key]); c = median(cpu[key])
+        if (c != "-") c = sprintf("%.2f", c)
+        dt = (direct in tps) ? median(tps[direct]) : "-"
+        dl = (direct in lat) ? median(lat[direct]) : "-"
+        printf "| %s | %s | %.0f | %.3f | %s | %s | %s |\n", part[1], part[2], t, l, c, ratio(t, dt), ratio(l, dl)
+    }
+}

@@ -1,0 +1,166 @@
+# shellcheck shell=bash
+# Functions for scripts that need a throwaway PostgreSQL server on 127.0.0.1 (bench/pooler.sh,
+# contrib/demo.sh). Source this file; it defines functions and the AS_POSTGRES array, and
+# changes nothing by itself.
+#
+# When run as root, PostgreSQL's programs (and PgBouncer) run as the `postgres` OS user,
+# because they refuse to run as root.
+
+# Prints a message on stderr and exits.
+die() {
+    echo "error: $*" >&2
+    exit 1
+}
+
+is_root() {
+    [ "$(id -u)" = 0 ]
+}
+
+# The words that run a command as the postgres OS user when we are root (empty otherwise).
+# setpriv executes the program in place, with no process in between, so after
+# `"${AS_POSTGRES[@]}" prog &` the pid in "$!" is the program's own.
+AS_POSTGRES=()
+if is_root; then AS_POSTGRES=(setpriv --reuid=postgres --regid=postgres --init-groups --); fi
+
+# Runs a command as the postgres OS user when we are root, as ourselves otherwise.
+as_postgres() {
+    "${AS_POSTGRES[@]}" "$@"
+}
+
+# Installs the Debian packages named in the arguments, without letting their maintainer scripts
+# start services (a policy-rc.d that denies starts is put in place if there is none).
+apt_install() {
+    is_root || die "missing packages ($*): install them, or run this script as root"
+    local guard=/usr/sbin/policy-rc.d placed=""
+    if [ ! -e "$guard" ]; then
+        printf '#!/bin/sh\nexit 101\n' >"$guard" && chmod 755 "$guard" && placed=1
+    fi
+    local rc=0
+    apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+        --no-install-recommends "$@" || rc=$?
+    if [ -n "$placed" ]; then rm -f "$guard"; fi
+    return "$rc"
+}
+
+# The directory of the newest installed PostgreSQL server programs ($PG_BINDIR wins).
+pg_bindir() {
+    if [ -n "${PG_BINDIR:-}" ]; then
+        echo "$PG_BINDIR"
+        return
+    fi
+    local dir
+    dir=$(find /usr/lib/postgresql -mindepth 3 -maxdepth 3 -path '*/bin/initdb' 2>/dev/null |
+        sort -V | tail -n 1)
+    [ -n "$dir" ] || return 1
+    dirname "$dir"
+}
+
+# Installs a PostgreSQL server and client (psql, pgbench) unless both are already there.
+ensure_postgres() {
+    local missing=()
+    pg_bindir >/dev/null || missing+=(postgresql)
+    { command -v psql && command -v pgbench; } >/dev/null || missing+=(postgresql-client)
+    if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
+    pg_bindir >/dev/null || die "no PostgreSQL server programs under /usr/lib/postgresql"
+}
+
+# Succeeds when something accepts TCP connections on 127.0.0.1:$1.
+port_in_use() {
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+}
+
+# Prints a TCP port on 127.0.0.1 that nothing listens on (outside the kernel's ephemeral range).
+free_port() {
+    local port tries
+    for tries in $(seq 1 200); do
+        port=$((20000 + RANDOM % 12000))
+        if ! port_in_use "$port"; then
+            echo "$port"
+            return 0
+        fi
+    done
+    die "no free TCP port after $tries tries"
+}
+
+# Waits up to $2 seconds (default 10) until 127.0.0.1:$1 accepts connections.
+wait_for_port() {
+    local deadline=$((SECONDS + ${2:-10}))
+    until port_in_use "$1"; do
+        [ "$SECONDS" -lt "$deadline" ] || return 1
+        sleep 0.1
+    done
+}
+
+# Makes a temporary directory that the postgres OS user owns (when we are root); prints it.
+make_workdir() {
+    local dir
+    dir=$(mktemp -d "${TMPDIR:-/tmp}/$1.XXXXXX") || die "mktemp failed"
+    chmod 755 "$dir"
+    if is_root; then chown postgres: "$dir"; fi
+    echo "$dir"
+}
+
+# pg_create DIR PORT MAX_CONNECTIONS HBA_LINE
+# Creates a cluster in DIR/data that trusts local sockets and the postgres superuser on
+# 127.0.0.1, authenticates other TCP logins by HBA_LINE, and starts it; its log is
+# DIR/postgres.log.
+pg_create() {
+    local dir=$1 port=$2 max_conn=$3 hba_line=$4 bindir
+    bindir=$(pg_bindir) || die "no PostgreSQL server programs found"
+    as_postgres "$bindir/initdb" -D "$dir/data" -A trust --username=postgres -E UTF8 \
+        --locale=C --no-sync >"$dir/initdb.log" 2>&1 ||
+        die "initdb failed: $(cat "$dir/initdb.log")"
+    cat >>"$dir/data/postgresql.conf" <<EOF
+listen_addresses = '127.0.0.1'
+port = $port
+unix_socket_directories = '$dir'
+max_connections = $max_conn
+fsync = off
+synchronous_commit = off
+full_page_writes = off
+shared_buffers = 128MB
+password_encryption = 'scram-sha-256'
+EOF
+    printf 'local all all trust\nhost all postgres 127.0.0.1/32 trust\n%s\n' \
+        "$hba_line" >"$dir/data/pg_hba.conf"
+    as_postgres "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 start \
+        >/dev/null || die "PostgreSQL did not start: $(tail -n 20 "$dir/postgres.log")"
+}
+
+# pg_destroy DIR: stops the cluster in DIR/data if it runs.
+pg_destroy() {
+    local bindir
+    bindir=$(pg_bindir) || return 0
+    if [ -f "$1/data/postmaster.pid" ]; then
+        as_postgres "$bindir/pg_ctl" -D "$1/data" -m fast -w stop >/dev/null 2>&1 || true
+    fi
+}
+
+# pg_sql PORT DB SQL: runs SQL as the postgres superuser over TCP.
+pg_sql() {
+    psql -X -q -w -v ON_ERROR_STOP=1 -h 127.0.0.1 -p "$1" -U postgres -d "$2" -c "$3" >/dev/null
+}
+
+# throwaway_start NAME HBA_LINE ROLE PASSWORD
+# Makes a work directory (THROWAWAY_DIR), starts PostgreSQL there on THROWAWAY_PORT with
+# max_connections 100, and creates ROLE with PASSWORD and a database of the same name that ROLE
+# owns. Everything is stopped and removed when the script exits, after the caller's function
+# on_cleanup runs, if it has one.
+throwaway_start() {
+    THROWAWAY_DIR=$(make_workdir "$1")
+    trap throwaway_cleanup EXIT
+    trap 'exit 130' INT TERM
+    THROWAWAY_PORT=$(free_port)
+    pg_create "$THROWAWAY_DIR" "$THROWAWAY_PORT" 100 "$2"
+    pg_sql "$THROWAWAY_PORT" postgres "CREATE ROLE $3 LOGIN PASSWORD '${4//\'/\'\'}'"
+    pg_sql "$THROWAWAY_PORT" postgres "CREATE DATABASE $3 OWNER $3"
+}
+
+# shellcheck disable=SC2317 # called by the EXIT trap
+throwaway_cleanup() {
+    trap - EXIT INT TERM
+    set +e
+    if declare -F on_cleanup >/dev/null; then on_cleanup; fi
+    pg_destroy "$THROWAWAY_DIR"
+    rm -rf "$THROWAWAY_DIR"
+}

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Runs every test of pgward: unit tests, integration tests (which start throwaway PostgreSQL
+# servers and pgward processes on 127.0.0.1) and doc tests. Installs PostgreSQL from Debian's
+# packages first when it is missing (root only). Exits non-zero when anything fails.
+#
+# The tests use a debug build on purpose: integration tests spend their time waiting on
+# PostgreSQL and on sockets, not in pgward's code, while a release build (thin LTO) costs
+# minutes more to compile on a 2-core machine and shares nothing with `cargo clippy` or a
+# developer's `cargo test`.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# ensure_postgres and its helpers are shared with the benchmark and demo scripts.
+# shellcheck source=bench/throwaway-pg.sh
+. bench/throwaway-pg.sh
+ensure_postgres
+echo "PostgreSQL server programs: $(pg_bindir)"
+
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --no-fail-fast --doc 2>&1 | tee "$log" || status=$?
+cargo test --no-fail-fast --all-targets 2>&1 | tee -a "$log" || status=$?
+
+# One closing line over all test binaries: "total: N passed, N failed, N skipped".
+awk '/^test result:/ {
+        for (i = 1; i <= NF; i++) {
+            if ($(i + 1) ~ /^passed/) passed += $i
+            if ($(i + 1) ~ /^failed/) failed += $i
+            if ($(i + 1) ~ /^ignored/) ignored += $i
+        }
+    }
+    END { printf "total: %d passed, %d failed, %d skipped\n", passed, failed, ignored }' "$log"
+exit "$status"
