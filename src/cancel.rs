@@ -17,7 +17,7 @@ use crate::wire;
 /// Where a cancel for a client goes: the server it is using and that server's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CancelTarget {
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     pub key: BackendKey,
 }
 
@@ -166,10 +166,10 @@ mod tests {
 
     fn target() -> CancelTarget {
         CancelTarget {
-            addr: ServerAddr::Tcp {
+            addr: Arc::new(ServerAddr::Tcp {
                 host: "127.0.0.1".into(),
                 port: 1,
-            },
+            }),
             key: BackendKey {
                 pid: 7,
                 secret: Bytes::from_static(b"abcd"),

@@ -231,27 +231,35 @@ impl Session {
 
     fn next_deadline(&self) -> Option<(Instant, Timer)> {
         let t = &self.timeouts;
-        let mut candidates: Vec<(Instant, Timer)> = Vec::new();
+        let mut next: Option<(Instant, Timer)> = None;
+        let mut consider = |limit: Option<Duration>, since: Instant, timer: Timer| {
+            if let Some(limit) = limit {
+                let at = since + limit;
+                if next.is_none_or(|(n, _)| at < n) {
+                    next = Some((at, timer));
+                }
+            }
+        };
         let idle_client = match &self.link {
             None => true,
             Some(link) => {
                 let in_tx = link.server.tx != TxStatus::Idle;
-                if let (Some(limit), Some(since)) = (t.query, link.busy_since) {
-                    candidates.push((since + limit, Timer::Query));
+                if let Some(since) = link.busy_since {
+                    consider(t.query, since, Timer::Query);
                 }
-                if let (Some(limit), true, 0) = (t.idle_transaction, in_tx, link.pending) {
-                    candidates.push((link.ready_since + limit, Timer::IdleTransaction));
+                if in_tx && link.pending == 0 {
+                    consider(t.idle_transaction, link.ready_since, Timer::IdleTransaction);
                 }
-                if let (Some(limit), true) = (t.transaction, in_tx) {
-                    candidates.push((link.attached_at + limit, Timer::Transaction));
+                if in_tx {
+                    consider(t.transaction, link.attached_at, Timer::Transaction);
                 }
                 !in_tx && link.pending == 0 && !link.batch_open
             }
         };
-        if let (Some(limit), true) = (t.client_idle, idle_client) {
-            candidates.push((self.last_client_activity + limit, Timer::ClientIdle));
+        if idle_client {
+            consider(t.client_idle, self.last_client_activity, Timer::ClientIdle);
         }
-        candidates.into_iter().min_by_key(|(at, _)| *at)
+        next
     }
 
     /// Forwards the complete messages the client sent, checking out a server first if

@@ -4,6 +4,7 @@
 mod login;
 
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -85,7 +86,7 @@ impl std::fmt::Debug for Credential {
 /// Everything needed to open a server connection for one pool.
 #[derive(Debug, Clone)]
 pub struct ServerTarget {
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     pub database: String,
     pub user: String,
     /// Startup parameters sent at login (client_encoding, DateStyle, TimeZone,
@@ -146,7 +147,7 @@ pub struct ServerConn {
     /// Every ParameterStatus of the login, in order.
     pub welcome: Vec<(String, String)>,
     pub key: BackendKey,
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     pub created: Instant,
     pub last_used: Instant,
     pub tx: TxStatus,
