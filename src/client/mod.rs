@@ -2,6 +2,8 @@
 
 mod auth;
 mod io;
+mod messages;
+mod prepared;
 mod session;
 mod startup;
 
@@ -213,7 +215,16 @@ async fn greet_and_run(
     tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
     let settings = rt.config.load();
     let timeouts = session::Timeouts::from_settings(&settings.settings);
-    let mut session = Session::new(id, pool, handle.clone(), params, tracked, timeouts);
+    let max_prepared = settings.settings.max_prepared_statements as usize;
+    let mut session = Session::new(
+        id,
+        pool,
+        handle.clone(),
+        params,
+        tracked,
+        timeouts,
+        max_prepared,
+    );
     session.run(io).await
 }
 

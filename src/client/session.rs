@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
+use super::messages::{emit_synthetic, server_message, MessageContext};
+use super::prepared::ClientStatements;
 use super::{ClientIo, SessionError};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
-use crate::server::ServerError;
+use crate::server::{Expected, Route, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
 /// Bytes buffered towards one side before pgward stops reading from the other.
@@ -77,30 +79,38 @@ enum Event {
 }
 
 /// A server checked out by this client, and where the conversation with it stands.
-struct Link {
-    server: ServerGuard,
-    /// Query, Sync and FunctionCall messages sent whose ReadyForQuery has not come back.
-    pending: u32,
-    /// Extended-protocol messages were sent since the last Sync.
-    batch_open: bool,
-    attached_at: Instant,
-    /// When the oldest pending request was sent.
-    busy_since: Option<Instant>,
+pub(super) struct Link {
+    pub server: ServerGuard,
+    /// Every answer the server still owes, in order.
+    pub expected: Expected,
+    pub attached_at: Instant,
+    /// When the oldest request still owed an answer was sent.
+    pub busy_since: Option<Instant>,
     /// When the last ReadyForQuery arrived.
-    ready_since: Instant,
+    pub ready_since: Instant,
 }
 
-/// What a run of complete client messages asks of the server.
+impl Link {
+    /// Nothing owed, nothing buffered, no batch open.
+    fn quiet(&self, to_server: &BytesMut) -> bool {
+        self.expected.is_quiet() && to_server.is_empty() && self.server.rbuf.is_empty()
+    }
+}
+
+/// A run of complete client messages.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct ClientChunk {
     /// Bytes of whole messages to forward.
     len: usize,
-    /// Messages that each get a ReadyForQuery back.
-    syncs: u32,
-    /// Whether the last extended-protocol message was not followed by a Sync: Some(true)
-    /// opens a batch, Some(false) closes it, None leaves it as it was.
-    batch: Option<bool>,
+    /// Whether any of them asks the server for something (all but COPY messages do).
+    asks: bool,
     terminate: bool,
+}
+
+impl ClientChunk {
+    fn asks_nothing(&self) -> bool {
+        !self.asks
+    }
 }
 
 pub struct Session {
@@ -112,6 +122,11 @@ pub struct Session {
     tracked: Arc<Tracked>,
     timeouts: Timeouts,
     link: Option<Link>,
+    /// Protocol-level prepared statements, when pgward maps them (transaction and statement
+    /// pooling with max_prepared_statements above 0): the client's names, and how many each
+    /// server may hold.
+    statements: ClientStatements,
+    prepared_capacity: Option<usize>,
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
@@ -125,8 +140,11 @@ impl Session {
         params: ParamSet,
         tracked: Arc<Tracked>,
         timeouts: Timeouts,
+        max_prepared_statements: usize,
     ) -> Self {
         let mode = pool.settings().mode;
+        let prepared_capacity = (mode != PoolMode::Session && max_prepared_statements > 0)
+            .then_some(max_prepared_statements);
         Session {
             id,
             pool,
@@ -136,6 +154,8 @@ impl Session {
             tracked,
             timeouts,
             link: None,
+            statements: ClientStatements::default(),
+            prepared_capacity,
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
@@ -247,13 +267,13 @@ impl Session {
                 if let Some(since) = link.busy_since {
                     consider(t.query, since, Timer::Query);
                 }
-                if in_tx && link.pending == 0 {
+                if in_tx && link.expected.is_empty() {
                     consider(t.idle_transaction, link.ready_since, Timer::IdleTransaction);
                 }
                 if in_tx {
                     consider(t.transaction, link.attached_at, Timer::Transaction);
                 }
-                !in_tx && link.pending == 0 && !link.batch_open
+                !in_tx && link.expected.is_quiet()
             }
         };
         if idle_client {
@@ -266,7 +286,7 @@ impl Session {
     /// needed. Returns true when the client said Terminate.
     async fn on_client_data(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
         let chunk = scan_client(&io.rbuf, io.max_message)?;
-        if self.link.is_none() && chunk.syncs == 0 && chunk.batch.is_none() {
+        if self.link.is_none() && chunk.asks_nothing() {
             // Only COPY messages outside a COPY: PostgreSQL ignores them, and they must not
             // hold a server that nothing would give back.
             io.rbuf.advance(chunk.len);
@@ -278,21 +298,52 @@ impl Session {
                 self.handle.wait_cancels().await;
             }
             let bytes = io.rbuf.split_to(chunk.len);
-            append(&mut self.to_server, bytes);
-            if let Some(link) = &mut self.link {
-                if chunk.syncs > 0 && link.pending == 0 {
-                    link.busy_since = Some(Instant::now());
-                }
-                link.pending += chunk.syncs;
-                if let Some(open) = chunk.batch {
-                    link.batch_open = open;
-                }
-            }
+            self.forward_client(bytes)?;
         }
         if chunk.terminate {
             io.rbuf.clear();
         }
         Ok(chunk.terminate)
+    }
+
+    /// Records what each message is owed, rewrites the ones that name prepared statements,
+    /// and queues the result for the server. Untouched runs of messages are not copied.
+    fn forward_client(&mut self, chunk: BytesMut) -> Result<(), SessionError> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        let was_idle = link.expected.is_empty();
+        let mut rebuilt: Option<BytesMut> = None;
+        let mut run_start = 0;
+        let mut offset = 0;
+        while let Some((tag, len)) = frame_at(&chunk, offset) {
+            let end = offset + 1 + len;
+            let body = &chunk[offset + 5..end];
+            let mut ctx = MessageContext {
+                link: &mut *link,
+                statements: &mut self.statements,
+                capacity: self.prepared_capacity,
+            };
+            if let Some(replacement) = ctx.client_message(tag, body)? {
+                let out = rebuilt.get_or_insert_with(BytesMut::new);
+                out.extend_from_slice(&chunk[run_start..offset]);
+                out.extend_from_slice(&replacement);
+                run_start = end;
+            }
+            offset = end;
+        }
+        match rebuilt {
+            None => append(&mut self.to_server, chunk),
+            Some(mut out) => {
+                out.extend_from_slice(&chunk[run_start..]);
+                append(&mut self.to_server, out);
+            }
+        }
+        if was_idle && !link.expected.is_empty() {
+            link.busy_since = Some(Instant::now());
+        }
+        emit_synthetic(link, &mut self.to_client);
+        Ok(())
     }
 
     /// Checks out a server (waiting in the gate's queue) and brings its tracked
@@ -316,8 +367,7 @@ impl Session {
         let now = Instant::now();
         self.link = Some(Link {
             server,
-            pending: 0,
-            batch_open: false,
+            expected: Expected::default(),
             attached_at: now,
             busy_since: None,
             ready_since: now,
@@ -370,48 +420,48 @@ impl Session {
         Ok(())
     }
 
-    /// Moves the server's complete messages to the client, following ReadyForQuery and
-    /// ParameterStatus, and gives the server back when the pool mode allows.
+    /// Moves the server's complete messages to the client, matching each to what it answers,
+    /// following ReadyForQuery and ParameterStatus, and gives the server back when the pool
+    /// mode allows.
     async fn on_server_data(&mut self) -> Result<(), SessionError> {
-        let Some(link) = &mut self.link else {
+        let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
-        let server = &mut *link.server;
         let mut offset = 0;
-        while let Some((tag, len)) = frame_at(&server.rbuf, offset) {
-            let body = &server.rbuf[offset + 5..offset + 1 + len];
-            match tag {
-                b'Z' => {
-                    let status = body
-                        .first()
-                        .copied()
-                        .and_then(TxStatus::from_byte)
-                        .ok_or_else(|| {
-                            SessionError::Fatal(ErrorResponse::fatal(
-                                sqlstate::PROTOCOL_VIOLATION,
-                                "server sent a malformed ReadyForQuery".to_string(),
-                            ))
-                        })?;
-                    server.tx = status;
-                    link.pending = link.pending.saturating_sub(1);
-                    link.ready_since = Instant::now();
-                    link.busy_since = (link.pending > 0).then_some(link.ready_since);
+        let mut kept: Option<BytesMut> = None;
+        let mut run_start = 0;
+        while let Some((tag, len)) = frame_at(&link.server.rbuf, offset) {
+            let end = offset + 1 + len;
+            let route = server_message(
+                link,
+                &mut self.statements,
+                &mut self.params,
+                &self.tracked,
+                (tag, offset, end),
+            )?;
+            if route == Route::Swallow || link.expected.synthetic_next() {
+                let out = kept.get_or_insert_with(BytesMut::new);
+                out.extend_from_slice(&link.server.rbuf[run_start..offset]);
+                if route == Route::Forward {
+                    out.extend_from_slice(&link.server.rbuf[offset..end]);
                 }
-                b'S' => {
-                    if let Some((name, value)) = parameter_status(body) {
-                        if let Some(canonical) = self.tracked.canonical(name) {
-                            server.params.set(canonical, value);
-                            self.params.set(canonical, value);
-                        }
-                    }
-                }
-                _ => {}
+                emit_synthetic(link, out);
+                run_start = end;
             }
-            offset += 1 + len;
+            offset = end;
         }
         if offset > 0 {
-            let bytes = server.rbuf.split_to(offset);
-            append(&mut self.to_client, bytes);
+            let chunk = link.server.rbuf.split_to(offset);
+            match kept {
+                None => append(&mut self.to_client, chunk),
+                Some(mut out) => {
+                    out.extend_from_slice(&chunk[run_start..]);
+                    append(&mut self.to_client, out);
+                }
+            }
+        }
+        if link.expected.is_empty() {
+            link.busy_since = None;
         }
         self.maybe_release().await
     }
@@ -420,11 +470,7 @@ impl Session {
         let Some(link) = &self.link else {
             return Ok(());
         };
-        let quiet = link.pending == 0
-            && !link.batch_open
-            && self.to_server.is_empty()
-            && link.server.rbuf.is_empty();
-        if !quiet || self.mode == PoolMode::Session {
+        if !link.quiet(&self.to_server) || self.mode == PoolMode::Session {
             return Ok(());
         }
         if link.server.tx != TxStatus::Idle {
@@ -476,10 +522,7 @@ impl Session {
         let Some(link) = &mut self.link else {
             return;
         };
-        let clean = link.pending == 0
-            && !link.batch_open
-            && self.to_server.is_empty()
-            && link.server.is_clean();
+        let clean = link.quiet(&self.to_server) && link.server.is_clean();
         if !clean {
             link.server.poison();
         } else if self.mode == PoolMode::Session {
@@ -563,12 +606,7 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
                 chunk.terminate = true;
                 break;
             }
-            b'Q' | b'F' => chunk.syncs += 1,
-            b'S' => {
-                chunk.syncs += 1;
-                chunk.batch = Some(false);
-            }
-            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => chunk.batch = Some(true),
+            b'Q' | b'F' | b'S' | b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => chunk.asks = true,
             b'd' | b'c' | b'f' => {}
             other => {
                 return Err(SessionError::Fatal(ErrorResponse::fatal(
@@ -583,13 +621,6 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
     Ok(chunk)
 }
 
-fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
-    let mut parts = body.split(|b| *b == 0);
-    let name = std::str::from_utf8(parts.next()?).ok()?;
-    let value = std::str::from_utf8(parts.next()?).ok()?;
-    Some((name, value))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -602,16 +633,15 @@ mod tests {
     }
 
     #[test]
-    fn scan_counts_syncs_and_batches() {
+    fn scan_finds_whole_messages_that_ask_something() {
         let mut buf = msg(b'P', b"\0select 1\0\0\0");
         buf.extend(msg(b'B', b"\0\0\0\0\0\0\0\0"));
         buf.extend(msg(b'E', b"\0\0\0\0\0"));
         let c = scan_client(&buf, 1 << 20).unwrap();
-        assert_eq!((c.syncs, c.batch, c.len), (0, Some(true), buf.len()));
-        buf.extend(msg(b'S', b""));
-        buf.extend(msg(b'Q', b"select 1\0"));
-        let c = scan_client(&buf, 1 << 20).unwrap();
-        assert_eq!((c.syncs, c.batch), (2, Some(false)));
+        assert_eq!((c.asks, c.len), (true, buf.len()));
+        let copy = msg(b'd', b"data");
+        let c = scan_client(&copy, 1 << 20).unwrap();
+        assert!(c.asks_nothing());
     }
 
     #[test]

@@ -35,6 +35,7 @@ pub async fn connect(
             last_used: now,
             tx: TxStatus::Idle,
             reusable: true,
+            statements: Default::default(),
             max_message,
         };
         login(&mut conn, target, credential, tracked).await?;

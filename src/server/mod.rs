@@ -1,7 +1,9 @@
 //! One backend connection: login, simple queries pgward runs itself (parameter sync, reset,
 //! check), and the state the pool needs to decide whether it is clean.
 
+mod expect;
 mod login;
+mod statements;
 
 use std::io;
 use std::sync::Arc;
@@ -14,7 +16,9 @@ use crate::net::Stream;
 use crate::params::{ParamSet, Tracked};
 use crate::wire::{self, Backend, ErrorFields, Frame, TxStatus, WireError};
 
+pub use expect::{Desync, Expected, Learned, Owed, Route};
 pub use login::connect;
+pub use statements::ServerStatements;
 
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -153,6 +157,8 @@ pub struct ServerConn {
     pub tx: TxStatus,
     /// False once anything left the connection in a state that must not be reused.
     pub reusable: bool,
+    /// Protocol-level statements pgward prepared here (transaction pooling).
+    pub statements: ServerStatements,
     max_message: usize,
 }
 
