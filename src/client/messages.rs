@@ -96,6 +96,8 @@ pub(super) struct MessageContext<'a> {
     pub statements: &'a mut ClientStatements,
     /// max_prepared_statements when pgward maps prepared statements, else None.
     pub capacity: Option<usize>,
+    /// The server goes back to the pool after each transaction.
+    pub pooled: bool,
 }
 
 impl MessageContext<'_> {
@@ -142,6 +144,13 @@ impl MessageContext<'_> {
             }
         }
         self.link.expected.push(Owed::Query);
+        if self.pooled && starts_with_word(body, b"listen") {
+            self.link.expected.push(Owed::Synthetic {
+                answer: listen_warning(),
+                client_name: None,
+                ready: false,
+            });
+        }
         Ok(None)
     }
 
@@ -289,6 +298,29 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::Close { client: false });
         }
     }
+}
+
+/// Whether `sql` starts with `word` (ASCII, any case) followed by a space or the end.
+fn starts_with_word(sql: &[u8], word: &[u8]) -> bool {
+    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
+    let rest = &sql[start..];
+    rest.len() >= word.len()
+        && rest[..word.len()].eq_ignore_ascii_case(word)
+        && rest.get(word.len()).is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+}
+
+/// Said to a client that LISTENs in transaction pooling: notifications reach it only while
+/// it holds a server.
+fn listen_warning() -> Bytes {
+    let mut out = BytesMut::new();
+    let notice = ErrorResponse::new(
+        wire::Severity::Warning,
+        "01000",
+        "LISTEN under transaction pooling: notifications arrive only while this client holds a server, that is inside a transaction",
+    )
+    .with_hint("Use session pooling (pool_mode = session) for clients that LISTEN.");
+    wire::encode_notice(&mut out, &notice);
+    out.freeze()
 }
 
 const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";

@@ -323,6 +323,7 @@ impl Session {
                 link: &mut *link,
                 statements: &mut self.statements,
                 capacity: self.prepared_capacity,
+                pooled: self.mode != PoolMode::Session,
             };
             if let Some(replacement) = ctx.client_message(tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);

@@ -174,10 +174,18 @@ impl ServerConn {
     }
 
     /// Whether an idle connection is still open: an idle server sends nothing, so readable
-    /// data or end of stream means the server went away (or told us why before it did).
+    /// data or end of stream means the server went away (or told us why before it did), or
+    /// sent a notification nobody listens for any more.
     pub fn is_alive(&self) -> bool {
         let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        match self.stream.try_read(&mut probe) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+            Ok(1) if probe[0] == b'A' => {
+                tracing::warn!(server = self.id, "a notification reached an idle server and was dropped: LISTEN does not work under transaction pooling; closing that server");
+                false
+            }
+            _ => false,
+        }
     }
 
     /// Reads one whole message.
