@@ -60,14 +60,26 @@ impl Runtime {
             None => HashMap::new(),
         };
         let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        let old_userlist = self.userlist.load_full();
+        self.userlist.store(Arc::new(userlist));
         for pool in self.pools.all() {
             if let Some(db) = config.database(&pool.key.db) {
-                pool.set_settings(pool_settings(&config, &db, &pool.key.user, tracked.clone()));
+                let settings = pool_settings(&config, &db, &pool.key.user, tracked.clone());
+                let user = settings.target.user.clone();
+                let mut credential = self.server_credential(&db, &user);
+                // SCRAM keys a client proved stay valid while the stored secret is the same.
+                let kept = pool.credential();
+                if matches!(credential, Credential::None)
+                    && matches!(kept, Credential::ScramKeys { .. })
+                    && old_userlist.get(&user) == self.userlist.load().get(&user)
+                {
+                    credential = kept;
+                }
+                pool.reconfigure(settings, credential);
             }
         }
         let warnings = config.warnings.clone();
         self.tracked.store(tracked);
-        self.userlist.store(Arc::new(userlist));
         self.config.store(Arc::new(config));
         Ok(warnings)
     }

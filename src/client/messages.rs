@@ -56,8 +56,13 @@ pub(super) fn server_message(
                         "server sent a malformed ReadyForQuery".to_string(),
                     ))
                 })?;
-            link.ready_since = Instant::now();
-            link.busy_since = (!link.expected.is_empty()).then_some(link.ready_since);
+            let now = Instant::now();
+            link.tx_since = match server.tx {
+                TxStatus::Idle => None,
+                _ => link.tx_since.or(link.busy_since).or(Some(now)),
+            };
+            link.ready_since = now;
+            link.busy_since = (!link.expected.is_empty()).then_some(now);
         }
         Learned::Skipped {
             server_statements,
@@ -112,11 +117,13 @@ impl MessageContext<'_> {
         match tag {
             b'Q' => return self.query(body),
             b'F' => expected.push(Owed::Query),
+            // PostgreSQL ignores Sync and Flush during COPY FROM STDIN.
+            b'S' if expected.copy_in() => {}
             b'S' => {
                 expected.push(Owed::Sync);
                 self.link.server.statements.end_batch();
             }
-            b'H' => expected.push_flush(),
+            b'c' | b'f' => expected.end_copy_in(),
             b'E' => expected.push(Owed::Execute),
             b'P' => return self.parse(body),
             b'B' => return self.bind(body),
@@ -302,11 +309,16 @@ impl MessageContext<'_> {
 
 /// Whether `sql` starts with `word` (ASCII, any case) followed by a space or the end.
 fn starts_with_word(sql: &[u8], word: &[u8]) -> bool {
-    let start = sql.iter().position(|b| !b.is_ascii_whitespace()).unwrap_or(sql.len());
+    let start = sql
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(sql.len());
     let rest = &sql[start..];
     rest.len() >= word.len()
         && rest[..word.len()].eq_ignore_ascii_case(word)
-        && rest.get(word.len()).is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+        && rest
+            .get(word.len())
+            .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
 }
 
 /// Said to a client that LISTENs in transaction pooling: notifications reach it only while

@@ -15,7 +15,7 @@ use tokio_util::io::{poll_read_buf, poll_write_buf};
 
 use super::messages::{emit_synthetic, server_message, MessageContext};
 use super::prepared::ClientStatements;
-use super::{ClientIo, SessionError};
+use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
@@ -75,6 +75,8 @@ enum Event {
     ClientClosed,
     ServerData,
     ServerClosed,
+    /// Everything queued for the server was written.
+    ServerDrained,
     Timer(Timer),
 }
 
@@ -83,11 +85,12 @@ pub(super) struct Link {
     pub server: ServerGuard,
     /// Every answer the server still owes, in order.
     pub expected: Expected,
-    pub attached_at: Instant,
     /// When the oldest request still owed an answer was sent.
     pub busy_since: Option<Instant>,
     /// When the last ReadyForQuery arrived.
     pub ready_since: Instant,
+    /// When the transaction in progress began (the request that opened it was sent).
+    pub tx_since: Option<Instant>,
 }
 
 impl Link {
@@ -181,14 +184,23 @@ impl Session {
                 Event::ClientData => {
                     self.last_client_activity = Instant::now();
                     if self.on_client_data(io).await? {
+                        self.drain_after_terminate().await;
                         return Ok(());
                     }
                 }
                 Event::ClientClosed => return Ok(()),
                 Event::ServerData => self.on_server_data().await?,
+                Event::ServerDrained => self.maybe_release().await?,
                 Event::ServerClosed => return Err(self.server_lost()),
                 Event::Timer(t) => {
                     if let Some(link) = &mut self.link {
+                        if !link.expected.is_empty() {
+                            // Stop what the server is running before closing it.
+                            crate::cancel::cancel_in_background(
+                                &link.server.addr,
+                                &link.server.key,
+                            );
+                        }
                         link.server.poison();
                     }
                     return Err(SessionError::Fatal(t.error()));
@@ -216,8 +228,12 @@ impl Session {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Event, SessionError>> {
         if let Some(link) = &mut self.link {
+            let had_bytes = !self.to_server.is_empty();
             if flush(&mut link.server.stream, &mut self.to_server, cx).is_err() {
                 return Poll::Ready(Ok(Event::ServerClosed));
+            }
+            if had_bytes && self.to_server.is_empty() && link.expected.is_quiet() {
+                return Poll::Ready(Ok(Event::ServerDrained));
             }
         }
         if let Err(e) = flush(&mut io.stream, &mut self.to_client, cx) {
@@ -270,8 +286,8 @@ impl Session {
                 if in_tx && link.expected.is_empty() {
                     consider(t.idle_transaction, link.ready_since, Timer::IdleTransaction);
                 }
-                if in_tx {
-                    consider(t.transaction, link.attached_at, Timer::Transaction);
+                if let Some(since) = link.tx_since {
+                    consider(t.transaction, since, Timer::Transaction);
                 }
                 !in_tx && link.expected.is_quiet()
             }
@@ -283,16 +299,27 @@ impl Session {
     }
 
     /// Forwards the complete messages the client sent, checking out a server first if
-    /// needed. Returns true when the client said Terminate.
+    /// needed. Returns true when the client said Terminate (after what came before it has
+    /// been queued for the server).
     async fn on_client_data(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
-        let chunk = scan_client(&io.rbuf, io.max_message)?;
-        if self.link.is_none() && chunk.asks_nothing() {
-            // Only COPY messages outside a COPY: PostgreSQL ignores them, and they must not
-            // hold a server that nothing would give back.
-            io.rbuf.advance(chunk.len);
-        } else if chunk.len > 0 {
+        loop {
+            let chunk = scan_client(&io.rbuf, io.max_message)?;
+            if chunk.len == 0 {
+                if chunk.terminate {
+                    io.rbuf.clear();
+                }
+                return Ok(chunk.terminate);
+            }
+            if self.link.is_none() && chunk.asks_nothing() {
+                // Only COPY messages outside a COPY: PostgreSQL ignores them, and they must
+                // not hold a server that nothing would give back.
+                io.rbuf.advance(chunk.len);
+                continue;
+            }
             if self.link.is_none() {
+                // Waiting may read more messages; scan again once attached.
                 self.attach(io).await?;
+                continue;
             }
             if self.handle.cancels_in_flight() {
                 self.handle.wait_cancels().await;
@@ -300,10 +327,43 @@ impl Session {
             let bytes = io.rbuf.split_to(chunk.len);
             self.forward_client(bytes)?;
         }
-        if chunk.terminate {
-            io.rbuf.clear();
+    }
+
+    /// The client said Terminate: let the server finish what was sent before it (bounded
+    /// by [`CLOSE_GRACE`]), so a statement sent just before Terminate still runs to its end,
+    /// as it would on a direct connection.
+    async fn drain_after_terminate(&mut self) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let drain = async {
+            if !self.to_server.is_empty() {
+                let out = std::mem::take(&mut self.to_server);
+                link.server.send(&out).await.ok()?;
+            }
+            while !link.expected.is_quiet() {
+                let frame = link.server.read_frame().await.ok()?;
+                let (_, learned) = link.expected.on_message(frame.tag()).ok()?;
+                if learned == crate::server::Learned::Ready {
+                    let status = frame
+                        .body()
+                        .first()
+                        .copied()
+                        .and_then(TxStatus::from_byte)?;
+                    link.server.tx = status;
+                }
+                while link.expected.pop_synthetic().is_some() {}
+            }
+            Some(())
+        };
+        if tokio::time::timeout(CLOSE_GRACE, drain)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            link.server.poison();
         }
-        Ok(chunk.terminate)
     }
 
     /// Records what each message is owed, rewrites the ones that name prepared statements,
@@ -369,9 +429,9 @@ impl Session {
         self.link = Some(Link {
             server,
             expected: Expected::default(),
-            attached_at: now,
             busy_since: None,
             ready_since: now,
+            tx_since: None,
         });
         Ok(())
     }
@@ -390,6 +450,7 @@ impl Session {
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
+        let before = server.params.clone();
         match server
             .simple_query(&params::set_statement(&pairs), &self.tracked)
             .await
@@ -407,13 +468,15 @@ impl Session {
             }
         }
         for (name, value) in &diffs {
-            // The server's spelling wins (it reports `UTF8` for `utf8`); a parameter it does
-            // not report keeps the value that was set.
+            // A value the server reported just now wins (it says `UTF8` for `utf8`); a
+            // parameter it did not report (unchanged spelling, or one it never reports)
+            // now holds what was set.
+            let reported = server.params.get(name) != before.get(name);
             match server.params.get(name).map(str::to_string) {
-                Some(v) => {
+                Some(v) if reported => {
                     self.params.set(name, &v);
                 }
-                None => {
+                _ => {
                     server.params.set(name, value);
                 }
             }
@@ -431,7 +494,8 @@ impl Session {
         let mut offset = 0;
         let mut kept: Option<BytesMut> = None;
         let mut run_start = 0;
-        while let Some((tag, len)) = frame_at(&link.server.rbuf, offset) {
+        let max = link.server.max_message();
+        while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
             let end = offset + 1 + len;
             let route = server_message(
                 link,
@@ -584,6 +648,27 @@ fn frame_at(buf: &[u8], offset: usize) -> Option<(u8, usize)> {
         return None;
     }
     Some((head[0], len))
+}
+
+/// The tag and length of the complete server message at `offset`, if one is there; a length
+/// PostgreSQL never sends means the conversation is lost.
+fn server_frame_at(
+    server: &mut crate::server::ServerConn,
+    offset: usize,
+    max: usize,
+) -> Result<Option<(u8, usize)>, SessionError> {
+    let Some(head) = server.rbuf.get(offset..offset + 5) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len < 4 || len > max {
+        server.poison();
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::PROTOCOL_VIOLATION,
+            format!("server sent a message with an invalid length ({len})"),
+        )));
+    }
+    Ok(frame_at(&server.rbuf, offset))
 }
 
 /// Reads the complete client messages at the front of `buf`: their size, and what they ask

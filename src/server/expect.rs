@@ -102,6 +102,8 @@ pub struct Expected {
     batch_open: bool,
     /// Sync, Query and FunctionCall messages whose ReadyForQuery has not arrived.
     syncs: usize,
+    /// The server is in COPY FROM STDIN: it ignores Sync and Flush until CopyDone or CopyFail.
+    copy_in: bool,
 }
 
 impl Expected {
@@ -118,9 +120,14 @@ impl Expected {
         self.queue.push_back(owed);
     }
 
-    /// Records a Flush: it asks for nothing, but a batch is open until Sync.
-    pub fn push_flush(&mut self) {
-        self.batch_open = true;
+    /// The server is receiving COPY data: Syncs the client sends now are ignored by it.
+    pub fn copy_in(&self) -> bool {
+        self.copy_in
+    }
+
+    /// The client sent CopyDone or CopyFail: the server leaves COPY FROM STDIN.
+    pub fn end_copy_in(&mut self) {
+        self.copy_in = false;
     }
 
     /// Nothing is owed and no batch is open: the server is between transactions or idle in
@@ -184,14 +191,34 @@ impl Expected {
             b'C' | b'I' | b's' => self.end_of_execute(tag),
             b'E' => Ok(self.error()),
             b'Z' => self.ready(),
-            b'D' | b'G' | b'H' | b'W' | b'd' | b'c' | b'V' => {
-                self.inside(tag, "rows or COPY data", |o| {
-                    matches!(o, Owed::Execute | Owed::Query)
-                })
-            }
+            b'G' => self.start_copy_in(),
+            b'D' | b'H' | b'W' | b'd' | b'c' | b'V' => self.inside(tag, "rows or COPY data", |o| {
+                matches!(o, Owed::Execute | Owed::Query)
+            }),
             // Notices, notifications, parameter changes and anything unknown: passed on.
             _ => Ok((Route::Forward, Learned::Nothing)),
         }
+    }
+
+    /// CopyInResponse: the server now ignores Sync until the copy ends, so the Syncs already
+    /// sent behind the statement that started it will get no ReadyForQuery.
+    fn start_copy_in(&mut self) -> Result<(Route, Learned), Desync> {
+        if !matches!(self.queue.front(), Some(Owed::Execute | Owed::Query)) {
+            return Err(Desync {
+                tag: b'G',
+                expected: "CopyInResponse",
+            });
+        }
+        let before = self.queue.len();
+        let mut first = true;
+        self.queue.retain(|o| {
+            let keep = first || !matches!(o, Owed::Sync);
+            first = false;
+            keep
+        });
+        self.syncs -= before - self.queue.len();
+        self.copy_in = true;
+        Ok((Route::Forward, Learned::Nothing))
     }
 
     fn head_real(&self) -> Option<&Owed> {
@@ -276,6 +303,7 @@ impl Expected {
     }
 
     fn end_of_execute(&mut self, tag: u8) -> Result<(Route, Learned), Desync> {
+        self.copy_in = false;
         match self.queue.front() {
             Some(Owed::Execute) => {
                 self.queue.pop_front();
@@ -293,6 +321,7 @@ impl Expected {
     /// answers the head message and the server skips the rest up to Sync. An error with
     /// nothing owed at the head (a Sync whose commit failed) ends nothing either.
     fn error(&mut self) -> (Route, Learned) {
+        self.copy_in = false;
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
         if matches!(self.queue.front(), Some(Owed::Query)) {
@@ -511,10 +540,9 @@ mod tests {
     }
 
     #[test]
-    fn flush_holds_the_batch_open_until_sync() {
+    fn parse_holds_the_batch_open_until_sync() {
         let mut q = Expected::default();
         q.push(parse());
-        q.push_flush();
         feed(&mut q, b"1");
         assert!(q.is_empty());
         assert!(!q.is_quiet(), "no Sync yet: the server is inside the batch");
@@ -611,6 +639,7 @@ mod tests {
         let mut q = Expected::default();
         q.push(Owed::Query);
         feed(&mut q, b"GCZ");
+        assert!(!q.copy_in());
         q.push(Owed::Query);
         feed(&mut q, b"HddcCZ");
         q.push(Owed::Execute);
@@ -618,6 +647,42 @@ mod tests {
         q.push(Owed::Sync);
         feed(&mut q, b"DDsDCZ");
         assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn extended_copy_in_ignores_the_sync_sent_with_it() {
+        let mut q = Expected::default();
+        batch(&mut q);
+        feed(&mut q, b"12n");
+        assert_eq!(q.pending_ready(), 1);
+        feed(&mut q, b"G");
+        assert!(q.copy_in());
+        assert_eq!(
+            q.pending_ready(),
+            0,
+            "the Sync sent with the batch is ignored by COPY"
+        );
+        q.end_copy_in();
+        q.push(Owed::Sync);
+        feed(&mut q, b"CZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn copy_in_that_fails_ends_the_copy() {
+        let mut q = Expected::default();
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        feed(&mut q, b"G");
+        feed(&mut q, b"E");
+        assert!(!q.copy_in());
+        assert!(q.is_empty());
+        q.push(Owed::Sync);
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+        q.push(Owed::Query);
+        feed(&mut q, b"GEZ");
+        assert!(q.is_quiet() && !q.copy_in());
     }
 
     #[test]

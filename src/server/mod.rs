@@ -159,13 +159,21 @@ pub struct ServerConn {
     pub reusable: bool,
     /// Protocol-level statements pgward prepared here (transaction pooling).
     pub statements: ServerStatements,
+    /// A statement pgward sent on its own is still running: the connection is not clean
+    /// until it has been answered, even if whoever waited for it went away.
+    pub internal_busy: bool,
     max_message: usize,
 }
 
 impl ServerConn {
     /// Whether the connection can go back to the pool: idle, nothing unread, not broken.
     pub fn is_clean(&self) -> bool {
-        self.reusable && self.tx == TxStatus::Idle && self.rbuf.is_empty()
+        self.reusable && !self.internal_busy && self.tx == TxStatus::Idle && self.rbuf.is_empty()
+    }
+
+    /// The largest message accepted from this server.
+    pub fn max_message(&self) -> usize {
+        self.max_message
     }
 
     /// Marks the connection as not to be reused.
@@ -216,6 +224,7 @@ impl ServerConn {
     pub async fn simple_query(&mut self, sql: &str, tracked: &Tracked) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         wire::encode_query(&mut out, sql);
+        self.internal_busy = true;
         self.send(&out).await?;
         let mut failure = None;
         loop {
@@ -223,6 +232,7 @@ impl ServerConn {
             match wire::decode_backend(&frame)? {
                 Backend::ReadyForQuery(status) => {
                     self.tx = status;
+                    self.internal_busy = false;
                     return failure.map_or(Ok(()), |f| Err(ServerError::Refused(f)));
                 }
                 Backend::ErrorResponse(fields) => {
