@@ -133,6 +133,8 @@ pub struct Session {
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
+    /// The answer queue of the last server, kept to reuse its allocation.
+    spare_expected: Expected,
 }
 
 impl Session {
@@ -162,6 +164,7 @@ impl Session {
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
+            spare_expected: Expected::default(),
         }
     }
 
@@ -324,8 +327,7 @@ impl Session {
             if self.handle.cancels_in_flight() {
                 self.handle.wait_cancels().await;
             }
-            let bytes = io.rbuf.split_to(chunk.len);
-            self.forward_client(bytes)?;
+            self.forward_client(&mut io.rbuf, chunk.len)?;
         }
     }
 
@@ -368,10 +370,11 @@ impl Session {
 
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
-    fn forward_client(&mut self, chunk: BytesMut) -> Result<(), SessionError> {
+    fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
+        let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
@@ -394,10 +397,11 @@ impl Session {
             offset = end;
         }
         match rebuilt {
-            None => append(&mut self.to_server, chunk),
-            Some(mut out) => {
-                out.extend_from_slice(&chunk[run_start..]);
-                append(&mut self.to_server, out);
+            None => take_front(&mut self.to_server, rbuf, len),
+            Some(out) => {
+                self.to_server.extend_from_slice(&out);
+                self.to_server.extend_from_slice(&rbuf[run_start..len]);
+                rbuf.advance(len);
             }
         }
         if was_idle && !link.expected.is_empty() {
@@ -412,7 +416,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
-        let checkout = pool.checkout(ticket, pool.settings().query_wait);
+        let checkout = pool.checkout(ticket, pool.settings_now().query_wait);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {
@@ -428,7 +432,7 @@ impl Session {
         let now = Instant::now();
         self.link = Some(Link {
             server,
-            expected: Expected::default(),
+            expected: std::mem::take(&mut self.spare_expected),
             busy_since: None,
             ready_since: now,
             tx_since: None,
@@ -516,12 +520,13 @@ impl Session {
             offset = end;
         }
         if offset > 0 {
-            let chunk = link.server.rbuf.split_to(offset);
+            let rbuf = &mut link.server.rbuf;
             match kept {
-                None => append(&mut self.to_client, chunk),
-                Some(mut out) => {
-                    out.extend_from_slice(&chunk[run_start..]);
-                    append(&mut self.to_client, out);
+                None => take_front(&mut self.to_client, rbuf, offset),
+                Some(out) => {
+                    self.to_client.extend_from_slice(&out);
+                    self.to_client.extend_from_slice(&rbuf[run_start..offset]);
+                    rbuf.advance(offset);
                 }
             }
         }
@@ -559,7 +564,10 @@ impl Session {
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
         }
-        let settings = self.pool.settings();
+        if link.expected.is_empty() {
+            self.spare_expected = std::mem::take(&mut link.expected);
+        }
+        let settings = self.pool.settings_now();
         if settings.reset_always && self.mode == PoolMode::Transaction {
             if let Some(q) = &settings.reset_query {
                 if link.server.simple_query(q, &self.tracked).await.is_err() {
@@ -631,13 +639,20 @@ fn reserve_for_frame(buf: &mut BytesMut) {
     }
 }
 
-fn append(dst: &mut BytesMut, src: BytesMut) {
-    if dst.is_empty() {
-        *dst = src;
+/// Moves the first `n` bytes of `src` to the end of `dst`. Small runs are copied, so both
+/// buffers keep their own allocation from one message to the next; large ones are handed
+/// over without copying.
+fn take_front(dst: &mut BytesMut, src: &mut BytesMut, n: usize) {
+    if n >= ZERO_COPY_FROM && dst.is_empty() {
+        *dst = src.split_to(n);
     } else {
-        dst.extend_from_slice(&src);
+        dst.extend_from_slice(&src[..n]);
+        src.advance(n);
     }
 }
+
+/// Runs at least this long move between buffers without a copy.
+const ZERO_COPY_FROM: usize = 64 * 1024;
 
 /// The tag and length of a complete message at `offset`, if one is there. Lengths are
 /// checked by the scanners before this is trusted.
