@@ -379,7 +379,7 @@ impl Session {
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
-        while let Some((tag, len)) = frame_at(&chunk, offset) {
+        while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
             let mut ctx = MessageContext {
