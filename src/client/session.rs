@@ -328,6 +328,8 @@ impl Session {
                 self.handle.wait_cancels().await;
             }
             self.forward_client(&mut io.rbuf, chunk.len)?;
+            // pgward may have answered everything itself (a DEALLOCATE, a Close).
+            self.maybe_release().await?;
         }
     }
 
