@@ -17,7 +17,7 @@ use crate::wire;
 /// Where a cancel for a client goes: the server it is using and that server's key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CancelTarget {
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     pub key: BackendKey,
 }
 
@@ -126,9 +126,10 @@ impl CancelRegistry {
     }
 
     /// Handles a CancelRequest: unknown keys are ignored; a known key sends a cancel to the
-    /// server that client is using, and returns once that connection has closed (or `limit`
-    /// passed).
-    pub async fn cancel(&self, pid: u32, secret: &[u8], limit: Duration) {
+    /// server that client is using. The delivery runs as its own task, so whatever happens to
+    /// the connection that asked (a login timeout, a hang-up), the client's hold on its server
+    /// ends when the cancel connection has closed or `limit` has passed.
+    pub fn cancel(&self, pid: u32, secret: &[u8], limit: Duration) {
         let Some(handle) = self.find(pid, secret) else {
             tracing::debug!("cancel request with an unknown key ignored");
             return;
@@ -136,11 +137,37 @@ impl CancelRegistry {
         let Some(target) = handle.begin_cancel() else {
             return;
         };
-        let sent = tokio::time::timeout(limit, send_cancel(&target)).await;
-        if !matches!(sent, Ok(Ok(()))) {
-            tracing::warn!(server = %target.addr, "cancel request could not be delivered");
-        }
-        handle.end_cancel();
+        let in_flight = InFlight(handle);
+        tokio::spawn(async move {
+            deliver(&target, limit).await;
+            drop(in_flight);
+        });
+    }
+}
+
+/// A cancel being delivered for a client; dropping it (whatever the path) ends it.
+struct InFlight(Arc<ClientHandle>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.end_cancel();
+    }
+}
+
+/// Cancels what a server runs, without waiting: pgward's own timeouts use it before they
+/// close a server that is still working.
+pub fn cancel_in_background(addr: &Arc<ServerAddr>, key: &BackendKey) {
+    let target = CancelTarget {
+        addr: addr.clone(),
+        key: key.clone(),
+    };
+    tokio::spawn(async move { deliver(&target, Duration::from_secs(10)).await });
+}
+
+async fn deliver(target: &CancelTarget, limit: Duration) {
+    let sent = tokio::time::timeout(limit, send_cancel(target)).await;
+    if !matches!(sent, Ok(Ok(()))) {
+        tracing::warn!(server = %target.addr, "cancel request could not be delivered");
     }
 }
 
@@ -166,10 +193,10 @@ mod tests {
 
     fn target() -> CancelTarget {
         CancelTarget {
-            addr: ServerAddr::Tcp {
+            addr: Arc::new(ServerAddr::Tcp {
                 host: "127.0.0.1".into(),
                 port: 1,
-            },
+            }),
             key: BackendKey {
                 pid: 7,
                 secret: Bytes::from_static(b"abcd"),

@@ -172,7 +172,7 @@ async fn serve(config: Config) -> ExitCode {
     tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
     let tasks = listeners.spawn(&rt);
     tokio::spawn(maintenance(rt.clone()));
-    wait_for_stop().await;
+    wait_for_stop(&rt).await;
     for t in tasks {
         t.abort();
     }
@@ -193,20 +193,51 @@ async fn maintenance(rt: Arc<Runtime>) {
     }
 }
 
-async fn wait_for_stop() {
+/// Serves signals until one says stop: SIGHUP reloads, SIGTERM, SIGINT and SIGQUIT stop.
+async fn wait_for_stop(rt: &Runtime) {
     use tokio::signal::unix::{signal, SignalKind};
-    let (Ok(mut term), Ok(mut int), Ok(mut quit)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-        signal(SignalKind::quit()),
-    ) else {
-        tracing::error!("cannot install signal handlers");
-        return std::future::pending().await;
+    let kinds = [
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::quit(),
+        SignalKind::hangup(),
+        SignalKind::user_defined1(),
+        SignalKind::user_defined2(),
+    ];
+    let mut streams = Vec::new();
+    for kind in kinds {
+        match signal(kind) {
+            Ok(s) => streams.push(s),
+            Err(e) => {
+                tracing::error!("cannot install signal handlers: {e}");
+                return std::future::pending().await;
+            }
+        }
+    }
+    let [term, int, quit, hup, usr1, usr2] = &mut streams[..] else {
+        return;
     };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received, shutting down"),
-        _ = int.recv() => tracing::info!("SIGINT received, shutting down"),
-        _ = quit.recv() => tracing::info!("SIGQUIT received, shutting down"),
+    loop {
+        tokio::select! {
+            _ = term.recv() => return tracing::info!("SIGTERM received, shutting down"),
+            _ = int.recv() => return tracing::info!("SIGINT received, shutting down"),
+            _ = quit.recv() => return tracing::info!("SIGQUIT received, shutting down"),
+            _ = hup.recv() => reload(rt),
+            _ = usr1.recv() => tracing::warn!("SIGUSR1 (pause) is not supported yet; ignored"),
+            _ = usr2.recv() => tracing::warn!("SIGUSR2 (resume) is not supported yet; ignored"),
+        }
+    }
+}
+
+fn reload(rt: &Runtime) {
+    match rt.reload() {
+        Ok(warnings) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            tracing::info!("configuration reloaded");
+        }
+        Err(e) => tracing::error!("reload failed, keeping the running configuration: {e}"),
     }
 }
 

@@ -10,6 +10,11 @@ pub const DEFAULT_TRACKED: [&str; 6] = [
     "application_name",
 ];
 
+/// The value of a tracked parameter a client never set and the server never reported: the
+/// server's default, set with `SET name TO DEFAULT`. It contains a NUL byte, which no value
+/// sent over the protocol can.
+pub const DEFAULT_VALUE: &str = "\0DEFAULT";
+
 /// Which parameter names are tracked, in the spelling the server reports them.
 #[derive(Debug, Clone)]
 pub struct Tracked {
@@ -27,6 +32,10 @@ impl Tracked {
             }
         }
         Tracked { names }
+    }
+
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(|s| s.as_str())
     }
 
     /// The canonical spelling of `name` if it is tracked.
@@ -93,6 +102,10 @@ pub fn set_statement(pairs: &[(&str, &str)]) -> String {
     for (name, value) in pairs {
         sql.push_str("SET ");
         sql.push_str(name);
+        if *value == DEFAULT_VALUE {
+            sql.push_str(" TO DEFAULT;");
+            continue;
+        }
         sql.push_str(" TO E'");
         for c in value.chars() {
             match c {
@@ -130,6 +143,14 @@ mod tests {
         assert!(b.set("TimeZone", "UTC"));
         assert!(!b.set("TimeZone", "UTC"));
         assert!(a.differences(&b).is_empty());
+    }
+
+    #[test]
+    fn default_values_are_reset() {
+        assert_eq!(
+            set_statement(&[("search_path", DEFAULT_VALUE), ("TimeZone", "UTC")]),
+            "SET search_path TO DEFAULT;SET TimeZone TO E'UTC';"
+        );
     }
 
     #[test]

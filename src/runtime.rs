@@ -49,6 +49,41 @@ impl Runtime {
         self.next_client.fetch_add(1, Ordering::Relaxed)
     }
 
+    /// Re-reads the configuration file and the auth file. Everything is read and checked
+    /// first; on any error nothing changes and the error (with file and line) is returned.
+    /// Pools whose database is still configured take the new settings; their servers stay.
+    pub fn reload(&self) -> Result<Vec<String>, crate::config::ConfigError> {
+        let path = self.config.load().path.clone();
+        let config = crate::config::load(&path)?;
+        let userlist = match &config.settings.auth_file {
+            Some(p) => crate::config::load_userlist(p)?,
+            None => HashMap::new(),
+        };
+        let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        let old_userlist = self.userlist.load_full();
+        self.userlist.store(Arc::new(userlist));
+        for pool in self.pools.all() {
+            if let Some(db) = config.database(&pool.key.db) {
+                let settings = pool_settings(&config, &db, &pool.key.user, tracked.clone());
+                let user = settings.target.user.clone();
+                let mut credential = self.server_credential(&db, &user);
+                // SCRAM keys a client proved stay valid while the stored secret is the same.
+                let kept = pool.credential();
+                if matches!(credential, Credential::None)
+                    && matches!(kept, Credential::ScramKeys { .. })
+                    && old_userlist.get(&user) == self.userlist.load().get(&user)
+                {
+                    credential = kept;
+                }
+                pool.reconfigure(settings, credential);
+            }
+        }
+        let warnings = config.warnings.clone();
+        self.tracked.store(tracked);
+        self.config.store(Arc::new(config));
+        Ok(warnings)
+    }
+
     /// The pool serving `user` on database entry `db`, created on first use.
     pub fn pool_for(&self, db: &DatabaseDef, user: &str) -> Arc<Pool> {
         let config = self.config.load();
@@ -153,7 +188,7 @@ fn server_target(db: &DatabaseDef, server_user: String) -> ServerTarget {
         }
     }
     ServerTarget {
-        addr,
+        addr: Arc::new(addr),
         database: db.dbname.clone().unwrap_or_else(|| db.name.clone()),
         user: server_user,
         startup_params,

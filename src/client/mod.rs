@@ -2,6 +2,8 @@
 
 mod auth;
 mod io;
+mod messages;
+mod prepared;
 mod session;
 mod startup;
 
@@ -78,14 +80,16 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
     let peer = stream.peer_label();
     let max_message =
         (rt.config.load().settings.max_packet_size as usize).min(wire::DEFAULT_MAX_MESSAGE_LEN);
-    let mut io = ClientIo::new(stream, max_message);
+    // Until the client has logged in, no message may be larger than an authentication
+    // token can be in PostgreSQL.
+    let mut io = ClientIo::new(stream, LOGIN_MAX_MESSAGE.min(max_message));
     let over_limit = {
         let n = rt.clients.fetch_add(1, Ordering::AcqRel) + 1;
         n > rt.config.load().settings.max_client_conn as usize
     };
     let _slot = ClientSlot(&rt);
     let id = rt.next_client_id();
-    match run(&rt, &mut io, id, over_limit).await {
+    match run(&rt, &mut io, id, over_limit, max_message).await {
         Ok(()) | Err(SessionError::Gone) => {}
         Err(SessionError::Io(e)) => {
             tracing::debug!(client = id, %peer, "client connection lost: {e}")
@@ -102,6 +106,7 @@ async fn run(
     io: &mut ClientIo,
     id: u64,
     over_limit: bool,
+    max_message: usize,
 ) -> Result<(), SessionError> {
     let login_timeout = rt.config.load().settings.client_login_timeout;
     let login = async {
@@ -135,6 +140,7 @@ async fn run(
     let Some((req, pool, welcome)) = opened else {
         return Ok(());
     };
+    io.max_message = max_message;
     let handle = rt.cancels.register(id);
     let result = greet_and_run(rt, io, id, req, pool, &welcome, &handle).await;
     rt.cancels.remove(handle.pid);
@@ -207,15 +213,35 @@ async fn greet_and_run(
             wire::encode_parameter_status(&mut out, name, value);
         }
     }
+    // A tracked parameter the server does not report (say search_path before PostgreSQL
+    // 18) is reset to its default for this client, so no other client's value leaks in.
+    for name in tracked.names() {
+        if params.get(name).is_none() {
+            params.set(name, crate::params::DEFAULT_VALUE);
+        }
+    }
     wire::encode_backend_key_data(&mut out, handle.pid, &handle.secret());
     wire::encode_ready_for_query(&mut out, TxStatus::Idle);
     io.send(&out).await?;
     tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
     let settings = rt.config.load();
     let timeouts = session::Timeouts::from_settings(&settings.settings);
-    let mut session = Session::new(id, pool, handle.clone(), params, tracked, timeouts);
+    let max_prepared = settings.settings.max_prepared_statements as usize;
+    let mut session = Session::new(
+        id,
+        pool,
+        handle.clone(),
+        params,
+        tracked,
+        timeouts,
+        max_prepared,
+    );
     session.run(io).await
 }
+
+/// The largest message a client may send before it has logged in (PostgreSQL's limit for an
+/// authentication token).
+const LOGIN_MAX_MESSAGE: usize = 65535;
 
 /// How long to wait for a session's final writes.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);

@@ -13,13 +13,15 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
-use super::{ClientIo, SessionError};
+use super::messages::{emit_synthetic, server_message, MessageContext};
+use super::prepared::ClientStatements;
+use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
-use crate::server::ServerError;
+use crate::server::{Expected, Route, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
 /// Bytes buffered towards one side before pgward stops reading from the other.
@@ -73,34 +75,45 @@ enum Event {
     ClientClosed,
     ServerData,
     ServerClosed,
+    /// Everything queued for the server was written.
+    ServerDrained,
     Timer(Timer),
 }
 
 /// A server checked out by this client, and where the conversation with it stands.
-struct Link {
-    server: ServerGuard,
-    /// Query, Sync and FunctionCall messages sent whose ReadyForQuery has not come back.
-    pending: u32,
-    /// Extended-protocol messages were sent since the last Sync.
-    batch_open: bool,
-    attached_at: Instant,
-    /// When the oldest pending request was sent.
-    busy_since: Option<Instant>,
+pub(super) struct Link {
+    pub server: ServerGuard,
+    /// Every answer the server still owes, in order.
+    pub expected: Expected,
+    /// When the oldest request still owed an answer was sent.
+    pub busy_since: Option<Instant>,
     /// When the last ReadyForQuery arrived.
-    ready_since: Instant,
+    pub ready_since: Instant,
+    /// When the transaction in progress began (the request that opened it was sent).
+    pub tx_since: Option<Instant>,
 }
 
-/// What a run of complete client messages asks of the server.
+impl Link {
+    /// Nothing owed, nothing buffered, no batch open.
+    fn quiet(&self, to_server: &BytesMut) -> bool {
+        self.expected.is_quiet() && to_server.is_empty() && self.server.rbuf.is_empty()
+    }
+}
+
+/// A run of complete client messages.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 struct ClientChunk {
     /// Bytes of whole messages to forward.
     len: usize,
-    /// Messages that each get a ReadyForQuery back.
-    syncs: u32,
-    /// Whether the last extended-protocol message was not followed by a Sync: Some(true)
-    /// opens a batch, Some(false) closes it, None leaves it as it was.
-    batch: Option<bool>,
+    /// Whether any of them asks the server for something (all but COPY messages do).
+    asks: bool,
     terminate: bool,
+}
+
+impl ClientChunk {
+    fn asks_nothing(&self) -> bool {
+        !self.asks
+    }
 }
 
 pub struct Session {
@@ -112,9 +125,16 @@ pub struct Session {
     tracked: Arc<Tracked>,
     timeouts: Timeouts,
     link: Option<Link>,
+    /// Protocol-level prepared statements, when pgward maps them (transaction and statement
+    /// pooling with max_prepared_statements above 0): the client's names, and how many each
+    /// server may hold.
+    statements: ClientStatements,
+    prepared_capacity: Option<usize>,
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
+    /// The answer queue of the last server, kept to reuse its allocation.
+    spare_expected: Expected,
 }
 
 impl Session {
@@ -125,8 +145,11 @@ impl Session {
         params: ParamSet,
         tracked: Arc<Tracked>,
         timeouts: Timeouts,
+        max_prepared_statements: usize,
     ) -> Self {
         let mode = pool.settings().mode;
+        let prepared_capacity = (mode != PoolMode::Session && max_prepared_statements > 0)
+            .then_some(max_prepared_statements);
         Session {
             id,
             pool,
@@ -136,9 +159,12 @@ impl Session {
             tracked,
             timeouts,
             link: None,
+            statements: ClientStatements::default(),
+            prepared_capacity,
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
+            spare_expected: Expected::default(),
         }
     }
 
@@ -161,14 +187,23 @@ impl Session {
                 Event::ClientData => {
                     self.last_client_activity = Instant::now();
                     if self.on_client_data(io).await? {
+                        self.drain_after_terminate().await;
                         return Ok(());
                     }
                 }
                 Event::ClientClosed => return Ok(()),
                 Event::ServerData => self.on_server_data().await?,
+                Event::ServerDrained => self.maybe_release().await?,
                 Event::ServerClosed => return Err(self.server_lost()),
                 Event::Timer(t) => {
                     if let Some(link) = &mut self.link {
+                        if !link.expected.is_empty() {
+                            // Stop what the server is running before closing it.
+                            crate::cancel::cancel_in_background(
+                                &link.server.addr,
+                                &link.server.key,
+                            );
+                        }
                         link.server.poison();
                     }
                     return Err(SessionError::Fatal(t.error()));
@@ -196,8 +231,12 @@ impl Session {
         cx: &mut Context<'_>,
     ) -> Poll<Result<Event, SessionError>> {
         if let Some(link) = &mut self.link {
+            let had_bytes = !self.to_server.is_empty();
             if flush(&mut link.server.stream, &mut self.to_server, cx).is_err() {
                 return Poll::Ready(Ok(Event::ServerClosed));
+            }
+            if had_bytes && self.to_server.is_empty() && link.expected.is_quiet() {
+                return Poll::Ready(Ok(Event::ServerDrained));
             }
         }
         if let Err(e) = flush(&mut io.stream, &mut self.to_client, cx) {
@@ -231,60 +270,147 @@ impl Session {
 
     fn next_deadline(&self) -> Option<(Instant, Timer)> {
         let t = &self.timeouts;
-        let mut candidates: Vec<(Instant, Timer)> = Vec::new();
+        let mut next: Option<(Instant, Timer)> = None;
+        let mut consider = |limit: Option<Duration>, since: Instant, timer: Timer| {
+            if let Some(limit) = limit {
+                let at = since + limit;
+                if next.is_none_or(|(n, _)| at < n) {
+                    next = Some((at, timer));
+                }
+            }
+        };
         let idle_client = match &self.link {
             None => true,
             Some(link) => {
                 let in_tx = link.server.tx != TxStatus::Idle;
-                if let (Some(limit), Some(since)) = (t.query, link.busy_since) {
-                    candidates.push((since + limit, Timer::Query));
+                if let Some(since) = link.busy_since {
+                    consider(t.query, since, Timer::Query);
                 }
-                if let (Some(limit), true, 0) = (t.idle_transaction, in_tx, link.pending) {
-                    candidates.push((link.ready_since + limit, Timer::IdleTransaction));
+                if in_tx && link.expected.is_empty() {
+                    consider(t.idle_transaction, link.ready_since, Timer::IdleTransaction);
                 }
-                if let (Some(limit), true) = (t.transaction, in_tx) {
-                    candidates.push((link.attached_at + limit, Timer::Transaction));
+                if let Some(since) = link.tx_since {
+                    consider(t.transaction, since, Timer::Transaction);
                 }
-                !in_tx && link.pending == 0 && !link.batch_open
+                !in_tx && link.expected.is_quiet()
             }
         };
-        if let (Some(limit), true) = (t.client_idle, idle_client) {
-            candidates.push((self.last_client_activity + limit, Timer::ClientIdle));
+        if idle_client {
+            consider(t.client_idle, self.last_client_activity, Timer::ClientIdle);
         }
-        candidates.into_iter().min_by_key(|(at, _)| *at)
+        next
     }
 
     /// Forwards the complete messages the client sent, checking out a server first if
-    /// needed. Returns true when the client said Terminate.
+    /// needed. Returns true when the client said Terminate (after what came before it has
+    /// been queued for the server).
     async fn on_client_data(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
-        let chunk = scan_client(&io.rbuf, io.max_message)?;
-        if self.link.is_none() && chunk.syncs == 0 && chunk.batch.is_none() {
-            // Only COPY messages outside a COPY: PostgreSQL ignores them, and they must not
-            // hold a server that nothing would give back.
-            io.rbuf.advance(chunk.len);
-        } else if chunk.len > 0 {
+        loop {
+            let chunk = scan_client(&io.rbuf, io.max_message)?;
+            if chunk.len == 0 {
+                if chunk.terminate {
+                    io.rbuf.clear();
+                }
+                return Ok(chunk.terminate);
+            }
+            if self.link.is_none() && chunk.asks_nothing() {
+                // Only COPY messages outside a COPY: PostgreSQL ignores them, and they must
+                // not hold a server that nothing would give back.
+                io.rbuf.advance(chunk.len);
+                continue;
+            }
             if self.link.is_none() {
+                // Waiting may read more messages; scan again once attached.
                 self.attach(io).await?;
+                continue;
             }
             if self.handle.cancels_in_flight() {
                 self.handle.wait_cancels().await;
             }
-            let bytes = io.rbuf.split_to(chunk.len);
-            append(&mut self.to_server, bytes);
-            if let Some(link) = &mut self.link {
-                if chunk.syncs > 0 && link.pending == 0 {
-                    link.busy_since = Some(Instant::now());
+            self.forward_client(&mut io.rbuf, chunk.len)?;
+            // pgward may have answered everything itself (a DEALLOCATE, a Close).
+            self.maybe_release().await?;
+        }
+    }
+
+    /// The client said Terminate: let the server finish what was sent before it (bounded
+    /// by [`CLOSE_GRACE`]), so a statement sent just before Terminate still runs to its end,
+    /// as it would on a direct connection.
+    async fn drain_after_terminate(&mut self) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        let drain = async {
+            if !self.to_server.is_empty() {
+                let out = std::mem::take(&mut self.to_server);
+                link.server.send(&out).await.ok()?;
+            }
+            while !link.expected.is_quiet() {
+                let frame = link.server.read_frame().await.ok()?;
+                let (_, learned) = link.expected.on_message(frame.tag()).ok()?;
+                if learned == crate::server::Learned::Ready {
+                    let status = frame
+                        .body()
+                        .first()
+                        .copied()
+                        .and_then(TxStatus::from_byte)?;
+                    link.server.tx = status;
                 }
-                link.pending += chunk.syncs;
-                if let Some(open) = chunk.batch {
-                    link.batch_open = open;
-                }
+                while link.expected.pop_synthetic().is_some() {}
+            }
+            Some(())
+        };
+        if tokio::time::timeout(CLOSE_GRACE, drain)
+            .await
+            .ok()
+            .flatten()
+            .is_none()
+        {
+            link.server.poison();
+        }
+    }
+
+    /// Records what each message is owed, rewrites the ones that name prepared statements,
+    /// and queues the result for the server. Untouched runs of messages are not copied.
+    fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        let chunk = &rbuf[..len];
+        let was_idle = link.expected.is_empty();
+        let mut rebuilt: Option<BytesMut> = None;
+        let mut run_start = 0;
+        let mut offset = 0;
+        while let Some((tag, len)) = frame_at(chunk, offset) {
+            let end = offset + 1 + len;
+            let body = &chunk[offset + 5..end];
+            let mut ctx = MessageContext {
+                link: &mut *link,
+                statements: &mut self.statements,
+                capacity: self.prepared_capacity,
+                pooled: self.mode != PoolMode::Session,
+            };
+            if let Some(replacement) = ctx.client_message(tag, body)? {
+                let out = rebuilt.get_or_insert_with(BytesMut::new);
+                out.extend_from_slice(&chunk[run_start..offset]);
+                out.extend_from_slice(&replacement);
+                run_start = end;
+            }
+            offset = end;
+        }
+        match rebuilt {
+            None => take_front(&mut self.to_server, rbuf, len),
+            Some(out) => {
+                self.to_server.extend_from_slice(&out);
+                self.to_server.extend_from_slice(&rbuf[run_start..len]);
+                rbuf.advance(len);
             }
         }
-        if chunk.terminate {
-            io.rbuf.clear();
+        if was_idle && !link.expected.is_empty() {
+            link.busy_since = Some(Instant::now());
         }
-        Ok(chunk.terminate)
+        emit_synthetic(link, &mut self.to_client);
+        Ok(())
     }
 
     /// Checks out a server (waiting in the gate's queue) and brings its tracked
@@ -292,7 +418,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
-        let checkout = pool.checkout(ticket, pool.settings().query_wait);
+        let checkout = pool.checkout(ticket, pool.settings_now().query_wait);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {
@@ -308,11 +434,10 @@ impl Session {
         let now = Instant::now();
         self.link = Some(Link {
             server,
-            pending: 0,
-            batch_open: false,
-            attached_at: now,
+            expected: std::mem::take(&mut self.spare_expected),
             busy_since: None,
             ready_since: now,
+            tx_since: None,
         });
         Ok(())
     }
@@ -331,6 +456,7 @@ impl Session {
             .iter()
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
+        let before = server.params.clone();
         match server
             .simple_query(&params::set_statement(&pairs), &self.tracked)
             .await
@@ -348,13 +474,15 @@ impl Session {
             }
         }
         for (name, value) in &diffs {
-            // The server's spelling wins (it reports `UTF8` for `utf8`); a parameter it does
-            // not report keeps the value that was set.
+            // A value the server reported just now wins (it says `UTF8` for `utf8`); a
+            // parameter it did not report (unchanged spelling, or one it never reports)
+            // now holds what was set.
+            let reported = server.params.get(name) != before.get(name);
             match server.params.get(name).map(str::to_string) {
-                Some(v) => {
+                Some(v) if reported => {
                     self.params.set(name, &v);
                 }
-                None => {
+                _ => {
                     server.params.set(name, value);
                 }
             }
@@ -362,48 +490,50 @@ impl Session {
         Ok(())
     }
 
-    /// Moves the server's complete messages to the client, following ReadyForQuery and
-    /// ParameterStatus, and gives the server back when the pool mode allows.
+    /// Moves the server's complete messages to the client, matching each to what it answers,
+    /// following ReadyForQuery and ParameterStatus, and gives the server back when the pool
+    /// mode allows.
     async fn on_server_data(&mut self) -> Result<(), SessionError> {
-        let Some(link) = &mut self.link else {
+        let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
-        let server = &mut *link.server;
         let mut offset = 0;
-        while let Some((tag, len)) = frame_at(&server.rbuf, offset) {
-            let body = &server.rbuf[offset + 5..offset + 1 + len];
-            match tag {
-                b'Z' => {
-                    let status = body
-                        .first()
-                        .copied()
-                        .and_then(TxStatus::from_byte)
-                        .ok_or_else(|| {
-                            SessionError::Fatal(ErrorResponse::fatal(
-                                sqlstate::PROTOCOL_VIOLATION,
-                                "server sent a malformed ReadyForQuery".to_string(),
-                            ))
-                        })?;
-                    server.tx = status;
-                    link.pending = link.pending.saturating_sub(1);
-                    link.ready_since = Instant::now();
-                    link.busy_since = (link.pending > 0).then_some(link.ready_since);
+        let mut kept: Option<BytesMut> = None;
+        let mut run_start = 0;
+        let max = link.server.max_message();
+        while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
+            let end = offset + 1 + len;
+            let route = server_message(
+                link,
+                &mut self.statements,
+                &mut self.params,
+                &self.tracked,
+                (tag, offset, end),
+            )?;
+            if route == Route::Swallow || link.expected.synthetic_next() {
+                let out = kept.get_or_insert_with(BytesMut::new);
+                out.extend_from_slice(&link.server.rbuf[run_start..offset]);
+                if route == Route::Forward {
+                    out.extend_from_slice(&link.server.rbuf[offset..end]);
                 }
-                b'S' => {
-                    if let Some((name, value)) = parameter_status(body) {
-                        if let Some(canonical) = self.tracked.canonical(name) {
-                            server.params.set(canonical, value);
-                            self.params.set(canonical, value);
-                        }
-                    }
-                }
-                _ => {}
+                emit_synthetic(link, out);
+                run_start = end;
             }
-            offset += 1 + len;
+            offset = end;
         }
         if offset > 0 {
-            let bytes = server.rbuf.split_to(offset);
-            append(&mut self.to_client, bytes);
+            let rbuf = &mut link.server.rbuf;
+            match kept {
+                None => take_front(&mut self.to_client, rbuf, offset),
+                Some(out) => {
+                    self.to_client.extend_from_slice(&out);
+                    self.to_client.extend_from_slice(&rbuf[run_start..offset]);
+                    rbuf.advance(offset);
+                }
+            }
+        }
+        if link.expected.is_empty() {
+            link.busy_since = None;
         }
         self.maybe_release().await
     }
@@ -412,11 +542,7 @@ impl Session {
         let Some(link) = &self.link else {
             return Ok(());
         };
-        let quiet = link.pending == 0
-            && !link.batch_open
-            && self.to_server.is_empty()
-            && link.server.rbuf.is_empty();
-        if !quiet || self.mode == PoolMode::Session {
+        if !link.quiet(&self.to_server) || self.mode == PoolMode::Session {
             return Ok(());
         }
         if link.server.tx != TxStatus::Idle {
@@ -440,7 +566,10 @@ impl Session {
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
         }
-        let settings = self.pool.settings();
+        if link.expected.is_empty() {
+            self.spare_expected = std::mem::take(&mut link.expected);
+        }
+        let settings = self.pool.settings_now();
         if settings.reset_always && self.mode == PoolMode::Transaction {
             if let Some(q) = &settings.reset_query {
                 if link.server.simple_query(q, &self.tracked).await.is_err() {
@@ -468,10 +597,7 @@ impl Session {
         let Some(link) = &mut self.link else {
             return;
         };
-        let clean = link.pending == 0
-            && !link.batch_open
-            && self.to_server.is_empty()
-            && link.server.is_clean();
+        let clean = link.quiet(&self.to_server) && link.server.is_clean();
         if !clean {
             link.server.poison();
         } else if self.mode == PoolMode::Session {
@@ -515,13 +641,20 @@ fn reserve_for_frame(buf: &mut BytesMut) {
     }
 }
 
-fn append(dst: &mut BytesMut, src: BytesMut) {
-    if dst.is_empty() {
-        *dst = src;
+/// Moves the first `n` bytes of `src` to the end of `dst`. Small runs are copied, so both
+/// buffers keep their own allocation from one message to the next; large ones are handed
+/// over without copying.
+fn take_front(dst: &mut BytesMut, src: &mut BytesMut, n: usize) {
+    if n >= ZERO_COPY_FROM && dst.is_empty() {
+        *dst = src.split_to(n);
     } else {
-        dst.extend_from_slice(&src);
+        dst.extend_from_slice(&src[..n]);
+        src.advance(n);
     }
 }
+
+/// Runs at least this long move between buffers without a copy.
+const ZERO_COPY_FROM: usize = 64 * 1024;
 
 /// The tag and length of a complete message at `offset`, if one is there. Lengths are
 /// checked by the scanners before this is trusted.
@@ -532,6 +665,27 @@ fn frame_at(buf: &[u8], offset: usize) -> Option<(u8, usize)> {
         return None;
     }
     Some((head[0], len))
+}
+
+/// The tag and length of the complete server message at `offset`, if one is there; a length
+/// PostgreSQL never sends means the conversation is lost.
+fn server_frame_at(
+    server: &mut crate::server::ServerConn,
+    offset: usize,
+    max: usize,
+) -> Result<Option<(u8, usize)>, SessionError> {
+    let Some(head) = server.rbuf.get(offset..offset + 5) else {
+        return Ok(None);
+    };
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    if len < 4 || len > max {
+        server.poison();
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::PROTOCOL_VIOLATION,
+            format!("server sent a message with an invalid length ({len})"),
+        )));
+    }
+    Ok(frame_at(&server.rbuf, offset))
 }
 
 /// Reads the complete client messages at the front of `buf`: their size, and what they ask
@@ -555,12 +709,7 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
                 chunk.terminate = true;
                 break;
             }
-            b'Q' | b'F' => chunk.syncs += 1,
-            b'S' => {
-                chunk.syncs += 1;
-                chunk.batch = Some(false);
-            }
-            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => chunk.batch = Some(true),
+            b'Q' | b'F' | b'S' | b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => chunk.asks = true,
             b'd' | b'c' | b'f' => {}
             other => {
                 return Err(SessionError::Fatal(ErrorResponse::fatal(
@@ -575,13 +724,6 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
     Ok(chunk)
 }
 
-fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
-    let mut parts = body.split(|b| *b == 0);
-    let name = std::str::from_utf8(parts.next()?).ok()?;
-    let value = std::str::from_utf8(parts.next()?).ok()?;
-    Some((name, value))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -594,16 +736,15 @@ mod tests {
     }
 
     #[test]
-    fn scan_counts_syncs_and_batches() {
+    fn scan_finds_whole_messages_that_ask_something() {
         let mut buf = msg(b'P', b"\0select 1\0\0\0");
         buf.extend(msg(b'B', b"\0\0\0\0\0\0\0\0"));
         buf.extend(msg(b'E', b"\0\0\0\0\0"));
         let c = scan_client(&buf, 1 << 20).unwrap();
-        assert_eq!((c.syncs, c.batch, c.len), (0, Some(true), buf.len()));
-        buf.extend(msg(b'S', b""));
-        buf.extend(msg(b'Q', b"select 1\0"));
-        let c = scan_client(&buf, 1 << 20).unwrap();
-        assert_eq!((c.syncs, c.batch), (2, Some(false)));
+        assert_eq!((c.asks, c.len), (true, buf.len()));
+        let copy = msg(b'd', b"data");
+        let c = scan_client(&copy, 1 << 20).unwrap();
+        assert!(c.asks_nothing());
     }
 
     #[test]

@@ -49,7 +49,7 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                     .settings
                     .cancel_wait_timeout
                     .unwrap_or(Duration::from_secs(10));
-                rt.cancels.cancel(pid, &secret, limit).await;
+                rt.cancels.cancel(pid, &secret, limit);
                 return Ok(Opening::Cancel);
             }
             StartupPacket::Startup { minor, params, .. } => {

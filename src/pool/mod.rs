@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use guard::ServerGuard;
-pub use pool::{Pool, PoolStats, Welcome};
+pub use pool::{Pool, PoolMap, PoolStats, Welcome};
 
 use crate::config::PoolMode;
 use crate::gate::Limits;
@@ -59,7 +59,7 @@ pub enum PoolError {
 /// Every pool, plus the counters shared by the pools of one database or one user.
 #[derive(Debug, Default)]
 pub struct Pools {
-    map: Mutex<HashMap<PoolKey, Arc<Pool>>>,
+    map: Arc<Mutex<PoolMap>>,
     db_counts: Mutex<HashMap<String, Arc<AtomicUsize>>>,
     user_counts: Mutex<HashMap<String, Arc<AtomicUsize>>>,
     ids: Arc<AtomicU64>,
@@ -87,6 +87,7 @@ impl Pools {
             db_count,
             user_count,
             self.ids.clone(),
+            Arc::downgrade(&self.map),
         ));
         map.insert(key.clone(), pool.clone());
         pool

@@ -1,7 +1,8 @@
 //! One pool: idle servers, the gate's wait queue, and the servers being opened.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -55,7 +56,12 @@ pub struct Pool {
     db_count: Arc<AtomicUsize>,
     user_count: Arc<AtomicUsize>,
     ids: Arc<AtomicU64>,
+    /// Every pool, to make room under limits shared between pools.
+    siblings: Weak<Mutex<PoolMap>>,
 }
+
+/// Pools by key.
+pub type PoolMap = HashMap<PoolKey, Arc<Pool>>;
 
 impl Pool {
     pub(super) fn new(
@@ -65,6 +71,7 @@ impl Pool {
         db_count: Arc<AtomicUsize>,
         user_count: Arc<AtomicUsize>,
         ids: Arc<AtomicU64>,
+        siblings: Weak<Mutex<PoolMap>>,
     ) -> Self {
         Pool {
             key,
@@ -75,6 +82,7 @@ impl Pool {
             db_count,
             user_count,
             ids,
+            siblings,
         }
     }
 
@@ -82,9 +90,23 @@ impl Pool {
         self.settings.load_full()
     }
 
-    /// Replaces the settings; servers opened under the old ones stay until they are closed.
-    pub fn set_settings(&self, settings: PoolSettings) {
+    /// The settings without taking a reference count, for a short look on the hot path.
+    pub fn settings_now(&self) -> arc_swap::Guard<Arc<PoolSettings>> {
+        self.settings.load()
+    }
+
+    /// Replaces the settings and the credential (a reload); servers opened under the old
+    /// ones stay until they are closed, and a remembered login failure is forgotten so the
+    /// new settings are tried at once.
+    pub fn reconfigure(&self, settings: PoolSettings, credential: Credential) {
         self.settings.store(Arc::new(settings));
+        *lock(&self.credential) = credential;
+        lock(&self.inner).failure = None;
+    }
+
+    /// The credential pgward logs in to the server with.
+    pub fn credential(&self) -> Credential {
+        lock(&self.credential).clone()
     }
 
     /// Offers a better credential (SCRAM keys a client just proved); a configured password
@@ -112,18 +134,23 @@ impl Pool {
     }
 
     /// Waits in the gate's queue for a server. `wait` bounds the wait (query_wait_timeout).
+    /// Dropping the future at any point loses nothing: a server travels as a guard.
     pub async fn checkout(
         self: &Arc<Self>,
         ticket: Ticket,
         wait: Option<Duration>,
     ) -> Result<ServerGuard, PoolError> {
         loop {
-            let rx = match self.take_idle_or_enqueue(ticket.clone())? {
-                Ok(conn) => match self.checked(conn).await {
-                    Some(conn) => return Ok(ServerGuard::new(self.clone(), conn)),
+            let (taken, blocked) = self.take_idle_or_enqueue(ticket.clone())?;
+            if let Some(growth) = blocked {
+                self.relieve(growth);
+            }
+            let rx = match taken {
+                Taken::Idle(guard) => match self.checked(guard).await {
+                    Some(guard) => return Ok(guard),
                     None => continue,
                 },
-                Err(rx) => rx,
+                Taken::Wait(rx) => rx,
             };
             let result = match wait {
                 Some(limit) => match tokio::time::timeout(limit, rx).await {
@@ -137,13 +164,12 @@ impl Pool {
     }
 
     /// Under one lock: take an idle server that is still alive, or join the queue. Doing
-    /// both under the same lock means a server checked in meanwhile cannot be missed.
-    #[allow(clippy::type_complexity)]
+    /// both under the same lock means a server checked in meanwhile cannot be missed. Also
+    /// says when the pool could not grow because a limit shared with other pools is reached.
     fn take_idle_or_enqueue(
         self: &Arc<Self>,
         ticket: Ticket,
-    ) -> Result<Result<ServerConn, oneshot::Receiver<Result<ServerGuard, PoolError>>>, PoolError>
-    {
+    ) -> Result<(Taken, Option<Growth>), PoolError> {
         let settings = self.settings.load();
         let now = Instant::now();
         let mut dead = Vec::new();
@@ -153,40 +179,75 @@ impl Pool {
                 inner.active += 1;
                 drop(inner);
                 self.release_slots(dead.len());
-                return Ok(Ok(conn));
+                return Ok((Taken::Idle(ServerGuard::new(self.clone(), conn)), None));
             }
             dead.push(conn);
         }
         self.release_slots(dead.len());
-        if let Some((at, err)) = &inner.failure {
-            if inner.connecting == 0 && now.duration_since(*at) < settings.login_retry {
-                return Err(PoolError::Login(err.clone()));
-            }
+        if let Some(err) = recent_failure(&inner, settings.login_retry, now) {
+            return Err(PoolError::Login(err));
         }
         let (tx, rx) = oneshot::channel();
         inner.waiters.push(ticket, tx);
-        self.grow(&mut inner);
-        Ok(Err(rx))
+        let growth = self.grow(&mut inner);
+        Ok((Taken::Wait(rx), shared_limit(growth)))
     }
 
-    /// Runs `server_check_query` on a server that has been idle long enough to need it;
-    /// returns the server if it passed.
-    async fn checked(self: &Arc<Self>, mut conn: ServerConn) -> Option<ServerConn> {
+    /// Runs `server_check_query` on a server that has been idle long enough to need it,
+    /// within server_connect_timeout; returns the server if it passed. A server that failed
+    /// goes back through its guard, which closes it.
+    async fn checked(self: &Arc<Self>, mut guard: ServerGuard) -> Option<ServerGuard> {
         let settings = self.settings.load_full();
         let (Some(delay), Some(query)) = (settings.check_delay, &settings.check_query) else {
-            return Some(conn);
+            return Some(guard);
         };
-        if conn.last_used.elapsed() < delay {
-            return Some(conn);
+        if guard.last_used.elapsed() < delay {
+            return Some(guard);
         }
-        match conn.simple_query(query, &settings.tracked).await {
-            Ok(()) if conn.is_clean() => Some(conn),
+        let check = guard.simple_query(query, &settings.tracked);
+        match tokio::time::timeout(settings.connect_timeout, check).await {
+            Ok(Ok(())) if guard.is_clean() => Some(guard),
             _ => {
-                conn.poison();
-                self.checkin(conn);
+                guard.poison();
                 None
             }
         }
+    }
+
+    /// A limit shared with other pools (max_db_connections, max_user_connections) keeps
+    /// this pool from growing: close an idle server of another pool under the same limit,
+    /// as PgBouncer does, and try again.
+    fn relieve(self: &Arc<Self>, blocked: Growth) {
+        let Some(siblings) = self.siblings.upgrade() else {
+            return;
+        };
+        let others: Vec<Arc<Pool>> = lock(&siblings).values().cloned().collect();
+        let server_user = &self.settings.load().target.user;
+        let freed = others.iter().any(|other| {
+            let shares = match blocked {
+                Growth::DbFull => other.key.db == self.key.db,
+                _ => &other.settings.load().target.user == server_user,
+            };
+            !Arc::ptr_eq(other, self) && shares && other.close_one_idle()
+        });
+        if freed {
+            let mut inner = lock(&self.inner);
+            self.grow(&mut inner);
+        }
+    }
+
+    /// Closes the least recently used idle server, if there is one.
+    fn close_one_idle(&self) -> bool {
+        let conn = {
+            let mut inner = lock(&self.inner);
+            if inner.idle.is_empty() {
+                return false;
+            }
+            inner.idle.remove(0)
+        };
+        self.release_slots(1);
+        close_in_background(conn);
+        true
     }
 
     /// Takes a server back: to the first live waiter, to the idle list, or closed if it is
@@ -216,8 +277,8 @@ impl Pool {
         }
     }
 
-    /// Opens servers while the gate says the pool should grow.
-    fn grow(self: &Arc<Self>, inner: &mut Inner) {
+    /// Opens servers while the gate says the pool should grow; returns the gate's last word.
+    fn grow(self: &Arc<Self>, inner: &mut Inner) -> Growth {
         let settings = self.settings.load();
         inner.waiters.prune(|tx| !tx.is_closed());
         loop {
@@ -229,12 +290,12 @@ impl Pool {
                 user_total: self.user_count.load(Ordering::Acquire),
             };
             let oldest = inner.waiters.oldest_wait(Instant::now());
-            match settings.limits.growth(&usage, oldest) {
-                Growth::Open | Growth::Reserve => {}
-                _ => return,
+            let growth = settings.limits.growth(&usage, oldest);
+            if !matches!(growth, Growth::Open | Growth::Reserve) {
+                return growth;
             }
-            if !self.acquire_slot(&settings.limits) {
-                return;
+            if let Err(full) = self.acquire_slot(&settings.limits) {
+                return full;
             }
             inner.connecting += 1;
             let pool = self.clone();
@@ -244,15 +305,15 @@ impl Pool {
 
     /// Counts one more server against max_db_connections and max_user_connections, unless
     /// either is reached.
-    fn acquire_slot(&self, limits: &crate::gate::Limits) -> bool {
+    fn acquire_slot(&self, limits: &crate::gate::Limits) -> Result<(), Growth> {
         if !try_increment(&self.db_count, limits.max_db_connections) {
-            return false;
+            return Err(Growth::DbFull);
         }
         if !try_increment(&self.user_count, limits.max_user_connections) {
             self.db_count.fetch_sub(1, Ordering::AcqRel);
-            return false;
+            return Err(Growth::UserFull);
         }
-        true
+        Ok(())
     }
 
     fn release_slots(&self, n: usize) {
@@ -321,6 +382,7 @@ impl Pool {
     pub fn maintain(self: &Arc<Self>, now: Instant) {
         let settings = self.settings.load();
         let mut closing = Vec::new();
+        let blocked;
         {
             let mut inner = lock(&self.inner);
             let min = settings.limits.min_pool_size;
@@ -338,10 +400,19 @@ impl Pool {
                 }
             }
             self.release_slots(closing.len());
-            self.grow(&mut inner);
+            inner.waiters.prune(|tx| !tx.is_closed());
+            let failing = recent_failure(&inner, settings.login_retry, now).is_some();
+            blocked = if failing {
+                None
+            } else {
+                shared_limit(self.grow(&mut inner))
+            };
         }
         for conn in closing {
             close_in_background(conn);
+        }
+        if let Some(growth) = blocked {
+            self.relieve(growth);
         }
     }
 
@@ -353,6 +424,25 @@ impl Pool {
             close_in_background(conn);
         }
     }
+}
+
+/// What checkout found: an idle server, or a place in the queue.
+#[allow(clippy::large_enum_variant)]
+enum Taken {
+    Idle(ServerGuard),
+    Wait(oneshot::Receiver<Result<ServerGuard, PoolError>>),
+}
+
+/// The login failure the server reported within server_login_retry, while nothing is being
+/// opened: new clients get it at once instead of waiting for a login that will fail again.
+fn recent_failure(inner: &Inner, retry: Duration, now: Instant) -> Option<Arc<ServerError>> {
+    let (at, err) = inner.failure.as_ref()?;
+    (inner.connecting == 0 && now.duration_since(*at) < retry).then(|| err.clone())
+}
+
+/// The gate's answer when another pool's servers could make room.
+fn shared_limit(growth: Growth) -> Option<Growth> {
+    matches!(growth, Growth::DbFull | Growth::UserFull).then_some(growth)
 }
 
 fn expired(conn: &ServerConn, lifetime: Option<Duration>, now: Instant) -> bool {

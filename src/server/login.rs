@@ -35,6 +35,8 @@ pub async fn connect(
             last_used: now,
             tx: TxStatus::Idle,
             reusable: true,
+            statements: Default::default(),
+            internal_busy: false,
             max_message,
         };
         login(&mut conn, target, credential, tracked).await?;
@@ -99,6 +101,13 @@ async fn answer_auth(
 ) -> Result<(), ServerError> {
     let mut out = BytesMut::new();
     match request {
+        AuthRequest::Ok if scram.is_some() => {
+            // SCRAM proves the server too: AuthenticationOk before its signature was checked
+            // is not a login pgward can trust.
+            return Err(ServerError::Auth(
+                "server ended SCRAM authentication without its final message".into(),
+            ));
+        }
         AuthRequest::Ok => return Ok(()),
         AuthRequest::CleartextPassword => match credential {
             Credential::Password(p) => wire::encode_password(&mut out, p.as_bytes()),
@@ -144,7 +153,7 @@ async fn answer_auth(
         }
         AuthRequest::SaslFinal { data } => {
             let client = scram
-                .as_ref()
+                .take()
                 .ok_or(ServerError::Protocol("SASL final before SASL start"))?;
             client
                 .handle_server_final(&data)

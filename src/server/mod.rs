@@ -1,9 +1,12 @@
 //! One backend connection: login, simple queries pgward runs itself (parameter sync, reset,
 //! check), and the state the pool needs to decide whether it is clean.
 
+mod expect;
 mod login;
+mod statements;
 
 use std::io;
+use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
@@ -13,7 +16,9 @@ use crate::net::Stream;
 use crate::params::{ParamSet, Tracked};
 use crate::wire::{self, Backend, ErrorFields, Frame, TxStatus, WireError};
 
+pub use expect::{Desync, Expected, Learned, Owed, Route};
 pub use login::connect;
+pub use statements::ServerStatements;
 
 /// Where a server listens.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,7 +90,7 @@ impl std::fmt::Debug for Credential {
 /// Everything needed to open a server connection for one pool.
 #[derive(Debug, Clone)]
 pub struct ServerTarget {
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     pub database: String,
     pub user: String,
     /// Startup parameters sent at login (client_encoding, DateStyle, TimeZone,
@@ -146,19 +151,29 @@ pub struct ServerConn {
     /// Every ParameterStatus of the login, in order.
     pub welcome: Vec<(String, String)>,
     pub key: BackendKey,
-    pub addr: ServerAddr,
+    pub addr: Arc<ServerAddr>,
     pub created: Instant,
     pub last_used: Instant,
     pub tx: TxStatus,
     /// False once anything left the connection in a state that must not be reused.
     pub reusable: bool,
+    /// Protocol-level statements pgward prepared here (transaction pooling).
+    pub statements: ServerStatements,
+    /// A statement pgward sent on its own is still running: the connection is not clean
+    /// until it has been answered, even if whoever waited for it went away.
+    pub internal_busy: bool,
     max_message: usize,
 }
 
 impl ServerConn {
     /// Whether the connection can go back to the pool: idle, nothing unread, not broken.
     pub fn is_clean(&self) -> bool {
-        self.reusable && self.tx == TxStatus::Idle && self.rbuf.is_empty()
+        self.reusable && !self.internal_busy && self.tx == TxStatus::Idle && self.rbuf.is_empty()
+    }
+
+    /// The largest message accepted from this server.
+    pub fn max_message(&self) -> usize {
+        self.max_message
     }
 
     /// Marks the connection as not to be reused.
@@ -167,10 +182,21 @@ impl ServerConn {
     }
 
     /// Whether an idle connection is still open: an idle server sends nothing, so readable
-    /// data or end of stream means the server went away (or told us why before it did).
+    /// data or end of stream means the server went away (or told us why before it did), or
+    /// sent a notification nobody listens for any more.
     pub fn is_alive(&self) -> bool {
+        if !self.stream.readable_now() {
+            return true;
+        }
         let mut probe = [0u8; 1];
-        matches!(self.stream.try_read(&mut probe), Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+        match self.stream.try_read(&mut probe) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
+            Ok(1) if probe[0] == b'A' => {
+                tracing::warn!(server = self.id, "a notification reached an idle server and was dropped: LISTEN does not work under transaction pooling; closing that server");
+                false
+            }
+            _ => false,
+        }
     }
 
     /// Reads one whole message.
@@ -201,6 +227,7 @@ impl ServerConn {
     pub async fn simple_query(&mut self, sql: &str, tracked: &Tracked) -> Result<(), ServerError> {
         let mut out = BytesMut::new();
         wire::encode_query(&mut out, sql);
+        self.internal_busy = true;
         self.send(&out).await?;
         let mut failure = None;
         loop {
@@ -208,6 +235,7 @@ impl ServerConn {
             match wire::decode_backend(&frame)? {
                 Backend::ReadyForQuery(status) => {
                     self.tx = status;
+                    self.internal_busy = false;
                     return failure.map_or(Ok(()), |f| Err(ServerError::Refused(f)));
                 }
                 Backend::ErrorResponse(fields) => {

@@ -1,0 +1,409 @@
+//! One message at a time: what each client message is owed and how it is rewritten for
+//! prepared statements in transaction pooling, and what each server message answers.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::{Bytes, BytesMut};
+
+use super::prepared::{self, ClientStatements, Deallocation, Statement};
+use super::session::Link;
+use super::SessionError;
+use crate::params::{ParamSet, Tracked};
+use crate::server::{Learned, Owed, Route};
+use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
+
+/// Sends the answers pgward owes the client that are now at the head of the queue.
+pub(super) fn emit_synthetic(link: &mut Link, out: &mut BytesMut) {
+    while let Some((answer, ready)) = link.expected.pop_synthetic() {
+        out.extend_from_slice(&answer);
+        if ready {
+            wire::encode_ready_for_query(out, link.server.tx);
+        }
+    }
+}
+
+/// Handles one server message (its tag and where it lies in the server's buffer): matches it
+/// to what it answers and learns from it.
+pub(super) fn server_message(
+    link: &mut Link,
+    statements: &mut ClientStatements,
+    params: &mut ParamSet,
+    tracked: &Tracked,
+    (tag, start, end): (u8, usize, usize),
+) -> Result<Route, SessionError> {
+    let (route, learned) = match link.expected.on_message(tag) {
+        Ok(r) => r,
+        Err(desync) => {
+            link.server.poison();
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                format!("lost track of the server conversation: {desync}"),
+            )));
+        }
+    };
+    let server = &mut *link.server;
+    let body = &server.rbuf[start + 5..end];
+    match learned {
+        Learned::Ready => {
+            server.tx = body
+                .first()
+                .copied()
+                .and_then(TxStatus::from_byte)
+                .ok_or_else(|| {
+                    SessionError::Fatal(ErrorResponse::fatal(
+                        sqlstate::PROTOCOL_VIOLATION,
+                        "server sent a malformed ReadyForQuery".to_string(),
+                    ))
+                })?;
+            let now = Instant::now();
+            link.tx_since = match server.tx {
+                TxStatus::Idle => None,
+                _ => link.tx_since.or(link.busy_since).or(Some(now)),
+            };
+            link.ready_since = now;
+            link.busy_since = (!link.expected.is_empty()).then_some(now);
+        }
+        Learned::Skipped {
+            server_statements,
+            client_statements,
+        } => {
+            for name in &server_statements {
+                server.statements.remove(name);
+            }
+            for name in &client_statements {
+                statements.remove(name);
+            }
+        }
+        Learned::Nothing => {}
+    }
+    match tag {
+        b'S' => {
+            if let Some((name, value)) = parameter_status(body) {
+                if let Some(canonical) = tracked.canonical(name) {
+                    server.params.set(canonical, value);
+                    params.set(canonical, value);
+                }
+            }
+        }
+        b'C' if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" => {
+            server.statements.clear();
+            statements.clear();
+        }
+        _ => {}
+    }
+    Ok(route)
+}
+
+/// What one client message needs: the statement maps, and the server it goes to.
+pub(super) struct MessageContext<'a> {
+    pub link: &'a mut Link,
+    pub statements: &'a mut ClientStatements,
+    /// max_prepared_statements when pgward maps prepared statements, else None.
+    pub capacity: Option<usize>,
+    /// The server goes back to the pool after each transaction.
+    pub pooled: bool,
+}
+
+impl MessageContext<'_> {
+    /// Records what the server owes for one client message; returns what to send instead of
+    /// it, if anything else (an empty buffer sends nothing).
+    pub fn client_message(
+        &mut self,
+        tag: u8,
+        body: &[u8],
+    ) -> Result<Option<BytesMut>, SessionError> {
+        let expected = &mut self.link.expected;
+        match tag {
+            b'Q' => return self.query(body),
+            b'F' => expected.push(Owed::Query),
+            // PostgreSQL ignores Sync and Flush during COPY FROM STDIN.
+            b'S' if expected.copy_in() => {}
+            b'S' => {
+                expected.push(Owed::Sync);
+                self.link.server.statements.end_batch();
+            }
+            b'c' | b'f' => expected.end_copy_in(),
+            b'E' => expected.push(Owed::Execute),
+            b'P' => return self.parse(body),
+            b'B' => return self.bind(body),
+            b'D' => return self.describe(body),
+            b'C' => return self.close(body),
+            _ => {}
+        }
+        Ok(None)
+    }
+
+    fn query(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+        if self.capacity.is_some() {
+            let sql = body.strip_suffix(b"\0").unwrap_or(body);
+            if let Deallocation::One(name) = prepared::deallocation(sql) {
+                if self.statements.remove(&name).is_some() {
+                    // The statement lives on servers under pgward's name; the client's
+                    // DEALLOCATE is answered here, at its turn.
+                    self.link.expected.push(Owed::Synthetic {
+                        answer: command_complete("DEALLOCATE"),
+                        client_name: None,
+                        ready: true,
+                    });
+                    return Ok(Some(BytesMut::new()));
+                }
+            }
+        }
+        self.link.expected.push(Owed::Query);
+        if self.pooled && starts_with_word(body, b"listen") {
+            self.link.expected.push(Owed::Synthetic {
+                answer: listen_warning(),
+                client_name: None,
+                ready: false,
+            });
+        }
+        Ok(None)
+    }
+
+    fn parse(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+        let ParseBody { name, query, types } = read_parse(body)?;
+        let Some(capacity) = self.capacity.filter(|_| !name.is_empty()) else {
+            self.link.expected.push(Owed::Parse {
+                client: true,
+                statement: None,
+                client_name: None,
+            });
+            return Ok(None);
+        };
+        let mut out = BytesMut::new();
+        if let Some(existing) = self.statements.get(name).cloned() {
+            // PostgreSQL refuses a second statement of the same name: let the server say so,
+            // by preparing pgward's name for it twice.
+            self.ensure(&existing, capacity, &mut out);
+            out.extend_from_slice(&existing.parse);
+            self.link.expected.push(Owed::Parse {
+                client: true,
+                statement: None,
+                client_name: None,
+            });
+            return Ok(Some(out));
+        }
+        let statement = Arc::new(Statement::new(query, &types));
+        let client_name = Bytes::copy_from_slice(name);
+        self.statements
+            .insert(client_name.clone(), statement.clone());
+        let server = &mut self.link.server;
+        if server.statements.contains(&statement.server_name) {
+            server.statements.use_in_batch(&statement.server_name);
+            self.link.expected.push(Owed::Synthetic {
+                answer: Bytes::from_static(PARSE_COMPLETE),
+                client_name: Some(client_name),
+                ready: false,
+            });
+        } else {
+            self.evict_for_one(capacity, &mut out);
+            out.extend_from_slice(&statement.parse);
+            self.link
+                .server
+                .statements
+                .use_in_batch(&statement.server_name);
+            self.link.expected.push(Owed::Parse {
+                client: true,
+                statement: Some(statement.server_name.clone()),
+                client_name: Some(client_name),
+            });
+        }
+        Ok(Some(out))
+    }
+
+    fn bind(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+        let (portal_end, statement, rest) = read_bind(body)?;
+        let found = match self.capacity {
+            Some(capacity) if !statement.is_empty() => self
+                .statements
+                .get(statement)
+                .cloned()
+                .map(|s| (s, capacity)),
+            _ => None,
+        };
+        let Some((stmt, capacity)) = found else {
+            self.link.expected.push(Owed::Bind);
+            return Ok(None);
+        };
+        let mut out = BytesMut::new();
+        self.ensure(&stmt, capacity, &mut out);
+        let len = body.len() - statement.len() + stmt.server_name.len();
+        out.extend_from_slice(b"B");
+        out.extend_from_slice(&((len + 4) as u32).to_be_bytes());
+        out.extend_from_slice(&body[..portal_end]);
+        out.extend_from_slice(&stmt.server_name);
+        out.extend_from_slice(&[0]);
+        out.extend_from_slice(rest);
+        self.link.expected.push(Owed::Bind);
+        Ok(Some(out))
+    }
+
+    fn describe(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+        let (kind, name) = read_target(body)?;
+        if kind != b'S' {
+            self.link.expected.push(Owed::DescribePortal);
+            return Ok(None);
+        }
+        let found = match self.capacity {
+            Some(capacity) if !name.is_empty() => {
+                self.statements.get(name).cloned().map(|s| (s, capacity))
+            }
+            _ => None,
+        };
+        let Some((stmt, capacity)) = found else {
+            self.link.expected.push(Owed::DescribeStatement);
+            return Ok(None);
+        };
+        let mut out = BytesMut::new();
+        self.ensure(&stmt, capacity, &mut out);
+        wire::encode_describe(&mut out, b'S', &stmt.server_name);
+        self.link.expected.push(Owed::DescribeStatement);
+        Ok(Some(out))
+    }
+
+    fn close(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+        let (kind, name) = read_target(body)?;
+        if kind != b'S' || name.is_empty() || self.capacity.is_none() {
+            self.link.expected.push(Owed::Close { client: true });
+            return Ok(None);
+        }
+        // The server keeps pgward's statement for other clients; the client's name goes.
+        self.statements.remove(name);
+        self.link.expected.push(Owed::Synthetic {
+            answer: Bytes::from_static(CLOSE_COMPLETE),
+            client_name: None,
+            ready: false,
+        });
+        Ok(Some(BytesMut::new()))
+    }
+
+    /// Prepares `stmt` on this server first if it does not have it.
+    fn ensure(&mut self, stmt: &Statement, capacity: usize, out: &mut BytesMut) {
+        let server = &mut self.link.server;
+        if server.statements.contains(&stmt.server_name) {
+            server.statements.use_in_batch(&stmt.server_name);
+            return;
+        }
+        self.evict_for_one(capacity, out);
+        out.extend_from_slice(&stmt.parse);
+        self.link.server.statements.use_in_batch(&stmt.server_name);
+        self.link.expected.push(Owed::Parse {
+            client: false,
+            statement: Some(stmt.server_name.clone()),
+            client_name: None,
+        });
+    }
+
+    /// Makes room for one more statement on the server: closes the least recently used one
+    /// no open batch needs, if the server holds `capacity` already.
+    fn evict_for_one(&mut self, capacity: usize, out: &mut BytesMut) {
+        let server = &mut self.link.server;
+        if let Some(victim) = server.statements.victim(capacity) {
+            server.statements.remove(&victim);
+            wire::encode_close(out, b'S', &victim);
+            self.link.expected.push(Owed::Close { client: false });
+        }
+    }
+}
+
+/// Whether `sql` starts with `word` (ASCII, any case) followed by a space or the end.
+fn starts_with_word(sql: &[u8], word: &[u8]) -> bool {
+    let start = sql
+        .iter()
+        .position(|b| !b.is_ascii_whitespace())
+        .unwrap_or(sql.len());
+    let rest = &sql[start..];
+    rest.len() >= word.len()
+        && rest[..word.len()].eq_ignore_ascii_case(word)
+        && rest
+            .get(word.len())
+            .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+}
+
+/// Said to a client that LISTENs in transaction pooling: notifications reach it only while
+/// it holds a server.
+fn listen_warning() -> Bytes {
+    let mut out = BytesMut::new();
+    let notice = ErrorResponse::new(
+        wire::Severity::Warning,
+        "01000",
+        "LISTEN under transaction pooling: notifications arrive only while this client holds a server, that is inside a transaction",
+    )
+    .with_hint("Use session pooling (pool_mode = session) for clients that LISTEN.");
+    wire::encode_notice(&mut out, &notice);
+    out.freeze()
+}
+
+const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";
+const CLOSE_COMPLETE: &[u8] = b"3\0\0\0\x04";
+
+fn command_complete(tag: &str) -> Bytes {
+    let mut out = BytesMut::new();
+    wire::encode_command_complete(&mut out, tag);
+    out.freeze()
+}
+
+fn malformed(what: &str) -> SessionError {
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::PROTOCOL_VIOLATION,
+        format!("invalid {what} message"),
+    ))
+}
+
+/// Splits a NUL-terminated string off the front of `buf`.
+fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+    let nul = buf.iter().position(|b| *b == 0)?;
+    Some((&buf[..nul], &buf[nul + 1..]))
+}
+
+/// A Parse body: statement name, query text and parameter types.
+struct ParseBody<'a> {
+    name: &'a [u8],
+    query: &'a [u8],
+    types: Vec<u32>,
+}
+
+fn read_parse(body: &[u8]) -> Result<ParseBody<'_>, SessionError> {
+    let bad = || malformed("Parse");
+    let (name, rest) = cstr(body).ok_or_else(bad)?;
+    let (query, rest) = cstr(rest).ok_or_else(bad)?;
+    let count = rest.get(..2).ok_or_else(bad)?;
+    let count = i16::from_be_bytes([count[0], count[1]]);
+    let types = rest.get(2..).ok_or_else(bad)?;
+    if count < 0 || types.len() != count as usize * 4 {
+        return Err(bad());
+    }
+    let types = types
+        .chunks_exact(4)
+        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    Ok(ParseBody { name, query, types })
+}
+
+/// A Bind body: where the portal name ends (with its NUL), the statement name, and the
+/// rest of the body after the statement name's NUL.
+fn read_bind(body: &[u8]) -> Result<(usize, &[u8], &[u8]), SessionError> {
+    let (portal, rest) = cstr(body).ok_or_else(|| malformed("Bind"))?;
+    let (statement, rest) = cstr(rest).ok_or_else(|| malformed("Bind"))?;
+    Ok((portal.len() + 1, statement, rest))
+}
+
+/// A Describe or Close body: the kind ('S' or 'P') and the name.
+fn read_target(body: &[u8]) -> Result<(u8, &[u8]), SessionError> {
+    let (&kind, rest) = body
+        .split_first()
+        .ok_or_else(|| malformed("Describe or Close"))?;
+    let (name, _) = cstr(rest).ok_or_else(|| malformed("Describe or Close"))?;
+    if kind != b'S' && kind != b'P' {
+        return Err(malformed("Describe or Close"));
+    }
+    Ok((kind, name))
+}
+
+fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
+    let mut parts = body.split(|b| *b == 0);
+    let name = std::str::from_utf8(parts.next()?).ok()?;
+    let value = std::str::from_utf8(parts.next()?).ok()?;
+    Some((name, value))
+}

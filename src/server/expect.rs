@@ -1,0 +1,711 @@
+//! The queue of answers a server owes: every message sent to it is matched to the answer that
+//! completes it, in order. It is pure (no I/O) so every sequence can be tested.
+//!
+//! PostgreSQL's rules it follows:
+//! - each Parse, Bind, Describe, Execute and Close is answered in order, and each Sync, Query
+//!   and FunctionCall ends with one ReadyForQuery;
+//! - after an error in the extended protocol the server skips every message up to the next
+//!   Sync, so the entries for those messages are dropped, never answered;
+//! - an error inside a simple Query does not end it: its ReadyForQuery still comes;
+//! - notices, notifications and parameter changes can arrive at any time and complete nothing.
+//!
+//! Some entries are answered by pgward itself ([`Owed::Synthetic`]): a Parse of a statement
+//! the server already has, a Close pgward keeps from the server. Their answer goes to the
+//! client when they reach the head of the queue, so the client sees every answer in the order
+//! of its messages.
+
+use std::collections::VecDeque;
+
+use bytes::Bytes;
+
+/// What one message sent to the server is owed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Owed {
+    /// ParseComplete. `client` is false for a Parse pgward sent on its own (re-preparing a
+    /// statement on this server), whose ParseComplete the client must not see. `statement`
+    /// names the server-side statement, so a failed Parse can be forgotten.
+    Parse {
+        client: bool,
+        statement: Option<Bytes>,
+        client_name: Option<Bytes>,
+    },
+    /// BindComplete.
+    Bind,
+    /// ParameterDescription, then RowDescription or NoData.
+    DescribeStatement,
+    /// RowDescription or NoData.
+    DescribePortal,
+    /// Rows, then CommandComplete, EmptyQueryResponse or PortalSuspended.
+    Execute,
+    /// CloseComplete; `client` as for Parse.
+    Close { client: bool },
+    /// ReadyForQuery.
+    Sync,
+    /// A simple Query or a FunctionCall: everything up to ReadyForQuery.
+    Query,
+    /// Answered by pgward: `answer` goes to the client at its turn, followed by a
+    /// ReadyForQuery when `ready` (a simple Query pgward answers itself). `client_name` is the
+    /// client's statement a synthetic ParseComplete created, undone if the server skips it.
+    Synthetic {
+        answer: Bytes,
+        client_name: Option<Bytes>,
+        ready: bool,
+    },
+}
+
+impl Owed {
+    fn ends_with_ready(&self) -> bool {
+        matches!(self, Owed::Sync | Owed::Query)
+    }
+
+    fn owes_ready(&self) -> bool {
+        self.ends_with_ready() || matches!(self, Owed::Synthetic { ready: true, .. })
+    }
+}
+
+/// What to do with one server message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Route {
+    /// Send it to the client.
+    Forward,
+    /// pgward asked for it; the client must not see it.
+    Swallow,
+}
+
+/// Something the queue learned from a message, beyond where it goes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Learned {
+    Nothing,
+    /// An error made the server skip messages up to Sync: the server-side statements whose
+    /// Parse failed or was skipped do not exist there, and the client's statements those
+    /// Parses would have created do not exist either.
+    Skipped {
+        server_statements: Vec<Bytes>,
+        client_statements: Vec<Bytes>,
+    },
+    /// The server answered a ReadyForQuery.
+    Ready,
+}
+
+#[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
+#[error("server sent '{}' while pgward expected {expected}", char::from(*.tag))]
+pub struct Desync {
+    pub tag: u8,
+    pub expected: &'static str,
+}
+
+/// The answers a server owes, oldest first.
+#[derive(Debug, Default, Clone)]
+pub struct Expected {
+    queue: VecDeque<Owed>,
+    /// Extended-protocol messages were sent since the last Sync.
+    batch_open: bool,
+    /// Sync, Query and FunctionCall messages whose ReadyForQuery has not arrived.
+    syncs: usize,
+    /// The server is in COPY FROM STDIN: it ignores Sync and Flush until CopyDone or CopyFail.
+    copy_in: bool,
+}
+
+impl Expected {
+    /// Records a message sent to the server (or answered by pgward, for `Synthetic`).
+    pub fn push(&mut self, owed: Owed) {
+        match &owed {
+            Owed::Sync => self.batch_open = false,
+            Owed::Query | Owed::Synthetic { ready: true, .. } => {}
+            _ => self.batch_open = true,
+        }
+        if owed.owes_ready() {
+            self.syncs += 1;
+        }
+        self.queue.push_back(owed);
+    }
+
+    /// The server is receiving COPY data: Syncs the client sends now are ignored by it.
+    pub fn copy_in(&self) -> bool {
+        self.copy_in
+    }
+
+    /// The client sent CopyDone or CopyFail: the server leaves COPY FROM STDIN.
+    pub fn end_copy_in(&mut self) {
+        self.copy_in = false;
+    }
+
+    /// Nothing is owed and no batch is open: the server is between transactions or idle in
+    /// one, and may be given back if its transaction status is idle.
+    pub fn is_quiet(&self) -> bool {
+        self.queue.is_empty() && !self.batch_open
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.queue.is_empty()
+    }
+
+    pub fn batch_open(&self) -> bool {
+        self.batch_open
+    }
+
+    /// ReadyForQuery messages still to come.
+    pub fn pending_ready(&self) -> usize {
+        self.syncs
+    }
+
+    pub fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Whether the head of the queue is an answer pgward gives itself.
+    pub fn synthetic_next(&self) -> bool {
+        matches!(self.queue.front(), Some(Owed::Synthetic { .. }))
+    }
+
+    /// The answer pgward owes the client now, if the head of the queue is one of its own:
+    /// the bytes, and whether a ReadyForQuery must follow them.
+    pub fn pop_synthetic(&mut self) -> Option<(Bytes, bool)> {
+        if !matches!(self.queue.front(), Some(Owed::Synthetic { .. })) {
+            return None;
+        }
+        match self.queue.pop_front() {
+            Some(Owed::Synthetic { answer, ready, .. }) => {
+                if ready {
+                    self.syncs -= 1;
+                }
+                Some((answer, ready))
+            }
+            _ => None,
+        }
+    }
+
+    /// Matches one server message (by tag) to what is owed.
+    pub fn on_message(&mut self, tag: u8) -> Result<(Route, Learned), Desync> {
+        match tag {
+            b'1' => self.complete_parse(),
+            b'2' => self.complete(tag, "BindComplete", |o| matches!(o, Owed::Bind)),
+            b'3' => self.complete_close(),
+            b'n' => self.complete(tag, "NoData", |o| {
+                matches!(o, Owed::DescribeStatement | Owed::DescribePortal)
+            }),
+            b'T' => self.row_description(),
+            b't' => self.inside(tag, "ParameterDescription", |o| {
+                matches!(o, Owed::DescribeStatement)
+            }),
+            b'C' | b'I' | b's' => self.end_of_execute(tag),
+            b'E' => Ok(self.error()),
+            b'Z' => self.ready(),
+            b'G' => self.start_copy_in(),
+            b'D' | b'H' | b'W' | b'd' | b'c' | b'V' => self.inside(tag, "rows or COPY data", |o| {
+                matches!(o, Owed::Execute | Owed::Query)
+            }),
+            // Notices, notifications, parameter changes and anything unknown: passed on.
+            _ => Ok((Route::Forward, Learned::Nothing)),
+        }
+    }
+
+    /// CopyInResponse: the server now ignores Sync until the copy ends, so the Syncs already
+    /// sent behind the statement that started it will get no ReadyForQuery.
+    fn start_copy_in(&mut self) -> Result<(Route, Learned), Desync> {
+        if !matches!(self.queue.front(), Some(Owed::Execute | Owed::Query)) {
+            return Err(Desync {
+                tag: b'G',
+                expected: "CopyInResponse",
+            });
+        }
+        let before = self.queue.len();
+        let mut first = true;
+        self.queue.retain(|o| {
+            let keep = first || !matches!(o, Owed::Sync);
+            first = false;
+            keep
+        });
+        self.syncs -= before - self.queue.len();
+        self.copy_in = true;
+        Ok((Route::Forward, Learned::Nothing))
+    }
+
+    fn head_real(&self) -> Option<&Owed> {
+        self.queue.front()
+    }
+
+    fn complete(
+        &mut self,
+        tag: u8,
+        expected: &'static str,
+        fits: impl Fn(&Owed) -> bool,
+    ) -> Result<(Route, Learned), Desync> {
+        match self.head_real() {
+            Some(o) if fits(o) => {
+                self.queue.pop_front();
+                Ok((Route::Forward, Learned::Nothing))
+            }
+            _ => Err(Desync { tag, expected }),
+        }
+    }
+
+    fn inside(
+        &self,
+        tag: u8,
+        expected: &'static str,
+        fits: impl Fn(&Owed) -> bool,
+    ) -> Result<(Route, Learned), Desync> {
+        match self.head_real() {
+            Some(o) if fits(o) => Ok((Route::Forward, Learned::Nothing)),
+            _ => Err(Desync { tag, expected }),
+        }
+    }
+
+    fn complete_parse(&mut self) -> Result<(Route, Learned), Desync> {
+        match self.queue.front() {
+            Some(Owed::Parse { client, .. }) => {
+                let route = if *client {
+                    Route::Forward
+                } else {
+                    Route::Swallow
+                };
+                self.queue.pop_front();
+                Ok((route, Learned::Nothing))
+            }
+            _ => Err(Desync {
+                tag: b'1',
+                expected: "ParseComplete",
+            }),
+        }
+    }
+
+    fn complete_close(&mut self) -> Result<(Route, Learned), Desync> {
+        match self.queue.front() {
+            Some(Owed::Close { client }) => {
+                let route = if *client {
+                    Route::Forward
+                } else {
+                    Route::Swallow
+                };
+                self.queue.pop_front();
+                Ok((route, Learned::Nothing))
+            }
+            _ => Err(Desync {
+                tag: b'3',
+                expected: "CloseComplete",
+            }),
+        }
+    }
+
+    fn row_description(&mut self) -> Result<(Route, Learned), Desync> {
+        match self.queue.front() {
+            Some(Owed::DescribeStatement | Owed::DescribePortal) => {
+                self.queue.pop_front();
+                Ok((Route::Forward, Learned::Nothing))
+            }
+            Some(Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
+            _ => Err(Desync {
+                tag: b'T',
+                expected: "RowDescription",
+            }),
+        }
+    }
+
+    fn end_of_execute(&mut self, tag: u8) -> Result<(Route, Learned), Desync> {
+        self.copy_in = false;
+        match self.queue.front() {
+            Some(Owed::Execute) => {
+                self.queue.pop_front();
+                Ok((Route::Forward, Learned::Nothing))
+            }
+            Some(Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
+            _ => Err(Desync {
+                tag,
+                expected: "the end of an Execute",
+            }),
+        }
+    }
+
+    /// An ErrorResponse: inside a simple Query it ends nothing; in the extended protocol it
+    /// answers the head message and the server skips the rest up to Sync. An error with
+    /// nothing owed at the head (a Sync whose commit failed) ends nothing either.
+    fn error(&mut self) -> (Route, Learned) {
+        self.copy_in = false;
+        let mut server_statements = Vec::new();
+        let mut client_statements = Vec::new();
+        if matches!(self.queue.front(), Some(Owed::Query)) {
+            return (Route::Forward, Learned::Nothing);
+        }
+        // Everything up to the next Sync is skipped, a simple Query included: the server
+        // answers nothing for it, not even ReadyForQuery.
+        while let Some(head) = self.queue.front() {
+            if matches!(head, Owed::Sync) {
+                break;
+            }
+            let skipped = self.queue.pop_front();
+            if skipped.as_ref().is_some_and(Owed::owes_ready) {
+                self.syncs -= 1;
+            }
+            match skipped {
+                Some(Owed::Parse {
+                    statement,
+                    client_name,
+                    ..
+                }) => {
+                    server_statements.extend(statement);
+                    client_statements.extend(client_name);
+                }
+                Some(Owed::Synthetic { client_name, .. }) => client_statements.extend(client_name),
+                _ => {}
+            }
+        }
+        if server_statements.is_empty() && client_statements.is_empty() {
+            return (Route::Forward, Learned::Nothing);
+        }
+        (
+            Route::Forward,
+            Learned::Skipped {
+                server_statements,
+                client_statements,
+            },
+        )
+    }
+
+    fn ready(&mut self) -> Result<(Route, Learned), Desync> {
+        match self.queue.front() {
+            Some(o) if o.ends_with_ready() => {
+                self.queue.pop_front();
+                self.syncs -= 1;
+                Ok((Route::Forward, Learned::Ready))
+            }
+            _ => Err(Desync {
+                tag: b'Z',
+                expected: "ReadyForQuery",
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse() -> Owed {
+        Owed::Parse {
+            client: true,
+            statement: None,
+            client_name: None,
+        }
+    }
+
+    fn named_parse(server: &'static str, client: Option<&'static str>, visible: bool) -> Owed {
+        Owed::Parse {
+            client: visible,
+            statement: Some(Bytes::from_static(server.as_bytes())),
+            client_name: client.map(|c| Bytes::from_static(c.as_bytes())),
+        }
+    }
+
+    fn feed(q: &mut Expected, tags: &[u8]) -> Vec<(Route, Learned)> {
+        tags.iter()
+            .map(|t| q.on_message(*t).unwrap_or_else(|e| panic!("{e}")))
+            .collect()
+    }
+
+    fn batch(q: &mut Expected) {
+        for o in [
+            parse(),
+            Owed::Bind,
+            Owed::DescribePortal,
+            Owed::Execute,
+            Owed::Sync,
+        ] {
+            q.push(o);
+        }
+    }
+
+    #[test]
+    fn simple_query_ends_at_ready() {
+        let mut q = Expected::default();
+        q.push(Owed::Query);
+        assert_eq!(q.pending_ready(), 1);
+        feed(&mut q, b"TDDCTDC");
+        assert!(!q.is_quiet());
+        let last = feed(&mut q, b"Z");
+        assert_eq!(last[0].1, Learned::Ready);
+        assert!(q.is_quiet());
+        assert_eq!(q.pending_ready(), 0);
+    }
+
+    #[test]
+    fn error_inside_a_query_waits_for_its_ready() {
+        let mut q = Expected::default();
+        q.push(Owed::Query);
+        q.push(Owed::Query);
+        feed(&mut q, b"CE");
+        assert_eq!(q.len(), 2, "the error ends neither query");
+        feed(&mut q, b"ZTDCZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn extended_batch_is_matched_in_order() {
+        let mut q = Expected::default();
+        batch(&mut q);
+        assert!(!q.batch_open(), "Sync closed the batch");
+        feed(&mut q, b"12TDDC");
+        assert_eq!(q.len(), 1);
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn many_batches_in_flight() {
+        let mut q = Expected::default();
+        for _ in 0..3 {
+            batch(&mut q);
+        }
+        assert_eq!(q.pending_ready(), 3);
+        feed(&mut q, b"12nCZ12TDCZ");
+        assert_eq!(q.pending_ready(), 1);
+        feed(&mut q, b"12nIZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn error_mid_batch_drops_what_the_server_skips() {
+        let mut q = Expected::default();
+        q.push(parse());
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        q.push(named_parse("s2", Some("c2"), true));
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        q.push(parse());
+        q.push(Owed::Sync);
+        feed(&mut q, b"12");
+        let r = feed(&mut q, b"E");
+        assert_eq!(
+            r[0],
+            (
+                Route::Forward,
+                Learned::Skipped {
+                    server_statements: vec![Bytes::from_static(b"s2")],
+                    client_statements: vec![Bytes::from_static(b"c2")],
+                }
+            )
+        );
+        assert_eq!(q.len(), 3, "only the Sync and the next batch remain");
+        feed(&mut q, b"Z1Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn a_query_sent_while_skipping_gets_no_answer() {
+        let mut q = Expected::default();
+        q.push(Owed::Execute);
+        q.push(Owed::Query);
+        q.push(Owed::Sync);
+        assert_eq!(q.pending_ready(), 2);
+        feed(&mut q, b"E");
+        assert_eq!(
+            q.pending_ready(),
+            1,
+            "the skipped Query owes no ReadyForQuery"
+        );
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn a_failed_parse_is_reported_missing() {
+        let mut q = Expected::default();
+        q.push(named_parse("pgw_1", None, false));
+        q.push(Owed::Bind);
+        q.push(Owed::Sync);
+        let r = feed(&mut q, b"E");
+        assert_eq!(
+            r[0].1,
+            Learned::Skipped {
+                server_statements: vec![Bytes::from_static(b"pgw_1")],
+                client_statements: vec![],
+            }
+        );
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn error_at_sync_is_answered_before_ready() {
+        let mut q = Expected::default();
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        feed(&mut q, b"C");
+        assert_eq!(feed(&mut q, b"E")[0], (Route::Forward, Learned::Nothing));
+        assert_eq!(q.len(), 1);
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn parse_holds_the_batch_open_until_sync() {
+        let mut q = Expected::default();
+        q.push(parse());
+        feed(&mut q, b"1");
+        assert!(q.is_empty());
+        assert!(!q.is_quiet(), "no Sync yet: the server is inside the batch");
+        q.push(Owed::Sync);
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn internal_messages_are_swallowed() {
+        let mut q = Expected::default();
+        q.push(Owed::Close { client: false });
+        q.push(named_parse("pgw_2", None, false));
+        q.push(Owed::Bind);
+        q.push(Owed::Sync);
+        let routes: Vec<Route> = feed(&mut q, b"312Z").into_iter().map(|r| r.0).collect();
+        assert_eq!(
+            routes,
+            vec![
+                Route::Swallow,
+                Route::Swallow,
+                Route::Forward,
+                Route::Forward
+            ]
+        );
+    }
+
+    #[test]
+    fn synthetic_answers_come_out_at_their_turn() {
+        let mut q = Expected::default();
+        let answer = Bytes::from_static(b"1\0\0\0\x04");
+        q.push(Owed::Synthetic {
+            answer: answer.clone(),
+            client_name: None,
+            ready: false,
+        });
+        assert_eq!(q.pop_synthetic(), Some((answer.clone(), false)));
+        q.push(Owed::Bind);
+        q.push(Owed::Synthetic {
+            answer: answer.clone(),
+            client_name: None,
+            ready: false,
+        });
+        q.push(Owed::Sync);
+        assert_eq!(q.pop_synthetic(), None, "not its turn yet");
+        feed(&mut q, b"2");
+        assert_eq!(q.pop_synthetic(), Some((answer.clone(), false)));
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+        q.push(Owed::Synthetic {
+            answer: answer.clone(),
+            client_name: None,
+            ready: true,
+        });
+        assert_eq!(q.pending_ready(), 1);
+        assert_eq!(q.pop_synthetic(), Some((answer, true)));
+        assert_eq!(q.pending_ready(), 0);
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn skipped_synthetic_parse_undoes_the_client_statement() {
+        let mut q = Expected::default();
+        q.push(Owed::Bind);
+        q.push(Owed::Synthetic {
+            answer: Bytes::from_static(b"x"),
+            client_name: Some(Bytes::from_static(b"c1")),
+            ready: false,
+        });
+        q.push(Owed::Sync);
+        let r = feed(&mut q, b"E");
+        assert_eq!(
+            r[0].1,
+            Learned::Skipped {
+                server_statements: vec![],
+                client_statements: vec![Bytes::from_static(b"c1")],
+            }
+        );
+    }
+
+    #[test]
+    fn describe_statement_and_portal() {
+        let mut q = Expected::default();
+        q.push(Owed::DescribeStatement);
+        q.push(Owed::DescribeStatement);
+        q.push(Owed::DescribePortal);
+        q.push(Owed::Sync);
+        feed(&mut q, b"tTtnnZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn copy_and_suspended_portals() {
+        let mut q = Expected::default();
+        q.push(Owed::Query);
+        feed(&mut q, b"GCZ");
+        assert!(!q.copy_in());
+        q.push(Owed::Query);
+        feed(&mut q, b"HddcCZ");
+        q.push(Owed::Execute);
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        feed(&mut q, b"DDsDCZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn extended_copy_in_ignores_the_sync_sent_with_it() {
+        let mut q = Expected::default();
+        batch(&mut q);
+        feed(&mut q, b"12n");
+        assert_eq!(q.pending_ready(), 1);
+        feed(&mut q, b"G");
+        assert!(q.copy_in());
+        assert_eq!(
+            q.pending_ready(),
+            0,
+            "the Sync sent with the batch is ignored by COPY"
+        );
+        q.end_copy_in();
+        q.push(Owed::Sync);
+        feed(&mut q, b"CZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn copy_in_that_fails_ends_the_copy() {
+        let mut q = Expected::default();
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        feed(&mut q, b"G");
+        feed(&mut q, b"E");
+        assert!(!q.copy_in());
+        assert!(q.is_empty());
+        q.push(Owed::Sync);
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+        q.push(Owed::Query);
+        feed(&mut q, b"GEZ");
+        assert!(q.is_quiet() && !q.copy_in());
+    }
+
+    #[test]
+    fn async_messages_complete_nothing() {
+        let mut q = Expected::default();
+        assert_eq!(q.on_message(b'N'), Ok((Route::Forward, Learned::Nothing)));
+        assert_eq!(q.on_message(b'A'), Ok((Route::Forward, Learned::Nothing)));
+        assert_eq!(q.on_message(b'S'), Ok((Route::Forward, Learned::Nothing)));
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn unexpected_answers_are_a_desync() {
+        let mut q = Expected::default();
+        for tag in *b"123nTtCIsZDGH" {
+            assert!(
+                q.on_message(tag).is_err(),
+                "{} with nothing owed",
+                char::from(tag)
+            );
+        }
+        q.push(Owed::Bind);
+        assert!(q.on_message(b'1').is_err());
+        assert!(q.on_message(b'C').is_err());
+    }
+}
