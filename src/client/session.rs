@@ -501,8 +501,18 @@ impl Session {
         let mut kept: Option<BytesMut> = None;
         let mut run_start = 0;
         let max = link.server.max_message();
+        let mut opened_block = false;
         while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
             let end = offset + 1 + len;
+            if tag == b'Z'
+                && self.mode == PoolMode::Statement
+                && link.server.rbuf.get(offset + 5) != Some(&TxStatus::Idle.as_byte())
+            {
+                // Statement pooling: the client never sees the ReadyForQuery that would open
+                // a transaction block; what came before it still goes through.
+                opened_block = true;
+                break;
+            }
             let route = server_message(
                 link,
                 &mut self.statements,
@@ -531,6 +541,13 @@ impl Session {
                     rbuf.advance(offset);
                 }
             }
+        }
+        if opened_block {
+            link.server.poison();
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "transaction blocks not allowed in statement pooling mode".to_string(),
+            )));
         }
         if link.expected.is_empty() {
             link.busy_since = None;
