@@ -2,6 +2,7 @@
 //! admission gate.
 
 pub mod cancel;
+pub mod check;
 pub mod client;
 pub mod config;
 pub mod gate;

@@ -349,18 +349,26 @@ fn analyze_text(bytes: &[u8], mode: Mode, depth: Depth) -> Analysis {
 fn read(text: &str, mode: Mode, depth: Depth) -> Result<Analysis, UncheckedReason> {
     let wants_tags = text.contains("/*");
     let has_backslash = text.contains('\\');
-    let tokens = if wants_tags || (has_backslash && mode.scs != Scs::On) {
-        pg_query::scan_tokens(text).map_err(|_| UncheckedReason::ParseError)?
+    let scs_matters = has_backslash && mode.scs != Scs::On;
+    let tokens = if wants_tags || scs_matters {
+        pg_query::scan_tokens(text).ok()
     } else {
-        Vec::new()
+        Some(Vec::new())
     };
     // With scs off and a backslash in a plain string, the default scanner (used for tags and
-    // normalization) would split the text differently from the server: use neither.
-    let scs_sensitive =
-        mode.scs != Scs::On && has_backslash && tags::backslash_in_plain_string(text, &tokens);
+    // normalization) splits the text differently from the server, or not at all: use neither.
+    let scs_sensitive = scs_matters
+        && tokens
+            .as_ref()
+            .is_none_or(|t| tags::backslash_in_plain_string(text, t));
     if scs_sensitive && mode.scs == Scs::Unknown {
         return Err(UncheckedReason::BackslashUnknownScs);
     }
+    let tokens = match tokens {
+        Some(tokens) => tokens,
+        None if scs_sensitive => Vec::new(),
+        None => return Err(UncheckedReason::ParseError),
+    };
     let options = mode.parser_options();
     let fingerprint_options =
         FingerprintOptions::RANGEVAR_PG17_COMPAT | FingerprintOptions::FULL_RELNAME;

@@ -255,6 +255,13 @@ fn standard_conforming_strings_off_is_parsed_as_the_server_does() {
     );
     // No backslash in a plain string: nothing depends on the setting.
     assert!(analyze_with("SELECT E'\\n', 1", &unknown).facts().is_some());
+    // A text the default scanner cannot even split (an escaped quote) is read with scs off.
+    let quoted = analyze_with("SELECT 'it\\'s'", &off);
+    assert_eq!(quoted.facts().unwrap().top_kinds, vec!["SelectStmt"]);
+    assert_eq!(
+        analyze_with("SELECT 'it\\'s'", &unknown).unchecked_reason(),
+        Some(UncheckedReason::BackslashUnknownScs)
+    );
 }
 
 #[test]
