@@ -389,3 +389,12 @@ fn errors_name_the_file_and_line() {
     }
     assert!(error("bogus = 1").starts_with("p.toml:1:"));
 }
+
+#[test]
+fn the_shipped_policies_load() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for file in ["etc/policy.toml", "etc/presets/ai-agent.toml"] {
+        let p = Policy::load(&root.join(file)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.depth(), Depth::Tree);
+    }
+}
