@@ -2,13 +2,16 @@
 //! admission gate.
 
 pub mod cancel;
+pub mod check;
 pub mod client;
 pub mod config;
 pub mod gate;
 pub mod listener;
 pub mod net;
 pub mod params;
+pub mod policy;
 pub mod pool;
 pub mod runtime;
 pub mod server;
+pub mod sql;
 pub mod wire;
