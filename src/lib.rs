@@ -6,6 +6,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod gate;
+pub mod governance;
 pub mod listener;
 pub mod net;
 pub mod params;

@@ -183,6 +183,14 @@ async fn serve(config: Config) -> ExitCode {
         },
         None => Default::default(),
     };
+    let governance = match pgward::governance::Governance::load(&config.settings) {
+        Ok(g) => g,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("pgward: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     let listeners = match Listeners::bind(&config.settings) {
         Ok(l) => l,
         Err(e) => {
@@ -199,13 +207,16 @@ async fn serve(config: Config) -> ExitCode {
         }
     }
     let socket = listeners.unix.as_ref().map(|(_, p)| p.clone());
-    let rt = Runtime::new(config, userlist);
+    let rt = Runtime::new(config, userlist, governance);
     tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
     let tasks = listeners.spawn(&rt);
     tokio::spawn(maintenance(rt.clone()));
     wait_for_stop(&rt).await;
     for t in tasks {
         t.abort();
+    }
+    if let Some(g) = rt.governance.load().as_ref() {
+        g.save_allowlist();
     }
     cleanup(pidfile.as_deref(), socket.as_deref());
     tracing::info!("pgward stopped");

@@ -10,16 +10,29 @@ use arc_swap::ArcSwap;
 use rand::RngCore;
 
 use crate::cancel::CancelRegistry;
-use crate::config::{Config, DatabaseDef, Secret, ServerCheck};
+use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck};
 use crate::gate::Limits;
+use crate::governance::Governance;
 use crate::params::Tracked;
+use crate::policy::PolicyError;
 use crate::pool::{Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
+
+/// Why a reload changed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
 
 pub struct Runtime {
     pub config: ArcSwap<Config>,
     pub userlist: ArcSwap<HashMap<String, Secret>>,
     pub tracked: ArcSwap<Tracked>,
+    /// The policy and the statement analyzer; `None` when no `policy_file` is set.
+    pub governance: ArcSwap<Option<Arc<Governance>>>,
     pub pools: Pools,
     pub cancels: CancelRegistry,
     pub clients: AtomicUsize,
@@ -29,7 +42,11 @@ pub struct Runtime {
 }
 
 impl Runtime {
-    pub fn new(config: Config, userlist: HashMap<String, Secret>) -> Arc<Self> {
+    pub fn new(
+        config: Config,
+        userlist: HashMap<String, Secret>,
+        governance: Option<Arc<Governance>>,
+    ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::new(&config.settings.track_extra_parameters);
@@ -37,6 +54,7 @@ impl Runtime {
             config: ArcSwap::from_pointee(config),
             userlist: ArcSwap::from_pointee(userlist),
             tracked: ArcSwap::from_pointee(tracked),
+            governance: ArcSwap::from_pointee(governance),
             pools: Pools::default(),
             cancels: CancelRegistry::default(),
             clients: AtomicUsize::new(0),
@@ -52,13 +70,18 @@ impl Runtime {
     /// Re-reads the configuration file and the auth file. Everything is read and checked
     /// first; on any error nothing changes and the error (with file and line) is returned.
     /// Pools whose database is still configured take the new settings; their servers stay.
-    pub fn reload(&self) -> Result<Vec<String>, crate::config::ConfigError> {
+    pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
         let path = self.config.load().path.clone();
         let config = crate::config::load(&path)?;
         let userlist = match &config.settings.auth_file {
             Some(p) => crate::config::load_userlist(p)?,
             None => HashMap::new(),
         };
+        if let Some(old) = self.governance.load().as_ref() {
+            // What learn mode recorded is kept before the policy is read again.
+            old.save_allowlist();
+        }
+        let governance = Governance::load(&config.settings)?;
         let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
         let old_userlist = self.userlist.load_full();
         self.userlist.store(Arc::new(userlist));
@@ -79,6 +102,7 @@ impl Runtime {
             }
         }
         let warnings = config.warnings.clone();
+        self.governance.store(Arc::new(governance));
         self.tracked.store(tracked);
         self.config.store(Arc::new(config));
         Ok(warnings)

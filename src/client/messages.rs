@@ -6,11 +6,13 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
+use super::govern::{self, RuleCheck};
 use super::prepared::{self, ClientStatements, Deallocation, Statement};
 use super::session::Link;
 use super::SessionError;
 use crate::params::{ParamSet, Tracked};
-use crate::server::{Learned, Owed, Route};
+use crate::policy::RuleHit;
+use crate::server::{Learned, Owed, Route, ServerStatements};
 use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
 
 /// Sends the answers pgward owes the client that are now at the head of the queue.
@@ -23,13 +25,18 @@ pub(super) fn emit_synthetic(link: &mut Link, out: &mut BytesMut) {
     }
 }
 
+/// The client's side of what server messages teach: its statement names and parameters.
+pub(super) struct ClientSide<'a> {
+    pub statements: &'a mut ClientStatements,
+    pub params: &'a mut ParamSet,
+    pub tracked: &'a Tracked,
+}
+
 /// Handles one server message (its tag and where it lies in the server's buffer): matches it
 /// to what it answers and learns from it.
 pub(super) fn server_message(
     link: &mut Link,
-    statements: &mut ClientStatements,
-    params: &mut ParamSet,
-    tracked: &Tracked,
+    client: &mut ClientSide,
     (tag, start, end): (u8, usize, usize),
 ) -> Result<Route, SessionError> {
     let (route, learned) = match link.expected.on_message(tag) {
@@ -44,9 +51,40 @@ pub(super) fn server_message(
     };
     let server = &mut *link.server;
     let body = &server.rbuf[start + 5..end];
+    let ready = learn(
+        tag,
+        body,
+        learned,
+        &mut server.statements,
+        &mut server.params,
+        client,
+    )?;
+    if let Some(status) = ready {
+        server.tx = status;
+        let now = Instant::now();
+        link.tx_since = match status {
+            TxStatus::Idle => None,
+            _ => link.tx_since.or(link.busy_since).or(Some(now)),
+        };
+        link.ready_since = now;
+        link.busy_since = (!link.expected.is_empty()).then_some(now);
+    }
+    Ok(route)
+}
+
+/// What one server message teaches, whoever reads it: statements the server does or does not
+/// have, parameters, and the transaction status of a ReadyForQuery (returned).
+pub(super) fn learn(
+    tag: u8,
+    body: &[u8],
+    learned: Learned,
+    server_statements: &mut ServerStatements,
+    server_params: &mut ParamSet,
+    client: &mut ClientSide,
+) -> Result<Option<TxStatus>, SessionError> {
     match learned {
         Learned::Ready => {
-            server.tx = body
+            let status = body
                 .first()
                 .copied()
                 .and_then(TxStatus::from_byte)
@@ -56,23 +94,21 @@ pub(super) fn server_message(
                         "server sent a malformed ReadyForQuery".to_string(),
                     ))
                 })?;
-            let now = Instant::now();
-            link.tx_since = match server.tx {
-                TxStatus::Idle => None,
-                _ => link.tx_since.or(link.busy_since).or(Some(now)),
-            };
-            link.ready_since = now;
-            link.busy_since = (!link.expected.is_empty()).then_some(now);
+            return Ok(Some(status));
         }
         Learned::Skipped {
-            server_statements,
+            server_statements: missing,
             client_statements,
+            still_prepared,
         } => {
-            for name in &server_statements {
-                server.statements.remove(name);
+            for name in &missing {
+                server_statements.remove(name);
+            }
+            for name in &still_prepared {
+                server_statements.use_in_batch(name);
             }
             for name in &client_statements {
-                statements.remove(name);
+                client.statements.remove(name);
             }
         }
         Learned::Nothing => {}
@@ -80,22 +116,22 @@ pub(super) fn server_message(
     match tag {
         b'S' => {
             if let Some((name, value)) = parameter_status(body) {
-                if let Some(canonical) = tracked.canonical(name) {
-                    server.params.set(canonical, value);
-                    params.set(canonical, value);
+                if let Some(canonical) = client.tracked.canonical(name) {
+                    server_params.set(canonical, value);
+                    client.params.set(canonical, value);
                 }
             }
         }
         b'C' if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" => {
-            server.statements.clear();
-            statements.clear();
+            server_statements.clear();
+            client.statements.clear();
         }
         _ => {}
     }
-    Ok(route)
+    Ok(None)
 }
 
-/// What one client message needs: the statement maps, and the server it goes to.
+/// What one client message needs: the statement maps, the rules, and the server it goes to.
 pub(super) struct MessageContext<'a> {
     pub link: &'a mut Link,
     pub statements: &'a mut ClientStatements,
@@ -103,6 +139,8 @@ pub(super) struct MessageContext<'a> {
     pub capacity: Option<usize>,
     /// The server goes back to the pool after each transaction.
     pub pooled: bool,
+    /// The policy's rules, when a policy is in force.
+    pub rules: Option<RuleCheck<'a>>,
 }
 
 impl MessageContext<'_> {
@@ -113,10 +151,30 @@ impl MessageContext<'_> {
         tag: u8,
         body: &[u8],
     ) -> Result<Option<BytesMut>, SessionError> {
+        if let Some(rules) = &mut self.rules {
+            if rules.state.skipping {
+                // pgward refused a Parse itself: drop what PostgreSQL would skip.
+                if tag == b'S' {
+                    rules.state.skipping = false;
+                    self.link.expected.push(Owed::Synthetic {
+                        answer: Bytes::new(),
+                        client_name: None,
+                        ready: true,
+                        batch: false,
+                    });
+                }
+                return Ok(Some(BytesMut::new()));
+            }
+        }
         let expected = &mut self.link.expected;
+        if expected.skipping() && tag != b'S' {
+            // The server skips everything up to Sync after an error: nothing is owed, and
+            // nothing may be rewritten or answered by pgward.
+            return Ok(None);
+        }
         match tag {
             b'Q' => return self.query(body),
-            b'F' => expected.push(Owed::Query),
+            b'F' => return self.function_call(),
             // PostgreSQL ignores Sync and Flush during COPY FROM STDIN.
             b'S' if expected.copy_in() => {}
             b'S' => {
@@ -134,35 +192,73 @@ impl MessageContext<'_> {
         Ok(None)
     }
 
+    /// Nothing is in flight and no transaction or batch is open: pgward may answer a refusal
+    /// itself, as PostgreSQL would.
+    fn can_answer_alone(&self) -> bool {
+        self.link.expected.is_quiet() && self.link.server.tx == TxStatus::Idle
+    }
+
+    /// The rules' verdict on a statement text, if they refuse it.
+    fn refusal(&mut self, text: &[u8]) -> Option<RuleHit> {
+        let in_flight = !self.link.expected.is_empty();
+        self.rules.as_mut()?.judge(text, in_flight)
+    }
+
     fn query(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
-        if self.capacity.is_some() {
-            let sql = body.strip_suffix(b"\0").unwrap_or(body);
+        let sql = body.strip_suffix(b"\0").unwrap_or(body);
+        if let Some(hit) = self.refusal(sql) {
+            if self.can_answer_alone() {
+                self.answer_alone(govern::error_message(&hit), true);
+                return Ok(Some(BytesMut::new()));
+            }
+            self.link.expected.push(Owed::Query);
+            return Ok(Some(govern::raise_as_query(&hit)));
+        }
+        if self.capacity.is_some() && self.link.server.tx != TxStatus::Failed {
             if let Deallocation::One(name) = prepared::deallocation(sql) {
                 if self.statements.remove(&name).is_some() {
                     // The statement lives on servers under pgward's name; the client's
                     // DEALLOCATE is answered here, at its turn.
-                    self.link.expected.push(Owed::Synthetic {
-                        answer: command_complete("DEALLOCATE"),
-                        client_name: None,
-                        ready: true,
-                    });
+                    self.answer_alone(command_complete("DEALLOCATE"), true);
                     return Ok(Some(BytesMut::new()));
                 }
             }
         }
-        self.link.expected.push(Owed::Query);
         if self.pooled && starts_with_word(body, b"listen") {
-            self.link.expected.push(Owed::Synthetic {
-                answer: listen_warning(),
-                client_name: None,
-                ready: false,
-            });
+            self.answer_alone(listen_warning(), false);
         }
+        self.link.expected.push(Owed::Query);
         Ok(None)
+    }
+
+    /// Queues an answer pgward gives itself, at its turn; `ready` adds a ReadyForQuery.
+    fn answer_alone(&mut self, answer: Bytes, ready: bool) {
+        self.link.expected.push(Owed::Synthetic {
+            answer,
+            client_name: None,
+            ready,
+            batch: false,
+        });
+    }
+
+    fn function_call(&mut self) -> Result<Option<BytesMut>, SessionError> {
+        let Some(hit) = self.rules.as_mut().and_then(|r| r.judge_function_call()) else {
+            self.link.expected.push(Owed::Query);
+            return Ok(None);
+        };
+        if self.can_answer_alone() {
+            self.answer_alone(govern::error_message(&hit), true);
+            return Ok(Some(BytesMut::new()));
+        }
+        self.link.expected.push(Owed::Query);
+        Ok(Some(govern::raise_as_query(&hit)))
     }
 
     fn parse(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
         let ParseBody { name, query, types } = read_parse(body)?;
+        if let Some(hit) = self.refusal(query) {
+            return Ok(Some(self.refuse_parse(&hit)));
+        }
         let Some(capacity) = self.capacity.filter(|_| !name.is_empty()) else {
             self.link.expected.push(Owed::Parse {
                 client: true,
@@ -189,27 +285,63 @@ impl MessageContext<'_> {
         self.statements
             .insert(client_name.clone(), statement.clone());
         let server = &mut self.link.server;
-        if server.statements.contains(&statement.server_name) {
+        // In a failed transaction PostgreSQL refuses every Parse (25P02): send the real one
+        // so the client gets that error, not a ParseComplete.
+        if server.statements.contains(&statement.server_name) && server.tx != TxStatus::Failed {
             server.statements.use_in_batch(&statement.server_name);
             self.link.expected.push(Owed::Synthetic {
                 answer: Bytes::from_static(PARSE_COMPLETE),
                 client_name: Some(client_name),
                 ready: false,
+                batch: true,
             });
-        } else {
+            return Ok(Some(out));
+        }
+        let known = server.statements.contains(&statement.server_name);
+        if !known {
             self.evict_for_one(capacity, &mut out);
-            out.extend_from_slice(&statement.parse);
             self.link
                 .server
                 .statements
                 .use_in_batch(&statement.server_name);
-            self.link.expected.push(Owed::Parse {
-                client: true,
-                statement: Some(statement.server_name.clone()),
-                client_name: Some(client_name),
-            });
         }
+        out.extend_from_slice(&statement.parse);
+        self.link.expected.push(Owed::Parse {
+            client: true,
+            // A failure of a statement the server already has must not forget it.
+            statement: (!known).then(|| statement.server_name.clone()),
+            client_name: Some(client_name),
+        });
         Ok(Some(out))
+    }
+
+    /// A refused Parse: answered by pgward when nothing is in flight (then it drops messages
+    /// until Sync, as PostgreSQL would), else raised by PostgreSQL in its place.
+    fn refuse_parse(&mut self, hit: &RuleHit) -> BytesMut {
+        if self.can_answer_alone() {
+            self.link.expected.push(Owed::Synthetic {
+                answer: govern::error_message(hit),
+                client_name: None,
+                ready: false,
+                batch: false,
+            });
+            if let Some(rules) = &mut self.rules {
+                rules.state.skipping = true;
+            }
+            return BytesMut::new();
+        }
+        for owed in [
+            Owed::Parse {
+                client: false,
+                statement: None,
+                client_name: None,
+            },
+            Owed::InternalBind,
+            Owed::InternalExecute,
+        ] {
+            self.link.expected.push(owed);
+        }
+        govern::raise_in_batch(hit)
     }
 
     fn bind(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
@@ -265,7 +397,10 @@ impl MessageContext<'_> {
     fn close(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
         let (kind, name) = read_target(body)?;
         if kind != b'S' || name.is_empty() || self.capacity.is_none() {
-            self.link.expected.push(Owed::Close { client: true });
+            self.link.expected.push(Owed::Close {
+                client: true,
+                statement: None,
+            });
             return Ok(None);
         }
         // The server keeps pgward's statement for other clients; the client's name goes.
@@ -274,6 +409,7 @@ impl MessageContext<'_> {
             answer: Bytes::from_static(CLOSE_COMPLETE),
             client_name: None,
             ready: false,
+            batch: true,
         });
         Ok(Some(BytesMut::new()))
     }
@@ -302,7 +438,10 @@ impl MessageContext<'_> {
         if let Some(victim) = server.statements.victim(capacity) {
             server.statements.remove(&victim);
             wire::encode_close(out, b'S', &victim);
-            self.link.expected.push(Owed::Close { client: false });
+            self.link.expected.push(Owed::Close {
+                client: false,
+                statement: Some(victim),
+            });
         }
     }
 }

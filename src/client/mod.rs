@@ -1,6 +1,7 @@
 //! One client: startup, authentication, the welcome, then the session loop.
 
 mod auth;
+mod govern;
 mod io;
 mod messages;
 mod prepared;
@@ -124,6 +125,7 @@ async fn run(
         let mut out = BytesMut::new();
         wire::encode_auth_ok(&mut out);
         io.send(&out).await?;
+        check_startup_search_path(rt, &req, io.stream.peer_ip())?;
         let pool = open_pool(rt, &req, authed.credential)?;
         let welcome = welcome(&pool).await?;
         Ok(Some((req, pool, welcome)))
@@ -145,6 +147,37 @@ async fn run(
     let result = greet_and_run(rt, io, id, req, pool, &welcome, &handle).await;
     rt.cancels.remove(handle.pid);
     result
+}
+
+/// A search_path set at startup (options -c) is judged by the schema rules like a SET.
+fn check_startup_search_path(
+    rt: &Runtime,
+    req: &StartupRequest,
+    client_addr: Option<std::net::IpAddr>,
+) -> Result<(), SessionError> {
+    let governance = rt.governance.load();
+    let (Some(g), Some((_, value))) = (
+        governance.as_deref(),
+        req.params.iter().find(|(n, _)| n == "search_path"),
+    ) else {
+        return Ok(());
+    };
+    let application_name = req
+        .params
+        .iter()
+        .find(|(n, _)| n == "application_name")
+        .map_or("", |(_, v)| v.as_str());
+    let who = crate::policy::Who {
+        role: &req.user,
+        application_name,
+        client_addr,
+    };
+    match g.policy.judge_startup_search_path(value, &who) {
+        crate::policy::Verdict::Reject(hit) => Err(SessionError::Fatal(
+            ErrorResponse::fatal(hit.sqlstate, hit.message).with_hint(hit.hint),
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn open_pool(
@@ -229,6 +262,8 @@ async fn greet_and_run(
     let max_prepared = settings.settings.max_prepared_statements as usize;
     let mut session = Session::new(
         id,
+        rt.clone(),
+        (req.user.clone(), io.stream.peer_ip()),
         pool,
         handle.clone(),
         params,

@@ -5,6 +5,7 @@
 //! slows the other (backpressure) and neither side's writes can deadlock the other's.
 
 use std::future::poll_fn;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
-use super::messages::{emit_synthetic, server_message, MessageContext};
+use super::govern::{RuleCheck, RuleState};
+use super::messages::{emit_synthetic, learn, server_message, ClientSide, MessageContext};
 use super::prepared::ClientStatements;
 use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
@@ -21,6 +23,7 @@ use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
+use crate::runtime::Runtime;
 use crate::server::{Expected, Route, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
@@ -118,6 +121,11 @@ impl ClientChunk {
 
 pub struct Session {
     id: u64,
+    rt: Arc<Runtime>,
+    /// The role the client logged in as, and from where.
+    user: String,
+    client_addr: Option<IpAddr>,
+    rule_state: RuleState,
     pool: Arc<Pool>,
     mode: PoolMode,
     handle: Arc<ClientHandle>,
@@ -138,8 +146,11 @@ pub struct Session {
 }
 
 impl Session {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         id: u64,
+        rt: Arc<Runtime>,
+        (user, client_addr): (String, Option<IpAddr>),
         pool: Arc<Pool>,
         handle: Arc<ClientHandle>,
         params: ParamSet,
@@ -152,6 +163,10 @@ impl Session {
             .then_some(max_prepared_statements);
         Session {
             id,
+            rt,
+            user,
+            client_addr,
+            rule_state: RuleState::default(),
             pool,
             mode,
             handle,
@@ -204,7 +219,10 @@ impl Session {
                                 &link.server.key,
                             );
                         }
-                        link.server.poison();
+                        // An idle client's clean server (session pooling) goes back.
+                        if !(t == Timer::ClientIdle && link.quiet(&self.to_server)) {
+                            link.server.poison();
+                        }
                     }
                     return Err(SessionError::Fatal(t.error()));
                 }
@@ -348,13 +366,24 @@ impl Session {
             while !link.expected.is_quiet() {
                 let frame = link.server.read_frame().await.ok()?;
                 let (_, learned) = link.expected.on_message(frame.tag()).ok()?;
-                if learned == crate::server::Learned::Ready {
-                    let status = frame
-                        .body()
-                        .first()
-                        .copied()
-                        .and_then(TxStatus::from_byte)?;
-                    link.server.tx = status;
+                let mut client = ClientSide {
+                    statements: &mut self.statements,
+                    params: &mut self.params,
+                    tracked: &self.tracked,
+                };
+                let server = &mut *link.server;
+                let body = frame.body();
+                let ready = learn(
+                    frame.tag(),
+                    &body,
+                    learned,
+                    &mut server.statements,
+                    &mut server.params,
+                    &mut client,
+                )
+                .ok()?;
+                if let Some(status) = ready {
+                    server.tx = status;
                 }
                 while link.expected.pop_synthetic().is_some() {}
             }
@@ -378,17 +407,27 @@ impl Session {
         };
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
+        let governance = self.rt.governance.load();
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
         while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
+            let rules = governance.as_deref().map(|governance| RuleCheck {
+                governance,
+                client_id: self.id,
+                role: &self.user,
+                client_addr: self.client_addr,
+                params: &self.params,
+                state: &mut self.rule_state,
+            });
             let mut ctx = MessageContext {
                 link: &mut *link,
                 statements: &mut self.statements,
                 capacity: self.prepared_capacity,
                 pooled: self.mode != PoolMode::Session,
+                rules,
             };
             if let Some(replacement) = ctx.client_message(tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);
@@ -513,13 +552,12 @@ impl Session {
                 opened_block = true;
                 break;
             }
-            let route = server_message(
-                link,
-                &mut self.statements,
-                &mut self.params,
-                &self.tracked,
-                (tag, offset, end),
-            )?;
+            let mut client = ClientSide {
+                statements: &mut self.statements,
+                params: &mut self.params,
+                tracked: &self.tracked,
+            };
+            let route = server_message(link, &mut client, (tag, offset, end))?;
             if route == Route::Swallow || link.expected.synthetic_next() {
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);
@@ -551,6 +589,8 @@ impl Session {
         }
         if link.expected.is_empty() {
             link.busy_since = None;
+            // Idle time counts from the last answer, not from the last request.
+            self.last_client_activity = Instant::now();
         }
         self.maybe_release().await
     }
@@ -586,12 +626,14 @@ impl Session {
         if link.expected.is_empty() {
             self.spare_expected = std::mem::take(&mut link.expected);
         }
-        let settings = self.pool.settings_now();
-        if settings.reset_always && self.mode == PoolMode::Transaction {
-            if let Some(q) = &settings.reset_query {
-                if link.server.simple_query(q, &self.tracked).await.is_err() {
-                    link.server.poison();
-                }
+        let reset = {
+            let settings = self.pool.settings_now();
+            let always = settings.reset_always && self.mode == PoolMode::Transaction;
+            always.then(|| settings.reset_query.clone()).flatten()
+        };
+        if let Some(q) = reset {
+            if link.server.simple_query(&q, &self.tracked).await.is_err() {
+                link.server.poison();
             }
         }
     }

@@ -31,14 +31,23 @@ pub enum Owed {
     },
     /// BindComplete.
     Bind,
+    /// BindComplete of a Bind pgward sent on its own: the client must not see it.
+    InternalBind,
     /// ParameterDescription, then RowDescription or NoData.
     DescribeStatement,
     /// RowDescription or NoData.
     DescribePortal,
     /// Rows, then CommandComplete, EmptyQueryResponse or PortalSuspended.
     Execute,
-    /// CloseComplete; `client` as for Parse.
-    Close { client: bool },
+    /// An Execute pgward sent on its own (one that raises a refusal): its error goes to the
+    /// client, anything else it answers does not.
+    InternalExecute,
+    /// CloseComplete; `client` as for Parse. `statement` names a server-side statement
+    /// pgward closes to make room: if the server skips the Close, it still has it.
+    Close {
+        client: bool,
+        statement: Option<Bytes>,
+    },
     /// ReadyForQuery.
     Sync,
     /// A simple Query or a FunctionCall: everything up to ReadyForQuery.
@@ -46,10 +55,13 @@ pub enum Owed {
     /// Answered by pgward: `answer` goes to the client at its turn, followed by a
     /// ReadyForQuery when `ready` (a simple Query pgward answers itself). `client_name` is the
     /// client's statement a synthetic ParseComplete created, undone if the server skips it.
+    /// `batch` says whether it stands for an extended-protocol message (a Parse, a Close),
+    /// which keeps the server until Sync like any other.
     Synthetic {
         answer: Bytes,
         client_name: Option<Bytes>,
         ready: bool,
+        batch: bool,
     },
 }
 
@@ -82,6 +94,8 @@ pub enum Learned {
     Skipped {
         server_statements: Vec<Bytes>,
         client_statements: Vec<Bytes>,
+        /// Statements whose Close the server skipped: it still has them.
+        still_prepared: Vec<Bytes>,
     },
     /// The server answered a ReadyForQuery.
     Ready,
@@ -104,20 +118,32 @@ pub struct Expected {
     syncs: usize,
     /// The server is in COPY FROM STDIN: it ignores Sync and Flush until CopyDone or CopyFail.
     copy_in: bool,
+    /// An error in the extended protocol with no Sync sent yet: the server skips every
+    /// message until the client's next Sync.
+    skipping: bool,
 }
 
 impl Expected {
     /// Records a message sent to the server (or answered by pgward, for `Synthetic`).
     pub fn push(&mut self, owed: Owed) {
         match &owed {
-            Owed::Sync => self.batch_open = false,
-            Owed::Query | Owed::Synthetic { ready: true, .. } => {}
+            Owed::Sync => {
+                self.batch_open = false;
+                self.skipping = false;
+            }
+            Owed::Query | Owed::Synthetic { batch: false, .. } => {}
             _ => self.batch_open = true,
         }
         if owed.owes_ready() {
             self.syncs += 1;
         }
         self.queue.push_back(owed);
+    }
+
+    /// The server skips what the client sends until Sync, after an error: nothing sent now
+    /// is answered, and nothing pgward would answer itself may be answered either.
+    pub fn skipping(&self) -> bool {
+        self.skipping
     }
 
     /// The server is receiving COPY data: Syncs the client sends now are ignored by it.
@@ -179,7 +205,7 @@ impl Expected {
     pub fn on_message(&mut self, tag: u8) -> Result<(Route, Learned), Desync> {
         match tag {
             b'1' => self.complete_parse(),
-            b'2' => self.complete(tag, "BindComplete", |o| matches!(o, Owed::Bind)),
+            b'2' => self.complete_bind(),
             b'3' => self.complete_close(),
             b'n' => self.complete(tag, "NoData", |o| {
                 matches!(o, Owed::DescribeStatement | Owed::DescribePortal)
@@ -192,9 +218,7 @@ impl Expected {
             b'E' => Ok(self.error()),
             b'Z' => self.ready(),
             b'G' => self.start_copy_in(),
-            b'D' | b'H' | b'W' | b'd' | b'c' | b'V' => self.inside(tag, "rows or COPY data", |o| {
-                matches!(o, Owed::Execute | Owed::Query)
-            }),
+            b'D' | b'H' | b'W' | b'd' | b'c' | b'V' => self.inside_execute(tag),
             // Notices, notifications, parameter changes and anything unknown: passed on.
             _ => Ok((Route::Forward, Learned::Nothing)),
         }
@@ -209,14 +233,18 @@ impl Expected {
                 expected: "CopyInResponse",
             });
         }
-        let before = self.queue.len();
-        let mut first = true;
-        self.queue.retain(|o| {
-            let keep = first || !matches!(o, Owed::Sync);
-            first = false;
-            keep
-        });
-        self.syncs -= before - self.queue.len();
+        // The Syncs sent right behind the statement (libpq sends one with the batch) will be
+        // ignored; the batch stays open until the client's Sync after CopyDone.
+        let extended = matches!(self.queue.front(), Some(Owed::Execute));
+        let mut ignored = 0;
+        while matches!(self.queue.get(1), Some(Owed::Sync)) {
+            self.queue.remove(1);
+            ignored += 1;
+        }
+        self.syncs -= ignored;
+        if extended && self.queue.len() == 1 {
+            self.batch_open = true;
+        }
         self.copy_in = true;
         Ok((Route::Forward, Learned::Nothing))
     }
@@ -252,6 +280,21 @@ impl Expected {
         }
     }
 
+    fn complete_bind(&mut self) -> Result<(Route, Learned), Desync> {
+        let route = match self.queue.front() {
+            Some(Owed::Bind) => Route::Forward,
+            Some(Owed::InternalBind) => Route::Swallow,
+            _ => {
+                return Err(Desync {
+                    tag: b'2',
+                    expected: "BindComplete",
+                })
+            }
+        };
+        self.queue.pop_front();
+        Ok((route, Learned::Nothing))
+    }
+
     fn complete_parse(&mut self) -> Result<(Route, Learned), Desync> {
         match self.queue.front() {
             Some(Owed::Parse { client, .. }) => {
@@ -272,7 +315,7 @@ impl Expected {
 
     fn complete_close(&mut self) -> Result<(Route, Learned), Desync> {
         match self.queue.front() {
-            Some(Owed::Close { client }) => {
+            Some(Owed::Close { client, .. }) => {
                 let route = if *client {
                     Route::Forward
                 } else {
@@ -302,12 +345,27 @@ impl Expected {
         }
     }
 
+    fn inside_execute(&self, tag: u8) -> Result<(Route, Learned), Desync> {
+        match self.queue.front() {
+            Some(Owed::Execute | Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
+            Some(Owed::InternalExecute) => Ok((Route::Swallow, Learned::Nothing)),
+            _ => Err(Desync {
+                tag,
+                expected: "rows or COPY data",
+            }),
+        }
+    }
+
     fn end_of_execute(&mut self, tag: u8) -> Result<(Route, Learned), Desync> {
         self.copy_in = false;
         match self.queue.front() {
             Some(Owed::Execute) => {
                 self.queue.pop_front();
                 Ok((Route::Forward, Learned::Nothing))
+            }
+            Some(Owed::InternalExecute) => {
+                self.queue.pop_front();
+                Ok((Route::Swallow, Learned::Nothing))
             }
             Some(Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
             _ => Err(Desync {
@@ -324,7 +382,12 @@ impl Expected {
         self.copy_in = false;
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
+        let mut still_prepared = Vec::new();
         if matches!(self.queue.front(), Some(Owed::Query)) {
+            return (Route::Forward, Learned::Nothing);
+        }
+        if self.queue.is_empty() || matches!(self.queue.front(), Some(Owed::Sync)) {
+            // An error at a Sync (a commit that failed) ends nothing.
             return (Route::Forward, Learned::Nothing);
         }
         // Everything up to the next Sync is skipped, a simple Query included: the server
@@ -347,10 +410,19 @@ impl Expected {
                     client_statements.extend(client_name);
                 }
                 Some(Owed::Synthetic { client_name, .. }) => client_statements.extend(client_name),
+                Some(Owed::Close {
+                    statement: Some(name),
+                    ..
+                }) => still_prepared.push(name),
                 _ => {}
             }
         }
-        if server_statements.is_empty() && client_statements.is_empty() {
+        if self.queue.is_empty() {
+            // No Sync was sent yet: the server goes on skipping until the client's.
+            self.skipping = true;
+        }
+        if server_statements.is_empty() && client_statements.is_empty() && still_prepared.is_empty()
+        {
             return (Route::Forward, Learned::Nothing);
         }
         (
@@ -358,6 +430,7 @@ impl Expected {
             Learned::Skipped {
                 server_statements,
                 client_statements,
+                still_prepared,
             },
         )
     }
@@ -484,6 +557,7 @@ mod tests {
                 Learned::Skipped {
                     server_statements: vec![Bytes::from_static(b"s2")],
                     client_statements: vec![Bytes::from_static(b"c2")],
+                    still_prepared: vec![],
                 }
             )
         );
@@ -521,6 +595,7 @@ mod tests {
             Learned::Skipped {
                 server_statements: vec![Bytes::from_static(b"pgw_1")],
                 client_statements: vec![],
+                still_prepared: vec![],
             }
         );
         feed(&mut q, b"Z");
@@ -554,7 +629,10 @@ mod tests {
     #[test]
     fn internal_messages_are_swallowed() {
         let mut q = Expected::default();
-        q.push(Owed::Close { client: false });
+        q.push(Owed::Close {
+            client: false,
+            statement: None,
+        });
         q.push(named_parse("pgw_2", None, false));
         q.push(Owed::Bind);
         q.push(Owed::Sync);
@@ -571,6 +649,41 @@ mod tests {
     }
 
     #[test]
+    fn a_refusal_raised_in_a_batch_answers_the_refused_parse() {
+        let mut q = Expected::default();
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        q.push(Owed::Parse {
+            client: false,
+            statement: None,
+            client_name: None,
+        });
+        q.push(Owed::InternalBind);
+        q.push(Owed::InternalExecute);
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        let routes: Vec<Route> = feed(&mut q, b"2C12E").into_iter().map(|r| r.0).collect();
+        assert_eq!(
+            routes,
+            vec![
+                Route::Forward,
+                Route::Forward,
+                Route::Swallow,
+                Route::Swallow,
+                Route::Forward
+            ]
+        );
+        assert_eq!(
+            q.len(),
+            1,
+            "the client's messages after the refusal are skipped"
+        );
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
     fn synthetic_answers_come_out_at_their_turn() {
         let mut q = Expected::default();
         let answer = Bytes::from_static(b"1\0\0\0\x04");
@@ -578,6 +691,7 @@ mod tests {
             answer: answer.clone(),
             client_name: None,
             ready: false,
+            batch: true,
         });
         assert_eq!(q.pop_synthetic(), Some((answer.clone(), false)));
         q.push(Owed::Bind);
@@ -585,6 +699,7 @@ mod tests {
             answer: answer.clone(),
             client_name: None,
             ready: false,
+            batch: true,
         });
         q.push(Owed::Sync);
         assert_eq!(q.pop_synthetic(), None, "not its turn yet");
@@ -596,6 +711,7 @@ mod tests {
             answer: answer.clone(),
             client_name: None,
             ready: true,
+            batch: false,
         });
         assert_eq!(q.pending_ready(), 1);
         assert_eq!(q.pop_synthetic(), Some((answer, true)));
@@ -611,6 +727,7 @@ mod tests {
             answer: Bytes::from_static(b"x"),
             client_name: Some(Bytes::from_static(b"c1")),
             ready: false,
+            batch: true,
         });
         q.push(Owed::Sync);
         let r = feed(&mut q, b"E");
@@ -619,6 +736,7 @@ mod tests {
             Learned::Skipped {
                 server_statements: vec![],
                 client_statements: vec![Bytes::from_static(b"c1")],
+                still_prepared: vec![],
             }
         );
     }
@@ -666,6 +784,58 @@ mod tests {
         q.push(Owed::Sync);
         feed(&mut q, b"CZ");
         assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn extended_copy_in_keeps_the_batch_until_the_clients_sync() {
+        let mut q = Expected::default();
+        q.push(Owed::Execute);
+        q.push(Owed::Sync);
+        feed(&mut q, b"G");
+        feed(&mut q, b"C");
+        assert!(q.is_empty());
+        assert!(
+            !q.is_quiet(),
+            "the COPY's transaction ends only at the client's Sync"
+        );
+        q.end_copy_in();
+        q.push(Owed::Sync);
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn an_error_before_any_sync_keeps_the_server_skipping() {
+        let mut q = Expected::default();
+        q.push(parse());
+        let r = feed(&mut q, b"E");
+        assert_eq!(r[0].1, Learned::Nothing);
+        assert!(q.skipping());
+        assert!(!q.is_quiet());
+        q.push(Owed::Sync);
+        assert!(!q.skipping());
+        feed(&mut q, b"Z");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn a_skipped_eviction_leaves_the_statement_prepared() {
+        let mut q = Expected::default();
+        q.push(parse());
+        q.push(Owed::Close {
+            client: false,
+            statement: Some(Bytes::from_static(b"pgw_old")),
+        });
+        q.push(Owed::Sync);
+        let r = feed(&mut q, b"E");
+        assert_eq!(
+            r[0].1,
+            Learned::Skipped {
+                server_statements: vec![],
+                client_statements: vec![],
+                still_prepared: vec![Bytes::from_static(b"pgw_old")],
+            }
+        );
     }
 
     #[test]

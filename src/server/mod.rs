@@ -244,6 +244,12 @@ impl ServerConn {
                 Backend::ParameterStatus { name, value } => {
                     self.note_parameter(&name, &value, tracked);
                 }
+                Backend::CommandComplete { tag }
+                    if &tag[..] == b"DISCARD ALL" || &tag[..] == b"DEALLOCATE ALL" =>
+                {
+                    // The server's prepared statements are gone (server_reset_query).
+                    self.statements.clear();
+                }
                 Backend::CopyInResponse | Backend::CopyBothResponse => {
                     self.reusable = false;
                     return Err(ServerError::Protocol(

@@ -1,0 +1,177 @@
+//! The rules at the session: each statement text is read with PostgreSQL's own parser and
+//! judged by the policy before it goes to a server. A refusal is answered by pgward itself
+//! when nothing is in flight and no transaction is open; otherwise PostgreSQL is made to raise
+//! it (a DO block of fixed text), so the transaction or batch fails exactly as for any error.
+
+use std::net::IpAddr;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::governance::Governance;
+use crate::params::ParamSet;
+use crate::policy::{RuleHit, Verdict, Who};
+use crate::sql::{Analysis, ParseContext, Setting};
+use crate::wire::{self, ErrorResponse};
+
+/// What the rules remember across a session's messages.
+#[derive(Debug, Default)]
+pub struct RuleState {
+    /// A Parse was refused by pgward itself: messages are dropped until Sync, as PostgreSQL
+    /// would after an error.
+    pub skipping: bool,
+    /// A statement in flight may change standard_conforming_strings or client_encoding.
+    pub settings_in_doubt: bool,
+    /// Tags from a role that is not trusted were already logged for this session.
+    pub tags_logged: bool,
+}
+
+/// Everything needed to judge one statement.
+pub struct RuleCheck<'a> {
+    pub governance: &'a Governance,
+    pub client_id: u64,
+    pub role: &'a str,
+    pub client_addr: Option<IpAddr>,
+    pub params: &'a ParamSet,
+    pub state: &'a mut RuleState,
+}
+
+impl RuleCheck<'_> {
+    /// Judges a statement text; `in_flight` says whether earlier statements are still
+    /// unanswered. Returns the refusal, if any.
+    pub fn judge(&mut self, text: &[u8], in_flight: bool) -> Option<RuleHit> {
+        if !in_flight {
+            self.state.settings_in_doubt = false;
+        }
+        let context = self.context(in_flight);
+        let analysis = self.governance.analyzer.analyze(text, &context);
+        if may_change_parsing(text) {
+            self.state.settings_in_doubt = true;
+        }
+        self.verdict(&analysis)
+    }
+
+    /// Judges a fast-path FunctionCall, which carries no SQL to read.
+    pub fn judge_function_call(&mut self) -> Option<RuleHit> {
+        self.verdict(&Analysis::function_call())
+    }
+
+    fn verdict(&mut self, analysis: &Analysis) -> Option<RuleHit> {
+        let policy = &self.governance.policy;
+        let params: &ParamSet = self.params;
+        let who = Who {
+            role: self.role,
+            application_name: params.get("application_name").unwrap_or(""),
+            client_addr: self.client_addr,
+        };
+        if !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
+            tracing::warn!(
+                client = self.client_id,
+                role = self.role,
+                "tags from a role that is not in trusted_roles are ignored"
+            );
+            self.state.tags_logged = true;
+        }
+        match policy.judge(analysis, &who) {
+            Verdict::Allow => None,
+            Verdict::Warn(hits) => {
+                for hit in &hits {
+                    tracing::info!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "rule in warn mode: the statement would be refused");
+                }
+                None
+            }
+            Verdict::Reject(hit) => {
+                tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
+                Some(hit)
+            }
+        }
+    }
+
+    /// How the server will read the next statement, as far as pgward can be sure.
+    fn context(&self, in_flight: bool) -> ParseContext {
+        let doubt = in_flight && self.state.settings_in_doubt;
+        let scs = match self.params.get("standard_conforming_strings") {
+            _ if doubt => Setting::Unknown,
+            Some("on") => Setting::Known(true),
+            Some("off") => Setting::Known(false),
+            _ => Setting::Unknown,
+        };
+        let encoding = match self.params.get("client_encoding") {
+            Some(e) if !doubt => Setting::Known(e.to_string()),
+            _ => Setting::Unknown,
+        };
+        ParseContext {
+            standard_conforming_strings: scs,
+            client_encoding: encoding,
+            backslash_quote: Setting::Unknown,
+        }
+    }
+}
+
+/// Whether a statement might change how later text is tokenized: it names one of the two
+/// settings, resets settings, or calls set_config. Read on the raw text, so it can only err
+/// towards doubt.
+fn may_change_parsing(text: &[u8]) -> bool {
+    const WORDS: [&[u8]; 6] = [
+        b"standard_conforming_strings",
+        b"client_encoding",
+        b"names",
+        b"reset",
+        b"discard",
+        b"set_config",
+    ];
+    WORDS.iter().any(|w| contains_ignore_case(text, w))
+}
+
+fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w.eq_ignore_ascii_case(needle))
+}
+
+/// The refusal as pgward's own ErrorResponse.
+pub fn error_message(hit: &RuleHit) -> Bytes {
+    let err = ErrorResponse::error(hit.sqlstate, hit.message.clone()).with_hint(hit.hint.clone());
+    let mut out = BytesMut::new();
+    wire::encode_error(&mut out, &err);
+    out.freeze()
+}
+
+/// A simple Query that makes PostgreSQL raise the refusal.
+pub fn raise_as_query(hit: &RuleHit) -> BytesMut {
+    let mut out = BytesMut::new();
+    wire::encode_query(&mut out, &hit.raise_sql());
+    out
+}
+
+/// Parse, Bind and Execute of the unnamed statement that makes PostgreSQL raise the refusal
+/// in the place of a refused Parse: the batch fails there, and the server skips the rest of
+/// it up to Sync, as it would after the Parse's own error.
+pub fn raise_in_batch(hit: &RuleHit) -> BytesMut {
+    let mut out = BytesMut::new();
+    wire::encode_parse(&mut out, b"", hit.raise_sql().as_bytes(), &[]);
+    // Bind: unnamed portal, unnamed statement, no formats, no parameters, no result formats.
+    let body: [u8; 8] = [0, 0, 0, 0, 0, 0, 0, 0];
+    out.extend_from_slice(b"B");
+    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
+    out.extend_from_slice(&body);
+    // Execute: unnamed portal, no row limit.
+    out.extend_from_slice(b"E");
+    out.extend_from_slice(&9u32.to_be_bytes());
+    out.extend_from_slice(&[0, 0, 0, 0, 0]);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn doubtful_statements_are_spotted() {
+        assert!(may_change_parsing(b"SET standard_conforming_strings = off"));
+        assert!(may_change_parsing(b"set NAMES 'SJIS'"));
+        assert!(may_change_parsing(
+            b"select set_config('client_encoding', 'x', false)"
+        ));
+        assert!(!may_change_parsing(b"select 1"));
+    }
+}
