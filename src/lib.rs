@@ -1,12 +1,15 @@
 //! pgward: a PostgreSQL connection pooler that reads pgbouncer.ini, whose pool checkout is an
 //! admission gate.
 
+pub mod admin;
 pub mod cancel;
 pub mod client;
 pub mod config;
 pub mod gate;
 pub mod listener;
+pub mod metrics;
 pub mod net;
+pub mod ops;
 pub mod params;
 pub mod pool;
 pub mod runtime;

@@ -19,6 +19,7 @@ use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
+use crate::ops::SessionHooks;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
 use crate::server::{Expected, Route, ServerError};
@@ -133,23 +134,24 @@ pub struct Session {
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
+    hooks: SessionHooks,
 }
 
 impl Session {
     pub fn new(
-        id: u64,
         pool: Arc<Pool>,
         handle: Arc<ClientHandle>,
         params: ParamSet,
         tracked: Arc<Tracked>,
         timeouts: Timeouts,
         max_prepared_statements: usize,
+        hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
         let prepared_capacity = (mode != PoolMode::Session && max_prepared_statements > 0)
             .then_some(max_prepared_statements);
         Session {
-            id,
+            id: hooks.client_id(),
             pool,
             mode,
             handle,
@@ -162,6 +164,7 @@ impl Session {
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
+            hooks,
         }
     }
 
@@ -369,6 +372,7 @@ impl Session {
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
     fn forward_client(&mut self, chunk: BytesMut) -> Result<(), SessionError> {
+        self.hooks.received(chunk.len());
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -412,7 +416,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
-        let checkout = pool.checkout(ticket, pool.settings().query_wait);
+        let checkout = SessionHooks::checkout(self.hooks.clone(), pool, ticket);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {
@@ -497,6 +501,7 @@ impl Session {
         let max = link.server.max_message();
         while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
             let end = offset + 1 + len;
+            let marks = (tag == b'Z').then_some((link.busy_since, link.tx_since));
             let route = server_message(
                 link,
                 &mut self.statements,
@@ -504,6 +509,9 @@ impl Session {
                 &self.tracked,
                 (tag, offset, end),
             )?;
+            if let Some((busy, tx)) = marks {
+                self.hooks.ready(link.server.tx, busy, tx);
+            }
             if route == Route::Swallow || link.expected.synthetic_next() {
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);
@@ -516,6 +524,7 @@ impl Session {
             offset = end;
         }
         if offset > 0 {
+            self.hooks.sent(offset);
             let chunk = link.server.rbuf.split_to(offset);
             match kept {
                 None => append(&mut self.to_client, chunk),
@@ -556,6 +565,7 @@ impl Session {
         let Some(mut link) = self.link.take() else {
             return;
         };
+        self.hooks.released();
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
         }
