@@ -205,6 +205,7 @@ async fn maintenance(rt: Arc<Runtime>) {
     loop {
         tick.tick().await;
         let now = Instant::now();
+        rt.ensure_forced_pools();
         for pool in rt.pools.all() {
             if !rt.ops.control.holds(&pool.key.db) {
                 pool.maintain(now);

@@ -151,6 +151,18 @@ impl Runtime {
         Ok(())
     }
 
+    /// Creates the pools of databases with a forced user and a min_pool_size, so that
+    /// maintenance opens their servers before any client comes, as PgBouncer does.
+    pub fn ensure_forced_pools(&self) {
+        let config = self.config.load();
+        for db in &config.databases {
+            let min = db.min_pool_size.unwrap_or(config.settings.min_pool_size);
+            if let (Some(user), true) = (&db.user, min > 0) {
+                self.pool_for(db, user);
+            }
+        }
+    }
+
     /// The pool serving `user` on database entry `db`, created on first use.
     pub fn pool_for(&self, db: &DatabaseDef, user: &str) -> Arc<Pool> {
         let config = self.config.load();
@@ -190,6 +202,8 @@ pub fn pool_settings(
 ) -> PoolSettings {
     let s = &config.settings;
     let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
+    // With a forced user, that user's settings apply, not those of whoever logged in.
+    let user = server_user.as_str();
     let pool_size = config.pool_size_for(db, user) as usize;
     let user_def = config.user(user);
     let limits = Limits {
@@ -203,11 +217,14 @@ pub fn pool_settings(
             .unwrap_or(s.max_user_connections) as usize,
     };
     PoolSettings {
-        target: server_target(db, server_user),
+        target: server_target(db, server_user.clone()),
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
-        query_wait: match db.query_wait_timeout {
+        query_wait: match user_def
+            .and_then(|u| u.query_wait_timeout)
+            .or(db.query_wait_timeout)
+        {
             Some(d) if d.is_zero() => None,
             Some(d) => Some(d),
             None => s.query_wait_timeout,
