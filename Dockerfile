@@ -5,6 +5,8 @@
 # in it are resolved from /etc/pgward. Without a mount, the example from etc/ is used.
 
 FROM rust:bookworm AS build
+# pg_query (PostgreSQL's parser) is built with bindgen, which needs libclang.
+RUN apt-get update && apt-get install -y --no-install-recommends libclang-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 # Dependencies first, so that they stay cached while the sources change.
 COPY Cargo.toml Cargo.lock ./

@@ -16,6 +16,18 @@ cd "$(dirname "$0")/.."
 ensure_postgres
 echo "PostgreSQL server programs: $(pg_bindir)"
 
+# pg_query (PostgreSQL's parser) generates its Rust bindings with bindgen, which needs libclang.
+ensure_libclang() {
+    command -v dpkg >/dev/null || return 0
+    dpkg -s libclang-dev >/dev/null 2>&1 && return 0
+    if is_root; then
+        apt_install libclang-dev
+    else
+        echo "warning: libclang-dev is missing and we are not root; building pg_query may fail" >&2
+    fi
+}
+ensure_libclang
+
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
 status=0

@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod cancel;
+pub mod check;
 pub mod client;
 pub mod config;
 pub mod gate;
@@ -11,7 +12,9 @@ pub mod metrics;
 pub mod net;
 pub mod ops;
 pub mod params;
+pub mod policy;
 pub mod pool;
 pub mod runtime;
 pub mod server;
+pub mod sql;
 pub mod wire;

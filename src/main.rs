@@ -16,6 +16,7 @@ const USAGE: &str = "\
 pgward - a PostgreSQL connection pooler that reads pgbouncer.ini
 
 Usage: pgward [OPTION]... CONFIG
+       pgward check --policy POLICY.toml CORPUS.sql...
 
 Options:
   -v, --verbose    log more (repeat for even more)
@@ -25,7 +26,11 @@ Options:
   -h, --help       print this help and exit
 
 CONFIG is a pgbouncer.ini-style file: [databases], [users], [pools] and
-[pgbouncer] (or [pgward]) sections, with %include.";
+[pgbouncer] (or [pgward]) sections, with %include.
+
+`pgward check` runs the cases of each corpus file (`-- reject [rule]`, `-- warn [rule]`,
+`-- allow` before each case) against a policy file without starting the pooler, prints
+every case it gets wrong as `file:line: want ..., got ...`, and exits 1 if there is one.";
 
 struct Args {
     config: PathBuf,
@@ -39,10 +44,14 @@ enum Command {
 }
 
 fn parse_args() -> Command {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("check") {
+        return Command::Exit(check(&args[1..]));
+    }
     let mut config = None;
     let mut verbose = 0;
     let mut quiet = false;
-    for arg in std::env::args().skip(1) {
+    for arg in args {
         match arg.as_str() {
             "-h" | "--help" => {
                 println!("{USAGE}");
@@ -74,6 +83,28 @@ fn parse_args() -> Command {
         None => {
             eprintln!("pgward: no configuration file given\n\n{USAGE}");
             Command::Exit(ExitCode::from(2))
+        }
+    }
+}
+
+/// `pgward check --policy FILE CORPUS...`
+fn check(args: &[String]) -> ExitCode {
+    let (policy, corpus) = match args {
+        [flag, policy, corpus @ ..] if flag == "--policy" && !corpus.is_empty() => (policy, corpus),
+        _ => {
+            eprintln!("usage: pgward check --policy POLICY.toml CORPUS.sql...");
+            return ExitCode::from(2);
+        }
+    };
+    let corpus: Vec<PathBuf> = corpus.iter().map(PathBuf::from).collect();
+    match pgward::check::run_check(Path::new(policy), &corpus) {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::from(report.exit_code() as u8)
+        }
+        Err(e) => {
+            eprintln!("pgward check: {e}");
+            ExitCode::from(2)
         }
     }
 }

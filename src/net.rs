@@ -23,6 +23,17 @@ impl Stream {
         }
     }
 
+    /// Whether the reactor has seen the socket become readable (data or end of stream)
+    /// since the last read that found nothing. No system call when it has not.
+    pub fn readable_now(&self) -> bool {
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let ready = match self {
+            Stream::Tcp(s) => s.poll_read_ready(&mut cx),
+            Stream::Unix(s) => s.poll_read_ready(&mut cx),
+        };
+        ready.is_ready()
+    }
+
     /// The peer's address for logs, `unix` for a Unix socket.
     pub fn peer_label(&self) -> String {
         match self {

@@ -135,6 +135,8 @@ pub struct Session {
     to_client: BytesMut,
     last_client_activity: Instant,
     hooks: SessionHooks,
+    /// The answer queue of the last server, kept to reuse its allocation.
+    spare_expected: Expected,
 }
 
 impl Session {
@@ -165,6 +167,7 @@ impl Session {
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
             hooks,
+            spare_expected: Expected::default(),
         }
     }
 
@@ -327,8 +330,9 @@ impl Session {
             if self.handle.cancels_in_flight() {
                 self.handle.wait_cancels().await;
             }
-            let bytes = io.rbuf.split_to(chunk.len);
-            self.forward_client(bytes)?;
+            self.forward_client(&mut io.rbuf, chunk.len)?;
+            // pgward may have answered everything itself (a DEALLOCATE, a Close).
+            self.maybe_release().await?;
         }
     }
 
@@ -371,16 +375,17 @@ impl Session {
 
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
-    fn forward_client(&mut self, chunk: BytesMut) -> Result<(), SessionError> {
-        self.hooks.received(chunk.len());
+    fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
+        self.hooks.received(len);
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
+        let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
-        while let Some((tag, len)) = frame_at(&chunk, offset) {
+        while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
             let mut ctx = MessageContext {
@@ -398,10 +403,11 @@ impl Session {
             offset = end;
         }
         match rebuilt {
-            None => append(&mut self.to_server, chunk),
-            Some(mut out) => {
-                out.extend_from_slice(&chunk[run_start..]);
-                append(&mut self.to_server, out);
+            None => take_front(&mut self.to_server, rbuf, len),
+            Some(out) => {
+                self.to_server.extend_from_slice(&out);
+                self.to_server.extend_from_slice(&rbuf[run_start..len]);
+                rbuf.advance(len);
             }
         }
         if was_idle && !link.expected.is_empty() {
@@ -432,7 +438,7 @@ impl Session {
         let now = Instant::now();
         self.link = Some(Link {
             server,
-            expected: Expected::default(),
+            expected: std::mem::take(&mut self.spare_expected),
             busy_since: None,
             ready_since: now,
             tx_since: None,
@@ -499,8 +505,18 @@ impl Session {
         let mut kept: Option<BytesMut> = None;
         let mut run_start = 0;
         let max = link.server.max_message();
+        let mut opened_block = false;
         while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
             let end = offset + 1 + len;
+            if tag == b'Z'
+                && self.mode == PoolMode::Statement
+                && link.server.rbuf.get(offset + 5) != Some(&TxStatus::Idle.as_byte())
+            {
+                // Statement pooling: the client never sees the ReadyForQuery that would open
+                // a transaction block; what came before it still goes through.
+                opened_block = true;
+                break;
+            }
             let marks = (tag == b'Z').then_some((link.busy_since, link.tx_since));
             let route = server_message(
                 link,
@@ -525,14 +541,22 @@ impl Session {
         }
         if offset > 0 {
             self.hooks.sent(offset);
-            let chunk = link.server.rbuf.split_to(offset);
+            let rbuf = &mut link.server.rbuf;
             match kept {
-                None => append(&mut self.to_client, chunk),
-                Some(mut out) => {
-                    out.extend_from_slice(&chunk[run_start..]);
-                    append(&mut self.to_client, out);
+                None => take_front(&mut self.to_client, rbuf, offset),
+                Some(out) => {
+                    self.to_client.extend_from_slice(&out);
+                    self.to_client.extend_from_slice(&rbuf[run_start..offset]);
+                    rbuf.advance(offset);
                 }
             }
+        }
+        if opened_block {
+            link.server.poison();
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                "transaction blocks not allowed in statement pooling mode".to_string(),
+            )));
         }
         if link.expected.is_empty() {
             link.busy_since = None;
@@ -569,7 +593,10 @@ impl Session {
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
         }
-        let settings = self.pool.settings();
+        if link.expected.is_empty() {
+            self.spare_expected = std::mem::take(&mut link.expected);
+        }
+        let settings = self.pool.settings_now();
         if settings.reset_always && self.mode == PoolMode::Transaction {
             if let Some(q) = &settings.reset_query {
                 if link.server.simple_query(q, &self.tracked).await.is_err() {
@@ -641,13 +668,20 @@ fn reserve_for_frame(buf: &mut BytesMut) {
     }
 }
 
-fn append(dst: &mut BytesMut, src: BytesMut) {
-    if dst.is_empty() {
-        *dst = src;
+/// Moves the first `n` bytes of `src` to the end of `dst`. Small runs are copied, so both
+/// buffers keep their own allocation from one message to the next; large ones are handed
+/// over without copying.
+fn take_front(dst: &mut BytesMut, src: &mut BytesMut, n: usize) {
+    if n >= ZERO_COPY_FROM && dst.is_empty() {
+        *dst = src.split_to(n);
     } else {
-        dst.extend_from_slice(&src);
+        dst.extend_from_slice(&src[..n]);
+        src.advance(n);
     }
 }
+
+/// Runs at least this long move between buffers without a copy.
+const ZERO_COPY_FROM: usize = 64 * 1024;
 
 /// The tag and length of a complete message at `offset`, if one is there. Lengths are
 /// checked by the scanners before this is trusted.

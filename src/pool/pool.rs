@@ -93,6 +93,11 @@ impl Pool {
         self.settings.load_full()
     }
 
+    /// The settings without taking a reference count, for a short look on the hot path.
+    pub fn settings_now(&self) -> arc_swap::Guard<Arc<PoolSettings>> {
+        self.settings.load()
+    }
+
     /// Replaces the settings and the credential (a reload); servers opened under the old
     /// ones stay until they are closed, and a remembered login failure is forgotten so the
     /// new settings are tried at once.
@@ -144,7 +149,7 @@ impl Pool {
                 self.relieve(growth);
             }
             let rx = match taken {
-                Taken::Idle(guard) => match self.checked(*guard).await {
+                Taken::Idle(guard) => match self.checked(guard).await {
                     Some(guard) => return Ok(guard),
                     None => continue,
                 },
@@ -177,10 +182,7 @@ impl Pool {
                 inner.active += 1;
                 drop(inner);
                 self.release_slots(dead.len());
-                return Ok((
-                    Taken::Idle(Box::new(ServerGuard::new(self.clone(), conn))),
-                    None,
-                ));
+                return Ok((Taken::Idle(ServerGuard::new(self.clone(), conn)), None));
             }
             dead.push(conn);
         }
@@ -463,8 +465,9 @@ pub struct IdleServer {
 }
 
 /// What checkout found: an idle server, or a place in the queue.
+#[allow(clippy::large_enum_variant)]
 enum Taken {
-    Idle(Box<ServerGuard>),
+    Idle(ServerGuard),
     Wait(oneshot::Receiver<Result<ServerGuard, PoolError>>),
 }
 

@@ -185,6 +185,9 @@ impl ServerConn {
     /// data or end of stream means the server went away (or told us why before it did), or
     /// sent a notification nobody listens for any more.
     pub fn is_alive(&self) -> bool {
+        if !self.stream.readable_now() {
+            return true;
+        }
         let mut probe = [0u8; 1];
         match self.stream.try_read(&mut probe) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,

@@ -14,6 +14,9 @@
 //! encodes PgBouncer's behaviour (files it must read belong in a [`shared_tempdir`]).
 #![allow(dead_code)]
 
+pub mod driver;
+pub mod raw;
+
 use std::fs;
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream};
@@ -861,4 +864,47 @@ fn wait_listening(child: &mut Child, port: u16, paths: &PgwardPaths) -> Result<(
         }
         sleep(Duration::from_millis(50));
     }
+}
+
+/// How many client backends `user` has open on database `db`, pgward's servers among them.
+pub fn server_count(pg: &Postgres, user: &str, db: &str) -> u32 {
+    let count = pg.sql_in(
+        "postgres",
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = {} AND datname = {} \
+             AND backend_type = 'client backend' AND pid <> pg_backend_pid()",
+            sql_literal(user),
+            sql_literal(db)
+        ),
+    );
+    count
+        .parse()
+        .unwrap_or_else(|err| panic!("unexpected count {count:?}: {err}"))
+}
+
+/// Polls `check` every 50 ms until it holds or `limit` passes; returns whether it held.
+pub fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        sleep(Duration::from_millis(50));
+    }
+}
+
+/// Logs every statement `role` runs into the server log (for checks of pgward's own queries).
+pub fn log_statements_of(pg: &Postgres, role: &str) {
+    pg.sql_in(
+        "postgres",
+        &format!("ALTER ROLE {role} SET log_statement = 'all'"),
+    );
+}
+
+/// How many times the server log shows `statement: {sql}`.
+pub fn logged_statements(pg: &Postgres, sql: &str) -> usize {
+    pg.log().matches(&format!("statement: {sql}")).count()
 }

@@ -1,0 +1,514 @@
+//! The governance policy: who the tenant is, which statements each rule refuses, and the
+//! learned allowlist. Pure: no sockets, no clock.
+//!
+//! ```toml
+//! unchecked = "reject"            # or "allow": statements pgward cannot read with certainty
+//! trusted_roles = ["app"]         # roles whose sqlcommenter tags count
+//!
+//! [tenants.acme]
+//! mode = "warn"                   # every rule only warns for this tenant
+//! priority = "normal"             # critical | normal | best_effort
+//! roles = ["acme_rw"]             # roles that are this tenant (default: the role is the tenant)
+//!
+//! [[rules]]
+//! rule = "deny_ddl"               # deny_ddl | require_where | index_concurrently |
+//!                                 # schema_allowlist | deny_functions | read_only
+//! name = "no_ddl_for_app"         # optional, defaults to the rule; letters, digits, _
+//! mode = "enforce"                # or "warn"
+//! when = { roles = ["app"], tenants = [], application_names = [], clients = ["10.0.0.0/8"],
+//!          tags = { route = "/admin" } }
+//!
+//! [allowlist]
+//! file = "allowlist.json"         # relative to this file
+//! roles = { agent = "learn" }     # learn | enforce | warn
+//! ```
+
+mod allowlist;
+mod cidr;
+mod file;
+mod rules;
+
+pub use allowlist::{Allowlist, Learned, MAX_PER_ROLE};
+pub use cidr::Cidr;
+pub use file::{AllowlistMode, Mode, RuleKind, UncheckedMode, WhenFile as When};
+pub use rules::{DEFAULT_DENIED_FUNCTIONS, WRITING_FUNCTIONS};
+
+use crate::sql::{Analysis, Depth, Priority, Reading, Tags};
+use file::{line_of, PolicyFile, RuleFile};
+use rules::Check;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// SQLSTATE of every refusal by a rule: insufficient_privilege.
+pub const SQLSTATE_REFUSED: &str = "42501";
+
+/// Why a policy file could not be used. Loading changes nothing when it fails.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    /// The file could not be read or written.
+    #[error("{}: {source}", file.display())]
+    Io {
+        /// The file.
+        file: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML (or JSON), or has a key or value of the wrong kind.
+    #[error("{}:{line}: {message}", file.display())]
+    Syntax {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// A rule or setting that reads well but means nothing.
+    #[error("{}:{line}: {message}", file.display())]
+    Invalid {
+        /// The file.
+        file: PathBuf,
+        /// 1-based line.
+        line: usize,
+        /// What is wrong.
+        message: String,
+    },
+    /// The allowlist file could not be used.
+    #[error("{}: {message}", file.display())]
+    Allowlist {
+        /// The file.
+        file: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The session a statement comes from.
+#[derive(Clone, Copy, Debug)]
+pub struct Who<'a> {
+    /// The role the session logged in as.
+    pub role: &'a str,
+    /// The session's `application_name`.
+    pub application_name: &'a str,
+    /// The client's address (`None` for a Unix socket).
+    pub client_addr: Option<IpAddr>,
+}
+
+/// Who a statement is run for, and how urgently.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity<'a> {
+    /// The tenant: a trusted role's `tenant` tag, else the tenant whose `roles` list the role,
+    /// else the role.
+    pub tenant: Cow<'a, str>,
+    /// The tenant's priority, lowered by a `priority` tag; raised only by a trusted role's tag.
+    pub priority: Priority,
+    /// A trusted role's `deadline` tag.
+    pub deadline: Option<Duration>,
+    /// Tags that were ignored because the role is not trusted (log this once per session).
+    pub ignored_tags: bool,
+}
+
+/// A rule a statement broke.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleHit {
+    /// The rule's name (`deny_ddl`, a custom name, `allowlist` or `unchecked`).
+    pub rule: String,
+    /// Always [`SQLSTATE_REFUSED`].
+    pub sqlstate: &'static str,
+    /// The error message: fixed text naming the rule.
+    pub message: String,
+    /// The hint: what broke the rule (fixed text) and the fingerprint.
+    pub hint: String,
+    /// The statement's fingerprint in hex (`none` when it was not parsed).
+    pub fingerprint: String,
+}
+
+impl RuleHit {
+    fn new(rule: &str, what: &str, fingerprint: String) -> RuleHit {
+        RuleHit {
+            rule: rule.to_string(),
+            sqlstate: SQLSTATE_REFUSED,
+            message: format!("pgward: statement refused by rule {rule}"),
+            hint: format!("rule {rule}: {what}; fingerprint {fingerprint}"),
+            fingerprint,
+        }
+    }
+
+    /// SQL that makes PostgreSQL raise this refusal itself (used inside a transaction or a
+    /// pipeline, so the transaction or batch fails as for any error). Only fixed text, rule
+    /// names from the policy and the hex fingerprint go in, filtered to a safe alphabet.
+    pub fn raise_sql(&self) -> String {
+        format!(
+            "DO $pgward$BEGIN RAISE EXCEPTION USING ERRCODE = '{}', MESSAGE = '{}', HINT = '{}'; END$pgward$",
+            safe_text(self.sqlstate),
+            safe_text(&self.message),
+            safe_text(&self.hint)
+        )
+    }
+}
+
+/// Keeps letters, digits, space and `_.,:;()/-`; anything else becomes `?`.
+fn safe_text(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || " _.,:;()/-".contains(c) {
+                c
+            } else {
+                '?'
+            }
+        })
+        .collect()
+}
+
+/// The policy's decision on one statement.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Run it.
+    Allow,
+    /// Run it, and log these (warn-mode rules, warn-mode tenants, `unchecked = "allow"`).
+    Warn(Vec<RuleHit>),
+    /// Refuse it with this.
+    Reject(RuleHit),
+}
+
+#[derive(Clone, Debug)]
+struct Tenant {
+    mode: Mode,
+    priority: Priority,
+}
+
+#[derive(Clone, Debug)]
+struct Rule {
+    name: String,
+    check: Check,
+    mode: Mode,
+    when: When,
+}
+
+/// A loaded policy file. Immutable except for the learned allowlist.
+#[derive(Debug)]
+pub struct Policy {
+    unchecked: UncheckedMode,
+    trusted_roles: Vec<String>,
+    tenants: BTreeMap<String, Tenant>,
+    tenant_of_role: BTreeMap<String, String>,
+    rules: Vec<Rule>,
+    allowlist_roles: BTreeMap<String, AllowlistMode>,
+    allowlist: Option<Arc<Allowlist>>,
+}
+
+impl Policy {
+    /// A policy with no rules, no tenants and `unchecked = "reject"`.
+    pub fn empty() -> Policy {
+        Policy {
+            unchecked: UncheckedMode::Reject,
+            trusted_roles: Vec::new(),
+            tenants: BTreeMap::new(),
+            tenant_of_role: BTreeMap::new(),
+            rules: Vec::new(),
+            allowlist_roles: BTreeMap::new(),
+            allowlist: None,
+        }
+    }
+
+    /// Reads and checks the policy file at `path`, and the allowlist file it names.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io {
+            file: path.to_path_buf(),
+            source,
+        })?;
+        let dir = path.parent().unwrap_or(Path::new("."));
+        Policy::parse(&text, path, dir)
+    }
+
+    /// Reads policy `text` as if from `file`; relative allowlist paths are taken from `dir`.
+    pub fn parse(text: &str, file: &Path, dir: &Path) -> Result<Policy, PolicyError> {
+        let raw: PolicyFile = toml::from_str(text).map_err(|e| PolicyError::Syntax {
+            file: file.to_path_buf(),
+            line: e.span().map_or(1, |s| line_of(text, s.start)),
+            message: e.message().to_string(),
+        })?;
+        let invalid = |offset: usize, message: String| PolicyError::Invalid {
+            file: file.to_path_buf(),
+            line: line_of(text, offset),
+            message,
+        };
+        let mut rules = Vec::new();
+        for spanned in raw.rules {
+            let start = spanned.span().start;
+            rules.push(build_rule(spanned.into_inner()).map_err(|m| invalid(start, m))?);
+        }
+        let (tenants, tenant_of_role) = build_tenants(raw.tenants);
+        let (allowlist, allowlist_roles) = match raw.allowlist {
+            Some(a) => (
+                Some(Arc::new(Allowlist::load(&dir.join(&a.file))?)),
+                a.roles,
+            ),
+            None => (None, BTreeMap::new()),
+        };
+        Ok(Policy {
+            unchecked: raw.unchecked,
+            trusted_roles: raw.trusted_roles,
+            tenants,
+            tenant_of_role,
+            rules,
+            allowlist_roles,
+            allowlist,
+        })
+    }
+
+    /// How deep statements must be read for this policy's rules.
+    pub fn depth(&self) -> Depth {
+        if self.rules.is_empty() {
+            Depth::Shape
+        } else {
+            Depth::Tree
+        }
+    }
+
+    /// The learned allowlist, if the policy names one (save it before a reload, and at exit).
+    pub fn allowlist(&self) -> Option<&Arc<Allowlist>> {
+        self.allowlist.as_ref()
+    }
+
+    /// Whether `role`'s sqlcommenter tags count.
+    pub fn is_trusted(&self, role: &str) -> bool {
+        self.trusted_roles.iter().any(|r| r == role)
+    }
+
+    /// The tenant, priority and deadline of a statement with `tags` from `who`.
+    pub fn identify<'a>(&self, who: &Who<'a>, tags: &'a Tags) -> Identity<'a> {
+        let trusted = self.is_trusted(who.role);
+        let fallback = || match self.tenant_of_role.get(who.role) {
+            Some(t) => Cow::Owned(t.clone()),
+            None => Cow::Borrowed(who.role),
+        };
+        let tenant = match tags.tenant() {
+            Some(t) if trusted => Cow::Borrowed(t),
+            _ => fallback(),
+        };
+        let base = self
+            .tenants
+            .get(tenant.as_ref())
+            .map_or(Priority::Normal, |t| t.priority);
+        let priority = match tags.priority() {
+            Some(p) if trusted => p,
+            Some(p) => p.min(base),
+            None => base,
+        };
+        let deadline = if trusted { tags.deadline() } else { None };
+        let raised = tags.priority().is_some_and(|p| p > base);
+        let ignored_tags =
+            !trusted && (tags.tenant().is_some() || tags.deadline().is_some() || raised);
+        Identity {
+            tenant,
+            priority,
+            deadline,
+            ignored_tags,
+        }
+    }
+
+    /// Judges one analyzed statement text from `who`. In `learn` mode for the role, the
+    /// statement's fingerprint is recorded in the allowlist (in memory; see [`Allowlist::save`]).
+    pub fn judge(&self, analysis: &Analysis, who: &Who) -> Verdict {
+        let identity = self.identify(who, &analysis.tags);
+        let tenant_warns = self
+            .tenants
+            .get(identity.tenant.as_ref())
+            .is_some_and(|t| t.mode == Mode::Warn);
+        let fingerprint = analysis.fingerprint_hex();
+        let mut warnings = Vec::new();
+        if let Some(reason) = analysis.unchecked_reason() {
+            let hit = RuleHit::new("unchecked", reason.as_str(), fingerprint);
+            if self.unchecked == UncheckedMode::Reject && !tenant_warns {
+                return Verdict::Reject(hit);
+            }
+            return Verdict::Warn(vec![hit]);
+        }
+        let trusted = self.is_trusted(who.role);
+        for rule in self
+            .rules
+            .iter()
+            .filter(|r| applies(&r.when, who, &identity.tenant, &analysis.tags, trusted))
+        {
+            let Some(what) = violation(rule, analysis, who.role) else {
+                continue;
+            };
+            let hit = RuleHit::new(&rule.name, &what, fingerprint.clone());
+            if rule.mode == Mode::Enforce && !tenant_warns {
+                return Verdict::Reject(hit);
+            }
+            warnings.push(hit);
+        }
+        if let Some(hit) = self.allowlist_check(analysis, who.role) {
+            if !tenant_warns && self.allowlist_roles.get(who.role) == Some(&AllowlistMode::Enforce)
+            {
+                return Verdict::Reject(hit);
+            }
+            warnings.push(hit);
+        }
+        if warnings.is_empty() {
+            Verdict::Allow
+        } else {
+            Verdict::Warn(warnings)
+        }
+    }
+
+    /// Learns, or checks, the statement against the role's allowlist; a hit when it is not there.
+    fn allowlist_check(&self, analysis: &Analysis, role: &str) -> Option<RuleHit> {
+        let mode = self.allowlist_roles.get(role)?;
+        let list = self.allowlist.as_ref()?;
+        let fingerprint = analysis.fingerprint?;
+        match mode {
+            AllowlistMode::Learn => {
+                list.learn(role, fingerprint, analysis.log_text());
+                None
+            }
+            _ if list.contains(role, fingerprint) => None,
+            _ => Some(RuleHit::new(
+                "allowlist",
+                "statement not in the role's allowlist",
+                fingerprint.hex(),
+            )),
+        }
+    }
+
+    /// Judges a `search_path` given at startup (the `options` or `search_path` startup
+    /// parameter) for `who`, under every schema_allowlist rule that applies to the session.
+    pub fn judge_startup_search_path(&self, value: &str, who: &Who) -> Verdict {
+        let tags = Tags::default();
+        let identity = self.identify(who, &tags);
+        let schemas = crate::sql::split_identifiers(value);
+        for rule in self
+            .rules
+            .iter()
+            .filter(|r| applies(&r.when, who, &identity.tenant, &tags, false))
+        {
+            let Check::SchemaAllowlist(allowed) = &rule.check else {
+                continue;
+            };
+            let ok = schemas.as_ref().is_some_and(|l| {
+                l.iter()
+                    .all(|s| rules::schema_allowed(s, allowed, who.role))
+            });
+            if !ok {
+                let hit = RuleHit::new(
+                    &rule.name,
+                    "search_path at startup outside the allowlist",
+                    "none".into(),
+                );
+                return match rule.mode {
+                    Mode::Enforce => Verdict::Reject(hit),
+                    Mode::Warn => Verdict::Warn(vec![hit]),
+                };
+            }
+        }
+        Verdict::Allow
+    }
+}
+
+fn violation(rule: &Rule, analysis: &Analysis, role: &str) -> Option<String> {
+    match &analysis.reading {
+        Reading::Tree(facts) => rule.check.violation(facts, role),
+        Reading::Shape => Some("statement not read to its tree".to_string()),
+        Reading::Unchecked(reason) => Some(reason.as_str().to_string()),
+    }
+}
+
+fn applies(when: &When, who: &Who, tenant: &str, tags: &Tags, trusted: bool) -> bool {
+    let listed = |list: &[String], v: &str| list.is_empty() || list.iter().any(|x| x == v);
+    listed(&when.roles, who.role)
+        && listed(&when.tenants, tenant)
+        && listed(&when.application_names, who.application_name)
+        && (when.clients.is_empty()
+            || who
+                .client_addr
+                .is_some_and(|ip| when.clients.iter().any(|c| c.contains(ip))))
+        && (when.tags.is_empty()
+            || (trusted
+                && when
+                    .tags
+                    .iter()
+                    .all(|(k, v)| tags.get(k) == Some(v.as_str()))))
+}
+
+fn build_tenants(
+    raw: BTreeMap<String, file::TenantFile>,
+) -> (BTreeMap<String, Tenant>, BTreeMap<String, String>) {
+    let mut of_role = BTreeMap::new();
+    let tenants = raw
+        .into_iter()
+        .map(|(name, t)| {
+            for role in t.roles {
+                of_role.insert(role, name.clone());
+            }
+            (
+                name,
+                Tenant {
+                    mode: t.mode,
+                    priority: t.priority.unwrap_or(Priority::Normal),
+                },
+            )
+        })
+        .collect();
+    (tenants, of_role)
+}
+
+fn build_rule(raw: RuleFile) -> Result<Rule, String> {
+    let kind = raw.rule;
+    let name = raw.name.unwrap_or_else(|| kind.as_str().to_string());
+    if name.is_empty() || !name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(format!("rule name {name:?}: use letters, digits and _"));
+    }
+    if raw.schemas.is_some() && kind != RuleKind::SchemaAllowlist {
+        return Err(format!(
+            "`schemas` belongs to schema_allowlist, not {}",
+            kind.as_str()
+        ));
+    }
+    if raw.functions.is_some() && !matches!(kind, RuleKind::DenyFunctions | RuleKind::ReadOnly) {
+        return Err(format!(
+            "`functions` belongs to deny_functions or read_only, not {}",
+            kind.as_str()
+        ));
+    }
+    let functions = raw.functions.unwrap_or_default();
+    if let Some(bad) = functions
+        .iter()
+        .find(|f| f.is_empty() || f.contains(|c: char| c == '.' || c.is_whitespace()))
+    {
+        return Err(format!(
+            "function pattern {bad:?}: give the name without schema (`*` matches any characters)"
+        ));
+    }
+    let check = match kind {
+        RuleKind::DenyDdl => Check::DenyDdl,
+        RuleKind::RequireWhere => Check::RequireWhere,
+        RuleKind::IndexConcurrently => Check::IndexConcurrently,
+        RuleKind::SchemaAllowlist => {
+            Check::SchemaAllowlist(raw.schemas.ok_or("schema_allowlist needs `schemas`")?)
+        }
+        RuleKind::DenyFunctions if functions.is_empty() => Check::DenyFunctions(
+            DEFAULT_DENIED_FUNCTIONS
+                .iter()
+                .map(|f| f.to_string())
+                .collect(),
+        ),
+        RuleKind::DenyFunctions => Check::DenyFunctions(functions),
+        RuleKind::ReadOnly => Check::ReadOnly(functions),
+    };
+    debug_assert_eq!(check.kind(), kind);
+    Ok(Rule {
+        name,
+        check,
+        mode: raw.mode,
+        when: raw.when,
+    })
+}
+
+#[cfg(test)]
+mod tests;

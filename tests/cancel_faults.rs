@@ -1,0 +1,302 @@
+//! Cancel requests with pgward's own keys, and faults: a client that dies mid-transaction, a
+//! server backend terminated under a query, a PostgreSQL restart.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::driver::{code, must_connect, must_value, value};
+use common::raw::{self, Raw};
+use common::{eventually, server_count, stderr_of, Pgward, Postgres};
+use tokio_postgres::NoTls;
+
+fn start(pg: &Postgres, settings: &str) -> Pgward {
+    let settings = format!("auth_type = trust\npool_mode = transaction\n{settings}");
+    Pgward::start(&Pgward::ini(pg, &settings, ""))
+}
+
+fn login(pw: &Pgward) -> (Raw, (u32, Vec<u8>)) {
+    let mut client = Raw::connect(pw.port);
+    let login = client
+        .startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    let key = login.key.unwrap_or_else(|| panic!("no BackendKeyData"));
+    (client, key)
+}
+
+#[test]
+fn clients_get_pgward_keys_and_a_cancel_hits_only_the_running_statement() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "default_pool_size = 2\n");
+    let (mut a, key_a) = login(&pw);
+    let (mut b, key_b) = login(&pw);
+    assert_ne!(key_a, key_b);
+    let pid_a: u32 = a.value("SELECT pg_backend_pid()").parse().expect("pid");
+    assert_ne!(key_a.0, pid_a, "the client got the server's key");
+    let backends = pg.sql_in(
+        "postgres",
+        "SELECT string_agg(pid::text, ',') FROM pg_stat_activity",
+    );
+    assert!(
+        !backends.split(',').any(|p| p == key_a.0.to_string()),
+        "the key is a PostgreSQL pid"
+    );
+
+    // Unknown keys and wrong secrets are ignored.
+    a.send(&raw::query_message("SELECT pg_sleep(1)"));
+    thread::sleep(Duration::from_millis(200));
+    raw::send_cancel(pw.port, key_a.0 ^ 1, &key_a.1);
+    let mut wrong = key_a.1.clone();
+    wrong[0] ^= 0xff;
+    raw::send_cancel(pw.port, key_a.0, &wrong);
+    raw::send_cancel(pw.port, pid_a, &key_a.1);
+    assert!(
+        a.read_result(Duration::from_secs(5)).is_ok(),
+        "a bad key cancelled"
+    );
+
+    // A's cancel reaches A's statement and not B's, which runs at the same time.
+    a.send(&raw::query_message("SELECT pg_sleep(10)"));
+    b.send(&raw::query_message("SELECT pg_sleep(1.5)"));
+    thread::sleep(Duration::from_millis(300));
+    let since = Instant::now();
+    raw::send_cancel(pw.port, key_a.0, &key_a.1);
+    let err = a
+        .read_result(Duration::from_secs(5))
+        .expect_err("the statement was not cancelled");
+    assert_eq!(err.code(), "57014", "{err:?}");
+    assert!(since.elapsed() < Duration::from_secs(2));
+    assert!(
+        b.read_result(Duration::from_secs(5)).is_ok(),
+        "B was cancelled"
+    );
+
+    // A cancel sent while A is idle does not reach A's next statement.
+    raw::send_cancel(pw.port, key_a.0, &key_a.1);
+    assert_eq!(a.value("SELECT pg_sleep(0.5)::text || 'done'"), "done");
+    // Nor B's statement on the server A just used.
+    assert_eq!(b.value("SELECT 'b ok'"), "b ok");
+    a.terminate();
+    b.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn driver_cancel_token_cancels_pg_sleep() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "default_pool_size = 1\n");
+    let conn = must_connect(&pw.connstr("trustuser", None, "app")).await;
+    let token = conn.client.cancel_token();
+    let client = conn.client;
+    let sleeper = tokio::spawn(async move {
+        let result = client.simple_query("SELECT pg_sleep(10)").await;
+        (client, result)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(NoTls).await.expect("cancel request");
+    let (client, result) = tokio::time::timeout(Duration::from_secs(3), sleeper)
+        .await
+        .expect("the statement was not cancelled")
+        .expect("task");
+    let err = result.expect_err("pg_sleep finished");
+    assert_eq!(code(&err), "57014", "{err:?}");
+    assert_eq!(must_value(&client, "SELECT 'after'").await, "after");
+}
+
+#[test]
+fn client_dying_mid_transaction_leaves_no_dirty_server() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE locked (id int); GRANT ALL ON locked TO PUBLIC");
+    let pw = start(&pg, "default_pool_size = 1\nquery_wait_timeout = 5\n");
+
+    // Idle in a transaction holding a lock and temp state, then the socket just closes.
+    let (mut a, _) = login(&pw);
+    let pid_a = a.value("SELECT pg_backend_pid()");
+    a.value("BEGIN");
+    a.value("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE");
+    a.value("CREATE TEMP TABLE scratch (id int)");
+    a.value("SET LOCAL work_mem = '9MB'");
+    drop(a);
+
+    let (mut b, _) = login(&pw);
+    let since = Instant::now();
+    assert_eq!(
+        b.value("SELECT now() = statement_timestamp()"),
+        "t",
+        "B inherited A's transaction"
+    );
+    assert!(
+        since.elapsed() < Duration::from_secs(2),
+        "B waited {:?}",
+        since.elapsed()
+    );
+    assert_ne!(
+        b.value("SELECT pg_backend_pid()"),
+        pid_a,
+        "A's server was reused"
+    );
+    assert_eq!(b.value("SHOW work_mem"), "4MB");
+    assert_eq!(
+        b.value("SELECT to_regclass('pg_temp.scratch') IS NULL"),
+        "t"
+    );
+    b.value("SET lock_timeout = '1s'");
+    b.value("BEGIN");
+    b.value("LOCK TABLE locked IN ACCESS EXCLUSIVE MODE NOWAIT");
+    b.value("ROLLBACK");
+    let gone = eventually(Duration::from_secs(3), || {
+        pg.sql_in(
+            "postgres",
+            &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid_a}"),
+        ) == "0"
+    });
+    assert!(gone, "A's server is still open");
+
+    // A psql killed while its transaction runs a long statement.
+    let port = pw.port.to_string();
+    let mut psql = Command::new("psql")
+        .env("PGCONNECT_TIMEOUT", "5")
+        .args([
+            "-X",
+            "-w",
+            "-h",
+            common::HOST,
+            "-p",
+            &port,
+            "-U",
+            "trustuser",
+            "-d",
+            "app",
+        ])
+        .args(["-c", "BEGIN; LOCK TABLE locked; SELECT pg_sleep(30);"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("psql");
+    let running = eventually(Duration::from_secs(5), || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%pg_sleep(30)%' \
+             AND pid <> pg_backend_pid()",
+        ) == "1"
+    });
+    let _ = psql.kill();
+    let _ = psql.wait();
+    assert!(running, "psql never ran its statement");
+    let since = Instant::now();
+    assert_eq!(b.value("SELECT 'next'"), "next");
+    assert!(
+        since.elapsed() < Duration::from_secs(3),
+        "the next client waited {:?} for the dead client's server",
+        since.elapsed()
+    );
+    assert_eq!(b.value("SELECT now() = statement_timestamp()"), "t");
+    b.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn terminated_backend_gives_an_error_and_is_replaced() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "default_pool_size = 1\n");
+    let connstr = pw.connstr("trustuser", None, "app");
+    let conn = must_connect(&connstr).await;
+    let pid = must_value(&conn.client, "SELECT pg_backend_pid()").await;
+    let client = conn.client;
+    let victim = tokio::spawn(async move { client.simple_query("SELECT pg_sleep(10)").await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    pg.sql_in("postgres", &format!("SELECT pg_terminate_backend({pid})"));
+    let result = tokio::time::timeout(Duration::from_secs(3), victim)
+        .await
+        .expect("the client got no answer")
+        .expect("task");
+    let err = result.expect_err("the query survived its backend");
+    let state = code(&err);
+    assert!(
+        ["57P01", "08006", "08003"].contains(&state.as_str()),
+        "unexpected SQLSTATE {state}: {err:?}"
+    );
+    // The pool replaces the server: new clients work at once.
+    let next = must_connect(&connstr).await;
+    let new_pid = must_value(&next.client, "SELECT pg_backend_pid()").await;
+    assert_ne!(new_pid, pid);
+
+    // An idle server terminated between transactions is noticed before it is handed out.
+    pg.sql_in(
+        "postgres",
+        &format!("SELECT pg_terminate_backend({new_pid})"),
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let after = value(&next.client, "SELECT pg_backend_pid()").await;
+    let after = after.unwrap_or_else(|err| panic!("a dead idle server was handed out: {err:?}"));
+    assert_ne!(after, new_pid);
+    assert_eq!(server_count(&pg, "trustuser", "app"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn postgresql_restart_is_survived() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "default_pool_size = 2\nquery_wait_timeout = 5\n");
+    let connstr = pw.connstr("trustuser", None, "app");
+    let old = must_connect(&connstr).await;
+    must_value(&old.client, "SELECT 1").await;
+    pg.restart();
+
+    // A client connected before the restart, and new clients, work again within seconds.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let mut errors = Vec::new();
+    loop {
+        match value(&old.client, "SELECT 'old client'").await {
+            Ok(v) => {
+                assert_eq!(v, "old client");
+                break;
+            }
+            Err(err) => errors.push(code(&err)),
+        }
+        assert!(Instant::now() < deadline, "old client: {errors:?}");
+        if old.client.is_closed() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut worked = false;
+    while Instant::now() < deadline && !worked {
+        let out = pw.psql("trustuser", None, "app", "SELECT 1");
+        worked = out.status.success();
+        if !worked {
+            errors.push(stderr_of(&out));
+            thread::sleep(Duration::from_millis(200));
+        }
+    }
+    assert!(
+        worked,
+        "no query worked 5 s after the restart: {errors:?}\n{}",
+        pw.log()
+    );
+    let fresh = must_connect(&connstr).await;
+    assert_eq!(must_value(&fresh.client, "SELECT 2").await, "2");
+}
+
+#[test]
+fn postgresql_down_gives_an_error_then_service_resumes() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "query_wait_timeout = 2\n");
+    let ok = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(ok.status.success(), "{}", stderr_of(&ok));
+    pg.stop();
+    let since = Instant::now();
+    let down = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(!down.status.success());
+    assert!(
+        since.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        since.elapsed()
+    );
+    pg.start_server();
+    let back = eventually(Duration::from_secs(5), || {
+        pw.psql("trustuser", None, "app", "SELECT 1")
+            .status
+            .success()
+    });
+    assert!(back, "{}", pw.log());
+}

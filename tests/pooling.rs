@@ -1,0 +1,551 @@
+//! Pools per (database, user): pool modes, sizes and limits, reset and check queries,
+//! server lifetimes, connection-string settings, and tracked parameters that follow a client
+//! from server to server.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::driver::{code, message, must_connect, must_value, value};
+use common::raw::Raw;
+use common::{
+    eventually, log_statements_of, logged_statements, server_count, stderr_of, stdout_of, Pgward,
+    Postgres,
+};
+
+fn start(pg: &Postgres, settings: &str, dbs: &str) -> Pgward {
+    Pgward::start(&Pgward::ini(
+        pg,
+        &format!("auth_type = trust\n{settings}"),
+        dbs,
+    ))
+}
+
+/// Samples `server_count(user, db)` every 100 ms until `stop` is set; returns the maximum.
+fn watch_servers(pg: &Postgres, user: &'static str, db: &'static str, stop: &AtomicBool) -> u32 {
+    let mut max = 0;
+    while !stop.load(Ordering::Acquire) {
+        max = max.max(server_count(pg, user, db));
+        thread::sleep(Duration::from_millis(100));
+    }
+    max
+}
+
+/// The number after `label` in pgbench's output.
+fn pgbench_number(out: &str, label: &str) -> Option<u64> {
+    let line = out.lines().find(|l| l.contains(label))?;
+    line.split(':')
+        .nth(1)?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[test]
+fn pgbench_simple_and_extended_with_more_clients_than_servers() {
+    let pg = Postgres::start();
+    let init = pg.pgbench(&["-i", "-s", "1", "-q"]);
+    assert!(init.status.success(), "{}", stderr_of(&init));
+    let pw = start(&pg, "pool_mode = transaction\ndefault_pool_size = 2\n", "");
+    for mode in ["simple", "extended"] {
+        let stop = AtomicBool::new(false);
+        let (out, max) = thread::scope(|scope| {
+            let watcher = scope.spawn(|| watch_servers(&pg, "postgres", "app", &stop));
+            let out = pw.pgbench(&["-c", "8", "-j", "2", "-T", "3", "-M", mode]);
+            stop.store(true, Ordering::Release);
+            (out, watcher.join().expect("watcher"))
+        });
+        let text = stdout_of(&out);
+        assert!(
+            out.status.success(),
+            "pgbench -M {mode}: {}\n{text}\n{}",
+            stderr_of(&out),
+            pw.log()
+        );
+        assert!(
+            text.contains("number of failed transactions: 0"),
+            "-M {mode}: {text}"
+        );
+        let done = pgbench_number(&text, "number of transactions actually processed");
+        assert!(done.is_some_and(|n| n > 0), "-M {mode}: {text}");
+        assert!(max <= 2, "-M {mode}: {max} servers for a pool of 2");
+        assert!(max >= 1, "-M {mode}: no server seen");
+    }
+    let out = pw.psql(
+        "postgres",
+        None,
+        "app",
+        "SELECT count(*) FROM pgbench_branches",
+    );
+    assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pool_mode_global_per_database_and_per_user() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "txdb = {} pool_mode=transaction\nstdb = {} pool_mode=statement\n",
+        pg.db_connstr("app"),
+        pg.db_connstr("app")
+    );
+    let pw = start(
+        &pg,
+        "pool_mode = session\ndefault_pool_size = 1\nquery_wait_timeout = 1\n\
+         [users]\ntrustuser = pool_mode=statement\n",
+        &dbs,
+    );
+
+    // Session mode (global): an idle client keeps its server, so a second client waits.
+    let a = must_connect(&pw.connstr("postgres", None, "app")).await;
+    must_value(&a.client, "SELECT 1").await;
+    let b = must_connect(&pw.connstr("postgres", None, "app")).await;
+    let err = value(&b.client, "SELECT 1")
+        .await
+        .expect_err("session mode shared a server");
+    assert_eq!(code(&err), "57014", "{err:?}");
+    assert_eq!(message(&err), "query_wait_timeout");
+    drop((a, b));
+
+    // Transaction mode (database): idle clients share the single server...
+    let a = must_connect(&pw.connstr("postgres", None, "txdb")).await;
+    let b = must_connect(&pw.connstr("postgres", None, "txdb")).await;
+    let pid_a = must_value(&a.client, "SELECT pg_backend_pid()").await;
+    let pid_b = must_value(&b.client, "SELECT pg_backend_pid()").await;
+    assert_eq!(pid_a, pid_b, "one server for both clients");
+    // ...but an open transaction holds it.
+    a.client.batch_execute("BEGIN").await.expect("BEGIN");
+    let err = value(&b.client, "SELECT 1")
+        .await
+        .expect_err("transaction not held");
+    assert_eq!(code(&err), "57014", "{err:?}");
+    a.client.batch_execute("COMMIT").await.expect("COMMIT");
+    drop((a, b));
+
+    // Statement mode, from the database and from the user (which wins over txdb's mode).
+    for (user, db) in [
+        ("postgres", "stdb"),
+        ("trustuser", "txdb"),
+        ("trustuser", "app"),
+    ] {
+        let c = must_connect(&pw.connstr(user, None, db)).await;
+        assert_eq!(must_value(&c.client, "SELECT 7").await, "7");
+        // The BEGIN itself fails (PgBouncer does not forward the ReadyForQuery that opened
+        // the transaction); a later FATAL would leave the client thinking it had one.
+        let err = c
+            .client
+            .batch_execute("BEGIN")
+            .await
+            .expect_err("statement mode: BEGIN succeeded");
+        assert_eq!(code(&err), "0A000", "{user}@{db}: {err:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn max_client_conn_refuses_with_53300() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "pool_mode = transaction\nmax_client_conn = 3\n", "");
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(must_connect(&pw.connstr("trustuser", None, "app")).await);
+    }
+    let err = common::driver::connect(&pw.connstr("trustuser", None, "app"))
+        .await
+        .err()
+        .expect("a fourth client was accepted");
+    assert_eq!(code(&err), "53300", "{err:?}");
+    drop(held.pop());
+    let ok = eventually(Duration::from_secs(3), || {
+        pw.psql("trustuser", None, "app", "SELECT 1")
+            .status
+            .success()
+    });
+    assert!(ok, "a slot freed by a leaving client was not reused");
+}
+
+/// Runs `clients` psql processes at once, each `SELECT pg_sleep(secs)` as `user` on `db`;
+/// returns the most servers seen for (`watch_user`, `watch_db`) and whether all succeeded.
+fn sleepers(
+    pg: &Postgres,
+    pw: &Pgward,
+    runs: &[(&'static str, &'static str)],
+    secs: f64,
+    watch: (&'static str, &'static str),
+) -> (u32, Vec<String>) {
+    let stop = AtomicBool::new(false);
+    thread::scope(|scope| {
+        let watcher = scope.spawn(|| watch_servers(pg, watch.0, watch.1, &stop));
+        let jobs: Vec<_> = runs
+            .iter()
+            .map(|&(user, db)| {
+                scope.spawn(move || pw.psql(user, None, db, &format!("SELECT pg_sleep({secs})")))
+            })
+            .collect();
+        let failures: Vec<String> = jobs
+            .into_iter()
+            .map(|j| j.join().expect("psql thread"))
+            .filter(|out| !out.status.success())
+            .map(|out| stderr_of(&out))
+            .collect();
+        stop.store(true, Ordering::Release);
+        (watcher.join().expect("watcher"), failures)
+    })
+}
+
+#[test]
+fn reserve_pool_opens_after_reserve_pool_timeout_and_no_further() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\nreserve_pool_size = 1\n\
+         reserve_pool_timeout = 0.5\n",
+        "",
+    );
+    let runs = [("trustuser", "app"); 3];
+    let started = Instant::now();
+    let (max, failures) = sleepers(&pg, &pw, &runs, 1.5, ("trustuser", "app"));
+    assert!(failures.is_empty(), "{failures:?}");
+    assert_eq!(max, 2, "pool_size 1 + reserve 1");
+    // Two run at once, the third after one of them: about 3 s, not 4.5.
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn min_pool_size_is_kept_open() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 5\nmin_pool_size = 3\n",
+        "",
+    );
+    let out = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let reached = eventually(Duration::from_secs(4), || {
+        server_count(&pg, "trustuser", "app") == 3
+    });
+    assert!(
+        reached,
+        "min_pool_size 3: {} servers",
+        server_count(&pg, "trustuser", "app")
+    );
+    // Killed servers are replaced up to the minimum.
+    pg.terminate_backends("trustuser");
+    let refilled = eventually(Duration::from_secs(4), || {
+        server_count(&pg, "trustuser", "app") == 3
+    });
+    assert!(
+        refilled,
+        "{} servers",
+        server_count(&pg, "trustuser", "app")
+    );
+}
+
+#[test]
+fn max_db_connections_caps_servers_of_a_database() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "capped = {} max_db_connections=2\nother = {}\n",
+        pg.db_connstr("app"),
+        pg.db_connstr("app")
+    );
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 5\n",
+        &dbs,
+    );
+    // Three clients of one pool on a database capped at two servers (all entries point at
+    // the real database `app`).
+    let runs = [("postgres", "capped"); 3];
+    let (max, failures) = sleepers(&pg, &pw, &runs, 1.0, ("postgres", "app"));
+    assert!(failures.is_empty(), "{failures:?}\n{}", pw.log());
+    assert_eq!(max, 2, "max_db_connections=2");
+}
+
+/// Three pools of one user (three databases) share max_user_connections=1: an idle server of
+/// one pool must make way for a client waiting in another (PgBouncer closes it).
+#[test]
+fn max_user_connections_caps_servers_of_a_user_across_databases() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "capped = {}\nother = {}\n",
+        pg.db_connstr("app"),
+        pg.db_connstr("app")
+    );
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 5\nquery_wait_timeout = 5\n\
+         [users]\ntrustuser = max_user_connections=1\n",
+        &dbs,
+    );
+    let runs = [
+        ("trustuser", "app"),
+        ("trustuser", "other"),
+        ("trustuser", "capped"),
+    ];
+    let (max, failures) = sleepers(&pg, &pw, &runs, 0.7, ("trustuser", "app"));
+    assert!(failures.is_empty(), "{failures:?}\n{}", pw.log());
+    assert_eq!(max, 1, "max_user_connections=1");
+}
+
+#[test]
+fn server_reset_query_runs_in_session_mode_only() {
+    let pg = Postgres::start();
+    log_statements_of(&pg, "trustuser");
+    let dbs = format!("txdb = {} pool_mode=transaction\n", pg.db_connstr("app"));
+    let pw = start(&pg, "pool_mode = session\ndefault_pool_size = 1\n", &dbs);
+    let mut a = Raw::connect(pw.port);
+    a.startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    let pid = a.value("SELECT pg_backend_pid()");
+    a.value("CREATE TEMP TABLE scratch (id int)");
+    a.value("SET work_mem = '7MB'");
+    a.terminate();
+
+    let mut b = Raw::connect(pw.port);
+    b.startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    assert_eq!(
+        b.value("SELECT pg_backend_pid()"),
+        pid,
+        "the server was not reused"
+    );
+    assert_eq!(b.value("SHOW work_mem"), "4MB", "SET survived the reset");
+    assert_eq!(
+        b.value("SELECT to_regclass('pg_temp.scratch') IS NULL"),
+        "t",
+        "temp table survived"
+    );
+    b.terminate();
+    assert!(
+        eventually(Duration::from_secs(3), || logged_statements(
+            &pg,
+            "DISCARD ALL"
+        ) == 2),
+        "DISCARD ALL ran {} times, expected once per session client",
+        logged_statements(&pg, "DISCARD ALL")
+    );
+
+    // Transaction mode: no reset between clients (server_reset_query_always is off).
+    let mut c = Raw::connect(pw.port);
+    c.startup(&[("user", "trustuser"), ("database", "txdb")])
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    c.value("SELECT 'tx client'");
+    c.terminate();
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(logged_statements(&pg, "DISCARD ALL"), 2);
+}
+
+#[test]
+fn server_check_query_runs_after_server_check_delay() {
+    let pg = Postgres::start();
+    log_statements_of(&pg, "trustuser");
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\nserver_check_delay = 0.5\n\
+         server_check_query = SELECT 'pgward check'\n",
+        "",
+    );
+    let mut a = Raw::connect(pw.port);
+    a.startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap_or_else(|e| panic!("{e:?}"));
+    a.value("SELECT 1");
+    a.value("SELECT 2");
+    let before = logged_statements(&pg, "SELECT 'pgward check'");
+    thread::sleep(Duration::from_millis(900));
+    a.value("SELECT 3");
+    a.value("SELECT 4");
+    thread::sleep(Duration::from_millis(100));
+    let after = logged_statements(&pg, "SELECT 'pgward check'");
+    assert_eq!(
+        after - before,
+        1,
+        "one check after the delay, none right after use"
+    );
+    a.terminate();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_idle_timeout_closes_idle_servers() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\nserver_idle_timeout = 1\n",
+        "",
+    );
+    let client = must_connect(&pw.connstr("trustuser", None, "app")).await;
+    must_value(&client.client, "SELECT 1").await;
+    assert_eq!(server_count(&pg, "trustuser", "app"), 1);
+    let closed = eventually(Duration::from_secs(4), || {
+        server_count(&pg, "trustuser", "app") == 0
+    });
+    assert!(closed, "the idle server was not closed");
+    // The client is still there and gets a new server.
+    assert_eq!(must_value(&client.client, "SELECT 5").await, "5");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_lifetime_replaces_old_servers() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\nserver_lifetime = 1\nserver_idle_timeout = 0\n",
+        "",
+    );
+    let client = must_connect(&pw.connstr("trustuser", None, "app")).await;
+    let first = must_value(&client.client, "SELECT pg_backend_pid()").await;
+    let started = Instant::now();
+    let mut pids = vec![first.clone()];
+    while started.elapsed() < Duration::from_millis(2500) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        pids.push(must_value(&client.client, "SELECT pg_backend_pid()").await);
+    }
+    pids.dedup();
+    assert!(
+        pids.len() >= 2,
+        "one server for 2.5 s with server_lifetime=1: {pids:?}"
+    );
+    let alive = pg.sql_in(
+        "postgres",
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {first}"),
+    );
+    assert_eq!(alive, "0", "the expired server is still open");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn connection_string_settings_reach_the_server() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE connect_marks (at timestamptz DEFAULT now())");
+    pg.sql("GRANT ALL ON connect_marks TO PUBLIC");
+    let dbs = format!(
+        "tuned = host=127.0.0.1 port={} dbname=app user=trustuser pool_size=1 \
+         connect_query='INSERT INTO connect_marks DEFAULT VALUES' client_encoding=LATIN1 \
+         datestyle='SQL, DMY' timezone=Pacific/Auckland\n\
+         * = host=127.0.0.1 port={} pool_size=1\n",
+        pg.port, pg.port
+    );
+    let pw = start(&pg, "pool_mode = transaction\n", &dbs);
+    let raw = {
+        let mut c = Raw::connect(pw.port);
+        let login = c
+            .startup(&[("user", "postgres"), ("database", "tuned")])
+            .unwrap_or_else(|e| panic!("{e:?}"));
+        (c, login)
+    };
+    let (mut c, login) = raw;
+    assert_eq!(
+        login.param("TimeZone"),
+        Some("Pacific/Auckland"),
+        "{login:?}"
+    );
+    assert_eq!(c.value("SELECT current_user"), "trustuser");
+    assert_eq!(c.value("SHOW TimeZone"), "Pacific/Auckland");
+    assert_eq!(c.value("SHOW DateStyle"), "SQL, DMY");
+    assert_eq!(c.value("SHOW client_encoding"), "LATIN1");
+    assert_eq!(c.value("SELECT count(*) FROM connect_marks"), "1");
+    c.terminate();
+    assert_eq!(server_count(&pg, "trustuser", "app"), 1, "pool_size=1");
+
+    // The `*` entry serves any database name, here `postgres`... and one not listed.
+    pg.sql_in("postgres", "CREATE DATABASE extra");
+    let client = must_connect(&pw.connstr("trustuser", None, "extra")).await;
+    assert_eq!(
+        must_value(&client.client, "SELECT current_database()").await,
+        "extra"
+    );
+}
+
+/// Client A sets parameters at startup and with SET; client B keeps the defaults; with one
+/// server they share it and must each see their own values.
+#[test]
+fn tracked_parameters_follow_each_client_on_a_shared_server() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\n\
+         track_extra_parameters = IntervalStyle, default_transaction_read_only\n",
+        "",
+    );
+    let default_tz = pg.sql("SHOW TimeZone");
+    let mut a = Raw::connect(pw.port);
+    a.startup(&[
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("application_name", "alpha"),
+        (
+            "options",
+            "-c TimeZone=Asia/Tokyo -c default_transaction_read_only=on -c IntervalStyle=postgres_verbose",
+        ),
+    ])
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut b = Raw::connect(pw.port);
+    b.startup(&[
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("application_name", "beta"),
+    ])
+    .unwrap_or_else(|e| panic!("{e:?}"));
+    let show = "SELECT current_setting('TimeZone') || '|' || current_setting('application_name') \
+                || '|' || current_setting('default_transaction_read_only') || '|' || current_setting('IntervalStyle') \
+                || '|' || current_setting('DateStyle') || '|' || current_setting('standard_conforming_strings') \
+                || '|' || current_setting('client_encoding')";
+    let a_start = "Asia/Tokyo|alpha|on|postgres_verbose|ISO, MDY|on|UTF8";
+    let b_default = format!("{default_tz}|beta|off|postgres|ISO, MDY|on|UTF8");
+    assert_eq!(
+        a.value("SELECT pg_backend_pid()"),
+        b.value("SELECT pg_backend_pid()")
+    );
+    assert_eq!(a.value(show), a_start);
+    assert_eq!(b.value(show), b_default);
+    a.value("SET TimeZone = 'America/New_York'");
+    a.value("SET DateStyle = 'German'");
+    a.value("SET standard_conforming_strings = off");
+    a.value("SET client_encoding = 'LATIN1'");
+    a.value("SET application_name = 'alpha2'");
+    assert_eq!(b.value(show), b_default, "B sees A's SETs");
+    assert_eq!(
+        a.value(show),
+        "America/New_York|alpha2|on|postgres_verbose|German, DMY|off|LATIN1"
+    );
+    assert_eq!(b.value(show), b_default);
+    // A transaction that sets and rolls back leaves A's value as it was.
+    a.value("BEGIN");
+    a.value("SET TimeZone = 'UTC'");
+    a.value("ROLLBACK");
+    assert_eq!(b.value(show), b_default);
+    assert!(a.value(show).starts_with("America/New_York|"));
+    a.terminate();
+    b.terminate();
+}
+
+#[test]
+fn many_clients_through_psql_share_two_servers() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "pool_mode = transaction\ndefault_pool_size = 2\n", "");
+    let count = Arc::new(AtomicU32::new(0));
+    thread::scope(|scope| {
+        for i in 0..6 {
+            let count = count.clone();
+            let pw = &pw;
+            scope.spawn(move || {
+                let out = pw.psql(
+                    "trustuser",
+                    None,
+                    "app",
+                    &format!("SELECT {i}; SELECT pg_sleep(0.2); SELECT {i} * 2"),
+                );
+                assert!(out.status.success(), "{}", stderr_of(&out));
+                assert!(stdout_of(&out).ends_with(&format!("{}", i * 2)));
+                count.fetch_add(1, Ordering::AcqRel);
+            });
+        }
+    });
+    assert_eq!(count.load(Ordering::Acquire), 6);
+    assert!(server_count(&pg, "trustuser", "app") <= 2);
+}

@@ -1,0 +1,434 @@
+//! The startup phase (encryption requests, startup parameters, protocol errors) and
+//! authentication on both sides of pgward: clients against the auth file, pgward against
+//! PostgreSQL.
+
+mod common;
+
+use std::time::Duration;
+
+use common::driver::{self, code, connect, must_value};
+use common::raw::{self, Raw, PROTOCOL_3_0};
+use common::{psql_at, stderr_of, stdout_of, write_userlist, Pgward, Postgres};
+
+fn trust_pgward(pg: &Postgres, extra: &str) -> Pgward {
+    let settings = format!("auth_type = trust\npool_mode = transaction\n{extra}");
+    Pgward::start(&Pgward::ini(pg, &settings, ""))
+}
+
+#[test]
+fn ssl_and_gssenc_requests_are_refused_then_startup_proceeds() {
+    let pg = Postgres::start();
+    let pw = trust_pgward(&pg, "");
+    let mut client = Raw::connect(pw.port);
+    client.send(&raw::ssl_request());
+    assert_eq!(client.read_byte(), Ok(b'N'), "SSLRequest answer");
+    client.send(&raw::gssenc_request());
+    assert_eq!(client.read_byte(), Ok(b'N'), "GSSENCRequest answer");
+    let login = client
+        .startup(&[
+            ("user", "trustuser"),
+            ("database", "app"),
+            ("options", "-c TimeZone=Asia/Tokyo -c DateStyle=German"),
+            ("application_name", "rawclient"),
+        ])
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    assert_eq!(login.param("TimeZone"), Some("Asia/Tokyo"));
+    assert_eq!(login.param("application_name"), Some("rawclient"));
+    assert!(login.param("server_version").is_some(), "{login:?}");
+    assert!(login.key.is_some(), "no BackendKeyData");
+    assert_eq!(client.value("SHOW TimeZone"), "Asia/Tokyo");
+    assert!(client.value("SHOW DateStyle").starts_with("German"));
+    assert_eq!(client.value("SELECT current_user"), "trustuser");
+    client.terminate();
+
+    // libpq: sslmode=prefer falls back to plain text, require gives up.
+    let prefer = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app sslmode=prefer",
+        "SELECT 1",
+    );
+    assert!(prefer.status.success(), "{}", stderr_of(&prefer));
+    let require = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app sslmode=require",
+        "SELECT 1",
+    );
+    assert!(!require.status.success());
+    assert!(
+        stderr_of(&require).contains("does not support SSL"),
+        "{}",
+        stderr_of(&require)
+    );
+    // libpq's gssencmode=prefer sends GSSENCRequest only when built with GSSAPI; either way
+    // the login must work.
+    let gss = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app gssencmode=prefer",
+        "SELECT 2",
+    );
+    assert!(gss.status.success(), "{}", stderr_of(&gss));
+}
+
+#[test]
+fn options_from_libpq_reach_the_server() {
+    let pg = Postgres::start();
+    let pw = trust_pgward(&pg, "");
+    let out = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app options='-c TimeZone=America/Denver -c IntervalStyle=iso_8601'",
+        "SHOW TimeZone; SHOW IntervalStyle",
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(stdout_of(&out), "America/Denver\niso_8601");
+}
+
+/// Sends `bytes` as the opening of a connection and returns the FATAL pgward answers with.
+fn refusal(port: u16, bytes: &[u8]) -> raw::Fields {
+    let mut client = Raw::connect(port);
+    client.send(bytes);
+    let fields = client.expect_error();
+    assert!(
+        client.closes_within(Duration::from_secs(5)),
+        "connection left open after {fields:?}"
+    );
+    fields
+}
+
+fn assert_protocol_violation(what: &str, fields: &raw::Fields) {
+    assert_eq!(fields.code(), "08P01", "{what}: {fields:?}");
+    assert_eq!(fields.severity(), "FATAL", "{what}: {fields:?}");
+    assert!(!fields.message().is_empty(), "{what}: empty message");
+}
+
+#[test]
+fn bad_protocol_versions_and_malformed_packets_get_08p01() {
+    let pg = Postgres::start();
+    let pw = trust_pgward(&pg, "");
+    let params = [("user", "trustuser"), ("database", "app")];
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("protocol 4.0", raw::startup_packet(4 << 16, &params)),
+        ("protocol 2.0", raw::startup_packet(2 << 16, &params)),
+        ("length below 8", vec![0, 0, 0, 4, 0, 0, 0, 0]),
+        (
+            "no terminator",
+            raw::untagged(&[&PROTOCOL_3_0.to_be_bytes()[..], b"user\0trustuser"].concat()),
+        ),
+        (
+            "SSLRequest with trailing bytes",
+            raw::untagged(&[&80_877_103u32.to_be_bytes()[..], &[1, 2, 3, 4]].concat()),
+        ),
+        (
+            "no user",
+            raw::startup_packet(PROTOCOL_3_0, &[("database", "app")]),
+        ),
+        (
+            "oversized length",
+            [0x7f, 0xff, 0xff, 0xff, 0, 3, 0, 0].to_vec(),
+        ),
+    ];
+    for (what, bytes) in cases {
+        assert_protocol_violation(what, &refusal(pw.port, &bytes));
+    }
+    // A startup parameter pgward cannot carry across servers.
+    let unsupported = refusal(
+        pw.port,
+        &raw::startup_packet(PROTOCOL_3_0, &[("user", "trustuser"), ("work_mem", "1MB")]),
+    );
+    assert_protocol_violation("unsupported parameter", &unsupported);
+    let in_options = refusal(
+        pw.port,
+        &raw::startup_packet(
+            PROTOCOL_3_0,
+            &[("user", "trustuser"), ("options", "-c work_mem=1MB")],
+        ),
+    );
+    assert_protocol_violation("unsupported -c in options", &in_options);
+    // pgward still serves after all that.
+    let ok = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(ok.status.success(), "{}", stderr_of(&ok));
+}
+
+#[test]
+fn ignored_startup_parameters_and_protocol_negotiation() {
+    let pg = Postgres::start();
+    let pw = trust_pgward(&pg, "ignore_startup_parameters = extra_float_digits");
+    let mut client = Raw::connect(pw.port);
+    client.send(&raw::startup_packet(
+        PROTOCOL_3_0 | 2,
+        &[
+            ("user", "trustuser"),
+            ("database", "app"),
+            ("extra_float_digits", "3"),
+            ("_pq_.some_extension", "on"),
+        ],
+    ));
+    let login = client
+        .finish_login()
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    assert!(login.negotiated, "no NegotiateProtocolVersion for 3.2");
+    assert_eq!(client.value("SELECT 40 + 2"), "42");
+}
+
+#[test]
+fn unknown_database_is_refused_with_3d000() {
+    let pg = Postgres::start();
+    let pw = trust_pgward(&pg, "");
+    let fields = refusal(
+        pw.port,
+        &raw::startup_packet(PROTOCOL_3_0, &[("user", "trustuser"), ("database", "nope")]),
+    );
+    assert_eq!(fields.code(), "3D000", "{fields:?}");
+    assert_eq!(fields.message(), "no such database: nope");
+}
+
+/// One login through pgward: the user, the password the client gives, and the outcome
+/// (`Ok(current_user)` or `Err(sqlstate)`).
+struct Case {
+    user: &'static str,
+    password: &'static str,
+    db: &'static str,
+    expect: Result<&'static str, &'static str>,
+}
+
+const fn ok(user: &'static str, password: &'static str, as_user: &'static str) -> Case {
+    Case {
+        user,
+        password,
+        db: "app",
+        expect: Ok(as_user),
+    }
+}
+
+const fn refused(user: &'static str, password: &'static str, sqlstate: &'static str) -> Case {
+    Case {
+        user,
+        password,
+        db: "app",
+        expect: Err(sqlstate),
+    }
+}
+
+async fn check_cases(pw: &Pgward, auth_type: &str, cases: &[Case]) {
+    let mut failures = Vec::new();
+    for case in cases {
+        let password = (!case.password.is_empty()).then_some(case.password);
+        let connstr = pw.connstr(case.user, password, case.db);
+        let got = match connect(&connstr).await {
+            Ok(conn) => match driver::value(&conn.client, "SELECT current_user").await {
+                Ok(user) => Ok(user),
+                Err(err) => Err(code(&err)),
+            },
+            Err(err) => Err(code(&err)),
+        };
+        let expected = case.expect.map(str::to_string).map_err(str::to_string);
+        if got != expected {
+            failures.push(format!(
+                "auth_type={auth_type} {}@{} password {:?}: expected {expected:?}, got {got:?}",
+                case.user, case.db, case.password
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}\n{}", failures.join("\n"), pw.log());
+}
+
+/// pgward with `auth_type` and an auth file of `entries`; the directory holding the auth file
+/// lives as long as the returned value.
+fn auth_pgward(
+    pg: &Postgres,
+    auth_type: &str,
+    entries: &[(&str, &str)],
+    dbs: &str,
+) -> (Pgward, tempfile::TempDir) {
+    let dir = common::shared_tempdir("pgward-auth-");
+    let userlist = write_userlist(dir.path(), entries);
+    let settings = format!(
+        "auth_type = {auth_type}\nauth_file = {}\npool_mode = transaction\n",
+        userlist.display()
+    );
+    (Pgward::start(&Pgward::ini(pg, &settings, dbs)), dir)
+}
+
+/// Auth file entries: md5user and scramuser with the secrets PostgreSQL stores for them,
+/// passworduser with its plain password.
+fn stored_secrets(pg: &Postgres) -> Vec<(String, String)> {
+    vec![
+        ("md5user".into(), pg.role_secret("md5user")),
+        ("scramuser".into(), pg.role_secret("scramuser")),
+        ("passworduser".into(), "plainpass".into()),
+    ]
+}
+
+fn as_entries(owned: &[(String, String)]) -> Vec<(&str, &str)> {
+    owned
+        .iter()
+        .map(|(user, secret)| (user.as_str(), secret.as_str()))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn md5_auth_against_plain_md5_and_scram_secrets() {
+    let pg = Postgres::start();
+    let mut owned = stored_secrets(&pg);
+    owned.push(("trustuser".into(), "trustpw".into()));
+    let entries = as_entries(&owned);
+    let (pw, _dir) = auth_pgward(&pg, "md5", &entries, "");
+    check_cases(
+        &pw,
+        "md5",
+        &[
+            // md5 challenge against an MD5 secret; server login md5 with that secret.
+            ok("md5user", "md5pass", "md5user"),
+            // SCRAM secret: the client is asked for SCRAM; the server login reuses its keys.
+            ok("scramuser", "scrampass", "scramuser"),
+            // plain secret: md5 challenge; the server asks for a cleartext password.
+            ok("passworduser", "plainpass", "passworduser"),
+            // the server trusts this role; the client still proves its password to pgward.
+            ok("trustuser", "trustpw", "trustuser"),
+            refused("md5user", "wrong", "28P01"),
+            refused("scramuser", "wrong", "28P01"),
+            refused("passworduser", "wrong", "28P01"),
+            refused("trustuser", "wrong", "28P01"),
+            refused("nobody", "whatever", "28P01"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scram_auth_against_plain_scram_and_md5_secrets() {
+    let pg = Postgres::start();
+    let owned = stored_secrets(&pg);
+    let entries = as_entries(&owned);
+    let (pw, _dir) = auth_pgward(&pg, "scram-sha-256", &entries, "");
+    check_cases(
+        &pw,
+        "scram-sha-256",
+        &[
+            ok("scramuser", "scrampass", "scramuser"),
+            ok("passworduser", "plainpass", "passworduser"),
+            // An MD5 secret cannot verify a SCRAM exchange.
+            refused("md5user", "md5pass", "28P01"),
+            refused("scramuser", "wrong", "28P01"),
+            refused("passworduser", "wrong", "28P01"),
+            refused("nobody", "x", "28P01"),
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn plain_auth_and_passwords_from_connection_strings() {
+    let pg = Postgres::start();
+    let owned = stored_secrets(&pg);
+    let entries = as_entries(&owned);
+    // Databases whose connection string forces a server user and gives its password.
+    let dbs = format!(
+        "as_scram = {} user=scramuser password=scrampass\n\
+         as_md5 = {} user=md5user password=md5pass\n\
+         as_password = {} user=passworduser password=plainpass\n",
+        pg.db_connstr("app"),
+        pg.db_connstr("app"),
+        pg.db_connstr("app")
+    );
+    let (pw, _dir) = auth_pgward(&pg, "plain", &entries, &dbs);
+    let on = |db: &'static str, user: &'static str, password: &'static str, as_user| Case {
+        user,
+        password,
+        db,
+        expect: Ok(as_user),
+    };
+    check_cases(
+        &pw,
+        "plain",
+        &[
+            ok("md5user", "md5pass", "md5user"),
+            ok("passworduser", "plainpass", "passworduser"),
+            refused("md5user", "wrong", "28P01"),
+            // Cleartext against a stored SCRAM secret; the server password comes from the
+            // connection string.
+            on("as_scram", "scramuser", "scrampass", "scramuser"),
+            on("as_md5", "md5user", "md5pass", "md5user"),
+            on("as_password", "passworduser", "plainpass", "passworduser"),
+            Case {
+                user: "scramuser",
+                password: "wrong",
+                db: "as_scram",
+                expect: Err("28P01"),
+            },
+        ],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn trust_auth_logs_in_to_every_server_method() {
+    let pg = Postgres::start();
+    let md5 = pg.role_secret("md5user");
+    let entries = [("md5user", md5.as_str()), ("passworduser", "plainpass")];
+    let dbs = format!(
+        "as_scram = {} user=scramuser password=scrampass\n",
+        pg.db_connstr("app")
+    );
+    let (pw, _dir) = auth_pgward(&pg, "trust", &entries, &dbs);
+    check_cases(
+        &pw,
+        "trust",
+        &[
+            ok("trustuser", "", "trustuser"),
+            ok("md5user", "anything", "md5user"),
+            ok("passworduser", "", "passworduser"),
+            Case {
+                user: "trustuser",
+                password: "",
+                db: "as_scram",
+                expect: Ok("scramuser"),
+            },
+        ],
+    )
+    .await;
+}
+
+/// The client logs in with SCRAM against the stored SCRAM secret and pgward logs in to the
+/// server with the keys the client proved; no plain password exists anywhere. More servers
+/// than the first one must open with those keys.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn scram_keys_of_the_client_open_several_servers() {
+    let pg = Postgres::start();
+    let scram = pg.role_secret("scramuser");
+    let dir = common::shared_tempdir("pgward-auth-");
+    let userlist = write_userlist(dir.path(), &[("scramuser", &scram)]);
+    let settings = format!(
+        "auth_type = scram-sha-256\nauth_file = {}\npool_mode = session\ndefault_pool_size = 3\n",
+        userlist.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let connstr = pw.connstr("scramuser", Some("scrampass"), "app");
+    let mut conns = Vec::new();
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        let conn = driver::must_connect(&connstr).await;
+        pids.push(must_value(&conn.client, "SELECT pg_backend_pid()").await);
+        conns.push(conn);
+    }
+    pids.sort();
+    pids.dedup();
+    assert_eq!(
+        pids.len(),
+        3,
+        "session mode gives each client its own server"
+    );
+    assert_eq!(common::server_count(&pg, "scramuser", "app"), 3);
+    let log = pg.log();
+    assert!(
+        !log.contains("authentication failed"),
+        "a server login failed:\n{log}"
+    );
+}

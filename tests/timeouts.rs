@@ -1,0 +1,262 @@
+//! Every timeout: the client ones close the client with a FATAL carrying their SQLSTATE at the
+//! right time; the server ones bound logins and their retries.
+
+mod common;
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::raw::{self, Fields, Raw};
+use common::{eventually, stderr_of, Pgward, Postgres};
+
+fn start(pg: &Postgres, settings: &str) -> Pgward {
+    let settings = format!("auth_type = trust\npool_mode = transaction\n{settings}");
+    Pgward::start(&Pgward::ini(pg, &settings, ""))
+}
+
+fn login(pw: &Pgward) -> Raw {
+    let mut client = Raw::connect(pw.port);
+    client
+        .startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    client
+}
+
+/// Asserts a FATAL with `code` and `message` that came between one second (every timeout here
+/// is one second) and `max` after `since`, and that the connection is then closed.
+fn assert_fatal(
+    client: &mut Raw,
+    fields: &Fields,
+    (code, message): (&str, &str),
+    since: Instant,
+    max: Duration,
+) {
+    let min = Duration::from_millis(900);
+    let took = since.elapsed();
+    assert_eq!(fields.code(), code, "{fields:?}");
+    assert_eq!(fields.severity(), "FATAL", "{fields:?}");
+    assert_eq!(fields.message(), message, "{fields:?}");
+    assert!(
+        took >= min && took <= max,
+        "{message} after {took:?}, expected {min:?}..{max:?}"
+    );
+    assert!(
+        client.closes_within(Duration::from_secs(3)),
+        "still open after {message}"
+    );
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+/// Runs `SELECT 1` `times` times, `gap` apart (activity that must not trip the timeout), then
+/// waits for the FATAL `expected` within two seconds of the last answer.
+fn active_then_idle(client: &mut Raw, gap: Duration, times: usize, expected: (&str, &str)) {
+    for _ in 0..times {
+        thread::sleep(gap);
+        client.value("SELECT 1");
+    }
+    let since = Instant::now();
+    let fields = client.expect_error_within(3 * SECOND);
+    assert_fatal(client, &fields, expected, since, 2 * SECOND);
+}
+
+#[test]
+fn query_timeout_cancels_a_long_query_with_57014() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "query_timeout = 1\n");
+    let mut client = login(&pw);
+    assert_eq!(client.value("SELECT pg_sleep(0.3)"), "");
+    let since = Instant::now();
+    client.send(&raw::query_message("SELECT pg_sleep(5)"));
+    let fields = client.expect_error_within(4 * SECOND);
+    assert_fatal(
+        &mut client,
+        &fields,
+        ("57014", "query_timeout"),
+        since,
+        Duration::from_millis(2500),
+    );
+    // Other clients are served meanwhile.
+    let mut next = login(&pw);
+    assert_eq!(next.value("SELECT 1"), "1");
+}
+
+#[test]
+fn query_wait_timeout_refuses_a_client_that_waited_too_long() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "default_pool_size = 1\nquery_wait_timeout = 1\n");
+    let mut busy = login(&pw);
+    let mut waiting = login(&pw);
+    busy.send(&raw::query_message("SELECT pg_sleep(3)"));
+    thread::sleep(Duration::from_millis(200));
+    let since = Instant::now();
+    waiting.send(&raw::query_message("SELECT 1"));
+    let fields = waiting.expect_error_within(4 * SECOND);
+    assert_fatal(
+        &mut waiting,
+        &fields,
+        ("57014", "query_wait_timeout"),
+        since,
+        Duration::from_millis(2500),
+    );
+    assert!(
+        busy.read_result(5 * SECOND).is_ok(),
+        "the busy client failed"
+    );
+}
+
+#[test]
+fn idle_transaction_timeout_closes_with_25p03_and_the_server() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "idle_transaction_timeout = 1\n");
+    let mut client = login(&pw);
+    client.value("BEGIN");
+    // Activity inside the transaction restarts the idle clock.
+    let expected = ("25P03", "idle_transaction_timeout");
+    active_then_idle(&mut client, Duration::from_millis(500), 3, expected);
+    let gone = eventually(3 * SECOND, || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = 'trustuser' \
+             AND state LIKE 'idle in transaction%'",
+        ) == "0"
+    });
+    assert!(gone, "the server stayed idle in transaction");
+}
+
+#[test]
+fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "transaction_timeout = 1\n");
+    let mut client = login(&pw);
+    // Outside a transaction, time does not count.
+    for _ in 0..3 {
+        client.value("SELECT pg_sleep(0.4)");
+    }
+    let since = Instant::now();
+    client.value("BEGIN");
+    let mut fields = None;
+    for _ in 0..10 {
+        match client.query("SELECT pg_sleep(0.3)") {
+            Ok(_) => {}
+            Err(err) if err.severity() == "FATAL" => {
+                fields = Some(err);
+                break;
+            }
+            Err(err) => panic!("unexpected error {err:?}"),
+        }
+    }
+    let fields = fields.unwrap_or_else(|| panic!("no transaction_timeout after 3 s"));
+    assert_fatal(
+        &mut client,
+        &fields,
+        ("25P04", "transaction_timeout"),
+        since,
+        Duration::from_millis(2000),
+    );
+}
+
+#[test]
+fn client_idle_timeout_closes_idle_clients_with_57p05() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "client_idle_timeout = 1\n");
+    let mut client = login(&pw);
+    let expected = ("57P05", "client_idle_timeout");
+    active_then_idle(&mut client, Duration::from_millis(400), 4, expected);
+}
+
+#[test]
+fn client_login_timeout_closes_silent_connections() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "client_login_timeout = 1\n");
+    let since = Instant::now();
+    let mut silent = Raw::connect(pw.port);
+    let mut half = Raw::connect(pw.port);
+    half.send(&raw::ssl_request());
+    assert_eq!(half.read_byte(), Ok(b'N'));
+    for client in [&mut silent, &mut half] {
+        assert!(
+            client.closes_within(3 * SECOND),
+            "open after client_login_timeout"
+        );
+    }
+    let took = since.elapsed();
+    assert!(took >= Duration::from_millis(900), "closed after {took:?}");
+    let ok = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(ok.status.success(), "{}", stderr_of(&ok));
+}
+
+/// A server that accepts TCP connections and never answers: each login attempt must give up
+/// after server_connect_timeout, and the waiting client must get an error, not hang.
+#[test]
+fn server_connect_timeout_bounds_each_login_attempt() {
+    let pg = Postgres::start();
+    let mute = TcpListener::bind((common::HOST, 0)).expect("bind");
+    let mute_port = mute.local_addr().expect("addr").port();
+    let attempts = thread::spawn(move || {
+        let mut lifetimes = Vec::new();
+        let _ = mute.set_nonblocking(false);
+        for stream in mute.incoming().take(2) {
+            let Ok(mut stream) = stream else { break };
+            let accepted = Instant::now();
+            let mut sink = [0u8; 1024];
+            while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+            lifetimes.push(accepted.elapsed());
+        }
+        lifetimes
+    });
+    let dbs = format!("mute = host=127.0.0.1 port={mute_port} dbname=app\n");
+    let settings = "auth_type = trust\npool_mode = transaction\nserver_connect_timeout = 1\n\
+                    query_wait_timeout = 4\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &dbs));
+    let since = Instant::now();
+    let mut client = Raw::connect(pw.port);
+    let refused = client
+        .startup(&[("user", "trustuser"), ("database", "mute")])
+        .expect_err("logged in through a mute server");
+    assert!(!refused.code().is_empty(), "{refused:?}");
+    assert!(since.elapsed() < 6 * SECOND, "{:?}", since.elapsed());
+    let lifetimes = attempts.join().expect("mute server thread");
+    assert_eq!(lifetimes.len(), 2, "pgward tried once only");
+    for life in lifetimes {
+        assert!(
+            life >= Duration::from_millis(900) && life <= Duration::from_millis(2000),
+            "a login attempt lasted {life:?} with server_connect_timeout = 1"
+        );
+    }
+}
+
+/// A login the server refuses is not tried again before server_login_retry: clients get the
+/// same error at once, and the server sees no new attempt.
+#[test]
+fn server_login_retry_spaces_out_refused_logins() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "badpw = {} user=md5user password=wrong\n",
+        pg.db_connstr("app")
+    );
+    let settings = "auth_type = trust\npool_mode = transaction\nserver_login_retry = 2\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &dbs));
+    let attempts = || pg.log().matches("password authentication failed").count();
+    let try_login = || {
+        let mut client = Raw::connect(pw.port);
+        client
+            .startup(&[("user", "trustuser"), ("database", "badpw")])
+            .expect_err("logged in with a wrong server password")
+    };
+    let first = try_login();
+    assert_eq!(first.code(), "28P01", "{first:?}");
+    assert!(eventually(SECOND, || attempts() == 1), "{}", attempts());
+    let since = Instant::now();
+    let second = try_login();
+    assert!(since.elapsed() < Duration::from_millis(500));
+    assert_eq!(second.code(), "28P01", "{second:?}");
+    thread::sleep(Duration::from_millis(200));
+    assert_eq!(attempts(), 1, "a new login inside server_login_retry");
+    thread::sleep(Duration::from_millis(2000));
+    let third = try_login();
+    assert_eq!(third.code(), "28P01", "{third:?}");
+    assert!(eventually(SECOND, || attempts() == 2), "{}", attempts());
+}
