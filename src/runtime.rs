@@ -166,11 +166,12 @@ impl Runtime {
     /// The pool serving `user` on database entry `db`, created on first use.
     pub fn pool_for(&self, db: &DatabaseDef, user: &str) -> Arc<Pool> {
         let config = self.config.load();
+        // A database with a forced user has one pool, whoever logs in, as in PgBouncer.
+        let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
         let key = PoolKey {
             db: db.name.clone(),
-            user: user.to_string(),
+            user: server_user.clone(),
         };
-        let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
         let credential = self.server_credential(db, &server_user);
         self.pools.get_or_create(
             &key,

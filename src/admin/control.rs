@@ -213,7 +213,7 @@ async fn wait_close(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
             };
             pools.iter().any(|p| {
                 p.key.db == info.database
-                    && p.key.user == info.user
+                    && p.key.user == info.pool_user
                     && p.ops.close_needed(server.id, server.created)
             })
         });

@@ -126,7 +126,7 @@ pub async fn serve(
             .map(|(_, v)| v.clone())
     };
     let app_name = param("application_name").unwrap_or_default();
-    entry.logged_in(&req.user, &req.database, &app_name, true);
+    entry.logged_in(&req.user, &req.database, &req.user, &app_name, true);
     let counters = rt.ops.stats.for_pool(&PoolKey {
         db: req.database.clone(),
         user: req.user.clone(),

@@ -153,7 +153,10 @@ fn pool_clients(infos: &[ClientInfo], db: &str, user: &str, now: Instant) -> (us
     let mut active = 0;
     let mut waiting = 0;
     let mut max_wait = 0;
-    for i in infos.iter().filter(|i| i.database == db && i.user == user) {
+    for i in infos
+        .iter()
+        .filter(|i| i.database == db && i.pool_user == user)
+    {
         match i.state {
             ClientState::Waiting => {
                 waiting += 1;

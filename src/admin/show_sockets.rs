@@ -172,7 +172,7 @@ fn server_rows(rt: &Runtime) -> Vec<Vec<Cell>> {
         let Some(link) = &i.server else { continue };
         let pool = pools
             .iter()
-            .find(|p| p.key.db == i.database && p.key.user == i.user);
+            .find(|p| p.key.db == i.database && p.key.user == i.pool_user);
         let Some(pool) = pool else { continue };
         let settings = pool.settings();
         rows.push(server_row(&ServerRow {

@@ -187,7 +187,7 @@ async fn run(
         .iter()
         .find(|(n, _)| n == "application_name")
         .map_or("", |(_, v)| v.as_str());
-    entry.logged_in(&req.user, &req.database, app_name, false);
+    entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
     rt.ops.stats.for_pool(&pool.key).add_login();
     let handle = rt.cancels.register(id);
     let hooks = crate::ops::SessionHooks::new(rt.clone(), entry.clone(), &pool);

@@ -126,7 +126,7 @@ fn pools(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error>
         };
         let mine = infos
             .iter()
-            .filter(|i| i.database == pool.key.db && i.user == pool.key.user);
+            .filter(|i| i.database == pool.key.db && i.pool_user == pool.key.user);
         for state in [ClientState::Active, ClientState::Idle, ClientState::Waiting] {
             let n = mine.clone().filter(|i| i.state == state).count();
             clients.push((key(Some(state.as_str())), gauge_of(n)));

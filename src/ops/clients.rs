@@ -69,6 +69,8 @@ pub fn wall_clock(at: Instant) -> SystemTime {
 pub struct ClientInfo {
     pub user: String,
     pub database: String,
+    /// The user of the pool it uses: the database's forced user, or `user`.
+    pub pool_user: String,
     pub application_name: String,
     pub admin: bool,
     pub state: ClientState,
@@ -98,10 +100,19 @@ impl ClientEntry {
         lock(&self.info).clone()
     }
 
-    /// Fills in who the client is once its startup message is read.
-    pub fn logged_in(&self, user: &str, database: &str, application_name: &str, admin: bool) {
+    /// Fills in who the client is once it has logged in; `pool_user` is the user of the
+    /// pool it uses.
+    pub fn logged_in(
+        &self,
+        user: &str,
+        database: &str,
+        pool_user: &str,
+        application_name: &str,
+        admin: bool,
+    ) {
         let mut i = lock(&self.info);
         i.user = user.to_string();
+        i.pool_user = pool_user.to_string();
         i.database = database.to_string();
         i.application_name = application_name.to_string();
         i.admin = admin;
@@ -181,6 +192,7 @@ impl ClientRegistry {
             info: Mutex::new(ClientInfo {
                 user: String::new(),
                 database: String::new(),
+                pool_user: String::new(),
                 application_name: String::new(),
                 admin: false,
                 state: ClientState::Login,

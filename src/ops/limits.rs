@@ -119,7 +119,7 @@ fn servers_in_use(clients: &ClientRegistry) -> InUse {
     for c in clients.all() {
         let info = c.info();
         if let Some(s) = info.server {
-            map.entry((info.database, info.user))
+            map.entry((info.database, info.pool_user))
                 .or_default()
                 .push((s.id, s.created));
         }
