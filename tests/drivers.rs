@@ -493,6 +493,45 @@ async fn tokio_transactions(conn: &mut tokio_postgres::Client, client: i32) {
     }
 }
 
+/// Runs a prepared statement, then again while another client's transaction holds the server
+/// it ran on; returns how many servers it ran on.
+async fn tokio_moved_statement(connstr: &str) -> usize {
+    let connect = || tokio_postgres::connect(connstr, tokio_postgres::NoTls);
+    let (conn, driver) = connect().await.expect("connect");
+    tokio::spawn(driver);
+    let (mut holder, driver) = connect().await.expect("connect");
+    tokio::spawn(driver);
+    let pinned = conn
+        .prepare("SELECT $1::int4 * 2, pg_backend_pid()")
+        .await
+        .expect("prepare");
+    let run = |v: i32| {
+        let (conn, pinned) = (&conn, &pinned);
+        async move {
+            let row = conn.query_one(pinned, &[&v]).await.expect("pinned query");
+            assert_eq!(row.get::<_, i32>(0), v * 2);
+            row.get::<_, i32>(1)
+        }
+    };
+    for attempt in 0..30 {
+        let first = run(attempt).await;
+        let tx = holder.transaction().await.expect("begin");
+        let held: i32 = tx
+            .query_one("SELECT pg_backend_pid()", &[])
+            .await
+            .expect("pid")
+            .get(0);
+        if held == first {
+            let second = run(attempt + 1).await;
+            tx.rollback().await.expect("rollback");
+            assert_ne!(second, first, "ran on the server another client holds");
+            return 2;
+        }
+        tx.rollback().await.expect("rollback");
+    }
+    1
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokio_postgres_prepared_from_several_tasks_and_transactions() {
     let rig = Rig::start("");
@@ -500,7 +539,7 @@ async fn tokio_postgres_prepared_from_several_tasks_and_transactions() {
     let clients: Vec<_> = (1..=4)
         .map(|client| tokio::spawn(tokio_client(connstr.clone(), client)))
         .collect();
-    let mut most = 0;
+    let mut most = tokio_moved_statement(&connstr).await;
     for client in clients {
         let servers = tokio::time::timeout(DRIVER_TIMEOUT, client)
             .await
