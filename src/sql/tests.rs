@@ -137,6 +137,20 @@ fn index_operations() {
         "REINDEX (CONCURRENTLY) TABLE t",
         Finding::NotConcurrently(IndexOp::Reindex)
     ));
+    for yes in ["true", "on", "ON", "1", "'on'"] {
+        let sql = format!("REINDEX (CONCURRENTLY {yes}) TABLE t");
+        assert!(
+            !has(&sql, Finding::NotConcurrently(IndexOp::Reindex)),
+            "{sql}"
+        );
+    }
+    for no in ["false", "off", "0", "'off'", "'false'", "2", "maybe"] {
+        let sql = format!("REINDEX (CONCURRENTLY {no}) TABLE t");
+        assert!(
+            has(&sql, Finding::NotConcurrently(IndexOp::Reindex)),
+            "{sql}"
+        );
+    }
 }
 
 #[test]
