@@ -65,16 +65,27 @@ const VAR_SET_CURRENT: i64 = 3;
 const VAR_RESET: i64 = 5;
 const VAR_RESET_ALL: i64 = 6;
 
+/// How the facts depend on the text's constants (see [`super::shape`]).
+#[derive(Debug, Default)]
+pub(crate) struct ConstantUse {
+    /// The location of every `A_Const` in the tree.
+    pub locations: Vec<i64>,
+    /// A constant's value went into the facts (set_config arguments, SET values, options).
+    pub values_read: bool,
+}
+
 /// Turns walk events into [`Facts`].
 #[derive(Default)]
 pub(crate) struct Collector {
     stack: Vec<Frame>,
     facts: Facts,
+    constants: ConstantUse,
 }
 
 impl Collector {
-    pub(crate) fn finish(self) -> Facts {
-        self.facts
+    /// The facts, and how they depend on constants.
+    pub(crate) fn finish(self) -> (Facts, ConstantUse) {
+        (self.facts, self.constants)
     }
 
     fn top(&self) -> Option<(&'static str, &'static str)> {
@@ -236,6 +247,7 @@ impl Collector {
             self.schema(s);
         }
         if name == "set_config" {
+            self.constants.values_read = true;
             let setting = args.first().cloned().flatten();
             // The value is one text that PostgreSQL splits itself, like a list in the config file.
             let values = match args
@@ -264,7 +276,10 @@ impl Collector {
         };
         match (&mut parent.acc, parent.field) {
             (Acc::Func { args, .. }, "args") => args.push(value),
-            (Acc::Set { values, .. }, "args") => values.push(value),
+            (Acc::Set { values, .. }, "args") => {
+                values.push(value);
+                self.constants.values_read = true;
+            }
             (Acc::Def { value: v, .. }, "arg") => *v = value,
             _ => {}
         }
@@ -297,6 +312,9 @@ impl Collector {
     }
 
     fn close_def(&mut self, name: &str, has_arg: bool, value: Option<String>) {
+        if has_arg && ["transaction_read_only", "concurrently"].contains(&name) {
+            self.constants.values_read = true;
+        }
         if name == "transaction_read_only" && value.as_deref() != Some("1") {
             self.find(Finding::ReadWrite);
         }
@@ -377,6 +395,7 @@ impl Events for Collector {
             return;
         };
         match (top.field, &mut top.acc) {
+            ("location", _) if top.name == "AConst" => self.constants.locations.push(value),
             ("remove_type", Acc::Drop { index, .. }) => *index = value == OBJECT_INDEX,
             ("kind", Acc::Set { kind, .. }) => *kind = value,
             ("ival", _) if top.name == "Integer" => self.set_const(value.to_string()),
