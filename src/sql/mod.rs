@@ -22,7 +22,7 @@
 //! | the same shape with other constants ([`Depth::Tree`]) | 1.8 | scan + shape cache hit |
 //!
 //! At [`Depth::Tree`] a text missing from the cache is looked up by its shape (the text with its
-//! constants left out, see [`shape`]): pgbench's simple protocol, where every text differs, then
+//! constants left out, in `sql/shape.rs`): pgbench's simple protocol, where every text differs, then
 //! costs a scan instead of a parse, without a rule ever seeing another text's verdict.
 //!
 //! (`summary`, 3.7 µs, would be cheaper than `parse` but its walker is pg_query's, not ours, and
