@@ -16,11 +16,6 @@ use crate::wire::{self, ErrorResponse};
 /// What the rules remember across a session's messages.
 #[derive(Debug, Default)]
 pub struct RuleState {
-    /// A Parse was refused by pgward itself: messages are dropped until Sync, as PostgreSQL
-    /// would after an error.
-    pub skipping: bool,
-    /// A statement in flight may change standard_conforming_strings or client_encoding.
-    pub settings_in_doubt: bool,
     /// Tags from a role that is not trusted were already logged for this session.
     pub tags_logged: bool,
 }
@@ -37,15 +32,22 @@ pub struct RuleCheck<'a> {
 
 impl RuleCheck<'_> {
     /// Judges a statement text; `in_flight` says whether earlier statements are still
-    /// unanswered. Returns the refusal, if any.
-    pub fn judge(&mut self, text: &[u8], in_flight: bool) -> Option<RuleHit> {
-        if !in_flight {
-            self.state.settings_in_doubt = false;
-        }
+    /// unanswered: any of them may change how the server reads this one (a SET, a COMMIT
+    /// or ROLLBACK undoing a SET LOCAL, a function calling set_config), so while one is,
+    /// text whose reading depends on standard_conforming_strings or client_encoding is
+    /// unchecked. `pooled` says the server is shared between clients: a SQL-level EXECUTE
+    /// may then run a statement another client prepared, which pgward never judged for
+    /// this one, so it is refused.
+    pub fn judge(&mut self, text: &[u8], in_flight: bool, pooled: bool) -> Option<RuleHit> {
         let context = self.context(in_flight);
         let analysis = self.governance.analyzer.analyze(text, &context);
-        if may_change_parsing(text) {
-            self.state.settings_in_doubt = true;
+        if pooled && executes_prepared(&analysis) {
+            let hit = RuleHit::unverifiable(
+                "EXECUTE of a SQL-level prepared statement under transaction pooling",
+                &analysis,
+            );
+            tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
+            return Some(hit);
         }
         self.verdict(&analysis)
     }
@@ -88,7 +90,7 @@ impl RuleCheck<'_> {
 
     /// How the server will read the next statement, as far as pgward can be sure.
     fn context(&self, in_flight: bool) -> ParseContext {
-        let doubt = in_flight && self.state.settings_in_doubt;
+        let doubt = in_flight;
         let scs = match self.params.get("standard_conforming_strings") {
             _ if doubt => Setting::Unknown,
             Some("on") => Setting::Known(true),
@@ -107,25 +109,11 @@ impl RuleCheck<'_> {
     }
 }
 
-/// Whether a statement might change how later text is tokenized: it names one of the two
-/// settings, resets settings, or calls set_config. Read on the raw text, so it can only err
-/// towards doubt.
-fn may_change_parsing(text: &[u8]) -> bool {
-    const WORDS: [&[u8]; 6] = [
-        b"standard_conforming_strings",
-        b"client_encoding",
-        b"names",
-        b"reset",
-        b"discard",
-        b"set_config",
-    ];
-    WORDS.iter().any(|w| contains_ignore_case(text, w))
-}
-
-fn contains_ignore_case(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack
-        .windows(needle.len())
-        .any(|w| w.eq_ignore_ascii_case(needle))
+/// Whether the statement runs a SQL-level prepared statement (EXECUTE, also under EXPLAIN).
+fn executes_prepared(analysis: &Analysis) -> bool {
+    analysis
+        .facts()
+        .is_some_and(|f| f.statements.contains(&"ExecuteStmt"))
 }
 
 /// The refusal as pgward's own ErrorResponse.

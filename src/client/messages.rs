@@ -147,6 +147,8 @@ pub(super) struct MessageContext<'a> {
     pub pooled: bool,
     /// The policy's rules, when a policy is in force.
     pub rules: Option<RuleCheck<'a>>,
+    /// pgward refused a Parse itself and drops the client's messages until Sync.
+    pub skip_to_sync: &'a mut bool,
 }
 
 impl MessageContext<'_> {
@@ -157,20 +159,18 @@ impl MessageContext<'_> {
         tag: u8,
         body: &[u8],
     ) -> Result<Option<BytesMut>, SessionError> {
-        if let Some(rules) = &mut self.rules {
-            if rules.state.skipping {
-                // pgward refused a Parse itself: drop what PostgreSQL would skip.
-                if tag == b'S' {
-                    rules.state.skipping = false;
-                    self.link.expected.push(Owed::Synthetic {
-                        answer: Bytes::new(),
-                        client_name: None,
-                        ready: true,
-                        batch: false,
-                    });
-                }
-                return Ok(Some(BytesMut::new()));
+        if *self.skip_to_sync {
+            // pgward refused a Parse itself: drop what PostgreSQL would skip.
+            if tag == b'S' {
+                *self.skip_to_sync = false;
+                self.link.expected.push(Owed::Synthetic {
+                    answer: Bytes::new(),
+                    client_name: None,
+                    ready: true,
+                    batch: false,
+                });
             }
+            return Ok(Some(BytesMut::new()));
         }
         let expected = &mut self.link.expected;
         if expected.skipping() && tag != b'S' {
@@ -207,7 +207,8 @@ impl MessageContext<'_> {
     /// The rules' verdict on a statement text, if they refuse it.
     fn refusal(&mut self, text: &[u8]) -> Option<RuleHit> {
         let in_flight = !self.link.expected.is_empty();
-        self.rules.as_mut()?.judge(text, in_flight)
+        let pooled = self.pooled;
+        self.rules.as_mut()?.judge(text, in_flight, pooled)
     }
 
     fn query(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
@@ -278,6 +279,9 @@ impl MessageContext<'_> {
         if let Some(hit) = self.refusal(query) {
             return Ok(Some(self.refuse_parse(&hit)));
         }
+        if name.is_empty() {
+            self.link.unnamed_ours = true;
+        }
         let Some(capacity) = self.capacity.filter(|_| !name.is_empty()) else {
             self.link.expected.push(Owed::Parse {
                 client: true,
@@ -344,11 +348,11 @@ impl MessageContext<'_> {
                 ready: false,
                 batch: false,
             });
-            if let Some(rules) = &mut self.rules {
-                rules.state.skipping = true;
-            }
+            *self.skip_to_sync = true;
             return BytesMut::new();
         }
+        // The unnamed statement now holds the refusal, not anything of the client's.
+        self.link.unnamed_ours = false;
         for owed in [
             Owed::Parse {
                 client: false,
@@ -375,19 +379,41 @@ impl MessageContext<'_> {
         };
         let Some((stmt, capacity)) = found else {
             self.link.expected.push(Owed::Bind);
-            return Ok(None);
+            return Ok(self
+                .foreign_statement(statement)
+                .map(|name| rewrite_bind(body, portal_end, statement, &name, rest)));
         };
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
-        let len = body.len() - statement.len() + stmt.server_name.len();
-        out.extend_from_slice(b"B");
-        out.extend_from_slice(&((len + 4) as u32).to_be_bytes());
-        out.extend_from_slice(&body[..portal_end]);
-        out.extend_from_slice(&stmt.server_name);
-        out.extend_from_slice(&[0]);
-        out.extend_from_slice(rest);
+        out.extend_from_slice(&rewrite_bind(
+            body,
+            portal_end,
+            statement,
+            &stmt.server_name,
+            rest,
+        ));
         self.link.expected.push(Owed::Bind);
         Ok(Some(out))
+    }
+
+    /// A statement name that would reach something this client did not prepare on this
+    /// server (the unnamed statement of another transaction, which may be another client's,
+    /// or one of pgward's own names): the name to use instead, which cannot exist, so the
+    /// server answers 26000 as for any statement that does not exist.
+    fn foreign_statement(&self, name: &[u8]) -> Option<Bytes> {
+        if !self.pooled {
+            return None;
+        }
+        let foreign = if name.is_empty() {
+            !self.link.unnamed_ours
+        } else {
+            self.capacity.is_some() && name.starts_with(b"pgw_")
+        };
+        foreign.then(|| {
+            let mut out = b"pgward_not_prepared_here_".to_vec();
+            out.extend_from_slice(name);
+            Bytes::from(out)
+        })
     }
 
     fn describe(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
@@ -404,7 +430,11 @@ impl MessageContext<'_> {
         };
         let Some((stmt, capacity)) = found else {
             self.link.expected.push(Owed::DescribeStatement);
-            return Ok(None);
+            return Ok(self.foreign_statement(name).map(|other| {
+                let mut out = BytesMut::new();
+                wire::encode_describe(&mut out, b'S', &other);
+                out
+            }));
         };
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
@@ -491,6 +521,25 @@ fn listen_warning() -> Bytes {
     .with_hint("Use session pooling (pool_mode = session) for clients that LISTEN.");
     wire::encode_notice(&mut out, &notice);
     out.freeze()
+}
+
+/// A Bind naming `new_name` instead of `statement`, the rest of the body unchanged.
+fn rewrite_bind(
+    body: &[u8],
+    portal_end: usize,
+    statement: &[u8],
+    new_name: &[u8],
+    rest: &[u8],
+) -> BytesMut {
+    let len = body.len() - statement.len() + new_name.len();
+    let mut out = BytesMut::with_capacity(len + 5);
+    out.extend_from_slice(b"B");
+    out.extend_from_slice(&((len + 4) as u32).to_be_bytes());
+    out.extend_from_slice(&body[..portal_end]);
+    out.extend_from_slice(new_name);
+    out.extend_from_slice(&[0]);
+    out.extend_from_slice(rest);
+    out
 }
 
 const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";

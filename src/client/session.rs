@@ -28,6 +28,10 @@ use crate::runtime::Runtime;
 use crate::server::{Expected, Route, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
+/// Statements each server holds for mapping when max_prepared_statements is 0 but a policy
+/// is in force (PgBouncer's default for the setting).
+const DEFAULT_MAX_PREPARED: usize = 200;
+
 /// Bytes buffered towards one side before pgward stops reading from the other.
 const HIGH_WATER: usize = 256 * 1024;
 
@@ -97,6 +101,8 @@ pub(super) struct Link {
     pub tx_since: Option<Instant>,
     /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
     pub reset_sent: bool,
+    /// The server's unnamed statement is one this client parsed on this link.
+    pub unnamed_ours: bool,
 }
 
 impl Link {
@@ -149,6 +155,8 @@ pub struct Session {
     spare_expected: Expected,
     /// Client messages wait in the read buffer until the server answers an earlier Parse.
     held: bool,
+    /// pgward refused a Parse itself: the client's messages are dropped until Sync.
+    skip_to_sync: bool,
 }
 
 impl Session {
@@ -165,8 +173,14 @@ impl Session {
         hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
-        let prepared_capacity = (mode != PoolMode::Session && max_prepared_statements > 0)
-            .then_some(max_prepared_statements);
+        // Under a policy, named statements are always mapped in pooled modes, so no client
+        // can reach a statement another client prepared (and that was judged for it alone).
+        let governed = rt.governance.load().is_some();
+        let capacity = match max_prepared_statements {
+            0 if governed => DEFAULT_MAX_PREPARED,
+            n => n,
+        };
+        let prepared_capacity = (mode != PoolMode::Session && capacity > 0).then_some(capacity);
         Session {
             id: hooks.client_id(),
             rt,
@@ -188,6 +202,7 @@ impl Session {
             hooks,
             spare_expected: Expected::default(),
             held: false,
+            skip_to_sync: false,
         }
     }
 
@@ -453,6 +468,7 @@ impl Session {
                 capacity: self.prepared_capacity,
                 pooled: self.mode != PoolMode::Session,
                 rules,
+                skip_to_sync: &mut self.skip_to_sync,
             };
             if let Some(replacement) = ctx.client_message(tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);
@@ -504,6 +520,7 @@ impl Session {
             ready_since: now,
             tx_since: None,
             reset_sent: false,
+            unnamed_ours: false,
         });
         Ok(())
     }

@@ -138,6 +138,11 @@ impl RuleHit {
         }
     }
 
+    /// A refusal of a statement whose effect pgward cannot judge (the rule `unverifiable`).
+    pub fn unverifiable(what: &str, analysis: &Analysis) -> RuleHit {
+        RuleHit::new("unverifiable", what, analysis.fingerprint_hex())
+    }
+
     /// SQL that makes PostgreSQL raise this refusal itself (used inside a transaction or a
     /// pipeline, so the transaction or batch fails as for any error). Only fixed text, rule
     /// names from the policy and the hex fingerprint go in, filtered to a safe alphabet.
