@@ -21,6 +21,7 @@ use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
+use crate::ops::SessionHooks;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
@@ -94,6 +95,8 @@ pub(super) struct Link {
     pub ready_since: Instant,
     /// When the transaction in progress began (the request that opened it was sent).
     pub tx_since: Option<Instant>,
+    /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
+    pub reset_sent: bool,
 }
 
 impl Link {
@@ -141,14 +144,16 @@ pub struct Session {
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
+    hooks: SessionHooks,
     /// The answer queue of the last server, kept to reuse its allocation.
     spare_expected: Expected,
+    /// Client messages wait in the read buffer until the server answers an earlier Parse.
+    held: bool,
 }
 
 impl Session {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        id: u64,
         rt: Arc<Runtime>,
         (user, client_addr): (String, Option<IpAddr>),
         pool: Arc<Pool>,
@@ -157,12 +162,13 @@ impl Session {
         tracked: Arc<Tracked>,
         timeouts: Timeouts,
         max_prepared_statements: usize,
+        hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
         let prepared_capacity = (mode != PoolMode::Session && max_prepared_statements > 0)
             .then_some(max_prepared_statements);
         Session {
-            id,
+            id: hooks.client_id(),
             rt,
             user,
             client_addr,
@@ -179,7 +185,9 @@ impl Session {
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
+            hooks,
             spare_expected: Expected::default(),
+            held: false,
         }
     }
 
@@ -207,7 +215,13 @@ impl Session {
                     }
                 }
                 Event::ClientClosed => return Ok(()),
-                Event::ServerData => self.on_server_data().await?,
+                Event::ServerData => {
+                    self.on_server_data().await?;
+                    if self.held && self.on_client_data(io).await? {
+                        self.drain_after_terminate().await;
+                        return Ok(());
+                    }
+                }
                 Event::ServerDrained => self.maybe_release().await?,
                 Event::ServerClosed => return Err(self.server_lost()),
                 Event::Timer(t) => {
@@ -348,6 +362,9 @@ impl Session {
             self.forward_client(&mut io.rbuf, chunk.len)?;
             // pgward may have answered everything itself (a DEALLOCATE, a Close).
             self.maybe_release().await?;
+            if self.held {
+                return Ok(false);
+            }
         }
     }
 
@@ -402,6 +419,8 @@ impl Session {
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
+        self.hooks.received(len);
+        self.held = false;
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -414,6 +433,12 @@ impl Session {
         while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
+            if tag == b'P' && self.prepared_capacity.is_some() && waits_for_parse(link, body) {
+                // Whether this name is free depends on how an earlier Parse of it fares:
+                // hold the rest until the server has answered that one.
+                self.held = true;
+                break;
+            }
             let rules = governance.as_deref().map(|governance| RuleCheck {
                 governance,
                 client_id: self.id,
@@ -437,6 +462,7 @@ impl Session {
             }
             offset = end;
         }
+        let len = offset;
         match rebuilt {
             None => take_front(&mut self.to_server, rbuf, len),
             Some(out) => {
@@ -457,7 +483,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
-        let checkout = pool.checkout(ticket, pool.settings_now().query_wait);
+        let checkout = SessionHooks::checkout(self.hooks.clone(), pool, ticket);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {
@@ -477,6 +503,7 @@ impl Session {
             busy_since: None,
             ready_since: now,
             tx_since: None,
+            reset_sent: false,
         });
         Ok(())
     }
@@ -552,12 +579,16 @@ impl Session {
                 opened_block = true;
                 break;
             }
+            let marks = (tag == b'Z').then_some((link.busy_since, link.tx_since));
             let mut client = ClientSide {
                 statements: &mut self.statements,
                 params: &mut self.params,
                 tracked: &self.tracked,
             };
             let route = server_message(link, &mut client, (tag, offset, end))?;
+            if let Some((busy, tx)) = marks {
+                self.hooks.ready(link.server.tx, busy, tx);
+            }
             if route == Route::Swallow || link.expected.synthetic_next() {
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);
@@ -570,6 +601,7 @@ impl Session {
             offset = end;
         }
         if offset > 0 {
+            self.hooks.sent(offset);
             let rbuf = &mut link.server.rbuf;
             match kept {
                 None => take_front(&mut self.to_client, rbuf, offset),
@@ -620,6 +652,7 @@ impl Session {
         let Some(mut link) = self.link.take() else {
             return;
         };
+        self.hooks.released();
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
         }
@@ -668,6 +701,12 @@ impl Session {
         }
         self.release().await;
     }
+}
+
+/// A Parse of a named statement whose creating Parse the server has not answered yet.
+fn waits_for_parse(link: &Link, body: &[u8]) -> bool {
+    let name = body.split(|b| *b == 0).next().unwrap_or_default();
+    !name.is_empty() && link.expected.owes_parse_of(name)
 }
 
 /// Writes as much of `buf` as the socket takes now.
