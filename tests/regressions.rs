@@ -10,12 +10,12 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, Raw, ReadError};
+use common::raw::{self, tags, Raw, ReadError};
 use common::script::{
     bind, copy_data, copy_done, cstr, describe, describe_portal, execute, first_column,
     first_error, flush, login, login_as, login_within, must_value, new_client_value, parse,
-    read_value, start, sync, tags, terminate, transaction_pool, until_ready, until_tag,
-    value_within, SECOND,
+    read_value, start, sync, terminate, transaction_pool, until_ready, until_tag, value_within,
+    SECOND,
 };
 use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST};
 

@@ -11,11 +11,11 @@ mod common;
 use std::thread;
 use std::time::Duration;
 
-use common::raw::{self, Message, Raw};
+use common::raw::{self, tags, Message, Raw};
 use common::script::{
-    bind, bind_named, copy_data, copy_done, describe, execute, first_column, first_error, flush,
-    login, login_within, must_value, parse, parse_named, start, sync, tags, terminate,
-    transaction_pool, until_ready, until_tag, value_within, SECOND,
+    bind, copy_data, copy_done, describe, execute, first_column, first_error, flush, login,
+    login_within, must_value, parse, start, sync, terminate, transaction_pool, until_ready,
+    until_tag, value_within, SECOND,
 };
 use common::{eventually, server_count, Pgward, Postgres};
 
@@ -36,12 +36,18 @@ fn exchange(client: &mut Raw, bytes: &[u8], what: &str) -> Vec<Message> {
 
 /// Parse, Bind, Execute and Sync of `sql` as the statement `name`.
 fn run_named(name: &str, sql: &str) -> Vec<u8> {
-    [parse_named(name, sql), bind_named(name), execute(), sync()].concat()
+    [
+        raw::parse_message(name, sql),
+        raw::bind_message(name),
+        execute(),
+        sync(),
+    ]
+    .concat()
 }
 
 /// Bind, Execute and Sync of the statement `name`.
 fn run_prepared(name: &str) -> Vec<u8> {
-    [bind_named(name), execute(), sync()].concat()
+    [raw::bind_message(name), execute(), sync()].concat()
 }
 
 /// Asserts that an extended-protocol answer has no error and that its first row says
@@ -154,7 +160,12 @@ fn r2_skipped_eviction_close_leaves_the_statement_usable() {
     assert_row(&second, "2", "a2");
     // The third statement evicts the first, but the error before it makes PostgreSQL skip the
     // eviction's Close along with the Parse.
-    let bad = [parse("selec bad"), parse_named("b", "SELECT 3"), sync()].concat();
+    let bad = [
+        parse("selec bad"),
+        raw::parse_message("b", "SELECT 3"),
+        sync(),
+    ]
+    .concat();
     let refused = exchange(&mut client, &bad, "the failed batch");
     assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
 
@@ -331,7 +342,7 @@ fn assert_like_postgres(pg: &Postgres, bytes: &[u8]) {
 #[test]
 fn r7a_parse_of_a_cached_statement_in_a_failed_transaction_is_refused() {
     let pg = Postgres::start();
-    assert_like_postgres(&pg, &[parse_named("b", "SELECT 1"), sync()].concat());
+    assert_like_postgres(&pg, &[raw::parse_message("b", "SELECT 1"), sync()].concat());
 }
 
 #[test]

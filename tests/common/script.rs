@@ -33,28 +33,12 @@ pub fn cstr(text: &str) -> Vec<u8> {
 
 /// Parse of `sql` into the unnamed statement, no parameter types.
 pub fn parse(sql: &str) -> Vec<u8> {
-    parse_named("", sql)
-}
-
-/// Parse of `sql` into the statement `name`, no parameter types.
-pub fn parse_named(name: &str, sql: &str) -> Vec<u8> {
-    let mut body = cstr(name);
-    body.extend_from_slice(&cstr(sql));
-    body.extend_from_slice(&0u16.to_be_bytes());
-    raw::message(b'P', &body)
+    raw::parse_message("", sql)
 }
 
 /// Bind of the unnamed statement to the unnamed portal, no parameters, text results.
 pub fn bind() -> Vec<u8> {
-    bind_named("")
-}
-
-/// Bind of the statement `name` to the unnamed portal, no parameters, text results.
-pub fn bind_named(name: &str) -> Vec<u8> {
-    let mut body = cstr("");
-    body.extend_from_slice(&cstr(name));
-    body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
-    raw::message(b'B', &body)
+    raw::bind_message("")
 }
 
 /// Describe of the unnamed portal.
@@ -64,14 +48,12 @@ pub fn describe_portal() -> Vec<u8> {
 
 /// Execute of the unnamed portal, all rows.
 pub fn execute() -> Vec<u8> {
-    let mut body = cstr("");
-    body.extend_from_slice(&0u32.to_be_bytes());
-    raw::message(b'E', &body)
+    raw::execute_message()
 }
 
 /// Sync.
 pub fn sync() -> Vec<u8> {
-    raw::message(b'S', &[])
+    raw::sync_message()
 }
 
 /// Flush.
@@ -92,11 +74,6 @@ pub fn copy_done() -> Vec<u8> {
 /// Terminate.
 pub fn terminate() -> Vec<u8> {
     raw::message(b'X', &[])
-}
-
-/// The tags of `messages`, for failure reports.
-pub fn tags(messages: &[Message]) -> String {
-    messages.iter().map(|m| char::from(m.tag)).collect()
 }
 
 /// Reads messages until one with `tag`, within `wait`; `Err` names what came instead.
