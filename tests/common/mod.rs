@@ -16,6 +16,7 @@
 
 pub mod driver;
 pub mod raw;
+pub mod script;
 
 use std::fs;
 use std::io::ErrorKind;

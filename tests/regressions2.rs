@@ -1,0 +1,417 @@
+//! Regression tests for the faults of the second review: extended COPY FROM STDIN and the
+//! batch it keeps open, prepared statements the server has or no longer has (skipped
+//! evictions, DISCARD ALL read while draining, reset queries, failed transactions), LISTEN in
+//! transaction pooling, errors before any Sync, and client_idle_timeout. Each test plays the
+//! scenario against PostgreSQL through pgward, and where PostgreSQL's own answer is the
+//! reference, plays it against PostgreSQL directly too. The numbered sections follow the
+//! list of faults.
+
+mod common;
+
+use std::thread;
+use std::time::Duration;
+
+use common::raw::{self, tags, Message, Raw};
+use common::script::{
+    bind, copy_data, copy_done, describe, execute, first_column, first_error, flush, login,
+    login_within, must_value, parse, start, sync, terminate, transaction_pool, until_ready,
+    until_tag, value_within, SECOND,
+};
+use common::{eventually, server_count, Pgward, Postgres};
+
+/// The reviewer's setting for prepared statements: one server, room for two statements.
+const TWO_STATEMENTS: &str = "default_pool_size = 1\nmax_prepared_statements = 2\n";
+
+/// A client logged in to PostgreSQL itself as `trustuser`, for reference answers.
+fn direct(pg: &Postgres) -> Raw {
+    let params = [("user", "trustuser"), ("database", "app")];
+    login_within(pg.port, &params, 5 * SECOND).unwrap_or_else(|err| panic!("direct login: {err}"))
+}
+
+/// Sends `bytes` and reads to ReadyForQuery, panicking when none comes within three seconds.
+fn exchange(client: &mut Raw, bytes: &[u8], what: &str) -> Vec<Message> {
+    client.send(bytes);
+    until_ready(client, 3 * SECOND).unwrap_or_else(|err| panic!("{what}: {err}"))
+}
+
+/// Parse, Bind, Execute and Sync of `sql` as the statement `name`.
+fn run_named(name: &str, sql: &str) -> Vec<u8> {
+    [
+        raw::parse_message(name, sql),
+        raw::bind_message(name),
+        execute(),
+        sync(),
+    ]
+    .concat()
+}
+
+/// Bind, Execute and Sync of the statement `name`.
+fn run_prepared(name: &str) -> Vec<u8> {
+    [raw::bind_message(name), execute(), sync()].concat()
+}
+
+/// Asserts that an extended-protocol answer has no error and that its first row says
+/// `expected`.
+fn assert_row(answer: &[Message], expected: &str, what: &str) {
+    assert!(
+        first_error(answer).is_none(),
+        "{what}: {}",
+        describe(answer)
+    );
+    let row = answer.iter().find(|m| m.tag == b'D');
+    assert_eq!(
+        row.and_then(|m| first_column(&m.body)).as_deref(),
+        Some(expected),
+        "{what}: {}",
+        describe(answer)
+    );
+}
+
+/// The SQLSTATE of the first error among `messages`, or `""`.
+fn error_code(messages: &[Message]) -> String {
+    first_error(messages).map_or_else(String::new, |f| f.code().to_string())
+}
+
+/// Whether anything arrives within `wait`.
+fn answers_within(client: &mut Raw, wait: Duration) -> bool {
+    client.read_message_within(wait).is_ok()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. extended COPY FROM STDIN keeps its server until the client's Sync.
+
+/// Starts `COPY ct FROM STDIN` with Parse, Bind, Execute and Sync (which PostgreSQL ignores
+/// during the COPY), sends `data`, CopyDone and Flush, and reads the answer up to `tag`.
+fn extended_copy(copier: &mut Raw, data: &[u8], tag: u8) -> Vec<Message> {
+    copier.send(&[parse("COPY ct FROM STDIN"), bind(), execute(), sync()].concat());
+    let started = until_tag(copier, b'G', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("no CopyInResponse: {err}"));
+    assert_eq!(tags(&started), "12G", "{}", describe(&started));
+    copier.send(&[copy_data(data), copy_done(), flush()].concat());
+    until_tag(copier, tag, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"))
+}
+
+/// A second client sends `sql` while the copier's batch is open, then the copier sends its
+/// Sync: whether the second client was answered before that Sync, and its answer.
+fn query_during_copy_batch(pw: &Pgward, copier: &mut Raw, sql: &str) -> (bool, Vec<Message>) {
+    let mut other = login(pw);
+    other.send(&raw::query_message(sql));
+    let answered_early = answers_within(&mut other, Duration::from_millis(500));
+    let end = exchange(copier, &sync(), "the copier's Sync");
+    assert_eq!(tags(&end), "Z", "{}", describe(&end));
+    assert_eq!(end[0].body, b"I", "the copier's transaction status");
+    let answer = until_ready(&mut other, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    (answered_early, answer)
+}
+
+fn copy_table(pg: &Postgres) -> Pgward {
+    pg.sql("CREATE TABLE ct (n int); GRANT ALL ON ct TO PUBLIC");
+    transaction_pool(pg, "default_pool_size = 1\n")
+}
+
+#[test]
+fn r1a_extended_copy_keeps_its_transaction_until_the_clients_sync() {
+    let pg = Postgres::start();
+    let pw = copy_table(&pg);
+    let mut copier = login(&pw);
+    let done = extended_copy(&mut copier, b"1\n2\n", b'C');
+    assert_eq!(tags(&done), "C", "{}", describe(&done));
+
+    // The COPY's implicit transaction is still open: another client must wait for it.
+    let (answered_early, answer) = query_during_copy_batch(&pw, &mut copier, "SELECT 1/0");
+    assert!(
+        !answered_early,
+        "another client ran inside the copier's open COPY transaction"
+    );
+    assert_eq!(error_code(&answer), "22012", "{}", describe(&answer));
+    assert_eq!(pg.sql("SELECT count(*) FROM ct"), "2", "the copied rows");
+}
+
+#[test]
+fn r1b_failed_extended_copy_keeps_its_server_until_the_clients_sync() {
+    let pg = Postgres::start();
+    let pw = copy_table(&pg);
+    let mut copier = login(&pw);
+    let failed = extended_copy(&mut copier, b"not a number\n", b'E');
+    assert_eq!(error_code(&failed), "22P02", "{}", describe(&failed));
+
+    // The server skips everything until the copier's Sync: another client must wait.
+    let (answered_early, answer) = query_during_copy_batch(&pw, &mut copier, "SELECT 1");
+    assert!(!answered_early, "{}", describe(&answer));
+    assert_eq!(
+        (error_code(&answer).as_str(), tags(&answer).as_str()),
+        ("", "TDCZ"),
+        "the query after the failed COPY: {}",
+        describe(&answer)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. an eviction Close that the server skipped.
+
+#[test]
+fn r2_skipped_eviction_close_leaves_the_statement_usable() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, TWO_STATEMENTS);
+    let mut client = login(&pw);
+    let first = exchange(&mut client, &run_named("a", "SELECT 1"), "a");
+    assert_row(&first, "1", "a");
+    let second = exchange(&mut client, &run_named("a2", "SELECT 2"), "a2");
+    assert_row(&second, "2", "a2");
+    // The third statement evicts the first, but the error before it makes PostgreSQL skip the
+    // eviction's Close along with the Parse.
+    let bad = [
+        parse("selec bad"),
+        raw::parse_message("b", "SELECT 3"),
+        sync(),
+    ]
+    .concat();
+    let refused = exchange(&mut client, &bad, "the failed batch");
+    assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
+
+    let again = exchange(
+        &mut client,
+        &run_prepared("a"),
+        "a after the skipped eviction",
+    );
+    assert_row(&again, "1", "a after the skipped eviction");
+    let mut other = login(&pw);
+    let fresh = exchange(
+        &mut other,
+        &run_named("c", "SELECT 1"),
+        "the same text, another client",
+    );
+    assert_row(&fresh, "1", "the same text, another client");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. what the drain after Terminate learns.
+
+#[test]
+fn r3a_discard_all_sent_with_terminate_forgets_the_statements() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, TWO_STATEMENTS);
+    let mut leaver = login(&pw);
+    let answer = exchange(&mut leaver, &run_named("a", "SELECT 42"), "a");
+    assert_row(&answer, "42", "a");
+    leaver.send(&[raw::query_message("DISCARD ALL"), terminate()].concat());
+    assert!(
+        leaver.closes_within(3 * SECOND),
+        "not closed after Terminate"
+    );
+
+    let mut next = login(&pw);
+    let fresh = exchange(&mut next, &run_named("z", "SELECT 42"), "after DISCARD ALL");
+    assert_row(&fresh, "42", "the same text after DISCARD ALL");
+}
+
+#[test]
+fn r3b_parse_failed_before_terminate_is_not_taken_as_prepared() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, TWO_STATEMENTS);
+    let sql = "SELECT * FROM later_table";
+    let mut leaver = login(&pw);
+    leaver.send(&[run_named("q", sql), terminate()].concat());
+    assert!(
+        leaver.closes_within(3 * SECOND),
+        "not closed after Terminate"
+    );
+
+    pg.sql("CREATE TABLE later_table (n int); GRANT ALL ON later_table TO PUBLIC");
+    pg.sql("INSERT INTO later_table VALUES (3)");
+    let mut next = login(&pw);
+    let answer = exchange(&mut next, &run_named("r", sql), "the table now exists");
+    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
+    assert_row(&answer, "3", "the table now exists");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. server_reset_query_always wipes the server's statements.
+
+#[test]
+fn r4_reset_query_always_forgets_the_prepared_statements() {
+    let pg = Postgres::start();
+    let settings = format!("{TWO_STATEMENTS}server_reset_query_always = 1\n");
+    let pw = transaction_pool(&pg, &settings);
+    let mut client = login(&pw);
+    let first = exchange(&mut client, &run_named("a", "SELECT 42"), "a");
+    assert_row(&first, "42", "a");
+    let again = exchange(&mut client, &run_prepared("a"), "a after the reset");
+    assert_row(&again, "42", "a after the reset");
+    let fresh = exchange(&mut client, &run_named("b", "SELECT 42"), "b, same text");
+    assert_row(&fresh, "42", "b, same text");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. LISTEN in transaction pooling.
+
+#[test]
+fn r5_listen_gives_the_server_back_and_warns_before_ready() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 10\n");
+    let mut listener = login(&pw);
+    let answer = exchange(&mut listener, &raw::query_message("LISTEN foo"), "LISTEN");
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+
+    let mut other = login(&pw);
+    assert_eq!(
+        value_within(&mut other, "SELECT 1", 3 * SECOND),
+        Ok("1".to_string()),
+        "the server stayed with the listener"
+    );
+    // The warning is part of LISTEN's answer, not something after it.
+    assert!(
+        answer.iter().any(|m| m.tag == b'N'),
+        "no warning before ReadyForQuery: [{}]",
+        tags(&answer)
+    );
+    let late = listener.read_message_within(Duration::from_millis(100));
+    assert!(late.is_err(), "a message after ReadyForQuery: {late:?}");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. an error before any Sync.
+
+/// A failed Parse answered at Flush, then a Bind, Execute and Sync PostgreSQL skips: what
+/// comes back for each of the two writes.
+fn parse_error_then_skipped(client: &mut Raw) -> (Vec<Message>, Vec<Message>) {
+    client.send(&[parse("selec bad"), flush()].concat());
+    let error = until_tag(client, b'E', 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    let rest = exchange(
+        client,
+        &[bind(), execute(), sync()].concat(),
+        "after the error",
+    );
+    (error, rest)
+}
+
+#[test]
+fn r6_error_before_sync_leaves_the_server_skipping_to_the_sync() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
+    let (direct_error, direct_rest) = parse_error_then_skipped(&mut direct(&pg));
+    let mut client = login(&pw);
+    let (error, rest) = parse_error_then_skipped(&mut client);
+    assert_eq!(error_code(&error), error_code(&direct_error));
+    assert_eq!(
+        (tags(&rest), rest.last().map(|m| m.body.clone())),
+        (
+            tags(&direct_rest),
+            direct_rest.last().map(|m| m.body.clone())
+        ),
+        "pgward: [{}], PostgreSQL: [{}]",
+        describe(&rest),
+        describe(&direct_rest)
+    );
+    assert_eq!(must_value(&mut client, "SELECT 'still here'"), "still here");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. a failed transaction refuses Parse and DEALLOCATE.
+
+/// Prepares `a` as `SELECT 1`, then opens a transaction and makes it fail.
+fn prepare_then_fail(client: &mut Raw) {
+    let first = exchange(client, &run_named("a", "SELECT 1"), "a");
+    assert_row(&first, "1", "a");
+    must_value(client, "BEGIN");
+    let failed = exchange(client, &raw::query_message("SELECT 1/0"), "SELECT 1/0");
+    assert_eq!(error_code(&failed), "22012", "{}", describe(&failed));
+}
+
+/// What `client` answers to `bytes` sent in a failed transaction, then to ROLLBACK and a use
+/// of `a`: the tags and error of each step.
+fn in_failed_transaction(client: &mut Raw, bytes: &[u8]) -> Vec<(String, String)> {
+    prepare_then_fail(client);
+    let refused = exchange(client, bytes, "in the failed transaction");
+    let rollback = exchange(client, &raw::query_message("ROLLBACK"), "ROLLBACK");
+    let after = exchange(client, &run_prepared("a"), "a after ROLLBACK");
+    [refused, rollback, after]
+        .iter()
+        .map(|answer| (describe(answer), error_code(answer)))
+        .collect()
+}
+
+fn assert_like_postgres(pg: &Postgres, bytes: &[u8]) {
+    let pw = transaction_pool(pg, TWO_STATEMENTS);
+    let expected = in_failed_transaction(&mut direct(pg), bytes);
+    assert_eq!(expected[0].1, "25P02", "PostgreSQL's answer: {expected:?}");
+    let got = in_failed_transaction(&mut login(&pw), bytes);
+    assert_eq!(got, expected, "pgward, then PostgreSQL");
+}
+
+#[test]
+fn r7a_parse_of_a_cached_statement_in_a_failed_transaction_is_refused() {
+    let pg = Postgres::start();
+    assert_like_postgres(&pg, &[raw::parse_message("b", "SELECT 1"), sync()].concat());
+}
+
+#[test]
+fn r7b_deallocate_in_a_failed_transaction_is_refused() {
+    let pg = Postgres::start();
+    assert_like_postgres(&pg, &raw::query_message("DEALLOCATE a"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. and 9. client_idle_timeout.
+
+#[test]
+fn r8_client_idle_time_counts_from_the_last_answer() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "client_idle_timeout = 2\n");
+    let mut client = login(&pw);
+    // The query runs longer than client_idle_timeout; the client then pauses for half of it.
+    assert_eq!(
+        value_within(&mut client, "SELECT pg_sleep(3)", 5 * SECOND),
+        Ok(String::new()),
+        "{}",
+        pw.log()
+    );
+    thread::sleep(SECOND);
+    assert_eq!(
+        value_within(&mut client, "SELECT 'awake'", 2 * SECOND),
+        Ok("awake".to_string()),
+        "closed right after a long query's answer\n{}",
+        pw.log()
+    );
+    // The timeout still applies once the client is idle.
+    let fields = client.expect_error_within(4 * SECOND);
+    assert_eq!(fields.code(), "57P05", "{fields:?}");
+}
+
+/// The state and last query of the PostgreSQL backend `pid` (empty when it is gone).
+fn backend_state(pg: &Postgres, pid: &str) -> String {
+    pg.sql_in(
+        "postgres",
+        &format!("SELECT state || ': ' || query FROM pg_stat_activity WHERE pid = {pid}"),
+    )
+}
+
+#[test]
+fn r9_client_idle_timeout_in_session_mode_gives_the_server_back() {
+    let pg = Postgres::start();
+    let settings = "pool_mode = session
+client_idle_timeout = 1
+server_reset_query = DISCARD ALL
+";
+    let pw = start(&pg, settings, "");
+    let mut idle = login(&pw);
+    let pid = must_value(&mut idle, "SELECT pg_backend_pid()");
+    assert!(
+        idle.closes_within(3 * SECOND),
+        "the idle client was not closed"
+    );
+    // Its server is reset and kept for the next client.
+    let reset = "idle: DISCARD ALL";
+    assert!(
+        eventually(2 * SECOND, || backend_state(&pg, &pid) == reset),
+        "the idle client's server: {:?} (empty: closed)",
+        backend_state(&pg, &pid)
+    );
+    let mut next = login(&pw);
+    assert_eq!(
+        must_value(&mut next, "SELECT pg_backend_pid()"),
+        pid,
+        "a new backend instead of the idle client's"
+    );
+    assert_eq!(server_count(&pg, "trustuser", "app"), 1, "backends");
+}
