@@ -154,12 +154,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn doubtful_statements_are_spotted() {
-        assert!(may_change_parsing(b"SET standard_conforming_strings = off"));
-        assert!(may_change_parsing(b"set NAMES 'SJIS'"));
-        assert!(may_change_parsing(
-            b"select set_config('client_encoding', 'x', false)"
-        ));
-        assert!(!may_change_parsing(b"select 1"));
+    fn the_refusal_raised_in_a_batch_is_parse_bind_execute() {
+        let hit = RuleHit::unverifiable("test", &Analysis::function_call());
+        let out = raise_in_batch(&hit);
+        let mut tags = Vec::new();
+        let mut at = 0;
+        while at < out.len() {
+            tags.push(out[at]);
+            let len = u32::from_be_bytes([out[at + 1], out[at + 2], out[at + 3], out[at + 4]]);
+            at += 1 + len as usize;
+        }
+        assert_eq!(tags, b"PBE");
     }
 }
