@@ -209,7 +209,10 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let socket = listeners.unix.as_ref().map(|(_, p)| p.clone());
+    let socket = listeners.unix.as_ref().and_then(|(_, p)| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
+    });
     let metrics_addr = config.settings.prometheus_listen.clone();
     let rt = Runtime::new(config, userlist, governance);
     let mut tasks = Vec::new();
@@ -219,7 +222,7 @@ async fn serve(config: Config) -> ExitCode {
             Err(e) => {
                 tracing::error!("{e}");
                 eprintln!("pgward: {e}");
-                cleanup(pidfile.as_deref(), socket.as_deref());
+                cleanup(pidfile.as_deref(), socket.as_ref());
                 return ExitCode::FAILURE;
             }
         }
@@ -235,7 +238,7 @@ async fn serve(config: Config) -> ExitCode {
     if let Some(g) = rt.governance.load().as_ref() {
         g.save_allowlist();
     }
-    cleanup(pidfile.as_deref(), socket.as_deref());
+    cleanup(pidfile.as_deref(), socket.as_ref());
     tracing::info!("pgward stopped");
     ExitCode::SUCCESS
 }
@@ -364,8 +367,20 @@ fn reload(rt: &Runtime) {
     }
 }
 
-fn cleanup(pidfile: Option<&Path>, socket: Option<&Path>) {
-    for p in [pidfile, socket].into_iter().flatten() {
-        let _ = std::fs::remove_file(p);
+/// Removes the pidfile and the Unix socket, but only while they are still this process's:
+/// in a rolling restart the new process has replaced both by the time the old one exits.
+fn cleanup(pidfile: Option<&Path>, socket: Option<&(PathBuf, u64)>) {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(p) = pidfile {
+        let ours = std::fs::read_to_string(p)
+            .is_ok_and(|text| text.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    if let Some((path, inode)) = socket {
+        if std::fs::metadata(path).is_ok_and(|m| m.ino() == *inode) {
+            let _ = std::fs::remove_file(path);
+        }
     }
 }

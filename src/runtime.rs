@@ -3,7 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -44,6 +44,9 @@ pub struct Runtime {
     pub ops: Ops,
     /// When the process started (SHOW MEM, metrics).
     pub started: Instant,
+    /// Held while a reload or a console SET reads, changes and installs the configuration,
+    /// so one cannot undo the other.
+    reconfiguring: Mutex<()>,
 }
 
 impl Runtime {
@@ -67,6 +70,7 @@ impl Runtime {
             mock_key,
             ops: Ops::default(),
             started: Instant::now(),
+            reconfiguring: Mutex::new(()),
         })
     }
 
@@ -81,6 +85,7 @@ impl Runtime {
     /// the pools of removed databases drain. Runtime limits set from the console stay. The
     /// policy file is read again too.
     pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
+        let _one_at_a_time = lock(&self.reconfiguring);
         let path = self.config.load().path.clone();
         let mut config = crate::config::load(&path)?;
         let userlist = match &config.settings.auth_file {
@@ -110,7 +115,11 @@ impl Runtime {
         }
         let now = Instant::now();
         for pool in self.pools.all() {
-            let Some(db) = config.database(&pool.key.db) else {
+            let db = config.database(&pool.key.db).filter(|db| {
+                // A pool logs in as its key's user; a forced user that changed makes a new pool.
+                db.user.as_deref().unwrap_or(&pool.key.user) == pool.key.user
+            });
+            let Some(db) = db else {
                 // Removed: clients still on it finish, its servers close as they come back.
                 pool.ops.reconnect(now);
                 pool.close_idle();
@@ -146,6 +155,7 @@ impl Runtime {
         if Settings::requires_restart(key) {
             return Err(format!("parameter {key} can only be changed by a restart"));
         }
+        let _one_at_a_time = lock(&self.reconfiguring);
         let mut config = Config::clone(&self.config.load());
         match config.settings.set(key, value)? {
             SetOutcome::Applied => {}
@@ -161,6 +171,7 @@ impl Runtime {
     /// `SET USER name = 'settings'` / `SET POOL user.db = 'settings'`: recorded, laid over the
     /// configuration, and enforced at once (evicting servers above the new limits).
     pub fn set_limits(&self, target: LimitTarget, settings: &str) -> Result<(), String> {
+        let _one_at_a_time = lock(&self.reconfiguring);
         let mut config = Config::clone(&self.config.load());
         {
             let mut overrides = lock(&self.ops.overrides);
