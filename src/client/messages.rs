@@ -483,8 +483,9 @@ impl MessageContext<'_> {
     /// Makes room for one more statement on the server: closes the least recently used one
     /// no open batch needs, if the server holds `capacity` already.
     fn evict_for_one(&mut self, capacity: usize, out: &mut BytesMut) {
-        let server = &mut self.link.server;
-        if let Some(victim) = server.statements.victim(capacity) {
+        // The capacity may have been lowered at run time: close until there is room.
+        while let Some(victim) = self.link.server.statements.victim(capacity) {
+            let server = &mut self.link.server;
             server.statements.remove(&victim);
             wire::encode_close(out, b'S', &victim);
             self.link.expected.push(Owed::Close {

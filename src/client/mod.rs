@@ -322,13 +322,16 @@ async fn greet_and_run(
             params.set(name, crate::params::DEFAULT_VALUE);
         }
     }
+    if let Some(message) = &rt.config.load().settings.login_notify_message {
+        let notice = ErrorResponse::new(wire::Severity::Notice, "00000", message.clone());
+        wire::encode_notice(&mut out, &notice);
+    }
     wire::encode_backend_key_data(&mut out, handle.pid, &handle.secret());
     wire::encode_ready_for_query(&mut out, TxStatus::Idle);
     io.send(&out).await?;
     tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
     let settings = rt.config.load();
     let timeouts = session::Timeouts::from_settings(&settings.settings);
-    let max_prepared = settings.settings.max_prepared_statements as usize;
     let mut session = Session::new(
         rt.clone(),
         (req.user.clone(), io.stream.peer_ip()),
@@ -337,7 +340,6 @@ async fn greet_and_run(
         params,
         tracked,
         timeouts,
-        max_prepared,
         hooks,
     );
     session.run(io).await

@@ -146,7 +146,6 @@ pub struct Session {
     /// pooling with max_prepared_statements above 0): the client's names, and how many each
     /// server may hold.
     statements: ClientStatements,
-    prepared_capacity: Option<usize>,
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
@@ -169,18 +168,10 @@ impl Session {
         params: ParamSet,
         tracked: Arc<Tracked>,
         timeouts: Timeouts,
-        max_prepared_statements: usize,
         hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
-        // Under a policy, named statements are always mapped in pooled modes, so no client
-        // can reach a statement another client prepared (and that was judged for it alone).
-        let governed = rt.governance.load().is_some();
-        let capacity = match max_prepared_statements {
-            0 if governed => DEFAULT_MAX_PREPARED,
-            n => n,
-        };
-        let prepared_capacity = (mode != PoolMode::Session && capacity > 0).then_some(capacity);
+
         Session {
             id: hooks.client_id(),
             rt,
@@ -195,7 +186,6 @@ impl Session {
             timeouts,
             link: None,
             statements: ClientStatements::default(),
-            prepared_capacity,
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
@@ -436,19 +426,20 @@ impl Session {
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
         self.hooks.received(len);
         self.held = false;
+        let governance = self.rt.governance.load();
+        let capacity = self.prepared_capacity(governance.is_some());
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
-        let governance = self.rt.governance.load();
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
         while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
-            if tag == b'P' && self.prepared_capacity.is_some() && waits_for_parse(link, body) {
+            if tag == b'P' && capacity.is_some() && waits_for_parse(link, body) {
                 // Whether this name is free depends on how an earlier Parse of it fares:
                 // hold the rest until the server has answered that one.
                 self.held = true;
@@ -465,7 +456,7 @@ impl Session {
             let mut ctx = MessageContext {
                 link: &mut *link,
                 statements: &mut self.statements,
-                capacity: self.prepared_capacity,
+                capacity,
                 pooled: self.mode != PoolMode::Session,
                 rules,
                 skip_to_sync: &mut self.skip_to_sync,
@@ -494,17 +485,44 @@ impl Session {
         Ok(())
     }
 
+    /// How many mapped statements each server may hold, if pgward maps them: in pooled
+    /// modes, `max_prepared_statements` as it is set now (the console can change it). Under a
+    /// policy they are always mapped, so no client can reach a statement another client
+    /// prepared (and that was judged for that client alone).
+    fn prepared_capacity(&self, governed: bool) -> Option<usize> {
+        let capacity = match self.rt.config.load().settings.max_prepared_statements as usize {
+            0 if governed => DEFAULT_MAX_PREPARED,
+            n => n,
+        };
+        (self.mode != PoolMode::Session && capacity > 0).then_some(capacity)
+    }
+
     /// Checks out a server (waiting in the gate's queue) and brings its tracked
     /// parameters in line with the client's.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
+        let db = pool.key.db.clone();
         let checkout = SessionHooks::checkout(self.hooks.clone(), pool, ticket);
         tokio::pin!(checkout);
+        // query_wait_notify: a client queued that long is told so, once.
+        let notify_after = self.rt.config.load().settings.query_wait_notify;
+        let notify = async {
+            match notify_after {
+                Some(after) => tokio::time::sleep(after).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(notify);
+        let mut notified = false;
         let mut server = loop {
             tokio::select! {
                 server = &mut checkout => break server?,
                 more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+                _ = &mut notify, if !notified => {
+                    notified = true;
+                    io.send(&queued_notice(&db)).await?;
+                }
             }
         };
         self.sync_params(&mut server).await?;
@@ -718,6 +736,18 @@ impl Session {
         }
         self.release().await;
     }
+}
+
+/// The notice for a client that has waited query_wait_notify for a server.
+fn queued_notice(db: &str) -> BytesMut {
+    let notice = ErrorResponse::new(
+        crate::wire::Severity::Notice,
+        "00000",
+        format!("No server connection available in {db} backend, client being queued"),
+    );
+    let mut out = BytesMut::new();
+    crate::wire::encode_notice(&mut out, &notice);
+    out
 }
 
 /// A Parse of a named statement whose creating Parse the server has not answered yet.

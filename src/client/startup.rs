@@ -128,11 +128,20 @@ fn accept(
     if ignore_options || ignored.iter().any(|i| i.eq_ignore_ascii_case(key)) {
         return Ok(());
     }
+    let message = if from_options {
+        format!("unsupported startup parameter in options: {key}")
+    } else {
+        format!("unsupported startup parameter: {key}")
+    };
     Err(SessionError::Fatal(ErrorResponse::fatal(
         sqlstate::PROTOCOL_VIOLATION,
-        format!("unsupported startup parameter: {key}"),
+        message,
     )))
 }
+
+/// What PgBouncer says of an `options` value it cannot read, word for word.
+const BAD_OPTIONS: &str =
+    "unsupported options startup parameter: only '-c config=val' and '--config=val' are allowed";
 
 /// Splits a libpq `options` value: `-c key=value`, `-ckey=value` and `--key=value`, separated
 /// by white space, where a backslash escapes the next character.
@@ -144,21 +153,15 @@ pub fn parse_options(options: &str) -> Result<Vec<(String, String)>, SessionErro
         let word = &words[i];
         let setting = if word == "-c" {
             i += 1;
-            words
-                .get(i)
-                .cloned()
-                .ok_or_else(|| protocol("-c without a setting in options"))?
+            words.get(i).cloned().ok_or_else(|| protocol(BAD_OPTIONS))?
         } else if let Some(rest) = word.strip_prefix("--").or_else(|| word.strip_prefix("-c")) {
             rest.to_string()
         } else {
-            return Err(SessionError::Fatal(ErrorResponse::fatal(
-                sqlstate::PROTOCOL_VIOLATION,
-                format!("unsupported options startup parameter: only '-c key=value' is allowed, got \"{word}\""),
-            )));
+            return Err(protocol(BAD_OPTIONS));
         };
         let (k, v) = setting
             .split_once('=')
-            .ok_or_else(|| protocol("a setting in options has no '='"))?;
+            .ok_or_else(|| protocol(BAD_OPTIONS))?;
         out.push((k.replace('-', "_"), v.to_string()));
         i += 1;
     }

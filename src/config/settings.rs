@@ -246,6 +246,10 @@ pub struct Settings {
     pub idle_transaction_timeout: Option<Duration>,
     pub transaction_timeout: Option<Duration>,
     pub suspend_timeout: Option<Duration>,
+    /// A notice sent to a client queued longer than this for a server.
+    pub query_wait_notify: Option<Duration>,
+    /// A notice sent to every client after a successful login.
+    pub login_notify_message: Option<String>,
     // Low-level network.
     pub pkt_buf: u32,
     pub max_packet_size: u32,
@@ -353,6 +357,8 @@ impl Default for Settings {
             idle_transaction_timeout: None,
             transaction_timeout: None,
             suspend_timeout: Some(secs(10)),
+            query_wait_notify: Some(secs(5)),
+            login_notify_message: None,
             pkt_buf: 4096,
             max_packet_size: 2_147_483_647,
             sbuf_loopcnt: 5,
@@ -375,7 +381,6 @@ impl Default for Settings {
 #[derive(Clone, Copy)]
 enum Kind {
     Str,
-    Int,
     Time,
 }
 
@@ -385,9 +390,7 @@ const NOT_IMPLEMENTED: &[(&str, Kind)] = &[
     ("auth_ldap_options", Kind::Str),
     ("conffile", Kind::Str),
     ("job_name", Kind::Str),
-    ("login_notify_message", Kind::Str),
     ("pool_idle_timeout", Kind::Time),
-    ("query_wait_notify", Kind::Int),
     ("resolv_conf", Kind::Str),
     ("service_name", Kind::Str),
     ("user", Kind::Str),
@@ -611,6 +614,10 @@ impl Settings {
             "idle_transaction_timeout" => self.idle_transaction_timeout = values::timeout(v)?,
             "transaction_timeout" => self.transaction_timeout = values::timeout(v)?,
             "suspend_timeout" => self.suspend_timeout = values::timeout(v)?,
+            "query_wait_notify" => self.query_wait_notify = values::timeout(v)?,
+            "login_notify_message" => {
+                self.login_notify_message = (!v.is_empty()).then(|| v.to_string())
+            }
             "dns_max_ttl" => self.dns_max_ttl = values::seconds(v)?,
             "dns_nxdomain_ttl" => self.dns_nxdomain_ttl = values::seconds(v)?,
             "dns_zone_check_period" => self.dns_zone_check_period = values::timeout(v)?,
@@ -670,7 +677,6 @@ impl Settings {
 fn check_kind(kind: Kind, v: &str) -> Result<(), String> {
     match kind {
         Kind::Str => Ok(()),
-        Kind::Int => values::int(v).map(drop),
         Kind::Time => values::seconds(v).map(drop),
     }
 }
