@@ -255,6 +255,7 @@ impl Session {
         let pump = poll_fn(|cx| self.poll_pump(io, cx));
         match deadline {
             Some((at, timer)) => tokio::select! {
+                biased;
                 ev = pump => ev,
                 _ = tokio::time::sleep_until(at.into()) => Ok(Event::Timer(timer)),
             },
@@ -516,7 +517,9 @@ impl Session {
         tokio::pin!(notify);
         let mut notified = false;
         let mut server = loop {
+            // Checkout first: when a server is free at once, no timer is ever set.
             tokio::select! {
+                biased;
                 server = &mut checkout => break server?,
                 more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
                 _ = &mut notify, if !notified => {

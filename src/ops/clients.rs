@@ -40,7 +40,6 @@ pub struct ServerLink {
     pub id: u64,
     pub pid: u32,
     pub addr: Arc<ServerAddr>,
-    pub connected_at: SystemTime,
     /// When the server was opened, to tell servers opened before a RECONNECT.
     pub created: Instant,
 }
@@ -51,9 +50,13 @@ impl ServerLink {
             id: conn.id,
             pid: conn.key.pid,
             addr: conn.addr.clone(),
-            connected_at: wall_clock(conn.created),
             created: conn.created,
         }
+    }
+
+    /// When the server was opened, by the wall clock.
+    pub fn connected_at(&self) -> SystemTime {
+        wall_clock(self.created)
     }
 }
 
