@@ -5,6 +5,7 @@ pub mod cancel;
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod edge;
 pub mod gate;
 pub mod governance;
 pub mod listener;

@@ -191,6 +191,15 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let edge = match pgward::edge::Edge::load(&config.settings) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("pgward: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    raise_fd_limit(&config);
     let listeners = match Listeners::bind(&config.settings) {
         Ok(l) => l,
         Err(e) => {
@@ -207,7 +216,7 @@ async fn serve(config: Config) -> ExitCode {
         }
     }
     let socket = listeners.unix.as_ref().map(|(_, p)| p.clone());
-    let rt = Runtime::new(config, userlist, governance);
+    let rt = Runtime::new(config, userlist, governance, edge);
     tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
     let tasks = listeners.spawn(&rt);
     tokio::spawn(maintenance(rt.clone()));
@@ -221,6 +230,22 @@ async fn serve(config: Config) -> ExitCode {
     cleanup(pidfile.as_deref(), socket.as_deref());
     tracing::info!("pgward stopped");
     ExitCode::SUCCESS
+}
+
+/// Makes room for every client and server socket pgward may hold, as far as the hard limit
+/// allows: max_client_conn, plus the servers and a margin for listeners and files.
+fn raise_fd_limit(config: &Config) {
+    let s = &config.settings;
+    let servers = u64::from(s.default_pool_size.max(1)) * (config.databases.len() as u64 + 1)
+        + u64::from(s.max_db_connections);
+    let wanted = u64::from(s.max_client_conn) + servers + 100;
+    match pgward::edge::raise_fd_limit(wanted) {
+        Ok(limit) if limit < wanted => tracing::warn!(
+            "open files limited to {limit}, fewer than the {wanted} max_client_conn and the pools may need"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
 }
 
 /// Once a second: each pool's maintenance pass.

@@ -11,6 +11,8 @@ use rand::RngCore;
 
 use crate::cancel::CancelRegistry;
 use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck};
+use crate::edge::tls::ServerTls;
+use crate::edge::Edge;
 use crate::gate::Limits;
 use crate::governance::Governance;
 use crate::params::Tracked;
@@ -39,6 +41,8 @@ pub struct Runtime {
     next_client: AtomicU64,
     /// Seeds the fake SCRAM secrets shown to unknown users, so a probe cannot tell them apart.
     pub mock_key: [u8; 32],
+    /// TLS, the hba rules, the login throttle, client caps and auth_query secrets.
+    pub edge: Edge,
 }
 
 impl Runtime {
@@ -46,6 +50,7 @@ impl Runtime {
         config: Config,
         userlist: HashMap<String, Secret>,
         governance: Option<Arc<Governance>>,
+        edge: Edge,
     ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
@@ -60,6 +65,7 @@ impl Runtime {
             clients: AtomicUsize::new(0),
             next_client: AtomicU64::new(1),
             mock_key,
+            edge,
         })
     }
 
@@ -83,11 +89,20 @@ impl Runtime {
         }
         let governance = Governance::load(&config.settings)?;
         let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        let mut warnings = config.warnings.clone();
+        warnings.extend(self.edge.reload(&config.settings));
+        let server_tls = ServerTls::clone(&self.edge.server_tls.load());
         let old_userlist = self.userlist.load_full();
         self.userlist.store(Arc::new(userlist));
         for pool in self.pools.all() {
             if let Some(db) = config.database(&pool.key.db) {
-                let settings = pool_settings(&config, &db, &pool.key.user, tracked.clone());
+                let settings = pool_settings(
+                    &config,
+                    &db,
+                    &pool.key.user,
+                    tracked.clone(),
+                    server_tls.clone(),
+                );
                 let user = settings.target.user.clone();
                 let mut credential = self.server_credential(&db, &user);
                 // SCRAM keys a client proved stay valid while the stored secret is the same.
@@ -101,7 +116,6 @@ impl Runtime {
                 pool.reconfigure(settings, credential);
             }
         }
-        let warnings = config.warnings.clone();
         self.governance.store(Arc::new(governance));
         self.tracked.store(tracked);
         self.config.store(Arc::new(config));
@@ -119,7 +133,10 @@ impl Runtime {
         let credential = self.server_credential(db, &server_user);
         self.pools.get_or_create(
             &key,
-            || pool_settings(&config, db, user, self.tracked.load_full()),
+            || {
+                let server_tls = ServerTls::clone(&self.edge.server_tls.load());
+                pool_settings(&config, db, user, self.tracked.load_full(), server_tls)
+            },
             credential,
         )
     }
@@ -144,6 +161,7 @@ pub fn pool_settings(
     db: &DatabaseDef,
     user: &str,
     tracked: Arc<Tracked>,
+    server_tls: ServerTls,
 ) -> PoolSettings {
     let s = &config.settings;
     let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
@@ -160,7 +178,7 @@ pub fn pool_settings(
             .unwrap_or(s.max_user_connections) as usize,
     };
     PoolSettings {
-        target: server_target(db, server_user),
+        target: server_target(db, server_user, server_tls),
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
@@ -185,7 +203,7 @@ pub fn pool_settings(
     }
 }
 
-fn server_target(db: &DatabaseDef, server_user: String) -> ServerTarget {
+fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> ServerTarget {
     let host = db.host.clone().unwrap_or_default();
     let addr = if host.is_empty() || host.starts_with('/') {
         let dir = if host.is_empty() {
@@ -217,6 +235,7 @@ fn server_target(db: &DatabaseDef, server_user: String) -> ServerTarget {
         user: server_user,
         startup_params,
         connect_query: db.connect_query.clone(),
+        tls,
     }
 }
 

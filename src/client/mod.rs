@@ -7,6 +7,7 @@ mod messages;
 mod prepared;
 mod session;
 mod startup;
+mod tls;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -121,14 +122,11 @@ async fn run(
                 "no more connections allowed (max_client_conn)".to_string(),
             )));
         }
-        let authed = auth::authenticate(io, rt, &req.user).await?;
-        let mut out = BytesMut::new();
-        wire::encode_auth_ok(&mut out);
-        io.send(&out).await?;
+        let (authed, slot) = auth::login(io, rt, &req).await?;
         check_startup_search_path(rt, &req, io.stream.peer_ip())?;
         let pool = open_pool(rt, &req, authed.credential)?;
         let welcome = welcome(&pool).await?;
-        Ok(Some((req, pool, welcome)))
+        Ok(Some((req, pool, welcome, slot)))
     };
     let opened = match login_timeout {
         Some(limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
@@ -139,7 +137,8 @@ async fn run(
         })??,
         None => login.await?,
     };
-    let Some((req, pool, welcome)) = opened else {
+    // `_slot` counts this client against its caps until the session ends.
+    let Some((req, pool, welcome, _slot)) = opened else {
         return Ok(());
     };
     io.max_message = max_message;
