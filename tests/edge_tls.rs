@@ -58,6 +58,31 @@ fn psql_require_and_verify_full_and_plain_text_refused() {
     );
     assert_eq!(psql_ok(pw.port, "trustuser", &verify), "1");
 
+    // The relay under load over TLS: pgbench through pgward with sslmode=require.
+    let init = pg.pgbench(&["-i", "-s", "1", "-q"]);
+    assert!(init.status.success(), "{}", stderr_of(&init));
+    let bench = common::pgbench_at(
+        pw.port,
+        None,
+        &[
+            "-c",
+            "4",
+            "-j",
+            "2",
+            "-T",
+            "5",
+            "-n",
+            "dbname=app sslmode=require",
+        ],
+    );
+    assert!(
+        bench.status.success(),
+        "{}\n{}",
+        stderr_of(&bench),
+        pw.log()
+    );
+    assert!(stdout_of(&bench).contains("number of failed transactions: 0 "));
+
     // Plain text is refused after the startup packet, as PgBouncer does.
     let plain = psql_at(
         pw.port,
