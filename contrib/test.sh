@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of pgward: unit tests, integration tests (which start throwaway PostgreSQL
 # servers and pgward processes on 127.0.0.1) and doc tests. Installs PostgreSQL from Debian's
-# packages first when it is missing (root only). Exits non-zero when anything fails.
+# packages first when it is missing (root only), and the database drivers the driver tests
+# run. Exits non-zero when anything fails.
 #
 # The tests use a debug build on purpose: integration tests spend their time waiting on
 # PostgreSQL and on sockets, not in pgward's code, while a release build (thin LTO) costs
@@ -13,8 +14,31 @@ cd "$(dirname "$0")/.."
 # ensure_postgres and its helpers are shared with the benchmark and demo scripts.
 # shellcheck source=bench/throwaway-pg.sh
 . bench/throwaway-pg.sh
+# The drivers tests/drivers.rs runs, each installed only when missing: a JDK and pgJDBC from
+# Debian, node-postgres from npm into tests/drivers/node_modules, psycopg 3 and asyncpg from
+# PyPI into the virtual environment target/drivers-venv.
+ensure_drivers() {
+    local missing=()
+    command -v javac >/dev/null || missing+=(default-jdk-headless)
+    [ -f /usr/share/java/postgresql.jar ] || missing+=(libpostgresql-jdbc-java)
+    command -v node >/dev/null || missing+=(nodejs)
+    command -v npm >/dev/null || missing+=(npm)
+    command -v python3 >/dev/null || missing+=(python3 python3-venv)
+    if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
+    local venv=target/drivers-venv
+    if ! "$venv/bin/python" -c 'import psycopg, asyncpg' 2>/dev/null; then
+        python3 -m venv "$venv" || { apt_install python3-venv && python3 -m venv "$venv"; }
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check \
+            'psycopg[binary]>=3.1' 'asyncpg>=0.29'
+    fi
+    if [ ! -f tests/drivers/node_modules/pg/package.json ]; then
+        (cd tests/drivers && npm install --no-audit --no-fund --no-package-lock --silent)
+    fi
+}
+
 ensure_postgres
 echo "PostgreSQL server programs: $(pg_bindir)"
+ensure_drivers
 
 # pg_query (PostgreSQL's parser) generates its Rust bindings with bindgen, which needs libclang.
 ensure_libclang() {

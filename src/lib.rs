@@ -1,15 +1,19 @@
 //! pgward: a PostgreSQL connection pooler that reads pgbouncer.ini, whose pool checkout is an
 //! admission gate.
 
+pub mod admin;
 pub mod cancel;
 pub mod check;
 pub mod client;
 pub mod config;
+pub mod cost;
 pub mod edge;
 pub mod gate;
 pub mod governance;
 pub mod listener;
+pub mod metrics;
 pub mod net;
+pub mod ops;
 pub mod params;
 pub mod policy;
 pub mod pool;

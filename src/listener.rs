@@ -6,9 +6,12 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use tokio::net::{TcpListener, UnixListener};
+use std::time::Duration;
 
-use crate::client;
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::watch;
+
+use crate::client::{self, Admission};
 use crate::config::Settings;
 use crate::net::Stream;
 use crate::runtime::Runtime;
@@ -43,37 +46,67 @@ impl Listeners {
         Ok(Listeners { tcp, unix })
     }
 
-    /// Accepts until the runtime shuts down, spawning a task per client.
-    pub fn spawn(self, rt: &Arc<Runtime>) -> Vec<tokio::task::JoinHandle<()>> {
+    /// Accepts, spawning a task per client. When `stop` turns true the TCP listeners take
+    /// the connections already queued and close (so a pooler sharing the port through
+    /// `so_reuseport` gets every new one); the Unix socket stays open for the admin console.
+    pub fn spawn(
+        self,
+        rt: &Arc<Runtime>,
+        stop: watch::Receiver<bool>,
+    ) -> Vec<tokio::task::JoinHandle<()>> {
         let mut tasks = Vec::new();
         for l in self.tcp {
-            let rt = rt.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    match l.accept().await {
-                        Ok((s, _)) => {
-                            let _ = s.set_nodelay(true);
-                            tokio::spawn(client::serve(rt.clone(), Stream::Tcp(s)));
-                        }
-                        Err(e) => accept_failed(e).await,
-                    }
-                }
-            }));
+            tasks.push(tokio::spawn(accept_tcp(rt.clone(), l, stop.clone())));
         }
         if let Some((l, _)) = self.unix {
-            let rt = rt.clone();
-            tasks.push(tokio::spawn(async move {
-                loop {
-                    match l.accept().await {
-                        Ok((s, _)) => {
-                            tokio::spawn(client::serve(rt.clone(), Stream::Unix(s)));
-                        }
-                        Err(e) => accept_failed(e).await,
-                    }
-                }
-            }));
+            tasks.push(tokio::spawn(accept_unix(rt.clone(), l, stop)));
         }
         tasks
+    }
+}
+
+fn serve_tcp(rt: &Arc<Runtime>, s: tokio::net::TcpStream) {
+    let _ = s.set_nodelay(true);
+    tokio::spawn(client::serve(rt.clone(), Stream::Tcp(s), Admission::All));
+}
+
+async fn accept_tcp(rt: Arc<Runtime>, l: TcpListener, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            accepted = l.accept() => match accepted {
+                Ok((s, _)) => serve_tcp(&rt, s),
+                Err(e) => accept_failed(e).await,
+            },
+            () = stopped(&mut stop) => break,
+        }
+    }
+    // Connections the kernel already queued on this socket would be reset by closing it.
+    while let Ok(Ok((s, _))) = tokio::time::timeout(Duration::ZERO, l.accept()).await {
+        serve_tcp(&rt, s);
+    }
+}
+
+/// Returns once `stop` is true.
+async fn stopped(stop: &mut watch::Receiver<bool>) {
+    if stop.wait_for(|s| *s).await.is_err() {
+        // The sender is gone: nobody can stop us any more.
+        std::future::pending::<()>().await;
+    }
+}
+
+async fn accept_unix(rt: Arc<Runtime>, l: UnixListener, stop: watch::Receiver<bool>) {
+    loop {
+        match l.accept().await {
+            Ok((s, _)) => {
+                let admission = if *stop.borrow() {
+                    Admission::ConsoleOnly
+                } else {
+                    Admission::All
+                };
+                tokio::spawn(client::serve(rt.clone(), Stream::Unix(s), admission));
+            }
+            Err(e) => accept_failed(e).await,
+        }
     }
 }
 

@@ -5,8 +5,11 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pgward::admin::parse::Command as Console;
+use pgward::admin::Role;
 use pgward::config::{self, Config};
 use pgward::listener::Listeners;
+use pgward::ops::Shutdown;
 use pgward::runtime::Runtime;
 
 const USAGE: &str = "\
@@ -216,11 +219,25 @@ async fn serve(config: Config) -> ExitCode {
         }
     }
     let socket = listeners.unix.as_ref().map(|(_, p)| p.clone());
+    let metrics_addr = config.settings.prometheus_listen.clone();
     let rt = Runtime::new(config, userlist, governance, edge);
+    let mut tasks = Vec::new();
+    if let Some(addr) = metrics_addr {
+        match pgward::metrics::bind(&addr).await {
+            Ok(l) => tasks.push(tokio::spawn(pgward::metrics::serve(rt.clone(), l))),
+            Err(e) => {
+                tracing::error!("{e}");
+                eprintln!("pgward: {e}");
+                cleanup(pidfile.as_deref(), socket.as_deref());
+                return ExitCode::FAILURE;
+            }
+        }
+    }
     tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
-    let tasks = listeners.spawn(&rt);
-    tokio::spawn(maintenance(rt.clone()));
-    wait_for_stop(&rt).await;
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tasks.extend(listeners.spawn(&rt, stop_rx));
+    tasks.push(tokio::spawn(maintenance(rt.clone())));
+    run_until_stopped(&rt, &stop_tx).await;
     for t in tasks {
         t.abort();
     }
@@ -248,20 +265,30 @@ fn raise_fd_limit(config: &Config) {
     }
 }
 
-/// Once a second: each pool's maintenance pass.
+/// Once a second: each pool's maintenance pass (not for paused databases, which must not
+/// open servers), and the stats period.
 async fn maintenance(rt: Arc<Runtime>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;
         let now = Instant::now();
+        rt.ensure_forced_pools();
         for pool in rt.pools.all() {
-            pool.maintain(now);
+            if !rt.ops.control.holds(&pool.key.db) {
+                pool.maintain(now);
+            }
         }
+        let period = rt.config.load().settings.stats_period;
+        rt.ops.stats.tick(now, period);
     }
 }
 
-/// Serves signals until one says stop: SIGHUP reloads, SIGTERM, SIGINT and SIGQUIT stop.
-async fn wait_for_stop(rt: &Runtime) {
+/// Serves signals and watches the shutdown state until the process should exit.
+///
+/// SIGHUP reloads; SIGTERM waits for clients to leave and SIGINT for servers to be released
+/// (a second one of either exits at once); SIGQUIT exits at once; SIGUSR1 pauses and SIGUSR2
+/// resumes. The console's SHUTDOWN commands set the same states.
+async fn run_until_stopped(rt: &Arc<Runtime>, stop: &tokio::sync::watch::Sender<bool>) {
     use tokio::signal::unix::{signal, SignalKind};
     let kinds = [
         SignalKind::terminate(),
@@ -284,16 +311,70 @@ async fn wait_for_stop(rt: &Runtime) {
     let [term, int, quit, hup, usr1, usr2] = &mut streams[..] else {
         return;
     };
+    let mut changes = rt.ops.control.subscribe();
     loop {
+        let mode = rt.ops.control.shutdown();
+        if mode != Shutdown::No {
+            let _ = stop.send(true);
+        }
+        if done(rt, mode) {
+            return;
+        }
+        let stopping = mode != Shutdown::No;
         tokio::select! {
-            _ = term.recv() => return tracing::info!("SIGTERM received, shutting down"),
-            _ = int.recv() => return tracing::info!("SIGINT received, shutting down"),
-            _ = quit.recv() => return tracing::info!("SIGQUIT received, shutting down"),
+            _ = term.recv() => stop_signal(rt, "SIGTERM", Shutdown::WaitForClients),
+            _ = int.recv() => stop_signal(rt, "SIGINT", Shutdown::WaitForServers),
+            _ = quit.recv() => stop_signal(rt, "SIGQUIT", Shutdown::Now),
             _ = hup.recv() => reload(rt),
-            _ = usr1.recv() => tracing::warn!("SIGUSR1 (pause) is not supported yet; ignored"),
-            _ = usr2.recv() => tracing::warn!("SIGUSR2 (resume) is not supported yet; ignored"),
+            _ = usr1.recv() => console(rt, Console::Pause(None), "SIGUSR1"),
+            _ = usr2.recv() => {
+                if stopping {
+                    tracing::info!("got SIGUSR2 while shutting down, ignoring");
+                } else {
+                    console(rt, Console::Resume(None), "SIGUSR2");
+                }
+            }
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)), if stopping => {}
         }
     }
+}
+
+/// A stop signal: the first asks for `mode`, a second one (or SIGQUIT) exits at once.
+fn stop_signal(rt: &Runtime, name: &str, mode: Shutdown) {
+    let control = &rt.ops.control;
+    let next = if control.shutdown() == Shutdown::No {
+        mode
+    } else {
+        Shutdown::Now
+    };
+    tracing::info!("{name} received: {next:?}");
+    control.update(|s| s.shutdown = next);
+}
+
+/// Whether the shutdown in progress may finish now.
+fn done(rt: &Runtime, mode: Shutdown) -> bool {
+    match mode {
+        Shutdown::No => false,
+        Shutdown::Now => true,
+        Shutdown::WaitForClients => rt.ops.clients.pool_clients() == 0,
+        Shutdown::WaitForServers => rt.pools.all().iter().all(|p| {
+            let s = p.stats();
+            s.active + s.connecting == 0
+        }),
+    }
+}
+
+/// Runs a console command for a signal, in its own task (PAUSE waits for servers).
+fn console(rt: &Arc<Runtime>, cmd: Console, signal: &'static str) {
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        let mut out = bytes::BytesMut::new();
+        match pgward::admin::execute(&rt, Role::Admin, cmd, &mut out).await {
+            Ok(()) => tracing::info!("{signal}: done"),
+            Err(e) => tracing::warn!("{signal}: {}", e.message),
+        }
+    });
 }
 
 fn reload(rt: &Runtime) {

@@ -33,12 +33,22 @@ impl Stream {
     }
 
     /// The TCP socket under a TCP or TLS stream.
-    fn tcp(&self) -> Option<&TcpStream> {
+    pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
             Stream::Tcp(s) => Some(s),
             Stream::TlsIn(s) => Some(s.get_ref().0),
             Stream::TlsOut(s) => Some(s.get_ref().0),
             Stream::Unix(_) | Stream::Detached => None,
+        }
+    }
+
+    /// The file descriptor of the socket, -1 once detached.
+    pub fn raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsRawFd;
+        match (self, self.tcp()) {
+            (_, Some(s)) => s.as_raw_fd(),
+            (Stream::Unix(s), None) => s.as_raw_fd(),
+            _ => -1,
         }
     }
 

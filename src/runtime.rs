@@ -4,20 +4,21 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use rand::RngCore;
 
 use crate::cancel::CancelRegistry;
-use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck};
+use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOutcome, Settings};
 use crate::edge::tls::ServerTls;
 use crate::edge::Edge;
 use crate::gate::Limits;
 use crate::governance::Governance;
+use crate::ops::Ops;
 use crate::params::Tracked;
 use crate::policy::PolicyError;
-use crate::pool::{Pool, PoolKey, PoolSettings, Pools};
+use crate::pool::{lock, Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
 
 /// Why a reload changed nothing.
@@ -41,6 +42,10 @@ pub struct Runtime {
     next_client: AtomicU64,
     /// Seeds the fake SCRAM secrets shown to unknown users, so a probe cannot tell them apart.
     pub mock_key: [u8; 32],
+    /// Clients, counters, pause state and runtime limits.
+    pub ops: Ops,
+    /// When the process started (SHOW MEM, metrics).
+    pub started: Instant,
     /// TLS, the hba rules, the login throttle, client caps and auth_query secrets.
     pub edge: Edge,
 }
@@ -65,6 +70,8 @@ impl Runtime {
             clients: AtomicUsize::new(0),
             next_client: AtomicU64::new(1),
             mock_key,
+            ops: Ops::default(),
+            started: Instant::now(),
             edge,
         })
     }
@@ -75,10 +82,13 @@ impl Runtime {
 
     /// Re-reads the configuration file and the auth file. Everything is read and checked
     /// first; on any error nothing changes and the error (with file and line) is returned.
-    /// Pools whose database is still configured take the new settings; their servers stay.
+    /// Pools whose connection settings did not change keep their servers; a changed
+    /// connection string closes the old servers as they are released; new databases appear;
+    /// the pools of removed databases drain. Runtime limits set from the console stay. The
+    /// policy file is read again too.
     pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
         let path = self.config.load().path.clone();
-        let config = crate::config::load(&path)?;
+        let mut config = crate::config::load(&path)?;
         let userlist = match &config.settings.auth_file {
             Some(p) => crate::config::load_userlist(p)?,
             None => HashMap::new(),
@@ -88,48 +98,123 @@ impl Runtime {
             old.save_allowlist();
         }
         let governance = Governance::load(&config.settings)?;
-        let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        lock(&self.ops.overrides).apply(&mut config);
         let mut warnings = config.warnings.clone();
         warnings.extend(self.edge.reload(&config.settings));
-        let server_tls = ServerTls::clone(&self.edge.server_tls.load());
-        let old_userlist = self.userlist.load_full();
-        self.userlist.store(Arc::new(userlist));
-        for pool in self.pools.all() {
-            if let Some(db) = config.database(&pool.key.db) {
-                let settings = pool_settings(
-                    &config,
-                    &db,
-                    &pool.key.user,
-                    tracked.clone(),
-                    server_tls.clone(),
-                );
-                let user = settings.target.user.clone();
-                let mut credential = self.server_credential(&db, &user);
-                // SCRAM keys a client proved stay valid while the stored secret is the same.
-                let kept = pool.credential();
-                if matches!(credential, Credential::None)
-                    && matches!(kept, Credential::ScramKeys { .. })
-                    && old_userlist.get(&user) == self.userlist.load().get(&user)
-                {
-                    credential = kept;
-                }
-                pool.reconfigure(settings, credential);
-            }
-        }
         self.governance.store(Arc::new(governance));
+        self.install(config, Some(userlist));
+        Ok(warnings)
+    }
+
+    /// Makes `config` (and `userlist`, if given) the running configuration and brings every
+    /// pool in line with it.
+    pub fn install(&self, config: Config, userlist: Option<HashMap<String, Secret>>) {
+        let old_config = self.config.load_full();
+        let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        let old_userlist = self.userlist.load_full();
+        if let Some(u) = userlist {
+            self.userlist.store(Arc::new(u));
+        }
+        let now = Instant::now();
+        let server_tls = ServerTls::clone(&self.edge.server_tls.load());
+        for pool in self.pools.all() {
+            let Some(db) = config.database(&pool.key.db) else {
+                // Removed: clients still on it finish, its servers close as they come back.
+                pool.ops.reconnect(now);
+                pool.close_idle();
+                continue;
+            };
+            if old_config
+                .database(&pool.key.db)
+                .is_none_or(|old| connection_changed(&old, &db))
+            {
+                pool.ops.reconnect(now);
+                pool.close_idle();
+            }
+            let settings = pool_settings(
+                &config,
+                &db,
+                &pool.key.user,
+                tracked.clone(),
+                server_tls.clone(),
+            );
+            let user = settings.target.user.clone();
+            let mut credential = self.server_credential(&db, &user);
+            // SCRAM keys a client proved stay valid while the stored secret is the same.
+            let kept = pool.credential();
+            if matches!(credential, Credential::None)
+                && matches!(kept, Credential::ScramKeys { .. })
+                && old_userlist.get(&user) == self.userlist.load().get(&user)
+            {
+                credential = kept;
+            }
+            pool.reconfigure(settings, credential);
+        }
         self.tracked.store(tracked);
         self.config.store(Arc::new(config));
-        Ok(warnings)
+        crate::ops::limits::enforce(&self.pools.all(), &self.ops.clients);
+    }
+
+    /// `SET key = value` on the console: a setting of the main section, applied at once.
+    pub fn set_setting(&self, key: &str, value: &str) -> Result<(), String> {
+        if Settings::requires_restart(key) {
+            return Err(format!("parameter {key} can only be changed by a restart"));
+        }
+        let mut config = Config::clone(&self.config.load());
+        match config.settings.set(key, value)? {
+            SetOutcome::Applied => {}
+            SetOutcome::NotImplemented | SetOutcome::Unknown => {
+                return Err(format!("unknown or unsupported parameter: {key}"))
+            }
+        }
+        config.settings.validate()?;
+        let kept = self.edge.reload(&config.settings);
+        self.install(config, None);
+        match kept.is_empty() {
+            true => Ok(()),
+            false => Err(kept.join("; ")),
+        }
+    }
+
+    /// `SET USER name = 'settings'` / `SET POOL user.db = 'settings'`: recorded, laid over the
+    /// configuration, and enforced at once (evicting servers above the new limits).
+    pub fn set_limits(&self, target: LimitTarget, settings: &str) -> Result<(), String> {
+        let mut config = Config::clone(&self.config.load());
+        {
+            let mut overrides = lock(&self.ops.overrides);
+            let mut next = overrides.clone();
+            match &target {
+                LimitTarget::User(name) => next.set_user(name, settings).map(drop)?,
+                LimitTarget::Pool(key) => next.set_pool(key, settings).map(drop)?,
+            }
+            next.apply(&mut config);
+            *overrides = next;
+        }
+        self.install(config, None);
+        Ok(())
+    }
+
+    /// Creates the pools of databases with a forced user and a min_pool_size, so that
+    /// maintenance opens their servers before any client comes, as PgBouncer does.
+    pub fn ensure_forced_pools(&self) {
+        let config = self.config.load();
+        for db in &config.databases {
+            let min = db.min_pool_size.unwrap_or(config.settings.min_pool_size);
+            if let (Some(user), true) = (&db.user, min > 0) {
+                self.pool_for(db, user);
+            }
+        }
     }
 
     /// The pool serving `user` on database entry `db`, created on first use.
     pub fn pool_for(&self, db: &DatabaseDef, user: &str) -> Arc<Pool> {
         let config = self.config.load();
+        // A database with a forced user has one pool, whoever logs in, as in PgBouncer.
+        let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
         let key = PoolKey {
             db: db.name.clone(),
-            user: user.to_string(),
+            user: server_user.clone(),
         };
-        let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
         let credential = self.server_credential(db, &server_user);
         self.pools.get_or_create(
             &key,
@@ -165,6 +250,8 @@ pub fn pool_settings(
 ) -> PoolSettings {
     let s = &config.settings;
     let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
+    // With a forced user, that user's settings apply, not those of whoever logged in.
+    let user = server_user.as_str();
     let pool_size = config.pool_size_for(db, user) as usize;
     let user_def = config.user(user);
     let limits = Limits {
@@ -178,11 +265,14 @@ pub fn pool_settings(
             .unwrap_or(s.max_user_connections) as usize,
     };
     PoolSettings {
-        target: server_target(db, server_user, server_tls),
+        target: server_target(db, server_user.clone(), server_tls),
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
-        query_wait: match db.query_wait_timeout {
+        query_wait: match user_def
+            .and_then(|u| u.query_wait_timeout)
+            .or(db.query_wait_timeout)
+        {
             Some(d) if d.is_zero() => None,
             Some(d) => Some(d),
             None => s.query_wait_timeout,
@@ -242,4 +332,43 @@ fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> Serve
 fn non_empty(s: &str) -> Option<String> {
     let t = s.trim();
     (!t.is_empty()).then(|| t.to_string())
+}
+
+/// What a runtime limit applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LimitTarget {
+    /// Every pool of this user.
+    User(String),
+    /// One pool, `user.db`.
+    Pool(String),
+}
+
+/// Whether a database entry now points pgward's servers somewhere else (or logs in
+/// differently), so that servers opened under the old entry must go.
+fn connection_changed(old: &DatabaseDef, new: &DatabaseDef) -> bool {
+    (
+        &old.host,
+        old.port,
+        &old.dbname,
+        &old.user,
+        &old.password,
+        &old.connect_query,
+    ) != (
+        &new.host,
+        new.port,
+        &new.dbname,
+        &new.user,
+        &new.password,
+        &new.connect_query,
+    ) || (
+        &old.client_encoding,
+        &old.datestyle,
+        &old.timezone,
+        &old.application_name,
+    ) != (
+        &new.client_encoding,
+        &new.datestyle,
+        &new.timezone,
+        &new.application_name,
+    )
 }

@@ -35,31 +35,7 @@ pub async fn login(
     rt: &Arc<Runtime>,
     req: &StartupRequest,
 ) -> Result<(Authenticated, CapGuard), SessionError> {
-    let who = Attempt {
-        addr: io.stream.peer_ip(),
-        role: req.user.clone(),
-    };
-    let blocked = crate::pool::lock(&rt.edge.throttle).check(&who, Instant::now());
-    if blocked.is_err() {
-        return Err(SessionError::Fatal(ErrorResponse::fatal(
-            sqlstate::INVALID_AUTHORIZATION,
-            format!(
-                "too many failed login attempts for user \"{}\" from this address; try again later",
-                req.user
-            ),
-        )));
-    }
-    let authed = match authenticate(io, rt, req).await {
-        Ok(a) => a,
-        Err(SessionError::Fatal(e)) if is_auth_failure(&e) => {
-            if crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
-                tracing::warn!(user = %req.user, addr = ?who.addr, "failed logins: address blocked for this user");
-            }
-            return Err(SessionError::Fatal(e));
-        }
-        Err(e) => return Err(e),
-    };
-    crate::pool::lock(&rt.edge.throttle).succeeded(&who);
+    let authed = throttled(io, rt, req).await?;
     let mut out = BytesMut::new();
     wire::encode_auth_ok(&mut out);
     io.send(&out).await?;
@@ -83,6 +59,56 @@ pub async fn login(
     Ok((authed, slot))
 }
 
+/// Authenticates `user` for the admin console (no AuthenticationOk is sent), through the
+/// same throttle as every login; hba rules see the database `pgbouncer`.
+pub async fn authenticate(
+    io: &mut ClientIo,
+    rt: &Arc<Runtime>,
+    user: &str,
+) -> Result<Authenticated, SessionError> {
+    let req = StartupRequest {
+        user: user.to_string(),
+        database: crate::config::databases::ADMIN_DB.to_string(),
+        params: Vec::new(),
+    };
+    throttled(io, rt, &req).await
+}
+
+/// Refuses an address that failed too often as this role, else authenticates and records
+/// the outcome.
+async fn throttled(
+    io: &mut ClientIo,
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+) -> Result<Authenticated, SessionError> {
+    let who = Attempt {
+        addr: io.stream.peer_ip(),
+        role: req.user.clone(),
+    };
+    let blocked = crate::pool::lock(&rt.edge.throttle).check(&who, Instant::now());
+    if blocked.is_err() {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!(
+                "too many failed login attempts for user \"{}\" from this address; try again later",
+                req.user
+            ),
+        )));
+    }
+    let authed = match authenticate_for(io, rt, req).await {
+        Ok(a) => a,
+        Err(SessionError::Fatal(e)) if is_auth_failure(&e) => {
+            if crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
+                tracing::warn!(user = %req.user, addr = ?who.addr, "failed logins: address blocked for this user");
+            }
+            return Err(SessionError::Fatal(e));
+        }
+        Err(e) => return Err(e),
+    };
+    crate::pool::lock(&rt.edge.throttle).succeeded(&who);
+    Ok(authed)
+}
+
 /// Whether a refusal counts as a failed login: a wrong password (28P01) or a refusal by the
 /// rules (28000).
 fn is_auth_failure(e: &ErrorResponse) -> bool {
@@ -91,7 +117,7 @@ fn is_auth_failure(e: &ErrorResponse) -> bool {
 
 /// Runs the exchange the method asks for. Unknown users go through the same exchange as
 /// known ones and fail at the end, so a probe learns nothing.
-pub async fn authenticate(
+async fn authenticate_for(
     io: &mut ClientIo,
     rt: &Arc<Runtime>,
     req: &StartupRequest,

@@ -15,6 +15,7 @@ use std::time::Duration;
 
 use bytes::BytesMut;
 
+pub use auth::authenticate;
 pub use io::ClientIo;
 pub use startup::{parse_options, read_params, StartupRequest};
 
@@ -77,8 +78,18 @@ impl Drop for ClientSlot<'_> {
     }
 }
 
+/// Which logins an accepted connection may make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Admission {
+    /// Any database.
+    All,
+    /// Only the admin console: the connection came in on the Unix socket while the pooler
+    /// shuts down.
+    ConsoleOnly,
+}
+
 /// Serves one accepted client connection to its end.
-pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
+pub async fn serve(rt: Arc<Runtime>, stream: Stream, admission: Admission) {
     let peer = stream.peer_label();
     let max_message =
         (rt.config.load().settings.max_packet_size as usize).min(wire::DEFAULT_MAX_MESSAGE_LEN);
@@ -91,7 +102,15 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
     };
     let _slot = ClientSlot(&rt);
     let id = rt.next_client_id();
-    match run(&rt, &mut io, id, over_limit, max_message).await {
+    // Declared after `io`, so the client leaves the registry before its socket closes.
+    let registration = rt.ops.clients.register(id, &io.stream);
+    let entry = registration.entry.clone();
+    let limits = Admit {
+        over_limit,
+        max_message,
+        admission,
+    };
+    match run(&rt, &mut io, &entry, limits).await {
         Ok(()) | Err(SessionError::Gone) => {}
         Err(SessionError::Io(e)) => {
             tracing::debug!(client = id, %peer, "client connection lost: {e}")
@@ -103,30 +122,54 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream) {
     }
 }
 
+/// What an accepted connection is allowed.
+struct Admit {
+    over_limit: bool,
+    max_message: usize,
+    admission: Admission,
+}
+
+/// A completed login: to a pool, or to the admin console.
+enum Opened {
+    /// The guard counts the client against its caps until the session ends.
+    Pool(
+        StartupRequest,
+        Arc<Pool>,
+        crate::pool::Welcome,
+        crate::edge::caps::CapGuard,
+    ),
+    Console(StartupRequest, crate::admin::Role),
+}
+
 async fn run(
     rt: &Arc<Runtime>,
     io: &mut ClientIo,
-    id: u64,
-    over_limit: bool,
-    max_message: usize,
+    entry: &Arc<crate::ops::ClientEntry>,
+    admit: Admit,
 ) -> Result<(), SessionError> {
+    let id = entry.id;
     let login_timeout = rt.config.load().settings.client_login_timeout;
     let login = async {
         let req = match startup::read_opening(io, rt).await? {
             Opening::Cancel => return Ok(None),
             Opening::Login(req) => req,
         };
-        if over_limit {
+        if admit.over_limit {
             return Err(SessionError::Fatal(ErrorResponse::fatal(
                 sqlstate::TOO_MANY_CONNECTIONS,
                 "no more connections allowed (max_client_conn)".to_string(),
             )));
         }
+        if crate::admin::is_console(&req.database) {
+            let role = crate::admin::login(rt, io, &req.user).await?;
+            return Ok(Some(Opened::Console(req, role)));
+        }
+        check_admission(rt, &req.database, admit.admission)?;
         let (authed, slot) = auth::login(io, rt, &req).await?;
         check_startup_search_path(rt, &req, io.stream.peer_ip())?;
         let pool = open_pool(rt, &req, authed.credential)?;
-        let welcome = welcome(&pool).await?;
-        Ok(Some((req, pool, welcome, slot)))
+        let welcome = welcome(rt, &pool).await?;
+        Ok(Some(Opened::Pool(req, pool, welcome, slot)))
     };
     let opened = match login_timeout {
         Some(limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
@@ -137,13 +180,24 @@ async fn run(
         })??,
         None => login.await?,
     };
-    // `_slot` counts this client against its caps until the session ends.
-    let Some((req, pool, welcome, _slot)) = opened else {
-        return Ok(());
+    io.max_message = admit.max_message;
+    let (req, pool, welcome, _slot) = match opened {
+        None => return Ok(()),
+        Some(Opened::Console(req, role)) => {
+            return crate::admin::serve(rt, io, entry, &req, role).await;
+        }
+        Some(Opened::Pool(req, pool, welcome, slot)) => (req, pool, welcome, slot),
     };
-    io.max_message = max_message;
+    let app_name = req
+        .params
+        .iter()
+        .find(|(n, _)| n == "application_name")
+        .map_or("", |(_, v)| v.as_str());
+    entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
+    rt.ops.stats.for_pool(&pool.key).add_login();
     let handle = rt.cancels.register(id);
-    let result = greet_and_run(rt, io, id, req, pool, &welcome, &handle).await;
+    let hooks = crate::ops::SessionHooks::new(rt.clone(), entry.clone(), &pool);
+    let result = greet_and_run(rt, io, req, pool, &welcome, &handle, hooks).await;
     rt.cancels.remove(handle.pid);
     result
 }
@@ -179,6 +233,24 @@ fn check_startup_search_path(
     }
 }
 
+/// Refuses logins to a disabled database, and logins to any pool over the Unix socket while
+/// the pooler shuts down.
+fn check_admission(rt: &Runtime, db: &str, admission: Admission) -> Result<(), SessionError> {
+    if admission == Admission::ConsoleOnly {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CANNOT_CONNECT_NOW,
+            "pooler is shutting down".to_string(),
+        )));
+    }
+    if rt.ops.control.get().is_disabled(db) {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CANNOT_CONNECT_NOW,
+            format!("database \"{db}\" is disabled"),
+        )));
+    }
+    Ok(())
+}
+
 fn open_pool(
     rt: &Arc<Runtime>,
     req: &StartupRequest,
@@ -200,10 +272,11 @@ fn open_pool(
 
 /// The server parameters a client is greeted with: those of the pool's first login; if the
 /// pool has never logged in, one server is opened now to learn them.
-async fn welcome(pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
+async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
     if let Some(w) = pool.welcome() {
         return Ok(w);
     }
+    rt.ops.control.wait_open(&pool.key.db).await;
     let wait = pool.settings().query_wait;
     let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
     let server = pool.checkout(ticket, wait).await?;
@@ -219,12 +292,13 @@ async fn welcome(pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError>
 async fn greet_and_run(
     rt: &Arc<Runtime>,
     io: &mut ClientIo,
-    id: u64,
     req: StartupRequest,
     pool: Arc<Pool>,
     welcome: &[(String, String)],
     handle: &Arc<ClientHandle>,
+    hooks: crate::ops::SessionHooks,
 ) -> Result<(), SessionError> {
+    let id = hooks.client_id();
     let tracked = rt.tracked.load_full();
     let mut params = ParamSet::default();
     let mut out = BytesMut::new();
@@ -260,7 +334,6 @@ async fn greet_and_run(
     let timeouts = session::Timeouts::from_settings(&settings.settings);
     let max_prepared = settings.settings.max_prepared_statements as usize;
     let mut session = Session::new(
-        id,
         rt.clone(),
         (req.user.clone(), io.stream.peer_ip()),
         pool,
@@ -269,6 +342,7 @@ async fn greet_and_run(
         tracked,
         timeouts,
         max_prepared,
+        hooks,
     );
     session.run(io).await
 }

@@ -21,6 +21,7 @@ use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
+use crate::ops::SessionHooks;
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
@@ -141,6 +142,7 @@ pub struct Session {
     to_server: BytesMut,
     to_client: BytesMut,
     last_client_activity: Instant,
+    hooks: SessionHooks,
     /// The answer queue of the last server, kept to reuse its allocation.
     spare_expected: Expected,
 }
@@ -148,7 +150,6 @@ pub struct Session {
 impl Session {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
-        id: u64,
         rt: Arc<Runtime>,
         (user, client_addr): (String, Option<IpAddr>),
         pool: Arc<Pool>,
@@ -157,12 +158,13 @@ impl Session {
         tracked: Arc<Tracked>,
         timeouts: Timeouts,
         max_prepared_statements: usize,
+        hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
         let prepared_capacity = (mode != PoolMode::Session && max_prepared_statements > 0)
             .then_some(max_prepared_statements);
         Session {
-            id,
+            id: hooks.client_id(),
             rt,
             user,
             client_addr,
@@ -179,6 +181,7 @@ impl Session {
             to_server: BytesMut::new(),
             to_client: BytesMut::new(),
             last_client_activity: Instant::now(),
+            hooks,
             spare_expected: Expected::default(),
         }
     }
@@ -402,6 +405,7 @@ impl Session {
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
+        self.hooks.received(len);
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -457,7 +461,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let pool = self.pool.clone();
-        let checkout = pool.checkout(ticket, pool.settings_now().query_wait);
+        let checkout = SessionHooks::checkout(self.hooks.clone(), pool, ticket);
         tokio::pin!(checkout);
         let mut server = loop {
             tokio::select! {
@@ -552,12 +556,16 @@ impl Session {
                 opened_block = true;
                 break;
             }
+            let marks = (tag == b'Z').then_some((link.busy_since, link.tx_since));
             let mut client = ClientSide {
                 statements: &mut self.statements,
                 params: &mut self.params,
                 tracked: &self.tracked,
             };
             let route = server_message(link, &mut client, (tag, offset, end))?;
+            if let Some((busy, tx)) = marks {
+                self.hooks.ready(link.server.tx, busy, tx);
+            }
             if route == Route::Swallow || link.expected.synthetic_next() {
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);
@@ -570,6 +578,7 @@ impl Session {
             offset = end;
         }
         if offset > 0 {
+            self.hooks.sent(offset);
             let rbuf = &mut link.server.rbuf;
             match kept {
                 None => take_front(&mut self.to_client, rbuf, offset),
@@ -620,6 +629,7 @@ impl Session {
         let Some(mut link) = self.link.take() else {
             return;
         };
+        self.hooks.released();
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
         }

@@ -1,13 +1,57 @@
-//! The admission gate: the policy that decides who gets a server next and whether a pool may
-//! grow. It is pure: it takes the time as an argument and never touches a socket, so it is
-//! tested under simulated time.
+//! The admission gate: the policy that decides whether a tenant's work may run, when, in
+//! which lane and at what price, who gets a server next, and whether a pool may grow. It is
+//! pure: it takes the time as an argument and never touches a socket, so it is tested under
+//! simulated time.
 //!
-//! Today the policy is PgBouncer's: the pool limits, the reserve pool, and first-come order.
-//! Tenants, budgets, priorities and lanes extend [`Ticket`] and [`WaitQueue`] without changing
-//! the shape of the checkout.
+//! # How the session and the pool use it
+//!
+//! The [`Gate`] lives in one sync mutex shared by the pools; no lock is held across `.await`.
+//!
+//! 1. [`Gate::admit`] with the [`Request`] (tenant and priority from the policy's
+//!    `Identity`, kind from [`RequestKind::of_sql`] or the session's own reading): a
+//!    [`Decision`]. `Bypass` (transaction control) runs at once without a slot; `Refuse` is
+//!    answered with its SQLSTATE; `Admit` gives a [`Pass`].
+//! 2. If the plan is cached, [`Gate::spend`] now; then [`Gate::try_acquire`], or
+//!    [`Gate::enqueue`] with a oneshot sender and wait on the receiver until the pass's
+//!    deadline or the queue timeout. A client that gives up calls [`Gate::withdraw`]
+//!    (refunded). A timer at [`Gate::next_wake`] calls [`Gate::expire`] (answer each with its
+//!    refusal) and [`Gate::dispatch`] (send each grant).
+//! 3. With the slot and a server: price the statement ([`crate::cost`]), check the cost
+//!    rules, then [`Gate::spend`] if not paid yet. `MovedToSlow` / `WaitForBudget`: release
+//!    the slot and queue again.
+//! 4. The slot is held while PostgreSQL owes the client answers (a pipeline holds one); then
+//!    [`Gate::release`] and offer it with [`Gate::next_waiter`] (or `dispatch`).
+//!
+//! PgBouncer's first-come order and pool growth ([`WaitQueue`], [`Limits`]) stay for the
+//! pool's server wait.
 
+mod admission;
+mod bucket;
+mod evict;
+mod fair;
+mod kills;
+mod kind;
 mod limits;
+mod pass;
 mod queue;
+mod refusal;
+mod tenant;
 
+pub use admission::{Gate, GateSettings, LaneLimits, TenantStats};
+pub use bucket::{charge_of, Budget, DecayingUse, TokenBucket, USE_HALF_LIFE};
+pub use evict::{runaway, runaways, Runaway, TenantLoad};
+pub use fair::{FairQueue, Rank};
+pub use kills::{KillRow, KillTarget, Kills};
+pub use kind::{RequestKind, TxControl};
 pub use limits::{Growth, Limits, Usage};
+pub use pass::{
+    Cost, Decision, Expired, Granted, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
+};
 pub use queue::{Ticket, WaitQueue};
+pub use refusal::{Refusal, RefusalReason, SQLSTATE_CANCELED, SQLSTATE_RESOURCES};
+pub use tenant::{
+    parse_duration, TenantConfig, TenantConfigError, TenantTimeouts, WhenOver, DEFAULT_MIN_CHARGE,
+};
+
+#[cfg(test)]
+mod tests;

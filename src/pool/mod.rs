@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use guard::ServerGuard;
-pub use pool::{Pool, PoolMap, PoolStats, Welcome};
+pub use pool::{IdleServer, Pool, PoolMap, PoolStats, Welcome};
 
 use crate::config::PoolMode;
 use crate::gate::Limits;

@@ -58,6 +58,8 @@ pub struct Pool {
     ids: Arc<AtomicU64>,
     /// Every pool, to make room under limits shared between pools.
     siblings: Weak<Mutex<PoolMap>>,
+    /// Servers to close at check-in (RECONNECT, eviction).
+    pub ops: crate::ops::PoolOps,
 }
 
 /// Pools by key.
@@ -83,6 +85,7 @@ impl Pool {
             user_count,
             ids,
             siblings,
+            ops: Default::default(),
         }
     }
 
@@ -255,7 +258,9 @@ impl Pool {
     pub(super) fn checkin(self: &Arc<Self>, mut conn: ServerConn) {
         let settings = self.settings.load();
         let now = Instant::now();
-        let keep = conn.is_clean() && !expired(&conn, settings.lifetime, now);
+        let keep = conn.is_clean()
+            && !expired(&conn, settings.lifetime, now)
+            && !self.ops.must_close(&conn);
         let mut inner = lock(&self.inner);
         inner.active = inner.active.saturating_sub(1);
         if !keep {
@@ -424,6 +429,39 @@ impl Pool {
             close_in_background(conn);
         }
     }
+}
+
+/// What the console and eviction need to see and do.
+impl Pool {
+    /// Closes the least recently used idle server; false if none is idle.
+    pub fn evict_idle(&self) -> bool {
+        self.close_one_idle()
+    }
+
+    /// The idle servers: (id, backend pid, address, opened at, last used).
+    pub fn idle_servers(&self) -> Vec<IdleServer> {
+        lock(&self.inner)
+            .idle
+            .iter()
+            .map(|c| IdleServer {
+                id: c.id,
+                pid: c.key.pid,
+                addr: c.addr.clone(),
+                created: c.created,
+                last_used: c.last_used,
+            })
+            .collect()
+    }
+}
+
+/// An idle server as SHOW SERVERS lists it.
+#[derive(Debug, Clone)]
+pub struct IdleServer {
+    pub id: u64,
+    pub pid: u32,
+    pub addr: Arc<crate::server::ServerAddr>,
+    pub created: Instant,
+    pub last_used: Instant,
 }
 
 /// What checkout found: an idle server, or a place in the queue.

@@ -75,6 +75,15 @@ impl Owed {
     }
 }
 
+/// Where the answer to a message goes: the client's own, or pgward's.
+fn visible(client: bool) -> Route {
+    if client {
+        Route::Forward
+    } else {
+        Route::Swallow
+    }
+}
+
 /// What to do with one server message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Route {
@@ -207,8 +216,9 @@ impl Expected {
             b'1' => self.complete_parse(),
             b'2' => self.complete_bind(),
             b'3' => self.complete_close(),
-            b'n' => self.complete(tag, "NoData", |o| {
+            b'n' => self.complete_head(tag, "NoData", |o| {
                 matches!(o, Owed::DescribeStatement | Owed::DescribePortal)
+                    .then_some(Route::Forward)
             }),
             b'T' => self.row_description(),
             b't' => self.inside(tag, "ParameterDescription", |o| {
@@ -253,21 +263,6 @@ impl Expected {
         self.queue.front()
     }
 
-    fn complete(
-        &mut self,
-        tag: u8,
-        expected: &'static str,
-        fits: impl Fn(&Owed) -> bool,
-    ) -> Result<(Route, Learned), Desync> {
-        match self.head_real() {
-            Some(o) if fits(o) => {
-                self.queue.pop_front();
-                Ok((Route::Forward, Learned::Nothing))
-            }
-            _ => Err(Desync { tag, expected }),
-        }
-    }
-
     fn inside(
         &self,
         tag: u8,
@@ -280,55 +275,42 @@ impl Expected {
         }
     }
 
-    fn complete_bind(&mut self) -> Result<(Route, Learned), Desync> {
-        let route = match self.queue.front() {
-            Some(Owed::Bind) => Route::Forward,
-            Some(Owed::InternalBind) => Route::Swallow,
-            _ => {
-                return Err(Desync {
-                    tag: b'2',
-                    expected: "BindComplete",
-                })
-            }
-        };
+    /// Completes the head entry if `route_of` says how its answer is routed.
+    fn complete_head(
+        &mut self,
+        tag: u8,
+        expected: &'static str,
+        route_of: impl Fn(&Owed) -> Option<Route>,
+    ) -> Result<(Route, Learned), Desync> {
+        let route = self
+            .queue
+            .front()
+            .and_then(route_of)
+            .ok_or(Desync { tag, expected })?;
         self.queue.pop_front();
         Ok((route, Learned::Nothing))
     }
 
+    fn complete_bind(&mut self) -> Result<(Route, Learned), Desync> {
+        self.complete_head(b'2', "BindComplete", |o| match o {
+            Owed::Bind => Some(Route::Forward),
+            Owed::InternalBind => Some(Route::Swallow),
+            _ => None,
+        })
+    }
+
     fn complete_parse(&mut self) -> Result<(Route, Learned), Desync> {
-        match self.queue.front() {
-            Some(Owed::Parse { client, .. }) => {
-                let route = if *client {
-                    Route::Forward
-                } else {
-                    Route::Swallow
-                };
-                self.queue.pop_front();
-                Ok((route, Learned::Nothing))
-            }
-            _ => Err(Desync {
-                tag: b'1',
-                expected: "ParseComplete",
-            }),
-        }
+        self.complete_head(b'1', "ParseComplete", |o| match o {
+            Owed::Parse { client, .. } => Some(visible(*client)),
+            _ => None,
+        })
     }
 
     fn complete_close(&mut self) -> Result<(Route, Learned), Desync> {
-        match self.queue.front() {
-            Some(Owed::Close { client, .. }) => {
-                let route = if *client {
-                    Route::Forward
-                } else {
-                    Route::Swallow
-                };
-                self.queue.pop_front();
-                Ok((route, Learned::Nothing))
-            }
-            _ => Err(Desync {
-                tag: b'3',
-                expected: "CloseComplete",
-            }),
-        }
+        self.complete_head(b'3', "CloseComplete", |o| match o {
+            Owed::Close { client, .. } => Some(visible(*client)),
+            _ => None,
+        })
     }
 
     fn row_description(&mut self) -> Result<(Route, Learned), Desync> {

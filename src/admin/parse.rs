@@ -1,0 +1,272 @@
+//! The console's command language: one command per query, keywords in any case, an optional
+//! trailing semicolon, values bare or in single quotes.
+
+/// A parsed console command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// `SHOW what` (lowercased).
+    Show(String),
+    Pause(Option<String>),
+    Resume(Option<String>),
+    Suspend,
+    Disable(String),
+    Enable(String),
+    Reconnect(Option<String>),
+    Kill(Option<String>),
+    /// `KILL_CLIENT id`, the id as written.
+    KillClient(String),
+    WaitClose(Option<String>),
+    Shutdown(ShutdownKind),
+    Reload,
+    Set {
+        key: String,
+        value: String,
+    },
+    SetUser {
+        name: String,
+        value: String,
+    },
+    SetPool {
+        key: String,
+        value: String,
+    },
+    /// An empty query.
+    Empty,
+}
+
+/// The SHUTDOWN variants.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShutdownKind {
+    Now,
+    WaitForServers,
+    WaitForClients,
+}
+
+/// Why a query is not a command.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("invalid command '{0}', use SHOW HELP;")]
+    Invalid(String),
+    #[error("unterminated quoted string")]
+    Unterminated,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    Word(String),
+    Quoted(String),
+    Equals,
+}
+
+impl Token {
+    fn text(&self) -> &str {
+        match self {
+            Token::Word(s) | Token::Quoted(s) => s,
+            Token::Equals => "=",
+        }
+    }
+
+    fn keyword(&self) -> Option<String> {
+        match self {
+            Token::Word(s) => Some(s.to_ascii_lowercase()),
+            _ => None,
+        }
+    }
+}
+
+fn tokenize(sql: &str) -> Result<Vec<Token>, ParseError> {
+    let mut tokens = Vec::new();
+    let mut chars = sql.chars().peekable();
+    while let Some(&c) = chars.peek() {
+        if c.is_whitespace() {
+            chars.next();
+        } else if c == '=' {
+            chars.next();
+            tokens.push(Token::Equals);
+        } else if c == '\'' || c == '"' {
+            chars.next();
+            tokens.push(Token::Quoted(quoted(&mut chars, c)?));
+        } else {
+            let mut word = String::new();
+            while let Some(&c) = chars.peek() {
+                if c.is_whitespace() || c == '=' || c == '\'' || c == '"' {
+                    break;
+                }
+                word.push(c);
+                chars.next();
+            }
+            tokens.push(Token::Word(word));
+        }
+    }
+    Ok(tokens)
+}
+
+/// Reads up to the closing `q`; a doubled `q` stands for one.
+fn quoted(
+    chars: &mut std::iter::Peekable<std::str::Chars<'_>>,
+    q: char,
+) -> Result<String, ParseError> {
+    let mut out = String::new();
+    while let Some(c) = chars.next() {
+        if c == q {
+            if chars.peek() == Some(&q) {
+                chars.next();
+                out.push(q);
+            } else {
+                return Ok(out);
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Err(ParseError::Unterminated)
+}
+
+/// Parses one console query.
+pub fn parse(sql: &str) -> Result<Command, ParseError> {
+    let trimmed = sql.trim().trim_end_matches(';').trim();
+    if trimmed.is_empty() {
+        return Ok(Command::Empty);
+    }
+    let invalid = || ParseError::Invalid(trimmed.to_string());
+    let tokens = tokenize(trimmed)?;
+    let verb = tokens
+        .first()
+        .and_then(Token::keyword)
+        .ok_or_else(invalid)?;
+    let args = tokens.get(1..).unwrap_or_default();
+    let arg = |i: usize| args.get(i).map(|t| t.text().to_string());
+    let optional_db = || match args.len() {
+        0 => Ok(None),
+        1 => Ok(arg(0)),
+        _ => Err(invalid()),
+    };
+    let one = || match args.len() {
+        1 => arg(0).ok_or_else(invalid),
+        _ => Err(invalid()),
+    };
+    let cmd = match verb.as_str() {
+        "show" => Command::Show(one()?.to_ascii_lowercase()),
+        "pause" => Command::Pause(optional_db()?),
+        "resume" => Command::Resume(optional_db()?),
+        "suspend" if args.is_empty() => Command::Suspend,
+        "disable" => Command::Disable(one()?),
+        "enable" => Command::Enable(one()?),
+        "reconnect" => Command::Reconnect(optional_db()?),
+        "kill" => Command::Kill(optional_db()?),
+        "kill_client" => Command::KillClient(one()?),
+        "wait_close" => Command::WaitClose(optional_db()?),
+        "reload" if args.is_empty() => Command::Reload,
+        "shutdown" => Command::Shutdown(shutdown_kind(args).ok_or_else(invalid)?),
+        "set" => set(args).ok_or_else(invalid)?,
+        _ => return Err(invalid()),
+    };
+    Ok(cmd)
+}
+
+fn shutdown_kind(args: &[Token]) -> Option<ShutdownKind> {
+    match args {
+        [] => Some(ShutdownKind::Now),
+        [t] => match t.keyword()?.as_str() {
+            "wait_for_servers" => Some(ShutdownKind::WaitForServers),
+            "wait_for_clients" => Some(ShutdownKind::WaitForClients),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// `SET key = value`, `SET USER name = value`, `SET POOL user.db = value`.
+fn set(args: &[Token]) -> Option<Command> {
+    match args {
+        [key, Token::Equals, value] => Some(Command::Set {
+            key: key.keyword()?,
+            value: value.text().to_string(),
+        }),
+        [kind, name, Token::Equals, value] => {
+            let name = name.text().to_string();
+            let value = value.text().to_string();
+            match kind.keyword()?.as_str() {
+                "user" => Some(Command::SetUser { name, value }),
+                "pool" => Some(Command::SetPool { key: name, value }),
+                _ => None,
+            }
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commands() {
+        assert_eq!(parse("show POOLS;").unwrap(), Command::Show("pools".into()));
+        assert_eq!(parse("PAUSE").unwrap(), Command::Pause(None));
+        assert_eq!(
+            parse("pause p0 ;").unwrap(),
+            Command::Pause(Some("p0".into()))
+        );
+        assert_eq!(
+            parse("kill_client 12").unwrap(),
+            Command::KillClient("12".into())
+        );
+        assert_eq!(
+            parse("shutdown wait_for_clients").unwrap(),
+            Command::Shutdown(ShutdownKind::WaitForClients)
+        );
+        assert_eq!(parse("  ").unwrap(), Command::Empty);
+        assert!(parse("pause a b").is_err());
+        assert!(parse("frobnicate").is_err());
+        assert!(parse("disable").is_err());
+    }
+
+    #[test]
+    fn set_forms() {
+        assert_eq!(
+            parse("set server_login_retry=1").unwrap(),
+            Command::Set {
+                key: "server_login_retry".into(),
+                value: "1".into()
+            }
+        );
+        assert_eq!(
+            parse("SET admin_users = 'a,b'").unwrap(),
+            Command::Set {
+                key: "admin_users".into(),
+                value: "a,b".into()
+            }
+        );
+        assert_eq!(
+            parse("SET USER app = 'max_user_connections=40 pool_size=3';").unwrap(),
+            Command::SetUser {
+                name: "app".into(),
+                value: "max_user_connections=40 pool_size=3".into()
+            }
+        );
+        assert_eq!(
+            parse("set pool app.db = 'pool_size=30'").unwrap(),
+            Command::SetPool {
+                key: "app.db".into(),
+                value: "pool_size=30".into()
+            }
+        );
+        assert_eq!(
+            parse("set user = 'x'").unwrap(),
+            Command::Set {
+                key: "user".into(),
+                value: "x".into()
+            }
+        );
+        assert_eq!(
+            parse("set x = 'it''s'").unwrap(),
+            Command::Set {
+                key: "x".into(),
+                value: "it's".into()
+            }
+        );
+        assert!(parse("set x = 'open").is_err());
+        assert!(parse("set x").is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! Result sets of the console: typed columns as PgBouncer declares them, values in text.
+
+use bytes::{BufMut, BytesMut};
+
+use crate::wire;
+
+/// Column types the console uses (PostgreSQL type OIDs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Ty {
+    Text,
+    Int4,
+    Int8,
+    Numeric,
+}
+
+impl Ty {
+    fn oid_and_size(self) -> (u32, i16) {
+        match self {
+            Ty::Text => (25, -1),
+            Ty::Int4 => (23, 4),
+            Ty::Int8 => (20, 8),
+            Ty::Numeric => (1700, -1),
+        }
+    }
+}
+
+/// One value: NULL, text, or a number.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Cell {
+    Null,
+    Text(String),
+    Int(i64),
+}
+
+impl From<&str> for Cell {
+    fn from(s: &str) -> Self {
+        Cell::Text(s.to_string())
+    }
+}
+
+impl From<String> for Cell {
+    fn from(s: String) -> Self {
+        Cell::Text(s)
+    }
+}
+
+impl From<Option<String>> for Cell {
+    fn from(s: Option<String>) -> Self {
+        s.map_or(Cell::Null, Cell::Text)
+    }
+}
+
+macro_rules! int_cell {
+    ($($t:ty),*) => {
+        $(impl From<$t> for Cell {
+            fn from(n: $t) -> Self {
+                Cell::Int(i64::try_from(n).unwrap_or(i64::MAX))
+            }
+        })*
+    };
+}
+int_cell!(i64, u64, usize, u32, u16, i32, bool);
+
+/// A result set being built.
+#[derive(Debug, Clone)]
+pub struct Table {
+    columns: &'static [(&'static str, Ty)],
+    rows: Vec<Vec<Cell>>,
+}
+
+impl Table {
+    pub fn new(columns: &'static [(&'static str, Ty)]) -> Self {
+        Table {
+            columns,
+            rows: Vec::new(),
+        }
+    }
+
+    /// Adds a row; missing trailing values are NULL, extra ones are dropped.
+    pub fn push(&mut self, mut row: Vec<Cell>) {
+        row.resize(self.columns.len(), Cell::Null);
+        self.rows.push(row);
+    }
+
+    pub fn columns(&self) -> &'static [(&'static str, Ty)] {
+        self.columns
+    }
+
+    pub fn rows(&self) -> &[Vec<Cell>] {
+        &self.rows
+    }
+
+    /// RowDescription, the DataRows and CommandComplete `SHOW`.
+    pub fn encode(&self, out: &mut BytesMut) {
+        encode_row_description(out, self.columns);
+        for row in &self.rows {
+            let texts: Vec<Option<String>> = row
+                .iter()
+                .map(|c| match c {
+                    Cell::Null => None,
+                    Cell::Text(s) => Some(s.clone()),
+                    Cell::Int(n) => Some(n.to_string()),
+                })
+                .collect();
+            let values: Vec<Option<&[u8]>> = texts
+                .iter()
+                .map(|t| t.as_deref().map(str::as_bytes))
+                .collect();
+            wire::encode_data_row(out, &values);
+        }
+        wire::encode_command_complete(out, "SHOW");
+    }
+}
+
+fn encode_row_description(out: &mut BytesMut, columns: &[(&str, Ty)]) {
+    let mut body = BytesMut::new();
+    body.put_i16(i16::try_from(columns.len()).unwrap_or(i16::MAX));
+    for (name, ty) in columns {
+        let (oid, size) = ty.oid_and_size();
+        body.put_slice(name.as_bytes());
+        body.put_u8(0);
+        body.put_u32(0);
+        body.put_i16(0);
+        body.put_u32(oid);
+        body.put_i16(size);
+        body.put_i32(-1);
+        body.put_i16(0);
+    }
+    out.put_u8(b'T');
+    out.put_u32(u32::try_from(body.len() + 4).unwrap_or(u32::MAX));
+    out.put_slice(&body);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_description_rows_and_tag() {
+        const COLS: &[(&str, Ty)] = &[("a", Ty::Text), ("n", Ty::Int4)];
+        let mut t = Table::new(COLS);
+        t.push(vec!["x".into(), 5u32.into()]);
+        t.push(vec![Cell::Null]);
+        let mut out = BytesMut::new();
+        t.encode(&mut out);
+        assert_eq!(out[0], b'T');
+        let rows = out.iter().filter(|b| **b == b'D').count();
+        assert!(rows >= 2);
+        assert!(out.ends_with(b"SHOW\0"));
+        assert_eq!(t.rows()[1], vec![Cell::Null, Cell::Null]);
+    }
+}

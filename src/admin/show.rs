@@ -1,0 +1,356 @@
+//! SHOW dispatch and the small SHOW commands: HELP, VERSION, CONFIG, STATE, LISTS, MEM, PEERS,
+//! PEER_POOLS, DNS_HOSTS, DNS_ZONES.
+
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+
+use super::result::{Cell, Table, Ty};
+use super::show_objects::server_total;
+use super::{show_objects, show_sockets, show_stats, AdminError};
+use crate::config::Settings;
+use crate::runtime::Runtime;
+use crate::wire::{self, ErrorResponse, Severity};
+
+pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), AdminError> {
+    if what == "help" {
+        help(out);
+        return Ok(());
+    }
+    let table = match what {
+        "version" => version(),
+        "config" => config(rt),
+        "state" => state(rt),
+        "lists" => lists(rt),
+        "mem" => mem(rt),
+        "peers" => peers(rt),
+        "peer_pools" => Table::new(PEER_POOLS),
+        "dns_hosts" => Table::new(DNS_HOSTS),
+        "dns_zones" => Table::new(DNS_ZONES),
+        "databases" => show_objects::databases(rt),
+        "pools" => show_objects::pools(rt),
+        "users" => show_objects::users(rt),
+        "clients" => show_sockets::clients(rt),
+        "servers" => show_sockets::servers(rt),
+        "sockets" | "active_sockets" => show_sockets::sockets(rt, what == "active_sockets"),
+        "stats" => show_stats::stats(rt),
+        "stats_totals" => show_stats::totals(rt),
+        "stats_averages" => show_stats::averages(rt),
+        "totals" => show_stats::overall(rt),
+        other => {
+            return Err(AdminError::protocol(format!(
+                "invalid command 'SHOW {other}', use SHOW HELP;"
+            )))
+        }
+    };
+    table.encode(out);
+    Ok(())
+}
+
+/// The version string, the same as the first line of `pgward --version`.
+pub fn version_string() -> String {
+    format!("pgward {}", env!("CARGO_PKG_VERSION"))
+}
+
+const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|VERSION\n\
+\tSHOW PEERS|PEER_POOLS\n\
+\tSHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE\n\
+\tSHOW DNS_HOSTS|DNS_ZONES\n\
+\tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS\n\
+\tSET key = arg\n\
+\tSET USER name = 'max_user_connections=N pool_size=N pool_mode=M'\n\
+\tSET POOL user.db = 'pool_size=N'\n\
+\tRELOAD\n\
+\tPAUSE [<db>]\n\
+\tRESUME [<db>]\n\
+\tDISABLE <db>\n\
+\tENABLE <db>\n\
+\tRECONNECT [<db>]\n\
+\tKILL [<db>]\n\
+\tKILL_CLIENT <client_id>\n\
+\tSUSPEND\n\
+\tSHUTDOWN\n\
+\tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS\n\
+\tWAIT_CLOSE [<db>]";
+
+fn help(out: &mut BytesMut) {
+    let notice = ErrorResponse::new(Severity::Notice, "00000", "Console usage").with_detail(HELP);
+    wire::encode_notice(out, &notice);
+    wire::encode_command_complete(out, "SHOW");
+}
+
+fn version() -> Table {
+    const COLS: &[(&str, Ty)] = &[("version", Ty::Text)];
+    let mut t = Table::new(COLS);
+    t.push(vec![version_string().into()]);
+    t
+}
+
+fn state(rt: &Runtime) -> Table {
+    const COLS: &[(&str, Ty)] = &[("key", Ty::Text), ("value", Ty::Text)];
+    let mut t = Table::new(COLS);
+    for (key, on) in rt.ops.control.get().state_rows() {
+        t.push(vec![key.into(), if on { "yes" } else { "no" }.into()]);
+    }
+    t
+}
+
+/// Keys SHOW CONFIG lists, with PgBouncer's defaults as text.
+const CONFIG_KEYS: &[(&str, &str)] = &[
+    ("admin_users", ""),
+    ("application_name_add_host", "0"),
+    ("auth_dbname", ""),
+    ("auth_file", ""),
+    ("auth_hba_file", ""),
+    ("auth_query", crate::config::settings::DEFAULT_AUTH_QUERY),
+    ("auth_type", "md5"),
+    ("auth_user", ""),
+    ("autodb_idle_timeout", "3600"),
+    ("cancel_wait_timeout", "10"),
+    ("client_idle_timeout", "0"),
+    ("client_login_timeout", "60"),
+    ("client_tls_sslmode", "disable"),
+    ("default_pool_size", "20"),
+    ("disable_pqexec", "0"),
+    ("idle_transaction_timeout", "0"),
+    ("ignore_startup_parameters", ""),
+    ("listen_addr", ""),
+    ("listen_backlog", "128"),
+    ("listen_port", "6432"),
+    ("log_connections", "1"),
+    ("log_disconnections", "1"),
+    ("log_pooler_errors", "1"),
+    ("log_stats", "1"),
+    ("logfile", ""),
+    ("max_client_conn", "100"),
+    ("max_db_client_connections", "0"),
+    ("max_db_connections", "0"),
+    ("max_packet_size", "2147483647"),
+    ("max_prepared_statements", "200"),
+    ("max_user_client_connections", "0"),
+    ("max_user_connections", "0"),
+    ("min_pool_size", "0"),
+    ("pidfile", ""),
+    ("pkt_buf", "4096"),
+    ("pool_mode", "session"),
+    ("prometheus_listen", ""),
+    ("query_timeout", "0"),
+    ("query_wait_timeout", "120"),
+    ("reserve_pool_size", "0"),
+    ("reserve_pool_timeout", "5"),
+    ("server_check_delay", "30"),
+    ("server_check_query", "<empty>"),
+    ("server_connect_timeout", "15"),
+    ("server_fast_close", "0"),
+    ("server_idle_timeout", "600"),
+    ("server_lifetime", "3600"),
+    ("server_login_retry", "15"),
+    ("server_reset_query", "DISCARD ALL"),
+    ("server_reset_query_always", "0"),
+    ("server_round_robin", "0"),
+    ("server_tls_sslmode", "prefer"),
+    ("so_reuseport", "0"),
+    ("stats_period", "60"),
+    ("stats_users", ""),
+    ("suspend_timeout", "10"),
+    ("tcp_keepalive", "1"),
+    ("track_extra_parameters", "IntervalStyle"),
+    ("transaction_timeout", "0"),
+    ("unix_socket_dir", "/tmp"),
+    ("unix_socket_mode", "0777"),
+    ("verbose", "0"),
+    ("worker_threads", "1"),
+];
+
+fn config(rt: &Runtime) -> Table {
+    const COLS: &[(&str, Ty)] = &[
+        ("key", Ty::Text),
+        ("value", Ty::Text),
+        ("default", Ty::Text),
+        ("changeable", Ty::Text),
+    ];
+    let mut t = Table::new(COLS);
+    let config = rt.config.load();
+    let raw = &config.settings.raw;
+    let mut keys: Vec<(&str, &str)> = CONFIG_KEYS.to_vec();
+    for k in raw.keys() {
+        if !keys.iter().any(|(name, _)| name == k) {
+            keys.push((k.as_str(), ""));
+        }
+    }
+    keys.sort();
+    for (key, default) in keys {
+        let value = raw.get(key).map_or(default, String::as_str);
+        let changeable = if Settings::requires_restart(key) {
+            "no"
+        } else {
+            "yes"
+        };
+        t.push(vec![
+            key.into(),
+            value.into(),
+            default.into(),
+            changeable.into(),
+        ]);
+    }
+    t
+}
+
+fn lists(rt: &Runtime) -> Table {
+    const COLS: &[(&str, Ty)] = &[("list", Ty::Text), ("items", Ty::Int4)];
+    let mut t = Table::new(COLS);
+    let config = rt.config.load();
+    let pools = rt.pools.all();
+    let clients = rt.ops.clients.all();
+    let login = clients
+        .iter()
+        .filter(|c| c.info().state == crate::ops::ClientState::Login)
+        .count();
+    let servers: usize = pools.iter().map(|p| server_total(p)).sum();
+    let rows: [(&str, usize); 14] = [
+        ("databases", config.databases.len()),
+        ("users", show_objects::user_names(rt).len()),
+        ("peers", config.peers.len()),
+        ("pools", pools.len()),
+        ("peer_pools", 0),
+        ("free_clients", 0),
+        ("used_clients", clients.len()),
+        ("login_clients", login),
+        ("free_servers", 0),
+        ("used_servers", servers),
+        ("dns_names", 0),
+        ("dns_zones", 0),
+        ("dns_queries", 0),
+        ("dns_pending", 0),
+    ];
+    for (name, n) in rows {
+        t.push(vec![name.into(), n.into()]);
+    }
+    t
+}
+
+fn mem(rt: &Runtime) -> Table {
+    const COLS: &[(&str, Ty)] = &[
+        ("name", Ty::Text),
+        ("size", Ty::Int4),
+        ("used", Ty::Int4),
+        ("free", Ty::Int4),
+        ("memtotal", Ty::Int4),
+    ];
+    let mut t = Table::new(COLS);
+    let pools = rt.pools.all();
+    let servers: usize = pools.iter().map(|p| server_total(p)).sum();
+    let rows = [
+        (
+            "client_cache",
+            std::mem::size_of::<crate::ops::ClientEntry>(),
+            rt.ops.clients.all().len(),
+        ),
+        (
+            "server_cache",
+            std::mem::size_of::<crate::server::ServerConn>(),
+            servers,
+        ),
+        (
+            "pool_cache",
+            std::mem::size_of::<crate::pool::Pool>(),
+            pools.len(),
+        ),
+        (
+            "db_cache",
+            std::mem::size_of::<crate::config::DatabaseDef>(),
+            rt.config.load().databases.len(),
+        ),
+    ];
+    for (name, size, used) in rows {
+        t.push(vec![
+            name.into(),
+            size.into(),
+            used.into(),
+            0u32.into(),
+            size.saturating_mul(used).into(),
+        ]);
+    }
+    t
+}
+
+fn peers(rt: &Runtime) -> Table {
+    const COLS: &[(&str, Ty)] = &[
+        ("peer_id", Ty::Int4),
+        ("host", Ty::Text),
+        ("port", Ty::Int4),
+        ("pool_size", Ty::Int4),
+    ];
+    let mut t = Table::new(COLS);
+    let config = rt.config.load();
+    for p in &config.peers {
+        let size = p.pool_size.unwrap_or(config.settings.default_pool_size);
+        t.push(vec![
+            p.id.into(),
+            p.host.clone().into(),
+            p.port.into(),
+            size.into(),
+        ]);
+    }
+    t
+}
+
+const PEER_POOLS: &[(&str, Ty)] = &[
+    ("peer_id", Ty::Int4),
+    ("cl_active_cancel_req", Ty::Int4),
+    ("cl_waiting_cancel_req", Ty::Int4),
+    ("sv_active_cancel", Ty::Int4),
+    ("sv_login", Ty::Int4),
+];
+const DNS_HOSTS: &[(&str, Ty)] = &[
+    ("hostname", Ty::Text),
+    ("ttl", Ty::Int8),
+    ("addrs", Ty::Text),
+];
+const DNS_ZONES: &[(&str, Ty)] = &[
+    ("zonename", Ty::Text),
+    ("serial", Ty::Int8),
+    ("count", Ty::Int4),
+];
+
+/// A wall-clock time as PgBouncer prints it: `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn format_time(t: SystemTime) -> Cell {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    Cell::Text(format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400 + 3661);
+        assert_eq!(format_time(t), Cell::Text("2000-02-29 01:01:01 UTC".into()));
+    }
+}

@@ -1,0 +1,205 @@
+//! Plans by (database, role, fingerprint): an EXPLAIN is a round trip, and most applications
+//! run the same few hundred statements with different values.
+//!
+//! Pure: the caller passes the time and how long each EXPLAIN took. Failed EXPLAINs are never
+//! cached: only a [`PlanSummary`] can be put in.
+
+use super::PlanSummary;
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a plan is used.
+pub const PLAN_TTL: Duration = Duration::from_secs(60);
+/// How many plans are kept.
+pub const PLAN_CAPACITY: usize = 10_000;
+
+/// What a plan is cached under. The role counts because of row-level security; a generic
+/// plan (a prepared statement explained without its values) is kept apart from custom ones.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PlanKey {
+    /// The database.
+    pub database: String,
+    /// The role the statement runs as.
+    pub role: String,
+    /// pg_query's fingerprint of the statement.
+    pub fingerprint: u64,
+    /// Whether the plan is generic.
+    pub generic: bool,
+}
+
+/// Counters for the minute's log line and the admin console.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Lookups that found a plan.
+    pub hits: u64,
+    /// Lookups that found none (or an expired one).
+    pub misses: u64,
+    /// EXPLAINs run (successful or not).
+    pub explains: u64,
+    /// EXPLAINs that failed.
+    pub explain_errors: u64,
+    /// Time spent in EXPLAINs.
+    pub explain_time: Duration,
+    /// The slowest EXPLAIN.
+    pub explain_max: Duration,
+}
+
+impl CacheStats {
+    /// Hits over lookups, 0 when there were none.
+    pub fn hit_rate(&self) -> f64 {
+        let lookups = self.hits + self.misses;
+        if lookups == 0 {
+            0.0
+        } else {
+            self.hits as f64 / lookups as f64
+        }
+    }
+
+    /// The mean EXPLAIN time.
+    pub fn explain_mean(&self) -> Duration {
+        u32::try_from(self.explains)
+            .ok()
+            .filter(|n| *n > 0)
+            .map_or(Duration::ZERO, |n| self.explain_time / n)
+    }
+
+    fn add_explain(&mut self, took: Duration, ok: bool) {
+        self.explains += 1;
+        self.explain_errors += u64::from(!ok);
+        self.explain_time += took;
+        self.explain_max = self.explain_max.max(took);
+    }
+}
+
+#[derive(Debug)]
+struct Entry {
+    plan: Arc<PlanSummary>,
+    stored: Instant,
+    seq: u64,
+}
+
+/// The plan cache.
+#[derive(Debug)]
+pub struct PlanCache {
+    entries: HashMap<PlanKey, Entry>,
+    /// Insertion order, for evicting the oldest; stale rows are skipped by `seq`.
+    order: VecDeque<(u64, PlanKey)>,
+    next_seq: u64,
+    ttl: Duration,
+    capacity: usize,
+    total: CacheStats,
+    window: CacheStats,
+}
+
+impl Default for PlanCache {
+    fn default() -> Self {
+        PlanCache::new(PLAN_TTL, PLAN_CAPACITY)
+    }
+}
+
+impl PlanCache {
+    /// A cache keeping `capacity` plans for `ttl` each.
+    pub fn new(ttl: Duration, capacity: usize) -> PlanCache {
+        PlanCache {
+            entries: HashMap::new(),
+            order: VecDeque::new(),
+            next_seq: 0,
+            ttl,
+            capacity: capacity.max(1),
+            total: CacheStats::default(),
+            window: CacheStats::default(),
+        }
+    }
+
+    /// The plan stored for `key` less than the TTL ago; counts a hit or a miss.
+    pub fn get(&mut self, key: &PlanKey, now: Instant) -> Option<Arc<PlanSummary>> {
+        let fresh = self
+            .entries
+            .get(key)
+            .filter(|e| now.saturating_duration_since(e.stored) < self.ttl)
+            .map(|e| Arc::clone(&e.plan));
+        let hit = fresh.is_some();
+        for s in [&mut self.total, &mut self.window] {
+            s.hits += u64::from(hit);
+            s.misses += u64::from(!hit);
+        }
+        fresh
+    }
+
+    /// Records a successful EXPLAIN that took `took`, and keeps its plan.
+    pub fn insert(&mut self, key: PlanKey, plan: PlanSummary, took: Duration, now: Instant) {
+        self.record_explain(took, true);
+        self.entries.remove(&key);
+        self.evict_for_one();
+        self.next_seq += 1;
+        let seq = self.next_seq;
+        self.order.push_back((seq, key.clone()));
+        let entry = Entry {
+            plan: Arc::new(plan),
+            stored: now,
+            seq,
+        };
+        self.entries.insert(key, entry);
+    }
+
+    /// Records a failed EXPLAIN (nothing is cached) that took `took`.
+    pub fn record_failure(&mut self, took: Duration) {
+        self.record_explain(took, false);
+    }
+
+    fn record_explain(&mut self, took: Duration, ok: bool) {
+        self.total.add_explain(took, ok);
+        self.window.add_explain(took, ok);
+    }
+
+    /// Drops the oldest stored plans until one more fits.
+    fn evict_for_one(&mut self) {
+        while self.entries.len() >= self.capacity {
+            let Some((seq, key)) = self.order.pop_front() else {
+                return;
+            };
+            if self.entries.get(&key).is_some_and(|e| e.seq == seq) {
+                self.entries.remove(&key);
+            }
+        }
+        if self.order.len() > self.capacity.saturating_mul(2) {
+            self.compact_order();
+        }
+    }
+
+    /// Forgets order rows whose plan was replaced or dropped.
+    fn compact_order(&mut self) {
+        let entries = &self.entries;
+        self.order
+            .retain(|(seq, key)| entries.get(key).is_some_and(|e| e.seq == *seq));
+    }
+
+    /// Drops plans older than the TTL (for a periodic pass).
+    pub fn purge(&mut self, now: Instant) {
+        let ttl = self.ttl;
+        self.entries
+            .retain(|_, e| now.saturating_duration_since(e.stored) < ttl);
+        self.compact_order();
+    }
+
+    /// How many plans are stored.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether no plan is stored.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The counters since the cache was made (admin console).
+    pub fn stats(&self) -> CacheStats {
+        self.total
+    }
+
+    /// The counters since the last call, for the once-a-minute log line.
+    pub fn take_window(&mut self) -> CacheStats {
+        std::mem::take(&mut self.window)
+    }
+}

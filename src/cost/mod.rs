@@ -1,0 +1,36 @@
+//! Prices from the planner: `EXPLAIN (FORMAT JSON, VERBOSE)` plans, the cost rules
+//! (`max_cost`, `max_scan_rows`), which statement of a text to judge, and the plan cache.
+//!
+//! Pure: it reads text the server returned and is handed the time; the session runs the
+//! EXPLAIN on the server the statement will run on (same role, settings and search_path; see
+//! [`target`] for the simple and the extended protocol).
+
+mod cache;
+mod plan;
+mod rules;
+pub mod target;
+
+pub use cache::{CacheStats, PlanCache, PlanKey, PLAN_CAPACITY, PLAN_TTL};
+pub use plan::{FullScan, PlanShape, PlanSummary, Relation, ShapeNode, MAX_PLAN_BYTES};
+pub use rules::{CostLimits, CostRule, CostViolation, SQLSTATE_COST};
+pub use target::{explain_sql, judged_statement, relation_sizes_sql, Judged};
+
+/// Why an EXPLAIN answer could not be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CostError {
+    /// The answer is longer than [`MAX_PLAN_BYTES`].
+    #[error("EXPLAIN output of {0} bytes is too large")]
+    TooLarge(usize),
+    /// The answer is not JSON.
+    #[error("EXPLAIN output is not JSON: {0}")]
+    Json(String),
+    /// The JSON is not a list holding a `Plan`.
+    #[error("EXPLAIN output holds no plan")]
+    NoPlan,
+    /// A node lacks a field every node has.
+    #[error("plan node without {0:?}")]
+    Missing(&'static str),
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,280 @@
+//! The gate: tenants, budgets, lanes and the fair queue of one pgward, under one lock.
+//!
+//! Every method takes `&mut self` and the time: the caller keeps the gate in one sync mutex
+//! (never held across `.await`), so checking a budget and charging it are one step, and the
+//! gate runs under simulated time in tests.
+
+use super::bucket::{charge_of, DecayingUse, TokenBucket};
+use super::evict::{runaways, Runaway, TenantLoad};
+use super::fair::{FairQueue, Rank};
+use super::kills::{KillRow, KillTarget, Kills};
+use super::pass::{
+    Cost, Decision, Expired, Granted, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
+};
+use super::refusal::{Refusal, RefusalReason};
+use super::tenant::{TenantConfig, TenantConfigError, TenantTimeouts, WhenOver};
+use crate::sql::Fingerprint;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+/// Slots per lane of an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LaneLimits {
+    /// `max_active`: statements running at once in the fast lane.
+    pub fast: usize,
+    /// The slow lane's limit (small).
+    pub slow: usize,
+}
+
+/// Settings of the whole gate.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GateSettings {
+    /// Longest wait for a slot (or for a debt to be paid back); `None`: until the deadline.
+    pub queue_timeout: Option<Duration>,
+    /// Lanes of an upstream not given its own with [`Gate::set_lanes`].
+    pub lanes: LaneLimits,
+    /// The random part of a budget refusal's retry time, as a fraction of the pay-back time
+    /// (at least 50 ms), so refused clients do not all come back at once.
+    pub jitter: f64,
+}
+
+impl Default for GateSettings {
+    fn default() -> Self {
+        GateSettings {
+            queue_timeout: Some(Duration::from_secs(120)),
+            lanes: LaneLimits { fast: 20, slow: 2 },
+            jitter: 0.2,
+        }
+    }
+}
+
+/// One tenant's row of SHOW TENANTS.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TenantStats {
+    /// The tenant.
+    pub tenant: String,
+    /// Its settings as words.
+    pub settings: String,
+    /// Units in the bucket (`None`: no budget).
+    pub balance: Option<f64>,
+    /// Units owed (0 when the balance is not negative).
+    pub debt: f64,
+    /// Recent use (decaying).
+    pub recent_use: f64,
+    /// Units charged since the start.
+    pub charged: f64,
+    /// Tickets waiting.
+    pub waiting: usize,
+    /// Slots held.
+    pub running: usize,
+    /// Refusals by reason.
+    pub refusals: BTreeMap<RefusalReason, u64>,
+}
+
+#[derive(Debug)]
+struct TenantState {
+    config: TenantConfig,
+    configured: bool,
+    bucket: Option<TokenBucket>,
+    recent: DecayingUse,
+    charged: f64,
+    waiting: usize,
+    running: usize,
+    refusals: BTreeMap<RefusalReason, u64>,
+}
+
+impl TenantState {
+    fn new(now: Instant) -> TenantState {
+        TenantState {
+            config: TenantConfig::default(),
+            configured: false,
+            bucket: None,
+            recent: DecayingUse::new(now),
+            charged: 0.0,
+            waiting: 0,
+            running: 0,
+            refusals: BTreeMap::new(),
+        }
+    }
+
+    fn apply(&mut self, config: TenantConfig, now: Instant) {
+        match (config.budget(), &mut self.bucket) {
+            (Some(b), Some(bucket)) => bucket.clamp(&b, now),
+            (Some(b), None) => self.bucket = Some(TokenBucket::full(&b, now)),
+            (None, _) => self.bucket = None,
+        }
+        self.config = config;
+        self.configured = true;
+    }
+
+    fn owes(&self, now: Instant) -> bool {
+        match (&self.bucket, self.config.budget()) {
+            (Some(bucket), Some(b)) => bucket.owes(&b, now),
+            _ => false,
+        }
+    }
+
+    fn paid_back_at(&self, now: Instant) -> Option<Instant> {
+        let (bucket, b) = (self.bucket.as_ref()?, self.config.budget()?);
+        now.checked_add(bucket.pay_back(&b, now)?)
+    }
+
+    fn record_charge(&mut self, charged: f64, now: Instant) {
+        self.recent.add(charged, now);
+        self.charged += charged;
+    }
+
+    fn has_room(&self) -> bool {
+        self.config.max_active.is_none_or(|m| self.running < m)
+    }
+
+    fn idle(&self, now: Instant) -> bool {
+        !self.configured && self.waiting == 0 && self.running == 0 && self.recent.value(now) < 1e-3
+    }
+}
+
+#[derive(Debug)]
+struct LaneState<W> {
+    active: usize,
+    queue: FairQueue<W>,
+}
+
+impl<W> Default for LaneState<W> {
+    fn default() -> Self {
+        LaneState {
+            active: 0,
+            queue: FairQueue::default(),
+        }
+    }
+}
+
+#[derive(Debug)]
+struct Upstream<W> {
+    limits: LaneLimits,
+    fast: LaneState<W>,
+    slow: LaneState<W>,
+    /// Slots held per tenant.
+    holding: BTreeMap<String, usize>,
+}
+
+impl<W> Upstream<W> {
+    fn new(limits: LaneLimits) -> Self {
+        Upstream {
+            limits,
+            fast: LaneState::default(),
+            slow: LaneState::default(),
+            holding: BTreeMap::new(),
+        }
+    }
+
+    fn lane(&mut self, lane: Lane) -> (&mut LaneState<W>, usize) {
+        match lane {
+            Lane::Fast => (&mut self.fast, self.limits.fast),
+            Lane::Slow => (&mut self.slow, self.limits.slow),
+        }
+    }
+
+    fn queues(&self) -> impl Iterator<Item = &FairQueue<W>> {
+        [&self.fast.queue, &self.slow.queue].into_iter()
+    }
+
+    fn queues_mut(&mut self) -> impl Iterator<Item = &mut FairQueue<W>> {
+        [&mut self.fast.queue, &mut self.slow.queue].into_iter()
+    }
+}
+
+/// The admission gate. `W` is what a waiting client is told through (a oneshot sender).
+#[derive(Debug)]
+pub struct Gate<W> {
+    settings: GateSettings,
+    tenants: BTreeMap<String, TenantState>,
+    upstreams: BTreeMap<String, Upstream<W>>,
+    kills: Kills,
+    rng: StdRng,
+    next_id: u64,
+}
+
+impl<W> Gate<W> {
+    /// A gate; `seed` drives the jitter of retry hints (fixed in tests).
+    pub fn new(settings: GateSettings, seed: u64) -> Gate<W> {
+        Gate {
+            settings,
+            tenants: BTreeMap::new(),
+            upstreams: BTreeMap::new(),
+            kills: Kills::default(),
+            rng: StdRng::seed_from_u64(seed),
+            next_id: 0,
+        }
+    }
+
+    /// Replaces the gate-wide settings (a reload).
+    pub fn set_settings(&mut self, settings: GateSettings) {
+        self.settings = settings;
+    }
+
+    /// Sets a tenant's settings (from the policy file). Its balance is kept, within the new
+    /// burst; a new budget starts full.
+    pub fn configure_tenant(&mut self, tenant: &str, config: TenantConfig, now: Instant) {
+        self.tenant_mut(tenant, now).apply(config, now);
+    }
+
+    /// `SET TENANT name = 'words'`: changes only the keys given; nothing on an error.
+    pub fn set_tenant(
+        &mut self,
+        tenant: &str,
+        words: &str,
+        now: Instant,
+    ) -> Result<(), TenantConfigError> {
+        let state = self.tenant_mut(tenant, now);
+        let next = state.config.with_words(words)?;
+        state.apply(next, now);
+        Ok(())
+    }
+
+    /// Sets an upstream's lane limits (`max_active` and the slow lane's).
+    pub fn set_lanes(&mut self, upstream: &str, limits: LaneLimits) {
+        self.upstream_mut(upstream).limits = limits;
+    }
+
+    /// A tenant's time limits, for the session to enforce.
+    pub fn timeouts(&self, tenant: &str) -> TenantTimeouts {
+        self.tenants
+            .get(tenant)
+            .map(|t| t.config.timeouts)
+            .unwrap_or_default()
+    }
+
+    fn tenant_mut(&mut self, tenant: &str, now: Instant) -> &mut TenantState {
+        self.tenants
+            .entry(tenant.to_string())
+            .or_insert_with(|| TenantState::new(now))
+    }
+
+    fn upstream_mut(&mut self, upstream: &str) -> &mut Upstream<W> {
+        let limits = self.settings.lanes;
+        self.upstreams
+            .entry(upstream.to_string())
+            .or_insert_with(|| Upstream::new(limits))
+    }
+
+    /// Counts a refusal for SHOW TENANTS and hands it back.
+    fn refused(&mut self, tenant: &str, refusal: Refusal, now: Instant) -> Refusal {
+        self.note_refusal(tenant, refusal.reason, now);
+        refusal
+    }
+
+    /// Counts a refusal made by the caller (a rule or a cost limit).
+    pub fn note_refusal(&mut self, tenant: &str, reason: RefusalReason, now: Instant) {
+        *self
+            .tenant_mut(tenant, now)
+            .refusals
+            .entry(reason)
+            .or_default() += 1;
+    }
+}
+
+mod flow;
+mod queueing;
+mod report;

@@ -1,0 +1,200 @@
+//! Admission, spending and refunds; kills.
+
+use super::*;
+
+impl<W> Gate<W> {
+    fn next_ticket(&mut self) -> TicketId {
+        self.next_id += 1;
+        TicketId(self.next_id)
+    }
+
+    /// The first decision on a request, before it is priced: kills, deadline, and the cheap
+    /// budget check (reserve): if the tenant already owes units, there is no point paying
+    /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
+    pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
+        if req.kind.killable() {
+            if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
+                let refusal = Refusal::killed(&target.describe());
+                return Decision::Refuse(self.refused(req.tenant, refusal, now));
+            }
+        }
+        let pass = self.new_pass(req, now);
+        if !req.kind.waits_for_slot() {
+            return Decision::Bypass(self.charge_min(pass, now));
+        }
+        if pass.deadline.is_some_and(|d| d <= now) {
+            return Decision::Refuse(self.refused(req.tenant, Refusal::deadline(), now));
+        }
+        self.reserve(pass, now)
+    }
+
+    fn new_pass(&mut self, req: &Request, now: Instant) -> Pass {
+        let id = self.next_ticket();
+        let config = &self.tenant_mut(req.tenant, now).config;
+        let limits = [
+            req.statement_timeout,
+            req.deadline,
+            config.timeouts.statement,
+        ];
+        let within = limits.into_iter().flatten().filter(|d| !d.is_zero()).min();
+        Pass {
+            id,
+            client_id: req.client_id,
+            tenant: req.tenant.to_string(),
+            priority: config.priority.unwrap_or(req.priority),
+            kind: req.kind,
+            upstream: req.upstream.to_string(),
+            lane: Lane::Fast,
+            sent_at: req.sent_at,
+            deadline: within.and_then(|d| req.sent_at.checked_add(d)),
+            enqueued_at: None,
+            payment: Payment::Unpaid,
+        }
+    }
+
+    fn charge_min(&mut self, mut pass: Pass, now: Instant) -> Pass {
+        let state = self.tenant_mut(&pass.tenant, now);
+        let min = state.config.min_charge();
+        let charged = match (&mut state.bucket, state.config.budget()) {
+            (Some(bucket), Some(b)) => bucket.force_charge(&b, min, now),
+            _ => charge_of(min, min),
+        };
+        state.record_charge(charged, now);
+        pass.payment = Payment::Paid(charged);
+        pass
+    }
+
+    fn reserve(&mut self, mut pass: Pass, now: Instant) -> Decision {
+        let state = self.tenant_mut(&pass.tenant, now);
+        if !state.owes(now) {
+            return Decision::Admit(pass);
+        }
+        match state.config.when_over {
+            WhenOver::Reject => Decision::Refuse(self.budget_refusal(&pass.tenant, now)),
+            WhenOver::Wait => {
+                pass.payment = Payment::AwaitingPayBack;
+                Decision::Admit(pass)
+            }
+            WhenOver::Slow => {
+                pass.lane = Lane::Slow;
+                Decision::Admit(pass)
+            }
+        }
+    }
+
+    /// 53000 with a hint: the time until the debt is paid back, plus jitter.
+    fn budget_refusal(&mut self, tenant: &str, now: Instant) -> Refusal {
+        let state = self.tenant_mut(tenant, now);
+        let (owed, pay_back) = match (&state.bucket, state.config.budget()) {
+            (Some(bucket), Some(b)) => (-bucket.balance(&b, now), bucket.pay_back(&b, now)),
+            _ => (0.0, None),
+        };
+        let base = pay_back.unwrap_or(Duration::from_secs(1)).as_secs_f64();
+        let spread = (base * self.settings.jitter.max(0.0)).max(0.05);
+        let jitter = self.rng.gen_range(0.0..spread);
+        let retry = Duration::try_from_secs_f64(base + jitter).unwrap_or(Duration::MAX);
+        let refusal = Refusal::budget(tenant, owed, retry);
+        self.refused(tenant, refusal, now)
+    }
+
+    /// The real budget decision, once the cost is known: check and charge in one step, so
+    /// a second statement of the tenant sees what the first spent. A statement whose tenant
+    /// owes nothing is charged its whole cost, even into debt. Refused, as well, when its
+    /// expected run time does not fit before its deadline (57014, nothing charged).
+    /// A pass that has paid already is not charged again.
+    pub fn spend(&mut self, pass: &mut Pass, cost: Cost, now: Instant) -> Result<Spent, Refusal> {
+        if let Payment::Paid(charged) = pass.payment {
+            return Ok(Spent::Run { charged });
+        }
+        if let Some(refusal) = deadline_check(pass, &cost, now) {
+            return Err(self.refused(&pass.tenant, refusal, now));
+        }
+        let state = self.tenant_mut(&pass.tenant, now);
+        let min = state.config.min_charge();
+        let charged = match (&mut state.bucket, state.config.budget()) {
+            (Some(bucket), Some(b)) if pass.lane == Lane::Slow => {
+                Some(bucket.force_charge(&b, cost.units, now))
+            }
+            (Some(bucket), Some(b)) => bucket.try_charge(&b, cost.units, now),
+            _ => Some(charge_of(cost.units, min)),
+        };
+        let Some(charged) = charged else {
+            return self.over_budget(pass, now);
+        };
+        state.record_charge(charged, now);
+        pass.payment = Payment::Paid(charged);
+        Ok(Spent::Run { charged })
+    }
+
+    fn over_budget(&mut self, pass: &mut Pass, now: Instant) -> Result<Spent, Refusal> {
+        let state = self.tenant_mut(&pass.tenant, now);
+        match state.config.when_over {
+            WhenOver::Reject => Err(self.budget_refusal(&pass.tenant, now)),
+            WhenOver::Slow => {
+                pass.lane = Lane::Slow;
+                Ok(Spent::MovedToSlow)
+            }
+            WhenOver::Wait => {
+                pass.payment = Payment::AwaitingPayBack;
+                Ok(Spent::WaitForBudget {
+                    until: state.paid_back_at(now),
+                })
+            }
+        }
+    }
+
+    /// Gives back what `pass` was charged (its statement never ran: a refused or timed-out
+    /// wait, a client that left); returns the units refunded.
+    pub fn refund(&mut self, pass: &mut Pass, now: Instant) -> f64 {
+        let Payment::Paid(amount) = pass.payment else {
+            return 0.0;
+        };
+        pass.payment = Payment::Unpaid;
+        let state = self.tenant_mut(&pass.tenant, now);
+        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
+            bucket.refund(&b, amount, now);
+        }
+        state.recent.add(-amount, now);
+        state.charged -= amount;
+        amount
+    }
+
+    /// `KILL TENANT` / `KILL STATEMENT`: 53000 for `duration`.
+    pub fn kill(&mut self, target: KillTarget, duration: Duration, now: Instant) {
+        self.kills.kill(target, duration, now);
+    }
+
+    /// `UNKILL`; whether there was such a kill.
+    pub fn unkill(&mut self, target: &KillTarget) -> bool {
+        self.kills.unkill(target)
+    }
+
+    /// The kill stopping this statement of `tenant`, if any (checked at every Bind).
+    pub fn is_killed(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+    ) -> Option<&KillTarget> {
+        self.kills.is_killed(tenant, fingerprint, now)
+    }
+
+    /// `SHOW KILLS`.
+    pub fn kills(&mut self, now: Instant) -> Vec<KillRow> {
+        self.kills.list(now)
+    }
+}
+
+/// 57014 when the deadline has passed, or the expected run time does not fit before it.
+fn deadline_check(pass: &Pass, cost: &Cost, now: Instant) -> Option<Refusal> {
+    let deadline = pass.deadline?;
+    let Some(left) = deadline
+        .checked_duration_since(now)
+        .filter(|l| !l.is_zero())
+    else {
+        return Some(Refusal::deadline());
+    };
+    let seconds = cost.units.max(0.0) * cost.seconds_per_unit?;
+    let expected = Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX);
+    (expected > left).then(|| Refusal::too_slow(expected, left))
+}

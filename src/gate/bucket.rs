@@ -1,0 +1,130 @@
+//! Budgets in cost units: a token bucket per tenant that may go into debt, and recent use
+//! that decays.
+
+use std::time::{Duration, Instant};
+
+/// How fast recent use fades: half of it is forgotten every this long.
+pub const USE_HALF_LIFE: Duration = Duration::from_secs(10);
+
+/// A tenant's budget settings.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Budget {
+    /// Cost units added per second.
+    pub rate: f64,
+    /// Most units the bucket holds.
+    pub burst: f64,
+    /// Least a statement is charged.
+    pub min_charge: f64,
+}
+
+/// A token bucket whose balance may go below zero: a statement may start while its tenant
+/// owes nothing, and is then charged its whole cost. Refilled lazily from the time given.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TokenBucket {
+    balance: f64,
+    at: Instant,
+}
+
+impl TokenBucket {
+    /// A full bucket.
+    pub fn full(budget: &Budget, now: Instant) -> TokenBucket {
+        TokenBucket {
+            balance: budget.burst,
+            at: now,
+        }
+    }
+
+    /// The balance at `now` (negative: what the tenant owes).
+    pub fn balance(&self, budget: &Budget, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        (self.balance + elapsed * budget.rate).min(budget.burst)
+    }
+
+    fn refill(&mut self, budget: &Budget, now: Instant) {
+        if now > self.at {
+            self.balance = self.balance(budget, now);
+            self.at = now;
+        }
+    }
+
+    /// Whether the tenant owes units at `now`.
+    pub fn owes(&self, budget: &Budget, now: Instant) -> bool {
+        self.balance(budget, now) < 0.0
+    }
+
+    /// How long until the debt is paid back (zero when nothing is owed; `None` if it never
+    /// will be, at a rate of zero).
+    pub fn pay_back(&self, budget: &Budget, now: Instant) -> Option<Duration> {
+        let owed = -self.balance(budget, now);
+        if owed <= 0.0 {
+            return Some(Duration::ZERO);
+        }
+        (budget.rate > 0.0)
+            .then(|| Duration::try_from_secs_f64(owed / budget.rate).ok())
+            .flatten()
+    }
+
+    /// Check and charge in one step: if nothing is owed, takes `cost` (at least `min_charge`)
+    /// even into debt and returns what was taken; otherwise takes nothing.
+    pub fn try_charge(&mut self, budget: &Budget, cost: f64, now: Instant) -> Option<f64> {
+        self.refill(budget, now);
+        (self.balance >= 0.0).then(|| self.force_charge(budget, cost, now))
+    }
+
+    /// Takes `cost` (at least `min_charge`) whatever is owed; returns what was taken.
+    pub fn force_charge(&mut self, budget: &Budget, cost: f64, now: Instant) -> f64 {
+        self.refill(budget, now);
+        let charged = charge_of(cost, budget.min_charge);
+        self.balance -= charged;
+        charged
+    }
+
+    /// Gives back `amount` that was charged for work that never ran.
+    pub fn refund(&mut self, budget: &Budget, amount: f64, now: Instant) {
+        self.refill(budget, now);
+        self.balance = (self.balance + amount.max(0.0)).min(budget.burst);
+    }
+
+    /// Keeps the balance within a new burst.
+    pub fn clamp(&mut self, budget: &Budget, now: Instant) {
+        self.refill(budget, now);
+        self.balance = self.balance.min(budget.burst);
+    }
+}
+
+/// What a statement of `cost` is charged: its cost, at least `min_charge`; a cost that is not
+/// a finite number counts as `min_charge`.
+pub fn charge_of(cost: f64, min_charge: f64) -> f64 {
+    let cost = if cost.is_finite() { cost } else { 0.0 };
+    cost.max(min_charge).max(0.0)
+}
+
+/// Recent use in cost units, halving every [`USE_HALF_LIFE`].
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct DecayingUse {
+    value: f64,
+    at: Instant,
+}
+
+impl DecayingUse {
+    /// No use.
+    pub fn new(now: Instant) -> DecayingUse {
+        DecayingUse {
+            value: 0.0,
+            at: now,
+        }
+    }
+
+    /// The use at `now`.
+    pub fn value(&self, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
+        self.value * 0.5f64.powf(elapsed / USE_HALF_LIFE.as_secs_f64())
+    }
+
+    /// Adds `amount` (negative to take back a refund; never below zero).
+    pub fn add(&mut self, amount: f64, now: Instant) {
+        let current = self.value(now);
+        self.value = (current + amount).max(0.0);
+        self.at = self.at.max(now);
+    }
+}

@@ -1,0 +1,109 @@
+//! What kind of request a ticket is for: transaction control never waits for a slot.
+
+/// Transaction control statements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TxControl {
+    /// `BEGIN`, `START TRANSACTION`.
+    Begin,
+    /// `COMMIT`, `END`, `PREPARE TRANSACTION`, `COMMIT PREPARED`.
+    Commit,
+    /// `ROLLBACK`, `ABORT`, `ROLLBACK TO SAVEPOINT`, `ROLLBACK PREPARED`.
+    Rollback,
+    /// `SAVEPOINT`.
+    Savepoint,
+    /// `RELEASE SAVEPOINT`.
+    Release,
+}
+
+/// The kind of a request, as the session classifies it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// Work that takes a slot and pays its cost.
+    Statement,
+    /// Transaction control: never waits for a slot or a budget, charged `min_charge`.
+    Transaction(TxControl),
+}
+
+impl RequestKind {
+    /// Whether the request waits for a slot in its lane.
+    pub fn waits_for_slot(self) -> bool {
+        matches!(self, RequestKind::Statement)
+    }
+
+    /// Whether a kill refuses it: ending a transaction (or a savepoint in one) always goes
+    /// through, so a killed tenant's open transactions can finish.
+    pub fn killable(self) -> bool {
+        matches!(
+            self,
+            RequestKind::Statement | RequestKind::Transaction(TxControl::Begin)
+        )
+    }
+
+    /// Classifies a single statement text by its first keyword. A text with a `;` before its
+    /// end (perhaps several statements) is a [`RequestKind::Statement`]: it may do work.
+    pub fn of_sql(sql: &str) -> RequestKind {
+        let body = skip_blanks(sql);
+        let trimmed = body.trim_end().trim_end_matches(';');
+        if trimmed.contains(';') {
+            return RequestKind::Statement;
+        }
+        let (first, rest) = word(body);
+        let (second, _) = word(skip_blanks(rest));
+        let tx = match first.to_ascii_uppercase().as_str() {
+            "BEGIN" | "START" => TxControl::Begin,
+            "COMMIT" | "END" => TxControl::Commit,
+            "PREPARE" if second.eq_ignore_ascii_case("TRANSACTION") => TxControl::Commit,
+            "ROLLBACK" | "ABORT" => TxControl::Rollback,
+            "SAVEPOINT" => TxControl::Savepoint,
+            "RELEASE" => TxControl::Release,
+            _ => return RequestKind::Statement,
+        };
+        RequestKind::Transaction(tx)
+    }
+}
+
+/// `s` without leading whitespace and comments (`-- ...` and nested `/* ... */`).
+fn skip_blanks(mut s: &str) -> &str {
+    loop {
+        s = s.trim_start();
+        if let Some(rest) = s.strip_prefix("--") {
+            s = rest.find('\n').and_then(|i| rest.get(i..)).unwrap_or("");
+        } else if s.starts_with("/*") {
+            s = after_comment(s);
+        } else {
+            return s;
+        }
+    }
+}
+
+/// The text after the nested C-style comment `s` starts with (empty if it never ends).
+fn after_comment(s: &str) -> &str {
+    let mut depth = 0usize;
+    let mut i = 0;
+    let bytes = s.as_bytes();
+    while i + 1 < bytes.len() {
+        match (bytes[i], bytes[i + 1]) {
+            (b'/', b'*') => {
+                depth += 1;
+                i += 2;
+            }
+            (b'*', b'/') => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return s.get(i..).unwrap_or("");
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    ""
+}
+
+/// The leading word of letters and `_`, and the rest.
+fn word(s: &str) -> (&str, &str) {
+    let end = s
+        .find(|c: char| !(c.is_ascii_alphabetic() || c == '_'))
+        .unwrap_or(s.len());
+    s.split_at(end)
+}

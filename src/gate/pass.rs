@@ -1,0 +1,190 @@
+//! What flows through the gate: requests in, passes (admitted tickets) and slots out.
+
+use super::kind::RequestKind;
+use super::refusal::Refusal;
+use crate::sql::{Fingerprint, Priority};
+use std::time::{Duration, Instant};
+
+/// A ticket's number, unique within one gate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct TicketId(pub u64);
+
+/// The two lanes of an upstream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Lane {
+    /// Ordinary work, up to `max_active` at once.
+    Fast,
+    /// Over-budget work (`when_over = slow`) and suspicious plans, with its own small limit.
+    Slow,
+}
+
+/// One request as the session presents it.
+#[derive(Clone, Copy, Debug)]
+pub struct Request<'a> {
+    /// The client session.
+    pub client_id: u64,
+    /// The tenant ([`Identity::tenant`](crate::policy::Identity)).
+    pub tenant: &'a str,
+    /// The statement's priority ([`Identity::priority`](crate::policy::Identity)).
+    pub priority: Priority,
+    /// What kind of request it is (see [`RequestKind::of_sql`]).
+    pub kind: RequestKind,
+    /// The statement's fingerprint, for statement kills.
+    pub fingerprint: Option<Fingerprint>,
+    /// The upstream (server) it runs on.
+    pub upstream: &'a str,
+    /// When the client sent it: deadlines count from here.
+    pub sent_at: Instant,
+    /// The client's own `statement_timeout`, if not zero.
+    pub statement_timeout: Option<Duration>,
+    /// The `deadline` tag.
+    pub deadline: Option<Duration>,
+}
+
+/// Whether a pass has paid for its statement.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Payment {
+    /// Not charged yet.
+    Unpaid,
+    /// Waits in the queue until its tenant's debt is paid back (`when_over = wait`).
+    AwaitingPayBack,
+    /// Charged this many units (refunded if it never runs).
+    Paid(f64),
+}
+
+/// An admitted request: what it is, where it waits, what it paid. Not `Clone`: what it paid
+/// is refunded once.
+#[derive(Debug)]
+pub struct Pass {
+    /// Its number.
+    pub id: TicketId,
+    /// The client session.
+    pub client_id: u64,
+    /// The tenant.
+    pub tenant: String,
+    /// Its priority class.
+    pub priority: Priority,
+    /// What kind of request.
+    pub kind: RequestKind,
+    /// The upstream.
+    pub upstream: String,
+    /// The lane it waits in.
+    pub lane: Lane,
+    /// When the client sent it.
+    pub sent_at: Instant,
+    /// When it must have finished.
+    pub deadline: Option<Instant>,
+    /// When it last joined a queue.
+    pub enqueued_at: Option<Instant>,
+    pub(super) payment: Payment,
+}
+
+impl Pass {
+    /// What it paid, or waits for.
+    pub fn payment(&self) -> Payment {
+        self.payment
+    }
+
+    /// Units charged so far.
+    pub fn charged(&self) -> f64 {
+        match self.payment {
+            Payment::Paid(c) => c,
+            _ => 0.0,
+        }
+    }
+}
+
+/// A slot held: one checked-out server of a lane. Give it back with
+/// [`Gate::release`](super::Gate::release) when PostgreSQL owes the client nothing more.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Slot {
+    pub(super) id: TicketId,
+    pub(super) upstream: String,
+    pub(super) lane: Lane,
+    pub(super) tenant: String,
+}
+
+impl Slot {
+    /// The ticket it was granted to.
+    pub fn ticket(&self) -> TicketId {
+        self.id
+    }
+
+    /// The upstream.
+    pub fn upstream(&self) -> &str {
+        &self.upstream
+    }
+
+    /// The lane.
+    pub fn lane(&self) -> Lane {
+        self.lane
+    }
+
+    /// The tenant holding it.
+    pub fn tenant(&self) -> &str {
+        &self.tenant
+    }
+}
+
+/// The price of a statement, from its plan.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Cost {
+    /// Cost units (the plan's total cost; `min_charge` applies).
+    pub units: f64,
+    /// Seconds one unit takes on this server (calibration), if known: then a statement that
+    /// cannot finish before its deadline is refused without running.
+    pub seconds_per_unit: Option<f64>,
+}
+
+/// The answer to [`Gate::admit`](super::Gate::admit).
+#[derive(Debug)]
+pub enum Decision {
+    /// Wait for a slot in `pass.lane` (or take one at once), then price and spend.
+    Admit(Pass),
+    /// Transaction control: run now without a slot; `min_charge` is already charged.
+    Bypass(Pass),
+    /// Refuse it.
+    Refuse(Refusal),
+}
+
+/// The answer to [`Gate::spend`](super::Gate::spend) when nothing refuses.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Spent {
+    /// Run it; this many units were charged.
+    Run {
+        /// Units charged.
+        charged: f64,
+    },
+    /// The tenant owes units and `when_over = slow`: the pass is now in the slow lane. Give
+    /// back a fast slot if one is held, and wait for a slow one; spend again there.
+    MovedToSlow,
+    /// The tenant owes units and `when_over = wait`: give back the slot if one is held and
+    /// queue the pass again; it gets a slot once the debt is paid back (about `until`);
+    /// spend again then.
+    WaitForBudget {
+        /// When the debt will be paid back.
+        until: Option<Instant>,
+    },
+}
+
+/// A waiting ticket that got a slot.
+#[derive(Debug)]
+pub struct Granted<W> {
+    /// The ticket.
+    pub pass: Pass,
+    /// Its slot.
+    pub slot: Slot,
+    /// Who to tell.
+    pub waiter: W,
+}
+
+/// A waiting ticket whose wait ended without a slot (refunded already).
+#[derive(Debug)]
+pub struct Expired<W> {
+    /// The ticket.
+    pub pass: Pass,
+    /// Who to tell.
+    pub waiter: W,
+    /// What to answer.
+    pub refusal: Refusal,
+}

@@ -1,0 +1,131 @@
+//! The gate's refusals, each with the SQLSTATE PostgreSQL itself uses for it.
+
+use std::time::Duration;
+
+/// SQLSTATE insufficient_resources: budget, slot wait, kill.
+pub const SQLSTATE_RESOURCES: &str = "53000";
+/// SQLSTATE query_canceled: deadlines.
+pub const SQLSTATE_CANCELED: &str = "57014";
+
+/// Why a request was refused (SHOW TENANTS counts refusals by reason).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum RefusalReason {
+    /// The tenant owes units and `when_over = reject`.
+    Budget,
+    /// A kill of the tenant or the statement.
+    Killed,
+    /// No slot within the queue timeout.
+    QueueTimeout,
+    /// The deadline passed (before the start, or while waiting).
+    Deadline,
+    /// The statement's expected run time does not fit before its deadline.
+    TooSlow,
+    /// A cost rule (`max_cost`, `max_scan_rows`), refused by the caller.
+    Cost,
+    /// A policy rule, refused by the caller.
+    Rule,
+}
+
+impl RefusalReason {
+    /// The name shown in SHOW TENANTS.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusalReason::Budget => "budget",
+            RefusalReason::Killed => "killed",
+            RefusalReason::QueueTimeout => "queue_timeout",
+            RefusalReason::Deadline => "deadline",
+            RefusalReason::TooSlow => "too_slow",
+            RefusalReason::Cost => "cost",
+            RefusalReason::Rule => "rule",
+        }
+    }
+}
+
+/// A refusal to send to the client as an ErrorResponse.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Refusal {
+    /// Why.
+    pub reason: RefusalReason,
+    /// The SQLSTATE.
+    pub sqlstate: &'static str,
+    /// The message: fixed text (the tenant's name at most).
+    pub message: String,
+    /// Numbers only.
+    pub detail: Option<String>,
+    /// What to do about it.
+    pub hint: Option<String>,
+    /// When to come back (budget refusals), jitter included.
+    pub retry_after: Option<Duration>,
+}
+
+impl Refusal {
+    pub(super) fn new(reason: RefusalReason, sqlstate: &'static str, message: String) -> Refusal {
+        Refusal {
+            reason,
+            sqlstate,
+            message,
+            detail: None,
+            hint: None,
+            retry_after: None,
+        }
+    }
+
+    pub(super) fn budget(tenant: &str, owed: f64, retry_after: Duration) -> Refusal {
+        Refusal {
+            detail: Some(format!("{:.0} cost units owed", owed.max(0.0).ceil())),
+            hint: Some(format!(
+                "retry in {:.3} s, when the budget is paid back",
+                retry_after.as_secs_f64()
+            )),
+            retry_after: Some(retry_after),
+            ..Refusal::new(
+                RefusalReason::Budget,
+                SQLSTATE_RESOURCES,
+                format!("pgward: tenant \"{tenant}\" is over its budget"),
+            )
+        }
+    }
+
+    pub(super) fn killed(what: &str) -> Refusal {
+        Refusal::new(
+            RefusalReason::Killed,
+            SQLSTATE_RESOURCES,
+            format!("pgward: {what} is killed"),
+        )
+    }
+
+    pub(super) fn queue_timeout(waited: Duration) -> Refusal {
+        Refusal {
+            detail: Some(format!("waited {} ms", waited.as_millis())),
+            ..Refusal::new(
+                RefusalReason::QueueTimeout,
+                SQLSTATE_RESOURCES,
+                "pgward: no server slot within the queue timeout".to_string(),
+            )
+        }
+    }
+
+    pub(super) fn deadline() -> Refusal {
+        Refusal::new(
+            RefusalReason::Deadline,
+            SQLSTATE_CANCELED,
+            "canceling statement due to pgward's deadline".to_string(),
+        )
+    }
+
+    pub(super) fn too_slow(expected: Duration, left: Duration) -> Refusal {
+        Refusal {
+            detail: Some(format!(
+                "expected run time {} ms, {} ms left before the deadline",
+                expected.as_millis(),
+                left.as_millis()
+            )),
+            ..Refusal::new(
+                RefusalReason::TooSlow,
+                SQLSTATE_CANCELED,
+                "canceling statement: pgward expects it cannot finish before its deadline"
+                    .to_string(),
+            )
+        }
+    }
+}

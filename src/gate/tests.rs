@@ -1,0 +1,684 @@
+//! The gate under simulated time: every test moves a clock by hand, nothing sleeps.
+
+use super::*;
+use crate::sql::{Fingerprint, Priority};
+use std::time::{Duration, Instant};
+
+const UP: &str = "db1";
+
+fn secs(s: f64) -> Duration {
+    Duration::from_secs_f64(s)
+}
+
+fn gate() -> Gate<u64> {
+    Gate::new(
+        GateSettings {
+            queue_timeout: Some(Duration::from_secs(5)),
+            lanes: LaneLimits { fast: 2, slow: 1 },
+            jitter: 0.2,
+        },
+        7,
+    )
+}
+
+fn budget(g: &mut Gate<u64>, tenant: &str, words: &str, now: Instant) {
+    g.set_tenant(tenant, words, now).expect("valid words");
+}
+
+fn req(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
+    Request {
+        client_id,
+        tenant,
+        priority: Priority::Normal,
+        kind: RequestKind::Statement,
+        fingerprint: Some(Fingerprint(0xabc)),
+        upstream: UP,
+        sent_at: now,
+        statement_timeout: None,
+        deadline: None,
+    }
+}
+
+fn admitted(d: Decision) -> Pass {
+    match d {
+        Decision::Admit(p) => p,
+        other => panic!("expected Admit, got {other:?}"),
+    }
+}
+
+fn refused(d: Decision) -> Refusal {
+    match d {
+        Decision::Refuse(r) => r,
+        other => panic!("expected Refuse, got {other:?}"),
+    }
+}
+
+fn cost(units: f64) -> Cost {
+    Cost {
+        units,
+        seconds_per_unit: None,
+    }
+}
+
+fn balance(g: &Gate<u64>, tenant: &str, now: Instant) -> f64 {
+    g.tenant_stats(now)
+        .into_iter()
+        .find(|s| s.tenant == tenant)
+        .and_then(|s| s.balance)
+        .expect("a tenant with a budget")
+}
+
+fn stats(g: &Gate<u64>, tenant: &str, now: Instant) -> TenantStats {
+    g.tenant_stats(now)
+        .into_iter()
+        .find(|s| s.tenant == tenant)
+        .expect("a known tenant")
+}
+
+/// Admits, takes a slot at once, spends: what a cache hit with a free slot does.
+fn run(g: &mut Gate<u64>, tenant: &str, units: f64, now: Instant) -> Result<(Pass, Slot), Refusal> {
+    let mut pass = match g.admit(&req(tenant, 0, now), now) {
+        Decision::Admit(p) => p,
+        Decision::Refuse(r) => return Err(r),
+        Decision::Bypass(_) => panic!("a statement never bypasses"),
+    };
+    match g.spend(&mut pass, cost(units), now)? {
+        Spent::Run { .. } => {}
+        other => panic!("expected Run, got {other:?}"),
+    }
+    let slot = g.try_acquire(&pass, now).expect("a free slot");
+    Ok((pass, slot))
+}
+
+#[test]
+fn six_at_once_let_exactly_one_pass() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "rogue", "rate=1000 burst=2000", t0);
+    // All six are admitted (nobody has spent yet), then all six spend at the same instant.
+    let mut passes: Vec<Pass> = (0..6)
+        .map(|i| admitted(g.admit(&req("rogue", i, t0), t0)))
+        .collect();
+    let results: Vec<_> = passes
+        .iter_mut()
+        .map(|p| g.spend(p, cost(5000.0), t0))
+        .collect();
+    let ran = results
+        .iter()
+        .filter(|r| matches!(r, Ok(Spent::Run { .. })))
+        .count();
+    assert_eq!(ran, 1);
+    assert!(results
+        .iter()
+        .skip(1)
+        .all(|r| matches!(r, Err(x) if x.sqlstate == "53000")));
+    assert_eq!(balance(&g, "rogue", t0), -3000.0);
+    assert_eq!(stats(&g, "rogue", t0).refusals[&RefusalReason::Budget], 5);
+}
+
+#[test]
+fn six_threads_at_once_under_one_lock() {
+    use std::sync::{Arc, Barrier, Mutex};
+    let t0 = Instant::now();
+    let shared = Arc::new(Mutex::new(gate()));
+    if let Ok(mut g) = shared.lock() {
+        budget(&mut g, "rogue", "rate=1000 burst=2000", t0);
+    }
+    let barrier = Arc::new(Barrier::new(6));
+    let threads: Vec<_> = (0..6)
+        .map(|i| {
+            let (shared, barrier) = (shared.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                let mut g = shared.lock().expect("not poisoned");
+                match g.admit(&req("rogue", i, t0), t0) {
+                    Decision::Admit(mut pass) => g.spend(&mut pass, cost(5000.0), t0).is_ok(),
+                    _ => false,
+                }
+            })
+        })
+        .collect();
+    let passed = threads
+        .into_iter()
+        .map(|t| t.join())
+        .filter(|r| matches!(r, Ok(true)))
+        .count();
+    // The first in the lock runs; the others see its debt, at admit or at spend.
+    assert_eq!(passed, 1);
+}
+
+#[test]
+fn debt_is_paid_back_at_rate() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=200", t0);
+    let (_, slot) = run(&mut g, "a", 500.0, t0).expect("owes nothing yet");
+    g.release(slot, t0);
+    assert_eq!(balance(&g, "a", t0), -300.0);
+    assert_eq!(stats(&g, "a", t0).debt, 300.0);
+    let early = refused(g.admit(&req("a", 1, t0 + secs(2.9)), t0 + secs(2.9)));
+    assert_eq!(early.reason, RefusalReason::Budget);
+    let paid = t0 + secs(3.0);
+    let (_, slot) = run(&mut g, "a", 1.0, paid).expect("the debt is paid back");
+    g.release(slot, paid);
+    // The bucket refills only up to the burst.
+    assert_eq!(balance(&g, "a", t0 + secs(1000.0)), 200.0);
+}
+
+#[test]
+fn min_charge_makes_cheap_statements_count() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=10 burst=10 min_charge=4", t0);
+    let (pass, _) = run(&mut g, "a", 0.01, t0).expect("runs");
+    assert_eq!(pass.charged(), 4.0);
+    assert_eq!(balance(&g, "a", t0), 6.0);
+}
+
+#[test]
+fn reject_hint_says_when_to_come_back_with_jitter() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=0", t0);
+    run(&mut g, "a", 200.0, t0).expect("owes nothing yet");
+    let r = refused(g.admit(&req("a", 1, t0), t0));
+    assert_eq!((r.sqlstate, r.reason), ("53000", RefusalReason::Budget));
+    let retry = r.retry_after.expect("a retry time");
+    assert!(retry >= secs(2.0) && retry < secs(2.4), "{retry:?}");
+    assert!(r
+        .hint
+        .as_deref()
+        .is_some_and(|h| h.starts_with("retry in 2.")));
+    assert_eq!(r.detail.as_deref(), Some("200 cost units owed"));
+    // Another refusal draws another jitter; the same seed draws the same ones.
+    let again = refused(g.admit(&req("a", 2, t0), t0)).retry_after;
+    assert_ne!(again, Some(retry));
+    let mut twin = gate();
+    budget(&mut twin, "a", "rate=100 burst=0", t0);
+    run(&mut twin, "a", 200.0, t0).expect("runs");
+    assert_eq!(
+        refused(twin.admit(&req("a", 1, t0), t0)).retry_after,
+        Some(retry)
+    );
+}
+
+#[test]
+fn refused_or_timed_out_waits_are_refunded() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=1000", t0);
+    budget(&mut g, "b", "rate=100 burst=1000", t0);
+    let _held: Vec<_> = (0..2).map(|_| run(&mut g, "b", 1.0, t0)).collect();
+    // A cached plan: spend first, then wait for a slot that never comes.
+    let mut pass = admitted(g.admit(&req("a", 1, t0), t0));
+    g.spend(&mut pass, cost(300.0), t0).expect("paid");
+    assert_eq!(balance(&g, "a", t0), 700.0);
+    assert!(g.try_acquire(&pass, t0).is_none());
+    g.enqueue(pass, 1, t0);
+    assert_eq!(g.next_wake(t0), Some(t0 + secs(5.0)));
+    assert!(g.expire(t0 + secs(4.9)).is_empty());
+    let ended = g.expire(t0 + secs(5.0));
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].refusal.sqlstate, "53000");
+    assert_eq!(ended[0].refusal.reason, RefusalReason::QueueTimeout);
+    assert_eq!(ended[0].pass.charged(), 0.0);
+    assert_eq!(balance(&g, "a", t0 + secs(5.0)), 1000.0);
+    // A client that gives up is refunded too.
+    let mut pass = admitted(g.admit(&req("a", 2, t0), t0));
+    g.spend(&mut pass, cost(300.0), t0).expect("paid");
+    let id = pass.id;
+    g.enqueue(pass, 2, t0);
+    let (pass, waiter) = g.withdraw(id, t0).expect("still queued");
+    assert_eq!((pass.charged(), waiter), (0.0, 2));
+    assert_eq!(balance(&g, "a", t0), 1000.0);
+    assert_eq!(stats(&g, "a", t0).waiting, 0);
+}
+
+#[test]
+fn wait_until_the_debt_is_paid_back() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=100 when_over=wait", t0);
+    let (_, slot) = run(&mut g, "a", 300.0, t0).expect("runs into debt");
+    g.release(slot, t0);
+    let pass = admitted(g.admit(&req("a", 1, t0), t0));
+    assert_eq!(pass.payment(), Payment::AwaitingPayBack);
+    assert!(g.try_acquire(&pass, t0).is_none(), "free slot, but in debt");
+    g.enqueue(pass, 1, t0);
+    assert_eq!(g.next_wake(t0), Some(t0 + secs(2.0)));
+    assert!(g.dispatch(t0 + secs(1.9), |_| true).is_empty());
+    let mut granted = g.dispatch(t0 + secs(2.0), |_| true);
+    assert_eq!(granted.len(), 1);
+    let g1 = granted.remove(0);
+    let mut pass = g1.pass;
+    let spent = g.spend(&mut pass, cost(50.0), t0 + secs(2.0));
+    assert_eq!(spent, Ok(Spent::Run { charged: 50.0 }));
+}
+
+#[test]
+fn spend_in_debt_waits_again_when_over_is_wait() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=100 when_over=wait", t0);
+    let mut first = admitted(g.admit(&req("a", 1, t0), t0));
+    let mut second = admitted(g.admit(&req("a", 2, t0), t0));
+    assert!(g.spend(&mut first, cost(300.0), t0).is_ok());
+    let spent = g.spend(&mut second, cost(10.0), t0);
+    assert_eq!(
+        spent,
+        Ok(Spent::WaitForBudget {
+            until: Some(t0 + secs(2.0))
+        })
+    );
+    assert_eq!(second.payment(), Payment::AwaitingPayBack);
+}
+
+#[test]
+fn over_budget_goes_to_the_slow_lane() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=100 when_over=slow", t0);
+    // The first statement owes nothing: fast lane, charged into debt.
+    let mut first = admitted(g.admit(&req("a", 1, t0), t0));
+    let mut late = admitted(g.admit(&req("a", 2, t0), t0));
+    g.spend(&mut first, cost(500.0), t0).expect("runs");
+    assert_eq!(first.lane, Lane::Fast);
+    // Admitted before the debt, priced after it: moved.
+    assert_eq!(g.spend(&mut late, cost(10.0), t0), Ok(Spent::MovedToSlow));
+    assert_eq!(late.lane, Lane::Slow);
+    // Admitted while in debt: straight to the slow lane, where it pays even into more debt.
+    let mut slow = admitted(g.admit(&req("a", 3, t0), t0));
+    assert_eq!(slow.lane, Lane::Slow);
+    assert_eq!(
+        g.spend(&mut slow, cost(10.0), t0),
+        Ok(Spent::Run { charged: 10.0 })
+    );
+    let s1 = g
+        .try_acquire(&slow, t0)
+        .expect("the slow lane has one slot");
+    assert_eq!(s1.lane(), Lane::Slow);
+    assert!(g.try_acquire(&late, t0).is_none(), "slow lane full");
+    g.enqueue(late, 2, t0);
+    g.release(s1, t0);
+    let next = g
+        .next_waiter(UP, Lane::Slow, t0, |_| true)
+        .expect("granted");
+    assert_eq!(next.waiter, 2);
+}
+
+/// Fills the fast lane with two statements of `holder`; returns their slots.
+fn fill(g: &mut Gate<u64>, holder: &str, now: Instant) -> Vec<Slot> {
+    (0..2)
+        .map(|_| run(g, holder, 1.0, now).expect("runs").1)
+        .collect()
+}
+
+fn queue(g: &mut Gate<u64>, tenant: &str, priority: Priority, client: u64, now: Instant) {
+    let mut r = req(tenant, client, now);
+    r.priority = priority;
+    let pass = admitted(g.admit(&r, now));
+    g.enqueue(pass, client, now);
+}
+
+fn order(g: &mut Gate<u64>, mut slots: Vec<Slot>, now: Instant) -> Vec<u64> {
+    let mut served = Vec::new();
+    while let Some(slot) = slots.pop() {
+        g.release(slot, now);
+        if let Some(granted) = g.next_waiter(UP, Lane::Fast, now, |_| true) {
+            served.push(granted.waiter);
+            slots.push(granted.slot);
+        }
+    }
+    served
+}
+
+#[test]
+fn priority_classes_go_first() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let slots = fill(&mut g, "holder", t0);
+    queue(&mut g, "a", Priority::BestEffort, 1, t0);
+    queue(&mut g, "b", Priority::Normal, 2, t0);
+    queue(&mut g, "c", Priority::Critical, 3, t0);
+    queue(&mut g, "d", Priority::Normal, 4, t0);
+    assert_eq!(order(&mut g, slots, t0), [3, 2, 4, 1]);
+}
+
+#[test]
+fn least_served_tenant_goes_first_and_fifo_within_a_tenant() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    // The heavy tenant used 10,000 units recently; the light one 10.
+    run(&mut g, "heavy", 10_000.0, t0)
+        .map(|(_, s)| g.release(s, t0))
+        .expect("runs");
+    run(&mut g, "light", 10.0, t0)
+        .map(|(_, s)| g.release(s, t0))
+        .expect("runs");
+    let slots = fill(&mut g, "holder", t0);
+    for client in [1, 2, 3] {
+        queue(&mut g, "heavy", Priority::Normal, client, t0);
+    }
+    for client in [11, 12] {
+        queue(&mut g, "light", Priority::Normal, client, t0);
+    }
+    // The light tenant's tickets, in order, before the heavy one's, in order: not arrival order.
+    assert_eq!(order(&mut g, slots, t0), [11, 12, 1, 2, 3]);
+}
+
+#[test]
+fn recent_use_fades_and_share_weighs() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "big", "share=100", t0);
+    run(&mut g, "big", 1000.0, t0)
+        .map(|(_, s)| g.release(s, t0))
+        .expect("runs");
+    run(&mut g, "small", 50.0, t0)
+        .map(|(_, s)| g.release(s, t0))
+        .expect("runs");
+    let slots = fill(&mut g, "holder", t0);
+    queue(&mut g, "small", Priority::Normal, 1, t0);
+    queue(&mut g, "big", Priority::Normal, 2, t0);
+    // 1000 / 100 = 10 beats 50 / 1.
+    assert_eq!(order(&mut g, slots, t0), [2, 1]);
+    let stats = stats(&g, "big", t0 + USE_HALF_LIFE);
+    assert!(
+        (stats.recent_use - 500.0).abs() < 1e-6,
+        "{}",
+        stats.recent_use
+    );
+}
+
+#[test]
+fn begin_and_commit_never_wait_for_a_slot() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=10 burst=10", t0);
+    let _slots = fill(&mut g, "holder", t0);
+    let statement = admitted(g.admit(&req("a", 1, t0), t0));
+    assert!(g.try_acquire(&statement, t0).is_none());
+    for sql in [
+        "BEGIN",
+        "commit;",
+        "ROLLBACK TO SAVEPOINT s",
+        "savepoint s",
+        "RELEASE s",
+        "END",
+    ] {
+        let mut r = req("a", 1, t0);
+        r.kind = RequestKind::of_sql(sql);
+        match g.admit(&r, t0) {
+            Decision::Bypass(pass) => assert_eq!(pass.charged(), 1.0, "{sql}"),
+            other => panic!("{sql}: {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn statement_kinds_from_the_first_keyword() {
+    use TxControl::*;
+    let kind = RequestKind::of_sql;
+    assert_eq!(
+        kind("  /* x /* y */ */ -- c\n begin isolation level serializable"),
+        RequestKind::Transaction(Begin)
+    );
+    assert_eq!(kind("START TRANSACTION"), RequestKind::Transaction(Begin));
+    assert_eq!(kind("abort"), RequestKind::Transaction(Rollback));
+    assert_eq!(
+        kind("PREPARE TRANSACTION 'x'"),
+        RequestKind::Transaction(Commit)
+    );
+    assert_eq!(kind("PREPARE q AS SELECT 1"), RequestKind::Statement);
+    assert_eq!(kind("BEGIN; DELETE FROM t"), RequestKind::Statement);
+    assert_eq!(kind("SELECT 1"), RequestKind::Statement);
+    assert_eq!(kind("/* unterminated"), RequestKind::Statement);
+    assert!(!RequestKind::Transaction(Commit).killable());
+    assert!(RequestKind::Transaction(Begin).killable());
+}
+
+#[test]
+fn slots_are_held_until_released() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let slots = fill(&mut g, "a", t0);
+    assert_eq!(stats(&g, "a", t0).running, 2);
+    let pass = admitted(g.admit(&req("b", 9, t0), t0));
+    assert!(g.try_acquire(&pass, t0).is_none());
+    g.enqueue(pass, 9, t0);
+    // Nothing is handed out while both slots are held, however long it takes.
+    assert!(g
+        .next_waiter(UP, Lane::Fast, t0 + secs(3.0), |_| true)
+        .is_none());
+    let mut slots = slots.into_iter();
+    g.release(slots.next().expect("a slot"), t0 + secs(3.0));
+    let granted = g
+        .next_waiter(UP, Lane::Fast, t0 + secs(3.0), |_| true)
+        .expect("the freed slot");
+    assert_eq!((granted.waiter, granted.slot.tenant()), (9, "b"));
+    assert_eq!(stats(&g, "a", t0).running, 1);
+}
+
+#[test]
+fn dead_waiters_are_skipped_and_refunded() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=10 burst=100", t0);
+    let slots = fill(&mut g, "holder", t0);
+    let mut pass = admitted(g.admit(&req("a", 1, t0), t0));
+    g.spend(&mut pass, cost(40.0), t0).expect("paid");
+    g.enqueue(pass, 1, t0);
+    queue(&mut g, "a", Priority::Normal, 2, t0);
+    let mut slots = slots.into_iter();
+    g.release(slots.next().expect("a slot"), t0);
+    let granted = g
+        .next_waiter(UP, Lane::Fast, t0, |w| *w != 1)
+        .expect("the live one");
+    assert_eq!(granted.waiter, 2);
+    assert_eq!(balance(&g, "a", t0), 100.0);
+}
+
+#[test]
+fn deadlines_end_waits_and_refuse_too_long_statements() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let _slots = fill(&mut g, "holder", t0);
+    let mut r = req("a", 1, t0);
+    r.deadline = Some(Duration::from_millis(500));
+    r.statement_timeout = Some(Duration::from_secs(2));
+    let pass = admitted(g.admit(&r, t0));
+    assert_eq!(pass.deadline, Some(t0 + secs(0.5)));
+    g.enqueue(pass, 1, t0);
+    assert_eq!(g.next_wake(t0), Some(t0 + secs(0.5)));
+    let ended = g.expire(t0 + secs(0.5));
+    assert_eq!(ended.len(), 1);
+    assert_eq!(ended[0].refusal.sqlstate, "57014");
+    assert_eq!(ended[0].refusal.reason, RefusalReason::Deadline);
+    // Counted from when the statement was sent: already late when it reaches the gate.
+    let mut late = req("a", 2, t0);
+    late.statement_timeout = Some(Duration::from_millis(100));
+    assert_eq!(refused(g.admit(&late, t0 + secs(0.2))).sqlstate, "57014");
+    // 1000 units at 1 ms each need 1 s; only 0.5 s are left.
+    let mut r = req("a", 3, t0);
+    r.deadline = Some(Duration::from_secs(1));
+    let mut pass = admitted(g.admit(&r, t0 + secs(0.5)));
+    let slow = Cost {
+        units: 1000.0,
+        seconds_per_unit: Some(0.001),
+    };
+    let refusal = g
+        .spend(&mut pass, slow, t0 + secs(0.5))
+        .expect_err("too slow");
+    assert_eq!(
+        (refusal.sqlstate, refusal.reason),
+        ("57014", RefusalReason::TooSlow)
+    );
+    let quick = Cost {
+        units: 100.0,
+        seconds_per_unit: Some(0.001),
+    };
+    assert!(g.spend(&mut pass, quick, t0 + secs(0.5)).is_ok());
+}
+
+#[test]
+fn tenant_statement_timeout_is_a_deadline_and_plain_data() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(
+        &mut g,
+        "a",
+        "statement_timeout=2s idle_in_transaction_timeout=1m transaction_timeout=0",
+        t0,
+    );
+    let t = g.timeouts("a");
+    assert_eq!(t.statement, Some(Duration::from_secs(2)));
+    assert_eq!(t.idle_in_transaction, Some(Duration::from_secs(60)));
+    assert_eq!(t.transaction, None);
+    let pass = admitted(g.admit(&req("a", 1, t0), t0));
+    assert_eq!(pass.deadline, Some(t0 + secs(2.0)));
+    assert_eq!(g.timeouts("nobody"), TenantTimeouts::default());
+}
+
+#[test]
+fn kills_refuse_until_they_expire() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.kill(KillTarget::Tenant("a".into()), Duration::from_secs(600), t0);
+    let fp = KillTarget::statement("'0000000000000abc'").expect("hex");
+    g.kill(fp.clone(), Duration::from_secs(60), t0);
+    let r = refused(g.admit(&req("a", 1, t0), t0));
+    assert_eq!((r.sqlstate, r.reason), ("53000", RefusalReason::Killed));
+    assert_eq!(r.message, "pgward: tenant \"a\" is killed");
+    // The statement kill covers every tenant.
+    assert!(g.is_killed("b", Some(Fingerprint(0xabc)), t0).is_some());
+    assert!(g.is_killed("b", Some(Fingerprint(0xabd)), t0).is_none());
+    // A killed tenant can still end its transactions.
+    let mut commit = req("a", 1, t0);
+    commit.kind = RequestKind::Transaction(TxControl::Commit);
+    assert!(matches!(g.admit(&commit, t0), Decision::Bypass(_)));
+    let rows = g.kills(t0 + secs(30.0));
+    assert_eq!(rows.len(), 2);
+    assert_eq!(
+        (rows[0].target.clone(), rows[0].remaining),
+        (fp, secs(30.0))
+    );
+    assert!(g
+        .is_killed("b", Some(Fingerprint(0xabc)), t0 + secs(60.0))
+        .is_none());
+    assert_eq!(g.kills(t0 + secs(60.0)).len(), 1);
+    assert!(g.unkill(&KillTarget::Tenant("a".into())));
+    assert!(!g.unkill(&KillTarget::Tenant("a".into())));
+    assert!(matches!(
+        g.admit(&req("a", 1, t0), t0 + secs(61.0)),
+        Decision::Admit(_)
+    ));
+    assert_eq!(KillTarget::statement("xyz"), None);
+}
+
+#[test]
+fn eviction_picks_the_tenant_over_its_share_while_others_wait() {
+    let load = |tenant, servers, waiting| TenantLoad {
+        tenant,
+        servers,
+        waiting,
+        share: 1.0,
+    };
+    // Nobody else waits: holding everything is fine.
+    assert_eq!(runaway(&[load("rogue", 6, 3)], 8), None);
+    let r = runaway(&[load("rogue", 6, 3), load("a", 0, 1), load("b", 2, 0)], 8).expect("rogue");
+    assert_eq!((r.tenant.as_str(), r.servers), ("rogue", 6));
+    assert!((r.fair - 8.0 / 3.0).abs() < 1e-9);
+    // Within the share, rounded up: nobody.
+    assert_eq!(runaway(&[load("x", 1, 0), load("y", 0, 1)], 1), None);
+    assert_eq!(runaway(&[load("x", 3, 0), load("y", 3, 1)], 6), None);
+    // The share is of the servers there are, not only of those in use.
+    assert_eq!(runaway(&[load("x", 2, 0), load("y", 0, 1)], 4), None);
+    assert!(runaway(&[load("x", 2, 0), load("y", 0, 1)], 2).is_some());
+}
+
+#[test]
+fn a_runaway_tenant_waits_behind_the_others() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_lanes(UP, LaneLimits { fast: 4, slow: 1 });
+    let slots: Vec<Slot> = (0..4)
+        .map(|_| run(&mut g, "rogue", 1.0, t0).expect("runs").1)
+        .collect();
+    // The innocent tenants have used far more recently, but the rogue holds every slot.
+    for (tenant, units, client) in [("innocent", 5000.0, 2), ("other", 6000.0, 3)] {
+        let mut paid = admitted(g.admit(&req(tenant, 0, t0), t0));
+        g.spend(&mut paid, cost(units), t0).expect("paid");
+        queue(&mut g, tenant, Priority::Normal, client, t0);
+    }
+    queue(&mut g, "rogue", Priority::Normal, 1, t0);
+    assert_eq!(
+        g.runaways(UP).first().map(|r| r.tenant.as_str()),
+        Some("rogue")
+    );
+    let mut slots = slots.into_iter();
+    g.release(slots.next().expect("a slot"), t0);
+    let first = g.next_waiter(UP, Lane::Fast, t0, |_| true).expect("one");
+    // The rogue holds 3 of 5 servers (fair: 5/3): it waits behind both.
+    assert_eq!(first.waiter, 2);
+}
+
+#[test]
+fn tenant_max_active_caps_its_slots() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "max_active=1", t0);
+    let (_, _slot) = run(&mut g, "a", 1.0, t0).expect("first");
+    let pass = admitted(g.admit(&req("a", 1, t0), t0));
+    assert!(g.try_acquire(&pass, t0).is_none());
+}
+
+#[test]
+fn set_tenant_words() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(
+        &mut g,
+        "a",
+        "rate=50000 burst=200000 max_active=4 priority=critical",
+        t0,
+    );
+    let row = stats(&g, "a", t0);
+    assert_eq!(
+        row.settings,
+        "rate=50000 burst=200000 max_active=4 priority=critical"
+    );
+    assert_eq!(row.balance, Some(200_000.0));
+    // Only the keys given change; a lower burst clamps the balance.
+    budget(&mut g, "a", "burst=1000", t0);
+    assert_eq!(stats(&g, "a", t0).balance, Some(1000.0));
+    assert!(stats(&g, "a", t0).settings.contains("rate=50000"));
+    let p = admitted(g.admit(&req("a", 1, t0), t0));
+    assert_eq!(p.priority, Priority::Critical);
+    for bad in [
+        "rate=-1",
+        "rate",
+        "colour=red",
+        "when_over=later",
+        "priority=top",
+        "statement_timeout=5x",
+    ] {
+        assert!(g.set_tenant("a", bad, t0).is_err(), "{bad}");
+    }
+    assert!(stats(&g, "a", t0).settings.contains("burst=1000"));
+    assert_eq!(parse_duration("'10m'"), Some(Duration::from_secs(600)));
+    assert_eq!(parse_duration("250"), Some(Duration::from_millis(250)));
+    assert_eq!(parse_duration("1h"), Some(Duration::from_secs(3600)));
+}
+
+#[test]
+fn idle_unconfigured_tenants_are_forgotten() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "kept", "rate=1", t0);
+    run(&mut g, "passing", 1.0, t0)
+        .map(|(_, s)| g.release(s, t0))
+        .expect("runs");
+    g.forget_idle(t0 + secs(600.0));
+    let names: Vec<String> = g.tenant_stats(t0).into_iter().map(|s| s.tenant).collect();
+    assert_eq!(names, ["kept"]);
+}

@@ -1,0 +1,327 @@
+//! The Prometheus endpoint: pools, clients, servers and per-database traffic, read from the
+//! runtime at each scrape. Built on `prometheus-client` (encoding) and `hyper` (HTTP).
+//!
+//! The metric names are listed in `docs/metrics.md`.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::TypedMetric;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+
+use crate::ops::stats::by_database;
+use crate::ops::ClientState;
+use crate::runtime::Runtime;
+
+#[derive(Debug, thiserror::Error)]
+pub enum MetricsError {
+    #[error("prometheus_listen {0:?} is not an address")]
+    BadAddr(String),
+    #[error("cannot listen on {addr} for metrics: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+}
+
+type Labels = Vec<(&'static str, String)>;
+
+/// Reads the runtime at every scrape.
+struct Snapshot(Arc<Runtime>);
+
+impl std::fmt::Debug for Snapshot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Snapshot")
+    }
+}
+
+/// Writes one family of metrics.
+fn emit<M: EncodeMetric + TypedMetric + Default + Clone>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: impl IntoIterator<Item = (Labels, Box<dyn Fn(&M)>)>,
+) -> Result<(), std::fmt::Error> {
+    let family: Family<Labels, M> = Family::default();
+    for (labels, set) in rows {
+        set(&family.get_or_create(&labels));
+    }
+    let metric = encoder.encode_descriptor(name, help, None, family.metric_type())?;
+    family.encode(metric)
+}
+
+fn gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, i64)>,
+) -> Result<(), std::fmt::Error> {
+    let rows = rows.into_iter().map(|(l, v)| {
+        let set: Box<dyn Fn(&Gauge)> = Box::new(move |g: &Gauge| {
+            g.set(v);
+        });
+        (l, set)
+    });
+    emit::<Gauge>(encoder, name, help, rows)
+}
+
+fn counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, u64)>,
+) -> Result<(), std::fmt::Error> {
+    let rows = rows.into_iter().map(|(l, v)| {
+        let set: Box<dyn Fn(&Counter)> = Box::new(move |c: &Counter| {
+            c.inc_by(v);
+        });
+        (l, set)
+    });
+    emit::<Counter>(encoder, name, help, rows)
+}
+
+fn gauge_of(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+impl Collector for Snapshot {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let rt = &self.0;
+        pools(rt, &mut encoder)?;
+        databases(rt, &mut encoder)?;
+        process(rt, &mut encoder)
+    }
+}
+
+/// Per-pool gauges: clients by state, servers by state, limits.
+fn pools(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let infos: Vec<_> = rt.ops.clients.all().iter().map(|c| c.info()).collect();
+    let mut clients = Vec::new();
+    let mut servers = Vec::new();
+    let mut sizes = Vec::new();
+    for pool in rt.pools.all() {
+        let key = |extra: Option<&'static str>| {
+            let mut l: Labels = vec![
+                ("database", pool.key.db.clone()),
+                ("user", pool.key.user.clone()),
+            ];
+            if let Some(s) = extra {
+                l.push(("state", s.to_string()));
+            }
+            l
+        };
+        let mine = infos
+            .iter()
+            .filter(|i| i.database == pool.key.db && i.pool_user == pool.key.user);
+        for state in [ClientState::Active, ClientState::Idle, ClientState::Waiting] {
+            let n = mine.clone().filter(|i| i.state == state).count();
+            clients.push((key(Some(state.as_str())), gauge_of(n)));
+        }
+        let st = pool.stats();
+        for (state, n) in [
+            ("active", st.active),
+            ("idle", st.idle),
+            ("login", st.connecting),
+        ] {
+            servers.push((key(Some(state)), gauge_of(n)));
+        }
+        sizes.push((key(None), gauge_of(pool.settings().limits.pool_size)));
+    }
+    gauges(
+        e,
+        "pgward_pool_clients",
+        "Clients of a pool by state",
+        clients,
+    )?;
+    gauges(
+        e,
+        "pgward_pool_servers",
+        "Server connections of a pool by state",
+        servers,
+    )?;
+    gauges(e, "pgward_pool_size", "The pool size in force", sizes)
+}
+
+/// A counter family: name, help, and how to read it from a database's totals.
+type Series = (
+    &'static str,
+    &'static str,
+    fn(&crate::ops::StatValues) -> u64,
+);
+
+/// Per-database counters, as SHOW STATS totals them.
+fn databases(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let totals = by_database(&rt.ops.stats.totals());
+    let series: [Series; 9] = [
+        ("pgward_database_transactions", "Transactions pooled", |v| {
+            v.xacts
+        }),
+        (
+            "pgward_database_queries",
+            "Requests answered (ReadyForQuery)",
+            |v| v.queries,
+        ),
+        (
+            "pgward_database_received_bytes",
+            "Bytes received from clients",
+            |v| v.received,
+        ),
+        ("pgward_database_sent_bytes", "Bytes sent to clients", |v| {
+            v.sent
+        }),
+        (
+            "pgward_database_transaction_microseconds",
+            "Time spent in transactions",
+            |v| v.xact_time,
+        ),
+        (
+            "pgward_database_query_microseconds",
+            "Time spent running requests",
+            |v| v.query_time,
+        ),
+        (
+            "pgward_database_wait_microseconds",
+            "Time clients waited for a server",
+            |v| v.wait_time,
+        ),
+        (
+            "pgward_database_server_assignments",
+            "Servers handed to clients",
+            |v| v.server_assignments,
+        ),
+        (
+            "pgward_database_client_logins",
+            "Successful client logins",
+            |v| v.client_logins,
+        ),
+    ];
+    for (name, help, get) in series {
+        let rows = totals
+            .iter()
+            .map(|(db, v)| (vec![("database", db.clone())], get(v)))
+            .collect();
+        counters(e, name, help, rows)?;
+    }
+    let state = rt.ops.control.get();
+    let mut paused = Vec::new();
+    let mut disabled = Vec::new();
+    for db in &rt.config.load().databases {
+        paused.push((
+            vec![("database", db.name.clone())],
+            i64::from(state.is_paused(&db.name)),
+        ));
+        disabled.push((
+            vec![("database", db.name.clone())],
+            i64::from(state.is_disabled(&db.name)),
+        ));
+    }
+    gauges(
+        e,
+        "pgward_database_paused",
+        "1 while the database is paused",
+        paused,
+    )?;
+    gauges(
+        e,
+        "pgward_database_disabled",
+        "1 while the database is disabled",
+        disabled,
+    )
+}
+
+/// Process-wide gauges.
+fn process(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let clients = rt.ops.clients.all().len();
+    gauges(
+        e,
+        "pgward_client_connections",
+        "Client connections, console included",
+        vec![(Vec::new(), gauge_of(clients))],
+    )?;
+    let uptime = rt.started.elapsed().as_secs();
+    gauges(
+        e,
+        "pgward_uptime_seconds",
+        "Seconds since start",
+        vec![(Vec::new(), i64::try_from(uptime).unwrap_or(i64::MAX))],
+    )
+}
+
+/// The exposition text of every metric.
+pub fn render(rt: &Arc<Runtime>) -> String {
+    let mut registry = Registry::default();
+    registry.register_collector(Box::new(Snapshot(rt.clone())));
+    let mut text = String::new();
+    if prometheus_client::encoding::text::encode(&mut text, &registry).is_err() {
+        text.clear();
+    }
+    text
+}
+
+/// Binds `prometheus_listen`.
+pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
+    let sa: SocketAddr = addr
+        .parse()
+        .map_err(|_| MetricsError::BadAddr(addr.to_string()))?;
+    TcpListener::bind(sa)
+        .await
+        .map_err(|source| MetricsError::Bind {
+            addr: addr.to_string(),
+            source,
+        })
+}
+
+/// Serves `GET /metrics` on `listener` until the task is dropped.
+pub async fn serve(rt: Arc<Runtime>, listener: TcpListener) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            continue;
+        };
+        let rt = rt.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req| answer(rt.clone(), req));
+            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
+            if let Err(e) = conn.await {
+                tracing::debug!("metrics connection: {e}");
+            }
+        });
+    }
+}
+
+async fn answer(
+    rt: Arc<Runtime>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let (status, body) = if req.uri().path() == "/metrics" {
+        (StatusCode::OK, render(&rt))
+    } else {
+        (
+            StatusCode::NOT_FOUND,
+            "not found; metrics are at /metrics\n".to_string(),
+        )
+    };
+    let mut resp = Response::new(Full::new(Bytes::from(body)));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        ),
+    );
+    Ok(resp)
+}

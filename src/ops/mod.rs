@@ -1,0 +1,58 @@
+//! The operations layer's shared state: the client registry, traffic counters, the pause /
+//! disable / shutdown state, runtime limits set from the console, and the small hooks a
+//! session calls as it takes and gives back servers.
+
+pub mod clients;
+pub mod hooks;
+pub mod limits;
+pub mod pool;
+pub mod state;
+pub mod stats;
+
+use std::sync::Mutex;
+
+pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registration, ServerLink};
+pub use hooks::SessionHooks;
+pub use limits::Overrides;
+pub use pool::PoolOps;
+pub use state::{Control, OpState, PauseMode, Shutdown};
+pub use stats::{PoolCounters, StatValues, StatsRegistry};
+
+/// The operations layer's part of the runtime.
+#[derive(Debug)]
+pub struct Ops {
+    pub clients: ClientRegistry,
+    pub stats: StatsRegistry,
+    pub control: Control,
+    /// SET USER / SET POOL values, kept across reloads.
+    pub overrides: Mutex<Overrides>,
+    /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
+    pub os_uid: u32,
+    pub os_user: Option<String>,
+}
+
+impl Default for Ops {
+    fn default() -> Self {
+        // SAFETY: getuid(2) has no preconditions and cannot fail.
+        let os_uid = unsafe { libc::getuid() };
+        Ops {
+            clients: ClientRegistry::default(),
+            stats: StatsRegistry::default(),
+            control: Control::default(),
+            overrides: Mutex::new(Overrides::default()),
+            os_uid,
+            os_user: user_name(os_uid),
+        }
+    }
+}
+
+/// The name of OS user `uid`, from /etc/passwd.
+fn user_name(uid: u32) -> Option<String> {
+    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
+    passwd.lines().find_map(|line| {
+        let mut fields = line.split(':');
+        let name = fields.next()?;
+        let id = fields.nth(1)?.parse::<u32>().ok()?;
+        (id == uid).then(|| name.to_string())
+    })
+}

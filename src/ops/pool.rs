@@ -1,0 +1,65 @@
+//! Per-pool rules for closing servers when they come back: servers opened before a RECONNECT
+//! (or before a reload changed the connection string), and servers picked for eviction
+//! because a limit dropped below what is in use.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::pool::lock;
+use crate::server::ServerConn;
+
+#[derive(Debug, Default)]
+struct CloseRules {
+    /// Servers opened before this instant are closed when released.
+    before: Option<Instant>,
+    /// Servers (by id) to close when released.
+    evict: HashSet<u64>,
+}
+
+/// What a pool closes at check-in. Checking costs one atomic load until a rule is set.
+#[derive(Debug, Default)]
+pub struct PoolOps {
+    armed: AtomicBool,
+    rules: Mutex<CloseRules>,
+}
+
+impl PoolOps {
+    /// Whether a server coming back must be closed rather than kept.
+    pub fn must_close(&self, conn: &ServerConn) -> bool {
+        if !self.armed.load(Ordering::Acquire) {
+            return false;
+        }
+        let mut rules = lock(&self.rules);
+        let outdated = rules.before.is_some_and(|b| conn.created < b);
+        rules.evict.remove(&conn.id) || outdated
+    }
+
+    /// Servers opened before `now` close at their next release (RECONNECT).
+    pub fn reconnect(&self, now: Instant) {
+        lock(&self.rules).before = Some(now);
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// These servers close at their next release.
+    pub fn evict(&self, ids: impl IntoIterator<Item = u64>) {
+        lock(&self.rules).evict.extend(ids);
+        self.armed.store(true, Ordering::Release);
+    }
+
+    /// Whether a server opened at `created` with id `id` will be closed when released
+    /// (SHOW SERVERS' close_needed, WAIT_CLOSE).
+    pub fn close_needed(&self, id: u64, created: Instant) -> bool {
+        if !self.armed.load(Ordering::Acquire) {
+            return false;
+        }
+        let rules = lock(&self.rules);
+        rules.before.is_some_and(|b| created < b) || rules.evict.contains(&id)
+    }
+
+    /// Forgets evictions of servers that are gone.
+    pub fn retain_evictions(&self, live: impl Fn(u64) -> bool) {
+        lock(&self.rules).evict.retain(|id| live(*id));
+    }
+}

@@ -1,0 +1,281 @@
+//! Traffic counters per pool, as PgBouncer's SHOW STATS reports them: plain atomics bumped by
+//! the sessions, and the per-second averages of the last `stats_period`.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::pool::{lock, PoolKey};
+
+/// The counters of one pool. Times are in microseconds.
+#[derive(Debug, Default)]
+pub struct PoolCounters {
+    pub server_assignments: AtomicU64,
+    pub xacts: AtomicU64,
+    pub queries: AtomicU64,
+    pub received: AtomicU64,
+    pub sent: AtomicU64,
+    pub xact_time: AtomicU64,
+    pub query_time: AtomicU64,
+    pub wait_time: AtomicU64,
+    pub client_logins: AtomicU64,
+}
+
+/// A reading of [`PoolCounters`] (or a sum, a difference or an average of readings), in the
+/// order PgBouncer prints them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StatValues {
+    pub server_assignments: u64,
+    pub xacts: u64,
+    pub queries: u64,
+    pub received: u64,
+    pub sent: u64,
+    pub xact_time: u64,
+    pub query_time: u64,
+    pub wait_time: u64,
+    pub client_parses: u64,
+    pub server_parses: u64,
+    pub binds: u64,
+    pub client_logins: u64,
+}
+
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+impl PoolCounters {
+    pub fn add_received(&self, n: usize) {
+        add(&self.received, n as u64);
+    }
+
+    pub fn add_sent(&self, n: usize) {
+        add(&self.sent, n as u64);
+    }
+
+    pub fn add_login(&self) {
+        add(&self.client_logins, 1);
+    }
+
+    /// A server was handed to a client after `waited`.
+    pub fn add_assignment(&self, waited: Duration) {
+        add(&self.server_assignments, 1);
+        add(&self.wait_time, micros(waited));
+    }
+
+    /// A request was answered (one ReadyForQuery) after `query`; `xact` is the length of the
+    /// transaction it ended, if it ended one.
+    pub fn add_query(&self, query: Duration, xact: Option<Duration>) {
+        add(&self.queries, 1);
+        add(&self.query_time, micros(query));
+        if let Some(x) = xact {
+            add(&self.xacts, 1);
+            add(&self.xact_time, micros(x));
+        }
+    }
+
+    pub fn read(&self) -> StatValues {
+        let r = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        StatValues {
+            server_assignments: r(&self.server_assignments),
+            xacts: r(&self.xacts),
+            queries: r(&self.queries),
+            received: r(&self.received),
+            sent: r(&self.sent),
+            xact_time: r(&self.xact_time),
+            query_time: r(&self.query_time),
+            wait_time: r(&self.wait_time),
+            client_logins: r(&self.client_logins),
+            ..StatValues::default()
+        }
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+impl StatValues {
+    fn fields(&self) -> [u64; 12] {
+        [
+            self.server_assignments,
+            self.xacts,
+            self.queries,
+            self.received,
+            self.sent,
+            self.xact_time,
+            self.query_time,
+            self.wait_time,
+            self.client_parses,
+            self.server_parses,
+            self.binds,
+            self.client_logins,
+        ]
+    }
+
+    fn from_fields(f: [u64; 12]) -> Self {
+        let [server_assignments, xacts, queries, received, sent, xact_time, query_time, wait_time, client_parses, server_parses, binds, client_logins] =
+            f;
+        StatValues {
+            server_assignments,
+            xacts,
+            queries,
+            received,
+            sent,
+            xact_time,
+            query_time,
+            wait_time,
+            client_parses,
+            server_parses,
+            binds,
+            client_logins,
+        }
+    }
+
+    /// The values in PgBouncer's column order.
+    pub fn as_row(&self) -> [u64; 12] {
+        self.fields()
+    }
+
+    pub fn plus(&self, other: &StatValues) -> StatValues {
+        let (a, b) = (self.fields(), other.fields());
+        StatValues::from_fields(std::array::from_fn(|i| a[i].saturating_add(b[i])))
+    }
+
+    fn minus(&self, other: &StatValues) -> StatValues {
+        let (a, b) = (self.fields(), other.fields());
+        StatValues::from_fields(std::array::from_fn(|i| a[i].saturating_sub(b[i])))
+    }
+
+    /// Averages over `period` of the growth from `older` to `self`: counts and bytes per
+    /// second; times per transaction, per query and per assignment.
+    pub fn average_since(&self, older: &StatValues, period: Duration) -> StatValues {
+        let d = self.minus(older);
+        let secs = period.as_secs().max(1);
+        let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
+        let per_sec = |n: u64| n / secs;
+        StatValues {
+            server_assignments: per_sec(d.server_assignments),
+            xacts: per_sec(d.xacts),
+            queries: per_sec(d.queries),
+            received: per_sec(d.received),
+            sent: per_sec(d.sent),
+            xact_time: per(d.xact_time, d.xacts),
+            query_time: per(d.query_time, d.queries),
+            wait_time: per(d.wait_time, d.server_assignments),
+            client_parses: per_sec(d.client_parses),
+            server_parses: per_sec(d.server_parses),
+            binds: per_sec(d.binds),
+            client_logins: per_sec(d.client_logins),
+        }
+    }
+}
+
+#[derive(Debug, Default)]
+struct Period {
+    /// Readings at the start of the current period.
+    start: BTreeMap<PoolKey, StatValues>,
+    /// Averages of the last complete period.
+    averages: BTreeMap<PoolKey, StatValues>,
+    started: Option<Instant>,
+}
+
+/// The counters of every pool that ever served a client (the admin console included), and
+/// the averages of the last period.
+#[derive(Debug, Default)]
+pub struct StatsRegistry {
+    pools: Mutex<BTreeMap<PoolKey, Arc<PoolCounters>>>,
+    period: Mutex<Period>,
+}
+
+impl StatsRegistry {
+    /// The counters of pool `key`, created at first use.
+    pub fn for_pool(&self, key: &PoolKey) -> Arc<PoolCounters> {
+        lock(&self.pools).entry(key.clone()).or_default().clone()
+    }
+
+    /// Every pool's totals, in key order.
+    pub fn totals(&self) -> Vec<(PoolKey, StatValues)> {
+        lock(&self.pools)
+            .iter()
+            .map(|(k, c)| (k.clone(), c.read()))
+            .collect()
+    }
+
+    /// Every pool's averages over the last complete period.
+    pub fn averages(&self) -> BTreeMap<PoolKey, StatValues> {
+        lock(&self.period).averages.clone()
+    }
+
+    /// Closes the current period if `period` has passed since it began.
+    pub fn tick(&self, now: Instant, period: Duration) {
+        let mut p = lock(&self.period);
+        let started = *p.started.get_or_insert(now);
+        let elapsed = now.saturating_duration_since(started);
+        if elapsed < period {
+            return;
+        }
+        let totals = self.totals();
+        let averages = totals
+            .iter()
+            .map(|(k, v)| {
+                let old = p.start.get(k).copied().unwrap_or_default();
+                (k.clone(), v.average_since(&old, elapsed))
+            })
+            .collect();
+        p.averages = averages;
+        p.start = totals.into_iter().collect();
+        p.started = Some(now);
+    }
+}
+
+/// Sums per-pool values per database, keeping database order.
+pub fn by_database(rows: &[(PoolKey, StatValues)]) -> Vec<(String, StatValues)> {
+    let mut out: BTreeMap<String, StatValues> = BTreeMap::new();
+    for (key, v) in rows {
+        let sum = out.entry(key.db.clone()).or_default();
+        *sum = sum.plus(v);
+    }
+    out.into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn averages_are_per_second_and_per_event() {
+        let old = StatValues::default();
+        let new = StatValues {
+            xacts: 20,
+            queries: 40,
+            xact_time: 2000,
+            query_time: 800,
+            server_assignments: 10,
+            wait_time: 50,
+            ..StatValues::default()
+        };
+        let avg = new.average_since(&old, Duration::from_secs(10));
+        assert_eq!((avg.xacts, avg.queries), (2, 4));
+        assert_eq!((avg.xact_time, avg.query_time, avg.wait_time), (100, 20, 5));
+    }
+
+    #[test]
+    fn counters_feed_the_period() {
+        let reg = StatsRegistry::default();
+        let key = PoolKey {
+            db: "d".into(),
+            user: "u".into(),
+        };
+        let c = reg.for_pool(&key);
+        let t0 = Instant::now();
+        reg.tick(t0, Duration::from_secs(1));
+        c.add_query(Duration::from_micros(10), Some(Duration::from_micros(30)));
+        c.add_query(Duration::from_micros(30), None);
+        reg.tick(t0 + Duration::from_secs(1), Duration::from_secs(1));
+        let avg = reg.averages()[&key];
+        assert_eq!((avg.queries, avg.query_time, avg.xact_time), (2, 20, 30));
+        let by_db = by_database(&reg.totals());
+        assert_eq!(by_db[0].1.queries, 2);
+    }
+}

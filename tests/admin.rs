@@ -1,0 +1,525 @@
+//! The admin console, driven with psql and tokio-postgres: every SHOW with PgBouncer's column
+//! names, access rules, and the process-control commands.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{stderr_of, stdout_of, Pgward, Postgres};
+use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
+
+/// SHOW CLIENTS and SHOW SERVERS.
+const CONNECTION_COLUMNS: &[&str] = &[
+    "type",
+    "user",
+    "database",
+    "replication",
+    "state",
+    "addr",
+    "port",
+    "local_addr",
+    "local_port",
+    "connect_time",
+    "request_time",
+    "wait",
+    "wait_us",
+    "close_needed",
+    "ptr",
+    "link",
+    "remote_pid",
+    "tls",
+    "application_name",
+    "prepared_statements",
+    "id",
+];
+
+/// PgBouncer's documented columns, in order (doc/usage.md).
+const COLUMNS: &[(&str, &[&str])] = &[
+    ("version", &["version"]),
+    ("state", &["key", "value"]),
+    ("config", &["key", "value", "default", "changeable"]),
+    ("lists", &["list", "items"]),
+    ("mem", &["name", "size", "used", "free", "memtotal"]),
+    ("peers", &["peer_id", "host", "port", "pool_size"]),
+    (
+        "peer_pools",
+        &[
+            "peer_id",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active_cancel",
+            "sv_login",
+        ],
+    ),
+    ("dns_hosts", &["hostname", "ttl", "addrs"]),
+    ("dns_zones", &["zonename", "serial", "count"]),
+    (
+        "databases",
+        &[
+            "name",
+            "host",
+            "port",
+            "database",
+            "force_user",
+            "pool_size",
+            "min_pool_size",
+            "reserve_pool_size",
+            "server_lifetime",
+            "pool_mode",
+            "load_balance_hosts",
+            "max_connections",
+            "current_connections",
+            "max_client_connections",
+            "current_client_connections",
+            "paused",
+            "disabled",
+        ],
+    ),
+    (
+        "pools",
+        &[
+            "database",
+            "user",
+            "cl_active",
+            "cl_waiting",
+            "cl_active_cancel_req",
+            "cl_waiting_cancel_req",
+            "sv_active",
+            "sv_active_cancel",
+            "sv_being_canceled",
+            "sv_idle",
+            "sv_used",
+            "sv_tested",
+            "sv_login",
+            "maxwait",
+            "maxwait_us",
+            "pool_mode",
+            "load_balance_hosts",
+        ],
+    ),
+    (
+        "users",
+        &[
+            "name",
+            "pool_size",
+            "reserve_pool_size",
+            "pool_mode",
+            "max_user_connections",
+            "current_connections",
+            "max_user_client_connections",
+            "current_client_connections",
+        ],
+    ),
+    ("clients", CONNECTION_COLUMNS),
+    ("servers", CONNECTION_COLUMNS),
+    (
+        "stats",
+        &[
+            "database",
+            "total_server_assignment_count",
+            "total_xact_count",
+            "total_query_count",
+            "total_received",
+            "total_sent",
+            "total_xact_time",
+            "total_query_time",
+            "total_wait_time",
+            "total_client_parse_count",
+            "total_server_parse_count",
+            "total_bind_count",
+            "total_client_login_count",
+            "avg_server_assignment_count",
+            "avg_xact_count",
+            "avg_query_count",
+            "avg_recv",
+            "avg_sent",
+            "avg_xact_time",
+            "avg_query_time",
+            "avg_wait_time",
+            "avg_client_parse_count",
+            "avg_server_parse_count",
+            "avg_bind_count",
+            "avg_client_login_count",
+        ],
+    ),
+    (
+        "stats_totals",
+        &[
+            "database",
+            "server_assignment_count",
+            "xact_count",
+            "query_count",
+            "bytes_received",
+            "bytes_sent",
+            "xact_time",
+            "query_time",
+            "wait_time",
+            "client_parse_count",
+            "server_parse_count",
+            "bind_count",
+            "client_login_count",
+        ],
+    ),
+    (
+        "stats_averages",
+        &[
+            "database",
+            "server_assignment_count",
+            "xact_count",
+            "query_count",
+            "bytes_received",
+            "bytes_sent",
+            "xact_time",
+            "query_time",
+            "wait_time",
+            "avg_client_parse_count",
+            "avg_server_parse_count",
+            "avg_bind_count",
+            "avg_client_login_count",
+        ],
+    ),
+    ("totals", &["name", "value"]),
+];
+
+fn start(extra: &str) -> (Postgres, Pgward) {
+    let pg = Postgres::start();
+    let settings = format!(
+        "auth_type = trust\nadmin_users = admin\nstats_users = watcher\npool_mode = transaction\n{extra}"
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    (pg, pw)
+}
+
+async fn connect(pw: &Pgward, user: &str, db: &str) -> Client {
+    let (client, conn) = tokio_postgres::connect(&pw.connstr(user, None, db), NoTls)
+        .await
+        .unwrap_or_else(|e| panic!("{user}@{db}: {e}\n{}", pw.log()));
+    tokio::spawn(conn);
+    client
+}
+
+/// Column names and rows of a console command.
+async fn show(c: &Client, sql: &str) -> (Vec<String>, Vec<Vec<Option<String>>>) {
+    let mut cols = Vec::new();
+    let mut rows = Vec::new();
+    for m in c
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+    {
+        match m {
+            SimpleQueryMessage::RowDescription(d) => {
+                cols = d.iter().map(|c| c.name().to_string()).collect()
+            }
+            SimpleQueryMessage::Row(r) => {
+                rows.push((0..r.len()).map(|i| r.get(i).map(str::to_string)).collect())
+            }
+            _ => {}
+        }
+    }
+    (cols, rows)
+}
+
+/// The value of column `col` in the rows where column `key` is `value`.
+fn cell(
+    cols: &[String],
+    rows: &[Vec<Option<String>>],
+    key: (&str, &str),
+    col: &str,
+) -> Vec<String> {
+    let k = cols.iter().position(|c| c == key.0).expect("key column");
+    let v = cols.iter().position(|c| c == col).expect("value column");
+    rows.iter()
+        .filter(|r| r[k].as_deref() == Some(key.1))
+        .filter_map(|r| r[v].clone())
+        .collect()
+}
+
+/// The server's message of an error.
+fn msg(e: &tokio_postgres::Error) -> String {
+    e.as_db_error()
+        .map_or_else(|| e.to_string(), |d| d.message().to_string())
+}
+
+fn sqlstate(e: &tokio_postgres::Error) -> String {
+    e.code().map(|c| c.code().to_string()).unwrap_or_default()
+}
+
+#[tokio::test]
+async fn every_show_has_pgbouncers_columns() {
+    let (_pg, pw) = start("");
+    let app = connect(&pw, "postgres", "app").await;
+    app.simple_query("SELECT 1").await.unwrap();
+    for name in ["pgward", "pgbouncer"] {
+        let admin = connect(&pw, "admin", name).await;
+        for (what, expected) in COLUMNS {
+            let (cols, _) = show(&admin, &format!("show {what};")).await;
+            let ours: Vec<&str> = cols
+                .iter()
+                .map(String::as_str)
+                .take(expected.len())
+                .collect();
+            assert_eq!(&ours, expected, "SHOW {what}");
+        }
+        for extra in ["sockets", "active_sockets"] {
+            show(&admin, &format!("SHOW {extra}")).await;
+        }
+        let help = admin.simple_query("SHOW HELP").await;
+        assert!(help.is_ok());
+        let (_, rows) = show(&admin, "SHOW VERSION").await;
+        assert_eq!(
+            rows[0][0].as_deref(),
+            Some(concat!("pgward ", env!("CARGO_PKG_VERSION")))
+        );
+    }
+}
+
+#[tokio::test]
+async fn show_reports_clients_servers_and_traffic() {
+    let (_pg, pw) = start("");
+    let app = connect(&pw, "postgres", "app").await;
+    for _ in 0..5 {
+        app.simple_query("SELECT 1").await.unwrap();
+    }
+    app.simple_query("BEGIN; SELECT 1; COMMIT").await.unwrap();
+    let admin = connect(&pw, "admin", "pgward").await;
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["idle"]
+    );
+    assert_eq!(
+        cell(&cols, &rows, ("database", "pgward"), "user"),
+        vec!["admin"]
+    );
+    let (cols, rows) = show(&admin, "SHOW SERVERS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["idle"]
+    );
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "sv_idle"),
+        vec!["1"]
+    );
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "pool_mode"),
+        vec!["transaction"]
+    );
+    let (cols, rows) = show(&admin, "SHOW STATS_TOTALS").await;
+    let queries: u64 = cell(&cols, &rows, ("database", "app"), "query_count")[0]
+        .parse()
+        .unwrap();
+    let xacts: u64 = cell(&cols, &rows, ("database", "app"), "xact_count")[0]
+        .parse()
+        .unwrap();
+    assert!(queries >= 6, "{queries}");
+    assert!(xacts >= 6, "{xacts}");
+    let (_, rows) = show(&admin, "SHOW TOTALS").await;
+    assert!(rows
+        .iter()
+        .any(|r| r[0].as_deref() == Some("total_query_count")));
+    let (cols, rows) = show(&admin, "SHOW STATE").await;
+    assert_eq!(cell(&cols, &rows, ("key", "active"), "value"), vec!["yes"]);
+}
+
+#[tokio::test]
+async fn console_access_rules() {
+    let (_pg, pw) = start("");
+    let watcher = connect(&pw, "watcher", "pgbouncer").await;
+    show(&watcher, "SHOW POOLS").await;
+    let err = watcher.simple_query("PAUSE").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "08P01");
+    let refused = tokio_postgres::connect(&pw.connstr("postgres", None, "pgward"), NoTls).await;
+    let err = refused.err().expect("postgres is no console user");
+    assert_eq!(sqlstate(&err), "28000", "{err}");
+    // The OS user running pgward, over the Unix socket, without a password.
+    let socket = pw.socket_dir.display().to_string();
+    let out = std::process::Command::new("psql")
+        .args(["-X", "-w", "-At", "-h", &socket, "-p", &pw.port.to_string()])
+        .args(["-U", "pgbouncer", "-d", "pgbouncer", "-c", "SHOW VERSION"])
+        .output()
+        .expect("psql");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(stdout_of(&out).starts_with("pgward "));
+    let admin = connect(&pw, "admin", "pgward").await;
+    assert!(
+        admin.query("SHOW VERSION", &[]).await.is_err(),
+        "extended protocol"
+    );
+    assert!(
+        admin.simple_query("SHOW VERSION").await.is_ok(),
+        "session still usable"
+    );
+    let err = admin.simple_query("FROBNICATE").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "08P01");
+}
+
+#[tokio::test]
+async fn pause_resume_disable_enable() {
+    let (_pg, pw) = start("");
+    let admin = connect(&pw, "admin", "pgward").await;
+    let app = connect(&pw, "postgres", "app").await;
+    app.simple_query("SELECT 1").await.unwrap();
+    admin.simple_query("PAUSE app").await.unwrap();
+    let held = tokio::spawn(async move { app.simple_query("SELECT 2").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !held.is_finished(),
+        "a paused database holds new transactions"
+    );
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["waiting"]
+    );
+    let (cols, rows) = show(&admin, "SHOW DATABASES").await;
+    assert_eq!(cell(&cols, &rows, ("name", "app"), "paused"), vec!["1"]);
+    admin.simple_query("RESUME app").await.unwrap();
+    held.await.unwrap().unwrap();
+    let err = admin.simple_query("RESUME app").await.unwrap_err();
+    assert!(msg(&err).contains("not paused"), "{err}");
+    admin.simple_query("DISABLE app").await.unwrap();
+    let refused = tokio_postgres::connect(&pw.connstr("postgres", None, "app"), NoTls).await;
+    let err = refused.err().expect("disabled");
+    assert!(msg(&err).contains("database \"app\" is disabled"), "{err}");
+    admin.simple_query("ENABLE app").await.unwrap();
+    connect(&pw, "postgres", "app")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    let err = admin.simple_query("PAUSE nosuchdb").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "08P01");
+    assert!(msg(&err).contains("no such database: nosuchdb"), "{err}");
+    admin.simple_query("SUSPEND").await.unwrap();
+    let (cols, rows) = show(&admin, "SHOW STATE").await;
+    assert_eq!(
+        cell(&cols, &rows, ("key", "suspended"), "value"),
+        vec!["yes"]
+    );
+    admin.simple_query("RESUME").await.unwrap();
+}
+
+#[tokio::test]
+async fn kill_kill_client_reconnect_wait_close() {
+    let (_pg, pw) = start("");
+    let admin = connect(&pw, "admin", "pgward").await;
+    let a = connect(&pw, "postgres", "app").await;
+    let b = connect(&pw, "postgres", "app").await;
+    let pid = |rows: Vec<SimpleQueryMessage>| match &rows[1] {
+        SimpleQueryMessage::Row(r) => r.get(0).unwrap().to_string(),
+        _ => panic!("no row"),
+    };
+    let pid1 = pid(a.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    admin.simple_query("RECONNECT app").await.unwrap();
+    admin.simple_query("WAIT_CLOSE app").await.unwrap();
+    let pid2 = pid(a.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    assert_ne!(pid1, pid2, "RECONNECT closes servers");
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    let ids = cell(&cols, &rows, ("database", "app"), "id");
+    assert_eq!(ids.len(), 2);
+    admin
+        .simple_query(&format!("KILL_CLIENT {}", ids[0]))
+        .await
+        .unwrap();
+    let err = admin.simple_query("KILL_CLIENT 999999").await.unwrap_err();
+    assert!(msg(&err).contains("client not found"), "{err}");
+    let err = admin.simple_query("KILL_CLIENT abc").await.unwrap_err();
+    assert!(
+        msg(&err).contains("invalid client pointer supplied"),
+        "{err}"
+    );
+    let (_, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(rows.len(), 2, "one app client and the console");
+    admin.simple_query("KILL app").await.unwrap();
+    let (_, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(rows.len(), 1, "only the console");
+    assert!(a.simple_query("SELECT 1").await.is_err() && b.simple_query("SELECT 1").await.is_err());
+    admin.simple_query("RESUME app").await.unwrap();
+    connect(&pw, "postgres", "app")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn set_and_reload() {
+    let (_pg, pw) = start("");
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin
+        .simple_query("SET default_pool_size = 7")
+        .await
+        .unwrap();
+    admin
+        .simple_query("set server_login_retry='2';")
+        .await
+        .unwrap();
+    let (cols, rows) = show(&admin, "SHOW CONFIG").await;
+    assert_eq!(
+        cell(&cols, &rows, ("key", "default_pool_size"), "value"),
+        vec!["7"]
+    );
+    let err = admin
+        .simple_query("SET default_pool_size = lots")
+        .await
+        .unwrap_err();
+    assert_eq!(sqlstate(&err), "08P01");
+    admin
+        .simple_query("SET USER postgres = 'pool_size=3 max_user_connections=4'")
+        .await
+        .unwrap();
+    admin
+        .simple_query("SET POOL postgres.app = 'pool_size=2'")
+        .await
+        .unwrap();
+    let (cols, rows) = show(&admin, "SHOW USERS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("name", "postgres"), "max_user_connections"),
+        vec!["4"]
+    );
+    assert_eq!(
+        cell(&cols, &rows, ("name", "postgres"), "pool_size")[0].trim(),
+        "3"
+    );
+    connect(&pw, "postgres", "app")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "pool_size"),
+        vec!["2"]
+    );
+    admin.simple_query("RELOAD").await.unwrap();
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "pool_size"),
+        vec!["2"],
+        "kept across reload"
+    );
+    let good = std::fs::read_to_string(&pw.ini_path).unwrap();
+    std::fs::write(&pw.ini_path, format!("{good}\nserver_lifetime = soon\n")).unwrap();
+    let err = admin.simple_query("RELOAD").await.unwrap_err();
+    assert_eq!(sqlstate(&err), "F0000");
+    assert!(msg(&err).contains("pgward.ini:"), "names the file: {err}");
+    connect(&pw, "postgres", "app")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn shutdown_exits() {
+    let (_pg, mut pw) = start("");
+    let admin = connect(&pw, "admin", "pgward").await;
+    let _ = admin.simple_query("SHUTDOWN").await;
+    assert!(
+        pw.wait_exit(Duration::from_secs(5)).is_some(),
+        "{}",
+        pw.log()
+    );
+}

@@ -1,0 +1,406 @@
+//! Operating pgward under load: reloads that lose no transaction, a broken reload that changes
+//! nothing, runtime limits that evict, signals, a rolling restart over so_reuseport, and the
+//! Prometheus endpoint.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::thread::{self, sleep};
+use std::time::{Duration, Instant};
+
+use common::{free_port, pgbench_at, stderr_of, stdout_of, Pgward, Postgres, HOST};
+use tokio_postgres::NoTls;
+
+const SETTINGS: &str = "auth_type = trust\nadmin_users = admin\npool_mode = transaction\n";
+
+/// A pgbench script file in `dir` running `sql` once per transaction.
+fn script(dir: &Path, name: &str, sql: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, format!("{sql}\n")).expect("script");
+    path.display().to_string()
+}
+
+/// Asserts that pgbench ran transactions and none failed.
+fn assert_clean_run(out: &Output, what: &str) {
+    let text = stdout_of(out);
+    assert!(out.status.success(), "{what}: {text}\n{}", stderr_of(out));
+    let processed = text
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split('/').next())
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .unwrap_or(0);
+    assert!(processed > 0, "{what}: no transaction ran\n{text}");
+    if let Some(failed) = text
+        .lines()
+        .find_map(|l| l.strip_prefix("number of failed transactions: "))
+    {
+        assert!(failed.starts_with("0 "), "{what}: {failed}\n{text}");
+    }
+}
+
+/// Runs a console command with psql (as `admin` over TCP).
+fn console(port: u16, sql: &str) -> Output {
+    common::psql_at(port, "admin", None, "pgward", sql)
+}
+
+#[test]
+fn reload_changing_pool_size_under_load_loses_nothing() {
+    let pg = Postgres::start();
+    let bench_db = format!("bench = {} pool_size=2", pg.db_connstr("app"));
+    let pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, &bench_db));
+    let dir = tempfile::tempdir().expect("dir");
+    let file = script(dir.path(), "q.sql", "SELECT pg_sleep(0.002);");
+    let port = pw.port;
+    let bench = thread::spawn(move || {
+        pgbench_at(
+            port,
+            None,
+            &[
+                "-n", "-M", "simple", "-c", "6", "-T", "3", "-f", &file, "bench",
+            ],
+        )
+    });
+    sleep(Duration::from_millis(1000));
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    std::fs::write(&pw.ini_path, ini.replace("pool_size=2", "pool_size=5")).expect("ini");
+    pw.reload();
+    sleep(Duration::from_millis(800));
+    let pools = stdout_of(&console(port, "SHOW POOLS"));
+    assert!(
+        pools
+            .lines()
+            .any(|l| l.starts_with("bench|postgres|") && l.ends_with("|5|0")),
+        "{pools}"
+    );
+    assert_clean_run(&bench.join().expect("pgbench"), "pgbench across the reload");
+}
+
+#[test]
+fn a_broken_reload_keeps_the_running_configuration() {
+    let pg = Postgres::start();
+    let pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, ""));
+    let good = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    std::fs::write(&pw.ini_path, format!("{good}\ndefault_pool_size = many\n")).expect("ini");
+    pw.reload();
+    sleep(Duration::from_millis(500));
+    let log = pw.log();
+    assert!(
+        log.contains("reload failed") && log.contains("pgward.ini:"),
+        "{log}"
+    );
+    let out = pw.psql("postgres", None, "app", "SELECT 1");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let config = stdout_of(&console(pw.port, "SHOW CONFIG"));
+    assert!(config.contains("default_pool_size|20|20|yes"), "{config}");
+    let reload = console(pw.port, "RELOAD");
+    assert!(!reload.status.success());
+    assert!(
+        stderr_of(&reload).contains("RELOAD failed"),
+        "{}",
+        stderr_of(&reload)
+    );
+}
+
+#[test]
+fn set_user_below_current_use_evicts_within_a_second() {
+    let pg = Postgres::start();
+    let settings = format!("{SETTINGS}default_pool_size = 8\n");
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let dir = tempfile::tempdir().expect("dir");
+    let slow = script(dir.path(), "slow.sql", "SELECT pg_sleep(0.02);");
+    let fast = script(dir.path(), "fast.sql", "SELECT 1;");
+    let port = pw.port;
+    let tenant = thread::spawn(move || {
+        pgbench_at(
+            port,
+            None,
+            &[
+                "-n",
+                "-U",
+                "trustuser",
+                "-c",
+                "8",
+                "-j",
+                "2",
+                "-T",
+                "4",
+                "-f",
+                &slow,
+                "app",
+            ],
+        )
+    });
+    let other = thread::spawn(move || {
+        pgbench_at(
+            port,
+            None,
+            &["-n", "-c", "2", "-T", "4", "-f", &fast, "app"],
+        )
+    });
+    sleep(Duration::from_millis(1500));
+    assert!(
+        pg.backend_count("trustuser") > 2,
+        "the tenant grew its pool"
+    );
+    let set = console(port, "SET USER trustuser = 'max_user_connections=2'");
+    assert!(set.status.success(), "{}", stderr_of(&set));
+    let since = Instant::now();
+    while pg.backend_count("trustuser") > 2 {
+        assert!(
+            since.elapsed() < Duration::from_secs(1),
+            "still above the limit after a second"
+        );
+        sleep(Duration::from_millis(20));
+    }
+    let users = stdout_of(&console(port, "SHOW USERS"));
+    assert!(
+        users
+            .lines()
+            .any(|l| l.starts_with("trustuser|") && l.contains("||2|")),
+        "{users}"
+    );
+    assert_clean_run(&tenant.join().expect("pgbench"), "the evicted tenant");
+    assert_clean_run(&other.join().expect("pgbench"), "another user");
+    assert!(pg.backend_count("trustuser") <= 2);
+}
+
+#[test]
+fn sigterm_waits_for_clients_and_a_second_one_exits() {
+    let pg = Postgres::start();
+    let mut pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, ""));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let client = rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&pw.connstr("postgres", None, "app"), NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        c
+    });
+    pw.signal(libc::SIGTERM);
+    sleep(Duration::from_millis(300));
+    rt.block_on(client.simple_query("SELECT 1"))
+        .expect("the client goes on");
+    assert!(
+        TcpStream::connect((HOST, pw.port)).is_err(),
+        "no new connections"
+    );
+    assert!(
+        pw.wait_exit(Duration::from_millis(300)).is_none(),
+        "waits for the client"
+    );
+    drop(client);
+    rt.block_on(async { tokio::time::sleep(Duration::from_millis(50)).await });
+    assert!(
+        pw.wait_exit(Duration::from_secs(3)).is_some(),
+        "exits once the client left\n{}",
+        pw.log()
+    );
+
+    let mut pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, ""));
+    let out = pw.psql("postgres", None, "app", "SELECT 1");
+    assert!(out.status.success());
+    let holder = rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&pw.connstr("postgres", None, "app"), NoTls)
+            .await
+            .expect("connect");
+        tokio::spawn(conn);
+        c
+    });
+    pw.signal(libc::SIGINT);
+    sleep(Duration::from_millis(200));
+    pw.signal(libc::SIGINT);
+    assert!(
+        pw.wait_exit(Duration::from_secs(3)).is_some(),
+        "a second SIGINT exits at once"
+    );
+    drop(holder);
+}
+
+#[test]
+fn sigusr1_pauses_and_sigusr2_resumes() {
+    let pg = Postgres::start();
+    let pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, ""));
+    pw.signal(libc::SIGUSR1);
+    sleep(Duration::from_millis(300));
+    let state = stdout_of(&console(pw.port, "SHOW STATE"));
+    assert!(state.contains("paused|yes"), "{state}");
+    let port = pw.port;
+    let held = thread::spawn(move || common::psql_at(port, "postgres", None, "app", "SELECT 1"));
+    sleep(Duration::from_millis(500));
+    assert!(!held.is_finished(), "paused");
+    pw.signal(libc::SIGUSR2);
+    assert!(held.join().expect("psql").status.success());
+}
+
+/// A pgward process started by hand on a given port (the fixture picks its own).
+struct Instance {
+    child: Child,
+    log: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl Instance {
+    fn start(pg: &Postgres, port: u16) -> Instance {
+        let dir = tempfile::tempdir().expect("dir");
+        let log = dir.path().join("pgward.log");
+        let ini = format!(
+            "[databases]\napp = {}\n[pgbouncer]\n{SETTINGS}listen_addr = {HOST}\nlisten_port = {port}\n\
+             so_reuseport = 1\nunix_socket_dir = {}\nlogfile = {}\n",
+            pg.db_connstr("app"),
+            dir.path().display(),
+            log.display()
+        );
+        let path = dir.path().join("pgward.ini");
+        std::fs::write(&path, ini).expect("ini");
+        let child = Command::new(env!("CARGO_BIN_EXE_pgward"))
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("pgward");
+        let since = Instant::now();
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("started")
+        {
+            assert!(
+                since.elapsed() < Duration::from_secs(10),
+                "pgward did not start"
+            );
+            sleep(Duration::from_millis(20));
+        }
+        Instance {
+            child,
+            log,
+            _dir: dir,
+        }
+    }
+
+    fn exited_within(&mut self, limit: Duration) -> bool {
+        let since = Instant::now();
+        while since.elapsed() < limit {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return true;
+            }
+            sleep(Duration::from_millis(20));
+        }
+        false
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn rolling_restart_over_so_reuseport_fails_no_transaction() {
+    let pg = Postgres::start();
+    let port = free_port();
+    let mut old = Instance::start(&pg, port);
+    let dir = tempfile::tempdir().expect("dir");
+    let file = script(dir.path(), "q.sql", "SELECT 1;");
+    let bench = thread::spawn(move || {
+        pgbench_at(
+            port,
+            None,
+            &["-n", "-C", "-c", "4", "-T", "4", "-f", &file, "app"],
+        )
+    });
+    sleep(Duration::from_millis(1000));
+    let new = Instance::start(&pg, port);
+    let pid = libc::pid_t::try_from(old.child.id()).expect("pid");
+    // SAFETY: kill(2) on our own child, which has not been waited for.
+    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    assert!(
+        old.exited_within(Duration::from_secs(5)),
+        "{}",
+        std::fs::read_to_string(&old.log).unwrap_or_default()
+    );
+    assert_clean_run(
+        &bench.join().expect("pgbench"),
+        "pgbench across the restart",
+    );
+    let out = common::psql_at(port, "postgres", None, "app", "SELECT 1");
+    assert!(
+        out.status.success(),
+        "the new process serves\n{}",
+        std::fs::read_to_string(&new.log).unwrap_or_default()
+    );
+}
+
+/// GET `path` over HTTP/1.0; the body of the answer.
+fn http_get(port: u16, path: &str) -> String {
+    let mut s = TcpStream::connect((HOST, port)).expect("metrics port");
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {HOST}\r\n\r\n").expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    assert!(
+        text.starts_with("HTTP/1.0 200") || text.starts_with("HTTP/1.1 200"),
+        "{text}"
+    );
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// Samples of the exposition text: (name, labels, value).
+fn samples(text: &str) -> Vec<(String, String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .map(|l| {
+            let (series, value) = l.rsplit_once(' ').expect("a sample line");
+            let (name, labels) = match series.split_once('{') {
+                Some((n, rest)) => (n, rest.trim_end_matches('}')),
+                None => (series, ""),
+            };
+            let value: f64 = value.parse().unwrap_or_else(|e| panic!("{l}: {e}"));
+            (name.to_string(), labels.to_string(), value)
+        })
+        .collect()
+}
+
+#[test]
+fn metrics_endpoint_is_scraped_and_parsed() {
+    let pg = Postgres::start();
+    let metrics_port = free_port();
+    let settings = format!("{SETTINGS}prometheus_listen = {HOST}:{metrics_port}\n");
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    for _ in 0..3 {
+        assert!(pw
+            .psql("postgres", None, "app", "SELECT 1")
+            .status
+            .success());
+    }
+    let body = http_get(metrics_port, "/metrics");
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    let all = samples(&body);
+    let get = |name: &str, labels: &str| {
+        all.iter()
+            .find(|(n, l, _)| n == name && l.contains(labels))
+            .map(|(_, _, v)| *v)
+            .unwrap_or_else(|| panic!("no {name}{{{labels}}} in\n{body}"))
+    };
+    assert!(get("pgward_database_queries_total", "database=\"app\"") >= 3.0);
+    assert!(get("pgward_database_client_logins_total", "database=\"app\"") >= 3.0);
+    assert_eq!(get("pgward_pool_servers", "state=\"idle\""), 1.0);
+    assert!(get("pgward_pool_size", "database=\"app\"") >= 1.0);
+    assert!(get("pgward_uptime_seconds", "") >= 0.0);
+    for name in [
+        "pgward_pool_clients",
+        "pgward_database_paused",
+        "pgward_client_connections",
+    ] {
+        assert!(all.iter().any(|(n, _, _)| n == name), "{name} missing");
+    }
+}

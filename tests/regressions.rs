@@ -1,0 +1,929 @@
+//! Regression tests for faults pgward once had: each test plays the scenario that showed a
+//! fault against PostgreSQL (or, where a misbehaving server is needed, a scripted one) and
+//! checks what a correct pooler does, with deadlines instead of open-ended waits. The
+//! numbered sections follow the list of faults they guard against.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use common::raw::{self, Message, Raw, ReadError};
+use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST};
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn start(pg: &Postgres, settings: &str, dbs: &str) -> Pgward {
+    let settings = format!("auth_type = trust\n{settings}");
+    Pgward::start(&Pgward::ini(pg, &settings, dbs))
+}
+
+fn transaction_pool(pg: &Postgres, settings: &str) -> Pgward {
+    start(pg, &format!("pool_mode = transaction\n{settings}"), "")
+}
+
+// ---------------------------------------------------------------------------------------------
+// Protocol messages and reads with deadlines.
+
+fn cstr(text: &str) -> Vec<u8> {
+    let mut out = text.as_bytes().to_vec();
+    out.push(0);
+    out
+}
+
+/// Parse of `sql` into the unnamed statement, no parameter types.
+fn parse(sql: &str) -> Vec<u8> {
+    let mut body = cstr("");
+    body.extend_from_slice(&cstr(sql));
+    body.extend_from_slice(&0u16.to_be_bytes());
+    raw::message(b'P', &body)
+}
+
+/// Bind of the unnamed statement to the unnamed portal, no parameters, text results.
+fn bind() -> Vec<u8> {
+    let mut body = cstr("");
+    body.extend_from_slice(&cstr(""));
+    body.extend_from_slice(&[0, 0, 0, 0, 0, 0]);
+    raw::message(b'B', &body)
+}
+
+fn describe_portal() -> Vec<u8> {
+    raw::message(b'D', b"P\0")
+}
+
+fn execute() -> Vec<u8> {
+    let mut body = cstr("");
+    body.extend_from_slice(&0u32.to_be_bytes());
+    raw::message(b'E', &body)
+}
+
+fn sync() -> Vec<u8> {
+    raw::message(b'S', &[])
+}
+
+fn flush() -> Vec<u8> {
+    raw::message(b'H', &[])
+}
+
+fn copy_data(bytes: &[u8]) -> Vec<u8> {
+    raw::message(b'd', bytes)
+}
+
+fn copy_done() -> Vec<u8> {
+    raw::message(b'c', &[])
+}
+
+fn terminate() -> Vec<u8> {
+    raw::message(b'X', &[])
+}
+
+/// The tags of `messages`, for failure reports.
+fn tags(messages: &[Message]) -> String {
+    messages.iter().map(|m| char::from(m.tag)).collect()
+}
+
+/// Reads messages until one with `tag`, within `wait`; `Err` names what came instead.
+fn until_tag(client: &mut Raw, tag: u8, wait: Duration) -> Result<Vec<Message>, String> {
+    let deadline = Instant::now() + wait;
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match client.read_message_within(left) {
+            Ok(msg) => {
+                let done = msg.tag == tag;
+                seen.push(msg);
+                if done {
+                    return Ok(seen);
+                }
+            }
+            Err(err) => {
+                return Err(format!(
+                    "{err:?} waiting for '{}' after [{}]",
+                    char::from(tag),
+                    describe(&seen)
+                ))
+            }
+        }
+    }
+}
+
+fn until_ready(client: &mut Raw, wait: Duration) -> Result<Vec<Message>, String> {
+    until_tag(client, b'Z', wait)
+}
+
+/// Messages with errors spelled out, for failure reports.
+fn describe(messages: &[Message]) -> String {
+    let parts: Vec<String> = messages
+        .iter()
+        .map(|m| match m.tag {
+            b'E' => {
+                let f = raw::Fields::parse(&m.body);
+                format!("E({} {} {})", f.severity(), f.code(), f.message())
+            }
+            tag => char::from(tag).to_string(),
+        })
+        .collect();
+    parts.join(" ")
+}
+
+/// The first column of a DataRow as text (None for NULL or a malformed row).
+fn first_column(body: &[u8]) -> Option<String> {
+    let len = body.get(2..6)?;
+    let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
+    let len = usize::try_from(len).ok()?;
+    let text = body.get(6..6 + len)?;
+    Some(String::from_utf8_lossy(text).into_owned())
+}
+
+/// The fields of the first ErrorResponse among `messages`.
+fn first_error(messages: &[Message]) -> Option<raw::Fields> {
+    messages
+        .iter()
+        .find(|m| m.tag == b'E')
+        .map(|m| raw::Fields::parse(&m.body))
+}
+
+/// What the answer to a query already sent says: the first column of its first row, or
+/// `Err` with the error or the failure to answer within `wait`.
+fn read_value(client: &mut Raw, wait: Duration) -> Result<String, String> {
+    let messages = until_ready(client, wait)?;
+    if let Some(fields) = first_error(&messages) {
+        return Err(format!("{fields:?}"));
+    }
+    let row = messages.iter().find(|m| m.tag == b'D');
+    Ok(row.and_then(|m| first_column(&m.body)).unwrap_or_default())
+}
+
+/// Runs `sql` with the simple query protocol; see [`read_value`].
+fn value_within(client: &mut Raw, sql: &str, wait: Duration) -> Result<String, String> {
+    client.send(&raw::query_message(sql));
+    read_value(client, wait)
+}
+
+/// Logs in with `params` (trust only) within `wait`; `Err` is the refusal or the timeout.
+fn login_within(port: u16, params: &[(&str, &str)], wait: Duration) -> Result<Raw, String> {
+    let mut client = Raw::connect(port);
+    client.send(&raw::startup_packet(raw::PROTOCOL_3_0, params));
+    let messages = until_ready(&mut client, wait)?;
+    match first_error(&messages) {
+        Some(fields) => Err(format!("{fields:?}")),
+        None => Ok(client),
+    }
+}
+
+/// Logs a new client in as `user` to `db` and runs `sql`, each step within `wait`: the first
+/// column of the first row, or why there is none.
+fn new_client_value(
+    pw: &Pgward,
+    (user, db): (&str, &str),
+    sql: &str,
+    wait: Duration,
+) -> Result<String, String> {
+    let mut client = login_within(pw.port, &[("user", user), ("database", db)], wait)?;
+    value_within(&mut client, sql, wait)
+}
+
+fn login_as(pw: &Pgward, user: &str, db: &str) -> Raw {
+    login_within(pw.port, &[("user", user), ("database", db)], 5 * SECOND)
+        .unwrap_or_else(|err| panic!("login as {user} to {db}: {err}\n{}", pw.log()))
+}
+
+fn login(pw: &Pgward) -> Raw {
+    login_as(pw, "trustuser", "app")
+}
+
+fn must_value(client: &mut Raw, sql: &str) -> String {
+    value_within(client, sql, 5 * SECOND).unwrap_or_else(|err| panic!("{sql}: {err}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// A slow network between pgward and PostgreSQL.
+
+/// How a [`slow_relay`] slows the way from pgward to PostgreSQL down.
+#[derive(Clone, Copy)]
+struct Slowness {
+    /// A cancel request's connection stays open this long after the request was passed on.
+    cancel_hold: Duration,
+    /// Bytes towards PostgreSQL go in pieces of `.0` bytes, `.1` apart.
+    pace: Option<(usize, Duration)>,
+}
+
+/// A TCP relay on 127.0.0.1 to PostgreSQL at port `target`, standing for a slow network.
+fn slow_relay(target: u16, slowness: Slowness) -> u16 {
+    let listener = TcpListener::bind((HOST, 0)).expect("bind the relay");
+    let port = listener.local_addr().expect("relay address").port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            thread::spawn(move || relay_one(stream, target, slowness));
+        }
+    });
+    port
+}
+
+fn relay_one(mut inbound: TcpStream, target: u16, slowness: Slowness) {
+    let mut head = [0u8; 8];
+    if inbound.read_exact(&mut head).is_err() {
+        return;
+    }
+    let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
+        return;
+    };
+    if outbound.write_all(&head).is_err() {
+        return;
+    }
+    if head[4..8] == 80_877_102u32.to_be_bytes() {
+        let mut key = [0u8; 8];
+        if inbound.read_exact(&mut key).is_ok() && outbound.write_all(&key).is_ok() {
+            let mut ack = [0u8; 1];
+            let _ = outbound.read(&mut ack);
+            thread::sleep(slowness.cancel_hold);
+        }
+        return;
+    }
+    let (Ok(in_copy), Ok(out_copy)) = (inbound.try_clone(), outbound.try_clone()) else {
+        return;
+    };
+    thread::spawn(move || pipe(in_copy, out_copy, slowness.pace));
+    pipe(outbound, inbound, None);
+}
+
+/// Copies `from` to `to` (at `pace`, if given) until either side ends, then closes both.
+fn pipe(mut from: TcpStream, mut to: TcpStream, pace: Option<(usize, Duration)>) {
+    let (piece, gap) = pace.unwrap_or((64 * 1024, Duration::ZERO));
+    let mut buf = vec![0u8; piece];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if !gap.is_zero() {
+            thread::sleep(gap);
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. messages read while waiting for a server.
+
+#[test]
+fn f01_extended_messages_sent_while_waiting_for_a_server_are_forwarded() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = login(&pw);
+    let mut waiter = login(&pw);
+
+    // One message per write, while the only server is busy.
+    must_value(&mut holder, "BEGIN");
+    waiter.send(&parse("SELECT 41 + 1"));
+    thread::sleep(Duration::from_millis(300));
+    for message in [bind(), execute(), sync()] {
+        waiter.send(&message);
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(200));
+    must_value(&mut holder, "COMMIT");
+    let answer = until_ready(&mut waiter, 3 * SECOND)
+        .unwrap_or_else(|err| panic!("extended batch sent while waiting: {err}"));
+    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
+    assert_eq!(first_column(&answer[2].body).as_deref(), Some("42"));
+}
+
+#[test]
+fn f01_simple_query_sent_while_another_waits_is_forwarded() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = login(&pw);
+    let mut waiter = login(&pw);
+    must_value(&mut holder, "BEGIN");
+    waiter.send(&raw::query_message("SELECT 'q1'"));
+    thread::sleep(Duration::from_millis(300));
+    waiter.send(&raw::query_message("SELECT 'q2'"));
+    thread::sleep(Duration::from_millis(200));
+    must_value(&mut holder, "COMMIT");
+    assert_eq!(read_value(&mut waiter, 3 * SECOND), Ok("q1".to_string()));
+    assert_eq!(read_value(&mut waiter, 3 * SECOND), Ok("q2".to_string()));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. extended-protocol COPY FROM STDIN.
+
+#[test]
+fn f02_extended_copy_from_stdin_gives_the_server_back() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE copied (n int); GRANT ALL ON copied TO PUBLIC");
+    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut copier = login(&pw);
+    // As libpq sends it: Parse, Bind, Describe, Execute, Sync; the data; CopyDone and Sync.
+    let batch = [
+        parse("COPY copied FROM STDIN"),
+        bind(),
+        describe_portal(),
+        execute(),
+        sync(),
+    ]
+    .concat();
+    copier.send(&batch);
+    let started = until_tag(&mut copier, b'G', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("no CopyInResponse: {err}"));
+    assert_eq!(tags(&started), "12nG", "{}", describe(&started));
+    copier.send(&[copy_data(b"1\n"), copy_data(b"2\n"), copy_done(), sync()].concat());
+    let done = until_ready(&mut copier, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(tags(&done), "CZ", "{}", describe(&done));
+
+    // The copier is idle: another client gets the only server.
+    assert_eq!(
+        new_client_value(
+            &pw,
+            ("trustuser", "app"),
+            "SELECT count(*) FROM copied",
+            3 * SECOND
+        ),
+        Ok("2".to_string()),
+        "the server stayed with the idle copier"
+    );
+    assert_eq!(
+        must_value(&mut copier, "SELECT 'copier again'"),
+        "copier again"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. a client leaving during server_check_query.
+
+#[test]
+fn f03_client_leaving_during_the_server_check_frees_its_slot() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(
+        &pg,
+        "default_pool_size = 1\nserver_check_delay = 0\n\
+         server_check_query = select pg_sleep(1.5)\nquery_wait_timeout = 3\n",
+    );
+    let mut leaver = login(&pw);
+    // The idle server is checked first; the client leaves in the middle of the check.
+    leaver.send(&raw::query_message("SELECT 'never answered'"));
+    thread::sleep(Duration::from_millis(500));
+    drop(leaver);
+
+    let since = Instant::now();
+    assert_eq!(
+        new_client_value(&pw, ("trustuser", "app"), "SELECT 'served'", 5 * SECOND),
+        Ok("served".to_string()),
+        "after a client left during the check"
+    );
+    assert!(since.elapsed() < 6 * SECOND, "{:?}", since.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. a tracked parameter PostgreSQL does not report.
+
+#[test]
+fn f04_search_path_tracked_but_unreported_stays_with_its_client() {
+    let pg = Postgres::start();
+    let default_path = pg.sql("SHOW search_path");
+    let pw = transaction_pool(
+        &pg,
+        "default_pool_size = 1\ntrack_extra_parameters = search_path\n",
+    );
+    let with_path = |path: &str| {
+        let options = format!("-c search_path={path}");
+        let params = [
+            ("user", "trustuser"),
+            ("database", "app"),
+            ("options", options.as_str()),
+        ];
+        login_within(pw.port, &params, 5 * SECOND).unwrap_or_else(|err| panic!("{err}"))
+    };
+    let mut a = with_path("schema_a");
+    let mut b = with_path("schema_b");
+    let show = "SHOW search_path";
+    assert_eq!(must_value(&mut a, show), "schema_a");
+    assert_eq!(must_value(&mut b, show), "schema_b");
+    assert_eq!(
+        must_value(&mut a, show),
+        "schema_a",
+        "A got B's search_path"
+    );
+    assert_eq!(must_value(&mut b, show), "schema_b");
+    let mut plain = login(&pw);
+    assert_eq!(
+        must_value(&mut plain, show),
+        default_path,
+        "a client without search_path inherited another's"
+    );
+    assert_eq!(must_value(&mut a, show), "schema_a");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. a cancel request cut short by client_login_timeout.
+
+#[test]
+fn f05_cancel_cut_short_by_client_login_timeout_still_ends() {
+    let pg = Postgres::start();
+    let slowness = Slowness {
+        cancel_hold: 2 * SECOND,
+        pace: None,
+    };
+    let relay = slow_relay(pg.port, slowness);
+    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\nclient_login_timeout = 1\n",
+        &dbs,
+    );
+    let mut client = Raw::connect(pw.port);
+    let key = client
+        .startup(&[("user", "trustuser"), ("database", "slow")])
+        .unwrap_or_else(|err| panic!("login: {err:?}"))
+        .key
+        .unwrap_or_else(|| panic!("no BackendKeyData"));
+    client.send(&raw::query_message("SELECT pg_sleep(5)"));
+    thread::sleep(Duration::from_millis(300));
+    // The cancel connection outlives client_login_timeout: pgward drops it at one second
+    // while the relay still holds the server side open.
+    let since = Instant::now();
+    let mut canceller = Raw::connect(pw.port);
+    canceller.send(&raw::cancel_request(key.0, &key.1));
+    let answer = until_ready(&mut client, 5 * SECOND)
+        .unwrap_or_else(|err| panic!("the cancelled client never got its answer: {err}"));
+    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
+    assert_eq!(fields.code(), "57014", "{fields:?}");
+    assert!(since.elapsed() < 4 * SECOND, "{:?}", since.elapsed());
+    assert!(canceller.closes_within(2 * SECOND));
+    assert_eq!(
+        value_within(&mut client, "SELECT 'after'", 3 * SECOND),
+        Ok("after".to_string())
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. transaction_timeout counts from the start of the transaction.
+
+#[test]
+fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "pool_mode = session\ntransaction_timeout = 1\n", "");
+    let mut client = login(&pw);
+    must_value(&mut client, "SELECT 1");
+    thread::sleep(Duration::from_millis(1300));
+    let since = Instant::now();
+    assert_eq!(
+        value_within(&mut client, "BEGIN", 3 * SECOND),
+        Ok(String::new())
+    );
+    assert_eq!(
+        value_within(&mut client, "SELECT 'inside'", 3 * SECOND),
+        Ok("inside".to_string()),
+        "closed right after BEGIN"
+    );
+    let fields = client.expect_error_within(3 * SECOND);
+    let took = since.elapsed();
+    assert_eq!(fields.code(), "25P04", "{fields:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took <= Duration::from_millis(2000),
+        "transaction_timeout after {took:?}"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. a COPY that failed while the client was still sending data.
+
+/// Whether bytes from the peer are waiting to be read.
+fn has_input(stream: &TcpStream) -> bool {
+    let mut byte = [0u8; 1];
+    let _ = stream.set_nonblocking(true);
+    let waiting = matches!(stream.peek(&mut byte), Ok(n) if n > 0);
+    let _ = stream.set_nonblocking(false);
+    waiting
+}
+
+#[test]
+fn f07_failed_copy_with_data_still_streaming_gives_the_server_back() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE strict_ints (n int); GRANT ALL ON strict_ints TO PUBLIC");
+    // The network to the server is slower than the client, so data waits in pgward.
+    let slowness = Slowness {
+        cancel_hold: Duration::ZERO,
+        pace: Some((64 * 1024, Duration::from_millis(8))),
+    };
+    let relay = slow_relay(pg.port, slowness);
+    let dbs = format!("app = host={HOST} port={relay} dbname=app\n");
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\n",
+        &dbs,
+    );
+    let mut copier = login(&pw);
+    copier.send(&raw::query_message("COPY strict_ints FROM STDIN"));
+    until_tag(&mut copier, b'G', 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    // Valid rows fill the way to the server, then one bad row, then more data until the
+    // error comes back: the server reports the error and its ReadyForQuery while pgward
+    // still has data queued for it.
+    let rows = copy_data(&b"1\n".repeat(32 * 1024));
+    copier.send(&rows.repeat(64));
+    copier.send(&copy_data(b"not a number\n"));
+    let since = Instant::now();
+    while since.elapsed() < 5 * SECOND && !has_input(&copier.stream) {
+        copier.send(&rows);
+    }
+    copier.send(&rows.repeat(16));
+    copier.send(&copy_done());
+    let answer = until_ready(&mut copier, 5 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
+    assert_eq!(fields.code(), "22P02", "{fields:?}");
+
+    // The copier is now idle: another client gets the only server.
+    assert_eq!(
+        new_client_value(
+            &pw,
+            ("trustuser", "app"),
+            "SELECT count(*) FROM strict_ints",
+            3 * SECOND
+        ),
+        Ok("0".to_string()),
+        "the idle copier kept the server"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. messages sent just before Terminate.
+
+#[test]
+fn f08_query_sent_with_terminate_still_runs() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE last_words (n int); GRANT ALL ON last_words TO PUBLIC");
+    let pw = transaction_pool(&pg, "");
+    let mut client = login(&pw);
+    let bytes = [
+        raw::query_message("INSERT INTO last_words VALUES (8)"),
+        terminate(),
+    ]
+    .concat();
+    client.send(&bytes);
+    assert!(
+        client.closes_within(3 * SECOND),
+        "not closed after Terminate"
+    );
+    let count = || pg.sql("SELECT count(*) FROM last_words");
+    assert!(
+        eventually(3 * SECOND, || count() == "1"),
+        "the INSERT sent with Terminate did not run: {} rows",
+        count()
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 9. max_db_connections shared by the pools of several users.
+
+#[test]
+fn f09_max_db_connections_takes_an_idle_server_from_another_pool() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "max_db_connections = 1\nquery_wait_timeout = 4\n");
+    let mut first = login_as(&pw, "trustuser", "app");
+    must_value(&mut first, "SELECT 1");
+    first.terminate();
+    let since = Instant::now();
+    assert_eq!(
+        new_client_value(&pw, ("postgres", "app"), "SELECT current_user", 3 * SECOND),
+        Ok("postgres".to_string()),
+        "another user under max_db_connections = 1"
+    );
+    assert!(since.elapsed() < 3 * SECOND, "{:?}", since.elapsed());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 10. a reload that changes the server password.
+
+#[test]
+fn f10_reload_rotates_the_server_password() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "rotated = {} user=scramuser password=scrampass\n",
+        pg.db_connstr("app")
+    );
+    let pw = start(&pg, "pool_mode = transaction\n", &dbs);
+    // A holds its server, so the next client needs a new login.
+    let mut holder = login_as(&pw, "trustuser", "rotated");
+    assert_eq!(must_value(&mut holder, "SELECT current_user"), "scramuser");
+    must_value(&mut holder, "BEGIN");
+
+    pg.sql("ALTER ROLE scramuser PASSWORD 'newsecret'");
+    let ini = common::read_lossy(&pw.ini_path);
+    let rotated = ini.replace("password=scrampass", "password=newsecret");
+    assert_ne!(ini, rotated);
+    std::fs::write(&pw.ini_path, rotated).expect("rewrite the ini");
+    let reloads = || pw.log().matches("configuration reloaded").count();
+    let before = reloads();
+    pw.reload();
+    assert!(
+        eventually(3 * SECOND, || reloads() > before),
+        "{}",
+        pw.log()
+    );
+
+    assert_eq!(
+        new_client_value(
+            &pw,
+            ("trustuser", "rotated"),
+            "SELECT current_user",
+            5 * SECOND
+        ),
+        Ok("scramuser".to_string()),
+        "new login after the password changed"
+    );
+    assert_eq!(must_value(&mut holder, "COMMIT"), "");
+}
+
+// ---------------------------------------------------------------------------------------------
+// 11. lengths checked before anything is allocated.
+
+#[test]
+fn f11_oversized_password_message_is_refused_at_once() {
+    let pg = Postgres::start();
+    let dir = shared_tempdir("pgward-users-");
+    let secret = pg.role_secret("md5user");
+    let userlist = write_userlist(dir.path(), &[("md5user", secret.as_str())]);
+    let settings = format!("auth_type = md5\nauth_file = {}\n", userlist.display());
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let mut client = Raw::connect(pw.port);
+    client.send(&raw::startup_packet(
+        raw::PROTOCOL_3_0,
+        &[("user", "md5user"), ("database", "app")],
+    ));
+    let asked = client
+        .read_message_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("no authentication request: {err:?}"));
+    assert_eq!(asked.tag, b'R');
+    // A password message announcing one GiB.
+    let mut huge = vec![b'p'];
+    huge.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    huge.extend_from_slice(b"md5");
+    client.send(&huge);
+    let since = Instant::now();
+    assert!(
+        client.closes_within(2 * SECOND),
+        "pgward waits for a 1 GiB password"
+    );
+    assert!(since.elapsed() < 2 * SECOND);
+    let ok = pw.psql("md5user", Some("md5pass"), "app", "SELECT 1");
+    assert!(ok.status.success(), "{}", common::stderr_of(&ok));
+}
+
+/// How a [`scripted_server`] authenticates pgward.
+#[derive(Clone, Copy)]
+enum ScriptedAuth {
+    Trust,
+    /// A SCRAM exchange that ends with AuthenticationOk and no SASLFinal.
+    ScramWithoutSignature,
+}
+
+/// A PostgreSQL lookalike on 127.0.0.1: it logs pgward in as `auth` says, reports the usual
+/// parameters, answers SET with CommandComplete and every other query with `answer`.
+fn scripted_server(auth: ScriptedAuth, answer: &'static [u8]) -> u16 {
+    let listener = TcpListener::bind((HOST, 0)).expect("bind the scripted server");
+    let port = listener
+        .local_addr()
+        .expect("scripted server address")
+        .port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            thread::spawn(move || {
+                let _ = serve_scripted(stream, auth, answer);
+            });
+        }
+    });
+    port
+}
+
+fn read_startup(stream: &mut TcpStream) -> std::io::Result<u32> {
+    loop {
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len)?;
+        let len = u32::from_be_bytes(len) as usize;
+        let mut body = vec![0u8; len.saturating_sub(4).min(10_000)];
+        stream.read_exact(&mut body)?;
+        let code = body
+            .get(..4)
+            .map_or(0, |c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        if code == 80_877_103 || code == 80_877_104 {
+            stream.write_all(b"N")?;
+            continue;
+        }
+        return Ok(code);
+    }
+}
+
+fn read_tagged(stream: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; len.saturating_sub(4).min(1 << 20)];
+    stream.read_exact(&mut body)?;
+    Ok((head[0], body))
+}
+
+fn auth_message(code: u32, data: &[u8]) -> Vec<u8> {
+    let mut body = code.to_be_bytes().to_vec();
+    body.extend_from_slice(data);
+    raw::message(b'R', &body)
+}
+
+fn serve_scripted(mut stream: TcpStream, auth: ScriptedAuth, answer: &[u8]) -> std::io::Result<()> {
+    if read_startup(&mut stream)? != raw::PROTOCOL_3_0 {
+        return Ok(());
+    }
+    if let ScriptedAuth::ScramWithoutSignature = auth {
+        scram_without_signature(&mut stream)?;
+    }
+    let mut out = auth_message(0, &[]);
+    for (name, value) in [
+        ("server_version", "15.0"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("IntervalStyle", "postgres"),
+        ("TimeZone", "UTC"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("application_name", ""),
+        ("is_superuser", "off"),
+    ] {
+        out.extend_from_slice(&raw::message(b'S', &[cstr(name), cstr(value)].concat()));
+    }
+    out.extend_from_slice(&raw::message(b'K', &[0, 0, 4, 210, 1, 2, 3, 4]));
+    out.extend_from_slice(&raw::message(b'Z', b"I"));
+    stream.write_all(&out)?;
+    loop {
+        let (tag, body) = read_tagged(&mut stream)?;
+        match tag {
+            b'Q' if body.to_ascii_uppercase().starts_with(b"SET ") => {
+                let done = [raw::message(b'C', b"SET\0"), raw::message(b'Z', b"I")];
+                stream.write_all(&done.concat())?;
+            }
+            b'Q' => stream.write_all(answer)?,
+            b'X' => return Ok(()),
+            _ => {}
+        }
+    }
+}
+
+/// Plays the server's side of SCRAM-SHA-256 up to the client's proof, which it accepts
+/// without ever sending its own signature.
+fn scram_without_signature(stream: &mut TcpStream) -> std::io::Result<()> {
+    stream.write_all(&auth_message(10, b"SCRAM-SHA-256\0\0"))?;
+    let (_, first) = read_tagged(stream)?;
+    let text = String::from_utf8_lossy(&first).into_owned();
+    let nonce = text
+        .split(',')
+        .find_map(|part| part.strip_prefix("r="))
+        .unwrap_or("")
+        .trim_end_matches('\0')
+        .to_string();
+    let server_first = format!("r={nonce}scripted,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096");
+    stream.write_all(&auth_message(11, server_first.as_bytes()))?;
+    let _client_final = read_tagged(stream)?;
+    Ok(())
+}
+
+/// A message whose length field (2) is shorter than the length field itself.
+const SHORT_LENGTH_ANSWER: &[u8] = &[b'D', 0, 0, 0, 2, 0, 0, 0, 0];
+
+#[test]
+fn f11_server_message_length_below_four_is_a_protocol_violation() {
+    let server = scripted_server(ScriptedAuth::Trust, SHORT_LENGTH_ANSWER);
+    let ini = format!(
+        "[databases]\nscripted = host={HOST} port={server} dbname=app\n\n\
+         [pgbouncer]\nauth_type = trust\npool_mode = transaction\n"
+    );
+    let pw = Pgward::start(&ini);
+    let mut client = login_as(&pw, "trustuser", "scripted");
+    client.send(&raw::query_message("SELECT 'short length'"));
+    let answer = until_tag(&mut client, b'E', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("a message of length 2 from the server: {err}"));
+    let fields = first_error(&answer).unwrap_or_default();
+    assert_eq!(fields.code(), "08P01", "{fields:?}");
+    assert!(client.closes_within(2 * SECOND));
+}
+
+// ---------------------------------------------------------------------------------------------
+// 12. Sync then Flush, login retries of min_pool_size, cancels before closing, and
+// the server's SCRAM signature.
+
+#[test]
+fn f12_sync_then_flush_gives_the_server_back() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut first = login(&pw);
+    first.send(&[parse("SELECT 12"), bind(), execute(), sync(), flush()].concat());
+    let answer = until_ready(&mut first, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
+    assert_eq!(
+        new_client_value(&pw, ("trustuser", "app"), "SELECT 'other'", 3 * SECOND),
+        Ok("other".to_string()),
+        "the server stayed with the client that sent Flush after Sync"
+    );
+}
+
+#[test]
+fn f12_min_pool_size_waits_for_server_login_retry() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "badpw = {} user=md5user password=wrong\n",
+        pg.db_connstr("app")
+    );
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\nmin_pool_size = 1\nserver_login_retry = 10\n",
+        &dbs,
+    );
+    let attempts = || pg.log().matches("password authentication failed").count();
+    let refused = new_client_value(&pw, ("trustuser", "badpw"), "SELECT 1", 3 * SECOND)
+        .expect_err("logged in with a wrong server password");
+    assert!(refused.contains("28P01"), "{refused}");
+    assert!(eventually(SECOND, || attempts() >= 1));
+    // Two maintenance passes later, still no second attempt.
+    thread::sleep(Duration::from_millis(2200));
+    assert_eq!(
+        attempts(),
+        1,
+        "min_pool_size retried inside server_login_retry"
+    );
+}
+
+#[test]
+fn f12_query_timeout_cancels_the_query_before_closing_the_server() {
+    let pg = Postgres::start();
+    let pw = transaction_pool(&pg, "query_timeout = 1\n");
+    let mut client = login(&pw);
+    client.send(&raw::query_message("SELECT pg_sleep(8) AS f12_sleeper"));
+    let fields = client.expect_error_within(3 * SECOND);
+    assert_eq!(fields.code(), "57014", "{fields:?}");
+    let running = || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query LIKE '%f12_sleeper%' AND pid <> pg_backend_pid()",
+        )
+    };
+    assert!(
+        eventually(2 * SECOND, || running() == "0"),
+        "the timed-out query still runs on PostgreSQL"
+    );
+}
+
+#[test]
+fn f12_scram_login_without_the_server_signature_is_refused() {
+    const ROWS: &[u8] = &[
+        b'C', 0, 0, 0, 13, b'S', b'E', b'L', b'E', b'C', b'T', b' ', b'0', 0, b'Z', 0, 0, 0, 5,
+        b'I',
+    ];
+    let server = scripted_server(ScriptedAuth::ScramWithoutSignature, ROWS);
+    let ini = format!(
+        "[databases]\nscripted = host={HOST} port={server} dbname=app user=scramuser \
+         password=scrampass\n\n[pgbouncer]\nauth_type = trust\npool_mode = transaction\n\
+         query_wait_timeout = 3\n"
+    );
+    let pw = Pgward::start(&ini);
+    match new_client_value(&pw, ("trustuser", "scripted"), "SELECT 1", 5 * SECOND) {
+        Ok(value) => panic!("{value:?} from a server that never proved its SCRAM signature"),
+        Err(err) => assert!(err.contains("FATAL"), "{err}"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 13. statement pooling and transaction blocks.
+
+#[test]
+fn f13_statement_pooling_refuses_begin_before_the_client_sees_a_block() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "pool_mode = statement\n", "");
+    let mut client = login(&pw);
+    client.send(&raw::query_message("BEGIN"));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + 3 * SECOND;
+    let closed = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match client.read_message_within(left) {
+            Ok(msg) => seen.push(msg),
+            Err(err) => break err == ReadError::Closed,
+        }
+    };
+    assert!(closed, "still open: [{}]", describe(&seen));
+    assert!(
+        !seen.iter().any(|m| m.tag == b'Z' && m.body == b"T"),
+        "the client saw a transaction block open: [{}]",
+        describe(&seen)
+    );
+    let fields = first_error(&seen).unwrap_or_else(|| panic!("[{}]", describe(&seen)));
+    assert_eq!(
+        (fields.severity(), fields.code()),
+        ("FATAL", "0A000"),
+        "{fields:?}"
+    );
+    let after = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(after.status.success(), "{}", common::stderr_of(&after));
+}
