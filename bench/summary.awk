@@ -1,6 +1,6 @@
 # Reads the TSV written by bench/pooler.sh (mode, target, round, tps, latency_ms, cpu_us_per_tx,
 # transactions) and prints one markdown table row per (mode, target): medians, and ratios of
-# tps and latency against the direct target of the same mode.
+# tps and latency against the target named by `-v base=NAME` (default direct) of the same mode.
 
 function median(list,    values, n, i, j, tmp) {
     n = split(list, values, " ")
@@ -16,7 +16,7 @@ function median(list,    values, n, i, j, tmp) {
 
 function ratio(value, base) {
     if (value == "-" || base == "-" || base + 0 == 0) return "-"
-    return sprintf("%.2f", value / base)
+    return sprintf("%.3f", value / base)
 }
 
 NR > 1 {
@@ -31,7 +31,7 @@ END {
     for (k = 1; k <= keys; k++) {
         key = order[k]
         split(key, part, SUBSEP)
-        direct = part[1] SUBSEP "direct"
+        direct = part[1] SUBSEP (base == "" ? "direct" : base)
         t = median(tps[key]); l = median(lat[key]); c = median(cpu[key])
         if (c != "-") c = sprintf("%.2f", c)
         dt = (direct in tps) ? median(tps[direct]) : "-"

@@ -49,6 +49,9 @@ pub(super) fn server_message(
             )));
         }
     };
+    if tag == b'E' && link.reset_sent {
+        link.server.poison();
+    }
     let server = &mut *link.server;
     let body = &server.rbuf[start + 5..end];
     let ready = learn(
@@ -68,6 +71,9 @@ pub(super) fn server_message(
         };
         link.ready_since = now;
         link.busy_since = (!link.expected.is_empty()).then_some(now);
+        if link.expected.is_empty() {
+            link.reset_sent = false;
+        }
     }
     Ok(route)
 }
@@ -214,14 +220,27 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::Query);
             return Ok(Some(govern::raise_as_query(&hit)));
         }
-        if self.capacity.is_some() && self.link.server.tx != TxStatus::Failed {
-            if let Deallocation::One(name) = prepared::deallocation(sql) {
-                if self.statements.remove(&name).is_some() {
+        if self.capacity.is_some() {
+            match prepared::deallocation(sql) {
+                Deallocation::All => {
+                    // What follows in the same pipeline runs after the reset: the client's
+                    // names are gone, and so are pgward's statements on this server. If the
+                    // reset fails, the server may keep statements pgward forgot: it is then
+                    // closed rather than reused.
+                    self.statements.clear();
+                    self.link.server.statements.clear();
+                    self.link.reset_sent = true;
+                }
+                Deallocation::One(name)
+                    if self.link.server.tx != TxStatus::Failed
+                        && self.statements.remove(&name).is_some() =>
+                {
                     // The statement lives on servers under pgward's name; the client's
                     // DEALLOCATE is answered here, at its turn.
                     self.answer_alone(command_complete("DEALLOCATE"), true);
                     return Ok(Some(BytesMut::new()));
                 }
+                _ => {}
             }
         }
         if self.pooled && starts_with_word(body, b"listen") {

@@ -95,6 +95,8 @@ pub(super) struct Link {
     pub ready_since: Instant,
     /// When the transaction in progress began (the request that opened it was sent).
     pub tx_since: Option<Instant>,
+    /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
+    pub reset_sent: bool,
 }
 
 impl Link {
@@ -145,6 +147,8 @@ pub struct Session {
     hooks: SessionHooks,
     /// The answer queue of the last server, kept to reuse its allocation.
     spare_expected: Expected,
+    /// Client messages wait in the read buffer until the server answers an earlier Parse.
+    held: bool,
 }
 
 impl Session {
@@ -183,6 +187,7 @@ impl Session {
             last_client_activity: Instant::now(),
             hooks,
             spare_expected: Expected::default(),
+            held: false,
         }
     }
 
@@ -210,7 +215,13 @@ impl Session {
                     }
                 }
                 Event::ClientClosed => return Ok(()),
-                Event::ServerData => self.on_server_data().await?,
+                Event::ServerData => {
+                    self.on_server_data().await?;
+                    if self.held && self.on_client_data(io).await? {
+                        self.drain_after_terminate().await;
+                        return Ok(());
+                    }
+                }
                 Event::ServerDrained => self.maybe_release().await?,
                 Event::ServerClosed => return Err(self.server_lost()),
                 Event::Timer(t) => {
@@ -351,6 +362,9 @@ impl Session {
             self.forward_client(&mut io.rbuf, chunk.len)?;
             // pgward may have answered everything itself (a DEALLOCATE, a Close).
             self.maybe_release().await?;
+            if self.held {
+                return Ok(false);
+            }
         }
     }
 
@@ -406,6 +420,7 @@ impl Session {
     /// and queues the result for the server. Untouched runs of messages are not copied.
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
         self.hooks.received(len);
+        self.held = false;
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -418,6 +433,12 @@ impl Session {
         while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
+            if tag == b'P' && self.prepared_capacity.is_some() && waits_for_parse(link, body) {
+                // Whether this name is free depends on how an earlier Parse of it fares:
+                // hold the rest until the server has answered that one.
+                self.held = true;
+                break;
+            }
             let rules = governance.as_deref().map(|governance| RuleCheck {
                 governance,
                 client_id: self.id,
@@ -441,6 +462,7 @@ impl Session {
             }
             offset = end;
         }
+        let len = offset;
         match rebuilt {
             None => take_front(&mut self.to_server, rbuf, len),
             Some(out) => {
@@ -481,6 +503,7 @@ impl Session {
             busy_since: None,
             ready_since: now,
             tx_since: None,
+            reset_sent: false,
         });
         Ok(())
     }
@@ -678,6 +701,12 @@ impl Session {
         }
         self.release().await;
     }
+}
+
+/// A Parse of a named statement whose creating Parse the server has not answered yet.
+fn waits_for_parse(link: &Link, body: &[u8]) -> bool {
+    let name = body.split(|b| *b == 0).next().unwrap_or_default();
+    !name.is_empty() && link.expected.owes_parse_of(name)
 }
 
 /// Writes as much of `buf` as the socket takes now.

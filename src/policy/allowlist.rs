@@ -82,10 +82,11 @@ impl Allowlist {
 
     /// Whether `role` may run `fingerprint`.
     pub fn contains(&self, role: &str, fingerprint: Fingerprint) -> bool {
+        let key = HexKey::new(fingerprint);
         self.lock()
             .roles
             .get(role)
-            .is_some_and(|fps| fps.contains_key(&fingerprint.hex()))
+            .is_some_and(|fps| fps.contains_key(key.as_str()))
     }
 
     /// How many fingerprints `role` has.
@@ -95,16 +96,18 @@ impl Allowlist {
 
     /// Records that `role` runs `fingerprint` (with its normalized `text`, for the reader).
     pub fn learn(&self, role: &str, fingerprint: Fingerprint, text: &str) -> Learned {
+        let key = HexKey::new(fingerprint);
         let mut state = self.lock();
-        let fps = state.roles.entry(role.to_string()).or_default();
-        let key = fingerprint.hex();
-        if fps.contains_key(&key) {
-            return Learned::Known;
+        if let Some(fps) = state.roles.get(role) {
+            if fps.contains_key(key.as_str()) {
+                return Learned::Known;
+            }
         }
+        let fps = state.roles.entry(role.to_string()).or_default();
         if fps.len() >= MAX_PER_ROLE {
             return Learned::Full;
         }
-        fps.insert(key, text.to_string());
+        fps.insert(key.as_str().to_string(), text.to_string());
         state.dirty = true;
         Learned::New
     }
@@ -130,6 +133,26 @@ impl Allowlist {
         std::fs::rename(&tmp, &self.path).map_err(io)?;
         state.dirty = false;
         Ok(true)
+    }
+}
+
+/// A fingerprint's sixteen hex digits without an allocation, for lookups in the list.
+struct HexKey([u8; 16]);
+
+impl HexKey {
+    fn new(fingerprint: Fingerprint) -> HexKey {
+        const DIGITS: &[u8; 16] = b"0123456789abcdef";
+        let mut out = [0u8; 16];
+        for (i, byte) in out.iter_mut().enumerate() {
+            let nibble = (fingerprint.0 >> (60 - 4 * i)) & 0xf;
+            *byte = DIGITS[nibble as usize];
+        }
+        HexKey(out)
+    }
+
+    fn as_str(&self) -> &str {
+        // Only ASCII hex digits are ever written.
+        std::str::from_utf8(&self.0).unwrap_or("")
     }
 }
 
@@ -168,6 +191,13 @@ mod tests {
         assert!(again.contains("agent", Fingerprint(1)));
         assert!(!again.contains("agent", Fingerprint(2)));
         assert!(!again.contains("other", Fingerprint(1)));
+    }
+
+    #[test]
+    fn hex_keys_match_the_fingerprint_text() {
+        for v in [0, 1, 0xdead_beef, u64::MAX, 0x0123_4567_89ab_cdef] {
+            assert_eq!(HexKey::new(Fingerprint(v)).as_str(), Fingerprint(v).hex());
+        }
     }
 
     #[test]

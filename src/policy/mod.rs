@@ -320,10 +320,9 @@ impl Policy {
             .tenants
             .get(identity.tenant.as_ref())
             .is_some_and(|t| t.mode == Mode::Warn);
-        let fingerprint = analysis.fingerprint_hex();
         let mut warnings = Vec::new();
         if let Some(reason) = analysis.unchecked_reason() {
-            let hit = RuleHit::new("unchecked", reason.as_str(), fingerprint);
+            let hit = RuleHit::new("unchecked", reason.as_str(), analysis.fingerprint_hex());
             if self.unchecked == UncheckedMode::Reject && !tenant_warns {
                 return Verdict::Reject(hit);
             }
@@ -338,7 +337,7 @@ impl Policy {
             let Some(what) = violation(rule, analysis, who.role) else {
                 continue;
             };
-            let hit = RuleHit::new(&rule.name, &what, fingerprint.clone());
+            let hit = RuleHit::new(&rule.name, &what, analysis.fingerprint_hex());
             if rule.mode == Mode::Enforce && !tenant_warns {
                 return Verdict::Reject(hit);
             }

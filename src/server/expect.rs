@@ -188,6 +188,27 @@ impl Expected {
         self.queue.len()
     }
 
+    /// Whether a Parse creating the client's statement `name` (sent, or answered by pgward
+    /// at its turn) in an earlier batch, closed by a Sync, is still owed an answer. Within one
+    /// batch the question never arises: a second Parse of a name fails or is skipped.
+    pub fn owes_parse_of(&self, name: &[u8]) -> bool {
+        let creates = |o: &Owed| match o {
+            Owed::Parse {
+                client_name: Some(n),
+                ..
+            }
+            | Owed::Synthetic {
+                client_name: Some(n),
+                ..
+            } => &n[..] == name,
+            _ => false,
+        };
+        self.queue
+            .iter()
+            .position(creates)
+            .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
+    }
+
     /// Whether the head of the queue is an answer pgward gives itself.
     pub fn synthetic_next(&self) -> bool {
         matches!(self.queue.front(), Some(Owed::Synthetic { .. }))
@@ -835,6 +856,18 @@ mod tests {
         q.push(Owed::Query);
         feed(&mut q, b"GEZ");
         assert!(q.is_quiet() && !q.copy_in());
+    }
+
+    #[test]
+    fn a_parse_is_owed_only_for_a_closed_batch() {
+        let mut q = Expected::default();
+        q.push(named_parse("pgw_a", Some("a"), true));
+        assert!(!q.owes_parse_of(b"a"), "same batch: no Sync yet");
+        q.push(Owed::Sync);
+        assert!(q.owes_parse_of(b"a"));
+        assert!(!q.owes_parse_of(b"b"));
+        feed(&mut q, b"1Z");
+        assert!(!q.owes_parse_of(b"a"));
     }
 
     #[test]

@@ -40,9 +40,11 @@ enum Acc {
         values: Vec<Option<String>>,
         local: bool,
     },
-    /// `DefElem`: its name and constant argument.
+    /// `DefElem`: its name, whether it has an argument, and the argument as text when it is
+    /// a constant, a word or a number.
     Def {
         name: String,
+        has_arg: bool,
         value: Option<String>,
     },
 }
@@ -63,16 +65,27 @@ const VAR_SET_CURRENT: i64 = 3;
 const VAR_RESET: i64 = 5;
 const VAR_RESET_ALL: i64 = 6;
 
+/// How the facts depend on the text's constants (see [`super::shape`]).
+#[derive(Debug, Default)]
+pub(crate) struct ConstantUse {
+    /// The location of every `A_Const` in the tree.
+    pub locations: Vec<i64>,
+    /// A constant's value went into the facts (set_config arguments, SET values, options).
+    pub values_read: bool,
+}
+
 /// Turns walk events into [`Facts`].
 #[derive(Default)]
 pub(crate) struct Collector {
     stack: Vec<Frame>,
     facts: Facts,
+    constants: ConstantUse,
 }
 
 impl Collector {
-    pub(crate) fn finish(self) -> Facts {
-        self.facts
+    /// The facts, and how they depend on constants.
+    pub(crate) fn finish(self) -> (Facts, ConstantUse) {
+        (self.facts, self.constants)
     }
 
     fn top(&self) -> Option<(&'static str, &'static str)> {
@@ -145,6 +158,7 @@ impl Collector {
             },
             "DefElem" => Acc::Def {
                 name: String::new(),
+                has_arg: false,
                 value: None,
             },
             _ => Acc::None,
@@ -160,6 +174,7 @@ impl Collector {
             (Acc::Func { args, .. }, "args", n) if n != "AConst" => args.push(None),
             (Acc::Set { values, .. }, "args", n) if n != "AConst" => values.push(None),
             (Acc::Names(parts), "fields", "AStar") => parts.push(None),
+            (Acc::Def { has_arg, .. }, "arg", _) => *has_arg = true,
             _ => {}
         }
     }
@@ -171,19 +186,27 @@ impl Collector {
         match (&mut parent.acc, parent.field) {
             (Acc::Func { parts, .. }, "funcname") => parts.push(value.to_string()),
             (Acc::Names(parts), "names" | "fields") => parts.push(Some(value.to_string())),
-            (Acc::Const(v), "val") => *v = Some(value.to_string()),
+            (Acc::Const(v), "val") | (Acc::Def { value: v, .. }, "arg") => {
+                *v = Some(value.to_string())
+            }
             _ => {}
         }
     }
 
+    /// A number or boolean: the value of the constant, or of the option, it belongs to.
     fn set_const(&mut self, value: String) {
-        if let Some(Frame {
-            acc: Acc::Const(v),
-            field: "val",
-            ..
-        }) = self.parent_mut()
-        {
-            *v = Some(value);
+        match self.parent_mut() {
+            Some(Frame {
+                acc: Acc::Const(v),
+                field: "val",
+                ..
+            })
+            | Some(Frame {
+                acc: Acc::Def { value: v, .. },
+                field: "arg",
+                ..
+            }) => *v = Some(value),
+            _ => {}
         }
     }
 
@@ -208,7 +231,11 @@ impl Collector {
                 values,
                 local,
             } => self.close_set(kind, name, values, local),
-            Acc::Def { name, value } => self.close_def(&name, value),
+            Acc::Def {
+                name,
+                has_arg,
+                value,
+            } => self.close_def(&name, has_arg, value),
             _ => {}
         }
     }
@@ -220,6 +247,7 @@ impl Collector {
             self.schema(s);
         }
         if name == "set_config" {
+            self.constants.values_read = true;
             let setting = args.first().cloned().flatten();
             // The value is one text that PostgreSQL splits itself, like a list in the config file.
             let values = match args
@@ -248,7 +276,10 @@ impl Collector {
         };
         match (&mut parent.acc, parent.field) {
             (Acc::Func { args, .. }, "args") => args.push(value),
-            (Acc::Set { values, .. }, "args") => values.push(value),
+            (Acc::Set { values, .. }, "args") => {
+                values.push(value);
+                self.constants.values_read = true;
+            }
             (Acc::Def { value: v, .. }, "arg") => *v = value,
             _ => {}
         }
@@ -280,11 +311,14 @@ impl Collector {
         });
     }
 
-    fn close_def(&mut self, name: &str, value: Option<String>) {
+    fn close_def(&mut self, name: &str, has_arg: bool, value: Option<String>) {
+        if has_arg && ["transaction_read_only", "concurrently"].contains(&name) {
+            self.constants.values_read = true;
+        }
         if name == "transaction_read_only" && value.as_deref() != Some("1") {
             self.find(Finding::ReadWrite);
         }
-        if name == "concurrently" && !matches!(value.as_deref(), Some("false" | "0")) {
+        if name == "concurrently" && (!has_arg || value.as_deref().is_some_and(true_option)) {
             if let Some(Frame {
                 acc: Acc::Reindex { concurrent },
                 ..
@@ -294,6 +328,14 @@ impl Collector {
             }
         }
     }
+}
+
+/// Whether PostgreSQL's `defGetBoolean` reads an option's value as true (any other value is
+/// false or an error).
+fn true_option(value: &str) -> bool {
+    ["true", "on", "1"]
+        .iter()
+        .any(|t| value.eq_ignore_ascii_case(t))
 }
 
 impl Events for Collector {
@@ -353,6 +395,7 @@ impl Events for Collector {
             return;
         };
         match (top.field, &mut top.acc) {
+            ("location", _) if top.name == "AConst" => self.constants.locations.push(value),
             ("remove_type", Acc::Drop { index, .. }) => *index = value == OBJECT_INDEX,
             ("kind", Acc::Set { kind, .. }) => *kind = value,
             ("ival", _) if top.name == "Integer" => self.set_const(value.to_string()),

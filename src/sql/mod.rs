@@ -19,6 +19,11 @@
 //! | a cold analysis at [`Depth::Shape`] | 10.6 | fingerprint + normalize (+ scan) |
 //! | a cold analysis at [`Depth::Tree`] | 26.6 | the above + parse + walk |
 //! | a cache hit | 0.05 | |
+//! | the same shape with other constants ([`Depth::Tree`]) | 1.8 | scan + shape cache hit |
+//!
+//! At [`Depth::Tree`] a text missing from the cache is looked up by its shape (the text with its
+//! constants left out, in `sql/shape.rs`): pgbench's simple protocol, where every text differs, then
+//! costs a scan instead of a parse, without a rule ever seeing another text's verdict.
 //!
 //! (`summary`, 3.7 µs, would be cheaper than `parse` but its walker is pg_query's, not ours, and
 //! it does not report where clauses, CONCURRENTLY, row locks or settings.)
@@ -27,6 +32,7 @@ mod cache;
 pub mod classify;
 mod collect;
 mod facts;
+mod shape;
 mod tags;
 mod walk;
 
@@ -37,7 +43,9 @@ pub use facts::{
 pub use tags::{Priority, Tags};
 
 use cache::ModeCache;
+use collect::ConstantUse;
 use pg_query::{FingerprintOptions, ParserOptions};
+use shape::Shape;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -282,15 +290,27 @@ impl Analysis {
 #[derive(Debug)]
 pub struct Analyzer {
     depth: Depth,
-    cache: Mutex<ModeCache<Mode, Analysis>>,
+    cache: Mutex<Caches>,
+}
+
+/// Analyses by exact text, and by shape for the texts whose analysis every text of the same
+/// shape shares (see [`shape`]).
+#[derive(Debug)]
+struct Caches {
+    texts: ModeCache<Mode, Analysis>,
+    shapes: ModeCache<Mode, Analysis>,
 }
 
 impl Analyzer {
-    /// An analyzer reading to `depth`, remembering up to `capacity` texts per parse mode.
+    /// An analyzer reading to `depth`, remembering up to `capacity` texts and as many shapes
+    /// per parse mode.
     pub fn new(depth: Depth, capacity: usize) -> Analyzer {
         Analyzer {
             depth,
-            cache: Mutex::new(ModeCache::new(capacity)),
+            cache: Mutex::new(Caches {
+                texts: ModeCache::new(capacity),
+                shapes: ModeCache::new(capacity),
+            }),
         }
     }
 
@@ -299,54 +319,94 @@ impl Analyzer {
         self.depth
     }
 
-    /// How many analyses are cached.
+    /// How many analyses are cached, by text and by shape.
     pub fn cached(&self) -> usize {
-        self.lock().len()
+        let caches = self.lock();
+        caches.texts.len() + caches.shapes.len()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ModeCache<Mode, Analysis>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Caches> {
         self.cache
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Analyzes `text` (the bytes of a Query or Parse message, without its NUL) as PostgreSQL
-    /// will read it under `context`, from the cache when it was read before in the same mode.
+    /// will read it under `context`, from the cache when it, or a text of the same shape whose
+    /// analysis does not depend on its constants, was read before in the same mode.
     pub fn analyze(&self, text: &[u8], context: &ParseContext) -> Arc<Analysis> {
         let mode = context.mode();
         let Some(key) = std::str::from_utf8(text).ok() else {
-            return Arc::new(analyze_text(text, mode, self.depth));
+            return Arc::new(analyze_text(text, mode, self.depth).0);
         };
-        if let Some(hit) = self.lock().get(mode, key) {
+        if let Some(hit) = self.lock().texts.get(mode, key) {
             return hit;
         }
-        let analysis = Arc::new(analyze_text(text, mode, self.depth));
+        let shape = self.shape_of(key, mode);
+        if let Some(shape) = &shape {
+            if let Some(hit) = self.lock().shapes.get(mode, &shape.key) {
+                return hit;
+            }
+        }
+        let (analysis, constants) = analyze_text(text, mode, self.depth);
+        let analysis = Arc::new(analysis);
         if key.len() <= MAX_CACHED_TEXT {
-            self.lock().put(mode, key, Arc::clone(&analysis));
+            let shared = |shape: &Shape| {
+                constants
+                    .as_ref()
+                    .is_some_and(|c| !c.values_read && shape.is_shared_by(&c.locations))
+            };
+            let mut caches = self.lock();
+            match shape {
+                Some(shape) if shared(&shape) => {
+                    caches.shapes.put(mode, &shape.key, Arc::clone(&analysis))
+                }
+                _ => caches.texts.put(mode, key, Arc::clone(&analysis)),
+            }
         }
         analysis
     }
+
+    /// The shape of `text`, when shapes can stand for texts: the rules read the tree, and the
+    /// server splits the text into tokens as PostgreSQL's default scanner does.
+    fn shape_of(&self, text: &str, mode: Mode) -> Option<Shape> {
+        let same_scanner = mode.scs == Scs::On || !text.contains('\\');
+        let readable = mode.encoding_safe || text.is_ascii();
+        let worth = self.depth == Depth::Tree && text.len() <= MAX_CACHED_TEXT;
+        if same_scanner && readable && worth {
+            Shape::of(text)
+        } else {
+            None
+        }
+    }
 }
 
-/// Reads one text without the cache.
-fn analyze_text(bytes: &[u8], mode: Mode, depth: Depth) -> Analysis {
+/// Reads one text without the cache; with the tree, says how its facts depend on constants.
+fn analyze_text(bytes: &[u8], mode: Mode, depth: Depth) -> (Analysis, Option<ConstantUse>) {
     if bytes.len() > MAX_STATEMENT_BYTES {
-        return Analysis::unchecked(UncheckedReason::TooLarge);
+        return (Analysis::unchecked(UncheckedReason::TooLarge), None);
     }
     if !mode.encoding_safe && !bytes.is_ascii() {
-        return Analysis::unchecked(UncheckedReason::NonAsciiUnknownEncoding);
+        return (
+            Analysis::unchecked(UncheckedReason::NonAsciiUnknownEncoding),
+            None,
+        );
     }
     let text = match std::str::from_utf8(bytes) {
         Ok(text) if !text.contains('\0') => text,
-        _ => return Analysis::unchecked(UncheckedReason::NotUtf8),
+        _ => return (Analysis::unchecked(UncheckedReason::NotUtf8), None),
     };
     match read(text, mode, depth) {
-        Ok(analysis) => analysis,
-        Err(reason) => Analysis::unchecked(reason),
+        Ok((analysis, constants)) => (analysis, constants),
+        Err(reason) => (Analysis::unchecked(reason), None),
     }
 }
 
-fn read(text: &str, mode: Mode, depth: Depth) -> Result<Analysis, UncheckedReason> {
+fn read(
+    text: &str,
+    mode: Mode,
+    depth: Depth,
+) -> Result<(Analysis, Option<ConstantUse>), UncheckedReason> {
     let wants_tags = text.contains("/*");
     let has_backslash = text.contains('\\');
     let scs_matters = has_backslash && mode.scs != Scs::On;
@@ -374,9 +434,12 @@ fn read(text: &str, mode: Mode, depth: Depth) -> Result<Analysis, UncheckedReaso
         FingerprintOptions::RANGEVAR_PG17_COMPAT | FingerprintOptions::FULL_RELNAME;
     let fingerprint = pg_query::fingerprint(text, options, fingerprint_options)
         .map_err(|_| UncheckedReason::ParseError)?;
-    let reading = match depth {
-        Depth::Shape => Reading::Shape,
-        Depth::Tree => Reading::Tree(walk_tree(text, options)?),
+    let (reading, constants) = match depth {
+        Depth::Shape => (Reading::Shape, None),
+        Depth::Tree => {
+            let (facts, constants) = walk_tree(text, options)?;
+            (Reading::Tree(facts), Some(constants))
+        }
     };
     let (tags, normalized) = match scs_sensitive {
         true => (Tags::default(), None),
@@ -385,15 +448,16 @@ fn read(text: &str, mode: Mode, depth: Depth) -> Result<Analysis, UncheckedReaso
             pg_query::normalize(text).ok(),
         ),
     };
-    Ok(Analysis {
+    let analysis = Analysis {
         fingerprint: Some(Fingerprint(fingerprint.value)),
         normalized,
         tags,
         reading,
-    })
+    };
+    Ok((analysis, constants))
 }
 
-fn walk_tree(text: &str, options: ParserOptions) -> Result<Facts, UncheckedReason> {
+fn walk_tree(text: &str, options: ParserOptions) -> Result<(Facts, ConstantUse), UncheckedReason> {
     let parsed = pg_query::parse(text, options).map_err(|_| UncheckedReason::ParseError)?;
     let mut collector = collect::Collector::default();
     walk::walk(&parsed.protobuf, &mut collector).map_err(|_| UncheckedReason::ParseError)?;

@@ -137,6 +137,20 @@ fn index_operations() {
         "REINDEX (CONCURRENTLY) TABLE t",
         Finding::NotConcurrently(IndexOp::Reindex)
     ));
+    for yes in ["true", "on", "ON", "1", "'on'"] {
+        let sql = format!("REINDEX (CONCURRENTLY {yes}) TABLE t");
+        assert!(
+            !has(&sql, Finding::NotConcurrently(IndexOp::Reindex)),
+            "{sql}"
+        );
+    }
+    for no in ["false", "off", "0", "'off'", "'false'", "2", "maybe"] {
+        let sql = format!("REINDEX (CONCURRENTLY {no}) TABLE t");
+        assert!(
+            has(&sql, Finding::NotConcurrently(IndexOp::Reindex)),
+            "{sql}"
+        );
+    }
 }
 
 #[test]
@@ -328,6 +342,122 @@ fn repeated_texts_come_from_the_cache() {
     assert_eq!(analyzer.cached(), 2);
 }
 
+/// Pairs of texts of the same shape: a cache hit for the second must read it exactly as a
+/// fresh analysis does, whatever the first one's constants were.
+const SAME_SHAPES: &[(&str, &str)] = &[
+    (
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 1",
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 99999",
+    ),
+    ("SELECT -1, 'a', 2.5", "SELECT -7, 'bb', 3.25"),
+    (
+        "SELECT * FROM t WHERE d > now() - interval '1 day' LIMIT 10",
+        "SELECT * FROM t WHERE d > now() - interval '2 hours' LIMIT 5",
+    ),
+    (
+        "SELECT set_config('search_path', 'public', false)",
+        "SELECT set_config('search_path', 'secret', false)",
+    ),
+    (
+        "SELECT pg_catalog.set_config('search_path', 'public', true)",
+        "SELECT pg_catalog.set_config('search_path', 'a, secret', true)",
+    ),
+    ("SET search_path = 'public'", "SET search_path = 'secret'"),
+    (
+        "SET search_path TO public, 'x'",
+        "SET search_path TO public, 'y'",
+    ),
+    (
+        "ALTER ROLE r SET search_path = 'public'",
+        "ALTER ROLE r SET search_path = 'secret'",
+    ),
+    (
+        "REINDEX (CONCURRENTLY 1) TABLE t",
+        "REINDEX (CONCURRENTLY 0) TABLE t",
+    ),
+    (
+        "REINDEX (CONCURRENTLY 'on') TABLE t",
+        "REINDEX (CONCURRENTLY 'off') TABLE t",
+    ),
+    ("COPY t TO ''", "COPY t TO '/tmp/x'"),
+    ("COPY (SELECT 1) TO STDOUT", "COPY (SELECT 2) TO STDOUT"),
+    (
+        "SELECT a FROM t WHERE b IN (1, 2, 3) /*tenant='acme'*/",
+        "SELECT a FROM t WHERE b IN (4, 5, 6) /*tenant='acme'*/",
+    ),
+    (
+        "SELECT B'101', X'1F', U&'d\\0061t'",
+        "SELECT B'1', X'FF', U&'x'",
+    ),
+    ("SELECT 'a' || $1", "SELECT 'b' || $1"),
+    ("DO 'BEGIN END'", "DO 'BEGIN PERFORM 1; END'"),
+    (
+        "SELECT 1; SELECT set_config('role', 'x', false)",
+        "SELECT 2; SELECT set_config('role', 'y', false)",
+    ),
+    (
+        "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+        "SET TRANSACTION ISOLATION LEVEL SERIALIZABLE",
+    ),
+    ("SELECT 9999999999", "SELECT 1"),
+];
+
+#[test]
+fn texts_of_one_shape_read_as_a_fresh_analysis_reads_them() {
+    let ctx = ParseContext::server_defaults();
+    for (first, second) in SAME_SHAPES {
+        let analyzer = Analyzer::new(Depth::Tree, 100);
+        analyzer.analyze(first.as_bytes(), &ctx);
+        let cached = analyzer.analyze(second.as_bytes(), &ctx);
+        let fresh = Analyzer::new(Depth::Tree, 100).analyze(second.as_bytes(), &ctx);
+        assert_eq!(*cached, *fresh, "{first} then {second}");
+    }
+}
+
+#[test]
+fn a_shape_is_shared_only_when_no_rule_reads_a_constant() {
+    let ctx = ParseContext::server_defaults();
+    let shared = |a: &str, b: &str| {
+        let analyzer = Analyzer::new(Depth::Tree, 100);
+        let first = analyzer.analyze(a.as_bytes(), &ctx);
+        Arc::ptr_eq(&first, &analyzer.analyze(b.as_bytes(), &ctx))
+    };
+    assert!(shared(
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 1",
+        "SELECT abalance FROM pgbench_accounts WHERE aid = 2"
+    ));
+    assert!(shared("SELECT -1", "SELECT -2"));
+    assert!(!shared(
+        "SELECT set_config('search_path', 'public', false)",
+        "SELECT set_config('search_path', 'secret', false)"
+    ));
+    assert!(!shared(
+        "SET search_path = 'public'",
+        "SET search_path = 'secret'"
+    ));
+    assert!(!shared(
+        "REINDEX (CONCURRENTLY 1) TABLE t",
+        "REINDEX (CONCURRENTLY 0) TABLE t"
+    ));
+    assert!(!shared("COPY t TO ''", "COPY t TO '/tmp/x'"));
+    assert!(!shared("BEGIN READ ONLY", "BEGIN READ WRITE"));
+    // Another comment, other whitespace or another identifier is another shape.
+    assert!(!shared(
+        "SELECT 1 /*tenant='a'*/",
+        "SELECT 1 /*tenant='b'*/"
+    ));
+    assert!(!shared("SELECT * FROM a.t", "SELECT * FROM b.t"));
+    // A backslash while standard_conforming_strings is off is never read by shape.
+    let off = ParseContext {
+        standard_conforming_strings: Setting::Known(false),
+        ..ParseContext::server_defaults()
+    };
+    let analyzer = Analyzer::new(Depth::Tree, 100);
+    let first = analyzer.analyze(br"SELECT 'a\'; DROP TABLE t; --'", &off);
+    let second = analyzer.analyze(br"SELECT 'b\'; DROP TABLE t; --'", &off);
+    assert!(!Arc::ptr_eq(&first, &second));
+}
+
 /// Prints the cost of each pg_query call; run with
 /// `cargo test --release --lib sql::tests::bench -- --ignored --nocapture`.
 #[test]
@@ -358,9 +488,12 @@ fn bench() {
     let shape = Analyzer::new(Depth::Shape, 100);
     let tree = Analyzer::new(Depth::Tree, 100);
     time("cold analysis, shape", &|i| {
-        drop(shape.analyze(format!("{sql} + {i}").as_bytes(), &ctx))
+        drop(shape.analyze(format!("{sql} + c{i}").as_bytes(), &ctx))
     });
     time("cold analysis, tree", &|i| {
+        drop(tree.analyze(format!("{sql} + c{i}").as_bytes(), &ctx))
+    });
+    time("same shape, other constants, tree", &|i| {
         drop(tree.analyze(format!("{sql} + {i}").as_bytes(), &ctx))
     });
     time("cache hit", &|_| drop(tree.analyze(sql.as_bytes(), &ctx)));

@@ -207,8 +207,9 @@ fn server_command(program: &Path, cwd: &Path) -> Command {
     cmd
 }
 
-/// Clears libpq's environment so that only what a test passes reaches the client.
-fn client_command(program: &str, password: Option<&str>) -> Command {
+/// A command for a client program (`psql`, `pgbench`) whose libpq environment is cleared, so
+/// that only what a test passes reaches the client.
+pub fn client_command(program: &str, password: Option<&str>) -> Command {
     let mut cmd = Command::new(client_program(program));
     for (name, _) in std::env::vars_os() {
         if name.to_string_lossy().starts_with("PG") {

@@ -43,7 +43,8 @@ impl Fields {
         Fields(fields)
     }
 
-    fn get(&self, kind: u8) -> &str {
+    /// The field of `kind`, or an empty string.
+    pub fn get(&self, kind: u8) -> &str {
         self.0
             .iter()
             .find(|(k, _)| *k == kind)
@@ -61,6 +62,11 @@ impl Fields {
             "" => self.get(b'S'),
             v => v,
         }
+    }
+
+    /// The hint ('H').
+    pub fn hint(&self) -> &str {
+        self.get(b'H')
     }
 
     /// The primary message ('M').
@@ -377,4 +383,81 @@ pub fn query_message(sql: &str) -> Vec<u8> {
     let mut body = sql.as_bytes().to_vec();
     body.push(0);
     message(b'Q', &body)
+}
+
+/// A Parse message: statement `name`, `sql`, no parameter types.
+pub fn parse_message(name: &str, sql: &str) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.extend_from_slice(name.as_bytes());
+    body.push(0);
+    body.extend_from_slice(sql.as_bytes());
+    body.extend_from_slice(&[0, 0, 0]);
+    message(b'P', &body)
+}
+
+/// A Bind message of the unnamed portal to statement `name`, no parameters, text results.
+pub fn bind_message(name: &str) -> Vec<u8> {
+    let mut body = vec![0];
+    body.extend_from_slice(name.as_bytes());
+    body.extend_from_slice(&[0, 0, 0, 0, 0, 0, 0]);
+    message(b'B', &body)
+}
+
+/// An Execute message of the unnamed portal, no row limit.
+pub fn execute_message() -> Vec<u8> {
+    message(b'E', &[0, 0, 0, 0, 0])
+}
+
+/// A Sync message.
+pub fn sync_message() -> Vec<u8> {
+    message(b'S', &[])
+}
+
+/// Parse, Bind and Execute of `sql` as the unnamed statement (no Sync).
+pub fn extended_query(sql: &str) -> Vec<u8> {
+    let mut out = parse_message("", sql);
+    out.extend_from_slice(&bind_message(""));
+    out.extend_from_slice(&execute_message());
+    out
+}
+
+/// A fast-path FunctionCall of function `oid` with text arguments, text result.
+pub fn function_call_message(oid: u32, args: &[&str]) -> Vec<u8> {
+    let mut body = oid.to_be_bytes().to_vec();
+    body.extend_from_slice(&1u16.to_be_bytes());
+    body.extend_from_slice(&0u16.to_be_bytes());
+    body.extend_from_slice(&(args.len() as u16).to_be_bytes());
+    for arg in args {
+        body.extend_from_slice(&(arg.len() as u32).to_be_bytes());
+        body.extend_from_slice(arg.as_bytes());
+    }
+    body.extend_from_slice(&0u16.to_be_bytes());
+    message(b'F', &body)
+}
+
+impl Raw {
+    /// Reads every message up to and including the next ReadyForQuery.
+    pub fn read_to_ready(&mut self) -> Vec<Message> {
+        let mut out = Vec::new();
+        loop {
+            let msg = self
+                .read_message()
+                .unwrap_or_else(|err| panic!("reading to ReadyForQuery: {err:?} after {out:?}"));
+            let ready = msg.tag == b'Z';
+            out.push(msg);
+            if ready {
+                return out;
+            }
+        }
+    }
+}
+
+/// The tags of `messages`, as characters.
+pub fn tags(messages: &[Message]) -> String {
+    messages.iter().map(|m| m.tag as char).collect()
+}
+
+/// The command tag of a CommandComplete body.
+pub fn command_tag(msg: &Message) -> String {
+    String::from_utf8_lossy(msg.body.strip_suffix(&[0]).unwrap_or(&msg.body)).into_owned()
 }

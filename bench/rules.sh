@@ -1,0 +1,204 @@
+#!/usr/bin/env bash
+# What the SQL rules cost: pgbench select-only through pgward with every rule enabled against
+# pgward with no policy, in one run (see bench/README.md).
+#
+# usage: bench/rules.sh [MODE...]       MODE is a pgbench protocol: simple, prepared (default:
+#                                       both; extended also works)
+# environment:
+#   ROUNDS                rounds (each target once per round, in rotating order), default 3
+#   PGWARD_BENCH_SECONDS  length of one pgbench run, default 8
+#   CLIENTS, JOBS         pgbench -c and -j, default 32 and 2
+#   POOL_SIZE             default_pool_size, default 8
+#   SCALE                 pgbench -i scale, default 10
+#   PGWARD_BIN            the pgward to run (default: built with cargo build --release)
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+# shellcheck source=bench/throwaway-pg.sh
+. bench/throwaway-pg.sh
+
+modes=("$@")
+[ "${#modes[@]}" -gt 0 ] || modes=(simple prepared)
+targets=(rules none)
+rounds=${ROUNDS:-3}
+seconds=${PGWARD_BENCH_SECONDS:-8}
+clients=${CLIENTS:-32}
+jobs=${JOBS:-2}
+pool_size=${POOL_SIZE:-8}
+scale=${SCALE:-10}
+ticks=$(getconf CLK_TCK)
+
+for mode in "${modes[@]}"; do
+    case $mode in simple | extended | prepared) ;; *) die "unknown pgbench protocol: $mode" ;; esac
+done
+
+ensure_postgres
+binary=${PGWARD_BIN:-}
+if [ -z "$binary" ]; then
+    echo "building pgward (cargo build --release)"
+    cargo build --release --quiet
+    binary=$repo/target/release/pgward
+fi
+
+declare -A pooler_pid=() pooler_port=()
+# shellcheck disable=SC2317 # called by throwaway_cleanup
+on_cleanup() {
+    local pid
+    for pid in "${pooler_pid[@]}"; do
+        kill "$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
+    done
+}
+
+# --- PostgreSQL -------------------------------------------------------------------------------
+throwaway_start pgward-rules-bench "host all all 127.0.0.1/32 trust" bench benchpass
+work=$THROWAWAY_DIR
+pg_port=$THROWAWAY_PORT
+echo "initializing pgbench tables (scale $scale) on PostgreSQL port $pg_port"
+pgbench -i -q -s "$scale" -h 127.0.0.1 -p "$pg_port" -U bench bench \
+    >"$work/pgbench-init.log" 2>&1 || die "pgbench -i failed: $(tail "$work/pgbench-init.log")"
+
+# --- the two pgwards --------------------------------------------------------------------------
+# Every rule, applying to the bench role; the learned allowlist records what the role runs.
+policy() {
+    cat <<'EOF'
+unchecked = "reject"
+trusted_roles = []
+
+[[rules]]
+rule = "deny_ddl"
+
+[[rules]]
+rule = "require_where"
+
+[[rules]]
+rule = "index_concurrently"
+
+[[rules]]
+rule = "schema_allowlist"
+schemas = ["public"]
+
+[[rules]]
+rule = "deny_functions"
+
+[[rules]]
+rule = "read_only"
+
+[allowlist]
+file = "allowlist.json"
+roles = { bench = "learn" }
+EOF
+}
+
+# pooler_ini NAME PORT: the same settings for both; only the paths, port and policy differ.
+pooler_ini() {
+    local dir="$work/$1"
+    cat <<EOF
+[databases]
+bench = host=127.0.0.1 port=$pg_port dbname=bench
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $2
+unix_socket_dir = $dir
+logfile = $dir/pooler.log
+pidfile = $dir/pooler.pid
+auth_type = trust
+pool_mode = transaction
+default_pool_size = $pool_size
+max_client_conn = 200
+EOF
+    if [ "$1" = rules ]; then echo "policy_file = $dir/policy.toml"; fi
+}
+
+# start_pooler NAME: starts a pgward in the background as the postgres OS user.
+start_pooler() {
+    local name=$1 port dir="$work/$1"
+    port=$(free_port)
+    mkdir -p "$dir"
+    pooler_ini "$name" "$port" >"$dir/pooler.ini"
+    policy >"$dir/policy.toml"
+    if is_root; then chown -R postgres: "$dir"; fi
+    "${AS_POSTGRES[@]}" "$work/pgward-bin" "$dir/pooler.ini" >"$dir/stdout.log" 2>&1 &
+    pooler_pid[$name]=$!
+    pooler_port[$name]=$port
+    if ! wait_for_port "$port" 10; then
+        tail -n 20 "$dir/stdout.log" "$dir/pooler.log" 2>/dev/null >&2 || true
+        die "$name did not start listening on port $port"
+    fi
+    echo "pgward with $name listening on port $port (pid ${pooler_pid[$name]})"
+}
+
+# A copy, since the postgres OS user may not reach the source tree (under /root, say).
+install -m 755 "$binary" "$work/pgward-bin"
+for target in "${targets[@]}"; do start_pooler "$target"; done
+
+# --- runs -------------------------------------------------------------------------------------
+# cpu_ticks PID: user + system CPU time of a process, in clock ticks.
+cpu_ticks() {
+    local stat
+    stat=$(cat "/proc/$1/stat") || die "process $1 is gone"
+    read -r -a rest <<<"${stat##*) }"
+    echo $((rest[11] + rest[12]))
+}
+
+mkdir -p bench/results
+stamp=$(date -u +%Y%m%dT%H%M%SZ)
+tsv="bench/results/rules-$stamp.tsv"
+report="bench/results/rules-$stamp.md"
+printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\n' >"$tsv"
+
+# run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
+run_one() {
+    local mode=$1 target=$2 round=$3 out before after tps lat tx cpu
+    before=$(cpu_ticks "${pooler_pid[$target]}")
+    out=$(pgbench -n -S -M "$mode" -c "$clients" -j "$jobs" -T "$seconds" \
+        -h 127.0.0.1 -p "${pooler_port[$target]}" -U bench bench 2>&1) ||
+        die "round $round $mode $target: pgbench failed: $(echo "$out" | tail -n 5)"
+    after=$(cpu_ticks "${pooler_pid[$target]}")
+    tps=$(echo "$out" | awk '/^tps = / && /(without initial connection|excluding connections)/ {print $3; exit}')
+    [ -n "$tps" ] || tps=$(echo "$out" | awk '/^tps = / {v=$3} END {print v}')
+    lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
+    tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
+    cpu=$(awk -v d=$((after - before)) -v hz="$ticks" -v n="$tx" \
+        'BEGIN {printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0)}')
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$target" "$round" "$tps" "$lat" "$cpu" "$tx" >>"$tsv"
+    printf 'round %s  %-8s  %-6s  tps %10.1f  latency %7.3f ms  pgward cpu/tx %s us\n' \
+        "$round" "$mode" "$target" "$tps" "$lat" "$cpu"
+}
+
+echo "pgbench -S -c $clients -j $jobs -T $seconds; pool size $pool_size; rounds $rounds;" \
+    "modes: ${modes[*]}"
+for round in $(seq 1 "$rounds"); do
+    for mode in "${modes[@]}"; do
+        for i in 0 1; do
+            run_one "$mode" "${targets[$(((i + round - 1) % 2))]}" "$round"
+        done
+    done
+done
+
+# Every statement was refused or let through by the rules: none may have been refused.
+if grep -q "statement refused" "$work/rules/pooler.log" "$work/rules/stdout.log" 2>/dev/null; then
+    die "the rules refused statements of the benchmark: see $work/rules/pooler.log"
+fi
+
+# --- summary ----------------------------------------------------------------------------------
+summarize() {
+    echo "# pgward rules benchmark, $stamp"
+    echo
+    echo "pgbench select-only (-S), $clients clients, $jobs threads, ${seconds}s per run," \
+        "$rounds rounds; pgward in transaction mode with $pool_size server connections," \
+        "with every rule enabled (rules) and with no policy (none); PostgreSQL" \
+        "$(psql -X -At -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -c 'SHOW server_version')," \
+        "$(nproc) cores."
+    echo
+    echo "Targets for the tps ratio of rules to none: 0.90 simple, 0.97 prepared."
+    echo
+    echo "| protocol | target | tps (median) | latency ms (median) | pgward CPU us/tx (median) | tps vs none | latency vs none |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
+    awk -F'\t' -v base=none -f bench/summary.awk "$tsv"
+}
+summarize | tee "$report"
+echo
+echo "results: $tsv, $report"
