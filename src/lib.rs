@@ -7,6 +7,7 @@ pub mod check;
 pub mod client;
 pub mod config;
 pub mod cost;
+pub mod edge;
 pub mod gate;
 pub mod governance;
 pub mod listener;

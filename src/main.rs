@@ -194,6 +194,15 @@ async fn serve(config: Config) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    let edge = match pgward::edge::Edge::load(&config.settings) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("pgward: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    raise_fd_limit(&config);
     let listeners = match Listeners::bind(&config.settings) {
         Ok(l) => l,
         Err(e) => {
@@ -214,7 +223,7 @@ async fn serve(config: Config) -> ExitCode {
         std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
     });
     let metrics_addr = config.settings.prometheus_listen.clone();
-    let rt = Runtime::new(config, userlist, governance);
+    let rt = Runtime::new(config, userlist, governance, edge);
     let mut tasks = Vec::new();
     if let Some(addr) = metrics_addr {
         match pgward::metrics::bind(&addr).await {
@@ -241,6 +250,22 @@ async fn serve(config: Config) -> ExitCode {
     cleanup(pidfile.as_deref(), socket.as_ref());
     tracing::info!("pgward stopped");
     ExitCode::SUCCESS
+}
+
+/// Makes room for every client and server socket pgward may hold, as far as the hard limit
+/// allows: max_client_conn, plus the servers and a margin for listeners and files.
+fn raise_fd_limit(config: &Config) {
+    let s = &config.settings;
+    let servers = u64::from(s.default_pool_size.max(1)) * (config.databases.len() as u64 + 1)
+        + u64::from(s.max_db_connections);
+    let wanted = u64::from(s.max_client_conn) + servers + 100;
+    match pgward::edge::raise_fd_limit(wanted) {
+        Ok(limit) if limit < wanted => tracing::warn!(
+            "open files limited to {limit}, fewer than the {wanted} max_client_conn and the pools may need"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
 }
 
 /// Once a second: each pool's maintenance pass (not for paused databases, which must not

@@ -11,6 +11,8 @@ use rand::RngCore;
 
 use crate::cancel::CancelRegistry;
 use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOutcome, Settings};
+use crate::edge::tls::ServerTls;
+use crate::edge::Edge;
 use crate::gate::Limits;
 use crate::governance::Governance;
 use crate::ops::Ops;
@@ -47,6 +49,8 @@ pub struct Runtime {
     /// Held while a reload or a console SET reads, changes and installs the configuration,
     /// so one cannot undo the other.
     reconfiguring: Mutex<()>,
+    /// TLS, the hba rules, the login throttle, client caps and auth_query secrets.
+    pub edge: Edge,
 }
 
 impl Runtime {
@@ -54,6 +58,7 @@ impl Runtime {
         config: Config,
         userlist: HashMap<String, Secret>,
         governance: Option<Arc<Governance>>,
+        edge: Edge,
     ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
@@ -71,6 +76,7 @@ impl Runtime {
             ops: Ops::default(),
             started: Instant::now(),
             reconfiguring: Mutex::new(()),
+            edge,
         })
     }
 
@@ -98,7 +104,8 @@ impl Runtime {
         }
         let governance = Governance::load(&config.settings)?;
         lock(&self.ops.overrides).apply(&mut config);
-        let warnings = config.warnings.clone();
+        let mut warnings = config.warnings.clone();
+        warnings.extend(self.edge.reload(&config.settings));
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
         Ok(warnings)
@@ -114,6 +121,7 @@ impl Runtime {
             self.userlist.store(Arc::new(u));
         }
         let now = Instant::now();
+        let server_tls = ServerTls::clone(&self.edge.server_tls.load());
         for pool in self.pools.all() {
             let db = config.database(&pool.key.db).filter(|db| {
                 // A pool logs in as its key's user; a forced user that changed makes a new pool.
@@ -132,7 +140,13 @@ impl Runtime {
                 pool.ops.reconnect(now);
                 pool.close_idle();
             }
-            let settings = pool_settings(&config, &db, &pool.key.user, tracked.clone());
+            let settings = pool_settings(
+                &config,
+                &db,
+                &pool.key.user,
+                tracked.clone(),
+                server_tls.clone(),
+            );
             let user = settings.target.user.clone();
             let mut credential = self.server_credential(&db, &user);
             // SCRAM keys a client proved stay valid while the stored secret is the same.
@@ -164,8 +178,12 @@ impl Runtime {
             }
         }
         config.settings.validate()?;
+        let kept = self.edge.reload(&config.settings);
         self.install(config, None);
-        Ok(())
+        match kept.is_empty() {
+            true => Ok(()),
+            false => Err(kept.join("; ")),
+        }
     }
 
     /// `SET USER name = 'settings'` / `SET POOL user.db = 'settings'`: recorded, laid over the
@@ -211,7 +229,10 @@ impl Runtime {
         let credential = self.server_credential(db, &server_user);
         self.pools.get_or_create(
             &key,
-            || pool_settings(&config, db, user, self.tracked.load_full()),
+            || {
+                let server_tls = ServerTls::clone(&self.edge.server_tls.load());
+                pool_settings(&config, db, user, self.tracked.load_full(), server_tls)
+            },
             credential,
         )
     }
@@ -236,6 +257,7 @@ pub fn pool_settings(
     db: &DatabaseDef,
     user: &str,
     tracked: Arc<Tracked>,
+    server_tls: ServerTls,
 ) -> PoolSettings {
     let s = &config.settings;
     let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
@@ -254,7 +276,7 @@ pub fn pool_settings(
             .unwrap_or(s.max_user_connections) as usize,
     };
     PoolSettings {
-        target: server_target(db, server_user.clone()),
+        target: server_target(db, server_user.clone(), server_tls),
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
@@ -282,7 +304,7 @@ pub fn pool_settings(
     }
 }
 
-fn server_target(db: &DatabaseDef, server_user: String) -> ServerTarget {
+fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> ServerTarget {
     let host = db.host.clone().unwrap_or_default();
     let addr = if host.is_empty() || host.starts_with('/') {
         let dir = if host.is_empty() {
@@ -314,6 +336,7 @@ fn server_target(db: &DatabaseDef, server_user: String) -> ServerTarget {
         user: server_user,
         startup_params,
         connect_query: db.connect_query.clone(),
+        tls,
     }
 }
 

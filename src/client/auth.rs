@@ -1,11 +1,19 @@
-//! Client authentication by the pooler: trust, plain, md5 and scram-sha-256 against the
-//! auth file.
+//! Client authentication by the pooler: the failed-login throttle, the method (`auth_type`,
+//! or the hba line that matches), the exchange against the auth file's or auth_query's
+//! secret, and the client caps counted once the client is authenticated.
+
+use std::sync::Arc;
+use std::time::Instant;
 
 use bytes::BytesMut;
 use rand::RngCore;
 
-use super::{ClientIo, SessionError};
+use super::{ClientIo, SessionError, StartupRequest};
 use crate::config::{AuthType, Secret};
+use crate::edge::caps::{CapGuard, CapRefusal};
+use crate::edge::hba::{HbaMethod, HbaPeer};
+use crate::edge::secrets::{self, Origin};
+use crate::edge::throttle::Attempt;
 use crate::runtime::Runtime;
 use crate::server::Credential;
 use crate::wire::{self, sqlstate, ErrorResponse, ScramSecret, ScramServer};
@@ -14,32 +22,213 @@ use crate::wire::{self, sqlstate, ErrorResponse, ScramSecret, ScramServer};
 const SCRAM_ITERATIONS: u32 = 4096;
 
 /// A successful login; `credential` holds what the client proved that pgward may reuse to
-/// log in to the server (SCRAM keys), if any.
+/// log in to the server (SCRAM keys, or the secret auth_query found), if any.
 pub struct Authenticated {
     pub credential: Option<Credential>,
 }
 
-/// Runs the exchange `auth_type` asks for. Unknown users go through the same exchange as
-/// known ones and fail at the end, so a probe learns nothing.
+/// Logs a client in: refuses an address that failed too often, authenticates, sends
+/// AuthenticationOk, then counts the client against its role's and database's caps (over a
+/// cap, the FATAL follows AuthenticationOk, as in PostgreSQL). The guard holds the slot.
+pub async fn login(
+    io: &mut ClientIo,
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+) -> Result<(Authenticated, CapGuard), SessionError> {
+    let authed = throttled(io, rt, req).await?;
+    let mut out = BytesMut::new();
+    wire::encode_auth_ok(&mut out);
+    io.send(&out).await?;
+    let limits = crate::edge::cap_limits(&rt.config.load(), &req.database, &req.user);
+    let slot = rt
+        .edge
+        .caps
+        .admit(&req.user, &req.database, limits)
+        .map_err(|over| {
+            let message = match over {
+                CapRefusal::Role => format!("too many connections for role \"{}\"", req.user),
+                CapRefusal::Database => {
+                    format!("too many connections for database \"{}\"", req.database)
+                }
+            };
+            SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                message,
+            ))
+        })?;
+    Ok((authed, slot))
+}
+
+/// Authenticates `user` for the admin console (no AuthenticationOk is sent), through the
+/// same throttle as every login; hba rules see the database `pgbouncer`.
 pub async fn authenticate(
     io: &mut ClientIo,
-    rt: &Runtime,
+    rt: &Arc<Runtime>,
     user: &str,
 ) -> Result<Authenticated, SessionError> {
+    let req = StartupRequest {
+        user: user.to_string(),
+        database: crate::config::databases::ADMIN_DB.to_string(),
+        params: Vec::new(),
+    };
+    throttled(io, rt, &req).await
+}
+
+/// Refuses an address that failed too often as this role, else authenticates and records
+/// the outcome.
+async fn throttled(
+    io: &mut ClientIo,
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+) -> Result<Authenticated, SessionError> {
+    let who = Attempt {
+        addr: io.stream.peer_ip(),
+        role: req.user.clone(),
+    };
+    let blocked = crate::pool::lock(&rt.edge.throttle).check(&who, Instant::now());
+    if blocked.is_err() {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!(
+                "too many failed login attempts for user \"{}\" from this address; try again later",
+                req.user
+            ),
+        )));
+    }
+    let authed = match authenticate_for(io, rt, req).await {
+        Ok(a) => a,
+        Err(SessionError::Fatal(e)) if is_auth_failure(&e) => {
+            if crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
+                tracing::warn!(user = %req.user, addr = ?who.addr, "failed logins: address blocked for this user");
+            }
+            return Err(SessionError::Fatal(e));
+        }
+        Err(e) => return Err(e),
+    };
+    crate::pool::lock(&rt.edge.throttle).succeeded(&who);
+    Ok(authed)
+}
+
+/// Whether a refusal counts as a failed login: a wrong password (28P01) or a refusal by the
+/// rules (28000).
+fn is_auth_failure(e: &ErrorResponse) -> bool {
+    e.code == sqlstate::INVALID_PASSWORD || e.code == sqlstate::INVALID_AUTHORIZATION
+}
+
+/// Runs the exchange the method asks for. Unknown users go through the same exchange as
+/// known ones and fail at the end, so a probe learns nothing.
+async fn authenticate_for(
+    io: &mut ClientIo,
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+) -> Result<Authenticated, SessionError> {
+    let user = req.user.as_str();
+    let method = method_for(io, rt, req)?;
+    match method {
+        HbaMethod::Trust => return Ok(Authenticated { credential: None }),
+        HbaMethod::Cert => return cert(io, user),
+        HbaMethod::Reject => return Err(hba_refusal(io, req, "pg_hba.conf rejects connection")),
+        _ => {}
+    }
+    let (secret, origin) = secrets::find_secret(rt, &req.database, user)
+        .await
+        .map_err(|e| {
+            tracing::warn!(user, "{e}");
+            SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::CONNECTION_FAILURE,
+                "authentication lookup failed".to_string(),
+            ))
+        })?;
+    let from_query = matches!(origin, Origin::AuthQuery(_));
+    let result = match (method, &secret) {
+        (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
+        (HbaMethod::Md5, Some(Secret::Scram(_))) | (HbaMethod::ScramSha256, _) => {
+            scram(io, rt, user, secret.as_ref(), from_query).await
+        }
+        _ => md5(io, user, secret.as_ref(), from_query).await,
+    };
+    if let (Err(_), Origin::AuthQuery(key)) = (&result, &origin) {
+        rt.edge.secrets.forget(key);
+    }
+    result
+}
+
+/// The method for this connection: from `auth_type`, or the first hba line that matches.
+fn method_for(
+    io: &ClientIo,
+    rt: &Runtime,
+    req: &StartupRequest,
+) -> Result<HbaMethod, SessionError> {
     let auth_type = rt.config.load().settings.auth_type;
-    let secret = rt.userlist.load().get(user).cloned();
-    match auth_type {
-        AuthType::Trust | AuthType::Any => Ok(Authenticated { credential: None }),
-        AuthType::Plain => plain(io, user, secret.as_ref()).await,
-        AuthType::Md5 => match &secret {
-            Some(Secret::Scram(_)) => scram(io, rt, user, secret.as_ref()).await,
-            _ => md5(io, user, secret.as_ref()).await,
-        },
-        AuthType::ScramSha256 => scram(io, rt, user, secret.as_ref()).await,
-        other => Err(SessionError::Fatal(ErrorResponse::fatal(
-            sqlstate::FEATURE_NOT_SUPPORTED,
-            format!("auth_type {other:?} is not supported by this pgward build"),
+    Ok(match auth_type {
+        AuthType::Trust | AuthType::Any => HbaMethod::Trust,
+        AuthType::Plain => HbaMethod::Password,
+        AuthType::Md5 => HbaMethod::Md5,
+        AuthType::ScramSha256 => HbaMethod::ScramSha256,
+        AuthType::Cert => HbaMethod::Cert,
+        AuthType::Hba => {
+            let hba = rt.edge.hba.load();
+            let peer = HbaPeer {
+                addr: io.stream.peer_ip(),
+                tls: io.stream.is_tls(),
+                database: &req.database,
+                user: &req.user,
+            };
+            match hba.as_ref().as_ref().and_then(|h| h.find(&peer)) {
+                Some(rule) => rule.method,
+                None => return Err(hba_refusal(io, req, "no pg_hba.conf entry")),
+            }
+        }
+        other => {
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::FEATURE_NOT_SUPPORTED,
+                format!("auth_type {other:?} is not supported by this pgward build"),
+            )))
+        }
+    })
+}
+
+/// PostgreSQL's refusal by its hba rules: `what for host "...", user "...", database "...",
+/// SSL encryption|no encryption`.
+fn hba_refusal(io: &ClientIo, req: &StartupRequest, what: &str) -> SessionError {
+    let host = io
+        .stream
+        .peer_ip()
+        .map_or_else(|| "[local]".to_string(), |ip| ip.to_string());
+    let encryption = if io.stream.is_tls() {
+        "SSL encryption"
+    } else {
+        "no encryption"
+    };
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::INVALID_AUTHORIZATION,
+        format!(
+            "{what} for host \"{host}\", user \"{}\", database \"{}\", {encryption}",
+            req.user, req.database
+        ),
+    ))
+}
+
+/// Certificate authentication: the client certificate (checked against
+/// `client_tls_ca_file` in the handshake) must name the user as its common name.
+fn cert(io: &ClientIo, user: &str) -> Result<Authenticated, SessionError> {
+    match io.stream.peer_cert_name() {
+        Some(name) if name == user => Ok(Authenticated { credential: None }),
+        _ => Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!("certificate authentication failed for user \"{user}\""),
         ))),
+    }
+}
+
+/// What pgward may log in to the server with after a password check against `secret`: the
+/// secret itself when it came from auth_query (the auth file's secrets reach the pool from
+/// the file).
+fn reusable(secret: Option<&Secret>, from_query: bool) -> Option<Credential> {
+    match secret? {
+        Secret::Plain(p) if from_query => Some(Credential::Password(p.clone())),
+        Secret::Md5(m) if from_query => Some(Credential::Md5Secret(m.clone())),
+        _ => None,
     }
 }
 
@@ -69,6 +258,7 @@ async fn plain(
     io: &mut ClientIo,
     user: &str,
     secret: Option<&Secret>,
+    from_query: bool,
 ) -> Result<Authenticated, SessionError> {
     let mut out = BytesMut::new();
     wire::encode_auth_cleartext(&mut out);
@@ -88,7 +278,9 @@ async fn plain(
         None => false,
     };
     if ok {
-        Ok(Authenticated { credential: None })
+        Ok(Authenticated {
+            credential: reusable(secret, from_query),
+        })
     } else {
         Err(failed(user))
     }
@@ -98,6 +290,7 @@ async fn md5(
     io: &mut ClientIo,
     user: &str,
     secret: Option<&Secret>,
+    from_query: bool,
 ) -> Result<Authenticated, SessionError> {
     let mut salt = [0u8; 4];
     rand::thread_rng().fill_bytes(&mut salt);
@@ -112,7 +305,9 @@ async fn md5(
         _ => None,
     };
     match expected {
-        Some(e) if constant_eq(e.as_bytes(), &given) => Ok(Authenticated { credential: None }),
+        Some(e) if constant_eq(e.as_bytes(), &given) => Ok(Authenticated {
+            credential: reusable(secret, from_query),
+        }),
         _ => Err(failed(user)),
     }
 }
@@ -122,7 +317,9 @@ async fn scram(
     rt: &Runtime,
     user: &str,
     secret: Option<&Secret>,
+    from_query: bool,
 ) -> Result<Authenticated, SessionError> {
+    let offered = secret;
     let (scram_secret, stored) = match secret {
         Some(Secret::Scram(s)) => match ScramSecret::parse(s) {
             Some(sec) => (Some(sec), true),
@@ -168,10 +365,14 @@ async fn scram(
     out.clear();
     wire::encode_auth_sasl_final(&mut out, &outcome.server_final);
     io.send(&out).await?;
-    let credential = stored.then_some(Credential::ScramKeys {
-        client_key: outcome.client_key,
-        server_key,
-    });
+    let credential = if stored {
+        Some(Credential::ScramKeys {
+            client_key: outcome.client_key,
+            server_key,
+        })
+    } else {
+        reusable(offered, from_query)
+    };
     Ok(Authenticated { credential })
 }
 

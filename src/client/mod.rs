@@ -7,6 +7,7 @@ mod messages;
 mod prepared;
 mod session;
 mod startup;
+mod tls;
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -130,7 +131,13 @@ struct Admit {
 
 /// A completed login: to a pool, or to the admin console.
 enum Opened {
-    Pool(StartupRequest, Arc<Pool>, crate::pool::Welcome),
+    /// The guard counts the client against its caps until the session ends.
+    Pool(
+        StartupRequest,
+        Arc<Pool>,
+        crate::pool::Welcome,
+        crate::edge::caps::CapGuard,
+    ),
     Console(StartupRequest, crate::admin::Role),
 }
 
@@ -158,14 +165,11 @@ async fn run(
             return Ok(Some(Opened::Console(req, role)));
         }
         check_admission(rt, &req.database, admit.admission)?;
-        let authed = auth::authenticate(io, rt, &req.user).await?;
-        let mut out = BytesMut::new();
-        wire::encode_auth_ok(&mut out);
-        io.send(&out).await?;
+        let (authed, slot) = auth::login(io, rt, &req).await?;
         check_startup_search_path(rt, &req, io.stream.peer_ip())?;
         let pool = open_pool(rt, &req, authed.credential)?;
         let welcome = welcome(rt, &pool).await?;
-        Ok(Some(Opened::Pool(req, pool, welcome)))
+        Ok(Some(Opened::Pool(req, pool, welcome, slot)))
     };
     let opened = match login_timeout {
         Some(limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
@@ -177,12 +181,12 @@ async fn run(
         None => login.await?,
     };
     io.max_message = admit.max_message;
-    let (req, pool, welcome) = match opened {
+    let (req, pool, welcome, _slot) = match opened {
         None => return Ok(()),
         Some(Opened::Console(req, role)) => {
             return crate::admin::serve(rt, io, entry, &req, role).await;
         }
-        Some(Opened::Pool(req, pool, welcome)) => (req, pool, welcome),
+        Some(Opened::Pool(req, pool, welcome, slot)) => (req, pool, welcome, slot),
     };
     let app_name = req
         .params

@@ -28,6 +28,7 @@ pub enum Opening {
 
 /// Reads packets until a startup message or a cancel request.
 pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Opening, SessionError> {
+    super::tls::accept_direct(io, rt).await?;
     loop {
         let packet = loop {
             if let Some(p) = wire::decode_startup(&mut io.rbuf, io.max_message)? {
@@ -40,7 +41,11 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 if !io.rbuf.is_empty() {
                     return Err(protocol("data received before the encryption answer"));
                 }
-                io.send(b"N").await?;
+                if packet == StartupPacket::GssEncRequest
+                    || !super::tls::accept_requested(io, rt).await?
+                {
+                    io.send(b"N").await?;
+                }
             }
             StartupPacket::Cancel { pid, secret } => {
                 let limit = rt
@@ -53,6 +58,7 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 return Ok(Opening::Cancel);
             }
             StartupPacket::Startup { minor, params, .. } => {
+                super::tls::check_required(io, rt)?;
                 let protocol_options: Vec<String> = params
                     .iter()
                     .filter(|(k, _)| k.starts_with("_pq_."))

@@ -19,8 +19,9 @@ pub enum LoadBalanceHosts {
     Disable,
 }
 
-/// One entry of `[databases]`: how a client-side database name maps to a server.
-#[derive(Debug, Clone, PartialEq, Default)]
+/// One entry of `[databases]`: how a client-side database name maps to a server. Its Debug
+/// form never shows the password.
+#[derive(Clone, PartialEq, Default)]
 pub struct DatabaseDef {
     /// Client-side name (the key), case kept.
     pub name: String,
@@ -56,6 +57,23 @@ pub struct DatabaseDef {
     pub datestyle: Option<String>,
     pub timezone: Option<String>,
     pub application_name: Option<String>,
+}
+
+impl std::fmt::Debug for DatabaseDef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DatabaseDef")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .field("port", &self.port)
+            .field("dbname", &self.dbname)
+            .field("user", &self.user)
+            .field("password", &self.password.as_ref().map(|_| "(hidden)"))
+            .field("auth_user", &self.auth_user)
+            .field("auth_dbname", &self.auth_dbname)
+            .field("pool_size", &self.pool_size)
+            .field("pool_mode", &self.pool_mode)
+            .finish_non_exhaustive()
+    }
 }
 
 impl DatabaseDef {

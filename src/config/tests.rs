@@ -348,3 +348,11 @@ fn settings_set_shared_with_admin() {
     assert!(c.settings.set("default_pool_size", "three").is_err());
     assert_eq!(c.settings.default_pool_size, 3);
 }
+
+#[test]
+fn debug_output_hides_connection_string_passwords() {
+    let (db, _) = DatabaseDef::parse("app", "host=h user=u password=hunter2").unwrap();
+    let shown = format!("{db:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("(hidden)"), "{shown}");
+}

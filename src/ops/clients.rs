@@ -255,24 +255,20 @@ impl ClientRegistry {
 }
 
 fn stream_fd(stream: &Stream) -> RawFd {
-    use std::os::fd::AsRawFd;
-    match stream {
-        Stream::Tcp(s) => s.as_raw_fd(),
-        Stream::Unix(s) => s.as_raw_fd(),
-    }
+    stream.raw_fd()
 }
 
 type Endpoint = (String, u16);
 
 fn stream_addresses(stream: &Stream) -> (Endpoint, Endpoint) {
-    match stream {
-        Stream::Tcp(s) => {
+    match stream.tcp() {
+        Some(s) => {
             let split = |a: std::io::Result<std::net::SocketAddr>| {
                 a.map(|a| (a.ip().to_string(), a.port()))
                     .unwrap_or_else(|_| ("?".into(), 0))
             };
             (split(s.peer_addr()), split(s.local_addr()))
         }
-        Stream::Unix(_) => (("unix".into(), 0), ("unix".into(), 0)),
+        None => (("unix".into(), 0), ("unix".into(), 0)),
     }
 }

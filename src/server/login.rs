@@ -4,7 +4,11 @@ use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
-use super::{BackendKey, Credential, ServerConn, ServerError, ServerTarget};
+use rustls::pki_types::ServerName;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::{BackendKey, Credential, ServerAddr, ServerConn, ServerError, ServerTarget};
+use crate::net::Stream;
 use crate::params::{ParamSet, Tracked};
 use crate::wire::{self, AuthRequest, Backend, ScramClient, ScramCredential, TxStatus};
 
@@ -18,7 +22,7 @@ pub async fn connect(
     max_message: usize,
 ) -> Result<ServerConn, ServerError> {
     let attempt = async {
-        let stream = target.addr.connect().await?;
+        let stream = negotiate_tls(target.addr.connect().await?, target).await?;
         let now = Instant::now();
         let mut conn = ServerConn {
             id,
@@ -48,6 +52,39 @@ pub async fn connect(
     tokio::time::timeout(timeout, attempt)
         .await
         .map_err(|_| ServerError::Timeout)?
+}
+
+/// Asks a TCP server for TLS when `server_tls_sslmode` says so: SSLRequest, then a handshake
+/// on 'S'; on 'N' plain text goes on unless TLS is required. Exactly one byte is read
+/// before the handshake, so nothing sent in the clear can pass for encrypted data.
+async fn negotiate_tls(stream: Stream, target: &ServerTarget) -> Result<Stream, ServerError> {
+    let (Some(config), ServerAddr::Tcp { host, .. }) = (&target.tls.config, &*target.addr) else {
+        return Ok(stream);
+    };
+    let Stream::Tcp(mut tcp) = stream else {
+        return Ok(stream);
+    };
+    let mut out = BytesMut::new();
+    wire::encode_ssl_request(&mut out);
+    tcp.write_all(&out).await?;
+    match tcp.read_u8().await? {
+        b'S' => {
+            let name = ServerName::try_from(host.clone())
+                .map_err(|_| ServerError::Auth(format!("{host:?} is not a TLS server name")))?;
+            let connector = tokio_rustls::TlsConnector::from(config.clone());
+            let tls = connector
+                .connect(name, tcp)
+                .await
+                .map_err(|e| ServerError::Auth(format!("TLS handshake with the server: {e}")))?;
+            Ok(Stream::TlsOut(Box::new(tls)))
+        }
+        b'N' if target.tls.required() => Err(ServerError::Auth(format!(
+            "server does not support TLS and server_tls_sslmode is {:?}",
+            target.tls.mode
+        ))),
+        b'N' => Ok(Stream::Tcp(tcp)),
+        _ => Err(ServerError::Protocol("unexpected answer to SSLRequest")),
+    }
 }
 
 async fn login(

@@ -3,6 +3,7 @@
 
 mod expect;
 mod login;
+mod lookup;
 mod statements;
 
 use std::io;
@@ -18,6 +19,7 @@ use crate::wire::{self, Backend, ErrorFields, Frame, TxStatus, WireError};
 
 pub use expect::{Desync, Expected, Learned, Owed, Route};
 pub use login::connect;
+pub use lookup::TextRow;
 pub use statements::ServerStatements;
 
 /// Where a server listens.
@@ -97,6 +99,8 @@ pub struct ServerTarget {
     /// application_name from the connection string).
     pub startup_params: Vec<(String, String)>,
     pub connect_query: Option<String>,
+    /// Whether and how TLS is asked for (TCP servers only).
+    pub tls: crate::edge::tls::ServerTls,
 }
 
 /// The key the server gave at login, to cancel what it runs.

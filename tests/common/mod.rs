@@ -14,6 +14,7 @@
 //! encodes PgBouncer's behaviour (files it must read belong in a [`shared_tempdir`]).
 #![allow(dead_code)]
 
+pub mod certs;
 pub mod driver;
 pub mod raw;
 pub mod script;

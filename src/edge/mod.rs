@@ -1,0 +1,135 @@
+//! The edge: what stands between the network and the pools. TLS on both sides, the hba
+//! file, the failed-login throttle, client caps counted after authentication, and secrets
+//! fetched with auth_query.
+
+pub mod caps;
+pub mod hba;
+pub mod secrets;
+pub mod throttle;
+pub mod tls;
+
+use std::sync::{Arc, Mutex};
+
+use arc_swap::ArcSwap;
+
+use crate::config::{AuthType, Config, Settings};
+use caps::{CapLimits, ClientCaps};
+use hba::{Hba, HbaError};
+use secrets::SecretCache;
+use throttle::{LoginThrottle, ThrottleRule};
+use tls::{ClientTls, ServerTls, TlsError};
+
+/// Most (address, role) pairs the throttle remembers.
+const THROTTLE_ENTRIES: usize = 65_536;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error("client TLS: {0}")]
+    ClientTls(TlsError),
+    #[error("server TLS: {0}")]
+    ServerTls(TlsError),
+    #[error(transparent)]
+    Hba(#[from] HbaError),
+}
+
+/// The edge's state, shared by every client task.
+pub struct Edge {
+    pub client_tls: ArcSwap<ClientTls>,
+    pub server_tls: ArcSwap<ServerTls>,
+    /// The parsed `auth_hba_file`, when `auth_type = hba`.
+    pub hba: ArcSwap<Option<Hba>>,
+    pub throttle: Mutex<LoginThrottle>,
+    pub caps: Arc<ClientCaps>,
+    pub secrets: SecretCache,
+}
+
+impl Edge {
+    /// Reads the certificates and the hba file; any error stops the start.
+    pub fn load(s: &Settings) -> Result<Edge, EdgeError> {
+        Ok(Edge {
+            client_tls: ArcSwap::from_pointee(tls::client_tls(s).map_err(EdgeError::ClientTls)?),
+            server_tls: ArcSwap::from_pointee(tls::server_tls(s).map_err(EdgeError::ServerTls)?),
+            hba: ArcSwap::from_pointee(load_hba(s)?),
+            throttle: Mutex::new(LoginThrottle::new(
+                ThrottleRule::default(),
+                THROTTLE_ENTRIES,
+            )),
+            caps: Arc::new(ClientCaps::default()),
+            secrets: SecretCache::default(),
+        })
+    }
+
+    /// Reads the certificates and the hba file again. A part that fails to load keeps its
+    /// running version; the returned messages say which and why.
+    pub fn reload(&self, s: &Settings) -> Vec<String> {
+        let mut kept = Vec::new();
+        match tls::client_tls(s) {
+            Ok(t) => self.client_tls.store(Arc::new(t)),
+            Err(e) => kept.push(format!(
+                "client TLS not reloaded, keeping the running certificates: {e}"
+            )),
+        }
+        match tls::server_tls(s) {
+            Ok(t) => self.server_tls.store(Arc::new(t)),
+            Err(e) => kept.push(format!(
+                "server TLS not reloaded, keeping the running certificates: {e}"
+            )),
+        }
+        match load_hba(s) {
+            Ok(h) => self.hba.store(Arc::new(h)),
+            Err(e) => kept.push(format!(
+                "auth_hba_file not reloaded, keeping the running rules: {e}"
+            )),
+        }
+        self.secrets.clear();
+        kept
+    }
+}
+
+fn load_hba(s: &Settings) -> Result<Option<Hba>, HbaError> {
+    match (&s.auth_hba_file, s.auth_type) {
+        (Some(path), AuthType::Hba) => Hba::load(path).map(Some),
+        _ => Ok(None),
+    }
+}
+
+/// The caps that apply to `user` logging in to client database `database`.
+pub fn cap_limits(config: &Config, database: &str, user: &str) -> CapLimits {
+    let s = &config.settings;
+    let per_role = config
+        .user(user)
+        .and_then(|u| u.max_user_client_connections)
+        .unwrap_or(s.max_user_client_connections);
+    let per_database = config
+        .database(database)
+        .and_then(|d| d.max_db_client_connections)
+        .unwrap_or(s.max_db_client_connections);
+    CapLimits {
+        per_role: per_role as usize,
+        per_database: per_database as usize,
+    }
+}
+
+/// Raises the soft limit on open files towards `wanted` (never past the hard limit), as a
+/// pooler with many clients needs; returns the soft limit in force afterwards.
+pub fn raise_fd_limit(wanted: u64) -> std::io::Result<u64> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes into the struct we pass and has no other effect.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let target = wanted.min(lim.rlim_max);
+    if lim.rlim_cur >= target {
+        return Ok(lim.rlim_cur);
+    }
+    lim.rlim_cur = target;
+    // SAFETY: setrlimit reads the struct we pass; raising the soft limit up to the hard
+    // limit needs no privilege.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(target)
+}

@@ -1,0 +1,150 @@
+//! One-row queries with text parameters, sent with the extended protocol so a parameter is
+//! never spliced into SQL (auth_query's `$1`).
+
+use bytes::{BufMut, BytesMut};
+
+use super::{ServerConn, ServerError};
+use crate::params::Tracked;
+use crate::wire::{self, Backend};
+
+/// A row of text values; `None` is SQL NULL.
+pub type TextRow = Vec<Option<String>>;
+
+impl ServerConn {
+    /// Runs `sql` with `params` as text and returns its first row, reading to ReadyForQuery.
+    /// An error from the server is returned after ReadyForQuery, so the connection stays in
+    /// step.
+    pub async fn query_row(
+        &mut self,
+        sql: &str,
+        params: &[&str],
+        tracked: &Tracked,
+    ) -> Result<Option<TextRow>, ServerError> {
+        let mut out = BytesMut::new();
+        wire::encode_parse(&mut out, b"", sql.as_bytes(), &[]);
+        encode_bind_text(&mut out, params);
+        encode_execute(&mut out);
+        wire::encode_sync(&mut out);
+        self.internal_busy = true;
+        self.send(&out).await?;
+        let mut row = None;
+        let mut failure = None;
+        loop {
+            let frame = self.read_frame().await?;
+            if frame.tag() == b'D' {
+                if row.is_none() {
+                    row = Some(parse_data_row(&frame.body()).ok_or(ServerError::Protocol(
+                        "malformed DataRow in an internal query",
+                    ))?);
+                }
+                continue;
+            }
+            match wire::decode_backend(&frame)? {
+                Backend::ReadyForQuery(status) => {
+                    self.tx = status;
+                    self.internal_busy = false;
+                    return failure.map_or(Ok(row), |f| Err(ServerError::Refused(f)));
+                }
+                Backend::ErrorResponse(fields) => {
+                    failure.get_or_insert(fields);
+                }
+                Backend::ParameterStatus { name, value } => {
+                    self.note_parameter(&name, &value, tracked);
+                }
+                Backend::CopyInResponse | Backend::CopyBothResponse => {
+                    self.reusable = false;
+                    return Err(ServerError::Protocol(
+                        "unexpected COPY in an internal query",
+                    ));
+                }
+                _ => {}
+            }
+        }
+    }
+}
+
+/// Bind of the unnamed statement to the unnamed portal, every parameter as text.
+fn encode_bind_text(buf: &mut BytesMut, params: &[&str]) {
+    let mut body = BytesMut::new();
+    body.put_u8(0); // portal
+    body.put_u8(0); // statement
+    body.put_i16(0); // parameter formats: all text
+    body.put_i16(i16::try_from(params.len()).unwrap_or(i16::MAX));
+    for p in params.iter().take(i16::MAX as usize) {
+        body.put_i32(i32::try_from(p.len()).unwrap_or(i32::MAX));
+        body.put_slice(p.as_bytes());
+    }
+    body.put_i16(0); // result formats: all text
+    put_tagged(buf, b'B', &body);
+}
+
+/// Execute of the unnamed portal, all rows.
+fn encode_execute(buf: &mut BytesMut) {
+    put_tagged(buf, b'E', &[0, 0, 0, 0, 0]);
+}
+
+fn put_tagged(buf: &mut BytesMut, tag: u8, body: &[u8]) {
+    buf.put_u8(tag);
+    buf.put_i32(i32::try_from(body.len() + 4).unwrap_or(i32::MAX));
+    buf.put_slice(body);
+}
+
+/// The values of a DataRow body, or `None` if it is malformed.
+fn parse_data_row(body: &[u8]) -> Option<TextRow> {
+    let (count, mut rest) = split_u16(body)?;
+    let mut row = Vec::with_capacity(usize::from(count).min(64));
+    for _ in 0..count {
+        let (len, after) = split_i32(rest)?;
+        rest = after;
+        if len < 0 {
+            row.push(None);
+            continue;
+        }
+        let len = usize::try_from(len).ok()?;
+        if rest.len() < len {
+            return None;
+        }
+        let (value, after) = rest.split_at(len);
+        rest = after;
+        row.push(Some(String::from_utf8_lossy(value).into_owned()));
+    }
+    Some(row)
+}
+
+fn split_u16(b: &[u8]) -> Option<(u16, &[u8])> {
+    let (head, rest) = b.split_first_chunk::<2>()?;
+    Some((u16::from_be_bytes(*head), rest))
+}
+
+fn split_i32(b: &[u8]) -> Option<(i32, &[u8])> {
+    let (head, rest) = b.split_first_chunk::<4>()?;
+    Some((i32::from_be_bytes(*head), rest))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_rows() {
+        let mut out = BytesMut::new();
+        wire::encode_data_row(&mut out, &[Some(b"alice"), None, Some(b"")]);
+        let body = &out[5..];
+        assert_eq!(
+            parse_data_row(body),
+            Some(vec![Some("alice".into()), None, Some(String::new())])
+        );
+        assert_eq!(parse_data_row(&body[..body.len() - 1]), None);
+        assert_eq!(parse_data_row(&[0, 1, 0x7f, 0xff, 0xff, 0xff]), None);
+        assert_eq!(parse_data_row(&[]), None);
+    }
+
+    #[test]
+    fn bind_is_framed() {
+        let mut out = BytesMut::new();
+        encode_bind_text(&mut out, &["bob"]);
+        assert_eq!(out[0], b'B');
+        let len = i32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
+        assert_eq!(len + 1, out.len());
+    }
+}

@@ -1,0 +1,280 @@
+//! Authentication at pgward's edge: auth_query secrets (md5 and SCRAM end to end), the hba
+//! file, client caps counted after authentication, and the failed-login throttle.
+
+mod common;
+
+use std::time::Duration;
+
+use common::raw::{self, Raw, PROTOCOL_3_0};
+use common::{psql_at, stderr_of, stdout_of, write_userlist, Pgward, Postgres};
+
+fn login(pw: &Pgward, user: &str, password: Option<&str>, db: &str) -> Result<String, String> {
+    let out = psql_at(pw.port, user, password, db, "SELECT current_user");
+    if out.status.success() {
+        Ok(stdout_of(&out))
+    } else {
+        Err(stderr_of(&out))
+    }
+}
+
+#[test]
+fn auth_query_md5_and_scram_end_to_end() {
+    let pg = Postgres::start();
+    // No auth file: every secret comes from auth_query, run as the trusted superuser.
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        "auth_type = md5\nauth_user = postgres\nauth_dbname = postgres\npool_mode = transaction\n",
+        "",
+    ));
+    assert_eq!(
+        login(&pw, "md5user", Some("md5pass"), "app"),
+        Ok("md5user".into())
+    );
+    assert_eq!(
+        login(&pw, "scramuser", Some("scrampass"), "app"),
+        Ok("scramuser".into())
+    );
+    let wrong = login(&pw, "scramuser", Some("nope"), "app").unwrap_err();
+    assert!(wrong.contains("password authentication failed"), "{wrong}");
+    let wrong = login(&pw, "md5user", Some("nope"), "app").unwrap_err();
+    assert!(wrong.contains("password authentication failed"), "{wrong}");
+    let unknown = login(&pw, "nosuchuser", Some("x"), "app").unwrap_err();
+    assert!(
+        unknown.contains("password authentication failed"),
+        "{unknown}"
+    );
+
+    // A changed password: the cached secret fails once, is fetched again, and then works.
+    pg.sql_in(
+        "postgres",
+        "SET password_encryption = 'scram-sha-256'; ALTER ROLE scramuser PASSWORD 'newpass'",
+    );
+    let _ = login(&pw, "scramuser", Some("newpass"), "app");
+    assert_eq!(
+        login(&pw, "scramuser", Some("newpass"), "app"),
+        Ok("scramuser".into()),
+        "{}",
+        pw.log()
+    );
+    // Neither passwords nor secrets reach the log.
+    let log = pw.log();
+    for secret in ["md5pass", "scrampass", "newpass", "SCRAM-SHA-256$"] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+}
+
+const HBA: &str = "\
+# pgward test rules
+host app trustuser 127.0.0.1/32 trust
+host app md5user 127.0.0.1/32 md5
+host app scramuser 127.0.0.1/32 scram-sha-256
+host app passworduser 127.0.0.1/32 reject
+local all all trust
+";
+
+#[test]
+fn hba_rules_pick_the_method() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-hba-");
+    let hba = dir.path().join("hba.conf");
+    std::fs::write(&hba, HBA).unwrap();
+    let userlist = write_userlist(
+        dir.path(),
+        &[
+            ("md5user", &pg.role_secret("md5user")),
+            ("scramuser", &pg.role_secret("scramuser")),
+            ("passworduser", "plainpass"),
+        ],
+    );
+    let settings = format!(
+        "auth_type = hba\nauth_hba_file = {}\nauth_file = {}\n",
+        hba.display(),
+        userlist.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    assert_eq!(login(&pw, "trustuser", None, "app"), Ok("trustuser".into()));
+    assert_eq!(
+        login(&pw, "md5user", Some("md5pass"), "app"),
+        Ok("md5user".into())
+    );
+    assert!(login(&pw, "md5user", Some("bad"), "app")
+        .unwrap_err()
+        .contains("password authentication failed"));
+    assert_eq!(
+        login(&pw, "scramuser", Some("scrampass"), "app"),
+        Ok("scramuser".into())
+    );
+    let rejected = login(&pw, "passworduser", Some("plainpass"), "app").unwrap_err();
+    assert!(
+        rejected.contains("pg_hba.conf rejects connection for host \"127.0.0.1\""),
+        "{rejected}"
+    );
+    let no_entry = login(&pw, "trustuser", None, "postgres").unwrap_err();
+    assert!(no_entry.contains("no pg_hba.conf entry"), "{no_entry}");
+    assert!(no_entry.contains("no encryption"), "{no_entry}");
+    let mut raw = Raw::connect(pw.port);
+    let err = raw
+        .startup(&[("user", "trustuser"), ("database", "postgres")])
+        .unwrap_err();
+    assert_eq!(err.code(), "28000");
+
+    // A broken file on reload keeps the running rules and says where it is broken.
+    std::fs::write(
+        &hba,
+        "host app all 127.0.0.1/32 trust\nhots all all all trust\n",
+    )
+    .unwrap();
+    pw.reload();
+    assert!(
+        common::eventually(Duration::from_secs(5), || pw.log().contains("hba.conf:2:")),
+        "{}",
+        pw.log()
+    );
+    assert!(login(&pw, "passworduser", Some("plainpass"), "app").is_err());
+}
+
+#[test]
+fn a_broken_hba_file_stops_the_start() {
+    let dir = common::shared_tempdir("pgward-hba-");
+    let hba = dir.path().join("bad_hba.conf");
+    std::fs::write(&hba, "local all all trust\nhost all all 10.0.0.0/99 md5\n").unwrap();
+    let ini = dir.path().join("pgward.ini");
+    std::fs::write(
+        &ini,
+        format!(
+            "[databases]\napp = host=127.0.0.1\n[pgbouncer]\nlisten_port = {}\nauth_type = hba\nauth_hba_file = {}\n",
+            common::free_port(),
+            hba.display()
+        ),
+    )
+    .unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pgward"))
+        .arg(&ini)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("bad_hba.conf:2:"), "{text}");
+}
+
+/// Sends a startup message and reads to the first authentication request.
+fn stop_at_password_prompt(port: u16, user: &str) -> Raw {
+    let mut client = Raw::connect(port);
+    client.send(&raw::startup_packet(
+        PROTOCOL_3_0,
+        &[("user", user), ("database", "app")],
+    ));
+    let msg = client.read_message().unwrap();
+    assert_eq!(msg.tag, b'R');
+    assert_ne!(msg.body, [0, 0, 0, 0], "no password asked");
+    client
+}
+
+#[test]
+fn caps_are_counted_after_authentication() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-caps-");
+    let userlist = write_userlist(
+        dir.path(),
+        &[("md5user", &common::md5_secret("md5user", "md5pass"))],
+    );
+    let settings = format!(
+        "auth_type = md5\nauth_file = {}\nmax_user_client_connections = 2\nmax_db_client_connections = 3\n",
+        userlist.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    // Twenty clients idling at the password prompt hold none of md5user's slots.
+    let idle: Vec<Raw> = (0..20)
+        .map(|_| stop_at_password_prompt(pw.port, "md5user"))
+        .collect();
+    let connstr = pw.connstr("md5user", Some("md5pass"), "app");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let a = common::driver::must_connect(&connstr).await;
+        let b = common::driver::must_connect(&connstr).await;
+        let err = common::driver::connect(&connstr)
+            .await
+            .err()
+            .expect("over the cap");
+        assert_eq!(common::driver::code(&err), "53300");
+        assert!(common::driver::message(&err).contains("too many connections for role"));
+        drop(a);
+        // The slot is freed when pgward sees the client go.
+        let mut c = None;
+        for _ in 0..100 {
+            if let Ok(conn) = common::driver::connect(&connstr).await {
+                c = Some(conn);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(c.is_some(), "a freed slot was not reused");
+        drop((b, c));
+    });
+    drop(idle);
+
+    // The order on the wire: AuthenticationOk, then FATAL 53300 (as PostgreSQL).
+    let trust = Pgward::start(&Pgward::ini(
+        &pg,
+        "auth_type = trust\nmax_db_client_connections = 1\n",
+        "",
+    ));
+    let mut first = Raw::connect(trust.port);
+    first
+        .startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap();
+    let mut second = Raw::connect(trust.port);
+    second.send(&raw::startup_packet(
+        PROTOCOL_3_0,
+        &[("user", "md5user"), ("database", "app")],
+    ));
+    let ok = second.read_message().unwrap();
+    assert_eq!((ok.tag, ok.body.as_slice()), (b'R', &[0u8, 0, 0, 0][..]));
+    let fatal = second.expect_error();
+    assert_eq!(fatal.code(), "53300");
+    assert!(fatal
+        .message()
+        .contains("too many connections for database"));
+    // Another database is not affected.
+    let mut other = Raw::connect(trust.port);
+    other
+        .startup(&[("user", "trustuser"), ("database", "postgres")])
+        .unwrap();
+}
+
+#[test]
+fn failed_logins_block_the_address_for_that_role() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-throttle-");
+    let userlist = write_userlist(
+        dir.path(),
+        &[
+            ("md5user", &common::md5_secret("md5user", "md5pass")),
+            ("scramuser", &pg.role_secret("scramuser")),
+        ],
+    );
+    let settings = format!("auth_type = md5\nauth_file = {}\n", userlist.display());
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    for i in 0..10 {
+        let err = login(&pw, "md5user", Some("wrong"), "app").unwrap_err();
+        assert!(err.contains("password authentication failed"), "{i}: {err}");
+    }
+    let blocked = login(&pw, "md5user", Some("md5pass"), "app").unwrap_err();
+    assert!(
+        blocked.contains("too many failed login attempts"),
+        "{blocked}"
+    );
+    let mut raw = Raw::connect(pw.port);
+    let err = raw
+        .startup(&[("user", "md5user"), ("database", "app")])
+        .unwrap_err();
+    assert_eq!(err.code(), "28000");
+    // Another role from the same address is not blocked.
+    assert_eq!(
+        login(&pw, "scramuser", Some("scrampass"), "app"),
+        Ok("scramuser".into())
+    );
+}

@@ -1,0 +1,392 @@
+//! TLS at pgward's edge: clients with sslmode=require and verify-full against a CA the test
+//! makes, plain-text clients refused when TLS is required, direct TLS (PostgreSQL 17's
+//! sslnegotiation=direct) with a rustls client, certificate authentication, certificates
+//! re-read on reload (a bad one keeps the old), and TLS from pgward to PostgreSQL.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::certs::{Ca, Issued};
+use common::raw::{self, PROTOCOL_3_0};
+use common::{psql_at, stderr_of, stdout_of, Pgward, Postgres};
+
+fn tls_settings(server: &Issued, ca: &Path, mode: &str) -> String {
+    format!(
+        "auth_type = trust\npool_mode = transaction\nclient_tls_sslmode = {mode}\n\
+         client_tls_cert_file = {}\nclient_tls_key_file = {}\nclient_tls_ca_file = {}\n",
+        server.cert.display(),
+        server.key.display(),
+        ca.display()
+    )
+}
+
+fn psql_ok(port: u16, user: &str, conn: &str) -> String {
+    let out = psql_at(port, user, None, conn, "SELECT 1");
+    assert!(out.status.success(), "{conn}: {}", stderr_of(&out));
+    stdout_of(&out)
+}
+
+#[test]
+fn psql_require_and_verify_full_and_plain_text_refused() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-");
+    let ca = Ca::new("pgward test CA");
+    let ca_path = ca.write(&dir.path().join("ca.crt"));
+    let server = ca.issue(
+        dir.path(),
+        "server",
+        "localhost",
+        &["127.0.0.1", "localhost"],
+    );
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &tls_settings(&server, &ca_path, "require"),
+        "",
+    ));
+    assert_eq!(
+        psql_ok(pw.port, "trustuser", "dbname=app sslmode=require"),
+        "1"
+    );
+    let verify = format!(
+        "dbname=app sslmode=verify-full sslrootcert={}",
+        ca_path.display()
+    );
+    assert_eq!(psql_ok(pw.port, "trustuser", &verify), "1");
+
+    // The relay under load over TLS: pgbench through pgward with sslmode=require.
+    let init = pg.pgbench(&["-i", "-s", "1", "-q"]);
+    assert!(init.status.success(), "{}", stderr_of(&init));
+    let bench = common::pgbench_at(
+        pw.port,
+        None,
+        &[
+            "-c",
+            "4",
+            "-j",
+            "2",
+            "-T",
+            "5",
+            "-n",
+            "dbname=app sslmode=require",
+        ],
+    );
+    assert!(
+        bench.status.success(),
+        "{}\n{}",
+        stderr_of(&bench),
+        pw.log()
+    );
+    assert!(stdout_of(&bench).contains("number of failed transactions: 0 "));
+
+    // Plain text is refused after the startup packet, as PgBouncer does.
+    let plain = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app sslmode=disable",
+        "SELECT 1",
+    );
+    assert!(!plain.status.success());
+    assert!(
+        stderr_of(&plain).contains("SSL required"),
+        "{}",
+        stderr_of(&plain)
+    );
+    let mut client = raw::Raw::connect(pw.port);
+    let refused = client
+        .startup(&[("user", "trustuser"), ("database", "app")])
+        .unwrap_err();
+    assert_eq!(refused.code(), "28000");
+
+    // Another CA's root does not verify pgward's certificate.
+    let other = Ca::new("another CA");
+    let other_path = other.write(&dir.path().join("other.crt"));
+    let wrong = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        &format!(
+            "dbname=app sslmode=verify-full sslrootcert={}",
+            other_path.display()
+        ),
+        "SELECT 1",
+    );
+    assert!(!wrong.status.success(), "verified against the wrong CA");
+}
+
+#[test]
+fn reload_rereads_certificates_and_keeps_the_old_ones_when_bad() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-");
+    let ca = Ca::new("first CA");
+    let ca_path = ca.write(&dir.path().join("ca.crt"));
+    let server = ca.issue(dir.path(), "server", "localhost", &["127.0.0.1"]);
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &tls_settings(&server, &ca_path, "prefer"),
+        "",
+    ));
+    let verify_with = |ca: &Path| {
+        format!(
+            "dbname=app sslmode=verify-full sslrootcert={}",
+            ca.display()
+        )
+    };
+    psql_ok(pw.port, "trustuser", &verify_with(&ca_path));
+
+    std::fs::write(&server.cert, "not a certificate\n").unwrap();
+    pw.reload();
+    assert!(
+        common::eventually(Duration::from_secs(5), || pw
+            .log()
+            .contains("keeping the running certificates")),
+        "{}",
+        pw.log()
+    );
+    psql_ok(pw.port, "trustuser", &verify_with(&ca_path));
+
+    let second = Ca::new("second CA");
+    let second_path = second.write(&dir.path().join("second.crt"));
+    second.issue(dir.path(), "server", "localhost", &["127.0.0.1"]);
+    pw.reload();
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            psql_at(
+                pw.port,
+                "trustuser",
+                None,
+                &verify_with(&second_path),
+                "SELECT 1",
+            )
+            .status
+            .success()
+        }),
+        "the new certificate was not taken: {}",
+        pw.log()
+    );
+}
+
+/// A rustls client configuration trusting `ca`, offering `alpn`.
+fn rustls_client(ca: &Path, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in rustls::pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
+        roots.add(cert.unwrap()).unwrap();
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    Arc::new(config)
+}
+
+/// Reads messages from `stream` until ReadyForQuery or ErrorResponse; returns its tag and
+/// the tags seen.
+fn read_to_ready(stream: &mut impl Read) -> Vec<u8> {
+    let mut tags = Vec::new();
+    loop {
+        let mut head = [0u8; 5];
+        if stream.read_exact(&mut head).is_err() {
+            tags.push(b'!');
+            return tags;
+        }
+        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+        let mut body = vec![0u8; len - 4];
+        stream.read_exact(&mut body).unwrap();
+        tags.push(head[0]);
+        if head[0] == b'Z' || head[0] == b'E' {
+            return tags;
+        }
+    }
+}
+
+fn direct_tls_login(port: u16, ca: &Path, alpn: &[&[u8]]) -> Vec<u8> {
+    let config = rustls_client(ca, alpn);
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(config, name).unwrap();
+    let sock = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    let startup = raw::startup_packet(PROTOCOL_3_0, &[("user", "trustuser"), ("database", "app")]);
+    if tls.write_all(&startup).is_err() {
+        return vec![b'!'];
+    }
+    read_to_ready(&mut tls)
+}
+
+#[test]
+fn direct_tls_needs_alpn_postgresql() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-");
+    let ca = Ca::new("pgward test CA");
+    let ca_path = ca.write(&dir.path().join("ca.crt"));
+    let server = ca.issue(dir.path(), "server", "localhost", &["localhost"]);
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &tls_settings(&server, &ca_path, "require"),
+        "",
+    ));
+    let tags = direct_tls_login(pw.port, &ca_path, &[b"postgresql"]);
+    assert_eq!(tags.first(), Some(&b'R'), "{tags:?}");
+    assert_eq!(tags.last(), Some(&b'Z'), "{tags:?}");
+    let tags = direct_tls_login(pw.port, &ca_path, &[]);
+    assert!(!tags.contains(&b'Z'), "logged in without ALPN: {tags:?}");
+    let tags = direct_tls_login(pw.port, &ca_path, &[b"http/1.1"]);
+    assert!(
+        !tags.contains(&b'Z'),
+        "logged in with the wrong ALPN: {tags:?}"
+    );
+}
+
+#[test]
+fn cert_auth_takes_the_user_from_the_client_certificate() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-");
+    let ca = Ca::new("pgward test CA");
+    let ca_path = ca.write(&dir.path().join("ca.crt"));
+    let server = ca.issue(dir.path(), "server", "localhost", &["127.0.0.1"]);
+    let client = ca.issue(dir.path(), "client", "trustuser", &[]);
+    let settings = tls_settings(&server, &ca_path, "verify-full")
+        .replace("auth_type = trust", "auth_type = cert");
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let with_cert = format!(
+        "dbname=app sslmode=verify-full sslrootcert={} sslcert={} sslkey={}",
+        ca_path.display(),
+        client.cert.display(),
+        client.key.display()
+    );
+    let out = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        &with_cert,
+        "SELECT current_user",
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(stdout_of(&out), "trustuser");
+    let other = psql_at(pw.port, "md5user", None, &with_cert, "SELECT 1");
+    assert!(!other.status.success());
+    assert!(
+        stderr_of(&other).contains("certificate authentication failed"),
+        "{}",
+        stderr_of(&other)
+    );
+    // verify-full asks every client for a certificate.
+    let without = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        &format!(
+            "dbname=app sslmode=require sslrootcert={}",
+            ca_path.display()
+        ),
+        "SELECT 1",
+    );
+    assert!(!without.status.success(), "logged in without a certificate");
+}
+
+/// Turns on TLS in the test server with a certificate from `ca`.
+fn enable_server_tls(pg: &Postgres, ca: &Ca) {
+    let issued = ca.issue(&pg.data_dir, "server", "localhost", &["127.0.0.1"]);
+    if unsafe { libc::geteuid() } == 0 {
+        for path in [&issued.cert, &issued.key] {
+            let status = std::process::Command::new("chown")
+                .arg("postgres:")
+                .arg(path)
+                .status()
+                .unwrap();
+            assert!(status.success());
+        }
+    }
+    pg.sql_in(
+        "postgres",
+        &format!(
+            "ALTER SYSTEM SET ssl_cert_file = '{}'",
+            issued.cert.display()
+        ),
+    );
+    pg.sql_in(
+        "postgres",
+        &format!("ALTER SYSTEM SET ssl_key_file = '{}'", issued.key.display()),
+    );
+    pg.sql_in("postgres", "ALTER SYSTEM SET ssl = on");
+    pg.sql_in("postgres", "SELECT pg_reload_conf()");
+    assert!(common::eventually(Duration::from_secs(5), || pg
+        .sql_in("postgres", "SHOW ssl")
+        == "on"));
+}
+
+#[test]
+fn pgward_speaks_tls_to_the_server() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-");
+    let ca = Ca::new("server CA");
+    let ca_path = ca.write(&dir.path().join("ca.crt"));
+    let ssl_of_session = "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()";
+
+    // Without TLS at the server, prefer falls back to plain text and require refuses.
+    let pw = Pgward::start(&Pgward::ini(&pg, "auth_type = trust\n", ""));
+    let out = psql_at(pw.port, "trustuser", None, "app", ssl_of_session);
+    assert_eq!(stdout_of(&out), "f", "{}", stderr_of(&out));
+    drop(pw);
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        "auth_type = trust\nserver_tls_sslmode = require\n",
+        "",
+    ));
+    let out = psql_at(pw.port, "trustuser", None, "app", "SELECT 1");
+    assert!(!out.status.success(), "logged in over plain text");
+    drop(pw);
+
+    enable_server_tls(&pg, &ca);
+    let settings = format!(
+        "auth_type = trust\nserver_tls_sslmode = verify-full\nserver_tls_ca_file = {}\n",
+        ca_path.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let out = psql_at(pw.port, "trustuser", None, "app", ssl_of_session);
+    assert!(out.status.success(), "{}\n{}", stderr_of(&out), pw.log());
+    assert_eq!(stdout_of(&out), "t");
+    // SCRAM over TLS, pgward logging in with the keys the client proved.
+    let userlist =
+        common::write_userlist(dir.path(), &[("scramuser", &pg.role_secret("scramuser"))]);
+    let settings = format!(
+        "auth_type = scram-sha-256\nauth_file = {}\nserver_tls_sslmode = verify-ca\nserver_tls_ca_file = {}\n",
+        userlist.display(),
+        ca_path.display()
+    );
+    drop(pw);
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let out = psql_at(
+        pw.port,
+        "scramuser",
+        Some("scrampass"),
+        "app",
+        ssl_of_session,
+    );
+    assert!(out.status.success(), "{}\n{}", stderr_of(&out), pw.log());
+    assert_eq!(stdout_of(&out), "t");
+    // A CA that did not sign the server's certificate is refused.
+    let other = Ca::new("other CA");
+    let other_path = other.write(&dir.path().join("other.crt"));
+    drop(pw);
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &format!(
+            "auth_type = trust\nserver_tls_sslmode = verify-ca\nserver_tls_ca_file = {}\n",
+            other_path.display()
+        ),
+        "",
+    ));
+    let out = psql_at(pw.port, "trustuser", None, "app", "SELECT 1");
+    assert!(!out.status.success(), "verified against the wrong CA");
+}
