@@ -1,0 +1,495 @@
+//! Regression tests for the faults of the third review: statements pipelined behind COMMIT,
+//! statements one client prepared and another ran under transaction pooling, a rolling restart
+//! over so_reuseport, a changed forced user on reload, the skip to Sync across a reload, and a
+//! refusal raised in a batch. Each test plays the scenario against PostgreSQL through pgward and
+//! checks, where a statement should have been stopped, that the table still has its rows. The
+//! numbered sections follow the list of faults.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use common::raw::{self, Message, Raw};
+use common::script::{
+    bind, describe, execute, first_error, flush, login_as, login_within, must_value, parse, sync,
+    until_ready, until_tag, SECOND,
+};
+use common::{
+    client_command, eventually, free_port, read_lossy, server_count, shared_tempdir, stderr_of,
+    Pgward, Postgres, HOST,
+};
+use tempfile::TempDir;
+
+/// require_where for the clients that say `application_name=where`; everyone else is free.
+const POLICY: &str = r#"
+unchecked = "reject"
+
+[[rules]]
+rule = "require_where"
+when = { application_names = ["where"] }
+"#;
+
+/// require_where for the clients over TCP from 127.0.0.1; those on the Unix socket are free.
+const POLICY_TCP: &str = r#"
+unchecked = "reject"
+
+[[rules]]
+rule = "require_where"
+when = { clients = ["127.0.0.1/32"] }
+"#;
+
+/// The table the refused statements would empty, with its ten rows.
+const SCHEMA: &str = "CREATE TABLE t (a int); INSERT INTO t SELECT generate_series(1, 10); \
+     GRANT ALL ON t TO PUBLIC";
+
+/// A server with table `t`, and pgward in transaction mode with one server, the policy and
+/// `settings`. The directory holds the policy file.
+struct Fixture {
+    pg: Postgres,
+    pw: Pgward,
+    _dir: TempDir,
+}
+
+impl Fixture {
+    fn start(settings: &str) -> Fixture {
+        Fixture::with_policy(POLICY, settings)
+    }
+
+    fn with_policy(policy: &str, settings: &str) -> Fixture {
+        let pg = Postgres::start();
+        pg.sql(SCHEMA);
+        let dir = shared_tempdir("pgward-policy-");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).unwrap_or_else(|e| panic!("policy file: {e}"));
+        let settings = format!(
+            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 1\n\
+             policy_file = {}\n{settings}",
+            path.display()
+        );
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        Fixture { pg, pw, _dir: dir }
+    }
+
+    /// A client logged in as `trustuser` with `application_name`.
+    fn client(&self, app: &str) -> Raw {
+        let params = [
+            ("user", "trustuser"),
+            ("database", "app"),
+            ("application_name", app),
+        ];
+        login_within(self.pw.port, &params, 5 * SECOND)
+            .unwrap_or_else(|err| panic!("login as {app}: {err}\n{}", self.pw.log()))
+    }
+
+    /// Nothing was deleted.
+    fn assert_rows_kept(&self) {
+        assert_eq!(
+            self.pg.sql("SELECT count(*) FROM t"),
+            "10",
+            "rows of t were deleted"
+        );
+    }
+}
+
+/// Sends `bytes` and reads to ReadyForQuery, panicking when none comes within three seconds.
+fn exchange(client: &mut Raw, bytes: &[u8], what: &str) -> Vec<Message> {
+    client.send(bytes);
+    until_ready(client, 3 * SECOND).unwrap_or_else(|err| panic!("{what}: {err}"))
+}
+
+/// The SQLSTATE of the first error among `messages`, or `""`.
+fn error_code(messages: &[Message]) -> String {
+    first_error(messages).map_or_else(String::new, |f| f.code().to_string())
+}
+
+/// Bind of the statement `name`, Execute and Sync.
+fn run_prepared(name: &str) -> Vec<u8> {
+    [raw::bind_message(name), execute(), sync()].concat()
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. a statement pipelined behind COMMIT.
+
+#[test]
+fn r1_statement_pipelined_behind_commit_is_read_as_the_server_reads_it() {
+    let f = Fixture::start("");
+    let mut client = f.client("where");
+    must_value(&mut client, "BEGIN");
+    must_value(&mut client, "SET LOCAL standard_conforming_strings = off");
+    // After COMMIT the setting is on again: 'x\' ends the string and DELETE follows.
+    let hidden = r"SELECT 'x\'; DELETE FROM t; --'";
+    client.send(&[raw::query_message("COMMIT"), raw::query_message(hidden)].concat());
+    let commit = until_ready(&mut client, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(error_code(&commit), "", "COMMIT: {}", describe(&commit));
+    let answer = until_ready(&mut client, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(
+        error_code(&answer),
+        "42501",
+        "the statement behind COMMIT: {}",
+        describe(&answer)
+    );
+    f.assert_rows_kept();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. a statement another client prepared, run without being judged.
+
+/// Client A (no rule) prepares `DELETE FROM t` as `name`; client B (require_where) then binds
+/// `bound` on the same server: B's answer.
+fn run_what_another_prepared(f: &Fixture, name: &str, bound: &dyn Fn(&mut Raw) -> String) {
+    let mut a = f.client("free");
+    let parsed = exchange(
+        &mut a,
+        &[raw::parse_message(name, "DELETE FROM t"), sync()].concat(),
+        "A's Parse",
+    );
+    assert_eq!(error_code(&parsed), "", "A's Parse: {}", describe(&parsed));
+    let mut b = f.client("where");
+    let refused = exchange(&mut b, &raw::query_message("DELETE FROM t"), "B's DELETE");
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    let name = bound(&mut b);
+    let answer = exchange(&mut b, &run_prepared(&name), "B's Bind");
+    assert_eq!(
+        error_code(&answer),
+        "26000",
+        "B's Bind of {name:?}: {}",
+        describe(&answer)
+    );
+    f.assert_rows_kept();
+}
+
+/// Logs in over pgward's Unix socket as `trustuser` with `application_name=where`, sends
+/// `bytes` and reads to the second ReadyForQuery: the messages after the login.
+fn over_unix_socket(pw: &Pgward, bytes: &[u8]) -> Vec<Message> {
+    let path = pw.socket_dir.join(format!(".s.PGSQL.{}", pw.port));
+    let mut stream = UnixStream::connect(&path)
+        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", path.display()));
+    let _ = stream.set_read_timeout(Some(3 * SECOND));
+    let params = [
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("application_name", "where"),
+    ];
+    let mut buf = Vec::new();
+    unix_to_ready(
+        &mut stream,
+        &raw::startup_packet(raw::PROTOCOL_3_0, &params),
+        &mut buf,
+    );
+    unix_to_ready(&mut stream, bytes, &mut buf)
+}
+
+/// Sends `bytes` on `stream` and reads messages up to a ReadyForQuery.
+fn unix_to_ready(stream: &mut UnixStream, bytes: &[u8], buf: &mut Vec<u8>) -> Vec<Message> {
+    stream
+        .write_all(bytes)
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    let mut messages: Vec<Message> = Vec::new();
+    loop {
+        while let Some(msg) = take_message(buf) {
+            let ready = msg.tag == b'Z';
+            messages.push(msg);
+            if ready {
+                return messages;
+            }
+        }
+        let mut chunk = [0u8; 4096];
+        let n = stream
+            .read(&mut chunk)
+            .unwrap_or_else(|e| panic!("read: {e} after [{}]", describe(&messages)));
+        assert!(n > 0, "closed after [{}]", describe(&messages));
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// The first whole message in `buf`, removed from it.
+fn take_message(buf: &mut Vec<u8>) -> Option<Message> {
+    let len = buf.get(1..5)?;
+    let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
+    let body = buf.get(5..1 + len)?.to_vec();
+    let tag = buf[0];
+    buf.drain(..1 + len);
+    Some(Message { tag, body })
+}
+
+#[test]
+fn r2a_unnamed_statement_of_another_client_is_out_of_reach() {
+    let f = Fixture::with_policy(POLICY_TCP, "");
+    let parsed = over_unix_socket(&f.pw, &[parse("DELETE FROM t"), sync()].concat());
+    assert_eq!(error_code(&parsed), "", "A's Parse: {}", describe(&parsed));
+    let mut b = f.client("where");
+    let refused = exchange(&mut b, &raw::query_message("DELETE FROM t"), "B's DELETE");
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    let answer = exchange(&mut b, &run_prepared(""), "B's Bind");
+    assert_eq!(
+        error_code(&answer),
+        "26000",
+        "B's Bind: {}",
+        describe(&answer)
+    );
+    f.assert_rows_kept();
+}
+
+#[test]
+fn r2b_named_statement_of_another_client_is_out_of_reach_without_mapping() {
+    let f = Fixture::start("max_prepared_statements = 0\n");
+    run_what_another_prepared(&f, "stmt_of_a", &|_| "stmt_of_a".to_string());
+}
+
+#[test]
+fn r2c_pgwards_own_statement_names_are_out_of_reach() {
+    let f = Fixture::start("max_prepared_statements = 10\n");
+    // B reads the server-side name of A's statement on the server they share.
+    run_what_another_prepared(&f, "a", &|b| {
+        let name = must_value(
+            b,
+            "SELECT name FROM pg_prepared_statements WHERE statement = 'DELETE FROM t'",
+        );
+        assert!(name.starts_with("pgw_"), "server-side name {name:?}");
+        name
+    });
+}
+
+#[test]
+fn r2d_sql_execute_of_another_clients_prepare_is_refused() {
+    let f = Fixture::start("");
+    let mut a = f.client("free");
+    must_value(&mut a, "PREPARE p AS DELETE FROM t");
+    let mut b = f.client("where");
+    let answer = exchange(&mut b, &raw::query_message("EXECUTE p"), "EXECUTE p");
+    let fields =
+        first_error(&answer).unwrap_or_else(|| panic!("EXECUTE p ran: {}", describe(&answer)));
+    assert_eq!(fields.code(), "42501", "{fields:?}");
+    assert!(fields.message().contains("unverifiable"), "{fields:?}");
+    f.assert_rows_kept();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. a rolling restart over so_reuseport.
+
+/// A pgward process on a given port, Unix socket directory and pidfile.
+struct Instance {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Instance {
+    fn start(pg: &Postgres, port: u16, dir: &Path, n: u32) -> Instance {
+        let log = dir.join(format!("pgward{n}.log"));
+        let ini = format!(
+            "[databases]\napp = {}\n[pgbouncer]\nauth_type = trust\npool_mode = transaction\n\
+             listen_addr = {HOST}\nlisten_port = {port}\nso_reuseport = 1\n\
+             unix_socket_dir = {}\nlogfile = {}\npidfile = {}\n",
+            pg.db_connstr("app"),
+            dir.display(),
+            log.display(),
+            dir.join("pgward.pid").display()
+        );
+        let path = dir.join(format!("pgward{n}.ini"));
+        std::fs::write(&path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
+        let program = std::env::var_os("PGWARD_TEST_BINARY").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_pgward")),
+            PathBuf::from,
+        );
+        let child = Command::new(program)
+            .arg(&path)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start pgward: {e}"));
+        let instance = Instance { child, log };
+        let pidfile = dir.join("pgward.pid");
+        let pid = instance.child.id().to_string();
+        assert!(
+            eventually(10 * SECOND, || read_lossy(&pidfile).trim() == pid
+                && read_lossy(&instance.log).contains("started")),
+            "pgward #{n} did not start:\n{}",
+            read_lossy(&instance.log)
+        );
+        instance
+    }
+
+    fn terminate(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap_or_else(|e| panic!("pid: {e}"));
+        // SAFETY: kill(2) on our own child, which has not been waited for.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        let since = Instant::now();
+        while !matches!(self.child.try_wait(), Ok(Some(_))) {
+            assert!(
+                since.elapsed() < 10 * SECOND,
+                "no exit after SIGTERM:\n{}",
+                read_lossy(&self.log)
+            );
+            sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Instance {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn r3_rolling_restart_leaves_the_new_socket_and_pidfile() {
+    let pg = Postgres::start();
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("dir: {e}"));
+    let mut old = Instance::start(&pg, port, dir.path(), 1);
+    let new = Instance::start(&pg, port, dir.path(), 2);
+    old.terminate();
+
+    let pidfile = read_lossy(&dir.path().join("pgward.pid"));
+    assert_eq!(pidfile.trim(), new.child.id().to_string(), "the pidfile");
+    let mut psql = client_command("psql", None);
+    psql.args(["-X", "-w", "-At", "-h"])
+        .arg(dir.path())
+        .args(["-p", &port.to_string(), "-U", "postgres", "-d", "app"])
+        .args(["-c", "SELECT 1"]);
+    let out = psql
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run psql: {e}"));
+    assert!(
+        out.status.success(),
+        "the new process over its Unix socket: {}\n{}",
+        stderr_of(&out),
+        read_lossy(&new.log)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. a forced user changed on reload.
+
+/// Starts pgward with database `d` forcing `trustuser`, and a client that ran a query on it;
+/// then forces `postgres` instead and reloads.
+fn forced_user_changed(pg: &Postgres) -> (Pgward, Raw) {
+    let db = |user: &str| format!("d = {} user={user}", pg.db_connstr("app"));
+    let settings = "auth_type = trust\npool_mode = transaction\n";
+    let pw = Pgward::start(&Pgward::ini(pg, settings, &db("trustuser")));
+    let mut before = login_as(&pw, "trustuser", "d");
+    assert_eq!(must_value(&mut before, "SELECT current_user"), "trustuser");
+    assert_eq!(
+        server_count(pg, "trustuser", "app"),
+        1,
+        "servers as trustuser"
+    );
+    let ini = read_lossy(&pw.ini_path).replace(&db("trustuser"), &db("postgres"));
+    std::fs::write(&pw.ini_path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
+    reload_and_wait(&pw);
+    let mut after = login_as(&pw, "trustuser", "d");
+    assert_eq!(
+        must_value(&mut after, "SELECT current_user"),
+        "postgres",
+        "a new client after the reload"
+    );
+    (pw, before)
+}
+
+/// Sends SIGHUP and waits until the log says the configuration was reloaded.
+fn reload_and_wait(pw: &Pgward) {
+    pw.reload();
+    assert!(
+        eventually(10 * SECOND, || pw.log().contains("configuration reloaded")),
+        "no reload\n{}",
+        pw.log()
+    );
+}
+
+/// Whether `pg` ends up with only `count` backends on `app`; the backends otherwise.
+fn backends_left(pg: &Postgres, count: u32) -> Result<(), String> {
+    let total = || server_count(pg, "trustuser", "app") + server_count(pg, "postgres", "app");
+    if eventually(5 * SECOND, || total() == count) {
+        return Ok(());
+    }
+    Err(pg.sql_in(
+        "postgres",
+        "SELECT string_agg(usename || ' ' || state || ': ' || query, '; ') \
+         FROM pg_stat_activity WHERE datname = 'app' AND pid <> pg_backend_pid()",
+    ))
+}
+
+#[test]
+fn r5a_old_pool_keeps_logging_in_as_its_own_user() {
+    let pg = Postgres::start();
+    let (pw, mut before) = forced_user_changed(&pg);
+    // The client still on the old pool (d, trustuser) is not served as the new user.
+    assert_eq!(
+        must_value(&mut before, "SELECT current_user"),
+        "trustuser",
+        "the old pool logged in as the new forced user\n{}",
+        pw.log()
+    );
+}
+
+#[test]
+fn r5b_old_pool_servers_close_as_released() {
+    let pg = Postgres::start();
+    let (pw, mut before) = forced_user_changed(&pg);
+    assert_eq!(must_value(&mut before, "SELECT 'served'"), "served");
+    // The old pool keeps nothing once its client is done: only the new pool's server is left.
+    if let Err(left) = backends_left(&pg, 1) {
+        panic!("the old pool kept a server: {left}\n{}", pw.log());
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. the skip to Sync after a refused Parse, across a reload that removes the policy.
+
+#[test]
+fn r6_skip_to_sync_holds_when_a_reload_removes_the_policy() {
+    let f = Fixture::start("");
+    let mut client = f.client("where");
+    client.send(&[parse("DELETE FROM t"), flush()].concat());
+    let refused = until_tag(&mut client, b'E', 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    // The policy goes away before the rest of the batch arrives.
+    let ini = read_lossy(&f.pw.ini_path);
+    let without: String = ini
+        .lines()
+        .filter(|line| !line.starts_with("policy_file"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&f.pw.ini_path, without).unwrap_or_else(|e| panic!("ini: {e}"));
+    reload_and_wait(&f.pw);
+    let rest = exchange(&mut client, &[bind(), execute(), sync()].concat(), "rest");
+    assert_eq!(
+        raw::tags(&rest),
+        "Z",
+        "the rest of the batch is skipped: {}",
+        describe(&rest)
+    );
+    f.assert_rows_kept();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. a refusal raised in a batch is not the client's unnamed statement.
+
+#[test]
+fn r7_bind_after_a_refusal_raised_in_a_transaction_finds_no_statement() {
+    let f = Fixture::start("");
+    let mut client = f.client("where");
+    must_value(&mut client, "BEGIN");
+    let refused = exchange(
+        &mut client,
+        &[parse("DELETE FROM t"), bind(), execute(), sync()].concat(),
+        "the refused DELETE",
+    );
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    // PostgreSQL would have no unnamed statement after a failed Parse.
+    let again = exchange(
+        &mut client,
+        &run_prepared(""),
+        "Bind of the unnamed statement",
+    );
+    assert_eq!(error_code(&again), "26000", "{}", describe(&again));
+    must_value(&mut client, "ROLLBACK");
+    f.assert_rows_kept();
+}
