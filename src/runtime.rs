@@ -129,7 +129,7 @@ impl Runtime {
             });
             let Some(db) = db else {
                 // Removed: clients still on it finish, its servers close as they come back.
-                pool.ops.reconnect(now);
+                pool.ops.retire();
                 pool.close_idle();
                 continue;
             };

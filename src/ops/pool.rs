@@ -16,6 +16,9 @@ struct CloseRules {
     before: Option<Instant>,
     /// Servers (by id) to close when released.
     evict: HashSet<u64>,
+    /// The pool is no longer configured (its database was removed, or its forced user
+    /// changed): every server closes when released, those it opens later too.
+    retired: bool,
 }
 
 /// What a pool closes at check-in. Checking costs one atomic load until a rule is set.
@@ -32,8 +35,15 @@ impl PoolOps {
             return false;
         }
         let mut rules = lock(&self.rules);
-        let outdated = rules.before.is_some_and(|b| conn.created < b);
+        let outdated = rules.retired || rules.before.is_some_and(|b| conn.created < b);
         rules.evict.remove(&conn.id) || outdated
+    }
+
+    /// The pool's configuration is gone: its clients finish, every server it has or opens
+    /// closes when released.
+    pub fn retire(&self) {
+        lock(&self.rules).retired = true;
+        self.armed.store(true, Ordering::Release);
     }
 
     /// Servers opened before `now` close at their next release (RECONNECT).

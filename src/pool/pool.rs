@@ -255,12 +255,19 @@ impl Pool {
 
     /// Takes a server back: to the first live waiter, to the idle list, or closed if it is
     /// not clean or too old.
-    pub(super) fn checkin(self: &Arc<Self>, mut conn: ServerConn) {
+    pub(super) fn checkin(self: &Arc<Self>, conn: ServerConn) {
+        self.place(conn, false);
+    }
+
+    /// Checks in a server, or (`fresh`) places one just opened for the pool's waiters: a
+    /// fresh server serves a waiter even in a pool that closes its servers as they come back,
+    /// and closes at once if no one waits there.
+    fn place(self: &Arc<Self>, mut conn: ServerConn, fresh: bool) {
         let settings = self.settings.load();
         let now = Instant::now();
         let keep = conn.is_clean()
             && !expired(&conn, settings.lifetime, now)
-            && !self.ops.must_close(&conn);
+            && (fresh || !self.ops.must_close(&conn));
         let mut inner = lock(&self.inner);
         inner.active = inner.active.saturating_sub(1);
         if !keep {
@@ -277,6 +284,11 @@ impl Pool {
                 drop(inner);
                 // A waiter that left just now drops the guard, which checks the server in again.
                 let _ = tx.send(Ok(ServerGuard::new(self.clone(), conn)));
+            }
+            None if fresh && self.ops.must_close(&conn) => {
+                self.release_slots(1);
+                drop(inner);
+                close_in_background(conn);
             }
             None => inner.idle.push(conn),
         }
@@ -356,7 +368,7 @@ impl Pool {
             inner.active += 1;
             inner.failure = None;
         }
-        self.checkin(conn);
+        self.place(conn, true);
     }
 
     async fn open_failed(self: &Arc<Self>, err: ServerError, settings: &PoolSettings) {
