@@ -305,6 +305,10 @@ impl Drop for Instance {
 
 #[test]
 fn rolling_restart_over_so_reuseport_fails_no_transaction() {
+    // Connections still queued on the old process's socket when it closes move to the new
+    // one only with tcp_migrate_req, as the documentation of so_reuseport says; without
+    // it the kernel resets them. Set it when we may (the tests run as root in CI).
+    let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
     let pg = Postgres::start();
     let port = free_port();
     let mut old = Instance::start(&pg, port);
