@@ -228,9 +228,10 @@ fn sigusr1_pauses_and_sigusr2_resumes() {
     let pg = Postgres::start();
     let pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, ""));
     pw.signal(libc::SIGUSR1);
-    sleep(Duration::from_millis(300));
-    let state = stdout_of(&console(pw.port, "SHOW STATE"));
-    assert!(state.contains("paused|yes"), "{state}");
+    let paused = common::eventually(Duration::from_secs(5), || {
+        stdout_of(&console(pw.port, "SHOW STATE")).contains("paused|yes")
+    });
+    assert!(paused, "{}", stdout_of(&console(pw.port, "SHOW STATE")));
     let port = pw.port;
     let held = thread::spawn(move || common::psql_at(port, "postgres", None, "app", "SELECT 1"));
     sleep(Duration::from_millis(500));
