@@ -278,3 +278,48 @@ fn failed_logins_block_the_address_for_that_role() {
         Ok("scramuser".into())
     );
 }
+
+#[test]
+fn guesses_sent_in_parallel_count_against_the_limit() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-throttle-parallel-");
+    let userlist = write_userlist(
+        dir.path(),
+        &[("md5user", &common::md5_secret("md5user", "md5pass"))],
+    );
+    let settings = format!("auth_type = md5\nauth_file = {}\n", userlist.display());
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    // Twenty logins wait at the password prompt at once, then all guess.
+    let mut prompted = Vec::new();
+    for _ in 0..20 {
+        let mut client = Raw::connect(pw.port);
+        client.send(&raw::startup_packet(
+            PROTOCOL_3_0,
+            &[("user", "md5user"), ("database", "app")],
+        ));
+        let msg = client.read_message().expect("an answer");
+        if msg.tag == b'R' {
+            prompted.push(client);
+        } else {
+            assert_eq!(raw::Fields::parse(&msg.body).code(), "28000");
+        }
+    }
+    assert!(
+        prompted.len() <= 10,
+        "{} logins reached the password prompt",
+        prompted.len()
+    );
+    let mut checked = 0;
+    for mut client in prompted {
+        client.send(&raw::message(b'p', b"md5wrongwrongwrongwrongwrongwrong\0"));
+        let fields = client.expect_error();
+        assert_eq!(fields.code(), "28P01");
+        checked += 1;
+    }
+    assert!(checked <= 10, "{checked} guesses were checked");
+    let blocked = login(&pw, "md5user", Some("md5pass"), "app").unwrap_err();
+    assert!(
+        blocked.contains("too many failed login attempts"),
+        "{blocked}"
+    );
+}

@@ -83,9 +83,11 @@ async fn throttled(
 ) -> Result<Authenticated, SessionError> {
     let who = Attempt {
         addr: io.stream.peer_ip(),
-        role: req.user.clone(),
+        // PostgreSQL reads at most 63 bytes of a name; so does the throttle's memory.
+        role: truncate_name(&req.user),
     };
-    let blocked = crate::pool::lock(&rt.edge.throttle).check(&who, Instant::now());
+    let blocked = crate::pool::lock(&rt.edge.throttle).begin(&who, Instant::now());
+    let _attempt = blocked.is_ok().then(|| AttemptUnderWay { rt, who: &who });
     if blocked.is_err() {
         return Err(SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::INVALID_AUTHORIZATION,
@@ -107,6 +109,27 @@ async fn throttled(
     };
     crate::pool::lock(&rt.edge.throttle).succeeded(&who);
     Ok(authed)
+}
+
+/// A login attempt counted by the throttle until it ends, however it ends.
+struct AttemptUnderWay<'a> {
+    rt: &'a Runtime,
+    who: &'a Attempt,
+}
+
+impl Drop for AttemptUnderWay<'_> {
+    fn drop(&mut self) {
+        crate::pool::lock(&self.rt.edge.throttle).end(self.who);
+    }
+}
+
+/// The first 63 bytes of a name, as PostgreSQL keeps it.
+fn truncate_name(name: &str) -> String {
+    let mut end = name.len().min(63);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    name[..end].to_string()
 }
 
 /// Whether a refusal counts as a failed login: a wrong password (28P01) or a refusal by the

@@ -60,6 +60,9 @@ impl Record {
 pub struct LoginThrottle {
     rule: ThrottleRule,
     records: HashMap<Attempt, Record>,
+    /// Logins under way per pair: they count against the limit before they fail, so
+    /// guesses sent in parallel cannot outrun it.
+    in_flight: HashMap<Attempt, usize>,
     max_entries: usize,
 }
 
@@ -70,6 +73,7 @@ impl LoginThrottle {
         LoginThrottle {
             rule,
             records: HashMap::new(),
+            in_flight: HashMap::new(),
             max_entries: max_entries.max(1),
         }
     }
@@ -83,6 +87,37 @@ impl LoginThrottle {
                 Ok(())
             }
             _ => Ok(()),
+        }
+    }
+
+    /// Starts a login attempt: refused (`Err(until)`) while `who` is blocked, or while its
+    /// recent failures and the attempts still under way reach the limit. Every `Ok` must be
+    /// followed by [`LoginThrottle::end`].
+    pub fn begin(&mut self, who: &Attempt, now: Instant) -> Result<(), Instant> {
+        self.check(who, now)?;
+        let window = self.rule.window;
+        let recent = match self.records.get(who) {
+            Some(Record::Failing(times)) => times
+                .iter()
+                .filter(|t| now.saturating_duration_since(**t) < window)
+                .count(),
+            _ => 0,
+        };
+        let flying = self.in_flight.get(who).copied().unwrap_or(0);
+        if recent + flying >= self.rule.failures {
+            return Err(now + self.rule.block);
+        }
+        *self.in_flight.entry(who.clone()).or_default() += 1;
+        Ok(())
+    }
+
+    /// Ends an attempt [`LoginThrottle::begin`] started, whatever its outcome.
+    pub fn end(&mut self, who: &Attempt) {
+        if let Some(n) = self.in_flight.get_mut(who) {
+            *n -= 1;
+            if *n == 0 {
+                self.in_flight.remove(who);
+            }
         }
     }
 
@@ -230,6 +265,27 @@ mod tests {
         t.succeeded(&a);
         assert!(!t.failed(&a, now));
         assert!(t.check(&a, now).is_ok());
+    }
+
+    #[test]
+    fn attempts_under_way_count_against_the_limit() {
+        let mut t = LoginThrottle::new(ThrottleRule::default(), 100);
+        let now = Instant::now();
+        let a = who("10.0.0.1", "alice");
+        for _ in 0..10 {
+            assert!(t.begin(&a, now).is_ok());
+        }
+        assert!(
+            t.begin(&a, now).is_err(),
+            "ten guesses at once are the limit"
+        );
+        assert!(t.begin(&who("10.0.0.1", "bob"), now).is_ok());
+        t.end(&a);
+        assert!(t.begin(&a, now).is_ok(), "one ended, one more may start");
+        for _ in 0..10 {
+            t.end(&a);
+        }
+        assert!(t.begin(&a, now).is_ok());
     }
 
     #[test]
