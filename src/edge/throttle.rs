@@ -90,9 +90,9 @@ impl LoginThrottle {
         }
     }
 
-    /// Starts a login attempt: refused (`Err(until)`) while `who` is blocked, or while its
-    /// recent failures and the attempts still under way reach the limit. Every `Ok` must be
-    /// followed by [`LoginThrottle::end`].
+    /// Starts a login attempt: refused (`Err(until)`) while `who` is blocked, or, once it
+    /// has failed recently, while its failures and the attempts still under way reach the
+    /// limit. Every `Ok` must be followed by [`LoginThrottle::end`].
     pub fn begin(&mut self, who: &Attempt, now: Instant) -> Result<(), Instant> {
         self.check(who, now)?;
         let window = self.rule.window;
@@ -103,8 +103,10 @@ impl LoginThrottle {
                 .count(),
             _ => 0,
         };
+        // Once a pair has failed, the attempts under way count as failures to come; before
+        // that, logins in parallel (an application opening its pool) are not limited.
         let flying = self.in_flight.get(who).copied().unwrap_or(0);
-        if recent + flying >= self.rule.failures {
+        if recent > 0 && recent + flying >= self.rule.failures {
             return Err(now + self.rule.block);
         }
         *self.in_flight.entry(who.clone()).or_default() += 1;
@@ -268,24 +270,30 @@ mod tests {
     }
 
     #[test]
-    fn attempts_under_way_count_against_the_limit() {
+    fn attempts_under_way_count_against_the_limit_after_a_failure() {
         let mut t = LoginThrottle::new(ThrottleRule::default(), 100);
         let now = Instant::now();
         let a = who("10.0.0.1", "alice");
-        for _ in 0..10 {
+        for _ in 0..20 {
+            assert!(
+                t.begin(&a, now).is_ok(),
+                "no failure yet: parallel logins pass"
+            );
+        }
+        for _ in 0..20 {
+            t.end(&a);
+        }
+        assert!(!t.failed(&a, now));
+        for _ in 0..9 {
             assert!(t.begin(&a, now).is_ok());
         }
         assert!(
             t.begin(&a, now).is_err(),
-            "ten guesses at once are the limit"
+            "one failure and nine under way reach ten"
         );
         assert!(t.begin(&who("10.0.0.1", "bob"), now).is_ok());
         t.end(&a);
         assert!(t.begin(&a, now).is_ok(), "one ended, one more may start");
-        for _ in 0..10 {
-            t.end(&a);
-        }
-        assert!(t.begin(&a, now).is_ok());
     }
 
     #[test]
