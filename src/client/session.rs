@@ -502,29 +502,29 @@ impl Session {
     /// parameters in line with the client's.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
-        let pool = self.pool.clone();
-        let db = pool.key.db.clone();
-        let checkout = SessionHooks::checkout(self.hooks.clone(), pool, ticket);
-        tokio::pin!(checkout);
-        // query_wait_notify: a client queued that long is told so, once.
-        let notify_after = self.rt.config.load().settings.query_wait_notify;
-        let notify = async {
-            match notify_after {
-                Some(after) => tokio::time::sleep(after).await,
-                None => std::future::pending().await,
-            }
-        };
-        tokio::pin!(notify);
-        let mut notified = false;
-        let mut server = loop {
-            // Checkout first: when a server is free at once, no timer is ever set.
-            tokio::select! {
-                biased;
-                server = &mut checkout => break server?,
-                more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
-                _ = &mut notify, if !notified => {
-                    notified = true;
-                    io.send(&queued_notice(&db)).await?;
+        let mut server = {
+            let checkout = self.hooks.checkout(self.pool.clone(), ticket);
+            tokio::pin!(checkout);
+            // query_wait_notify: a client queued that long is told so, once.
+            let notify_after = self.rt.config.load().settings.query_wait_notify;
+            let notify = async {
+                match notify_after {
+                    Some(after) => tokio::time::sleep(after).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(notify);
+            let mut notified = false;
+            loop {
+                // Checkout first: when a server is free at once, no timer is ever set.
+                tokio::select! {
+                    biased;
+                    server = &mut checkout => break server?,
+                    more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+                    _ = &mut notify, if !notified => {
+                        notified = true;
+                        io.send(&queued_notice(&self.pool.key.db)).await?;
+                    }
                 }
             }
         };

@@ -38,7 +38,11 @@ impl SessionHooks {
     /// Takes a server for this session: waits while the database is paused or the pooler
     /// suspended, refuses new work while the pooler shuts down waiting for servers, then
     /// checks out through the gate's queue (bounded by query_wait_timeout).
-    pub async fn checkout(self, pool: Arc<Pool>, ticket: Ticket) -> Result<ServerGuard, PoolError> {
+    pub async fn checkout(
+        &self,
+        pool: Arc<Pool>,
+        ticket: Ticket,
+    ) -> Result<ServerGuard, PoolError> {
         let since = ticket.enqueued_at;
         self.entry.set_waiting(since);
         let control = &self.rt.ops.control;
