@@ -171,7 +171,6 @@ impl Session {
         hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
-
         Session {
             id: hooks.client_id(),
             rt,
