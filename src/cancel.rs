@@ -122,7 +122,7 @@ impl CancelRegistry {
 
     fn find(&self, pid: u32, secret: &[u8]) -> Option<Arc<ClientHandle>> {
         let handle = lock(&self.clients).get(&pid).cloned()?;
-        constant_time_eq(&handle.secret, secret).then_some(handle)
+        wire::ct_eq(&handle.secret, secret).then_some(handle)
     }
 
     /// Handles a CancelRequest: unknown keys are ignored; a known key sends a cancel to the
@@ -180,10 +180,6 @@ async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
     let mut sink = [0u8; 64];
     while stream.read(&mut sink).await? > 0 {}
     Ok(())
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

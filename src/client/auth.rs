@@ -290,13 +290,13 @@ async fn plain(
     let given = wire::parse_password(&body)?;
     let given = String::from_utf8_lossy(&given);
     let ok = match secret {
-        Some(Secret::Plain(p)) => constant_eq(p.as_bytes(), given.as_bytes()),
+        Some(Secret::Plain(p)) => wire::ct_eq(p.as_bytes(), given.as_bytes()),
         Some(Secret::Md5(m)) => {
-            constant_eq(m.as_bytes(), wire::md5_secret(user, &given).as_bytes())
+            wire::ct_eq(m.as_bytes(), wire::md5_secret(user, &given).as_bytes())
         }
         Some(Secret::Scram(s)) => ScramSecret::parse(s).is_some_and(|sec| {
             let again = ScramSecret::from_password(&given, &sec.salt, sec.iterations);
-            constant_eq(&again.stored_key, &sec.stored_key)
+            wire::ct_eq(&again.stored_key, &sec.stored_key)
         }),
         None => false,
     };
@@ -328,7 +328,7 @@ async fn md5(
         _ => None,
     };
     match expected {
-        Some(e) if constant_eq(e.as_bytes(), &given) => Ok(Authenticated {
+        Some(e) if wire::ct_eq(e.as_bytes(), &given) => Ok(Authenticated {
             credential: reusable(secret, from_query),
         }),
         _ => Err(failed(user)),
@@ -397,8 +397,4 @@ async fn scram(
         reusable(offered, from_query)
     };
     Ok(Authenticated { credential })
-}
-
-fn constant_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

@@ -81,7 +81,7 @@ fn xor(a: &[u8; 32], b: &[u8; 32]) -> [u8; 32] {
 }
 
 /// Equality whose running time does not depend on where the inputs differ.
-fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
     let diff = a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y));
     std::hint::black_box(diff) == 0 && a.len() == b.len()
 }

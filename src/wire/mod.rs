@@ -13,7 +13,7 @@ pub mod sqlstate;
 mod proptests;
 
 pub use auth::{
-    md5_response, md5_response_from_password, md5_secret, md5_verify, random_md5_salt,
+    ct_eq, md5_response, md5_response_from_password, md5_secret, md5_verify, random_md5_salt,
     random_nonce, ScramClient, ScramCredential, ScramError, ScramOutcome, ScramSecret, ScramServer,
     DEFAULT_SCRAM_ITERATIONS, MAX_SCRAM_ITERATIONS, SCRAM_SHA_256,
 };
