@@ -369,15 +369,7 @@ impl MessageContext<'_> {
 
     fn bind(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
         let (portal_end, statement, rest) = read_bind(body)?;
-        let found = match self.capacity {
-            Some(capacity) if !statement.is_empty() => self
-                .statements
-                .get(statement)
-                .cloned()
-                .map(|s| (s, capacity)),
-            _ => None,
-        };
-        let Some((stmt, capacity)) = found else {
+        let Some((stmt, capacity)) = self.mapped(statement) else {
             self.link.expected.push(Owed::Bind);
             return Ok(self
                 .foreign_statement(statement)
@@ -394,6 +386,12 @@ impl MessageContext<'_> {
         ));
         self.link.expected.push(Owed::Bind);
         Ok(Some(out))
+    }
+
+    /// The client's named statement, and the capacity, when pgward maps statements.
+    fn mapped(&self, name: &[u8]) -> Option<(Arc<Statement>, usize)> {
+        let capacity = self.capacity.filter(|_| !name.is_empty())?;
+        Some((self.statements.get(name)?.clone(), capacity))
     }
 
     /// A statement name that would reach something this client did not prepare on this
@@ -422,13 +420,7 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::DescribePortal);
             return Ok(None);
         }
-        let found = match self.capacity {
-            Some(capacity) if !name.is_empty() => {
-                self.statements.get(name).cloned().map(|s| (s, capacity))
-            }
-            _ => None,
-        };
-        let Some((stmt, capacity)) = found else {
+        let Some((stmt, capacity)) = self.mapped(name) else {
             self.link.expected.push(Owed::DescribeStatement);
             return Ok(self.foreign_statement(name).map(|other| {
                 let mut out = BytesMut::new();
