@@ -128,6 +128,7 @@ pub(super) fn learn(
                 }
             }
         }
+        // A reset sent through the extended protocol is only seen in its answer.
         b'C' if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" => {
             server_statements.clear();
             client.statements.clear();

@@ -253,10 +253,11 @@ impl Session {
         let deadline = self.next_deadline();
         let pump = poll_fn(|cx| self.poll_pump(io, cx));
         match deadline {
+            // The timer first: a stream that never pauses must not starve it.
             Some((at, timer)) => tokio::select! {
                 biased;
-                ev = pump => ev,
                 _ = tokio::time::sleep_until(at.into()) => Ok(Event::Timer(timer)),
+                ev = pump => ev,
             },
             None => pump.await,
         }
@@ -424,7 +425,6 @@ impl Session {
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
-        self.hooks.received(len);
         self.held = false;
         let governance = self.rt.governance.load();
         let capacity = self.prepared_capacity(governance.is_some());
@@ -470,6 +470,7 @@ impl Session {
             offset = end;
         }
         let len = offset;
+        self.hooks.received(len);
         match rebuilt {
             None => take_front(&mut self.to_server, rbuf, len),
             Some(out) => {
@@ -522,7 +523,13 @@ impl Session {
                     more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
                     _ = &mut notify, if !notified => {
                         notified = true;
-                        io.send(&queued_notice(&self.pool.key.db)).await?;
+                        // Behind what the client is still owed, and never waiting on a
+                        // client that reads nothing.
+                        let mut out = std::mem::take(&mut self.to_client);
+                        out.extend_from_slice(&queued_notice(&self.pool.key.db));
+                        tokio::time::timeout(CLOSE_GRACE, io.send(&out))
+                            .await
+                            .map_err(|_| SessionError::Gone)??;
                     }
                 }
             }
