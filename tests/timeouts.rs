@@ -260,3 +260,36 @@ fn server_login_retry_spaces_out_refused_logins() {
     assert_eq!(third.code(), "28P01", "{third:?}");
     assert!(eventually(SECOND, || attempts() == 2), "{}", attempts());
 }
+
+#[test]
+fn query_timeout_fires_while_rows_keep_streaming() {
+    let pg = Postgres::start();
+    let pw = start(&pg, "query_timeout = 1\n");
+    let mut client = Raw::connect(pw.port);
+    client
+        .startup(&[("user", "postgres"), ("database", "app")])
+        .expect("login");
+    // Rows without end, read as fast as they come: the relay never waits, the timer must
+    // still be heard.
+    client.send(&raw::query_message(
+        "SELECT repeat('x', 100) FROM generate_series(1, 1000000000)",
+    ));
+    let started = Instant::now();
+    let code = loop {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "query_timeout never fired"
+        );
+        match client.read_message_within(Duration::from_secs(5)) {
+            Ok(m) if m.tag == b'E' => break Fields::parse(&m.body).code().to_string(),
+            Ok(_) => {}
+            Err(e) => panic!("stream ended without the timeout: {e:?}"),
+        }
+    };
+    assert_eq!(code, "57014");
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        started.elapsed()
+    );
+}
