@@ -2,6 +2,7 @@
 //! admission gate.
 
 pub mod admin;
+pub mod admission;
 pub mod cancel;
 pub mod check;
 pub mod client;

@@ -240,6 +240,7 @@ async fn serve(config: Config) -> ExitCode {
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     tasks.extend(listeners.spawn(&rt, stop_rx));
     tasks.push(tokio::spawn(maintenance(rt.clone())));
+    tasks.push(tokio::spawn(rt.gatekeeper.clone().clock()));
     run_until_stopped(&rt, &stop_tx).await;
     for t in tasks {
         t.abort();

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use rand::RngCore;
 
+use crate::admission::Gatekeeper;
 use crate::cancel::CancelRegistry;
 use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOutcome, Settings};
 use crate::edge::tls::ServerTls;
@@ -51,6 +52,8 @@ pub struct Runtime {
     reconfiguring: Mutex<()>,
     /// TLS, the hba rules, the login throttle, client caps and auth_query secrets.
     pub edge: Edge,
+    /// The admission gate: tenants' budgets, slots and queues, and the plan cache.
+    pub gatekeeper: Arc<Gatekeeper>,
 }
 
 impl Runtime {
@@ -63,6 +66,8 @@ impl Runtime {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::new(&config.settings.track_extra_parameters);
+        let gatekeeper = Gatekeeper::new();
+        gatekeeper.configure(governance.as_deref().map(|g| &g.policy));
         Arc::new(Runtime {
             config: ArcSwap::from_pointee(config),
             userlist: ArcSwap::from_pointee(userlist),
@@ -77,6 +82,7 @@ impl Runtime {
             started: Instant::now(),
             reconfiguring: Mutex::new(()),
             edge,
+            gatekeeper,
         })
     }
 
@@ -106,6 +112,8 @@ impl Runtime {
         lock(&self.ops.overrides).apply(&mut config);
         let mut warnings = config.warnings.clone();
         warnings.extend(self.edge.reload(&config.settings));
+        self.gatekeeper
+            .configure(governance.as_deref().map(|g| &g.policy));
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
         Ok(warnings)

@@ -88,24 +88,29 @@ impl RuleCheck<'_> {
         }
     }
 
-    /// How the server will read the next statement, as far as pgward can be sure.
     fn context(&self, in_flight: bool) -> ParseContext {
-        let doubt = in_flight;
-        let scs = match self.params.get("standard_conforming_strings") {
-            _ if doubt => Setting::Unknown,
-            Some("on") => Setting::Known(true),
-            Some("off") => Setting::Known(false),
-            _ => Setting::Unknown,
-        };
-        let encoding = match self.params.get("client_encoding") {
-            Some(e) if !doubt => Setting::Known(e.to_string()),
-            _ => Setting::Unknown,
-        };
-        ParseContext {
-            standard_conforming_strings: scs,
-            client_encoding: encoding,
-            backslash_quote: Setting::Unknown,
-        }
+        parse_context(self.params, in_flight)
+    }
+}
+
+/// How the server will read the next statement, as far as pgward can be sure: `in_flight`
+/// says earlier statements are unanswered (any of them may change a setting).
+pub fn parse_context(params: &ParamSet, in_flight: bool) -> ParseContext {
+    let doubt = in_flight;
+    let scs = match params.get("standard_conforming_strings") {
+        _ if doubt => Setting::Unknown,
+        Some("on") => Setting::Known(true),
+        Some("off") => Setting::Known(false),
+        _ => Setting::Unknown,
+    };
+    let encoding = match params.get("client_encoding") {
+        Some(e) if !doubt => Setting::Known(e.to_string()),
+        _ => Setting::Unknown,
+    };
+    ParseContext {
+        standard_conforming_strings: scs,
+        client_encoding: encoding,
+        backslash_quote: Setting::Unknown,
     }
 }
 
@@ -118,7 +123,13 @@ fn executes_prepared(analysis: &Analysis) -> bool {
 
 /// The refusal as pgward's own ErrorResponse.
 pub fn error_message(hit: &RuleHit) -> Bytes {
-    let err = ErrorResponse::error(hit.sqlstate, hit.message.clone()).with_hint(hit.hint.clone());
+    let mut err = ErrorResponse::error(hit.sqlstate, hit.message.clone());
+    if !hit.hint.is_empty() {
+        err = err.with_hint(hit.hint.clone());
+    }
+    if let Some(detail) = &hit.detail {
+        err = err.with_detail(detail.clone());
+    }
     let mut out = BytesMut::new();
     wire::encode_error(&mut out, &err);
     out.freeze()

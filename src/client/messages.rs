@@ -150,6 +150,9 @@ pub(super) struct MessageContext<'a> {
     pub rules: Option<RuleCheck<'a>>,
     /// pgward refused a Parse itself and drops the client's messages until Sync.
     pub skip_to_sync: &'a mut bool,
+    /// The admission gate's verdicts on the Query, Bind and FunctionCall messages to come,
+    /// in order (empty without a policy).
+    pub verdicts: &'a mut std::collections::VecDeque<Option<RuleHit>>,
 }
 
 impl MessageContext<'_> {
@@ -160,6 +163,11 @@ impl MessageContext<'_> {
         tag: u8,
         body: &[u8],
     ) -> Result<Option<BytesMut>, SessionError> {
+        // Each gated request has its verdict, even one that is skipped below.
+        let verdict = match tag {
+            b'Q' | b'B' | b'F' => self.verdicts.pop_front().flatten(),
+            _ => None,
+        };
         if *self.skip_to_sync {
             // pgward refused a Parse itself: drop what PostgreSQL would skip.
             if tag == b'S' {
@@ -180,8 +188,8 @@ impl MessageContext<'_> {
             return Ok(None);
         }
         match tag {
-            b'Q' => return self.query(body),
-            b'F' => return self.function_call(),
+            b'Q' => return self.query(body, verdict),
+            b'F' => return self.function_call(verdict),
             // PostgreSQL ignores Sync and Flush during COPY FROM STDIN.
             b'S' if expected.copy_in() => {}
             b'S' => {
@@ -191,7 +199,7 @@ impl MessageContext<'_> {
             b'c' | b'f' => expected.end_copy_in(),
             b'E' => expected.push(Owed::Execute),
             b'P' => return self.parse(body),
-            b'B' => return self.bind(body),
+            b'B' => return self.bind(body, verdict),
             b'D' => return self.describe(body),
             b'C' => return self.close(body),
             _ => {}
@@ -212,9 +220,13 @@ impl MessageContext<'_> {
         self.rules.as_mut()?.judge(text, in_flight, pooled)
     }
 
-    fn query(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+    fn query(
+        &mut self,
+        body: &[u8],
+        verdict: Option<RuleHit>,
+    ) -> Result<Option<BytesMut>, SessionError> {
         let sql = body.strip_suffix(b"\0").unwrap_or(body);
-        if let Some(hit) = self.refusal(sql) {
+        if let Some(hit) = self.refusal(sql).or(verdict) {
             if self.can_answer_alone() {
                 self.answer_alone(govern::error_message(&hit), true);
                 return Ok(Some(BytesMut::new()));
@@ -262,8 +274,12 @@ impl MessageContext<'_> {
         });
     }
 
-    fn function_call(&mut self) -> Result<Option<BytesMut>, SessionError> {
-        let Some(hit) = self.rules.as_mut().and_then(|r| r.judge_function_call()) else {
+    fn function_call(
+        &mut self,
+        verdict: Option<RuleHit>,
+    ) -> Result<Option<BytesMut>, SessionError> {
+        let rules = self.rules.as_mut().and_then(|r| r.judge_function_call());
+        let Some(hit) = rules.or(verdict) else {
             self.link.expected.push(Owed::Query);
             return Ok(None);
         };
@@ -278,7 +294,7 @@ impl MessageContext<'_> {
     fn parse(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
         let ParseBody { name, query, types } = read_parse(body)?;
         if let Some(hit) = self.refusal(query) {
-            return Ok(Some(self.refuse_parse(&hit)));
+            return Ok(Some(self.refuse_in_batch(&hit)));
         }
         if name.is_empty() {
             self.link.unnamed_ours = true;
@@ -339,9 +355,9 @@ impl MessageContext<'_> {
         Ok(Some(out))
     }
 
-    /// A refused Parse: answered by pgward when nothing is in flight (then it drops messages
-    /// until Sync, as PostgreSQL would), else raised by PostgreSQL in its place.
-    fn refuse_parse(&mut self, hit: &RuleHit) -> BytesMut {
+    /// A refused Parse or Bind: answered by pgward when nothing is in flight (then it drops
+    /// messages until Sync, as PostgreSQL would), else raised by PostgreSQL in its place.
+    fn refuse_in_batch(&mut self, hit: &RuleHit) -> BytesMut {
         if self.can_answer_alone() {
             self.link.expected.push(Owed::Synthetic {
                 answer: govern::error_message(hit),
@@ -368,8 +384,15 @@ impl MessageContext<'_> {
         govern::raise_in_batch(hit)
     }
 
-    fn bind(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+    fn bind(
+        &mut self,
+        body: &[u8],
+        verdict: Option<RuleHit>,
+    ) -> Result<Option<BytesMut>, SessionError> {
         let (portal_end, statement, rest) = read_bind(body)?;
+        if let Some(hit) = verdict {
+            return Ok(Some(self.refuse_in_batch(&hit)));
+        }
         let Some((stmt, capacity)) = self.mapped(statement) else {
             self.link.expected.push(Owed::Bind);
             return Ok(self

@@ -14,6 +14,8 @@ use std::time::{Duration, Instant};
 use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
+mod admit;
+
 use super::govern::{RuleCheck, RuleState};
 use super::messages::{emit_synthetic, learn, server_message, ClientSide, MessageContext};
 use super::prepared::ClientStatements;
@@ -156,6 +158,8 @@ pub struct Session {
     held: bool,
     /// pgward refused a Parse itself: the client's messages are dropped until Sync.
     skip_to_sync: bool,
+    /// The admission gate's slot and verdicts.
+    gate: admit::GateState,
 }
 
 impl Session {
@@ -192,6 +196,7 @@ impl Session {
             spare_expected: Expected::default(),
             held: false,
             skip_to_sync: false,
+            gate: admit::GateState::default(),
         }
     }
 
@@ -357,6 +362,12 @@ impl Session {
                 io.rbuf.advance(chunk.len);
                 continue;
             }
+            // The admission gate (under a policy) may wait, and may read more messages.
+            let ready = self.gate_chunk(io, chunk.len).await?;
+            if ready == 0 {
+                self.held = true;
+                return Ok(false);
+            }
             if self.link.is_none() {
                 // Waiting may read more messages; scan again once attached.
                 self.attach(io).await?;
@@ -365,7 +376,9 @@ impl Session {
             if self.handle.cancels_in_flight() {
                 self.handle.wait_cancels().await;
             }
-            self.forward_client(&mut io.rbuf, chunk.len)?;
+            let before = io.rbuf.len();
+            self.forward_client(&mut io.rbuf, ready)?;
+            self.gate.consumed(before - io.rbuf.len());
             // pgward may have answered everything itself (a DEALLOCATE, a Close).
             self.maybe_release().await?;
             if self.held {
@@ -460,6 +473,7 @@ impl Session {
                 pooled: self.mode != PoolMode::Session,
                 rules,
                 skip_to_sync: &mut self.skip_to_sync,
+                verdicts: &mut self.gate.verdicts,
             };
             if let Some(replacement) = ctx.client_message(tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);
@@ -675,7 +689,12 @@ impl Session {
         let Some(link) = &self.link else {
             return Ok(());
         };
-        if !link.quiet(&self.to_server) || self.mode == PoolMode::Session {
+        if !link.quiet(&self.to_server) {
+            return Ok(());
+        }
+        // PostgreSQL owes this client nothing: the gate's slot goes back.
+        self.gate.slot = None;
+        if self.mode == PoolMode::Session {
             return Ok(());
         }
         if link.server.tx != TxStatus::Idle {
@@ -693,6 +712,7 @@ impl Session {
 
     /// Gives the server back, once no cancel for it is still on its way.
     async fn release(&mut self) {
+        self.gate.slot = None;
         let Some(mut link) = self.link.take() else {
             return;
         };
@@ -717,6 +737,7 @@ impl Session {
 
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
+        self.gate.slot = None;
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();

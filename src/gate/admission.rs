@@ -233,6 +233,14 @@ impl<W> Gate<W> {
         Ok(())
     }
 
+    /// Sets the lane limits of every upstream, and of those to come (a reload).
+    pub fn set_all_lanes(&mut self, limits: LaneLimits) {
+        self.settings.lanes = limits;
+        for up in self.upstreams.values_mut() {
+            up.limits = limits;
+        }
+    }
+
     /// Sets an upstream's lane limits (`max_active` and the slow lane's).
     pub fn set_lanes(&mut self, upstream: &str, limits: LaneLimits) {
         self.upstream_mut(upstream).limits = limits;

@@ -94,7 +94,7 @@ impl Refusal {
         )
     }
 
-    pub(super) fn queue_timeout(waited: Duration) -> Refusal {
+    pub fn queue_timeout(waited: Duration) -> Refusal {
         Refusal {
             detail: Some(format!("waited {} ms", waited.as_millis())),
             ..Refusal::new(

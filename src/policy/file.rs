@@ -79,7 +79,8 @@ pub(super) struct PolicyFile {
     #[serde(default)]
     pub trusted_roles: Vec<String>,
     #[serde(default)]
-    pub tenants: BTreeMap<String, TenantFile>,
+    pub tenants: BTreeMap<String, toml::Spanned<TenantFile>>,
+    pub gate: Option<toml::Spanned<GateFile>>,
     #[serde(default)]
     pub rules: Vec<toml::Spanned<RuleFile>>,
     pub allowlist: Option<AllowlistFile>,
@@ -93,6 +94,70 @@ pub(super) struct TenantFile {
     pub priority: Option<Priority>,
     #[serde(default)]
     pub roles: Vec<String>,
+    // The admission gate's settings for the tenant (the words of `SET TENANT`), and its
+    // cost rules. Every key is optional.
+    pub rate: Option<f64>,
+    pub burst: Option<f64>,
+    pub min_charge: Option<f64>,
+    pub when_over: Option<String>,
+    pub max_active: Option<u32>,
+    pub share: Option<f64>,
+    pub statement_timeout: Option<String>,
+    pub idle_in_transaction_timeout: Option<String>,
+    pub transaction_timeout: Option<String>,
+    pub max_cost: Option<f64>,
+    pub max_scan_rows: Option<f64>,
+}
+
+impl TenantFile {
+    /// The gate settings as `(key, value)` words, in the form `SET TENANT` takes.
+    pub fn words(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        let nums = [
+            ("rate", self.rate),
+            ("burst", self.burst),
+            ("min_charge", self.min_charge),
+            ("share", self.share),
+        ];
+        for (key, value) in nums {
+            if let Some(v) = value {
+                out.push((key, v.to_string()));
+            }
+        }
+        if let Some(n) = self.max_active {
+            out.push(("max_active", n.to_string()));
+        }
+        let texts = [
+            ("when_over", &self.when_over),
+            ("statement_timeout", &self.statement_timeout),
+            (
+                "idle_in_transaction_timeout",
+                &self.idle_in_transaction_timeout,
+            ),
+            ("transaction_timeout", &self.transaction_timeout),
+        ];
+        for (key, value) in texts {
+            if let Some(v) = value {
+                out.push((key, v.clone()));
+            }
+        }
+        out
+    }
+}
+
+/// `[gate]`: the admission gate of the whole pgward.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct GateFile {
+    /// Longest wait for a slot or a budget ("0": until the statement's deadline).
+    pub queue_timeout: Option<String>,
+    /// Statements running at once in the fast lane of each database.
+    pub max_active: Option<u32>,
+    /// The slow lane's limit.
+    pub slow_active: Option<u32>,
+    /// Cost rules for every tenant that sets none of its own.
+    pub max_cost: Option<f64>,
+    pub max_scan_rows: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]

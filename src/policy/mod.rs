@@ -33,6 +33,8 @@ pub use cidr::Cidr;
 pub use file::{AllowlistMode, Mode, RuleKind, UncheckedMode, WhenFile as When};
 pub use rules::{DEFAULT_DENIED_FUNCTIONS, WRITING_FUNCTIONS};
 
+use crate::cost::CostLimits;
+use crate::gate::{parse_duration, GateSettings, TenantConfig};
 use crate::sql::{Analysis, Depth, Priority, Reading, Tags};
 use file::{line_of, PolicyFile, RuleFile};
 use rules::Check;
@@ -125,6 +127,8 @@ pub struct RuleHit {
     pub hint: String,
     /// The statement's fingerprint in hex (`none` when it was not parsed).
     pub fingerprint: String,
+    /// Numbers that explain it (the admission gate's refusals), if any.
+    pub detail: Option<String>,
 }
 
 impl RuleHit {
@@ -135,6 +139,26 @@ impl RuleHit {
             message: format!("pgward: statement refused by rule {rule}"),
             hint: format!("rule {rule}: {what}; fingerprint {fingerprint}"),
             fingerprint,
+            detail: None,
+        }
+    }
+
+    /// A refusal by the admission gate (budget, kill, wait, deadline) or a cost rule, with
+    /// its own SQLSTATE, message, detail and hint.
+    pub fn refusal(
+        rule: &str,
+        sqlstate: &'static str,
+        message: String,
+        detail: Option<String>,
+        hint: Option<String>,
+    ) -> RuleHit {
+        RuleHit {
+            rule: rule.to_string(),
+            sqlstate,
+            message,
+            hint: hint.unwrap_or_default(),
+            fingerprint: String::new(),
+            detail,
         }
     }
 
@@ -147,11 +171,19 @@ impl RuleHit {
     /// pipeline, so the transaction or batch fails as for any error). Only fixed text, rule
     /// names from the policy and the hex fingerprint go in, filtered to a safe alphabet.
     pub fn raise_sql(&self) -> String {
+        let detail = self
+            .detail
+            .as_deref()
+            .map(|d| format!(", DETAIL = '{}'", safe_text(d)))
+            .unwrap_or_default();
+        let hint = match self.hint.as_str() {
+            "" => String::new(),
+            h => format!(", HINT = '{}'", safe_text(h)),
+        };
         format!(
-            "DO $pgward$BEGIN RAISE EXCEPTION USING ERRCODE = '{}', MESSAGE = '{}', HINT = '{}'; END$pgward$",
+            "DO $pgward$BEGIN RAISE EXCEPTION USING ERRCODE = '{}', MESSAGE = '{}'{hint}{detail}; END$pgward$",
             safe_text(self.sqlstate),
             safe_text(&self.message),
-            safe_text(&self.hint)
         )
     }
 }
@@ -184,6 +216,17 @@ pub enum Verdict {
 struct Tenant {
     mode: Mode,
     priority: Priority,
+    gate: TenantConfig,
+    cost_limits: CostLimits,
+}
+
+/// The `[gate]` table: the admission gate's settings and the default cost rules.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GatePolicy {
+    /// Queue timeout and lanes.
+    pub settings: GateSettings,
+    /// Cost rules of tenants that set none of their own.
+    pub cost_limits: CostLimits,
 }
 
 #[derive(Clone, Debug)]
@@ -204,6 +247,7 @@ pub struct Policy {
     rules: Vec<Rule>,
     allowlist_roles: BTreeMap<String, AllowlistMode>,
     allowlist: Option<Arc<Allowlist>>,
+    gate: GatePolicy,
 }
 
 impl Policy {
@@ -217,6 +261,7 @@ impl Policy {
             rules: Vec::new(),
             allowlist_roles: BTreeMap::new(),
             allowlist: None,
+            gate: GatePolicy::default(),
         }
     }
 
@@ -247,7 +292,15 @@ impl Policy {
             let start = spanned.span().start;
             rules.push(build_rule(spanned.into_inner()).map_err(|m| invalid(start, m))?);
         }
-        let (tenants, tenant_of_role) = build_tenants(raw.tenants);
+        let (tenants, tenant_of_role) =
+            build_tenants(raw.tenants).map_err(|(o, m)| invalid(o, m))?;
+        let gate = match raw.gate {
+            Some(g) => {
+                let start = g.span().start;
+                build_gate(g.into_inner()).map_err(|m| invalid(start, m))?
+            }
+            None => GatePolicy::default(),
+        };
         let (allowlist, allowlist_roles) = match raw.allowlist {
             Some(a) => (
                 Some(Arc::new(Allowlist::load(&dir.join(&a.file))?)),
@@ -263,7 +316,33 @@ impl Policy {
             rules,
             allowlist_roles,
             allowlist,
+            gate,
         })
+    }
+
+    /// The `[gate]` table.
+    pub fn gate(&self) -> &GatePolicy {
+        &self.gate
+    }
+
+    /// Each tenant named in the file, with its gate settings.
+    pub fn tenant_configs(&self) -> impl Iterator<Item = (&str, &TenantConfig)> {
+        self.tenants
+            .iter()
+            .map(|(name, t)| (name.as_str(), &t.gate))
+    }
+
+    /// The cost rules for `tenant`: its own, else the `[gate]` table's.
+    pub fn cost_limits(&self, tenant: &str) -> CostLimits {
+        let own = self.tenants.get(tenant).map(|t| t.cost_limits);
+        let default = self.gate.cost_limits;
+        match own {
+            Some(c) => CostLimits {
+                max_cost: c.max_cost.or(default.max_cost),
+                max_scan_rows: c.max_scan_rows.or(default.max_scan_rows),
+            },
+            None => default,
+        }
     }
 
     /// How deep statements must be read for this policy's rules.
@@ -440,26 +519,76 @@ fn applies(when: &When, who: &Who, tenant: &str, tags: &Tags, trusted: bool) -> 
                     .all(|(k, v)| tags.get(k) == Some(v.as_str()))))
 }
 
+type Tenants = (BTreeMap<String, Tenant>, BTreeMap<String, String>);
+
+/// The tenants, and the tenant of each role listed; an error carries its byte offset.
 fn build_tenants(
-    raw: BTreeMap<String, file::TenantFile>,
-) -> (BTreeMap<String, Tenant>, BTreeMap<String, String>) {
+    raw: BTreeMap<String, toml::Spanned<file::TenantFile>>,
+) -> Result<Tenants, (usize, String)> {
     let mut of_role = BTreeMap::new();
-    let tenants = raw
-        .into_iter()
-        .map(|(name, t)| {
-            for role in t.roles {
-                of_role.insert(role, name.clone());
-            }
-            (
-                name,
-                Tenant {
-                    mode: t.mode,
-                    priority: t.priority.unwrap_or(Priority::Normal),
-                },
-            )
-        })
-        .collect();
-    (tenants, of_role)
+    let mut tenants = BTreeMap::new();
+    for (name, spanned) in raw {
+        let start = spanned.span().start;
+        let t = spanned.into_inner();
+        let mut gate = TenantConfig::default();
+        for (key, value) in t.words() {
+            gate.set(key, &value)
+                .map_err(|e| (start, format!("tenant {name}: {e}")))?;
+        }
+        for role in &t.roles {
+            of_role.insert(role.clone(), name.clone());
+        }
+        let tenant = Tenant {
+            mode: t.mode,
+            priority: t.priority.unwrap_or(Priority::Normal),
+            gate,
+            cost_limits: CostLimits {
+                max_cost: t.max_cost,
+                max_scan_rows: t.max_scan_rows,
+            },
+        };
+        tenants.insert(name, tenant);
+    }
+    Ok((tenants, of_role))
+}
+
+/// The fast lane's limit when `[gate]` sets none: the pool limits alone decide, as without
+/// a policy.
+pub const UNLIMITED_ACTIVE: usize = 1 << 20;
+
+impl Default for GatePolicy {
+    fn default() -> Self {
+        let mut settings = GateSettings::default();
+        settings.lanes.fast = UNLIMITED_ACTIVE;
+        GatePolicy {
+            settings,
+            cost_limits: CostLimits::default(),
+        }
+    }
+}
+
+/// The `[gate]` table's settings over the defaults.
+fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
+    let mut settings = GatePolicy::default().settings;
+    if let Some(t) = &raw.queue_timeout {
+        let d = parse_duration(t)
+            .ok_or_else(|| format!("queue_timeout {t:?}: a duration such as 30s or 2m"))?;
+        settings.queue_timeout = (!d.is_zero()).then_some(d);
+    }
+    let lanes = &mut settings.lanes;
+    if let Some(n) = raw.max_active {
+        lanes.fast = (n as usize).max(1);
+    }
+    if let Some(n) = raw.slow_active {
+        lanes.slow = (n as usize).max(1);
+    }
+    Ok(GatePolicy {
+        settings,
+        cost_limits: CostLimits {
+            max_cost: raw.max_cost,
+            max_scan_rows: raw.max_scan_rows,
+        },
+    })
 }
 
 fn build_rule(raw: RuleFile) -> Result<Rule, String> {

@@ -25,8 +25,57 @@ impl ServerConn {
         encode_bind_text(&mut out, params);
         encode_execute(&mut out);
         wire::encode_sync(&mut out);
+        self.first_row(&out, tracked).await
+    }
+
+    /// Runs `sql` with the parameter types of a client's Parse (`types`: the count and the
+    /// OIDs as sent) and the parameters of a client's Bind (`values`: what follows the
+    /// statement name in its body: formats and values, and the result formats, which are
+    /// replaced by text), as pgward's own statement and portal, both closed at the end. Returns the first row.
+    pub async fn query_row_bound(
+        &mut self,
+        sql: &str,
+        types: &[u8],
+        values: &[u8],
+        tracked: &Tracked,
+    ) -> Result<Option<TextRow>, ServerError> {
+        const NAME: &[u8] = b"pgward_explain\0";
+        let Some(params) = bind_parameters(values) else {
+            return Err(ServerError::Protocol("malformed Bind parameters"));
+        };
+        let mut parse = BytesMut::new();
+        parse.put_slice(NAME);
+        parse.put_slice(sql.as_bytes());
+        parse.put_u8(0);
+        parse.put_slice(types);
+        let mut bind = BytesMut::new();
+        bind.put_slice(NAME);
+        bind.put_slice(NAME);
+        bind.put_slice(params);
+        bind.put_i16(0); // result formats: all text
+        let mut out = BytesMut::new();
+        put_tagged(&mut out, b'P', &parse);
+        put_tagged(&mut out, b'B', &bind);
+        let mut execute = NAME.to_vec();
+        execute.extend_from_slice(&[0, 0, 0, 0]);
+        put_tagged(&mut out, b'E', &execute);
+        for kind in [b'P', b'S'] {
+            let mut close = vec![kind];
+            close.extend_from_slice(NAME);
+            put_tagged(&mut out, b'C', &close);
+        }
+        wire::encode_sync(&mut out);
+        self.first_row(&out, tracked).await
+    }
+
+    /// Sends `out` (ending with Sync) and reads its first DataRow, up to ReadyForQuery.
+    async fn first_row(
+        &mut self,
+        out: &[u8],
+        tracked: &Tracked,
+    ) -> Result<Option<TextRow>, ServerError> {
         self.internal_busy = true;
-        self.send(&out).await?;
+        self.send(out).await?;
         let mut row = None;
         let mut failure = None;
         loop {
@@ -61,6 +110,23 @@ impl ServerConn {
             }
         }
     }
+}
+
+/// The parameter formats and values at the front of a Bind's tail (after the statement
+/// name), without the result formats; `None` if malformed.
+fn bind_parameters(tail: &[u8]) -> Option<&[u8]> {
+    let (formats, mut rest) = split_u16(tail)?;
+    rest = rest.get(usize::from(formats) * 2..)?;
+    let (count, mut values) = split_u16(rest)?;
+    for _ in 0..count {
+        let (len, after) = split_i32(values)?;
+        values = match usize::try_from(len) {
+            Ok(n) => after.get(n..)?,
+            Err(_) => after, // NULL
+        };
+    }
+    let used = tail.len() - values.len();
+    tail.get(..used)
 }
 
 /// Bind of the unnamed statement to the unnamed portal, every parameter as text.
@@ -137,6 +203,17 @@ mod tests {
         assert_eq!(parse_data_row(&body[..body.len() - 1]), None);
         assert_eq!(parse_data_row(&[0, 1, 0x7f, 0xff, 0xff, 0xff]), None);
         assert_eq!(parse_data_row(&[]), None);
+    }
+
+    #[test]
+    fn bind_parameters_stop_before_result_formats() {
+        // one format (text), two values ("ab", NULL), one result format (binary)
+        let tail = [
+            0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0xff, 0xff, 0xff, 0xff, 0, 1, 0, 1,
+        ];
+        assert_eq!(bind_parameters(&tail), Some(&tail[..16]));
+        assert_eq!(bind_parameters(&tail[..11]), None);
+        assert_eq!(bind_parameters(&[0, 5]), None);
     }
 
     #[test]

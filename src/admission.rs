@@ -1,0 +1,203 @@
+//! The admission gate at run time: the pure [`Gate`] under one sync mutex, the plan cache,
+//! the slots sessions hold, and the clock that ends waits and hands out slots when a debt is
+//! paid back. Kept across reloads: a reload only changes tenants' settings and the lanes.
+
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{oneshot, Notify};
+
+use crate::cost::{PlanCache, PLAN_CAPACITY, PLAN_TTL};
+use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Slot};
+use crate::policy::Policy;
+
+/// How a waiting ticket hears the end of its wait.
+pub type Waiter = oneshot::Sender<Answer>;
+
+/// The end of a wait for a slot.
+#[derive(Debug)]
+pub enum Answer {
+    /// A slot: the statement may run.
+    Granted(Pass, SlotGuard),
+    /// The wait ended without one (deadline, queue timeout); already refunded.
+    Refused(Option<Pass>, Refusal),
+}
+
+/// The gate, its plan cache, and the clock's wake-up call.
+#[derive(Debug)]
+pub struct Gatekeeper {
+    gate: Mutex<Gate<Waiter>>,
+    plans: Mutex<PlanCache>,
+    wake: Notify,
+}
+
+impl Gatekeeper {
+    /// A gate with default settings and no tenants.
+    pub fn new() -> Arc<Gatekeeper> {
+        let seed = rand::random();
+        Arc::new(Gatekeeper {
+            gate: Mutex::new(Gate::new(GateSettings::default(), seed)),
+            plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
+            wake: Notify::new(),
+        })
+    }
+
+    /// Applies a policy's `[gate]` table and tenants (at start and on every reload); the
+    /// balances of tenants that keep a budget are kept. Without a policy, defaults.
+    pub fn configure(&self, policy: Option<&Policy>) {
+        let now = Instant::now();
+        let mut gate = self.lock();
+        let settings = match policy {
+            Some(p) => p.gate().settings,
+            None => crate::policy::GatePolicy::default().settings,
+        };
+        gate.set_settings(settings);
+        gate.set_all_lanes(settings.lanes);
+        if let Some(policy) = policy {
+            for (tenant, config) in policy.tenant_configs() {
+                gate.configure_tenant(tenant, config.clone(), now);
+            }
+        }
+        drop(gate);
+        self.wake.notify_one();
+    }
+
+    /// The gate, for one step (never held across `.await`).
+    pub fn lock(&self) -> MutexGuard<'_, Gate<Waiter>> {
+        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The plan cache.
+    pub fn plans(&self) -> MutexGuard<'_, PlanCache> {
+        self.plans.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
+    /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
+    pub async fn acquire(self: &Arc<Self>, pass: Pass) -> Answer {
+        let now = Instant::now();
+        let (id, rx) = {
+            let mut gate = self.lock();
+            if let Some(slot) = gate.try_acquire(&pass, now) {
+                return Answer::Granted(pass, SlotGuard::new(self, slot));
+            }
+            let (tx, rx) = oneshot::channel();
+            let id = pass.id;
+            gate.enqueue(pass, tx, now);
+            (id, rx)
+        };
+        self.wake.notify_one();
+        let mut withdraw = Withdraw {
+            keeper: self,
+            id: Some(id),
+        };
+        let answer = rx.await;
+        withdraw.id = None;
+        match answer {
+            Ok(answer) => answer,
+            // The gate dropped the ticket without an answer (it does not while the client
+            // waits): a refusal is the safe reading.
+            Err(_) => {
+                let pass = self.lock().withdraw(id, Instant::now()).map(|(p, _)| p);
+                Answer::Refused(pass, Refusal::queue_timeout(now.elapsed()))
+            }
+        }
+    }
+
+    /// Gives a slot back and hands out what can be handed out now.
+    fn release(self: &Arc<Self>, slot: Slot) {
+        let now = Instant::now();
+        let granted = {
+            let mut gate = self.lock();
+            gate.release(slot, now);
+            gate.dispatch(now, |w| !w.is_closed())
+        };
+        self.deliver(granted);
+    }
+
+    fn deliver(self: &Arc<Self>, granted: Vec<Granted<Waiter>>) {
+        for g in granted {
+            // A client that left drops the guard, and with it the slot.
+            let _ = g
+                .waiter
+                .send(Answer::Granted(g.pass, SlotGuard::new(self, g.slot)));
+        }
+    }
+
+    /// Ends the waits that are over and hands out slots as debts are paid back; runs for
+    /// the life of the process.
+    pub async fn clock(self: Arc<Self>) {
+        loop {
+            let notified = self.wake.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            let now = Instant::now();
+            let (expired, granted, next) = {
+                let mut gate = self.lock();
+                let expired = gate.expire(now);
+                let granted = gate.dispatch(now, |w| !w.is_closed());
+                (expired, granted, gate.next_wake(now))
+            };
+            for e in expired {
+                let _ = e.waiter.send(Answer::Refused(Some(e.pass), e.refusal));
+            }
+            self.deliver(granted);
+            // Never spin: at least a millisecond between rounds.
+            let at = next.map(|t| t.max(now + Duration::from_millis(1)));
+            match at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at.into()) => {}
+                        _ = &mut notified => {}
+                    }
+                }
+                None => notified.await,
+            }
+        }
+    }
+}
+
+/// Takes a waiting ticket out when its client stops waiting.
+struct Withdraw<'a> {
+    keeper: &'a Arc<Gatekeeper>,
+    id: Option<crate::gate::TicketId>,
+}
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        if let Some(id) = self.id.take() {
+            self.keeper.lock().withdraw(id, Instant::now());
+            self.keeper.wake.notify_one();
+        }
+    }
+}
+
+/// A slot held by a session: given back when dropped (the server owes nothing more, or the
+/// session ended), and the next waiter served.
+#[derive(Debug)]
+pub struct SlotGuard {
+    keeper: Arc<Gatekeeper>,
+    slot: Option<Slot>,
+}
+
+impl SlotGuard {
+    fn new(keeper: &Arc<Gatekeeper>, slot: Slot) -> SlotGuard {
+        SlotGuard {
+            keeper: keeper.clone(),
+            slot: Some(slot),
+        }
+    }
+
+    /// The slot.
+    pub fn slot(&self) -> Option<&Slot> {
+        self.slot.as_ref()
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot.take() {
+            self.keeper.release(slot);
+        }
+    }
+}

@@ -1,0 +1,414 @@
+//! The admission gate at the session. Before the client's messages go to the server, each
+//! request in them (a Query, the Bind of a statement, a FunctionCall) passes the gate: kills
+//! and deadlines, the tenant's budget, a slot in its lane (waited for in the gate's queue,
+//! taken before a server is checked out), then its price from the planner (EXPLAIN on the
+//! server it will run on, or the plan cache), the cost rules, and the charge. A refusal
+//! becomes that message's verdict, which [`super::forward_client`] answers in its place.
+//!
+//! The slot is held while PostgreSQL owes the client answers: a pipeline holds one, and it
+//! goes back at the ReadyForQuery that leaves nothing owed. Transaction control (BEGIN,
+//! COMMIT, ROLLBACK, SAVEPOINT) never waits. A request whose price is unknown while the
+//! server still owes earlier answers waits until it owes none (pgward cannot run an EXPLAIN
+//! in the middle of the client's batch); one whose price is cached does not.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::Bytes;
+
+use super::{frame_at, Session, HIGH_WATER};
+use crate::admission::{Answer, SlotGuard};
+use crate::client::govern::parse_context;
+use crate::client::{ClientIo, SessionError};
+use crate::cost::{explain_sql, judged_statement, Judged, PlanKey, PlanSummary};
+use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent};
+use crate::governance::Governance;
+use crate::policy::{RuleHit, Who};
+use crate::server::ServerError;
+use crate::wire::{sqlstate, ErrorResponse, TxStatus};
+
+/// Parses remembered per session, to price the Binds of their statements.
+const MAX_PARSED: usize = 10_000;
+
+/// What the gate keeps per session.
+#[derive(Debug, Default)]
+pub(in crate::client) struct GateState {
+    /// The slot held while PostgreSQL owes this client answers.
+    pub slot: Option<SlotGuard>,
+    /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
+    /// client's read buffer, in order; `Some` refuses the request.
+    pub verdicts: VecDeque<Option<RuleHit>>,
+    /// Bytes at the front of the client's read buffer that passed the gate.
+    gated: usize,
+    /// The text and parameter types of the client's Parses, by statement name.
+    parsed: HashMap<Bytes, Arc<Parsed>>,
+}
+
+impl GateState {
+    /// `n` gated bytes went to the server.
+    pub fn consumed(&mut self, n: usize) {
+        self.gated = self.gated.saturating_sub(n);
+    }
+}
+
+/// A client's Parse.
+#[derive(Debug)]
+struct Parsed {
+    text: String,
+    /// The parameter types as sent: count and OIDs.
+    types: Bytes,
+}
+
+/// One request the gate judges.
+enum Work {
+    Query(String),
+    Bind {
+        parsed: Option<Arc<Parsed>>,
+        /// The Bind body after the statement name.
+        tail: Bytes,
+    },
+    Function,
+}
+
+impl Work {
+    fn text(&self) -> Option<&str> {
+        match self {
+            Work::Query(t) => Some(t),
+            Work::Bind {
+                parsed: Some(p), ..
+            } => Some(&p.text),
+            _ => None,
+        }
+    }
+}
+
+/// The gate's answer for one request.
+enum Step {
+    /// Pass it on (`None`) or refuse it.
+    Verdict(Option<RuleHit>),
+    /// Wait until the server owes nothing: its price needs an EXPLAIN.
+    Hold,
+}
+
+impl Session {
+    /// Runs the gate over the client's complete messages in the first `len` bytes of its
+    /// read buffer that have not passed it yet. Returns how many bytes at the front may go
+    /// to the server now.
+    pub(super) async fn gate_chunk(
+        &mut self,
+        io: &mut ClientIo,
+        len: usize,
+    ) -> Result<usize, SessionError> {
+        let Some(governance) = self.rt.governance.load_full().as_ref().clone() else {
+            return Ok(len);
+        };
+        while let Some((tag, mlen)) = frame_at(&io.rbuf[..len], self.gate.gated) {
+            let start = self.gate.gated;
+            let body = Bytes::copy_from_slice(&io.rbuf[start + 5..start + 1 + mlen]);
+            let work = match tag {
+                b'P' => {
+                    self.note_parse(&body);
+                    None
+                }
+                b'Q' => Some(Work::Query(text_of(&body))),
+                b'B' => Some(self.bind_work(&body)),
+                b'F' => Some(Work::Function),
+                _ => None,
+            };
+            if let Some(work) = work {
+                match self.admit_work(io, &governance, work).await? {
+                    Step::Verdict(v) => self.gate.verdicts.push_back(v),
+                    Step::Hold => return Ok(self.gate.gated),
+                }
+            }
+            self.gate.gated = start + 1 + mlen;
+        }
+        Ok(self.gate.gated)
+    }
+
+    fn note_parse(&mut self, body: &[u8]) {
+        let Some((name, rest)) = split_cstr(body) else {
+            return;
+        };
+        let Some((query, types)) = split_cstr(rest) else {
+            return;
+        };
+        let parsed = &mut self.gate.parsed;
+        if parsed.len() >= MAX_PARSED && !parsed.contains_key(name) {
+            // Only the unnamed statement is still followed; a Bind of a statement no longer
+            // known pays min_charge.
+            parsed.retain(|k, _| k.is_empty());
+        }
+        parsed.insert(
+            Bytes::copy_from_slice(name),
+            Arc::new(Parsed {
+                text: String::from_utf8_lossy(query).into_owned(),
+                types: Bytes::copy_from_slice(types),
+            }),
+        );
+    }
+
+    fn bind_work(&self, body: &Bytes) -> Work {
+        let Some((_portal, rest)) = split_cstr(body) else {
+            return Work::Function;
+        };
+        let Some((statement, tail)) = split_cstr(rest) else {
+            return Work::Function;
+        };
+        let parsed = self.gate.parsed.get(statement).cloned();
+        Work::Bind {
+            parsed,
+            tail: body.slice_ref(tail),
+        }
+    }
+
+    /// Whether the server owes this client nothing (or none is checked out).
+    fn link_quiet(&self) -> bool {
+        self.link.as_ref().is_none_or(|l| l.quiet(&self.to_server))
+    }
+
+    async fn admit_work(
+        &mut self,
+        io: &mut ClientIo,
+        governance: &Governance,
+        work: Work,
+    ) -> Result<Step, SessionError> {
+        let keeper = self.rt.gatekeeper.clone();
+        let text = work.text();
+        let context = parse_context(&self.params, !self.link_quiet());
+        let analysis = text.map(|t| governance.analyzer.analyze(t.as_bytes(), &context));
+        let kind = text.map_or(RequestKind::Statement, RequestKind::of_sql);
+        let judged = match text {
+            Some(t) if kind.waits_for_slot() => judged_statement(t),
+            _ => Judged::MinCharge,
+        };
+        let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
+        let key = fingerprint.map(|f| PlanKey {
+            database: self.pool.key.db.clone(),
+            role: self.user.clone(),
+            fingerprint: f.0,
+            generic: false,
+        });
+        let wants_plan = explain_sql(&judged).is_some() && key.is_some();
+        let now = Instant::now();
+        let cached = match (&key, wants_plan) {
+            (Some(k), true) => keeper.plans().get(k, now),
+            _ => None,
+        };
+        if wants_plan && cached.is_none() && !self.link_quiet() {
+            return Ok(Step::Hold);
+        }
+        let who = Who {
+            role: &self.user,
+            application_name: self.params.get("application_name").unwrap_or(""),
+            client_addr: self.client_addr,
+        };
+        let no_tags = crate::sql::Tags::default();
+        let tags = analysis.as_ref().map_or(&no_tags, |a| &a.tags);
+        let identity = governance.policy.identify(&who, tags);
+        let tenant = identity.tenant.to_string();
+        let request = Request {
+            client_id: self.id,
+            tenant: &tenant,
+            priority: identity.priority,
+            kind,
+            fingerprint,
+            upstream: &self.pool.key.db,
+            sent_at: self.last_client_activity,
+            statement_timeout: None,
+            deadline: identity.deadline,
+        };
+        let mut pass = match keeper.lock().admit(&request, now) {
+            Decision::Refuse(r) => return Ok(refused(&r)),
+            Decision::Bypass(_) => return Ok(Step::Verdict(None)),
+            Decision::Admit(pass) => pass,
+        };
+        let mut plan = cached;
+        loop {
+            if self.gate.slot.is_none() {
+                match self.wait_for_slot(io, pass).await? {
+                    Answer::Granted(p, guard) => {
+                        pass = p;
+                        self.gate.slot = Some(guard);
+                    }
+                    Answer::Refused(_, r) => return Ok(refused(&r)),
+                }
+            }
+            if self.link.is_none() {
+                self.attach(io).await?;
+            }
+            if plan.is_none() && wants_plan {
+                if let (Some(key), Some(sql)) = (&key, explain_sql(&judged)) {
+                    plan = self.explain(&sql, &work, key).await?;
+                }
+            }
+            if let Some(hit) = self.cost_rules(governance, &tenant, plan.as_deref()) {
+                keeper.lock().note_refusal(
+                    &tenant,
+                    crate::gate::RefusalReason::Cost,
+                    Instant::now(),
+                );
+                return Ok(Step::Verdict(Some(hit)));
+            }
+            let cost = Cost {
+                units: plan.as_ref().map_or(0.0, |p| p.total_cost),
+                seconds_per_unit: None,
+            };
+            let spent = keeper.lock().spend(&mut pass, cost, Instant::now());
+            match spent {
+                Ok(Spent::Run { .. }) => return Ok(Step::Verdict(None)),
+                Err(r) => return Ok(refused(&r)),
+                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
+                    // Wait again, in the slow lane or until the debt is paid back; a server
+                    // that owes nothing goes back to the pool meanwhile.
+                    self.gate.slot = None;
+                    self.maybe_release().await?;
+                }
+            }
+        }
+    }
+
+    /// Waits in the gate's queue, reading what the client sends meanwhile (a client that
+    /// leaves ends the wait and takes its ticket out).
+    async fn wait_for_slot(
+        &mut self,
+        io: &mut ClientIo,
+        pass: Pass,
+    ) -> Result<Answer, SessionError> {
+        let keeper = self.rt.gatekeeper.clone();
+        let acquire = keeper.acquire(pass);
+        tokio::pin!(acquire);
+        loop {
+            tokio::select! {
+                biased;
+                answer = &mut acquire => return Ok(answer),
+                more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+            }
+        }
+    }
+
+    /// The plan of the request, from an EXPLAIN on the checked-out server (which owes the
+    /// client nothing). Inside a transaction block the EXPLAIN runs under a savepoint, so its
+    /// failure leaves the transaction as it was. A failed EXPLAIN prices nothing: the
+    /// statement then fails by itself with PostgreSQL's own error, or runs for min_charge.
+    async fn explain(
+        &mut self,
+        sql: &str,
+        work: &Work,
+        key: &PlanKey,
+    ) -> Result<Option<Arc<PlanSummary>>, SessionError> {
+        let tracked = self.tracked.clone();
+        let Some(link) = self.link.as_mut() else {
+            return Ok(None);
+        };
+        let in_block = match link.server.tx {
+            TxStatus::Failed => return Ok(None),
+            TxStatus::InTransaction => true,
+            TxStatus::Idle => false,
+        };
+        let server = &mut link.server;
+        if in_block {
+            let r = server
+                .simple_query("SAVEPOINT pgward_explain", &tracked)
+                .await;
+            r.map_err(|e| lost(server, e))?;
+        }
+        let started = Instant::now();
+        let row = match work {
+            Work::Bind {
+                parsed: Some(p),
+                tail,
+            } => server.query_row_bound(sql, &p.types, tail, &tracked).await,
+            _ => {
+                // The unnamed statement is replaced, as the client's own Query would.
+                link.unnamed_ours = false;
+                server.query_row(sql, &[], &tracked).await
+            }
+        };
+        let took = started.elapsed();
+        let row = match row {
+            Ok(row) => row,
+            Err(ServerError::Refused(_)) => None,
+            Err(e) => return Err(lost(server, e)),
+        };
+        if in_block {
+            let undo = match row {
+                None => "ROLLBACK TO SAVEPOINT pgward_explain; RELEASE SAVEPOINT pgward_explain",
+                Some(_) => "RELEASE SAVEPOINT pgward_explain",
+            };
+            let r = server.simple_query(undo, &tracked).await;
+            r.map_err(|e| lost(server, e))?;
+        }
+        let keeper = &self.rt.gatekeeper;
+        let text = row.and_then(|r| r.into_iter().next().flatten());
+        let Some(plan) = text.and_then(|t| PlanSummary::from_json(&t).ok()) else {
+            keeper.plans().record_failure(took);
+            return Ok(None);
+        };
+        let mut plans = keeper.plans();
+        plans.insert(key.clone(), plan, took, Instant::now());
+        Ok(plans.get(key, Instant::now()))
+    }
+
+    /// The verdict of the tenant's cost rules on `plan`.
+    fn cost_rules(
+        &self,
+        governance: &Governance,
+        tenant: &str,
+        plan: Option<&PlanSummary>,
+    ) -> Option<RuleHit> {
+        let plan = plan?;
+        let violation = governance
+            .policy
+            .cost_limits(tenant)
+            .check(plan, |_| None)?;
+        let tables: Vec<String> = violation.tables.iter().map(|t| t.to_string()).collect();
+        tracing::warn!(
+            client = self.id,
+            tenant,
+            rule = violation.rule.as_str(),
+            tables = %tables.join(", "),
+            "statement refused by a cost rule"
+        );
+        Some(RuleHit::refusal(
+            violation.rule.as_str(),
+            violation.sqlstate(),
+            violation.message(),
+            Some(violation.detail()),
+            None,
+        ))
+    }
+}
+
+/// A refusal by the gate as the request's verdict.
+fn refused(r: &Refusal) -> Step {
+    Step::Verdict(Some(RuleHit::refusal(
+        r.reason.as_str(),
+        r.sqlstate,
+        r.message.clone(),
+        r.detail.clone(),
+        r.hint.clone(),
+    )))
+}
+
+/// A failure while pricing: the connection cannot be trusted to be in step.
+fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
+    server.poison();
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::CONNECTION_FAILURE,
+        format!("server connection failed while pricing a statement: {e}"),
+    ))
+}
+
+/// The text of a Query body.
+fn text_of(body: &[u8]) -> String {
+    let sql = body.strip_suffix(b"\0").unwrap_or(body);
+    String::from_utf8_lossy(sql).into_owned()
+}
+
+/// A NUL-terminated string at the front of `b`, and the rest.
+fn split_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
+    let end = b.iter().position(|&c| c == 0)?;
+    Some((&b[..end], &b[end + 1..]))
+}

@@ -1,0 +1,321 @@
+//! The admission gate end to end: budgets priced by EXPLAIN, the cost rules, slots and
+//! lanes, and transaction control that never waits, through psql, a driver (prepared
+//! statements included) and raw protocol clients, against a real PostgreSQL.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use common::driver::{code, must_connect};
+use common::{client_command, shared_tempdir, stderr_of, stdout_of, Pgward, Postgres};
+use tempfile::TempDir;
+
+/// A table whose full read costs a few thousand planner units, and a small indexed one.
+const SCHEMA: &str = "CREATE TABLE big AS SELECT g AS id, repeat('x', 50) AS pad \
+     FROM generate_series(1, 100000) g; ANALYZE big; \
+     CREATE TABLE small (id int PRIMARY KEY, v text); \
+     INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 1000) g; ANALYZE small; \
+     GRANT SELECT ON big, small TO PUBLIC";
+
+/// The full read every test prices.
+const FULL_READ: &str = "SELECT count(*) FROM big";
+
+struct Fixture {
+    pg: Postgres,
+    pw: Pgward,
+    _policy: PathBuf,
+    _dir: TempDir,
+}
+
+impl Fixture {
+    fn start(policy: &str) -> Fixture {
+        let pg = Postgres::start();
+        pg.sql(SCHEMA);
+        let dir = shared_tempdir("pgward-gate-");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).expect("write the policy");
+        let settings = format!(
+            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 4\n\
+             max_client_conn = 50\npolicy_file = {}\n",
+            path.display()
+        );
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        Fixture {
+            pg,
+            pw,
+            _policy: path,
+            _dir: dir,
+        }
+    }
+
+    /// psql as `user` with verbose errors, each of `sqls` sent as one Query.
+    fn psql(&self, user: &str, sqls: &[&str]) -> Output {
+        let mut cmd = client_command("psql", None);
+        cmd.args(["-X", "-w", "-At", "-d"])
+            .arg(self.pw.connstr(user, None, "app"))
+            .args(["-c", "\\set VERBOSITY verbose"]);
+        for sql in sqls {
+            cmd.args(["-c", sql]);
+        }
+        cmd.output().expect("run psql")
+    }
+
+    fn conn(&self, user: &str) -> String {
+        self.pw.connstr(user, None, "app")
+    }
+
+    /// The planner's cost of one full read.
+    fn full_read_cost(&self) -> f64 {
+        let plan = self
+            .pg
+            .sql_in("app", &format!("EXPLAIN (FORMAT JSON) {FULL_READ}"));
+        let at = plan.find("\"Total Cost\": ").expect("a total cost") + 14;
+        let end = plan[at..].find([',', '\n']).expect("end of the number") + at;
+        plan[at..end].trim().parse().expect("a number")
+    }
+}
+
+/// psql running `sql` on a thread of its own.
+fn psql_in_background(connstr: String, sql: &'static str) -> std::thread::JoinHandle<Output> {
+    std::thread::spawn(move || {
+        let mut cmd = client_command("psql", None);
+        cmd.args(["-X", "-w", "-At", "-d"])
+            .arg(connstr)
+            .args(["-c", sql]);
+        cmd.output().expect("psql")
+    })
+}
+
+/// A budget that pays for one full read and then owes for a long time.
+const REJECT_POLICY: &str = r#"
+[tenants.acme]
+roles = ["trustuser"]
+rate = 1
+burst = 100
+when_over = "reject"
+"#;
+
+#[test]
+fn an_over_budget_tenant_is_refused_with_53000_and_a_retry_hint() {
+    let f = Fixture::start(REJECT_POLICY);
+    let first = f.psql("trustuser", &[FULL_READ]);
+    assert!(first.status.success(), "{}", stderr_of(&first));
+    assert_eq!(stdout_of(&first).trim(), "100000");
+    let second = f.psql("trustuser", &[FULL_READ]);
+    let err = stderr_of(&second);
+    assert!(!second.status.success(), "a second read ran: {err}");
+    assert!(err.contains("53000"), "{err}");
+    assert!(err.to_lowercase().contains("hint"), "{err}");
+    // Another role is another tenant, with no budget.
+    let other = f.psql("postgres", &[FULL_READ]);
+    assert!(other.status.success(), "{}", stderr_of(&other));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prepared_statement_is_charged_at_every_execution() {
+    let f = Fixture::start(REJECT_POLICY);
+    let conn = must_connect(&f.conn("trustuser")).await;
+    let stmt = conn
+        .client
+        .prepare("SELECT count(*) FROM big WHERE id > $1")
+        .await
+        .expect("prepare");
+    let rows = conn.client.query(&stmt, &[&0i32]).await.expect("first run");
+    let n: i64 = rows[0].get(0);
+    assert_eq!(n, 100000);
+    let err = conn
+        .client
+        .query(&stmt, &[&0i32])
+        .await
+        .expect_err("the second run must be refused");
+    assert_eq!(code(&err), "53000", "{err:?}");
+    // While the tenant owes, transaction control still goes through.
+    conn.client.batch_execute("BEGIN").await.expect("BEGIN");
+    conn.client.batch_execute("COMMIT").await.expect("COMMIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six_connections_at_once_cannot_all_spend_one_budget() {
+    let f = Fixture::start(REJECT_POLICY);
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let connstr = f.conn("trustuser");
+        tasks.push(tokio::spawn(async move {
+            let conn = must_connect(&connstr).await;
+            conn.client
+                .simple_query(FULL_READ)
+                .await
+                .map(|_| ())
+                .map_err(|e| code(&e))
+        }));
+    }
+    let mut ran = 0;
+    for t in tasks {
+        match t.await.expect("task") {
+            Ok(()) => ran += 1,
+            Err(c) => assert_eq!(c, "53000"),
+        }
+    }
+    assert_eq!(ran, 1, "one read is all the budget pays for");
+}
+
+#[test]
+fn max_cost_refuses_with_54000_and_numbers_only() {
+    let f = Fixture::start(
+        r#"
+[gate]
+max_cost = 500
+"#,
+    );
+    let out = f.psql("trustuser", &[FULL_READ]);
+    let err = stderr_of(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("54000"), "{err}");
+    assert!(err.contains("max_cost"), "{err}");
+    assert!(
+        !err.contains("big"),
+        "a table name reached the client: {err}"
+    );
+    let cheap = f.psql("trustuser", &["SELECT v FROM small WHERE id = 7"]);
+    assert_eq!(stdout_of(&cheap).trim(), "v7", "{}", stderr_of(&cheap));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_cost_judges_a_prepared_statement_with_its_bound_values() {
+    let f = Fixture::start(
+        r#"
+[gate]
+max_cost = 500
+"#,
+    );
+    let conn = must_connect(&f.conn("trustuser")).await;
+    let stmt = conn
+        .client
+        .prepare("SELECT count(*) FROM big WHERE id < $1 OR $1 < 0")
+        .await
+        .expect("prepare");
+    let err = conn
+        .client
+        .query(&stmt, &[&10i32])
+        .await
+        .expect_err("a full read must be refused");
+    assert_eq!(code(&err), "54000", "{err:?}");
+    let lookup = conn
+        .client
+        .prepare("SELECT v FROM small WHERE id = $1")
+        .await
+        .expect("prepare");
+    let rows = conn.client.query(&lookup, &[&3i32]).await.expect("lookup");
+    let v: String = rows[0].get(0);
+    assert_eq!(v, "v3");
+}
+
+#[test]
+fn a_refusal_inside_a_transaction_aborts_it_and_explain_leaves_it_intact() {
+    let f = Fixture::start(REJECT_POLICY);
+    // Inside a transaction the EXPLAIN runs under a savepoint: a statement that fails to
+    // plan fails by itself, and the refusal after the budget is spent aborts the block.
+    let out = f.psql(
+        "trustuser",
+        &["BEGIN; SELECT 1; COMMIT", "SELECT count(*) FROM big"],
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = f.psql(
+        "postgres",
+        &["BEGIN", "SELECT * FROM no_such_table", "ROLLBACK"],
+    );
+    let err = stderr_of(&out);
+    assert!(err.contains("42P01"), "{err}");
+    assert!(!err.contains("pgward_explain"), "{err}");
+    let out = f.psql(
+        "postgres",
+        &["CREATE TEMP TABLE x (a int)", "SELECT 'in step'"],
+    );
+    assert!(stdout_of(&out).contains("in step"), "{}", stderr_of(&out));
+}
+
+#[test]
+fn one_fast_slot_runs_statements_one_at_a_time_but_commit_never_waits() {
+    let f = Fixture::start(
+        r#"
+[gate]
+max_active = 1
+queue_timeout = "30s"
+"#,
+    );
+    let started = Instant::now();
+    let sleepers: Vec<_> = (0..2)
+        .map(|_| psql_in_background(f.conn("trustuser"), "SELECT pg_sleep(1)"))
+        .collect();
+    // While the slot is taken, a transaction's BEGIN and COMMIT go through at once.
+    std::thread::sleep(Duration::from_millis(300));
+    let tx_started = Instant::now();
+    let out = f.psql("postgres", &["BEGIN", "COMMIT"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        tx_started.elapsed() < Duration::from_millis(900),
+        "BEGIN/COMMIT waited {:?}",
+        tx_started.elapsed()
+    );
+    for s in sleepers {
+        let out = s.join().expect("thread");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    }
+    assert!(
+        started.elapsed() >= Duration::from_millis(1900),
+        "two sleeps shared one slot in {:?}",
+        started.elapsed()
+    );
+}
+
+#[test]
+fn a_wait_for_a_slot_ends_with_53000_at_the_queue_timeout() {
+    let f = Fixture::start(
+        r#"
+[gate]
+max_active = 1
+queue_timeout = "300ms"
+"#,
+    );
+    let sleeper = psql_in_background(f.conn("trustuser"), "SELECT pg_sleep(2)");
+    std::thread::sleep(Duration::from_millis(300));
+    let out = f.psql("postgres", &["SELECT 1"]);
+    let err = stderr_of(&out);
+    assert!(err.contains("53000"), "{err}");
+    assert!(sleeper.join().expect("thread").status.success());
+}
+
+#[test]
+fn an_over_budget_tenant_that_waits_runs_once_the_debt_is_paid_back() {
+    let f = Fixture::start(
+        r#"
+[gate]
+queue_timeout = "30s"
+[tenants.acme]
+roles = ["trustuser"]
+when_over = "wait"
+burst = 1
+rate = 1
+"#,
+    );
+    let cost = f.full_read_cost();
+    // Pay back about one read a second.
+    let policy = format!(
+        "[gate]\nqueue_timeout = \"30s\"\n[tenants.acme]\nroles = [\"trustuser\"]\n\
+         when_over = \"wait\"\nburst = 1\nrate = {}\n",
+        cost
+    );
+    std::fs::write(&f._policy, policy).expect("write");
+    f.pw.reload();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let out = f.psql("trustuser", &[FULL_READ, FULL_READ, FULL_READ]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500),
+        "three reads a second apart took {took:?}"
+    );
+}
