@@ -134,14 +134,24 @@ impl CancelRegistry {
             tracing::debug!("cancel request with an unknown key ignored");
             return;
         };
-        let Some(target) = handle.begin_cancel() else {
-            return;
+        handle.cancel_now(limit);
+    }
+}
+
+impl ClientHandle {
+    /// Cancels what the client's server runs now, as a CancelRequest of the client would:
+    /// until the cancel connection has closed (or `limit` has passed), the client's next
+    /// message waits and its server is not given back. Returns whether a server was attached.
+    pub fn cancel_now(self: Arc<Self>, limit: Duration) -> bool {
+        let Some(target) = self.begin_cancel() else {
+            return false;
         };
-        let in_flight = InFlight(handle);
+        let in_flight = InFlight(self);
         tokio::spawn(async move {
             deliver(&target, limit).await;
             drop(in_flight);
         });
+        true
     }
 }
 

@@ -319,3 +319,87 @@ rate = 1
         "three reads a second apart took {took:?}"
     );
 }
+
+#[test]
+fn a_tenant_statement_timeout_cancels_and_says_whose_it_was() {
+    let f = Fixture::start(
+        r#"
+[tenants.acme]
+roles = ["trustuser"]
+statement_timeout = "500ms"
+"#,
+    );
+    let started = Instant::now();
+    // The client switching its own timeout off changes nothing.
+    let out = f.psql(
+        "trustuser",
+        &[
+            "SET statement_timeout = 0",
+            "SELECT pg_sleep(5)",
+            "SELECT 'still here'",
+        ],
+    );
+    let err = stderr_of(&out);
+    assert!(err.contains("57014"), "{err}");
+    assert!(err.contains("pgward statement timeout"), "{err}");
+    assert!(
+        stdout_of(&out).contains("still here"),
+        "the session ends after the timeout: {err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    // Other tenants have no such limit.
+    let out = f.psql("postgres", &["SELECT pg_sleep(1)"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_idle_in_transaction_timeout_ends_the_session() {
+    let f = Fixture::start(
+        r#"
+[tenants.acme]
+roles = ["trustuser"]
+idle_in_transaction_timeout = "400ms"
+"#,
+    );
+    let conn = must_connect(&f.conn("trustuser")).await;
+    conn.client
+        .batch_execute("BEGIN; SELECT 1")
+        .await
+        .expect("begin");
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let err = conn
+        .client
+        .batch_execute("SELECT 1")
+        .await
+        .expect_err("the session must be over");
+    let ended = common::driver::end_of(conn, Duration::from_secs(2)).await;
+    assert_eq!(ended.as_deref(), Some("25P03"), "{err:?}");
+}
+
+#[test]
+fn a_deadline_tag_ends_the_wait_for_a_slot_with_57014() {
+    let f = Fixture::start(
+        r#"
+trusted_roles = ["postgres"]
+[gate]
+max_active = 1
+queue_timeout = "30s"
+"#,
+    );
+    let sleeper = psql_in_background(f.conn("trustuser"), "SELECT pg_sleep(2)");
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    let out = f.psql("postgres", &["SELECT 1 /*deadline='200ms'*/"]);
+    let err = stderr_of(&out);
+    assert!(err.contains("57014"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(sleeper.join().expect("thread").status.success());
+}

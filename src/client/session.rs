@@ -59,6 +59,8 @@ impl Timeouts {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Timer {
+    /// The tenant's statement timeout: the request is cancelled, the session goes on.
+    TenantStatement,
     Query,
     IdleTransaction,
     Transaction,
@@ -68,7 +70,7 @@ enum Timer {
 impl Timer {
     fn error(self) -> ErrorResponse {
         let (code, msg) = match self {
-            Timer::Query => (sqlstate::QUERY_CANCELED, "query_timeout"),
+            Timer::TenantStatement | Timer::Query => (sqlstate::QUERY_CANCELED, "query_timeout"),
             Timer::IdleTransaction => (
                 sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
                 "idle_transaction_timeout",
@@ -233,6 +235,7 @@ impl Session {
                 }
                 Event::ServerDrained => self.maybe_release().await?,
                 Event::ServerClosed => return Err(self.server_lost()),
+                Event::Timer(Timer::TenantStatement) => self.cancel_for_tenant(),
                 Event::Timer(t) => {
                     if let Some(link) = &mut self.link {
                         if !link.expected.is_empty() {
@@ -313,6 +316,11 @@ impl Session {
 
     fn next_deadline(&self) -> Option<(Instant, Timer)> {
         let t = &self.timeouts;
+        let tenant = &self.gate.limits;
+        let at_most = |a: Option<Duration>, b: Option<Duration>| match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         let mut next: Option<(Instant, Timer)> = None;
         let mut consider = |limit: Option<Duration>, since: Instant, timer: Timer| {
             if let Some(limit) = limit {
@@ -328,12 +336,17 @@ impl Session {
                 let in_tx = link.server.tx != TxStatus::Idle;
                 if let Some(since) = link.busy_since {
                     consider(t.query, since, Timer::Query);
+                    if self.gate.timed_out.is_none() {
+                        consider(tenant.statement, since, Timer::TenantStatement);
+                    }
                 }
                 if in_tx && link.expected.is_empty() {
-                    consider(t.idle_transaction, link.ready_since, Timer::IdleTransaction);
+                    let limit = at_most(t.idle_transaction, tenant.idle_in_transaction);
+                    consider(limit, link.ready_since, Timer::IdleTransaction);
                 }
                 if let Some(since) = link.tx_since {
-                    consider(t.transaction, since, Timer::Transaction);
+                    let limit = at_most(t.transaction, tenant.transaction);
+                    consider(limit, since, Timer::Transaction);
                 }
                 !in_tx && link.expected.is_quiet()
             }
@@ -342,6 +355,18 @@ impl Session {
             consider(t.client_idle, self.last_client_activity, Timer::ClientIdle);
         }
         next
+    }
+
+    /// The tenant's statement timeout passed: the request is cancelled as a client's
+    /// CancelRequest would cancel it (its next message waits for the cancel to land), and
+    /// PostgreSQL's 57014 will name pgward's timeout.
+    fn cancel_for_tenant(&mut self) {
+        let Some(limit) = self.gate.limits.statement else {
+            return;
+        };
+        self.gate.timed_out = Some(limit);
+        tracing::info!(client = self.id, tenant = %self.gate.tenant, "statement timeout: cancelling");
+        self.handle.clone().cancel_now(CLOSE_GRACE);
     }
 
     /// Forwards the complete messages the client sent, checking out a server first if
@@ -643,6 +668,24 @@ impl Session {
                 params: &mut self.params,
                 tracked: &self.tracked,
             };
+            if tag == b'E' && self.gate.timed_out.is_some() {
+                if let Some(limit) =
+                    timed_out_error(&link.server.rbuf[offset..end], self.gate.timed_out)
+                {
+                    // PostgreSQL's answer to pgward's cancel: say whose timeout it was.
+                    let route = server_message(link, &mut client, (tag, offset, end))?;
+                    let out = kept.get_or_insert_with(BytesMut::new);
+                    out.extend_from_slice(&link.server.rbuf[run_start..offset]);
+                    if route == Route::Forward {
+                        let err = admit::statement_timeout_error(&self.gate.tenant, limit);
+                        crate::wire::encode_error(out, &err);
+                    }
+                    emit_synthetic(link, out);
+                    run_start = end;
+                    offset = end;
+                    continue;
+                }
+            }
             let route = server_message(link, &mut client, (tag, offset, end))?;
             if let Some((busy, tx)) = marks {
                 self.hooks.ready(link.server.tx, busy, tx);
@@ -679,6 +722,7 @@ impl Session {
         }
         if link.expected.is_empty() {
             link.busy_since = None;
+            self.gate.timed_out = None;
             // Idle time counts from the last answer, not from the last request.
             self.last_client_activity = Instant::now();
         }
@@ -766,6 +810,16 @@ impl Session {
         }
         self.release().await;
     }
+}
+
+/// The limit pgward cancelled at, when `frame` is PostgreSQL's 57014 after that cancel.
+fn timed_out_error(frame: &[u8], timed_out: Option<Duration>) -> Option<Duration> {
+    let limit = timed_out?;
+    let fields = frame.get(5..)?;
+    let code = fields
+        .split(|b| *b == 0)
+        .find(|f| f.first() == Some(&b'C'))?;
+    (code.get(1..) == Some(sqlstate::QUERY_CANCELED.as_bytes())).then_some(limit)
 }
 
 /// The notice for a client that has waited query_wait_notify for a server.

@@ -13,7 +13,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -22,7 +22,7 @@ use crate::admission::{Answer, SlotGuard};
 use crate::client::govern::parse_context;
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{explain_sql, judged_statement, Judged, PlanKey, PlanSummary};
-use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent};
+use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
 use crate::governance::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::server::ServerError;
@@ -43,6 +43,13 @@ pub(in crate::client) struct GateState {
     gated: usize,
     /// The text and parameter types of the client's Parses, by statement name.
     parsed: HashMap<Bytes, Arc<Parsed>>,
+    /// The time limits of the tenant of the last request admitted.
+    pub limits: TenantTimeouts,
+    /// That tenant.
+    pub tenant: String,
+    /// pgward cancelled the running request at the tenant's statement timeout: its 57014
+    /// says so.
+    pub timed_out: Option<Duration>,
 }
 
 impl GateState {
@@ -219,7 +226,13 @@ impl Session {
             statement_timeout: None,
             deadline: identity.deadline,
         };
-        let mut pass = match keeper.lock().admit(&request, now) {
+        let decision = {
+            let mut gate = keeper.lock();
+            self.gate.limits = gate.timeouts(&tenant);
+            gate.admit(&request, now)
+        };
+        self.gate.tenant.clone_from(&tenant);
+        let mut pass = match decision {
             Decision::Refuse(r) => return Ok(refused(&r)),
             Decision::Bypass(_) => return Ok(Step::Verdict(None)),
             Decision::Admit(pass) => pass,
@@ -379,6 +392,19 @@ impl Session {
             None,
         ))
     }
+}
+
+/// The ErrorResponse for a request pgward cancelled at its tenant's statement timeout, in the
+/// place of PostgreSQL's "canceling statement due to user request".
+pub(super) fn statement_timeout_error(tenant: &str, limit: Duration) -> ErrorResponse {
+    ErrorResponse::error(
+        sqlstate::QUERY_CANCELED,
+        "canceling statement due to pgward statement timeout".to_string(),
+    )
+    .with_detail(format!(
+        "tenant {tenant} may run a statement for {} ms",
+        limit.as_millis()
+    ))
 }
 
 /// A refusal by the gate as the request's verdict.
