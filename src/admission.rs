@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use crate::cost::{PlanCache, PLAN_CAPACITY, PLAN_TTL};
-use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Slot};
+use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Runaway, Slot};
 use crate::policy::Policy;
 
 /// How a waiting ticket hears the end of its wait.
@@ -74,18 +74,28 @@ impl Gatekeeper {
 
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
     /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
-    pub async fn acquire(self: &Arc<Self>, pass: Pass) -> Answer {
+    /// When the ticket has to wait, `runaways` is told which tenants of its upstream hold
+    /// more than their share of the slots while others wait (their idle servers go first).
+    pub async fn acquire(
+        self: &Arc<Self>,
+        pass: Pass,
+        runaways: impl FnOnce(Vec<Runaway>),
+    ) -> Answer {
         let now = Instant::now();
-        let (id, rx) = {
+        let (id, rx, over) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
                 return Answer::Granted(pass, SlotGuard::new(self, slot));
             }
             let (tx, rx) = oneshot::channel();
             let id = pass.id;
+            let upstream = pass.upstream.clone();
             gate.enqueue(pass, tx, now);
-            (id, rx)
+            (id, rx, gate.runaways(&upstream))
         };
+        if !over.is_empty() {
+            runaways(over);
+        }
         self.wake.notify_one();
         let mut withdraw = Withdraw {
             keeper: self,

@@ -403,3 +403,57 @@ queue_timeout = "30s"
     );
     assert!(sleeper.join().expect("thread").status.success());
 }
+
+#[test]
+fn a_tenant_over_its_share_while_others_wait_loses_its_idle_servers() {
+    let f = Fixture::start(
+        r#"
+[gate]
+max_active = 3
+slow_active = 1
+queue_timeout = "30s"
+"#,
+    );
+    // Four servers for the rogue role (transaction control takes no slot), then three of
+    // them busy with every fast slot: more than its fair part (2 of 4) while another waits.
+    let warm: Vec<_> = (0..4)
+        .map(|_| {
+            let connstr = f.conn("trustuser");
+            std::thread::spawn(move || {
+                let mut cmd = client_command("psql", None);
+                cmd.args(["-X", "-w", "-At", "-d"]).arg(connstr).args([
+                    "-c",
+                    "BEGIN",
+                    "-c",
+                    "\\! sleep 0.5",
+                    "-c",
+                    "COMMIT",
+                ]);
+                cmd.output().expect("psql")
+            })
+        })
+        .collect();
+    for w in warm {
+        let out = w.join().expect("thread");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    }
+    assert_eq!(common::server_count(&f.pg, "trustuser", "app"), 4);
+    let busy: Vec<_> = (0..3)
+        .map(|_| psql_in_background(f.conn("trustuser"), "SELECT pg_sleep(1.5)"))
+        .collect();
+    std::thread::sleep(Duration::from_millis(300));
+    // Another tenant waits.
+    let out = f.psql("postgres", &["SELECT 'served'"]);
+    assert!(stdout_of(&out).contains("served"), "{}", stderr_of(&out));
+    assert!(
+        common::eventually(Duration::from_secs(1), || common::server_count(
+            &f.pg,
+            "trustuser",
+            "app"
+        ) <= 3),
+        "the idle server of the tenant over its share is still open"
+    );
+    for b in busy {
+        assert!(b.join().expect("thread").status.success());
+    }
+}

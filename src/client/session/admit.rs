@@ -22,9 +22,11 @@ use crate::admission::{Answer, SlotGuard};
 use crate::client::govern::parse_context;
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{explain_sql, judged_statement, Judged, PlanKey, PlanSummary};
+use crate::gate::Runaway;
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
 use crate::governance::Governance;
 use crate::policy::{RuleHit, Who};
+use crate::runtime::Runtime;
 use crate::server::ServerError;
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
@@ -290,7 +292,9 @@ impl Session {
         pass: Pass,
     ) -> Result<Answer, SessionError> {
         let keeper = self.rt.gatekeeper.clone();
-        let acquire = keeper.acquire(pass);
+        let rt = self.rt.clone();
+        let upstream = self.pool.key.db.clone();
+        let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, &over));
         tokio::pin!(acquire);
         loop {
             tokio::select! {
@@ -405,6 +409,32 @@ pub(super) fn statement_timeout_error(tenant: &str, limit: Duration) -> ErrorRes
         "tenant {tenant} may run a statement for {} ms",
         limit.as_millis()
     ))
+}
+
+/// Runaway eviction: the idle servers of the pools of `upstream` whose role belongs to a
+/// tenant holding more than its share while others wait are closed, so the servers it
+/// leaves go to the others (its new work already waits behind theirs in the gate).
+fn evict_runaways(rt: &Runtime, upstream: &str, over: &[Runaway]) {
+    let governance = rt.governance.load();
+    let Some(governance) = governance.as_ref() else {
+        return;
+    };
+    let no_tags = crate::sql::Tags::default();
+    for pool in rt.pools.all() {
+        if pool.key.db != upstream {
+            continue;
+        }
+        let who = Who {
+            role: &pool.key.user,
+            application_name: "",
+            client_addr: None,
+        };
+        let tenant = governance.policy.identify(&who, &no_tags).tenant;
+        if let Some(r) = over.iter().find(|r| r.tenant == tenant) {
+            tracing::info!(tenant = %r.tenant, servers = r.servers, fair = r.fair, pool = %pool.key.user, "tenant over its share while others wait: its idle servers are closed");
+            pool.close_idle();
+        }
+    }
 }
 
 /// A refusal by the gate as the request's verdict.
