@@ -2,12 +2,13 @@
 //! the slots sessions hold, and the clock that ends waits and hands out slots when a debt is
 //! paid back. Kept across reloads: a reload only changes tenants' settings and the lanes.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::cost::{PlanCache, PLAN_CAPACITY, PLAN_TTL};
+use crate::cost::{PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Runaway, Slot};
 use crate::policy::Policy;
 
@@ -28,8 +29,13 @@ pub enum Answer {
 pub struct Gatekeeper {
     gate: Mutex<Gate<Waiter>>,
     plans: Mutex<PlanCache>,
+    /// Row counts of tables plans read in full, by database (for `max_scan_rows`).
+    sizes: Mutex<HashMap<(String, Relation), f64>>,
     wake: Notify,
 }
+
+/// Table sizes kept at most.
+const MAX_SIZES: usize = 10_000;
 
 impl Gatekeeper {
     /// A gate with default settings and no tenants.
@@ -38,6 +44,7 @@ impl Gatekeeper {
         Arc::new(Gatekeeper {
             gate: Mutex::new(Gate::new(GateSettings::default(), seed)),
             plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
+            sizes: Mutex::new(HashMap::new()),
             wake: Notify::new(),
         })
     }
@@ -70,6 +77,25 @@ impl Gatekeeper {
     /// The plan cache.
     pub fn plans(&self) -> MutexGuard<'_, PlanCache> {
         self.plans.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records the row counts of tables of `database`, read with a plan.
+    pub fn learn_sizes(&self, database: &str, sizes: Vec<(Relation, f64)>) {
+        let mut known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        if known.len() + sizes.len() > MAX_SIZES {
+            known.clear();
+        }
+        for (relation, rows) in sizes {
+            known.insert((database.to_string(), relation), rows);
+        }
+    }
+
+    /// The row count of a table of `database`, if known.
+    pub fn size_of(&self, database: &str, relation: &Relation) -> Option<f64> {
+        let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        known
+            .get(&(database.to_string(), relation.clone()))
+            .copied()
     }
 
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,

@@ -457,3 +457,40 @@ queue_timeout = "30s"
         assert!(b.join().expect("thread").status.success());
     }
 }
+
+#[test]
+fn max_scan_rows_counts_the_whole_table_a_filtered_full_read_scans() {
+    let f = Fixture::start(
+        r#"
+[tenants.acme]
+roles = ["trustuser"]
+max_scan_rows = 50000
+"#,
+    );
+    // The filter leaves about no row, but the whole table is read.
+    let out = f.psql(
+        "trustuser",
+        &["SELECT count(*) FROM big WHERE pad = 'none'"],
+    );
+    let err = stderr_of(&out);
+    assert!(
+        err.contains("54000") && err.contains("max_scan_rows"),
+        "{err}"
+    );
+    let out = f.psql("trustuser", &["SELECT count(*) FROM small WHERE v = 'v9'"]);
+    assert_eq!(stdout_of(&out).trim(), "1", "{}", stderr_of(&out));
+    // Inside a transaction too, and the transaction is still usable after a refusal's
+    // rollback.
+    let out = f.psql(
+        "trustuser",
+        &[
+            "BEGIN",
+            "SELECT count(*) FROM big WHERE pad = 'none'",
+            "ROLLBACK",
+            "SELECT 'ok'",
+        ],
+    );
+    let err = stderr_of(&out);
+    assert!(err.contains("54000"), "{err}");
+    assert!(stdout_of(&out).contains("ok"), "{err}");
+}

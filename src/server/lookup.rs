@@ -68,21 +68,46 @@ impl ServerConn {
         self.first_row(&out, tracked).await
     }
 
+    /// Runs `sql` (no parameters) and returns up to `limit` rows.
+    pub async fn query_rows(
+        &mut self,
+        sql: &str,
+        limit: usize,
+        tracked: &Tracked,
+    ) -> Result<Vec<TextRow>, ServerError> {
+        let mut out = BytesMut::new();
+        wire::encode_parse(&mut out, b"", sql.as_bytes(), &[]);
+        encode_bind_text(&mut out, &[]);
+        encode_execute(&mut out);
+        wire::encode_sync(&mut out);
+        self.rows(&out, limit, tracked).await
+    }
+
     /// Sends `out` (ending with Sync) and reads its first DataRow, up to ReadyForQuery.
     async fn first_row(
         &mut self,
         out: &[u8],
         tracked: &Tracked,
     ) -> Result<Option<TextRow>, ServerError> {
+        Ok(self.rows(out, 1, tracked).await?.into_iter().next())
+    }
+
+    /// Sends `out` (ending with Sync) and reads up to `limit` DataRows, up to ReadyForQuery.
+    async fn rows(
+        &mut self,
+        out: &[u8],
+        limit: usize,
+        tracked: &Tracked,
+    ) -> Result<Vec<TextRow>, ServerError> {
         self.internal_busy = true;
         self.send(out).await?;
-        let mut row = None;
+        let mut rows = Vec::new();
         let mut failure = None;
         loop {
             let frame = self.read_frame().await?;
             if frame.tag() == b'D' {
-                if row.is_none() {
-                    row = Some(parse_data_row(&frame.body()).ok_or(ServerError::Protocol(
+                if rows.len() < limit {
+                    rows.push(parse_data_row(&frame.body()).ok_or(ServerError::Protocol(
                         "malformed DataRow in an internal query",
                     ))?);
                 }
@@ -92,7 +117,7 @@ impl ServerConn {
                 Backend::ReadyForQuery(status) => {
                     self.tx = status;
                     self.internal_busy = false;
-                    return failure.map_or(Ok(row), |f| Err(ServerError::Refused(f)));
+                    return failure.map_or(Ok(rows), |f| Err(ServerError::Refused(f)));
                 }
                 Backend::ErrorResponse(fields) => {
                     failure.get_or_insert(fields);

@@ -21,7 +21,9 @@ use super::{frame_at, Session, HIGH_WATER};
 use crate::admission::{Answer, SlotGuard};
 use crate::client::govern::parse_context;
 use crate::client::{ClientIo, SessionError};
-use crate::cost::{explain_sql, judged_statement, Judged, PlanKey, PlanSummary};
+use crate::cost::{
+    explain_sql, judged_statement, relation_sizes_sql, Judged, PlanKey, PlanSummary, Relation,
+};
 use crate::gate::Runaway;
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
 use crate::governance::Governance;
@@ -255,7 +257,12 @@ impl Session {
             }
             if plan.is_none() && wants_plan {
                 if let (Some(key), Some(sql)) = (&key, explain_sql(&judged)) {
-                    plan = self.explain(&sql, &work, key).await?;
+                    let sizes = governance
+                        .policy
+                        .cost_limits(&tenant)
+                        .max_scan_rows
+                        .is_some();
+                    plan = self.explain(&sql, &work, key, sizes).await?;
                 }
             }
             if let Some(hit) = self.cost_rules(governance, &tenant, plan.as_deref()) {
@@ -314,6 +321,7 @@ impl Session {
         sql: &str,
         work: &Work,
         key: &PlanKey,
+        sizes: bool,
     ) -> Result<Option<Arc<PlanSummary>>, SessionError> {
         let tracked = self.tracked.clone();
         let Some(link) = self.link.as_mut() else {
@@ -349,8 +357,15 @@ impl Session {
             Err(ServerError::Refused(_)) => None,
             Err(e) => return Err(lost(server, e)),
         };
+        let text = row.and_then(|r| r.into_iter().next().flatten());
+        let plan = text.and_then(|t| PlanSummary::from_json(&t).ok());
+        if let (Some(plan), true) = (&plan, sizes) {
+            self.rt
+                .gatekeeper
+                .learn_sizes(&key.database, read_sizes(server, plan, &tracked).await?);
+        }
         if in_block {
-            let undo = match row {
+            let undo = match plan {
                 None => "ROLLBACK TO SAVEPOINT pgward_explain; RELEASE SAVEPOINT pgward_explain",
                 Some(_) => "RELEASE SAVEPOINT pgward_explain",
             };
@@ -358,8 +373,7 @@ impl Session {
             r.map_err(|e| lost(server, e))?;
         }
         let keeper = &self.rt.gatekeeper;
-        let text = row.and_then(|r| r.into_iter().next().flatten());
-        let Some(plan) = text.and_then(|t| PlanSummary::from_json(&t).ok()) else {
+        let Some(plan) = plan else {
             keeper.plans().record_failure(took);
             return Ok(None);
         };
@@ -379,7 +393,7 @@ impl Session {
         let violation = governance
             .policy
             .cost_limits(tenant)
-            .check(plan, |_| None)?;
+            .check(plan, |r| self.rt.gatekeeper.size_of(&self.pool.key.db, r))?;
         let tables: Vec<String> = violation.tables.iter().map(|t| t.to_string()).collect();
         tracing::warn!(
             client = self.id,
@@ -446,6 +460,37 @@ fn refused(r: &Refusal) -> Step {
         r.detail.clone(),
         r.hint.clone(),
     )))
+}
+
+/// The row counts of the tables `plan` reads in full (`pg_class.reltuples`; -1 when never
+/// analyzed, then left out).
+async fn read_sizes(
+    server: &mut crate::pool::ServerGuard,
+    plan: &PlanSummary,
+    tracked: &crate::params::Tracked,
+) -> Result<Vec<(Relation, f64)>, SessionError> {
+    let relations: Vec<Relation> = plan.full_scans.iter().map(|s| s.relation.clone()).collect();
+    let Some(sql) = relation_sizes_sql(&relations) else {
+        return Ok(Vec::new());
+    };
+    let rows = match server.query_rows(&sql, relations.len(), tracked).await {
+        Ok(rows) => rows,
+        Err(ServerError::Refused(_)) => return Ok(Vec::new()),
+        Err(e) => return Err(lost(server, e)),
+    };
+    Ok(rows
+        .into_iter()
+        .filter_map(|row| match row.as_slice() {
+            [Some(schema), Some(name), Some(n)] => Some((
+                Relation {
+                    schema: schema.clone(),
+                    name: name.clone(),
+                },
+                n.parse::<f64>().ok().filter(|n| *n >= 0.0)?,
+            )),
+            _ => None,
+        })
+        .collect())
 }
 
 /// A failure while pricing: the connection cannot be trusted to be in step.
