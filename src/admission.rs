@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::cost::{PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
+use crate::cost::{PlanCache, PlanKey, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Runaway, Slot};
 use crate::policy::Policy;
 
@@ -31,8 +31,13 @@ pub struct Gatekeeper {
     plans: Mutex<PlanCache>,
     /// Row counts of tables plans read in full, by database (for `max_scan_rows`).
     sizes: Mutex<HashMap<(String, Relation), f64>>,
+    /// Each statement's usual run time (a moving average), by plan key.
+    times: Mutex<HashMap<PlanKey, Duration>>,
     wake: Notify,
 }
+
+/// Weight of the newest run in a statement's usual time.
+const TIME_WEIGHT: f64 = 0.3;
 
 /// Table sizes kept at most.
 const MAX_SIZES: usize = 10_000;
@@ -45,6 +50,7 @@ impl Gatekeeper {
             gate: Mutex::new(Gate::new(GateSettings::default(), seed)),
             plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
             sizes: Mutex::new(HashMap::new()),
+            times: Mutex::new(HashMap::new()),
             wake: Notify::new(),
         })
     }
@@ -96,6 +102,23 @@ impl Gatekeeper {
         known
             .get(&(database.to_string(), relation.clone()))
             .copied()
+    }
+
+    /// Records a run of the statement `key` that took `took` alone on its server.
+    pub fn learn_time(&self, key: PlanKey, took: Duration) {
+        let mut times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        if times.len() >= MAX_SIZES && !times.contains_key(&key) {
+            times.clear();
+        }
+        let usual = times.entry(key).or_insert(took);
+        let mixed = usual.as_secs_f64() * (1.0 - TIME_WEIGHT) + took.as_secs_f64() * TIME_WEIGHT;
+        *usual = Duration::try_from_secs_f64(mixed).unwrap_or(took);
+    }
+
+    /// The usual run time of the statement `key`, once it has run.
+    pub fn usual_time(&self, key: &PlanKey) -> Option<Duration> {
+        let times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        times.get(key).copied()
     }
 
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,

@@ -494,3 +494,27 @@ max_scan_rows = 50000
     assert!(err.contains("54000"), "{err}");
     assert!(stdout_of(&out).contains("ok"), "{err}");
 }
+
+#[test]
+fn a_statement_that_cannot_finish_before_its_deadline_is_refused_without_running() {
+    let f = Fixture::start(
+        r#"
+trusted_roles = ["postgres"]
+"#,
+    );
+    // Learn its usual time.
+    let out = f.psql("postgres", &["SELECT pg_sleep(1)"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let started = Instant::now();
+    let out = f.psql("postgres", &["SELECT pg_sleep(1) /*deadline='300ms'*/"]);
+    let err = stderr_of(&out);
+    assert!(err.contains("57014"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(800),
+        "it ran: {:?}",
+        started.elapsed()
+    );
+    // Without a deadline it runs.
+    let out = f.psql("postgres", &["SELECT pg_sleep(0.1)"]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}

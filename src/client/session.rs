@@ -738,6 +738,7 @@ impl Session {
         }
         // PostgreSQL owes this client nothing: the gate's slot goes back.
         self.gate.slot = None;
+        self.gate.end_timing(&self.rt.gatekeeper);
         if self.mode == PoolMode::Session {
             return Ok(());
         }
@@ -782,6 +783,7 @@ impl Session {
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
         self.gate.slot = None;
+        self.gate.timing = admit::Timing::Idle;
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();

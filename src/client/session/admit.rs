@@ -54,9 +54,30 @@ pub(in crate::client) struct GateState {
     /// pgward cancelled the running request at the tenant's statement timeout: its 57014
     /// says so.
     pub timed_out: Option<Duration>,
+    /// The run time being measured.
+    pub timing: Timing,
+}
+
+/// The run time of the requests in flight, to learn each statement's usual time.
+#[derive(Debug, Default)]
+pub(in crate::client) enum Timing {
+    /// Nothing measured.
+    #[default]
+    Idle,
+    /// One priced request runs alone since then.
+    One(PlanKey, Instant),
+    /// Several requests share the time: nothing is learned.
+    Mixed,
 }
 
 impl GateState {
+    /// PostgreSQL owes this client nothing: a request that ran alone taught its usual time.
+    pub fn end_timing(&mut self, keeper: &crate::admission::Gatekeeper) {
+        if let Timing::One(key, started) = std::mem::take(&mut self.timing) {
+            keeper.learn_time(key, started.elapsed());
+        }
+    }
+
     /// `n` gated bytes went to the server.
     pub fn consumed(&mut self, n: usize) {
         self.gated = self.gated.saturating_sub(n);
@@ -273,13 +294,20 @@ impl Session {
                 );
                 return Ok(Step::Verdict(Some(hit)));
             }
+            let units = plan.as_ref().map_or(0.0, |p| p.total_cost);
+            // What the statement usually takes, as a rate, so the gate can tell whether it
+            // can still finish before its deadline.
+            let usual = key.as_ref().and_then(|k| keeper.usual_time(k));
             let cost = Cost {
-                units: plan.as_ref().map_or(0.0, |p| p.total_cost),
-                seconds_per_unit: None,
+                units,
+                seconds_per_unit: usual.map(|d| d.as_secs_f64() / units.max(f64::MIN_POSITIVE)),
             };
             let spent = keeper.lock().spend(&mut pass, cost, Instant::now());
             match spent {
-                Ok(Spent::Run { .. }) => return Ok(Step::Verdict(None)),
+                Ok(Spent::Run { .. }) => {
+                    self.start_timing(key);
+                    return Ok(Step::Verdict(None));
+                }
                 Err(r) => return Ok(refused(&r)),
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
                     // Wait again, in the slow lane or until the debt is paid back; a server
@@ -289,6 +317,14 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// A request goes to the server: its run time is learned if it runs alone.
+    fn start_timing(&mut self, key: Option<PlanKey>) {
+        self.gate.timing = match (&self.gate.timing, key) {
+            (Timing::Idle, Some(key)) if self.link_quiet() => Timing::One(key, Instant::now()),
+            _ => Timing::Mixed,
+        };
     }
 
     /// Waits in the gate's queue, reading what the client sends meanwhile (a client that
