@@ -379,6 +379,12 @@ fn errors_name_the_file_and_line() {
             "[[rules]]\nrule = \"deny_ddl\"\nwhen = { clients = [\"10.0.0.0/99\"] }\n",
             "10.0.0.0/99",
         ),
+        (
+            "\n\n[tenants.acme]\nwhen_over = \"sometimes\"\n",
+            "when_over",
+        ),
+        ("\n\n[gate]\nqueue_timeout = \"soon\"\n", "queue_timeout"),
+        ("\n\n[tenants.acme]\nrate = -5\n", "rate"),
     ];
     for (text, mentions) in cases {
         let err = error(text);
@@ -388,6 +394,32 @@ fn errors_name_the_file_and_line() {
         );
     }
     assert!(error("bogus = 1").starts_with("p.toml:1:"));
+}
+
+#[test]
+fn gate_settings_and_tenant_budgets_are_read() {
+    let p = policy(
+        "[gate]\nqueue_timeout = \"5s\"\nmax_active = 3\nmax_cost = 100\n\
+         [tenants.acme]\nroles = [\"a\"]\nrate = 10\nburst = 50\nwhen_over = \"slow\"\n\
+         statement_timeout = \"2s\"\nmax_cost = 7\n",
+    );
+    let gate = p.gate();
+    assert_eq!(
+        gate.settings.queue_timeout,
+        Some(std::time::Duration::from_secs(5))
+    );
+    assert_eq!(gate.settings.lanes.fast, 3);
+    let (name, config) = p.tenant_configs().next().unwrap();
+    assert_eq!(name, "acme");
+    assert_eq!(config.words(), "rate=10 burst=50 when_over=slow");
+    assert_eq!(
+        config.timeouts.statement,
+        Some(std::time::Duration::from_secs(2))
+    );
+    assert_eq!(p.cost_limits("acme").max_cost, Some(7.0));
+    assert_eq!(p.cost_limits("other").max_cost, Some(100.0));
+    // Without a [gate] table the pools alone limit how much runs at once.
+    assert_eq!(policy("").gate().settings.lanes.fast, UNLIMITED_ACTIVE);
 }
 
 #[test]
