@@ -248,7 +248,12 @@ impl Session {
             fingerprint,
             upstream: &self.pool.key.db,
             sent_at: self.last_client_activity,
-            statement_timeout: None,
+            // The client's own limit, when pgward follows it (track_extra_parameters).
+            statement_timeout: self
+                .params
+                .get("statement_timeout")
+                .and_then(crate::gate::parse_duration)
+                .filter(|d| !d.is_zero()),
             deadline: identity.deadline,
         };
         let decision = {
