@@ -518,3 +518,203 @@ trusted_roles = ["postgres"]
     let out = f.psql("postgres", &["SELECT pg_sleep(0.1)"]);
     assert!(out.status.success(), "{}", stderr_of(&out));
 }
+
+/// Pipelines, batches split across reads, and the pricing EXPLAIN's own traces.
+mod pipelines {
+    use super::*;
+    use common::raw::{
+        bind_message, execute_message, message, parse_message, query_message, sync_message, Raw,
+    };
+
+    fn raw(f: &Fixture, user: &str) -> Raw {
+        let mut raw = Raw::connect(f.pw.port);
+        raw.startup(&[("user", user), ("database", "app")])
+            .expect("login");
+        raw
+    }
+
+    /// Every message up to ReadyForQuery within `wait`, or what came before a timeout.
+    fn read_to_ready_within(raw: &mut Raw, wait: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + wait;
+        let mut tags = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match raw.read_message_within(left) {
+                Ok(m) => {
+                    tags.push(m.tag as char);
+                    if m.tag == b'E' {
+                        let f = common::raw::Fields::parse(&m.body);
+                        tags.push_str(&format!("[{}]", f.code()));
+                    }
+                    if m.tag == b'D' {
+                        tags.push_str(&format!("[{}]", String::from_utf8_lossy(&m.body[6..])));
+                    }
+                    if m.tag == b'Z' {
+                        return Ok(tags);
+                    }
+                }
+                Err(e) => return Err(format!("{e:?} after {tags}")),
+            }
+        }
+    }
+
+    /// An extended-protocol batch sent over two writes (no Sync in the first) is answered:
+    /// a Bind whose price is unknown inside an open batch runs, and is priced after it.
+    #[test]
+    fn a_batch_split_across_reads_does_not_hang() {
+        let f = Fixture::start("[gate]\nmax_cost = 1000000\n");
+        let mut r = raw(&f, "trustuser");
+        let mut first = parse_message("", "SELECT 1");
+        first.extend(bind_message(""));
+        first.extend(execute_message());
+        r.send(&first);
+        std::thread::sleep(Duration::from_millis(300));
+        let mut second = parse_message("", "SELECT v FROM small WHERE id = 3");
+        second.extend(bind_message(""));
+        second.extend(execute_message());
+        second.extend(sync_message());
+        r.send(&second);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(5));
+        assert!(got.is_ok(), "the pipeline hangs: {got:?}");
+    }
+
+    /// A client inside a transaction holds its server and waits for a slot; no slot is held
+    /// by a client waiting for a server, so the two cannot wait on each other.
+    #[test]
+    fn a_transaction_holding_a_server_is_not_starved_of_slots() {
+        let pg = Postgres::start();
+        pg.sql(SCHEMA);
+        let dir = shared_tempdir("pgward-gate-");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n").unwrap();
+        let settings = format!(
+            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 1\n\
+             max_client_conn = 50\npolicy_file = {}\n",
+            path.display()
+        );
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        let mut a = Raw::connect(pw.port);
+        a.startup(&[("user", "trustuser"), ("database", "app")])
+            .unwrap();
+        a.query("BEGIN").expect("begin");
+        a.query("SELECT 1").expect("select in the transaction");
+        let port = pw.port;
+        let b = std::thread::spawn(move || {
+            let mut b = Raw::connect(port);
+            b.startup(&[("user", "trustuser"), ("database", "app")])
+                .unwrap();
+            b.send(&query_message("SELECT 2"));
+            read_to_ready_within(&mut b, Duration::from_secs(20))
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        a.send(&query_message("SELECT 3"));
+        let got = read_to_ready_within(&mut a, Duration::from_secs(5));
+        assert!(
+            got.is_ok(),
+            "A's next statement is stuck behind B's slot: {got:?}"
+        );
+        a.query("COMMIT").unwrap();
+        let _ = b.join();
+    }
+
+    /// A second Parse of a name the client already has fails on the server (42P05); the
+    /// name's Binds are still priced as the first one's text.
+    #[test]
+    fn a_failed_reparse_does_not_change_what_a_bind_is_priced_as() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut p = parse_message("s1", FULL_READ);
+        p.extend(sync_message());
+        r.send(&p);
+        println!("{:?}", read_to_ready_within(&mut r, Duration::from_secs(5)));
+        let mut p = parse_message("s1", "SELECT 1");
+        p.extend(sync_message());
+        r.send(&p);
+        println!("{:?}", read_to_ready_within(&mut r, Duration::from_secs(5)));
+        let mut run = bind_message("s1");
+        run.extend(execute_message());
+        run.extend(sync_message());
+        r.send(&run);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert!(got.contains("54000"), "the full read ran: {got}");
+    }
+
+    /// Statements in one read are priced in their place: the second is priced after the
+    /// first has created what it reads.
+    #[test]
+    fn a_pipelined_statement_is_priced_in_its_place() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut both = query_message("CREATE TEMP VIEW v AS SELECT * FROM big");
+        both.extend(query_message("SELECT count(*) FROM v"));
+        r.send(&both);
+        let first = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        let second = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert!(second.contains("54000"), "{first} / {second}");
+    }
+
+    /// A pricing EXPLAIN that fails after its Parse (here at Bind, a bad value) leaves no
+    /// statement of pgward's behind: later Binds on that server are still priced.
+    #[test]
+    fn a_failed_bound_explain_does_not_poison_the_server() {
+        let pg = Postgres::start();
+        pg.sql(SCHEMA);
+        let dir = shared_tempdir("pgward-gate-");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, "[gate]\nmax_cost = 500\n").unwrap();
+        let settings = format!(
+            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 1\n\
+             max_client_conn = 50\npolicy_file = {}\n",
+            path.display()
+        );
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        let mut r = Raw::connect(pw.port);
+        r.startup(&[("user", "trustuser"), ("database", "app")])
+            .unwrap();
+        let mut m = parse_message("s1", "SELECT count(*) FROM small WHERE id > $1::int");
+        let mut bind = vec![0u8];
+        bind.extend_from_slice(b"s1\0");
+        bind.extend_from_slice(&0i16.to_be_bytes());
+        bind.extend_from_slice(&1i16.to_be_bytes());
+        bind.extend_from_slice(&1i32.to_be_bytes());
+        bind.push(b'x');
+        bind.extend_from_slice(&0i16.to_be_bytes());
+        m.extend(message(b'B', &bind));
+        m.extend(execute_message());
+        m.extend(sync_message());
+        r.send(&m);
+        let bad = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert!(bad.contains("22P02"), "{bad}");
+        // Another client, same (only) server.
+        let mut o = Raw::connect(pw.port);
+        o.startup(&[("user", "trustuser"), ("database", "app")])
+            .unwrap();
+        let mut m = parse_message("s2", FULL_READ);
+        m.extend(bind_message("s2"));
+        m.extend(execute_message());
+        m.extend(sync_message());
+        o.send(&m);
+        let got = read_to_ready_within(&mut o, Duration::from_secs(5)).unwrap();
+        assert!(got.contains("54000"), "the full read ran unpriced: {got}");
+    }
+
+    /// Pricing a Query leaves the client's unnamed statement alone: a Bind of it (prepared
+    /// in an earlier read) ahead of the Query in the same read still finds it.
+    #[test]
+    fn pricing_a_query_leaves_the_unnamed_statement_to_the_bind_before_it() {
+        let f = Fixture::start("[gate]\nmax_cost = 1000000\n");
+        let mut r = raw(&f, "trustuser");
+        r.query("BEGIN").unwrap();
+        let mut p = parse_message("", "SELECT 42");
+        p.extend(sync_message());
+        r.send(&p);
+        println!("{:?}", read_to_ready_within(&mut r, Duration::from_secs(5)));
+        let mut m = bind_message("");
+        m.extend(execute_message());
+        m.extend(sync_message());
+        m.extend(query_message("SELECT v FROM small WHERE id = 1"));
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert!(got.contains("D[42]"), "{got}");
+    }
+}

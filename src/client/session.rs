@@ -736,12 +736,19 @@ impl Session {
         if !link.quiet(&self.to_server) {
             return Ok(());
         }
-        // PostgreSQL owes this client nothing: the gate's slot goes back.
+        // PostgreSQL owes this client nothing: what ran unpriced in a batch is priced, and
+        // the gate's slot goes back.
+        if self.gate.has_deferred() {
+            self.price_deferred().await?;
+        }
         self.gate.slot = None;
         self.gate.end_timing(&self.rt.gatekeeper);
         if self.mode == PoolMode::Session {
             return Ok(());
         }
+        let Some(link) = &self.link else {
+            return Ok(());
+        };
         if link.server.tx != TxStatus::Idle {
             if self.mode == PoolMode::Statement {
                 return Err(SessionError::Fatal(ErrorResponse::fatal(

@@ -4,7 +4,7 @@
 //! (never held across `.await`), so checking a budget and charging it are one step, and the
 //! gate runs under simulated time in tests.
 
-use super::bucket::{charge_of, DecayingUse, TokenBucket};
+use super::bucket::{charge_of, Budget, DecayingUse, TokenBucket};
 use super::evict::{runaways, Runaway, TenantLoad};
 use super::fair::{FairQueue, Rank};
 use super::kills::{KillRow, KillTarget, Kills};

@@ -166,6 +166,35 @@ fn debt_is_paid_back_at_rate() {
 }
 
 #[test]
+fn work_in_a_pipeline_pays_in_full_whatever_is_owed() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(
+        &mut g,
+        "a",
+        "rate=100 burst=200 min_charge=2 when_over=wait",
+        t0,
+    );
+    let (_, slot) = run(&mut g, "a", 500.0, t0).expect("owes nothing yet");
+    // Owing 300, a request already inside an open batch is charged anyway...
+    let mut pass = admitted_or_awaiting(g.admit(&req("a", 1, t0), t0));
+    assert_eq!(g.force_spend(&mut pass, 50.0, t0), 50.0);
+    assert_eq!(g.force_spend(&mut pass, 50.0, t0), 50.0, "charged once");
+    // ...and a request priced after it ran pays its cost, with no minimum.
+    assert_eq!(g.charge_after("a", 0.5, t0), 0.5);
+    g.release(slot, t0);
+    assert_eq!(balance(&g, "a", t0), -350.5);
+}
+
+/// The pass of an admitted request, whatever its payment state.
+fn admitted_or_awaiting(d: Decision) -> Pass {
+    match d {
+        Decision::Admit(p) => p,
+        other => panic!("not admitted: {other:?}"),
+    }
+}
+
+#[test]
 fn min_charge_makes_cheap_statements_count() {
     let t0 = Instant::now();
     let mut g = gate();

@@ -28,59 +28,36 @@ impl ServerConn {
         self.first_row(&out, tracked).await
     }
 
-    /// Runs `sql` with the parameter types of a client's Parse (`types`: the count and the
-    /// OIDs as sent) and the parameters of a client's Bind (`values`: what follows the
-    /// statement name in its body: formats and values, and the result formats, which are
-    /// replaced by text), as pgward's own statement and portal, both closed at the end. Returns the first row.
-    pub async fn query_row_bound(
+    /// Runs pgward's own statements as one extended-protocol batch, each under a name of
+    /// its own (statement and portal, closed afterwards in a batch of their own), so the
+    /// client's unnamed statement and portal are never touched. Returns up to `limit` rows
+    /// of what they returned; the first error after ReadyForQuery.
+    pub async fn own_batch(
         &mut self,
-        sql: &str,
-        types: &[u8],
-        values: &[u8],
-        tracked: &Tracked,
-    ) -> Result<Option<TextRow>, ServerError> {
-        const NAME: &[u8] = b"pgward_explain\0";
-        let Some(params) = bind_parameters(values) else {
-            return Err(ServerError::Protocol("malformed Bind parameters"));
-        };
-        let mut parse = BytesMut::new();
-        parse.put_slice(NAME);
-        parse.put_slice(sql.as_bytes());
-        parse.put_u8(0);
-        parse.put_slice(types);
-        let mut bind = BytesMut::new();
-        bind.put_slice(NAME);
-        bind.put_slice(NAME);
-        bind.put_slice(params);
-        bind.put_i16(0); // result formats: all text
-        let mut out = BytesMut::new();
-        put_tagged(&mut out, b'P', &parse);
-        put_tagged(&mut out, b'B', &bind);
-        let mut execute = NAME.to_vec();
-        execute.extend_from_slice(&[0, 0, 0, 0]);
-        put_tagged(&mut out, b'E', &execute);
-        for kind in [b'P', b'S'] {
-            let mut close = vec![kind];
-            close.extend_from_slice(NAME);
-            put_tagged(&mut out, b'C', &close);
-        }
-        wire::encode_sync(&mut out);
-        self.first_row(&out, tracked).await
-    }
-
-    /// Runs `sql` (no parameters) and returns up to `limit` rows.
-    pub async fn query_rows(
-        &mut self,
-        sql: &str,
+        statements: &[OwnStatement<'_>],
         limit: usize,
         tracked: &Tracked,
     ) -> Result<Vec<TextRow>, ServerError> {
         let mut out = BytesMut::new();
-        wire::encode_parse(&mut out, b"", sql.as_bytes(), &[]);
-        encode_bind_text(&mut out, &[]);
-        encode_execute(&mut out);
+        for st in statements {
+            st.encode(&mut out)?;
+        }
         wire::encode_sync(&mut out);
-        self.rows(&out, limit, tracked).await
+        let result = self.rows(&out, limit, tracked).await;
+        if matches!(result, Ok(_) | Err(ServerError::Refused(_))) {
+            let mut close = BytesMut::new();
+            for st in statements {
+                for kind in [b'P', b'S'] {
+                    let mut body = vec![kind];
+                    body.extend_from_slice(st.name.as_bytes());
+                    body.push(0);
+                    put_tagged(&mut close, b'C', &body);
+                }
+            }
+            wire::encode_sync(&mut close);
+            self.rows(&close, 0, tracked).await?;
+        }
+        result
     }
 
     /// Sends `out` (ending with Sync) and reads its first DataRow, up to ReadyForQuery.
@@ -134,6 +111,55 @@ impl ServerConn {
                 _ => {}
             }
         }
+    }
+}
+
+/// One of pgward's own statements: a name (used for its statement and its portal), the
+/// text, the parameter types as a Parse carries them (count and OIDs) and the parameters as
+/// a Bind carries them after the statement name (formats and values; result formats, if
+/// any, are replaced by text).
+#[derive(Clone, Copy, Debug)]
+pub struct OwnStatement<'a> {
+    pub name: &'a str,
+    pub sql: &'a str,
+    pub types: &'a [u8],
+    pub values: &'a [u8],
+}
+
+impl<'a> OwnStatement<'a> {
+    /// A statement without parameters.
+    pub fn plain(name: &'a str, sql: &'a str) -> Self {
+        OwnStatement {
+            name,
+            sql,
+            types: &[0, 0],
+            values: &[0, 0, 0, 0],
+        }
+    }
+
+    fn encode(&self, out: &mut BytesMut) -> Result<(), ServerError> {
+        let params = bind_parameters(self.values)
+            .ok_or(ServerError::Protocol("malformed Bind parameters"))?;
+        let name = self.name.as_bytes();
+        let mut parse = BytesMut::new();
+        parse.put_slice(name);
+        parse.put_u8(0);
+        parse.put_slice(self.sql.as_bytes());
+        parse.put_u8(0);
+        parse.put_slice(self.types);
+        put_tagged(out, b'P', &parse);
+        let mut bind = BytesMut::new();
+        for _ in 0..2 {
+            bind.put_slice(name);
+            bind.put_u8(0);
+        }
+        bind.put_slice(params);
+        bind.put_i16(0); // result formats: all text
+        put_tagged(out, b'B', &bind);
+        let mut execute = name.to_vec();
+        execute.extend_from_slice(&[0, 0, 0, 0, 0]);
+        put_tagged(out, b'E', &execute);
+        Ok(())
     }
 }
 

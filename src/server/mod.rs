@@ -19,7 +19,7 @@ use crate::wire::{self, Backend, ErrorFields, Frame, TxStatus, WireError};
 
 pub use expect::{Desync, Expected, Learned, Owed, Route};
 pub use login::connect;
-pub use lookup::TextRow;
+pub use lookup::{OwnStatement, TextRow};
 pub use statements::ServerStatements;
 
 /// Where a server listens.

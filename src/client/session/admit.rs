@@ -24,13 +24,18 @@ use crate::client::{ClientIo, SessionError};
 use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, Judged, PlanKey, PlanSummary, Relation,
 };
-use crate::gate::Runaway;
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
+use crate::gate::{RefusalReason, Runaway};
 use crate::governance::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::runtime::Runtime;
-use crate::server::ServerError;
+use crate::server::{OwnStatement, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
+
+/// pgward's savepoint around an EXPLAIN inside a transaction block.
+const SAVEPOINT: &str = "SAVEPOINT pgward_explain";
+const RELEASE: &str = "RELEASE SAVEPOINT pgward_explain";
+const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT pgward_explain";
 
 /// Parses remembered per session, to price the Binds of their statements.
 const MAX_PARSED: usize = 10_000;
@@ -56,6 +61,28 @@ pub(in crate::client) struct GateState {
     pub timed_out: Option<Duration>,
     /// The run time being measured.
     pub timing: Timing,
+    /// The client's stream is inside an extended-protocol batch (a message since its last
+    /// Sync): PostgreSQL answers nothing of it before the Sync.
+    batch_open: bool,
+    /// Requests that ran unpriced inside a batch, to price once it is answered.
+    deferred: Vec<Deferred>,
+}
+
+/// A request priced after it ran.
+#[derive(Debug)]
+struct Deferred {
+    sql: String,
+    work: Work,
+    key: PlanKey,
+    tenant: String,
+}
+
+/// What an EXPLAIN gave.
+enum Priced {
+    /// The plan, or none (the EXPLAIN failed, or there was nothing to explain).
+    Plan(Option<Arc<PlanSummary>>),
+    /// The client's cancel stopped it.
+    Cancelled,
 }
 
 /// The run time of the requests in flight, to learn each statement's usual time.
@@ -71,6 +98,11 @@ pub(in crate::client) enum Timing {
 }
 
 impl GateState {
+    /// Requests ran unpriced and wait to be priced.
+    pub fn has_deferred(&self) -> bool {
+        !self.deferred.is_empty()
+    }
+
     /// PostgreSQL owes this client nothing: a request that ran alone taught its usual time.
     pub fn end_timing(&mut self, keeper: &crate::admission::Gatekeeper) {
         if let Timing::One(key, started) = std::mem::take(&mut self.timing) {
@@ -93,6 +125,7 @@ struct Parsed {
 }
 
 /// One request the gate judges.
+#[derive(Debug)]
 enum Work {
     Query(String),
     Bind {
@@ -143,6 +176,10 @@ impl Session {
                     self.note_parse(&body);
                     None
                 }
+                b'C' => {
+                    self.note_close(&body);
+                    None
+                }
                 b'Q' => Some(Work::Query(text_of(&body))),
                 b'B' => Some(self.bind_work(&body)),
                 b'F' => Some(Work::Function),
@@ -153,6 +190,11 @@ impl Session {
                     Step::Verdict(v) => self.gate.verdicts.push_back(v),
                     Step::Hold => return Ok(self.gate.gated),
                 }
+            }
+            match tag {
+                b'S' => self.gate.batch_open = false,
+                b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => self.gate.batch_open = true,
+                _ => {}
             }
             self.gate.gated = start + 1 + mlen;
         }
@@ -167,6 +209,11 @@ impl Session {
             return;
         };
         let parsed = &mut self.gate.parsed;
+        if !name.is_empty() && parsed.contains_key(name) {
+            // PostgreSQL refuses a second statement of the same name (42P05): the first
+            // one stays what its Binds run.
+            return;
+        }
         if parsed.len() >= MAX_PARSED && !parsed.contains_key(name) {
             // Only the unnamed statement is still followed; a Bind of a statement no longer
             // known pays min_charge.
@@ -179,6 +226,15 @@ impl Session {
                 types: Bytes::copy_from_slice(types),
             }),
         );
+    }
+
+    /// A Close of a statement: its name is free again.
+    fn note_close(&mut self, body: &[u8]) {
+        if let Some((b'S', rest)) = body.split_first() {
+            if let Some((name, _)) = split_cstr(rest) {
+                self.gate.parsed.remove(name);
+            }
+        }
     }
 
     fn bind_work(&self, body: &Bytes) -> Work {
@@ -198,6 +254,13 @@ impl Session {
     /// Whether the server owes this client nothing (or none is checked out).
     fn link_quiet(&self) -> bool {
         self.link.as_ref().is_none_or(|l| l.quiet(&self.to_server))
+    }
+
+    /// Whether a request at this point of the client's stream is the first in line: the
+    /// server owes nothing and no request ahead of it waits to be forwarded, so nothing can
+    /// change how the server will read it before it runs.
+    fn first_in_line(&self) -> bool {
+        self.link_quiet() && self.gate.verdicts.is_empty()
     }
 
     async fn admit_work(
@@ -222,13 +285,18 @@ impl Session {
             fingerprint: f.0,
             generic: false,
         });
-        let wants_plan = explain_sql(&judged).is_some() && key.is_some();
+        let sql = explain_sql(&judged).filter(|_| key.is_some());
         let now = Instant::now();
-        let cached = match (&key, wants_plan) {
-            (Some(k), true) => keeper.plans().get(k, now),
+        let cached = match (&key, &sql) {
+            (Some(k), Some(_)) => keeper.plans().get(k, now),
             _ => None,
         };
-        if wants_plan && cached.is_none() && !self.link_quiet() {
+        let first = self.first_in_line();
+        // An unknown price is read by an EXPLAIN only for the first request in line; a later
+        // one waits until the server owes nothing, or, inside a batch that is still open
+        // (the server answers nothing before its Sync), is priced once it has run.
+        let deferred = sql.is_some() && cached.is_none() && !first;
+        if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
         }
         let who = Who {
@@ -269,6 +337,11 @@ impl Session {
         };
         let mut plan = cached;
         loop {
+            // The server first, then the slot: a slot is never held by a client waiting for
+            // a server (one that holds its server, in a transaction, may wait for a slot).
+            if self.link.is_none() {
+                self.attach(io).await?;
+            }
             if self.gate.slot.is_none() {
                 match self.wait_for_slot(io, pass).await? {
                     Answer::Granted(p, guard) => {
@@ -278,25 +351,21 @@ impl Session {
                     Answer::Refused(_, r) => return Ok(refused(&r)),
                 }
             }
-            if self.link.is_none() {
-                self.attach(io).await?;
-            }
-            if plan.is_none() && wants_plan {
-                if let (Some(key), Some(sql)) = (&key, explain_sql(&judged)) {
-                    let sizes = governance
-                        .policy
-                        .cost_limits(&tenant)
-                        .max_scan_rows
-                        .is_some();
-                    plan = self.explain(&sql, &work, key, sizes).await?;
+            if let (None, Some(sql), Some(key), false) = (&plan, &sql, &key, deferred) {
+                let sizes = governance
+                    .policy
+                    .cost_limits(&tenant)
+                    .max_scan_rows
+                    .is_some();
+                match self.explain(sql, &work, key, sizes).await? {
+                    Priced::Plan(p) => plan = p,
+                    Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
                 }
             }
             if let Some(hit) = self.cost_rules(governance, &tenant, plan.as_deref()) {
-                keeper.lock().note_refusal(
-                    &tenant,
-                    crate::gate::RefusalReason::Cost,
-                    Instant::now(),
-                );
+                keeper
+                    .lock()
+                    .note_refusal(&tenant, RefusalReason::Cost, Instant::now());
                 return Ok(Step::Verdict(Some(hit)));
             }
             let units = plan.as_ref().map_or(0.0, |p| p.total_cost);
@@ -309,19 +378,65 @@ impl Session {
             };
             let spent = keeper.lock().spend(&mut pass, cost, Instant::now());
             match spent {
-                Ok(Spent::Run { .. }) => {
-                    self.start_timing(key);
-                    return Ok(Step::Verdict(None));
-                }
+                Ok(Spent::Run { .. }) => {}
                 Err(r) => return Ok(refused(&r)),
-                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
+                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) if first => {
                     // Wait again, in the slow lane or until the debt is paid back; a server
                     // that owes nothing goes back to the pool meanwhile.
                     self.gate.slot = None;
                     self.maybe_release().await?;
+                    continue;
+                }
+                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) if !self.gate.batch_open => {
+                    // Earlier requests still run in this slot: wait until they are answered.
+                    return Ok(Step::Hold);
+                }
+                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
+                    // Inside an open batch on the server: it runs now, and pays in full.
+                    keeper.lock().force_spend(&mut pass, units, Instant::now());
                 }
             }
+            if let (true, Some(sql), Some(key)) = (deferred, sql, key.clone()) {
+                self.gate.deferred.push(Deferred {
+                    sql,
+                    work,
+                    key,
+                    tenant,
+                });
+            }
+            self.start_timing(key);
+            return Ok(Step::Verdict(None));
         }
+    }
+
+    /// Prices the requests that ran unpriced inside a batch, now that the server owes the
+    /// client nothing, and charges their tenants (into debt if need be). Their plans are
+    /// cached, so their next runs are priced before they start.
+    pub(super) async fn price_deferred(&mut self) -> Result<(), SessionError> {
+        let deferred = std::mem::take(&mut self.gate.deferred);
+        let governance = self.rt.governance.load_full();
+        let Some(governance) = governance.as_ref() else {
+            return Ok(());
+        };
+        for d in deferred {
+            let sizes = governance
+                .policy
+                .cost_limits(&d.tenant)
+                .max_scan_rows
+                .is_some();
+            let Priced::Plan(Some(plan)) = self.explain(&d.sql, &d.work, &d.key, sizes).await?
+            else {
+                continue;
+            };
+            if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan)) {
+                tracing::warn!(client = self.id, tenant = %d.tenant, rule = %hit.rule, "a statement priced after it ran in a batch broke a cost rule");
+            }
+            // It paid min_charge when it started; the rest of its cost now.
+            let units = plan.total_cost.max(0.0);
+            let keeper = &self.rt.gatekeeper;
+            keeper.lock().charge_after(&d.tenant, units, Instant::now());
+        }
+        Ok(())
     }
 
     /// A request goes to the server: its run time is learned if it runs alone.
@@ -363,39 +478,52 @@ impl Session {
         work: &Work,
         key: &PlanKey,
         sizes: bool,
-    ) -> Result<Option<Arc<PlanSummary>>, SessionError> {
+    ) -> Result<Priced, SessionError> {
+        if self.handle.cancels_in_flight() {
+            // A cancel of the client's earlier statement must not land on the EXPLAIN.
+            self.handle.wait_cancels().await;
+        }
         let tracked = self.tracked.clone();
         let Some(link) = self.link.as_mut() else {
-            return Ok(None);
+            return Ok(Priced::Plan(None));
         };
         let in_block = match link.server.tx {
-            TxStatus::Failed => return Ok(None),
+            TxStatus::Failed => return Ok(Priced::Plan(None)),
             TxStatus::InTransaction => true,
             TxStatus::Idle => false,
         };
         let server = &mut link.server;
-        if in_block {
-            let r = server
-                .simple_query("SAVEPOINT pgward_explain", &tracked)
-                .await;
-            r.map_err(|e| lost(server, e))?;
-        }
-        let started = Instant::now();
-        let row = match work {
+        let (types, values): (&[u8], &[u8]) = match work {
             Work::Bind {
                 parsed: Some(p),
                 tail,
-            } => server.query_row_bound(sql, &p.types, tail, &tracked).await,
-            _ => {
-                // The unnamed statement is replaced, as the client's own Query would.
-                link.unnamed_ours = false;
-                server.query_row(sql, &[], &tracked).await
-            }
+            } => (&p.types, tail),
+            _ => (&[0, 0], &[0, 0, 0, 0]),
         };
+        // Inside a transaction block, under a savepoint: a failed EXPLAIN must not fail
+        // the client's transaction.
+        let mut batch = Vec::with_capacity(2);
+        if in_block {
+            batch.push(OwnStatement::plain("pgward_savepoint", SAVEPOINT));
+        }
+        batch.push(OwnStatement {
+            name: "pgward_explain",
+            sql,
+            types,
+            values,
+        });
+        let started = Instant::now();
+        let answer = server.own_batch(&batch, 1, &tracked).await;
         let took = started.elapsed();
-        let row = match row {
-            Ok(row) => row,
-            Err(ServerError::Refused(_)) => None,
+        let mut cancelled = false;
+        let row = match answer {
+            Ok(rows) => rows.into_iter().next(),
+            Err(ServerError::Refused(fields)) => {
+                // The client's cancel, sent while pgward was pricing its statement, stopped
+                // the EXPLAIN: it is the statement's answer.
+                cancelled = fields.code() == Some(sqlstate::QUERY_CANCELED);
+                None
+            }
             Err(e) => return Err(lost(server, e)),
         };
         let text = row.and_then(|r| r.into_iter().next().flatten());
@@ -406,21 +534,27 @@ impl Session {
                 .learn_sizes(&key.database, read_sizes(server, plan, &tracked).await?);
         }
         if in_block {
+            let release = OwnStatement::plain("pgward_release", RELEASE);
             let undo = match plan {
-                None => "ROLLBACK TO SAVEPOINT pgward_explain; RELEASE SAVEPOINT pgward_explain",
-                Some(_) => "RELEASE SAVEPOINT pgward_explain",
+                None => vec![OwnStatement::plain("pgward_rollback", ROLLBACK_TO), release],
+                Some(_) => vec![release],
             };
-            let r = server.simple_query(undo, &tracked).await;
+            let r = server.own_batch(&undo, 0, &tracked).await;
             r.map_err(|e| lost(server, e))?;
         }
         let keeper = &self.rt.gatekeeper;
         let Some(plan) = plan else {
             keeper.plans().record_failure(took);
-            return Ok(None);
+            return Ok(match cancelled {
+                true => Priced::Cancelled,
+                false => Priced::Plan(None),
+            });
         };
-        let mut plans = keeper.plans();
-        plans.insert(key.clone(), plan, took, Instant::now());
-        Ok(plans.get(key, Instant::now()))
+        let plan = Arc::new(plan);
+        keeper
+            .plans()
+            .insert(key.clone(), (*plan).clone(), took, Instant::now());
+        Ok(Priced::Plan(Some(plan)))
     }
 
     /// The verdict of the tenant's cost rules on `plan`.
@@ -492,6 +626,17 @@ fn evict_runaways(rt: &Runtime, upstream: &str, over: &[Runaway]) {
     }
 }
 
+/// The answer to a request whose pricing the client's own cancel stopped.
+fn cancelled() -> RuleHit {
+    RuleHit::refusal(
+        "cancel",
+        sqlstate::QUERY_CANCELED,
+        "canceling statement due to user request".to_string(),
+        None,
+        None,
+    )
+}
+
 /// A refusal by the gate as the request's verdict.
 fn refused(r: &Refusal) -> Step {
     Step::Verdict(Some(RuleHit::refusal(
@@ -514,7 +659,8 @@ async fn read_sizes(
     let Some(sql) = relation_sizes_sql(&relations) else {
         return Ok(Vec::new());
     };
-    let rows = match server.query_rows(&sql, relations.len(), tracked).await {
+    let own = [OwnStatement::plain("pgward_sizes", &sql)];
+    let rows = match server.own_batch(&own, relations.len(), tracked).await {
         Ok(rows) => rows,
         Err(ServerError::Refused(_)) => return Ok(Vec::new()),
         Err(e) => return Err(lost(server, e)),

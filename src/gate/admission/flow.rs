@@ -126,6 +126,36 @@ impl<W> Gate<W> {
         Ok(Spent::Run { charged })
     }
 
+    /// Charges `pass` its whole cost whatever its tenant owes: a request that must run now
+    /// because its pipeline is already on the server (it cannot wait or change lanes there).
+    pub fn force_spend(&mut self, pass: &mut Pass, units: f64, now: Instant) -> f64 {
+        if let Payment::Paid(charged) = pass.payment {
+            return charged;
+        }
+        let charged = self.charge_after(&pass.tenant, units, now);
+        pass.payment = Payment::Paid(charged);
+        charged
+    }
+
+    /// Charges `tenant` for work that already ran (priced once its pipeline was answered),
+    /// even into debt; returns the units taken.
+    pub fn charge_after(&mut self, tenant: &str, units: f64, now: Instant) -> f64 {
+        let state = self.tenant_mut(tenant, now);
+        let charged = match (&mut state.bucket, state.config.budget()) {
+            (Some(bucket), Some(b)) => bucket.force_charge(
+                &Budget {
+                    min_charge: 0.0,
+                    ..b
+                },
+                units,
+                now,
+            ),
+            _ => charge_of(units, 0.0),
+        };
+        state.record_charge(charged, now);
+        charged
+    }
+
     fn over_budget(&mut self, pass: &mut Pass, now: Instant) -> Result<Spent, Refusal> {
         let state = self.tenant_mut(&pass.tenant, now);
         match state.config.when_over {
