@@ -270,9 +270,11 @@ fn raise_fd_limit(config: &Config) {
 }
 
 /// Once a second: each pool's maintenance pass (not for paused databases, which must not
-/// open servers), and the stats period.
+/// open servers), and the stats period; once a minute, the gate's upkeep (the plan cache's
+/// log line, expired plans, idle tenants).
 async fn maintenance(rt: Arc<Runtime>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut minute = Instant::now();
     loop {
         tick.tick().await;
         let now = Instant::now();
@@ -284,6 +286,10 @@ async fn maintenance(rt: Arc<Runtime>) {
         }
         let period = rt.config.load().settings.stats_period;
         rt.ops.stats.tick(now, period);
+        if now.saturating_duration_since(minute) >= Duration::from_secs(60) {
+            minute = now;
+            pgward::admin::gate_minute(&rt, now);
+        }
     }
 }
 

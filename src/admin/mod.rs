@@ -8,13 +8,17 @@
 //! at login with 28000.
 
 mod control;
+mod incident;
 pub mod parse;
 pub mod result;
 mod set;
 mod show;
+mod show_gate;
 mod show_objects;
 mod show_sockets;
 mod show_stats;
+
+pub use show_gate::gate_minute;
 
 use std::sync::Arc;
 
@@ -60,6 +64,14 @@ impl AdminError {
     pub fn protocol(message: impl Into<String>) -> Self {
         AdminError {
             code: sqlstate::PROTOCOL_VIOLATION,
+            message: message.into(),
+        }
+    }
+
+    /// A value the command cannot take (22023, as PostgreSQL answers a bad setting).
+    pub fn invalid_value(message: impl Into<String>) -> Self {
+        AdminError {
+            code: sqlstate::INVALID_PARAMETER_VALUE,
             message: message.into(),
         }
     }
@@ -237,6 +249,9 @@ pub async fn execute(
         | Command::Set { .. }
         | Command::SetUser { .. }
         | Command::SetPool { .. } => set::run(rt, cmd, out),
+        Command::SetTenant { .. } | Command::KillFor { .. } | Command::Unkill(_) => {
+            incident::run(rt, cmd, out)
+        }
         other => control::run(rt, other, out).await,
     }
 }

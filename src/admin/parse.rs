@@ -30,6 +30,19 @@ pub enum Command {
         key: String,
         value: String,
     },
+    /// `SET TENANT name = 'words'`.
+    SetTenant {
+        name: String,
+        value: String,
+    },
+    /// `KILL TENANT name FOR 'duration'` or `KILL STATEMENT fingerprint FOR 'duration'`, the
+    /// duration as written.
+    KillFor {
+        target: Target,
+        duration: String,
+    },
+    /// `UNKILL TENANT name` or `UNKILL STATEMENT fingerprint`.
+    Unkill(Target),
     /// An empty query.
     Empty,
 }
@@ -40,6 +53,27 @@ pub enum ShutdownKind {
     Now,
     WaitForServers,
     WaitForClients,
+}
+
+/// What an incident kill names, as written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// A tenant's name.
+    Tenant(String),
+    /// A statement's fingerprint in hex.
+    Statement(String),
+}
+
+impl Target {
+    /// `TENANT name` or `STATEMENT fingerprint`.
+    fn of(kind: &Token, name: &Token) -> Option<Target> {
+        let name = name.text().to_string();
+        match kind.keyword()?.as_str() {
+            "tenant" => Some(Target::Tenant(name)),
+            "statement" => Some(Target::Statement(name)),
+            _ => None,
+        }
+    }
 }
 
 /// Why a query is not a command.
@@ -153,7 +187,11 @@ pub fn parse(sql: &str) -> Result<Command, ParseError> {
         "disable" => Command::Disable(one()?),
         "enable" => Command::Enable(one()?),
         "reconnect" => Command::Reconnect(optional_db()?),
-        "kill" => Command::Kill(optional_db()?),
+        "kill" => match kill(args) {
+            Some(cmd) => cmd,
+            None => Command::Kill(optional_db()?),
+        },
+        "unkill" => unkill(args).ok_or_else(invalid)?,
         "kill_client" => Command::KillClient(one()?),
         "wait_close" => Command::WaitClose(optional_db()?),
         "reload" if args.is_empty() => Command::Reload,
@@ -176,7 +214,31 @@ fn shutdown_kind(args: &[Token]) -> Option<ShutdownKind> {
     }
 }
 
-/// `SET key = value`, `SET USER name = value`, `SET POOL user.db = value`.
+/// `KILL TENANT name FOR duration` / `KILL STATEMENT fingerprint FOR duration`; any other
+/// KILL is the PgBouncer command (`KILL [db]`).
+fn kill(args: &[Token]) -> Option<Command> {
+    let [kind, name, word, duration] = args else {
+        return None;
+    };
+    if word.keyword()? != "for" || *name == Token::Equals || *duration == Token::Equals {
+        return None;
+    }
+    Some(Command::KillFor {
+        target: Target::of(kind, name)?,
+        duration: duration.text().to_string(),
+    })
+}
+
+/// `UNKILL TENANT name` / `UNKILL STATEMENT fingerprint`.
+fn unkill(args: &[Token]) -> Option<Command> {
+    match args {
+        [kind, name] if *name != Token::Equals => Target::of(kind, name).map(Command::Unkill),
+        _ => None,
+    }
+}
+
+/// `SET key = value`, `SET USER name = value`, `SET POOL user.db = value`,
+/// `SET TENANT name = value`.
 fn set(args: &[Token]) -> Option<Command> {
     match args {
         [key, Token::Equals, value] => Some(Command::Set {
@@ -189,6 +251,7 @@ fn set(args: &[Token]) -> Option<Command> {
             match kind.keyword()?.as_str() {
                 "user" => Some(Command::SetUser { name, value }),
                 "pool" => Some(Command::SetPool { key: name, value }),
+                "tenant" => Some(Command::SetTenant { name, value }),
                 _ => None,
             }
         }
@@ -268,5 +331,75 @@ mod tests {
         );
         assert!(parse("set x = 'open").is_err());
         assert!(parse("set x").is_err());
+    }
+
+    #[test]
+    fn gate_commands() {
+        assert_eq!(
+            parse("SET TENANT acme = 'rate=10 burst=20';").unwrap(),
+            Command::SetTenant {
+                name: "acme".into(),
+                value: "rate=10 burst=20".into()
+            }
+        );
+        assert_eq!(
+            parse("kill tenant acme for '10m'").unwrap(),
+            Command::KillFor {
+                target: Target::Tenant("acme".into()),
+                duration: "10m".into()
+            }
+        );
+        assert_eq!(
+            parse("KILL STATEMENT 00ab12cd34ef5678 FOR 30s").unwrap(),
+            Command::KillFor {
+                target: Target::Statement("00ab12cd34ef5678".into()),
+                duration: "30s".into()
+            }
+        );
+        assert_eq!(
+            parse("UNKILL TENANT \"Acme Corp\"").unwrap(),
+            Command::Unkill(Target::Tenant("Acme Corp".into()))
+        );
+        assert_eq!(
+            parse("unkill statement '00ab'").unwrap(),
+            Command::Unkill(Target::Statement("00ab".into()))
+        );
+        assert_eq!(
+            parse("show plan_cache").unwrap(),
+            Command::Show("plan_cache".into())
+        );
+        for bad in [
+            "kill tenant acme",
+            "kill tenant acme for",
+            "kill tenant acme until '10m'",
+            "kill user acme for '10m'",
+            "kill tenant = for '10m'",
+            "unkill acme",
+            "unkill tenant",
+            "unkill tenant a b",
+            "set tenant acme",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn kill_of_a_database_still_parses() {
+        assert_eq!(parse("KILL").unwrap(), Command::Kill(None));
+        assert_eq!(
+            parse("kill app;").unwrap(),
+            Command::Kill(Some("app".into()))
+        );
+        // A database may be named like a keyword: only `KILL kind name FOR duration` is a
+        // gate kill.
+        assert_eq!(
+            parse("KILL tenant").unwrap(),
+            Command::Kill(Some("tenant".into()))
+        );
+        assert_eq!(
+            parse("kill statement").unwrap(),
+            Command::Kill(Some("statement".into()))
+        );
+        assert!(parse("kill a b").is_err());
     }
 }

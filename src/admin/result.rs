@@ -32,6 +32,20 @@ pub enum Cell {
     Int(i64),
 }
 
+impl Cell {
+    /// A number with `places` decimals (NULL when it is not finite; no negative zero).
+    pub fn decimal(v: f64, places: usize) -> Cell {
+        if !v.is_finite() {
+            return Cell::Null;
+        }
+        let text = format!("{v:.places$}");
+        match text.strip_prefix('-') {
+            Some(rest) if rest.chars().all(|c| c == '0' || c == '.') => Cell::Text(rest.into()),
+            _ => Cell::Text(text),
+        }
+    }
+}
+
 impl From<&str> for Cell {
     fn from(s: &str) -> Self {
         Cell::Text(s.to_string())
@@ -148,5 +162,15 @@ mod tests {
         assert!(rows >= 2);
         assert!(out.ends_with(b"SHOW\0"));
         assert_eq!(t.rows()[1], vec![Cell::Null, Cell::Null]);
+    }
+
+    #[test]
+    fn decimals() {
+        assert_eq!(Cell::decimal(1.0 / 3.0, 2), Cell::Text("0.33".into()));
+        assert_eq!(Cell::decimal(-2.5, 1), Cell::Text("-2.5".into()));
+        assert_eq!(Cell::decimal(-0.0001, 2), Cell::Text("0.00".into()));
+        assert_eq!(Cell::decimal(12.0, 0), Cell::Text("12".into()));
+        assert_eq!(Cell::decimal(f64::NAN, 2), Cell::Null);
+        assert_eq!(Cell::decimal(f64::INFINITY, 2), Cell::Null);
     }
 }

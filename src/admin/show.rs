@@ -1,5 +1,5 @@
 //! SHOW dispatch and the small SHOW commands: HELP, VERSION, CONFIG, STATE, LISTS, MEM, PEERS,
-//! PEER_POOLS, DNS_HOSTS, DNS_ZONES.
+//! PEER_POOLS, DNS_HOSTS, DNS_ZONES. The gate's SHOWs are in `show_gate`.
 
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -8,7 +8,7 @@ use bytes::BytesMut;
 
 use super::result::{Cell, Table, Ty};
 use super::show_objects::server_total;
-use super::{show_objects, show_sockets, show_stats, AdminError};
+use super::{show_gate, show_objects, show_sockets, show_stats, AdminError};
 use crate::config::Settings;
 use crate::runtime::Runtime;
 use crate::wire::{self, ErrorResponse, Severity};
@@ -38,6 +38,9 @@ pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), Adm
         "stats_totals" => show_stats::totals(rt),
         "stats_averages" => show_stats::averages(rt),
         "totals" => show_stats::overall(rt),
+        "tenants" => show_gate::tenants(rt),
+        "kills" => show_gate::kills(rt),
+        "plans" | "plan_cache" => show_gate::plans(rt),
         other => {
             return Err(AdminError::protocol(format!(
                 "invalid command 'SHOW {other}', use SHOW HELP;"
@@ -58,9 +61,11 @@ const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|V
 \tSHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE\n\
 \tSHOW DNS_HOSTS|DNS_ZONES\n\
 \tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS\n\
+\tSHOW TENANTS|KILLS|PLANS\n\
 \tSET key = arg\n\
 \tSET USER name = 'max_user_connections=N pool_size=N pool_mode=M'\n\
 \tSET POOL user.db = 'pool_size=N'\n\
+\tSET TENANT name = 'rate=N burst=N max_active=N priority=P ...'\n\
 \tRELOAD\n\
 \tPAUSE [<db>]\n\
 \tRESUME [<db>]\n\
@@ -69,6 +74,10 @@ const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|V
 \tRECONNECT [<db>]\n\
 \tKILL [<db>]\n\
 \tKILL_CLIENT <client_id>\n\
+\tKILL TENANT <name> FOR '<duration>'\n\
+\tKILL STATEMENT <fingerprint> FOR '<duration>'\n\
+\tUNKILL TENANT <name>\n\
+\tUNKILL STATEMENT <fingerprint>\n\
 \tSUSPEND\n\
 \tSHUTDOWN\n\
 \tSHUTDOWN WAIT_FOR_SERVERS|WAIT_FOR_CLIENTS\n\
@@ -352,5 +361,19 @@ mod tests {
         assert_eq!(civil_from_days(19_723), (2024, 1, 1));
         let t = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400 + 3661);
         assert_eq!(format_time(t), Cell::Text("2000-02-29 01:01:01 UTC".into()));
+    }
+
+    #[test]
+    fn help_lists_the_gate_commands() {
+        for cmd in [
+            "SHOW TENANTS|KILLS|PLANS",
+            "SET TENANT name",
+            "KILL TENANT <name> FOR",
+            "KILL STATEMENT <fingerprint> FOR",
+            "UNKILL TENANT",
+            "UNKILL STATEMENT",
+        ] {
+            assert!(HELP.contains(cmd), "{cmd}");
+        }
     }
 }

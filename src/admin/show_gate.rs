@@ -1,0 +1,283 @@
+//! SHOW TENANTS, SHOW KILLS and SHOW PLANS (alias PLAN_CACHE): the admission gate and its plan
+//! cache; and the plan cache's line in the log once a minute.
+
+use std::time::{Duration, Instant, SystemTime};
+
+use super::result::{Cell, Table, Ty};
+use super::show::format_time;
+use crate::cost::CacheStats;
+use crate::gate::{KillRow, KillTarget, RefusalReason, TenantStats};
+use crate::runtime::Runtime;
+
+const N: Ty = Ty::Numeric;
+
+/// Columns before the refusal counts.
+const FIRST_REFUSAL: usize = 8;
+
+const TENANTS: &[(&str, Ty)] = &[
+    ("tenant", Ty::Text),
+    ("settings", Ty::Text),
+    ("balance", N),
+    ("debt", N),
+    ("recent_use", N),
+    ("charged", N),
+    ("waiting", Ty::Int4),
+    ("running", Ty::Int4),
+    ("refused_budget", Ty::Int8),
+    ("refused_killed", Ty::Int8),
+    ("refused_queue_timeout", Ty::Int8),
+    ("refused_deadline", Ty::Int8),
+    ("refused_too_slow", Ty::Int8),
+    ("refused_cost", Ty::Int8),
+    ("refused_rule", Ty::Int8),
+];
+
+/// The column counting refusals for `reason` (every reason has one).
+fn refusal_column(reason: RefusalReason) -> usize {
+    FIRST_REFUSAL
+        + match reason {
+            RefusalReason::Budget => 0,
+            RefusalReason::Killed => 1,
+            RefusalReason::QueueTimeout => 2,
+            RefusalReason::Deadline => 3,
+            RefusalReason::TooSlow => 4,
+            RefusalReason::Cost => 5,
+            RefusalReason::Rule => 6,
+        }
+}
+
+/// One row per tenant the gate knows: budget, use, slots and refusals by reason.
+pub fn tenants(rt: &Runtime) -> Table {
+    let stats = rt.gatekeeper.lock().tenant_stats(Instant::now());
+    let mut t = Table::new(TENANTS);
+    for s in stats {
+        t.push(tenant_row(s));
+    }
+    t
+}
+
+fn tenant_row(s: TenantStats) -> Vec<Cell> {
+    let mut row = vec![
+        s.tenant.into(),
+        s.settings.into(),
+        s.balance.map_or(Cell::Null, |b| Cell::decimal(b, 2)),
+        Cell::decimal(s.debt, 2),
+        Cell::decimal(s.recent_use, 2),
+        Cell::decimal(s.charged, 2),
+        s.waiting.into(),
+        s.running.into(),
+    ];
+    row.resize(TENANTS.len(), Cell::Int(0));
+    for (reason, n) in s.refusals {
+        if let Some(cell) = row.get_mut(refusal_column(reason)) {
+            *cell = n.into();
+        }
+    }
+    row
+}
+
+const KILLS: &[(&str, Ty)] = &[
+    ("type", Ty::Text),
+    ("target", Ty::Text),
+    ("expires_in", Ty::Int8),
+    ("expires_at", Ty::Text),
+];
+
+/// The kills in force, soonest to expire first.
+pub fn kills(rt: &Runtime) -> Table {
+    let rows = rt.gatekeeper.lock().kills(Instant::now());
+    let wall = SystemTime::now();
+    let mut t = Table::new(KILLS);
+    for row in rows {
+        t.push(kill_row(&row, wall));
+    }
+    t
+}
+
+/// Type, target, whole seconds left (rounded up, so a kill in force never shows 0) and the
+/// wall-clock time it ends.
+fn kill_row(row: &KillRow, wall: SystemTime) -> Vec<Cell> {
+    let (kind, target) = match &row.target {
+        KillTarget::Tenant(name) => ("tenant", name.clone()),
+        KillTarget::Statement(f) => ("statement", f.hex()),
+    };
+    let left = row.remaining;
+    let seconds = left.as_secs() + u64::from(left.subsec_nanos() > 0);
+    let ends = wall.checked_add(left).map_or(Cell::Null, format_time);
+    vec![kind.into(), target.into(), seconds.into(), ends]
+}
+
+const PLANS: &[(&str, Ty)] = &[
+    ("entries", Ty::Int8),
+    ("hits", Ty::Int8),
+    ("misses", Ty::Int8),
+    ("hit_rate", N),
+    ("explains", Ty::Int8),
+    ("explain_errors", Ty::Int8),
+    ("explain_avg_ms", N),
+    ("explain_max_ms", N),
+];
+
+/// The plan cache since the start: plans stored, lookups, and the EXPLAINs run.
+pub fn plans(rt: &Runtime) -> Table {
+    let (entries, s) = {
+        let plans = rt.gatekeeper.plans();
+        (plans.len(), plans.stats())
+    };
+    let mut t = Table::new(PLANS);
+    t.push(vec![
+        entries.into(),
+        s.hits.into(),
+        s.misses.into(),
+        Cell::decimal(s.hit_rate(), 4),
+        s.explains.into(),
+        s.explain_errors.into(),
+        Cell::decimal(millis(s.explain_mean()), 3),
+        Cell::decimal(millis(s.explain_max), 3),
+    ]);
+    t
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// Once a minute: logs the plan cache's hit rate and EXPLAIN time over the last minute (when
+/// anything was looked up), drops expired plans, and forgets tenants that were never
+/// configured and have been idle a while (tenants named by tags come and go).
+pub fn gate_minute(rt: &Runtime, now: Instant) {
+    let window = {
+        let mut plans = rt.gatekeeper.plans();
+        plans.purge(now);
+        plans.take_window()
+    };
+    if let Some(line) = minute_line(&window) {
+        tracing::info!("{line}");
+    }
+    rt.gatekeeper.lock().forget_idle(now);
+}
+
+/// The log line for a minute's counters; `None` when nothing was looked up.
+fn minute_line(s: &CacheStats) -> Option<String> {
+    let lookups = s.hits + s.misses;
+    (lookups > 0).then(|| {
+        format!(
+            "plan cache, last minute: {lookups} lookups, hit rate {:.1} %, {} EXPLAINs \
+             ({} failed), EXPLAIN time mean {:.3} ms, max {:.3} ms",
+            s.hit_rate() * 100.0,
+            s.explains,
+            s.explain_errors,
+            millis(s.explain_mean()),
+            millis(s.explain_max),
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sql::Fingerprint;
+    use std::collections::BTreeMap;
+    use std::time::UNIX_EPOCH;
+
+    const REASONS: [RefusalReason; 7] = [
+        RefusalReason::Budget,
+        RefusalReason::Killed,
+        RefusalReason::QueueTimeout,
+        RefusalReason::Deadline,
+        RefusalReason::TooSlow,
+        RefusalReason::Cost,
+        RefusalReason::Rule,
+    ];
+
+    #[test]
+    fn each_refusal_reason_has_its_column() {
+        assert_eq!(TENANTS.len(), FIRST_REFUSAL + REASONS.len());
+        for r in REASONS {
+            let (name, _) = TENANTS[refusal_column(r)];
+            assert_eq!(name, format!("refused_{}", r.as_str()));
+        }
+    }
+
+    #[test]
+    fn tenant_rows() {
+        let row = tenant_row(TenantStats {
+            tenant: "acme".into(),
+            settings: "rate=10 burst=100".into(),
+            balance: Some(-42.126),
+            debt: 42.126,
+            recent_use: 0.0,
+            charged: 142.5,
+            waiting: 2,
+            running: 1,
+            refusals: BTreeMap::from([(RefusalReason::Budget, 3), (RefusalReason::Killed, 1)]),
+        });
+        assert_eq!(row.len(), TENANTS.len());
+        assert_eq!(row[2], Cell::Text("-42.13".into()));
+        assert_eq!(row[3], Cell::Text("42.13".into()));
+        assert_eq!(row[6], Cell::Int(2));
+        assert_eq!(row[refusal_column(RefusalReason::Budget)], Cell::Int(3));
+        assert_eq!(row[refusal_column(RefusalReason::Killed)], Cell::Int(1));
+        assert_eq!(row[refusal_column(RefusalReason::Rule)], Cell::Int(0));
+        let unbudgeted = tenant_row(TenantStats {
+            tenant: "b".into(),
+            settings: String::new(),
+            balance: None,
+            debt: 0.0,
+            recent_use: 0.0,
+            charged: 0.0,
+            waiting: 0,
+            running: 0,
+            refusals: BTreeMap::new(),
+        });
+        assert_eq!(unbudgeted[2], Cell::Null);
+    }
+
+    #[test]
+    fn kill_rows() {
+        let wall = UNIX_EPOCH + Duration::from_secs(86_400);
+        let row = kill_row(
+            &KillRow {
+                target: KillTarget::Statement(Fingerprint(0xff)),
+                remaining: Duration::from_millis(59_001),
+            },
+            wall,
+        );
+        assert_eq!(row[0], Cell::Text("statement".into()));
+        assert_eq!(row[1], Cell::Text("00000000000000ff".into()));
+        assert_eq!(row[2], Cell::Int(60));
+        assert_eq!(row[3], Cell::Text("1970-01-02 00:00:59 UTC".into()));
+        let row = kill_row(
+            &KillRow {
+                target: KillTarget::Tenant("acme".into()),
+                remaining: Duration::from_secs(600),
+            },
+            wall,
+        );
+        assert_eq!(
+            row[..3],
+            [
+                Cell::Text("tenant".into()),
+                Cell::Text("acme".into()),
+                Cell::Int(600)
+            ]
+        );
+    }
+
+    #[test]
+    fn the_minute_line() {
+        assert_eq!(minute_line(&CacheStats::default()), None);
+        let s = CacheStats {
+            hits: 3,
+            misses: 1,
+            explains: 1,
+            explain_errors: 0,
+            explain_time: Duration::from_micros(2500),
+            explain_max: Duration::from_micros(2500),
+        };
+        let line = minute_line(&s).unwrap();
+        assert!(line.contains("4 lookups, hit rate 75.0 %"), "{line}");
+        assert!(line.contains("1 EXPLAINs (0 failed)"), "{line}");
+        assert!(line.contains("mean 2.500 ms, max 2.500 ms"), "{line}");
+    }
+}

@@ -1,0 +1,417 @@
+//! The admission gate's incident tools in the admin console, end to end: SHOW TENANTS,
+//! SET TENANT, KILL TENANT / STATEMENT ... FOR, UNKILL, SHOW KILLS and SHOW PLANS, with who may
+//! use them, against a real PostgreSQL through tokio-postgres (prepared statements included).
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use common::driver::{code, message, must_connect, must_value, Conn};
+use common::{shared_tempdir, Pgward, Postgres};
+use pgward::sql::{Analyzer, Depth, ParseContext};
+use tempfile::TempDir;
+use tokio_postgres::{Client, SimpleQueryMessage};
+
+/// A table whose full read costs a few thousand planner units, and a small indexed one.
+const SCHEMA: &str = "CREATE TABLE big AS SELECT g AS id, repeat('x', 50) AS pad \
+     FROM generate_series(1, 100000) g; ANALYZE big; \
+     CREATE TABLE small (id int PRIMARY KEY, v text); \
+     INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 1000) g; ANALYZE small; \
+     GRANT SELECT ON big, small TO PUBLIC";
+
+const FULL_READ: &str = "SELECT count(*) FROM big";
+
+/// A budget that pays for one full read and then owes for a long time.
+const REJECT_POLICY: &str = r#"
+[tenants.acme]
+roles = ["trustuser"]
+rate = 1
+burst = 100
+when_over = "reject"
+"#;
+
+/// A tenant without a budget.
+const TENANT_POLICY: &str = r#"
+[tenants.acme]
+roles = ["trustuser"]
+priority = "normal"
+"#;
+
+struct Fixture {
+    _pg: Postgres,
+    pw: Pgward,
+    _policy: PathBuf,
+    _dir: TempDir,
+}
+
+impl Fixture {
+    /// PostgreSQL with the schema, and pgward with `policy`, console users `admin` (admin) and
+    /// `watcher` (stats only).
+    fn start(policy: &str) -> Fixture {
+        let pg = Postgres::start();
+        pg.sql(SCHEMA);
+        let dir = shared_tempdir("pgward-admin-gate-");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).expect("write the policy");
+        let settings = format!(
+            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 4\n\
+             admin_users = admin\nstats_users = watcher\npolicy_file = {}\n",
+            path.display()
+        );
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        Fixture {
+            _pg: pg,
+            pw,
+            _policy: path,
+            _dir: dir,
+        }
+    }
+
+    /// A connection to database `app` as `user`.
+    async fn app(&self, user: &str) -> Conn {
+        must_connect(&self.pw.connstr(user, None, "app")).await
+    }
+
+    /// A console connection as `user`.
+    async fn console(&self, user: &str) -> Conn {
+        must_connect(&self.pw.connstr(user, None, "pgward")).await
+    }
+}
+
+/// The rows of a console SHOW, each as column name -> value (NULL as `None`).
+async fn show(c: &Client, sql: &str) -> Vec<HashMap<String, Option<String>>> {
+    let mut cols: Vec<String> = Vec::new();
+    let mut rows = Vec::new();
+    for m in c
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    {
+        match m {
+            SimpleQueryMessage::RowDescription(d) => {
+                cols = d.iter().map(|c| c.name().to_string()).collect()
+            }
+            SimpleQueryMessage::Row(r) => rows.push(
+                cols.iter()
+                    .enumerate()
+                    .map(|(i, name)| (name.clone(), r.get(i).map(str::to_string)))
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    rows
+}
+
+/// The columns of a console SHOW, in order.
+async fn columns(c: &Client, sql: &str) -> Vec<String> {
+    for m in c.simple_query(sql).await.expect(sql) {
+        if let SimpleQueryMessage::RowDescription(d) = m {
+            return d.iter().map(|c| c.name().to_string()).collect();
+        }
+    }
+    panic!("{sql}: no row description");
+}
+
+/// `tenant`'s row of SHOW TENANTS, NULLs as empty strings.
+async fn tenant_row(c: &Client, tenant: &str) -> HashMap<String, String> {
+    let rows = show(c, "SHOW TENANTS").await;
+    let row = rows
+        .into_iter()
+        .find(|r| r.get("tenant").cloned().flatten().as_deref() == Some(tenant))
+        .unwrap_or_else(|| panic!("no row for tenant {tenant}"));
+    row.into_iter()
+        .map(|(k, v)| (k, v.unwrap_or_default()))
+        .collect()
+}
+
+fn number(row: &HashMap<String, String>, col: &str) -> f64 {
+    row[col]
+        .parse()
+        .unwrap_or_else(|e| panic!("{col} = {:?}: {e}", row[col]))
+}
+
+/// The SQLSTATE a simple query answers (empty when it succeeds).
+async fn outcome(c: &Client, sql: &str) -> String {
+    match c.simple_query(sql).await {
+        Ok(_) => String::new(),
+        Err(e) => code(&e),
+    }
+}
+
+/// The fingerprint the gate computes for `sql` (16 hex digits).
+fn fingerprint(sql: &str) -> String {
+    Analyzer::new(Depth::Shape, 4)
+        .analyze(sql.as_bytes(), &ParseContext::server_defaults())
+        .fingerprint_hex()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_tenants_counts_refusals_and_set_tenant_changes_the_budget() {
+    let f = Fixture::start(REJECT_POLICY);
+    let app = f.app("trustuser").await;
+    assert_eq!(must_value(&app.client, FULL_READ).await, "100000");
+    assert_eq!(outcome(&app.client, FULL_READ).await, "53000");
+
+    let admin = f.console("admin").await;
+    assert_eq!(
+        columns(&admin.client, "SHOW TENANTS").await,
+        [
+            "tenant",
+            "settings",
+            "balance",
+            "debt",
+            "recent_use",
+            "charged",
+            "waiting",
+            "running",
+            "refused_budget",
+            "refused_killed",
+            "refused_queue_timeout",
+            "refused_deadline",
+            "refused_too_slow",
+            "refused_cost",
+            "refused_rule",
+        ]
+    );
+    let row = tenant_row(&admin.client, "acme").await;
+    assert_eq!(row["refused_budget"], "1", "{row:?}");
+    assert_eq!(row["refused_killed"], "0", "{row:?}");
+    assert!(row["settings"].contains("rate=1 burst=100"), "{row:?}");
+    assert!(number(&row, "balance") < 0.0, "{row:?}");
+    assert_eq!(number(&row, "debt"), -number(&row, "balance"), "{row:?}");
+    assert!(number(&row, "charged") > 100.0, "{row:?}");
+    assert_eq!(row["waiting"], "0");
+    assert_eq!(row["running"], "0");
+
+    // A stats user may look, but not change anything.
+    let watcher = f.console("watcher").await;
+    assert_eq!(
+        tenant_row(&watcher.client, "acme").await["refused_budget"],
+        "1"
+    );
+    for cmd in [
+        "SET TENANT acme = 'rate=1000000'",
+        "KILL TENANT acme FOR '1m'",
+        "KILL STATEMENT 00000000000000ff FOR '1m'",
+        "UNKILL TENANT acme",
+    ] {
+        assert_eq!(outcome(&watcher.client, cmd).await, "08P01", "{cmd}");
+    }
+
+    // Bad values answer 22023 with the reason and change nothing; bad syntax is 08P01.
+    let err = admin
+        .client
+        .simple_query("SET TENANT acme = 'rate=-1'")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&err), "22023", "{err:?}");
+    assert!(message(&err).contains("rate"), "{}", message(&err));
+    let c = &admin.client;
+    assert_eq!(outcome(c, "SET TENANT acme = 'colour=red'").await, "22023");
+    assert_eq!(outcome(c, "SET TENANT acme 'rate=5'").await, "08P01");
+    assert!(tenant_row(c, "acme").await["settings"].contains("rate=1 burst=100"));
+
+    // A rate that pays the debt back at once lets the tenant through.
+    let set = "SET TENANT acme = 'rate=100000000 burst=100000000'";
+    assert_eq!(outcome(c, set).await, "");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(must_value(&app.client, FULL_READ).await, "100000");
+
+    // And a tight one stops it again: one more read into debt, then 53000.
+    assert_eq!(outcome(c, "SET TENANT acme = 'rate=1 burst=1'").await, "");
+    assert_eq!(must_value(&app.client, FULL_READ).await, "100000");
+    assert_eq!(outcome(&app.client, FULL_READ).await, "53000");
+    let row = tenant_row(c, "acme").await;
+    assert_eq!(row["refused_budget"], "2", "{row:?}");
+    assert!(row["settings"].contains("rate=1 burst=1"), "{row:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_plans_reports_the_plan_cache() {
+    let f = Fixture::start(TENANT_POLICY);
+    let app = f.app("trustuser").await;
+    for _ in 0..3 {
+        assert_eq!(must_value(&app.client, FULL_READ).await, "100000");
+    }
+    let admin = f.console("watcher").await;
+    let plans = show(&admin.client, "SHOW PLANS").await;
+    assert_eq!(plans.len(), 1);
+    let row: HashMap<String, String> = plans[0]
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone().unwrap_or_default()))
+        .collect();
+    assert_eq!(
+        columns(&admin.client, "SHOW PLAN_CACHE").await,
+        [
+            "entries",
+            "hits",
+            "misses",
+            "hit_rate",
+            "explains",
+            "explain_errors",
+            "explain_avg_ms",
+            "explain_max_ms",
+        ]
+    );
+    assert!(number(&row, "entries") >= 1.0, "{row:?}");
+    assert!(number(&row, "explains") >= 1.0, "{row:?}");
+    assert_eq!(row["explain_errors"], "0", "{row:?}");
+    assert!(number(&row, "misses") >= 1.0, "{row:?}");
+    // The same statement again within a minute is priced from the cache.
+    assert!(number(&row, "hits") >= 2.0, "{row:?}");
+    let rate = number(&row, "hit_rate");
+    assert!(rate > 0.0 && rate < 1.0, "{row:?}");
+    assert!(number(&row, "explain_avg_ms") > 0.0, "{row:?}");
+    assert!(number(&row, "explain_max_ms") >= number(&row, "explain_avg_ms"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_tenant_refuses_its_statements_until_unkill() {
+    let f = Fixture::start(TENANT_POLICY);
+    let app = f.app("trustuser").await;
+    let lookup = app
+        .client
+        .prepare("SELECT v FROM small WHERE id = $1")
+        .await
+        .expect("prepare");
+    let rows = app.client.query(&lookup, &[&3i32]).await.expect("lookup");
+    assert_eq!(rows[0].get::<_, String>(0), "v3");
+    // Transactions opened before the kill.
+    let committing = f.app("trustuser").await;
+    committing
+        .client
+        .batch_execute("BEGIN")
+        .await
+        .expect("BEGIN");
+    let failing = f.app("trustuser").await;
+    failing.client.batch_execute("BEGIN").await.expect("BEGIN");
+    let other = f.app("postgres").await;
+
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    assert_eq!(outcome(c, "KILL TENANT acme FOR '10m'").await, "");
+
+    let err = app.client.simple_query("SELECT 1").await.unwrap_err();
+    assert_eq!(code(&err), "53000", "{err:?}");
+    assert!(
+        message(&err).contains("tenant \"acme\" is killed"),
+        "{err:?}"
+    );
+    // Kills are checked at every Bind: the next run of a prepared statement is refused.
+    let err = app.client.query(&lookup, &[&3i32]).await.unwrap_err();
+    assert_eq!(code(&err), "53000", "{err:?}");
+    // Other tenants go on.
+    assert_eq!(must_value(&other.client, "SELECT 1").await, "1");
+    // Open transactions can end: COMMIT and ROLLBACK go through, work inside them does not.
+    assert_eq!(outcome(&committing.client, "COMMIT").await, "");
+    assert_eq!(outcome(&failing.client, "SELECT 2").await, "53000");
+    assert_eq!(outcome(&failing.client, "ROLLBACK").await, "");
+    // A new transaction is work of the tenant: BEGIN is refused too.
+    assert_eq!(outcome(&failing.client, "BEGIN").await, "53000");
+
+    let kills = show(&admin.client, "SHOW KILLS").await;
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    let kill = &kills[0];
+    assert_eq!(kill["type"].as_deref(), Some("tenant"));
+    assert_eq!(kill["target"].as_deref(), Some("acme"));
+    let left: u64 = kill["expires_in"].as_deref().unwrap().parse().unwrap();
+    assert!((590..=600).contains(&left), "{kill:?}");
+    assert!(kill["expires_at"].as_deref().unwrap().ends_with(" UTC"));
+    let watcher = f.console("watcher").await;
+    assert_eq!(show(&watcher.client, "SHOW KILLS").await.len(), 1);
+
+    // Bad values: 22023.
+    assert_eq!(outcome(c, "KILL TENANT acme FOR 'soon'").await, "22023");
+    assert_eq!(outcome(c, "KILL TENANT acme FOR '0s'").await, "22023");
+
+    assert_eq!(outcome(c, "UNKILL TENANT acme").await, "");
+    assert!(show(&admin.client, "SHOW KILLS").await.is_empty());
+    let rows = app.client.query(&lookup, &[&4i32]).await.expect("lookup");
+    assert_eq!(rows[0].get::<_, String>(0), "v4");
+    assert_eq!(must_value(&failing.client, "SELECT 5").await, "5");
+    // No such kill any more.
+    assert_eq!(outcome(c, "UNKILL TENANT acme").await, "42704");
+    let row = tenant_row(c, "acme").await;
+    assert_eq!(row["refused_killed"], "4", "{row:?}");
+
+    // A kill ends by itself when its time is up.
+    assert_eq!(outcome(c, "KILL TENANT acme FOR '300ms'").await, "");
+    assert_eq!(outcome(&app.client, "SELECT 1").await, "53000");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(must_value(&app.client, "SELECT 1").await, "1");
+    assert!(show(&admin.client, "SHOW KILLS").await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_statement_refuses_it_for_every_tenant_until_unkill() {
+    let f = Fixture::start(TENANT_POLICY);
+    let app = f.app("trustuser").await;
+    let other = f.app("postgres").await;
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    // Texts that differ only in constants share a fingerprint.
+    let fp = fingerprint("SELECT v FROM small WHERE id = 1");
+    assert_eq!(fp.len(), 16);
+    assert_eq!(
+        outcome(c, &format!("KILL STATEMENT {fp} FOR '1h'")).await,
+        ""
+    );
+
+    for conn in [&app, &other] {
+        let err = conn
+            .client
+            .simple_query("SELECT v FROM small WHERE id = 7")
+            .await
+            .unwrap_err();
+        assert_eq!(code(&err), "53000", "{err:?}");
+        assert!(message(&err).contains(&fp), "{err:?}");
+        assert_eq!(
+            must_value(&conn.client, "SELECT count(*) FROM small").await,
+            "1000"
+        );
+    }
+    let kills = show(c, "SHOW KILLS").await;
+    assert_eq!(kills.len(), 1, "{kills:?}");
+    assert_eq!(kills[0]["type"].as_deref(), Some("statement"));
+    assert_eq!(kills[0]["target"].as_deref(), Some(fp.as_str()));
+
+    // The fingerprint is read in either case.
+    let unkill = format!("UNKILL STATEMENT {}", fp.to_uppercase());
+    assert_eq!(outcome(c, &unkill).await, "");
+    assert!(show(c, "SHOW KILLS").await.is_empty());
+    assert_eq!(
+        must_value(&app.client, "SELECT v FROM small WHERE id = 7").await,
+        "v7"
+    );
+    assert_eq!(outcome(c, &unkill).await, "42704");
+
+    // A prepared statement is stopped at its next Bind.
+    let text = "SELECT v FROM small WHERE id = $1";
+    let lookup = app.client.prepare(text).await.expect("prepare");
+    assert_eq!(
+        app.client.query(&lookup, &[&2i32]).await.expect("run")[0].get::<_, String>(0),
+        "v2"
+    );
+    let fp = fingerprint(text);
+    assert_eq!(
+        outcome(c, &format!("KILL STATEMENT '{fp}' FOR '1h'")).await,
+        ""
+    );
+    let err = app.client.query(&lookup, &[&2i32]).await.unwrap_err();
+    assert_eq!(code(&err), "53000", "{err:?}");
+    assert_eq!(outcome(c, &format!("UNKILL STATEMENT {fp}")).await, "");
+    assert!(app.client.query(&lookup, &[&2i32]).await.is_ok());
+
+    // Bad fingerprints are bad values; KILL of a database is still PgBouncer's KILL.
+    assert_eq!(outcome(c, "KILL STATEMENT nothex FOR '1m'").await, "22023");
+    assert_eq!(
+        outcome(c, "KILL STATEMENT 00000000000000000 FOR '1m'").await,
+        "22023"
+    );
+    let err = c.simple_query("KILL nosuchdb").await.unwrap_err();
+    assert_eq!(code(&err), "08P01");
+    assert!(message(&err).contains("no such database"), "{err:?}");
+}
