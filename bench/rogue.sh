@@ -9,6 +9,8 @@
 #   ROUNDS                rounds (each target once per round, in rotating order), default 3
 #   PGWARD_BENCH_SECONDS  length of one run, default 15
 #   PROTOCOL              pgbench -M: simple (default) or extended
+#   INNOCENT_RATE         lookups per second of each innocent tenant (pgbench -R), default: as
+#                         many as they can
 #   READ_MS               how long one rogue read should take on its own, default 333
 #   BIG_ROWS              rows of the large table (default: sized to READ_MS by measuring)
 #   SMALL_ROWS            rows of the lookup table, default 100000
@@ -30,6 +32,7 @@ rounds=${ROUNDS:-3}
 seconds=${PGWARD_BENCH_SECONDS:-15}
 protocol=${PROTOCOL:-simple}
 read_ms=${READ_MS:-333}
+innocent_rate=${INNOCENT_RATE:-}
 small_rows=${SMALL_ROWS:-100000}
 pool_size=${POOL_SIZE:-12}
 auth_type=${AUTH_TYPE:-md5}
@@ -66,6 +69,7 @@ if ! command -v gnuplot >/dev/null; then
 fi
 
 # The poolers that pooler_start runs (stopped when the script exits).
+# shellcheck disable=SC2034 # pooler_pid is for pooler_start and pooler_stop
 declare -A pooler_pid=() pooler_port=()
 
 # --- PostgreSQL and the data ------------------------------------------------------------------
@@ -260,7 +264,7 @@ run_phase() {
     date +%s.%N >"$dir/start"
     for tenant in "${innocents[@]}"; do
         bench_client "$identity" "$tenant" "$port" "$dir" "$innocent_clients" \
-            -l --log-prefix="$dir/$tenant"
+            -l --log-prefix="$dir/$tenant" ${innocent_rate:+-R "$innocent_rate"}
         pids+=($!)
     done
     if [ "$4" = rogue ]; then
@@ -346,7 +350,8 @@ run_pair() {
         "$round" "$identity" "$target" "${loud[0]}" "${loud[1]}" "${quiet[1]}" "$reads" "$abort" "$check"
 }
 
-echo "each run: ${seconds}s; innocents ${#innocents[@]} x $innocent_clients clients, rogue" \
+echo "each run: ${seconds}s; innocents ${#innocents[@]} x $innocent_clients clients" \
+    "(${innocent_rate:-unthrottled}${innocent_rate:+ lookups/s each}), rogue" \
     "$rogue_clients clients; protocol $protocol; pool size $pool_size; rounds $rounds;" \
     "targets: ${targets[*]}; identities: ${identities[*]}"
 for identity in "${identities[@]}"; do
@@ -371,7 +376,7 @@ draw_plot() {
         echo "set terminal $term size 1000,$((340 * ${#identities[@]})) noenhanced"
         echo "set output '$plot'"
         echo "set multiplot layout ${#identities[@]},1"
-        echo "set logscale y; set grid; set key top left"
+        echo "set logscale y; set grid; set key outside right top"
         echo "set xlabel 'seconds into the run'; set ylabel 'innocent p99 per 100 ms (ms)'"
         for identity in "${identities[@]}"; do
             lines=()
@@ -400,7 +405,8 @@ summarize() {
     echo "# pgward rogue benchmark, $stamp"
     echo
     echo "Three innocent tenants, $innocent_clients connections each, look rows up by primary key" \
-        "(\`small\`, $small_rows rows) while a rogue tenant reads a large table in full on" \
+        "(\`small\`, $small_rows rows; ${innocent_rate:-as many as they can}${innocent_rate:+ per second each})" \
+        "while a rogue tenant reads a large table in full on" \
         "$rogue_clients connections (\`$rogue_sql\`: $big_rows rows, $big_mb MB, one read alone" \
         "$one_read_ms ms, EXPLAIN cost $read_cost). ${seconds}s per run, $rounds rounds, targets" \
         "in turn, pgbench protocol $protocol; poolers in transaction mode with" \
