@@ -42,19 +42,6 @@ has_target() {
     [[ " ${targets[*]} " == *" $1 "* ]]
 }
 
-# Installs PgBouncer from Debian if missing, and keeps the package's own service stopped.
-ensure_pgbouncer() {
-    command -v pgbouncer >/dev/null && return 0
-    apt_install pgbouncer
-    if command -v systemctl >/dev/null; then
-        systemctl stop pgbouncer >/dev/null 2>&1 || true
-        systemctl disable pgbouncer >/dev/null 2>&1 || true
-    fi
-    if [ -f /var/run/postgresql/pgbouncer.pid ]; then
-        kill "$(cat /var/run/postgresql/pgbouncer.pid)" 2>/dev/null || true
-    fi
-}
-
 ensure_postgres
 if has_target pgbouncer; then ensure_pgbouncer; fi
 if has_target pgward; then
@@ -62,15 +49,8 @@ if has_target pgward; then
     cargo build --release --quiet
 fi
 
+# The poolers that pooler_start runs (stopped when the script exits).
 declare -A pooler_pid=() pooler_port=()
-# shellcheck disable=SC2317 # called by throwaway_cleanup
-on_cleanup() {
-    local pid
-    for pid in "${pooler_pid[@]}"; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-}
 
 # --- PostgreSQL -------------------------------------------------------------------------------
 throwaway_start pgward-bench "host all all 127.0.0.1/32 trust" bench "$bench_password"
@@ -83,42 +63,14 @@ PGPASSWORD=$bench_password pgbench -i -q -s "$scale" -h 127.0.0.1 -p "$pg_port" 
 # --- poolers ----------------------------------------------------------------------------------
 printf '"bench" "%s"\n' "$bench_password" >"$work/userlist.txt"
 
-# pooler_ini NAME PORT: the same settings for both poolers; only the paths and port differ.
-pooler_ini() {
-    local dir="$work/$1"
-    cat <<EOF
-[databases]
-bench = host=127.0.0.1 port=$pg_port dbname=bench
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $2
-unix_socket_dir = $dir
-logfile = $dir/pooler.log
-pidfile = $dir/pooler.pid
-auth_type = $auth_type
-auth_file = $work/userlist.txt
-pool_mode = transaction
-default_pool_size = $pool_size
-max_client_conn = 200
-EOF
-}
-
-# start_pooler NAME PROGRAM: starts the pooler in the background as the postgres OS user.
+# start_pooler NAME PROGRAM: the same settings for both poolers; only the paths and port differ.
 start_pooler() {
-    local name=$1 program=$2 port dir="$work/$1"
+    local dir="$work/$1" port
     port=$(free_port)
     mkdir -p "$dir"
-    pooler_ini "$name" "$port" >"$dir/pooler.ini"
-    if is_root; then chown -R postgres: "$dir"; fi
-    "${AS_POSTGRES[@]}" "$program" "$dir/pooler.ini" >"$dir/stdout.log" 2>&1 &
-    pooler_pid[$name]=$!
-    pooler_port[$name]=$port
-    if ! wait_for_port "$port" 10; then
-        tail -n 20 "$dir/stdout.log" "$dir/pooler.log" 2>/dev/null >&2 || true
-        die "$name did not start listening on port $port"
-    fi
-    echo "$name listening on port $port (pid ${pooler_pid[$name]})"
+    pooler_ini "$dir" "$pg_port" "$port" "$pool_size" "$auth_type" "$work/userlist.txt" \
+        >"$dir/pooler.ini"
+    pooler_start "$1" "$dir" "$port" "$2" || die "$1 did not start listening on port $port"
 }
 
 if has_target pgbouncer; then start_pooler pgbouncer "$(command -v pgbouncer)"; fi
@@ -214,7 +166,7 @@ summarize() {
     echo
     echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct |"
     echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-    awk -F'\t' -f bench/summary.awk "$tsv"
+    awk -F'\t' -f bench/median.awk -f bench/summary.awk "$tsv"
 }
 summarize | tee "$report"
 echo

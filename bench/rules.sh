@@ -41,15 +41,8 @@ if [ -z "$binary" ]; then
     binary=$repo/target/release/pgward
 fi
 
+# The poolers that pooler_start runs (stopped when the script exits).
 declare -A pooler_pid=() pooler_port=()
-# shellcheck disable=SC2317 # called by throwaway_cleanup
-on_cleanup() {
-    local pid
-    for pid in "${pooler_pid[@]}"; do
-        kill "$pid" 2>/dev/null || true
-        wait "$pid" 2>/dev/null || true
-    done
-}
 
 # --- PostgreSQL -------------------------------------------------------------------------------
 throwaway_start pgward-rules-bench "host all all 127.0.0.1/32 trust" bench benchpass
@@ -91,43 +84,16 @@ roles = { bench = "learn" }
 EOF
 }
 
-# pooler_ini NAME PORT: the same settings for both; only the paths, port and policy differ.
-pooler_ini() {
-    local dir="$work/$1"
-    cat <<EOF
-[databases]
-bench = host=127.0.0.1 port=$pg_port dbname=bench
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = $2
-unix_socket_dir = $dir
-logfile = $dir/pooler.log
-pidfile = $dir/pooler.pid
-auth_type = trust
-pool_mode = transaction
-default_pool_size = $pool_size
-max_client_conn = 200
-EOF
-    if [ "$1" = rules ]; then echo "policy_file = $dir/policy.toml"; fi
-}
-
-# start_pooler NAME: starts a pgward in the background as the postgres OS user.
+# start_pooler NAME: starts a pgward, with the policy for `rules`; the same settings otherwise.
 start_pooler() {
     local name=$1 port dir="$work/$1"
     port=$(free_port)
     mkdir -p "$dir"
-    pooler_ini "$name" "$port" >"$dir/pooler.ini"
+    pooler_ini "$dir" "$pg_port" "$port" "$pool_size" trust >"$dir/pooler.ini"
+    if [ "$name" = rules ]; then echo "policy_file = $dir/policy.toml" >>"$dir/pooler.ini"; fi
     policy >"$dir/policy.toml"
-    if is_root; then chown -R postgres: "$dir"; fi
-    "${AS_POSTGRES[@]}" "$work/pgward-bin" "$dir/pooler.ini" >"$dir/stdout.log" 2>&1 &
-    pooler_pid[$name]=$!
-    pooler_port[$name]=$port
-    if ! wait_for_port "$port" 10; then
-        tail -n 20 "$dir/stdout.log" "$dir/pooler.log" 2>/dev/null >&2 || true
+    pooler_start "$name" "$dir" "$port" "$work/pgward-bin" ||
         die "$name did not start listening on port $port"
-    fi
-    echo "pgward with $name listening on port $port (pid ${pooler_pid[$name]})"
 }
 
 # A copy, since the postgres OS user may not reach the source tree (under /root, say).
@@ -197,7 +163,7 @@ summarize() {
     echo
     echo "| protocol | target | tps (median) | latency ms (median) | pgward CPU us/tx (median) | tps vs none | latency vs none |"
     echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-    awk -F'\t' -v base=none -f bench/summary.awk "$tsv"
+    awk -F'\t' -v base=none -f bench/median.awk -f bench/summary.awk "$tsv"
 }
 summarize | tee "$report"
 echo

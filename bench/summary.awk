@@ -1,18 +1,7 @@
 # Reads the TSV written by bench/pooler.sh (mode, target, round, tps, latency_ms, cpu_us_per_tx,
 # transactions) and prints one markdown table row per (mode, target): medians, and ratios of
 # tps and latency against the target named by `-v base=NAME` (default direct) of the same mode.
-
-function median(list,    values, n, i, j, tmp) {
-    n = split(list, values, " ")
-    if (n == 0 || values[1] == "-") return "-"
-    for (i = 2; i <= n; i++) {
-        tmp = values[i] + 0
-        for (j = i - 1; j >= 1 && values[j] + 0 > tmp; j--) values[j + 1] = values[j]
-        values[j + 1] = tmp
-    }
-    if (n % 2) return values[(n + 1) / 2]
-    return (values[n / 2] + values[n / 2 + 1]) / 2
-}
+# Needs median.awk: awk -f bench/median.awk -f bench/summary.awk.
 
 function ratio(value, base) {
     if (value == "-" || base == "-" || base + 0 == 0) return "-"

@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Functions for scripts that need a throwaway PostgreSQL server on 127.0.0.1 (bench/pooler.sh,
+# Functions for scripts that need a throwaway PostgreSQL server on 127.0.0.1 (bench/*.sh,
 # contrib/demo.sh). Source this file; it defines functions and the AS_POSTGRES array, and
 # changes nothing by itself.
 #
@@ -62,6 +62,74 @@ ensure_postgres() {
     { command -v psql && command -v pgbench; } >/dev/null || missing+=(postgresql-client)
     if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
     pg_bindir >/dev/null || die "no PostgreSQL server programs under /usr/lib/postgresql"
+}
+
+# Installs PgBouncer from Debian if missing, and keeps the package's own service stopped.
+ensure_pgbouncer() {
+    command -v pgbouncer >/dev/null && return 0
+    apt_install pgbouncer
+    if command -v systemctl >/dev/null; then
+        systemctl stop pgbouncer >/dev/null 2>&1 || true
+        systemctl disable pgbouncer >/dev/null 2>&1 || true
+    fi
+    if [ -f /var/run/postgresql/pgbouncer.pid ]; then
+        kill "$(cat /var/run/postgresql/pgbouncer.pid)" 2>/dev/null || true
+    fi
+}
+
+# pooler_ini DIR PG_PORT PORT POOL_SIZE AUTH_TYPE [AUTH_FILE]: the pgbouncer.ini the benchmarks
+# give PgBouncer and pgward alike: the database `bench` of the server on PG_PORT, transaction
+# pooling, listening on PORT, with its socket, log and pid file in DIR.
+pooler_ini() {
+    cat <<EOF
+[databases]
+bench = host=127.0.0.1 port=$2 dbname=bench
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = $3
+unix_socket_dir = $1
+logfile = $1/pooler.log
+pidfile = $1/pooler.pid
+auth_type = $5
+pool_mode = transaction
+default_pool_size = $4
+max_client_conn = 200
+EOF
+    if [ -n "${6:-}" ]; then echo "auth_file = $6"; fi
+}
+
+# pooler_start NAME DIR PORT PROGRAM: runs `PROGRAM DIR/pooler.ini` in the background as the
+# postgres OS user (who gets DIR), its output in DIR/stdout.log, and records its pid and port
+# under NAME in the caller's associative arrays pooler_pid and pooler_port. Fails, after
+# printing the last lines of its logs, when nothing listens on PORT within 10 s.
+# shellcheck disable=SC2004,SC2034 # the arrays are the caller's, associative
+pooler_start() {
+    local name=$1 dir=$2 port=$3
+    if is_root; then chown -R postgres: "$dir"; fi
+    "${AS_POSTGRES[@]}" "$4" "$dir/pooler.ini" >"$dir/stdout.log" 2>&1 &
+    pooler_pid[$name]=$!
+    pooler_port[$name]=$port
+    if ! wait_for_port "$port" 10; then
+        tail -n 20 "$dir/stdout.log" "$dir/pooler.log" 2>/dev/null >&2 || true
+        return 1
+    fi
+    echo "$name listening on port $port (pid ${pooler_pid[$name]})"
+}
+
+# pooler_stop NAME: stops the pooler pooler_start recorded under NAME, if it runs.
+pooler_stop() {
+    local pid=${pooler_pid[$1]:-}
+    [ -n "$pid" ] || return 0
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    unset "pooler_pid[$1]"
+}
+
+# pooler_stop_all: stops every pooler pooler_start recorded (done when the script exits).
+pooler_stop_all() {
+    local name
+    for name in "${!pooler_pid[@]}"; do pooler_stop "$name"; done
 }
 
 # Succeeds when something accepts TCP connections on 127.0.0.1:$1.
@@ -145,7 +213,7 @@ pg_sql() {
 # Makes a work directory (THROWAWAY_DIR), starts PostgreSQL there on THROWAWAY_PORT with
 # max_connections 100, and creates ROLE with PASSWORD and a database of the same name that ROLE
 # owns. Everything is stopped and removed when the script exits, after the caller's function
-# on_cleanup runs, if it has one.
+# on_cleanup runs, if it has one, and the poolers pooler_start started are stopped.
 throwaway_start() {
     THROWAWAY_DIR=$(make_workdir "$1")
     trap throwaway_cleanup EXIT
@@ -161,6 +229,7 @@ throwaway_cleanup() {
     trap - EXIT INT TERM
     set +e
     if declare -F on_cleanup >/dev/null; then on_cleanup; fi
+    if declare -p pooler_pid >/dev/null 2>&1; then pooler_stop_all; fi
     pg_destroy "$THROWAWAY_DIR"
     rm -rf "$THROWAWAY_DIR"
 }
