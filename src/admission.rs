@@ -75,6 +75,11 @@ impl Gatekeeper {
         self.wake.notify_one();
     }
 
+    /// Asks the clock to look at the queues now (settings changed).
+    pub fn wake(&self) {
+        self.wake.notify_one();
+    }
+
     /// The gate, for one step (never held across `.await`).
     pub fn lock(&self) -> MutexGuard<'_, Gate<Waiter>> {
         self.gate.lock().unwrap_or_else(|p| p.into_inner())

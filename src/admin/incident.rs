@@ -31,6 +31,8 @@ fn set_tenant(rt: &Runtime, tenant: &str, words: &str) -> Result<(), AdminError>
         .lock()
         .set_tenant(tenant, words, Instant::now())
         .map_err(|e| AdminError::invalid_value(format!("SET TENANT failed: {e}")))?;
+    // A higher rate or a larger max_active may let waiting tickets run now.
+    rt.gatekeeper.wake();
     tracing::info!("SET TENANT {tenant} = '{words}'");
     Ok(())
 }
