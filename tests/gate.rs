@@ -718,3 +718,51 @@ mod pipelines {
         assert!(got.contains("D[42]"), "{got}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_gets_each_refusal_at_the_bind_of_a_prepared_statement() {
+    let f = Fixture::start(
+        r#"
+trusted_roles = ["postgres"]
+[tenants.acme]
+roles = ["trustuser"]
+max_scan_rows = 50000
+"#,
+    );
+    let conn = must_connect(&f.conn("trustuser")).await;
+    let scan = conn
+        .client
+        .prepare("SELECT count(*) FROM big WHERE pad = $1")
+        .await
+        .expect("prepare");
+    let err = conn
+        .client
+        .query(&scan, &[&"none"])
+        .await
+        .expect_err("a scan of the whole table must be refused");
+    assert_eq!(code(&err), "54000", "{err:?}");
+    // A deadline tag of a trusted role: the statement's usual time does not fit.
+    let admin = must_connect(&f.conn("postgres")).await;
+    let sleep = admin
+        .client
+        .prepare("SELECT pg_sleep($1) /*deadline='300ms'*/")
+        .await
+        .expect("prepare");
+    admin
+        .client
+        .query(&sleep, &[&0.8f64])
+        .await
+        .expect("the first run teaches its usual time");
+    let started = Instant::now();
+    let err = admin
+        .client
+        .query(&sleep, &[&0.8f64])
+        .await
+        .expect_err("a run that cannot finish in time is refused");
+    assert_eq!(code(&err), "57014", "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_millis(250),
+        "{:?}",
+        started.elapsed()
+    );
+}

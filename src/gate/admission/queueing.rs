@@ -46,6 +46,14 @@ impl<W> Gate<W> {
     }
 
     fn demoted(&self, upstream: &str) -> BTreeSet<String> {
+        // Nobody waits: nobody is a runaway (and nothing is allocated).
+        let waiting = self
+            .upstreams
+            .get(upstream)
+            .is_some_and(|u| u.queues().any(|q| q.iter().next().is_some()));
+        if !waiting {
+            return BTreeSet::new();
+        }
         self.runaways(upstream)
             .into_iter()
             .map(|r| r.tenant)
