@@ -174,6 +174,9 @@ impl Gatekeeper {
         let granted = {
             let mut gate = self.lock();
             gate.release(slot, now);
+            if !gate.has_waiters() {
+                return;
+            }
             gate.dispatch(now, |w| !w.is_closed())
         };
         self.deliver(granted);

@@ -16,14 +16,15 @@
 //! | `fingerprint` | 5.5 | the fingerprint; also proves the text parses |
 //! | `parse` | 14.5 | the tree, for rules ([`Depth::Tree`]) |
 //! | `parse` + the complete tree walk | 16.6 | |
-//! | a cold analysis at [`Depth::Shape`] | 10.6 | fingerprint + normalize (+ scan) |
+//! | a cold analysis at [`Depth::Shape`] | 10.6 | fingerprint + normalize (+ scan); + parse and walk for the constants |
 //! | a cold analysis at [`Depth::Tree`] | 26.6 | the above + parse + walk |
 //! | a cache hit | 0.05 | |
-//! | the same shape with other constants ([`Depth::Tree`]) | 1.8 | scan + shape cache hit |
+//! | the same shape with other constants | 1.8 | scan + shape cache hit |
 //!
-//! At [`Depth::Tree`] a text missing from the cache is looked up by its shape (the text with its
-//! constants left out, in `sql/shape.rs`): pgbench's simple protocol, where every text differs, then
-//! costs a scan instead of a parse, without a rule ever seeing another text's verdict.
+//! A text missing from the cache is looked up by its shape (the text with its constants left
+//! out, in `sql/shape.rs`): pgbench's simple protocol, where every text differs, then costs a
+//! scan instead of a parse, without a rule ever seeing another text's verdict. This serves the
+//! admission gate too, which reads every governed statement's fingerprint and tags.
 //!
 //! (`summary`, 3.7 µs, would be cheaper than `parse` but its walker is pg_query's, not ours, and
 //! it does not report where clauses, CONCURRENTLY, row locks or settings.)
@@ -372,7 +373,7 @@ impl Analyzer {
     fn shape_of(&self, text: &str, mode: Mode) -> Option<Shape> {
         let same_scanner = mode.scs == Scs::On || !text.contains('\\');
         let readable = mode.encoding_safe || text.is_ascii();
-        let worth = self.depth == Depth::Tree && text.len() <= MAX_CACHED_TEXT;
+        let worth = text.len() <= MAX_CACHED_TEXT;
         if same_scanner && readable && worth {
             Shape::of(text)
         } else {
@@ -435,7 +436,9 @@ fn read(
     let fingerprint = pg_query::fingerprint(text, options, fingerprint_options)
         .map_err(|_| UncheckedReason::ParseError)?;
     let (reading, constants) = match depth {
-        Depth::Shape => (Reading::Shape, None),
+        // The constants are still read, so that texts differing only in them share one
+        // analysis through the shape cache (this parse is paid once per shape).
+        Depth::Shape => (Reading::Shape, Some(walk_tree(text, options)?.1)),
         Depth::Tree => {
             let (facts, constants) = walk_tree(text, options)?;
             (Reading::Tree(facts), Some(constants))

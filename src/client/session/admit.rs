@@ -22,7 +22,7 @@ use crate::admission::{Answer, SlotGuard};
 use crate::client::govern::parse_context;
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
-    explain_sql, judged_statement, relation_sizes_sql, Judged, PlanKey, PlanSummary, Relation,
+    explain_sql, judged_statement, relation_sizes_sql, PlanKey, PlanSummary, Relation,
 };
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
 use crate::gate::{RefusalReason, Runaway};
@@ -274,21 +274,20 @@ impl Session {
         let context = parse_context(&self.params, !self.link_quiet());
         let analysis = text.map(|t| governance.analyzer.analyze(t.as_bytes(), &context));
         let kind = text.map_or(RequestKind::Statement, RequestKind::of_sql);
-        let judged = match text {
-            Some(t) if kind.waits_for_slot() => judged_statement(t),
-            _ => Judged::MinCharge,
-        };
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
-        let key = fingerprint.map(|f| PlanKey {
-            database: self.pool.key.db.clone(),
-            role: self.user.clone(),
-            fingerprint: f.0,
-            generic: false,
-        });
-        let sql = explain_sql(&judged).filter(|_| key.is_some());
+        let key = fingerprint
+            .filter(|_| kind.waits_for_slot())
+            .map(|f| PlanKey {
+                database: self.pool.key.db.clone(),
+                role: self.user.clone(),
+                fingerprint: f.0,
+                generic: false,
+            });
         let now = Instant::now();
-        let cached = match (&key, &sql) {
-            (Some(k), Some(_)) => keeper.plans().get(k, now),
+        // Only statements that were explained have plans cached: a hit needs no reading.
+        let cached = key.as_ref().and_then(|k| keeper.plans().get(k, now));
+        let sql = match (text, &key, &cached) {
+            (Some(t), Some(_), None) => explain_sql(&judged_statement(t)),
             _ => None,
         };
         let first = self.first_in_line();

@@ -136,6 +136,13 @@ impl<W> Gate<W> {
         }
     }
 
+    /// Whether any ticket waits, in any lane.
+    pub fn has_waiters(&self) -> bool {
+        self.upstreams
+            .values()
+            .any(|u| u.queues().any(|q| q.iter().next().is_some()))
+    }
+
     /// Hands out every slot that can be given now, in every lane (after a debt is paid back,
     /// a release, or a change of limits).
     pub fn dispatch(&mut self, now: Instant, live: impl Fn(&W) -> bool) -> Vec<Granted<W>> {
