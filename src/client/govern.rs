@@ -4,6 +4,7 @@
 //! it (a DO block of fixed text), so the transaction or batch fails exactly as for any error.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
@@ -28,6 +29,24 @@ pub struct RuleCheck<'a> {
     pub client_addr: Option<IpAddr>,
     pub params: &'a ParamSet,
     pub state: &'a mut RuleState,
+    /// The last text the admission gate read, how, and what it found: the same text read
+    /// the same way is not read twice.
+    pub read_before: Option<&'a Analyzed>,
+}
+
+/// A statement text read by the analyzer, with the context it was read in.
+#[derive(Debug)]
+pub struct Analyzed {
+    pub text: Vec<u8>,
+    pub context: ParseContext,
+    pub analysis: Arc<Analysis>,
+}
+
+impl Analyzed {
+    /// The analysis, if `text` was read in `context`.
+    fn of(&self, text: &[u8], context: &ParseContext) -> Option<Arc<Analysis>> {
+        (self.text == text && self.context == *context).then(|| Arc::clone(&self.analysis))
+    }
 }
 
 impl RuleCheck<'_> {
@@ -40,7 +59,10 @@ impl RuleCheck<'_> {
     /// this one, so it is refused.
     pub fn judge(&mut self, text: &[u8], in_flight: bool, pooled: bool) -> Option<RuleHit> {
         let context = self.context(in_flight);
-        let analysis = self.governance.analyzer.analyze(text, &context);
+        let analysis = match self.read_before.and_then(|r| r.of(text, &context)) {
+            Some(analysis) => analysis,
+            None => self.governance.analyzer.analyze(text, &context),
+        };
         if pooled && executes_prepared(&analysis) {
             let hit = RuleHit::unverifiable(
                 "EXECUTE of a SQL-level prepared statement under transaction pooling",

@@ -490,6 +490,7 @@ impl Session {
                 client_addr: self.client_addr,
                 params: &self.params,
                 state: &mut self.rule_state,
+                read_before: self.gate.analyzed.as_ref(),
             });
             let mut ctx = MessageContext {
                 link: &mut *link,

@@ -19,7 +19,7 @@ use bytes::Bytes;
 
 use super::{frame_at, Session, HIGH_WATER};
 use crate::admission::{Answer, SlotGuard};
-use crate::client::govern::parse_context;
+use crate::client::govern::{parse_context, Analyzed};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, PlanKey, PlanSummary, Relation,
@@ -61,6 +61,8 @@ pub(in crate::client) struct GateState {
     pub timed_out: Option<Duration>,
     /// The run time being measured.
     pub timing: Timing,
+    /// The last Query text read, for the rules.
+    pub analyzed: Option<Analyzed>,
     /// The client's stream is inside an extended-protocol batch (a message since its last
     /// Sync): PostgreSQL answers nothing of it before the Sync.
     batch_open: bool,
@@ -273,6 +275,14 @@ impl Session {
         let text = work.text();
         let context = parse_context(&self.params, !self.link_quiet());
         let analysis = text.map(|t| governance.analyzer.analyze(t.as_bytes(), &context));
+        if let (Work::Query(t), Some(a)) = (&work, &analysis) {
+            // The rules read the same Query next: they take this reading if nothing changed.
+            self.gate.analyzed = Some(Analyzed {
+                text: t.as_bytes().to_vec(),
+                context,
+                analysis: Arc::clone(a),
+            });
+        }
         let kind = text.map_or(RequestKind::Statement, RequestKind::of_sql);
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
         let key = fingerprint
