@@ -7,6 +7,8 @@ pub mod hba;
 pub mod secrets;
 pub mod throttle;
 pub mod tls;
+pub mod verify;
+pub mod x509;
 
 use std::sync::{Arc, Mutex};
 
