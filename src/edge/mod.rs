@@ -18,10 +18,10 @@ use crate::config::{AuthType, Config, Settings};
 use caps::{CapLimits, ClientCaps};
 use hba::{Hba, HbaError};
 use secrets::SecretCache;
-use throttle::{LoginThrottle, ThrottleRule};
+use throttle::{LoginThrottle, ThrottleRules};
 use tls::{ClientTls, ServerTls, TlsError};
 
-/// Most (address, role) pairs the throttle remembers.
+/// Most (address, role) pairs, and most addresses, the throttle remembers.
 const THROTTLE_ENTRIES: usize = 65_536;
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,7 @@ impl Edge {
             server_tls: ArcSwap::from_pointee(tls::server_tls(s).map_err(EdgeError::ServerTls)?),
             hba: ArcSwap::from_pointee(load_hba(s)?),
             throttle: Mutex::new(LoginThrottle::new(
-                ThrottleRule::default(),
+                ThrottleRules::default(),
                 THROTTLE_ENTRIES,
             )),
             caps: Arc::new(ClientCaps::default()),
