@@ -57,7 +57,7 @@ pub struct Runtime {
     /// Held while a reload or a console SET reads, changes and installs the configuration,
     /// so one cannot undo the other.
     reconfiguring: Mutex<()>,
-    /// TLS, the hba rules, the login throttle, client caps and auth_query secrets.
+    /// TLS, the hba rules, the login throttle and client caps.
     pub edge: Edge,
 }
 

@@ -44,21 +44,43 @@ fn auth_query_md5_and_scram_end_to_end() {
         "{unknown}"
     );
 
-    // A changed password: the cached secret fails once, is fetched again, and then works.
+    // A changed password counts at the next login: the old one is refused at once, the new
+    // one gets in at once (auth_query runs at each login, as in PgBouncer), also right after
+    // the old one was used.
+    for (user, password) in [("scramuser", "scrampass"), ("md5user", "md5pass")] {
+        assert_eq!(login(&pw, user, Some(password), "app"), Ok(user.into()));
+    }
     pg.sql_in(
         "postgres",
         "SET password_encryption = 'scram-sha-256'; ALTER ROLE scramuser PASSWORD 'newpass'",
     );
-    let _ = login(&pw, "scramuser", Some("newpass"), "app");
+    let old = login(&pw, "scramuser", Some("scrampass"), "app").unwrap_err();
+    assert!(old.contains("password authentication failed"), "{old}");
     assert_eq!(
         login(&pw, "scramuser", Some("newpass"), "app"),
         Ok("scramuser".into()),
         "{}",
         pw.log()
     );
+    pg.sql_in(
+        "postgres",
+        "SET password_encryption = 'md5'; ALTER ROLE md5user PASSWORD 'changed'",
+    );
+    let old = login(&pw, "md5user", Some("md5pass"), "app").unwrap_err();
+    assert!(old.contains("password authentication failed"), "{old}");
+    assert_eq!(
+        login(&pw, "md5user", Some("changed"), "app"),
+        Ok("md5user".into())
+    );
     // Neither passwords nor secrets reach the log.
     let log = pw.log();
-    for secret in ["md5pass", "scrampass", "newpass", "SCRAM-SHA-256$"] {
+    for secret in [
+        "md5pass",
+        "scrampass",
+        "newpass",
+        "changed",
+        "SCRAM-SHA-256$",
+    ] {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");
     }
 }

@@ -178,18 +178,14 @@ async fn authenticate_for(
                 "authentication lookup failed".to_string(),
             ))
         })?;
-    let from_query = matches!(origin, Origin::AuthQuery(_));
-    let result = match (method, &secret) {
+    let from_query = origin == Origin::AuthQuery;
+    match (method, &secret) {
         (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
         (HbaMethod::Md5, Some(Secret::Scram(_))) | (HbaMethod::ScramSha256, _) => {
             scram(io, rt, user, secret.as_ref(), from_query).await
         }
         _ => md5(io, user, secret.as_ref(), from_query).await,
-    };
-    if let (Err(_), Origin::AuthQuery(key)) = (&result, &origin) {
-        rt.edge.secrets.forget(key);
     }
-    result
 }
 
 /// The method for this connection: from `auth_type`, or the first hba line that matches.

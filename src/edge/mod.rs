@@ -17,7 +17,6 @@ use arc_swap::ArcSwap;
 use crate::config::{AuthType, Config, Settings};
 use caps::{CapLimits, ClientCaps};
 use hba::{Hba, HbaError};
-use secrets::SecretCache;
 use throttle::{LoginThrottle, ThrottleRules};
 use tls::{ClientTls, ServerTls, TlsError};
 
@@ -42,7 +41,6 @@ pub struct Edge {
     pub hba: ArcSwap<Option<Hba>>,
     pub throttle: Mutex<LoginThrottle>,
     pub caps: Arc<ClientCaps>,
-    pub secrets: SecretCache,
 }
 
 impl Edge {
@@ -57,7 +55,6 @@ impl Edge {
                 THROTTLE_ENTRIES,
             )),
             caps: Arc::new(ClientCaps::default()),
-            secrets: SecretCache::default(),
         })
     }
 
@@ -76,7 +73,6 @@ impl Edge {
                 "auth_hba_file not reloaded, keeping the running rules: {e}"
             )),
         };
-        self.secrets.clear();
         EdgeReload { tls_kept, hba_kept }
     }
 
