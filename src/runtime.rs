@@ -160,6 +160,11 @@ impl Runtime {
                     .database(&pool.key.db)
                     .is_none_or(|old| connection_changed(&old, &db))
             {
+                tracing::info!(
+                    "{}/{}: database configuration changed, its servers are replaced as they come back",
+                    pool.key.db,
+                    pool.key.user
+                );
                 pool.ops.reconnect(now);
                 pool.close_idle();
             }

@@ -558,3 +558,42 @@ fn a_failed_tls_reload_keeps_both_sides_with_their_modes() {
     assert!(!plain_text_logs_in(&pw));
     assert!(verifies_with(&pw, &second_path), "{}", pw.log());
 }
+
+#[test]
+fn servers_opened_under_other_tls_settings_are_replaced() {
+    let pg = Postgres::start();
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        "auth_type = trust\npool_mode = transaction\n",
+        "",
+    ));
+    let backend = || {
+        let out = psql_at(pw.port, "trustuser", None, "app", "SELECT pg_backend_pid()");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        stdout_of(&out)
+    };
+    let first = backend();
+    assert_eq!(backend(), first, "the idle server is reused");
+    // Unchanged TLS settings keep the server; a changed sslmode replaces it.
+    assert!(console(&pw, "SET server_tls_sslmode = prefer")
+        .status
+        .success());
+    assert_eq!(backend(), first, "{}", pw.log());
+    assert!(console(&pw, "SET server_tls_sslmode = disable")
+        .status
+        .success());
+    let second = backend();
+    assert_ne!(second, first, "{}", pw.log());
+    // The file says prefer (by default): a reload brings it back, and a second changes
+    // nothing.
+    assert!(console(&pw, "RELOAD").status.success());
+    let third = backend();
+    assert_ne!(third, second);
+    assert!(console(&pw, "RELOAD").status.success());
+    assert_eq!(
+        backend(),
+        third,
+        "a reload without TLS changes keeps the server: {}",
+        pw.log()
+    );
+}
