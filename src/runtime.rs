@@ -22,6 +22,14 @@ use crate::policy::PolicyError;
 use crate::pool::{lock, Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
 
+/// What a reload applied only in part: warnings about the files, and why the running TLS
+/// was kept, if it was.
+#[derive(Debug, Default)]
+pub struct Reloaded {
+    pub warnings: Vec<String>,
+    pub tls_kept: Option<String>,
+}
+
 /// Why a reload changed nothing.
 #[derive(Debug, thiserror::Error)]
 pub enum ReloadError {
@@ -50,7 +58,7 @@ pub struct Runtime {
     /// Held while a reload or a console SET reads, changes and installs the configuration,
     /// so one cannot undo the other.
     reconfiguring: Mutex<()>,
-    /// TLS, the hba rules, the login throttle, client caps and auth_query secrets.
+    /// TLS, the hba rules, the login throttle and client caps.
     pub edge: Edge,
     /// The admission gate: tenants' budgets, slots and queues, and the plan cache.
     pub gatekeeper: Arc<Gatekeeper>,
@@ -93,10 +101,12 @@ impl Runtime {
     /// Re-reads the configuration file and the auth file. Everything is read and checked
     /// first; on any error nothing changes and the error (with file and line) is returned.
     /// Pools whose connection settings did not change keep their servers; a changed
-    /// connection string closes the old servers as they are released; new databases appear;
-    /// the pools of removed databases drain. Runtime limits set from the console stay. The
-    /// policy file is read again too.
-    pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
+    /// connection string or server TLS setup closes the old servers as they are released;
+    /// new databases appear; the pools of removed databases drain. Runtime limits set from
+    /// the console stay. The policy file is read again too. TLS that cannot be set up keeps
+    /// the running TLS (both sides, modes and certificates) while the rest applies, as in
+    /// PgBouncer; the answer says so.
+    pub fn reload_parts(&self) -> Result<Reloaded, ReloadError> {
         let _one_at_a_time = lock(&self.reconfiguring);
         let path = self.config.load().path.clone();
         let mut config = crate::config::load(&path)?;
@@ -111,12 +121,23 @@ impl Runtime {
         let governance = Governance::load(&config.settings)?;
         lock(&self.ops.overrides).apply(&mut config);
         let mut warnings = config.warnings.clone();
-        warnings.extend(self.edge.reload(&config.settings));
+        let edge = self.edge.reload(&config.settings);
+        warnings.extend(edge.hba_kept);
         self.gatekeeper
             .configure(governance.as_deref().map(|g| &g.policy));
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
-        Ok(warnings)
+        Ok(Reloaded {
+            warnings,
+            tls_kept: edge.tls_kept,
+        })
+    }
+
+    /// [`Runtime::reload_parts`], with why the TLS was kept (if it was) among the warnings.
+    pub fn reload(&self) -> Result<Vec<String>, ReloadError> {
+        let mut done = self.reload_parts()?;
+        done.warnings.extend(done.tls_kept);
+        Ok(done.warnings)
     }
 
     /// Makes `config` (and `userlist`, if given) the running configuration and brings every
@@ -131,6 +152,7 @@ impl Runtime {
         let now = Instant::now();
         let server_tls = ServerTls::clone(&self.edge.server_tls.load());
         for pool in self.pools.all() {
+            let tls_changed = pool.settings().target.tls.source != server_tls.source;
             let db = config.database(&pool.key.db).filter(|db| {
                 // A pool logs in as its key's user; a forced user that changed makes a new pool.
                 db.user.as_deref().unwrap_or(&pool.key.user) == pool.key.user
@@ -141,10 +163,16 @@ impl Runtime {
                 pool.close_idle();
                 continue;
             };
-            if old_config
-                .database(&pool.key.db)
-                .is_none_or(|old| connection_changed(&old, &db))
+            if tls_changed
+                || old_config
+                    .database(&pool.key.db)
+                    .is_none_or(|old| connection_changed(&old, &db))
             {
+                tracing::info!(
+                    "{}/{}: database configuration changed, its servers are replaced as they come back",
+                    pool.key.db,
+                    pool.key.user
+                );
                 pool.ops.reconnect(now);
                 pool.close_idle();
             }
@@ -173,7 +201,10 @@ impl Runtime {
     }
 
     /// `SET key = value` on the console: a setting of the main section, applied at once.
-    pub fn set_setting(&self, key: &str, value: &str) -> Result<(), String> {
+    /// TLS that cannot be set up with the new value keeps running as it was (both sides,
+    /// modes and certificates): the SET still succeeds, as in PgBouncer, and the answer
+    /// (`Ok`) carries the notice saying why.
+    pub fn set_setting(&self, key: &str, value: &str) -> Result<Vec<String>, String> {
         if Settings::requires_restart(key) {
             return Err(format!("parameter {key} can only be changed by a restart"));
         }
@@ -186,11 +217,11 @@ impl Runtime {
             }
         }
         config.settings.validate()?;
-        let kept = self.edge.reload(&config.settings);
+        let edge = self.edge.reload(&config.settings);
         self.install(config, None);
-        match kept.is_empty() {
-            true => Ok(()),
-            false => Err(kept.join("; ")),
+        match edge.hba_kept {
+            Some(e) => Err(e),
+            None => Ok(edge.tls_kept.into_iter().collect()),
         }
     }
 

@@ -44,21 +44,43 @@ fn auth_query_md5_and_scram_end_to_end() {
         "{unknown}"
     );
 
-    // A changed password: the cached secret fails once, is fetched again, and then works.
+    // A changed password counts at the next login: the old one is refused at once, the new
+    // one gets in at once (auth_query runs at each login, as in PgBouncer), also right after
+    // the old one was used.
+    for (user, password) in [("scramuser", "scrampass"), ("md5user", "md5pass")] {
+        assert_eq!(login(&pw, user, Some(password), "app"), Ok(user.into()));
+    }
     pg.sql_in(
         "postgres",
         "SET password_encryption = 'scram-sha-256'; ALTER ROLE scramuser PASSWORD 'newpass'",
     );
-    let _ = login(&pw, "scramuser", Some("newpass"), "app");
+    let old = login(&pw, "scramuser", Some("scrampass"), "app").unwrap_err();
+    assert!(old.contains("password authentication failed"), "{old}");
     assert_eq!(
         login(&pw, "scramuser", Some("newpass"), "app"),
         Ok("scramuser".into()),
         "{}",
         pw.log()
     );
+    pg.sql_in(
+        "postgres",
+        "SET password_encryption = 'md5'; ALTER ROLE md5user PASSWORD 'changed'",
+    );
+    let old = login(&pw, "md5user", Some("md5pass"), "app").unwrap_err();
+    assert!(old.contains("password authentication failed"), "{old}");
+    assert_eq!(
+        login(&pw, "md5user", Some("changed"), "app"),
+        Ok("md5user".into())
+    );
     // Neither passwords nor secrets reach the log.
     let log = pw.log();
-    for secret in ["md5pass", "scrampass", "newpass", "SCRAM-SHA-256$"] {
+    for secret in [
+        "md5pass",
+        "scrampass",
+        "newpass",
+        "changed",
+        "SCRAM-SHA-256$",
+    ] {
         assert!(!log.contains(secret), "{secret} in the log:\n{log}");
     }
 }
@@ -324,4 +346,58 @@ fn guesses_sent_in_parallel_count_against_the_limit() {
         blocked.contains("too many failed login attempts"),
         "{blocked}"
     );
+}
+
+#[test]
+fn guessing_names_from_one_address_is_throttled_before_any_lookup() {
+    let pg = Postgres::start();
+    common::log_statements_of(&pg, "postgres");
+    let marker = "'guess-marker' = 'guess-marker'";
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &format!(
+            "auth_type = md5\nauth_user = postgres\nauth_dbname = postgres\n\
+             auth_query = SELECT usename, passwd FROM pg_shadow WHERE usename = $1 AND {marker}\n"
+        ),
+        "",
+    ));
+    let lookups = || pg.log().matches(marker).count();
+    // Fifty names, each failing once: far below the limit per role, but each costs a
+    // lookup, so the address as a whole is limited.
+    for i in 0..50 {
+        let mut client = Raw::connect(pw.port);
+        client.send(&raw::startup_packet(
+            PROTOCOL_3_0,
+            &[("user", &format!("guess{i}")), ("database", "app")],
+        ));
+        let msg = client.read_message().expect("an answer");
+        assert_eq!(msg.tag, b'R', "guess {i} refused before its password");
+        client.send(&raw::message(b'p', b"md5wrongwrongwrongwrongwrongwrong\0"));
+        assert_eq!(client.expect_error().code(), "28P01", "guess {i}");
+    }
+    assert!(
+        common::eventually(Duration::from_secs(5), || lookups() >= 50),
+        "{} lookups",
+        lookups()
+    );
+    // Now every name from this address is refused at once, a real one too, without a lookup.
+    for user in ["guess50", "md5user"] {
+        let mut client = Raw::connect(pw.port);
+        let err = client
+            .startup(&[("user", user), ("database", "app")])
+            .unwrap_err();
+        assert_eq!(err.code(), "28000", "{user}");
+        assert!(
+            err.message().contains("from this address"),
+            "{}",
+            err.message()
+        );
+    }
+    let refused = login(&pw, "md5user", Some("md5pass"), "app").unwrap_err();
+    assert!(
+        refused.contains("too many failed login attempts"),
+        "{refused}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(lookups(), 50, "a refused login ran auth_query");
 }

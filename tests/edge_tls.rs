@@ -390,3 +390,210 @@ fn pgward_speaks_tls_to_the_server() {
     let out = psql_at(pw.port, "trustuser", None, "app", "SELECT 1");
     assert!(!out.status.success(), "verified against the wrong CA");
 }
+
+/// Runs `sql` on pgward's console over its Unix socket, as the OS user running it.
+fn console(pw: &Pgward, sql: &str) -> std::process::Output {
+    let socket = pw.socket_dir.display().to_string();
+    std::process::Command::new("psql")
+        .args(["-X", "-w", "-At", "-h", &socket, "-p", &pw.port.to_string()])
+        .args(["-U", "pgbouncer", "-d", "pgbouncer", "-c", sql])
+        .output()
+        .expect("psql")
+}
+
+/// Whether a client verifying pgward against `ca` logs in.
+fn verifies_with(pw: &Pgward, ca: &Path) -> bool {
+    let conn = format!(
+        "dbname=app sslmode=verify-full sslrootcert={}",
+        ca.display()
+    );
+    psql_at(pw.port, "trustuser", None, &conn, "SELECT 1")
+        .status
+        .success()
+}
+
+/// Whether a plain-text client logs in.
+fn plain_text_logs_in(pw: &Pgward) -> bool {
+    psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app sslmode=disable",
+        "SELECT 1",
+    )
+    .status
+    .success()
+}
+
+/// A new CA written as `{name}.crt` in `dir`, and a certificate for localhost it signed.
+fn ca_and_certificate(dir: &Path, name: &str) -> (std::path::PathBuf, Issued) {
+    let ca = Ca::new(&format!("{name} CA"));
+    let path = ca.write(&dir.join(format!("{name}.crt")));
+    let server = ca.issue(dir, &format!("{name}-server"), "localhost", &["127.0.0.1"]);
+    (path, server)
+}
+
+#[test]
+fn console_set_of_tls_settings_applies_like_a_reload() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-set-");
+    let (first_path, old) = ca_and_certificate(dir.path(), "first");
+    let (second_path, new) = ca_and_certificate(dir.path(), "second");
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &tls_settings(&old, &first_path, "require"),
+        "",
+    ));
+    assert!(verifies_with(&pw, &first_path));
+
+    // One setting at a time, as PgBouncer's console takes them: a key that does not match
+    // the certificate yet is accepted with a notice, and the running TLS stays whole.
+    let out = console(
+        &pw,
+        &format!("SET client_tls_key_file = '{}'", new.key.display()),
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(
+        stderr_of(&out).contains("NOTICE") && stderr_of(&out).contains("TLS settings not applied"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(verifies_with(&pw, &first_path), "{}", pw.log());
+    for sql in [
+        format!("SET client_tls_cert_file = '{}'", new.cert.display()),
+        format!("SET client_tls_ca_file = '{}'", second_path.display()),
+    ] {
+        let out = console(&pw, &sql);
+        assert!(out.status.success(), "{sql}: {}", stderr_of(&out));
+        assert!(!stderr_of(&out).contains("NOTICE"), "{}", stderr_of(&out));
+    }
+    assert!(verifies_with(&pw, &second_path), "{}", pw.log());
+    assert!(!verifies_with(&pw, &first_path));
+
+    // The mode too: disable lets plain text in, require refuses it again.
+    assert!(!plain_text_logs_in(&pw));
+    assert!(console(&pw, "SET client_tls_sslmode = disable")
+        .status
+        .success());
+    assert!(plain_text_logs_in(&pw), "{}", pw.log());
+    assert!(console(&pw, "SET client_tls_sslmode = require")
+        .status
+        .success());
+    assert!(!plain_text_logs_in(&pw));
+    assert!(verifies_with(&pw, &second_path));
+}
+
+#[test]
+fn a_failed_tls_reload_keeps_both_sides_with_their_modes() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-reload-");
+    let (first_path, old) = ca_and_certificate(dir.path(), "first");
+    let (second_path, new) = ca_and_certificate(dir.path(), "second");
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        &tls_settings(&old, &first_path, "prefer"),
+        "",
+    ));
+    assert!(plain_text_logs_in(&pw));
+    let running = std::fs::read_to_string(&pw.ini_path).unwrap();
+    let client_side = running
+        .replace(
+            "client_tls_sslmode = prefer",
+            "client_tls_sslmode = require",
+        )
+        .replace(
+            &old.cert.display().to_string(),
+            &new.cert.display().to_string(),
+        )
+        .replace(
+            &old.key.display().to_string(),
+            &new.key.display().to_string(),
+        );
+
+    // The client side alone would load, but the server side cannot: neither changes.
+    let broken = client_side.replace(
+        "[pgbouncer]\n",
+        "[pgbouncer]\nserver_tls_sslmode = verify-ca\nserver_tls_ca_file = /nonexistent/ca.crt\n",
+    );
+    std::fs::write(&pw.ini_path, &broken).unwrap();
+    let out = console(&pw, "RELOAD");
+    assert!(!out.status.success(), "RELOAD reported success");
+    assert!(
+        stderr_of(&out).contains("RELOAD failed"),
+        "{}",
+        stderr_of(&out)
+    );
+    assert!(
+        pw.log().contains("TLS settings not applied"),
+        "{}",
+        pw.log()
+    );
+    assert!(
+        plain_text_logs_in(&pw),
+        "the new mode went in without its side's partner"
+    );
+    assert!(
+        verifies_with(&pw, &first_path),
+        "the new certificate went in"
+    );
+    assert!(!verifies_with(&pw, &second_path));
+    let out = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "app",
+        "SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()",
+    );
+    assert_eq!(
+        stdout_of(&out),
+        "f",
+        "server TLS changed: {}",
+        stderr_of(&out)
+    );
+
+    // Fixed: the whole change applies.
+    std::fs::write(&pw.ini_path, &client_side).unwrap();
+    let out = console(&pw, "RELOAD");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert!(!plain_text_logs_in(&pw));
+    assert!(verifies_with(&pw, &second_path), "{}", pw.log());
+}
+
+#[test]
+fn servers_opened_under_other_tls_settings_are_replaced() {
+    let pg = Postgres::start();
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        "auth_type = trust\npool_mode = transaction\n",
+        "",
+    ));
+    let backend = || {
+        let out = psql_at(pw.port, "trustuser", None, "app", "SELECT pg_backend_pid()");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        stdout_of(&out)
+    };
+    let first = backend();
+    assert_eq!(backend(), first, "the idle server is reused");
+    // Unchanged TLS settings keep the server; a changed sslmode replaces it.
+    assert!(console(&pw, "SET server_tls_sslmode = prefer")
+        .status
+        .success());
+    assert_eq!(backend(), first, "{}", pw.log());
+    assert!(console(&pw, "SET server_tls_sslmode = disable")
+        .status
+        .success());
+    let second = backend();
+    assert_ne!(second, first, "{}", pw.log());
+    // The file says prefer (by default): a reload brings it back, and a second changes
+    // nothing.
+    assert!(console(&pw, "RELOAD").status.success());
+    let third = backend();
+    assert_ne!(third, second);
+    assert!(console(&pw, "RELOAD").status.success());
+    assert_eq!(
+        backend(),
+        third,
+        "a reload without TLS changes keeps the server: {}",
+        pw.log()
+    );
+}

@@ -8,15 +8,24 @@ use bytes::BytesMut;
 use super::parse::Command;
 use super::AdminError;
 use crate::runtime::{LimitTarget, Runtime};
-use crate::wire::{self, sqlstate};
+use crate::wire::{self, sqlstate, ErrorResponse, Severity};
+
+/// The SQLSTATE of a NOTICE that reports no error.
+const SUCCESSFUL_COMPLETION: &str = "00000";
 
 pub fn run(rt: &Arc<Runtime>, cmd: Command, out: &mut BytesMut) -> Result<(), AdminError> {
     match cmd {
         Command::Reload => reload(rt, out),
         Command::Set { key, value } => {
-            rt.set_setting(&key, &value)
+            let notices = rt
+                .set_setting(&key, &value)
                 .map_err(|e| AdminError::protocol(format!("SET failed: {e}")))?;
             tracing::info!("SET {key} = {value}");
+            for n in notices {
+                tracing::warn!("{n}");
+                let notice = ErrorResponse::new(Severity::Notice, SUCCESSFUL_COMPLETION, n);
+                wire::encode_notice(out, &notice);
+            }
             wire::encode_command_complete(out, "SET");
             Ok(())
         }
@@ -27,10 +36,18 @@ pub fn run(rt: &Arc<Runtime>, cmd: Command, out: &mut BytesMut) -> Result<(), Ad
 }
 
 fn reload(rt: &Runtime, out: &mut BytesMut) -> Result<(), AdminError> {
-    match rt.reload() {
-        Ok(warnings) => {
-            for w in warnings {
+    match rt.reload_parts() {
+        Ok(done) => {
+            for w in done.warnings {
                 tracing::warn!("{w}");
+            }
+            if let Some(why) = done.tls_kept {
+                // As PgBouncer: the rest is applied, but the RELOAD reports the failure.
+                tracing::error!("{why}");
+                return Err(AdminError {
+                    code: sqlstate::CONFIG_FILE_ERROR,
+                    message: format!("RELOAD failed, see logs for additional details: {why}"),
+                });
             }
             tracing::info!("configuration reloaded");
             wire::encode_command_complete(out, "RELOAD");

@@ -13,7 +13,7 @@ use crate::config::{AuthType, Secret};
 use crate::edge::caps::{CapGuard, CapRefusal};
 use crate::edge::hba::{HbaMethod, HbaPeer};
 use crate::edge::secrets::{self, Origin};
-use crate::edge::throttle::Attempt;
+use crate::edge::throttle::{Attempt, Blocked};
 use crate::runtime::Runtime;
 use crate::server::Credential;
 use crate::wire::{self, sqlstate, ErrorResponse, ScramSecret, ScramServer};
@@ -74,8 +74,8 @@ pub async fn authenticate(
     throttled(io, rt, &req).await
 }
 
-/// Refuses an address that failed too often as this role, else authenticates and records
-/// the outcome.
+/// Refuses an address that failed too often as this role or as any roles, else
+/// authenticates and records the outcome.
 async fn throttled(
     io: &mut ClientIo,
     rt: &Arc<Runtime>,
@@ -86,22 +86,22 @@ async fn throttled(
         // PostgreSQL reads at most 63 bytes of a name; so does the throttle's memory.
         role: truncate_name(&req.user),
     };
-    let blocked = crate::pool::lock(&rt.edge.throttle).begin(&who, Instant::now());
-    let _attempt = blocked.is_ok().then(|| AttemptUnderWay { rt, who: &who });
-    if blocked.is_err() {
-        return Err(SessionError::Fatal(ErrorResponse::fatal(
-            sqlstate::INVALID_AUTHORIZATION,
-            format!(
-                "too many failed login attempts for user \"{}\" from this address; try again later",
-                req.user
-            ),
-        )));
+    let begun = crate::pool::lock(&rt.edge.throttle).begin(&who, Instant::now());
+    let _attempt = begun.is_ok().then(|| AttemptUnderWay { rt, who: &who });
+    if let Err(blocked) = begun {
+        return Err(throttle_refusal(blocked, &req.user));
     }
     let authed = match authenticate_for(io, rt, req).await {
         Ok(a) => a,
         Err(SessionError::Fatal(e)) if is_auth_failure(&e) => {
-            if crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
-                tracing::warn!(user = %req.user, addr = ?who.addr, "failed logins: address blocked for this user");
+            match crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
+                Some(Blocked::Role { .. }) => {
+                    tracing::warn!(user = %req.user, addr = ?who.addr, "failed logins: address blocked for this user");
+                }
+                Some(Blocked::Address { .. }) => {
+                    tracing::warn!(addr = ?who.addr, "failed logins: address blocked for every user");
+                }
+                None => {}
             }
             return Err(SessionError::Fatal(e));
         }
@@ -109,6 +109,22 @@ async fn throttled(
     };
     crate::pool::lock(&rt.edge.throttle).succeeded(&who);
     Ok(authed)
+}
+
+/// The FATAL 28000 a throttled login gets.
+fn throttle_refusal(blocked: Blocked, user: &str) -> SessionError {
+    let message = match blocked {
+        Blocked::Role { .. } => format!(
+            "too many failed login attempts for user \"{user}\" from this address; try again later"
+        ),
+        Blocked::Address { .. } => {
+            "too many failed login attempts from this address; try again later".to_string()
+        }
+    };
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::INVALID_AUTHORIZATION,
+        message,
+    ))
 }
 
 /// A login attempt counted by the throttle until it ends, however it ends.
@@ -162,18 +178,14 @@ async fn authenticate_for(
                 "authentication lookup failed".to_string(),
             ))
         })?;
-    let from_query = matches!(origin, Origin::AuthQuery(_));
-    let result = match (method, &secret) {
+    let from_query = origin == Origin::AuthQuery;
+    match (method, &secret) {
         (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
         (HbaMethod::Md5, Some(Secret::Scram(_))) | (HbaMethod::ScramSha256, _) => {
             scram(io, rt, user, secret.as_ref(), from_query).await
         }
         _ => md5(io, user, secret.as_ref(), from_query).await,
-    };
-    if let (Err(_), Origin::AuthQuery(key)) = (&result, &origin) {
-        rt.edge.secrets.forget(key);
     }
-    result
 }
 
 /// The method for this connection: from `auth_type`, or the first hba line that matches.

@@ -7,6 +7,8 @@ pub mod hba;
 pub mod secrets;
 pub mod throttle;
 pub mod tls;
+pub mod verify;
+pub mod x509;
 
 use std::sync::{Arc, Mutex};
 
@@ -15,11 +17,10 @@ use arc_swap::ArcSwap;
 use crate::config::{AuthType, Config, Settings};
 use caps::{CapLimits, ClientCaps};
 use hba::{Hba, HbaError};
-use secrets::SecretCache;
-use throttle::{LoginThrottle, ThrottleRule};
+use throttle::{LoginThrottle, ThrottleRules};
 use tls::{ClientTls, ServerTls, TlsError};
 
-/// Most (address, role) pairs the throttle remembers.
+/// Most (address, role) pairs, and most addresses, the throttle remembers.
 const THROTTLE_ENTRIES: usize = 65_536;
 
 #[derive(Debug, thiserror::Error)]
@@ -40,7 +41,6 @@ pub struct Edge {
     pub hba: ArcSwap<Option<Hba>>,
     pub throttle: Mutex<LoginThrottle>,
     pub caps: Arc<ClientCaps>,
-    pub secrets: SecretCache,
 }
 
 impl Edge {
@@ -51,39 +51,65 @@ impl Edge {
             server_tls: ArcSwap::from_pointee(tls::server_tls(s).map_err(EdgeError::ServerTls)?),
             hba: ArcSwap::from_pointee(load_hba(s)?),
             throttle: Mutex::new(LoginThrottle::new(
-                ThrottleRule::default(),
+                ThrottleRules::default(),
                 THROTTLE_ENTRIES,
             )),
             caps: Arc::new(ClientCaps::default()),
-            secrets: SecretCache::default(),
         })
     }
 
-    /// Reads the certificates and the hba file again. A part that fails to load keeps its
-    /// running version; the returned messages say which and why.
-    pub fn reload(&self, s: &Settings) -> Vec<String> {
-        let mut kept = Vec::new();
-        match tls::client_tls(s) {
-            Ok(t) => self.client_tls.store(Arc::new(t)),
-            Err(e) => kept.push(format!(
-                "client TLS not reloaded, keeping the running certificates: {e}"
-            )),
-        }
-        match tls::server_tls(s) {
-            Ok(t) => self.server_tls.store(Arc::new(t)),
-            Err(e) => kept.push(format!(
-                "server TLS not reloaded, keeping the running certificates: {e}"
-            )),
-        }
-        match load_hba(s) {
-            Ok(h) => self.hba.store(Arc::new(h)),
-            Err(e) => kept.push(format!(
+    /// Reads the certificates and the hba file again. TLS changes as a whole, both sides
+    /// with their modes, or not at all (as in PgBouncer): a setup that fails on either side
+    /// keeps the running one, so the mode in force always goes with its certificates. A
+    /// part that fails to load keeps its running version; the answer says which and why.
+    pub fn reload(&self, s: &Settings) -> EdgeReload {
+        let tls_kept = self.reload_tls(s).err();
+        let hba_kept = match load_hba(s) {
+            Ok(h) => {
+                self.hba.store(Arc::new(h));
+                None
+            }
+            Err(e) => Some(format!(
                 "auth_hba_file not reloaded, keeping the running rules: {e}"
             )),
-        }
-        self.secrets.clear();
-        kept
+        };
+        EdgeReload { tls_kept, hba_kept }
     }
+
+    /// Builds both sides' TLS from `s` and installs them together, or keeps both.
+    fn reload_tls(&self, s: &Settings) -> Result<(), String> {
+        let (client, server) = (tls::client_tls(s), tls::server_tls(s));
+        let (client, server) = match (client, server) {
+            (Ok(c), Ok(s)) => (c, s),
+            (client, server) => {
+                let why: Vec<String> = [client.err(), server.err()]
+                    .into_iter()
+                    .flatten()
+                    .map(|e| e.to_string())
+                    .collect();
+                return Err(format!(
+                    "TLS settings not applied, keeping the running certificates and modes \
+                     (client_tls_sslmode = {}, server_tls_sslmode = {}): {}",
+                    tls::mode_name(self.client_tls.load().mode),
+                    tls::mode_name(self.server_tls.load().mode),
+                    why.join("; ")
+                ));
+            }
+        };
+        self.client_tls.store(Arc::new(client));
+        self.server_tls.store(Arc::new(server));
+        Ok(())
+    }
+}
+
+/// What a reload of the edge could not apply, and why; those parts keep running as they
+/// were.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct EdgeReload {
+    /// Both sides' TLS, mode and certificates, stayed as they were.
+    pub tls_kept: Option<String>,
+    /// The hba rules stayed as they were.
+    pub hba_kept: Option<String>,
 }
 
 fn load_hba(s: &Settings) -> Result<Option<Hba>, HbaError> {

@@ -1,19 +1,16 @@
 //! `auth_query`: secrets of users who are not in the auth file, fetched from PostgreSQL
-//! through a pool of `auth_user` and cached. A login that fails with a cached secret drops
-//! it, so the next login fetches it again (a password changed in PostgreSQL takes effect
-//! after one failure).
+//! through a pool of `auth_user` at each login, as PgBouncer does. Nothing is cached: a
+//! password changed with ALTER ROLE takes effect at the next login, and an old one never
+//! gets in. The work this costs the server is bounded by the auth_user pool's size and,
+//! for failing logins, by the throttle, which refuses before any lookup.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use crate::config::{Config, Secret};
-use crate::pool::{lock, PoolError};
+use crate::pool::PoolError;
 use crate::runtime::Runtime;
 use crate::server::ServerError;
-
-/// Most secrets kept; when full the cache starts over.
-const MAX_CACHED: usize = 10_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
@@ -23,14 +20,6 @@ pub enum LookupError {
     Pool(#[from] PoolError),
     #[error("auth_query failed: {0}")]
     Server(#[from] ServerError),
-}
-
-/// Where a user's secret is looked up: the `[databases]` entry whose `auth_*` settings
-/// apply, and the user.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct SecretKey {
-    pub database: String,
-    pub user: String,
 }
 
 /// How to run `auth_query` for one client database.
@@ -62,55 +51,17 @@ pub fn auth_source(config: &Config, database: &str) -> Option<AuthSource> {
     })
 }
 
-/// Fetched secrets.
-#[derive(Debug, Default)]
-pub struct SecretCache {
-    entries: Mutex<HashMap<SecretKey, Secret>>,
-}
-
-impl SecretCache {
-    pub fn get(&self, key: &SecretKey) -> Option<Secret> {
-        lock(&self.entries).get(key).cloned()
-    }
-
-    pub fn put(&self, key: SecretKey, secret: Secret) {
-        let mut entries = lock(&self.entries);
-        if entries.len() >= MAX_CACHED && !entries.contains_key(&key) {
-            entries.clear();
-        }
-        entries.insert(key, secret);
-    }
-
-    /// Drops a secret that failed a login.
-    pub fn forget(&self, key: &SecretKey) {
-        lock(&self.entries).remove(key);
-    }
-
-    /// Drops every secret (a reload).
-    pub fn clear(&self) {
-        lock(&self.entries).clear();
-    }
-
-    pub fn len(&self) -> usize {
-        lock(&self.entries).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-}
-
 /// Where a secret came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
     AuthFile,
-    /// From auth_query (cached or fresh), under this key.
-    AuthQuery(SecretKey),
+    /// From auth_query, just now.
+    AuthQuery,
     Nowhere,
 }
 
 /// The secret of `user` logging in to client database `database`: the auth file's, else
-/// the cached or freshly fetched auth_query result.
+/// what auth_query answers now.
 pub async fn find_secret(
     rt: &Arc<Runtime>,
     database: &str,
@@ -122,18 +73,8 @@ pub async fn find_secret(
     let Some(source) = auth_source(&rt.config.load(), database) else {
         return Ok((None, Origin::Nowhere));
     };
-    let key = SecretKey {
-        database: source.auth_database.clone(),
-        user: user.to_string(),
-    };
-    if let Some(s) = rt.edge.secrets.get(&key) {
-        return Ok((Some(s), Origin::AuthQuery(key)));
-    }
     let fetched = fetch(rt, &source, user).await?;
-    if let Some(s) = &fetched {
-        rt.edge.secrets.put(key.clone(), s.clone());
-    }
-    Ok((fetched, Origin::AuthQuery(key)))
+    Ok((fetched, Origin::AuthQuery))
 }
 
 /// Runs auth_query for `user` on a server of the auth_user pool.
@@ -188,22 +129,5 @@ mod tests {
         assert!(auth_source(&c, "missing").is_none());
         let none = config("[databases]\napp = host=h\n[pgbouncer]\n");
         assert!(auth_source(&none, "app").is_none());
-    }
-
-    #[test]
-    fn cache_forgets_and_stays_bounded() {
-        let cache = SecretCache::default();
-        let key = |u: &str| SecretKey {
-            database: "d".into(),
-            user: u.into(),
-        };
-        cache.put(key("a"), Secret::classify("pw".into()));
-        assert!(cache.get(&key("a")).is_some());
-        cache.forget(&key("a"));
-        assert!(cache.get(&key("a")).is_none());
-        for i in 0..(MAX_CACHED + 10) {
-            cache.put(key(&i.to_string()), Secret::classify("x".into()));
-        }
-        assert!(cache.len() <= MAX_CACHED);
     }
 }

@@ -5,18 +5,19 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
-use rustls::crypto::{verify_tls12_signature, verify_tls13_signature, CryptoProvider};
+use rustls::crypto::CryptoProvider;
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::WebPkiClientVerifier;
-use rustls::{
-    CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, ServerConfig,
-    SignatureScheme, SupportedProtocolVersion,
-};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{ClientConfig, RootCertStore, ServerConfig, SupportedProtocolVersion};
 
+use super::verify::{Anchors, ClientCheck, ServerCheck, ServerPolicy};
+use super::x509::Certificate;
 use crate::config::{Settings, SslMode};
+
+pub use super::x509::common_name;
 
 /// The ALPN protocol name PostgreSQL 17 uses (required for direct TLS).
 pub const ALPN_POSTGRESQL: &[u8] = b"postgresql";
@@ -31,6 +32,13 @@ pub enum TlsError {
     },
     #[error("{setting}: {path} holds no certificate")]
     NoCertificate { setting: &'static str, path: String },
+    #[error("{setting}: {path} holds a certificate that cannot be read")]
+    BadCertificate { setting: &'static str, path: String },
+    #[error("{key}: the key does not match the certificate of {cert}")]
+    KeyMismatch {
+        key: &'static str,
+        cert: &'static str,
+    },
     #[error("{0} is needed for TLS")]
     Missing(&'static str),
     #[error("{setting}: {reason}")]
@@ -50,6 +58,54 @@ pub struct TlsSide<C> {
     pub mode: SslMode,
     /// `None` when the mode is `disable`.
     pub config: Option<Arc<C>>,
+    /// The settings it was built from.
+    pub source: TlsSource,
+}
+
+/// The settings one side's TLS is built from. Servers opened under other settings are
+/// replaced when they come back to their pool, as PgBouncer does.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsSource {
+    pub mode: SslMode,
+    pub protocols: String,
+    pub cert_file: String,
+    pub key_file: String,
+    pub ca_file: String,
+}
+
+impl TlsSource {
+    /// The `client_tls_*` settings.
+    pub fn client(s: &Settings) -> TlsSource {
+        TlsSource {
+            mode: s.client_tls_sslmode,
+            protocols: s.client_tls_protocols.clone(),
+            cert_file: s.client_tls_cert_file.clone(),
+            key_file: s.client_tls_key_file.clone(),
+            ca_file: s.client_tls_ca_file.clone(),
+        }
+    }
+
+    /// The `server_tls_*` settings.
+    pub fn server(s: &Settings) -> TlsSource {
+        TlsSource {
+            mode: s.server_tls_sslmode,
+            protocols: s.server_tls_protocols.clone(),
+            cert_file: s.server_tls_cert_file.clone(),
+            key_file: s.server_tls_key_file.clone(),
+            ca_file: s.server_tls_ca_file.clone(),
+        }
+    }
+
+    /// TLS off.
+    fn disabled() -> TlsSource {
+        TlsSource {
+            mode: SslMode::Disable,
+            protocols: String::new(),
+            cert_file: String::new(),
+            key_file: String::new(),
+            ca_file: String::new(),
+        }
+    }
 }
 
 /// How pgward treats clients' TLS (pgward is the TLS server).
@@ -63,6 +119,7 @@ impl<C> TlsSide<C> {
         TlsSide {
             mode: SslMode::Disable,
             config: None,
+            source: TlsSource::disabled(),
         }
     }
 
@@ -81,6 +138,18 @@ impl<C> fmt::Debug for TlsSide<C> {
     }
 }
 
+/// An sslmode as the configuration file spells it.
+pub fn mode_name(mode: SslMode) -> &'static str {
+    match mode {
+        SslMode::Disable => "disable",
+        SslMode::Allow => "allow",
+        SslMode::Prefer => "prefer",
+        SslMode::Require => "require",
+        SslMode::VerifyCa => "verify-ca",
+        SslMode::VerifyFull => "verify-full",
+    }
+}
+
 fn provider() -> Arc<CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
@@ -91,8 +160,11 @@ pub fn client_tls(s: &Settings) -> Result<ClientTls, TlsError> {
         return Ok(ClientTls::disabled());
     }
     let provider = provider();
-    let certs = read_certs("client_tls_cert_file", &s.client_tls_cert_file)?;
-    let key = read_key("client_tls_key_file", &s.client_tls_key_file)?;
+    let key = certified_key(
+        &provider,
+        ("client_tls_cert_file", &s.client_tls_cert_file),
+        ("client_tls_key_file", &s.client_tls_key_file),
+    )?;
     let versions = protocols("client_tls_protocols", &s.client_tls_protocols)?;
     let verify = matches!(
         s.client_tls_sslmode,
@@ -106,8 +178,9 @@ pub fn client_tls(s: &Settings) -> Result<ClientTls, TlsError> {
         }
         builder.with_no_client_auth()
     } else {
-        let roots = read_roots("client_tls_ca_file", &s.client_tls_ca_file)?;
-        let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider);
+        let (roots, anchors) = read_roots("client_tls_ca_file", &s.client_tls_ca_file)?;
+        let verifier =
+            WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider.clone());
         // Below verify-ca a certificate is optional, but one that is offered is checked, so
         // auth_type = cert never sees an unchecked name.
         let verifier = if verify {
@@ -118,13 +191,15 @@ pub fn client_tls(s: &Settings) -> Result<ClientTls, TlsError> {
         let verifier = verifier
             .build()
             .map_err(|e| TlsError::Verifier(e.to_string()))?;
-        builder.with_client_cert_verifier(verifier)
+        let algs = provider.signature_verification_algorithms;
+        builder.with_client_cert_verifier(Arc::new(ClientCheck::new(verifier, anchors, algs)))
     };
-    let mut config = builder.with_single_cert(certs, key)?;
+    let mut config = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(key)));
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     Ok(ClientTls {
         mode: s.client_tls_sslmode,
         config: Some(Arc::new(config)),
+        source: TlsSource::client(s),
     })
 }
 
@@ -137,21 +212,11 @@ pub fn server_tls(s: &Settings) -> Result<ServerTls, TlsError> {
     let versions = protocols("server_tls_protocols", &s.server_tls_protocols)?;
     let builder =
         ClientConfig::builder_with_provider(provider.clone()).with_protocol_versions(&versions)?;
-    let chain = match s.server_tls_sslmode {
-        SslMode::VerifyCa | SslMode::VerifyFull => {
-            if s.server_tls_ca_file.is_empty() {
-                return Err(TlsError::Missing("server_tls_ca_file"));
-            }
-            let roots = read_roots("server_tls_ca_file", &s.server_tls_ca_file)?;
-            let webpki =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-                    .build()
-                    .map_err(|e| TlsError::Verifier(e.to_string()))?;
-            Some((webpki, s.server_tls_sslmode == SslMode::VerifyFull))
-        }
-        _ => None,
-    };
-    let verifier = Arc::new(ServerCheck { provider, chain });
+    let policy = server_policy(s, &provider)?;
+    let verifier = Arc::new(ServerCheck::new(
+        policy,
+        provider.signature_verification_algorithms,
+    ));
     let builder = builder
         .dangerous()
         .with_custom_certificate_verifier(verifier);
@@ -161,16 +226,67 @@ pub fn server_tls(s: &Settings) -> Result<ServerTls, TlsError> {
     ) {
         (true, true) => builder.with_no_client_auth(),
         _ => {
-            let certs = read_certs("server_tls_cert_file", &s.server_tls_cert_file)?;
-            let key = read_key("server_tls_key_file", &s.server_tls_key_file)?;
-            builder.with_client_auth_cert(certs, key)?
+            let key = certified_key(
+                &provider,
+                ("server_tls_cert_file", &s.server_tls_cert_file),
+                ("server_tls_key_file", &s.server_tls_key_file),
+            )?;
+            builder.with_client_cert_resolver(Arc::new(SingleCertAndKey::from(key)))
         }
     };
     config.alpn_protocols = vec![ALPN_POSTGRESQL.to_vec()];
     Ok(ServerTls {
         mode: s.server_tls_sslmode,
         config: Some(Arc::new(config)),
+        source: TlsSource::server(s),
     })
+}
+
+/// What `server_tls_sslmode` checks of a server's certificate.
+fn server_policy(s: &Settings, provider: &Arc<CryptoProvider>) -> Result<ServerPolicy, TlsError> {
+    let names = match s.server_tls_sslmode {
+        SslMode::VerifyCa => false,
+        SslMode::VerifyFull => true,
+        _ => return Ok(ServerPolicy::Unchecked),
+    };
+    if s.server_tls_ca_file.is_empty() {
+        return Err(TlsError::Missing("server_tls_ca_file"));
+    }
+    let (roots, anchors) = read_roots("server_tls_ca_file", &s.server_tls_ca_file)?;
+    let webpki = WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
+        .build()
+        .map_err(|e| TlsError::Verifier(e.to_string()))?;
+    Ok(match names {
+        true => ServerPolicy::ChainAndName { webpki, anchors },
+        false => ServerPolicy::Chain { webpki, anchors },
+    })
+}
+
+/// Reads a certificate chain and its private key, and checks that the key is the
+/// certificate's. The certificate itself is not judged: it is what the peer checks (an
+/// X.509 version 1 certificate is fine here, as it is for OpenSSL).
+fn certified_key(
+    provider: &CryptoProvider,
+    (cert_setting, cert_path): (&'static str, &str),
+    (key_setting, key_path): (&'static str, &str),
+) -> Result<CertifiedKey, TlsError> {
+    let certs = read_certs(cert_setting, cert_path)?;
+    let key = read_key(key_setting, key_path)?;
+    let signer = provider.key_provider.load_private_key(key)?;
+    let first = certs.first().and_then(|c| Certificate::parse(c));
+    let Some(first) = first else {
+        return Err(TlsError::BadCertificate {
+            setting: cert_setting,
+            path: cert_path.to_string(),
+        });
+    };
+    if signer.public_key().is_some_and(|spki| *spki != *first.spki) {
+        return Err(TlsError::KeyMismatch {
+            key: key_setting,
+            cert: cert_setting,
+        });
+    }
+    Ok(CertifiedKey::new(certs, signer))
 }
 
 fn file_error(setting: &'static str, path: &str, reason: impl fmt::Display) -> TlsError {
@@ -205,12 +321,17 @@ fn read_key(setting: &'static str, path: &str) -> Result<PrivateKeyDer<'static>,
     PrivateKeyDer::from_pem_file(Path::new(path)).map_err(|e| file_error(setting, path, e))
 }
 
-fn read_roots(setting: &'static str, path: &str) -> Result<RootCertStore, TlsError> {
+/// The CA file as webpki's trust anchors, and as read (for the certificates webpki
+/// declines, checked in [`super::verify`]).
+fn read_roots(setting: &'static str, path: &str) -> Result<(RootCertStore, Anchors), TlsError> {
+    let certs = read_certs(setting, path)?;
     let mut roots = RootCertStore::empty();
-    for cert in read_certs(setting, path)? {
-        roots.add(cert).map_err(|e| file_error(setting, path, e))?;
+    for cert in &certs {
+        roots
+            .add(cert.clone())
+            .map_err(|e| file_error(setting, path, e))?;
     }
-    Ok(roots)
+    Ok((roots, certs.into()))
 }
 
 /// The TLS versions a `*_tls_protocols` value allows, of those rustls offers (1.2 and 1.3):
@@ -262,144 +383,6 @@ pub fn protocols(
     Ok(out)
 }
 
-/// How a server's certificate is checked. prefer and require check nothing but the
-/// handshake signature (libpq's sslmode=require); verify-ca also checks the chain against
-/// `server_tls_ca_file`; verify-full also the host name.
-#[derive(Debug)]
-struct ServerCheck {
-    provider: Arc<CryptoProvider>,
-    /// The chain verifier and whether the host name is checked too.
-    chain: Option<(Arc<WebPkiServerVerifier>, bool)>,
-}
-
-impl ServerCertVerifier for ServerCheck {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        ocsp: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        let Some((chain, check_name)) = &self.chain else {
-            return Ok(ServerCertVerified::assertion());
-        };
-        match chain.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
-            Err(rustls::Error::InvalidCertificate(
-                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
-            )) if !check_name => Ok(ServerCertVerified::assertion()),
-            other => other,
-        }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
-}
-
-/// The first commonName (OID 2.5.4.3) in the subject of a DER certificate.
-pub fn common_name(der: &[u8]) -> Option<String> {
-    let (_, cert, _) = der_item(der, 0x30)?;
-    let (_, tbs, _) = der_item(cert, 0x30)?;
-    let mut rest = tbs;
-    if rest.first() == Some(&0xa0) {
-        rest = der_any(rest)?.2;
-    }
-    // serialNumber, signature, issuer, validity
-    for _ in 0..4 {
-        rest = der_any(rest)?.2;
-    }
-    let (_, mut subject, _) = der_item(rest, 0x30)?;
-    while !subject.is_empty() {
-        let (_, set, next) = der_item(subject, 0x31)?;
-        subject = next;
-        let mut attrs = set;
-        while !attrs.is_empty() {
-            let (_, attr, after) = der_item(attrs, 0x30)?;
-            attrs = after;
-            let (_, oid, value) = der_item(attr, 0x06)?;
-            if oid == [0x55, 0x04, 0x03] {
-                let (tag, text, _) = der_any(value)?;
-                return decode_string(tag, text);
-            }
-        }
-    }
-    None
-}
-
-fn decode_string(tag: u8, bytes: &[u8]) -> Option<String> {
-    match tag {
-        // BMPString: UTF-16 big-endian.
-        0x1e => {
-            let units: Vec<u16> = bytes
-                .chunks_exact(2)
-                .map(|c| u16::from_be_bytes([c[0], c[1]]))
-                .collect();
-            String::from_utf16(&units).ok()
-        }
-        _ => String::from_utf8(bytes.to_vec()).ok(),
-    }
-}
-
-/// One DER element with the expected tag: (tag, contents, what follows).
-fn der_item(input: &[u8], tag: u8) -> Option<(u8, &[u8], &[u8])> {
-    der_any(input).filter(|(t, _, _)| *t == tag)
-}
-
-/// One DER element: (tag, contents, what follows). Lengths are checked against the input.
-fn der_any(input: &[u8]) -> Option<(u8, &[u8], &[u8])> {
-    let (&tag, rest) = input.split_first()?;
-    let (&first, rest) = rest.split_first()?;
-    let (len, rest) = if first < 0x80 {
-        (usize::from(first), rest)
-    } else {
-        let n = usize::from(first & 0x7f);
-        if n == 0 || n > 4 || rest.len() < n {
-            return None;
-        }
-        let (bytes, rest) = rest.split_at(n);
-        let len = bytes
-            .iter()
-            .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
-        (len, rest)
-    };
-    if rest.len() < len {
-        return None;
-    }
-    let (contents, after) = rest.split_at(len);
-    Some((tag, contents, after))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -412,36 +395,5 @@ mod tests {
         assert_eq!(protocols("p", "all,!tlsv1.2").unwrap().len(), 1);
         assert!(protocols("p", "tlsv1.0,tlsv1.1").is_err());
         assert!(protocols("p", "sslv3").is_err());
-    }
-
-    #[test]
-    fn common_name_of_generated_certificates() {
-        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::OrganizationName, "pgward");
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "alice");
-        let key = rcgen::KeyPair::generate().unwrap();
-        let cert = params.self_signed(&key).unwrap();
-        assert_eq!(common_name(cert.der()).as_deref(), Some("alice"));
-        // No common name at all.
-        let params = rcgen::CertificateParams::new(vec!["x".into()]).unwrap();
-        let mut params = params;
-        params.distinguished_name = rcgen::DistinguishedName::new();
-        let cert = params.self_signed(&key).unwrap();
-        assert_eq!(common_name(cert.der()), None);
-    }
-
-    #[test]
-    fn garbage_is_no_name() {
-        assert_eq!(common_name(&[]), None);
-        assert_eq!(common_name(&[0x30, 0x84, 0xff, 0xff, 0xff, 0xff]), None);
-        assert_eq!(common_name(&[0x30, 0x02, 0x30, 0x00]), None);
-        for len in 0..64u8 {
-            let bytes: Vec<u8> = (0..len).map(|i| i.wrapping_mul(37)).collect();
-            let _ = common_name(&bytes);
-        }
     }
 }
