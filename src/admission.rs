@@ -24,6 +24,33 @@ pub enum Answer {
     Refused(Option<Pass>, Refusal),
 }
 
+/// The names of pgward's own statements, portals and savepoint on servers, with a random
+/// part chosen at start, so that no client can take one of them first. Each pair is
+/// (name, SQL) where it runs a fixed statement.
+#[derive(Debug)]
+pub struct OwnNames {
+    pub explain: String,
+    pub sizes: String,
+    pub savepoint: (String, String),
+    pub release: (String, String),
+    pub rollback: (String, String),
+}
+
+impl OwnNames {
+    fn new() -> OwnNames {
+        let tag: u64 = rand::random();
+        let name = |what: &str| format!("pgward_{what}_{tag:016x}");
+        let point = name("point");
+        OwnNames {
+            explain: name("explain"),
+            sizes: name("sizes"),
+            savepoint: (name("savepoint"), format!("SAVEPOINT {point}")),
+            release: (name("release"), format!("RELEASE SAVEPOINT {point}")),
+            rollback: (name("rollback"), format!("ROLLBACK TO SAVEPOINT {point}")),
+        }
+    }
+}
+
 /// The gate, its plan cache, and the clock's wake-up call.
 #[derive(Debug)]
 pub struct Gatekeeper {
@@ -34,6 +61,8 @@ pub struct Gatekeeper {
     /// Each statement's usual run time (a moving average), by plan key.
     times: Mutex<HashMap<PlanKey, Duration>>,
     wake: Notify,
+    /// pgward's own names on servers.
+    pub own: Arc<OwnNames>,
 }
 
 /// Weight of the newest run in a statement's usual time.
@@ -52,6 +81,7 @@ impl Gatekeeper {
             sizes: Mutex::new(HashMap::new()),
             times: Mutex::new(HashMap::new()),
             wake: Notify::new(),
+            own: Arc::new(OwnNames::new()),
         })
     }
 

@@ -766,3 +766,277 @@ max_scan_rows = 50000
         started.elapsed()
     );
 }
+
+/// Pricing that must not be dodged: statement names, failed transactions, shadowed
+/// functions, pgward's own names, deep expressions, and a client that keeps sending.
+mod dodges {
+    use super::*;
+    use common::raw::{
+        bind_message, execute_message, parse_message, query_message, sync_message, Raw,
+    };
+
+    fn raw(f: &Fixture, user: &str) -> Raw {
+        let mut raw = Raw::connect(f.pw.port);
+        raw.startup(&[("user", user), ("database", "app")])
+            .expect("login");
+        raw
+    }
+
+    fn read_to_ready_within(raw: &mut Raw, wait: Duration) -> Result<String, String> {
+        let deadline = Instant::now() + wait;
+        let mut tags = String::new();
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match raw.read_message_within(left) {
+                Ok(m) => {
+                    tags.push(m.tag as char);
+                    if m.tag == b'E' {
+                        let f = common::raw::Fields::parse(&m.body);
+                        tags.push_str(&format!("[{}]", f.code()));
+                    }
+                    if m.tag == b'D' {
+                        tags.push_str(&format!("[{}]", String::from_utf8_lossy(&m.body[6..])));
+                    }
+                    if m.tag == b'Z' {
+                        return Ok(tags);
+                    }
+                }
+                Err(e) => return Err(format!("{e:?} after {tags}")),
+            }
+        }
+    }
+
+    fn run(r: &mut Raw, bytes: Vec<u8>) -> String {
+        r.send(&bytes);
+        read_to_ready_within(r, Duration::from_secs(10)).unwrap()
+    }
+
+    fn pbe(name: &str, sql: &str) -> Vec<u8> {
+        let mut m = parse_message(name, sql);
+        m.extend(bind_message(name));
+        m.extend(execute_message());
+        m
+    }
+
+    /// A first Parse of a name that fails leaves the name free; a later Parse of that name
+    /// is priced as its own text.
+    #[test]
+    fn a_failed_first_parse_does_not_price_the_name_later() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut p = parse_message("s1", "SELECT count(*) FROM no_such_table");
+        p.extend(sync_message());
+        let first = run(&mut r, p);
+        assert!(first.contains("42P01"), "{first}");
+        let mut m = pbe("s1", FULL_READ);
+        m.extend(sync_message());
+        let got = run(&mut r, m);
+        assert!(got.contains("54000"), "the full read ran unpriced: {got}");
+    }
+
+    /// The same through DEALLOCATE: the name is priced as what it names now.
+    #[test]
+    fn deallocate_then_reparse_is_priced_as_the_new_text() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut p = parse_message("s1", "SELECT 1");
+        p.extend(sync_message());
+        println!("{}", run(&mut r, p));
+        println!("{}", run(&mut r, query_message("DEALLOCATE s1")));
+        let mut m = pbe("s1", FULL_READ);
+        m.extend(sync_message());
+        let got = run(&mut r, m);
+        assert!(
+            got.contains("54000"),
+            "the full read ran priced as SELECT 1: {got}"
+        );
+    }
+
+    const BUDGET: &str = "[tenants.acme]\nroles = [\"trustuser\"]\nrate = 1\nburst = 100\n\
+                          when_over = \"reject\"\n";
+
+    /// A full read run unpriced in a pipeline is charged once the pipeline is answered, so
+    /// the next read is refused.
+    #[test]
+    fn a_deferred_read_is_charged() {
+        let f = Fixture::start(BUDGET);
+        let mut r = raw(&f, "trustuser");
+        let mut m = pbe("", "SELECT 1");
+        m.extend(pbe("", FULL_READ));
+        m.extend(sync_message());
+        println!("{}", run(&mut r, m));
+        let got = run(&mut r, query_message(FULL_READ));
+        assert!(got.contains("53000"), "{got}");
+    }
+
+    /// A deferred read inside a transaction block that fails later in the pipeline cannot be
+    /// priced afterwards: it pays a whole burst.
+    #[test]
+    fn a_deferred_read_in_a_failed_transaction_is_still_charged() {
+        let f = Fixture::start(BUDGET);
+        let mut r = raw(&f, "trustuser");
+        println!("{}", run(&mut r, query_message("BEGIN")));
+        let mut m = pbe("", "SELECT 1");
+        m.extend(pbe("", FULL_READ));
+        m.extend(pbe("", "SELECT 1/0"));
+        m.extend(sync_message());
+        let got = run(&mut r, m);
+        assert!(got.contains("D[100000]"), "{got}");
+        println!("{}", run(&mut r, query_message("ROLLBACK")));
+        let got = run(&mut r, query_message(FULL_READ));
+        assert!(
+            got.contains("53000"),
+            "the pipelined read was never charged: {got}"
+        );
+    }
+
+    /// A deferred read of an object the same batch drops cannot be priced afterwards: it
+    /// pays a whole burst.
+    #[test]
+    fn a_deferred_read_of_a_dropped_view_is_still_charged() {
+        let f = Fixture::start(BUDGET);
+        let mut r = raw(&f, "trustuser");
+        let mut m = pbe("", "CREATE TEMP VIEW v AS SELECT * FROM big");
+        m.extend(pbe("", "SELECT count(*) FROM v"));
+        m.extend(pbe("", "DROP VIEW v"));
+        m.extend(sync_message());
+        let got = run(&mut r, m);
+        assert!(got.contains("D[100000]"), "{got}");
+        let got = run(&mut r, query_message(FULL_READ));
+        assert!(
+            got.contains("53000"),
+            "the pipelined read was never charged: {got}"
+        );
+    }
+
+    /// A client cursor named like pgward's EXPLAIN portal takes nothing of pgward's: its
+    /// own names carry a part chosen at random.
+    #[test]
+    fn a_cursor_named_pgward_explain_does_not_bypass_max_cost() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        println!("{}", run(&mut r, query_message("BEGIN")));
+        println!(
+            "{}",
+            run(
+                &mut r,
+                query_message("DECLARE pgward_explain CURSOR FOR SELECT 1")
+            )
+        );
+        let got = run(&mut r, query_message(FULL_READ));
+        println!("{}", run(&mut r, query_message("ROLLBACK")));
+        assert!(got.contains("54000"), "the full read ran unpriced: {got}");
+    }
+
+    /// pgward's table-size query names pg_catalog's functions, whatever the client's
+    /// search_path; inside a transaction block any failure of pgward's own is rolled back
+    /// to its savepoint, and the session goes on.
+    #[test]
+    fn a_shadowed_function_in_a_block_does_not_end_the_session() {
+        let f = Fixture::start("[gate]\nmax_scan_rows = 1000000000\n");
+        f.pg.sql_in(
+            "app",
+            "CREATE FUNCTION public.decode(text, text) RETURNS bytea LANGUAGE plpgsql AS \
+             $$BEGIN RAISE EXCEPTION 'shadowed'; END$$",
+        );
+        let mut r = raw(&f, "postgres");
+        println!("{}", run(&mut r, query_message("BEGIN")));
+        println!(
+            "{}",
+            run(
+                &mut r,
+                query_message("SET LOCAL search_path = public, pg_catalog")
+            )
+        );
+        r.send(&query_message(FULL_READ));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        assert!(
+            got.as_deref().is_ok_and(|g| g.contains("D[100000]")),
+            "the read inside the block: {got:?}"
+        );
+    }
+
+    /// The same shadowing outside a block: the sizes are still read, and max_scan_rows
+    /// applies.
+    #[test]
+    fn a_shadowed_decode_does_not_bypass_max_scan_rows() {
+        let f = Fixture::start("[gate]\nmax_scan_rows = 50000\n");
+        f.pg.sql_in(
+            "app",
+            "CREATE FUNCTION public.decode(text, text) RETURNS bytea LANGUAGE sql AS \
+             $$SELECT '\\x00'::bytea$$",
+        );
+        let mut r = raw(&f, "trustuser");
+        println!(
+            "{}",
+            run(
+                &mut r,
+                query_message("SET search_path = public, pg_catalog")
+            )
+        );
+        let got = run(
+            &mut r,
+            query_message("SELECT count(*) FROM big WHERE pad = 'none'"),
+        );
+        assert!(got.contains("54000"), "read in full unrefused: {got}");
+    }
+
+    /// Without rules the analyzer reads at Depth::Shape: a deep expression (60 terms) whose
+    /// tree the decoder refuses is still read, not refused as unchecked.
+    #[test]
+    fn a_deep_expression_is_not_refused_as_unchecked() {
+        let f = Fixture::start("[gate]\nmax_cost = 1000000\n");
+        let expr = vec!["id"; 60].join(" + ");
+        let sql = format!("SELECT {expr} FROM small WHERE id = 1");
+        let mut r = raw(&f, "trustuser");
+        r.send(&query_message(&sql));
+        let m = r.read_message().unwrap();
+        let f2 = common::raw::Fields::parse(&m.body);
+        assert_eq!(m.tag, b'T', "refused: {} {}", f2.code(), f2.message());
+    }
+
+    /// While a request is held (its price unknown, the server busy with the one before),
+    /// the session stops reading the client once its buffer is full.
+    #[test]
+    fn a_held_request_does_not_stop_reading_the_client() {
+        let f = Fixture::start("[gate]\nmax_cost = 100000000\n");
+        let mut r = raw(&f, "trustuser");
+        let mut m = query_message("SELECT pg_sleep(5)");
+        m.extend(query_message("SELECT 2"));
+        r.send(&m);
+        std::thread::sleep(Duration::from_millis(300));
+        let rss = |pid: u32| -> u64 {
+            let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+            let line = s
+                .lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .unwrap()
+                .to_string();
+            line.split_whitespace().nth(1).unwrap().parse().unwrap()
+        };
+        let before = rss(f.pw.pid());
+        let one = query_message("SELECT 3");
+        let chunk: Vec<u8> = one
+            .iter()
+            .copied()
+            .cycle()
+            .take(one.len() * 100_000)
+            .collect();
+        let written = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = written.clone();
+        std::thread::spawn(move || {
+            for _ in 0..40 {
+                r.send(&chunk);
+                count.fetch_add(chunk.len(), std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        let sent = written.load(std::sync::atomic::Ordering::SeqCst);
+        let after = rss(f.pw.pid());
+        println!("client wrote {sent} bytes; pgward RSS {before} kB -> {after} kB");
+        assert!(
+            sent < 16 << 20,
+            "pgward read {sent} bytes from a held client: RSS {before} kB -> {after} kB"
+        );
+    }
+}

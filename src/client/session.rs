@@ -288,7 +288,9 @@ impl Session {
         if let Err(e) = flush(&mut io.stream, &mut self.to_client, cx) {
             return Poll::Ready(Err(e.into()));
         }
-        if self.to_server.len() < HIGH_WATER {
+        // While messages are held, what the client sends waits in the read buffer: bounded.
+        let held_full = self.held && io.rbuf.len() >= HIGH_WATER;
+        if self.to_server.len() < HIGH_WATER && !held_full {
             reserve_for_frame(&mut io.rbuf);
             match poll_read_buf(Pin::new(&mut io.stream), cx, &mut io.rbuf) {
                 Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
@@ -766,6 +768,7 @@ impl Session {
     /// Gives the server back, once no cancel for it is still on its way.
     async fn release(&mut self) {
         self.gate.slot = None;
+        self.gate.abandon_deferred(&self.rt.gatekeeper);
         let Some(mut link) = self.link.take() else {
             return;
         };
@@ -791,6 +794,7 @@ impl Session {
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
         self.gate.slot = None;
+        self.gate.abandon_deferred(&self.rt.gatekeeper);
         self.gate.timing = admit::Timing::Idle;
         if let Some(mut link) = self.link.take() {
             link.server.poison();

@@ -98,7 +98,8 @@ pub fn relation_sizes_sql(relations: &[super::Relation]) -> Option<String> {
         .map(|r| format!("({}, {})", hex_name(&r.schema), hex_name(&r.name)))
         .collect();
     Some(format!(
-        "SELECT n.nspname::text, c.relname::text, c.reltuples::float8 \
+        "SELECT n.nspname::pg_catalog.text, c.relname::pg_catalog.text, \
+         c.reltuples::pg_catalog.float8 \
          FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
          WHERE (n.nspname, c.relname) IN ({})",
         pairs.join(", ")
@@ -107,7 +108,7 @@ pub fn relation_sizes_sql(relations: &[super::Relation]) -> Option<String> {
 
 fn hex_name(s: &str) -> String {
     let hex: String = s.bytes().map(|b| format!("{b:02x}")).collect();
-    format!("convert_from(decode('{hex}', 'hex'), 'UTF8')::name")
+    format!("pg_catalog.convert_from(pg_catalog.decode('{hex}', 'hex'), 'UTF8')::pg_catalog.name")
 }
 
 #[derive(Clone, Copy, Debug)]

@@ -438,7 +438,8 @@ fn read(
     let (reading, constants) = match depth {
         // The constants are still read, so that texts differing only in them share one
         // analysis through the shape cache (this parse is paid once per shape).
-        Depth::Shape => (Reading::Shape, Some(walk_tree(text, options)?.1)),
+        // A tree too deep for the decoder leaves the text to the cache by exact text.
+        Depth::Shape => (Reading::Shape, walk_tree(text, options).ok().map(|t| t.1)),
         Depth::Tree => {
             let (facts, constants) = walk_tree(text, options)?;
             (Reading::Tree(facts), Some(constants))

@@ -498,3 +498,23 @@ fn bench() {
     });
     time("cache hit", &|_| drop(tree.analyze(sql.as_bytes(), &ctx)));
 }
+
+/// Review: at Depth::Shape the analyzer now needs pg_query's protobuf tree (for the
+/// constants); a text the fingerprint reads but whose tree is too deep for the protobuf
+/// decoder loses its fingerprint and becomes unchecked.
+#[test]
+fn shape_depth_keeps_the_fingerprint_of_a_deep_expression() {
+    for terms in [30usize, 45, 60, 120] {
+        let expr = vec!["a"; terms].join(" + ");
+        let sql = format!("SELECT {expr} FROM t");
+        let a = Analyzer::new(Depth::Shape, 16)
+            .analyze(sql.as_bytes(), &ParseContext::server_defaults());
+        println!(
+            "{terms} terms: {:?} {:?}",
+            a.fingerprint.is_some(),
+            a.reading
+        );
+        assert!(a.fingerprint.is_some(), "{terms} terms: {:?}", a.reading);
+        assert_eq!(a.reading, Reading::Shape, "{terms} terms");
+    }
+}

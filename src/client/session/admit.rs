@@ -32,11 +32,6 @@ use crate::runtime::Runtime;
 use crate::server::{OwnStatement, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
 
-/// pgward's savepoint around an EXPLAIN inside a transaction block.
-const SAVEPOINT: &str = "SAVEPOINT pgward_explain";
-const RELEASE: &str = "RELEASE SAVEPOINT pgward_explain";
-const ROLLBACK_TO: &str = "ROLLBACK TO SAVEPOINT pgward_explain";
-
 /// Parses remembered per session, to price the Binds of their statements.
 const MAX_PARSED: usize = 10_000;
 
@@ -50,8 +45,12 @@ pub(in crate::client) struct GateState {
     pub verdicts: VecDeque<Option<RuleHit>>,
     /// Bytes at the front of the client's read buffer that passed the gate.
     gated: usize,
-    /// The text and parameter types of the client's Parses, by statement name.
-    parsed: HashMap<Bytes, Arc<Parsed>>,
+    /// The Parses that passed the gate and may not have gone out yet, by statement name.
+    pending: HashMap<Bytes, Arc<Parsed>>,
+    /// The last unnamed statement the client parsed.
+    unnamed: Option<Arc<Parsed>>,
+    /// Session pooling (no statement map): the first text of each name.
+    session_named: HashMap<Bytes, Arc<Parsed>>,
     /// The time limits of the tenant of the last request admitted.
     pub limits: TenantTimeouts,
     /// That tenant.
@@ -100,6 +99,19 @@ pub(in crate::client) enum Timing {
 }
 
 impl GateState {
+    /// The session ends (or loses its server) with requests still unpriced: each pays as
+    /// much as its tenant may save up.
+    pub fn abandon_deferred(&mut self, keeper: &crate::admission::Gatekeeper) {
+        if self.deferred.is_empty() {
+            return;
+        }
+        let mut gate = keeper.lock();
+        for d in self.deferred.drain(..) {
+            let units = gate.unknown_price(&d.tenant);
+            gate.charge_after(&d.tenant, units, Instant::now());
+        }
+    }
+
     /// Requests ran unpriced and wait to be priced.
     pub fn has_deferred(&self) -> bool {
         !self.deferred.is_empty()
@@ -115,6 +127,10 @@ impl GateState {
     /// `n` gated bytes went to the server.
     pub fn consumed(&mut self, n: usize) {
         self.gated = self.gated.saturating_sub(n);
+        if self.gated == 0 {
+            // Every Parse that passed the gate has gone out: the statement map knows them.
+            self.pending.clear();
+        }
     }
 }
 
@@ -170,6 +186,10 @@ impl Session {
         let Some(governance) = self.rt.governance.load_full().as_ref().clone() else {
             return Ok(len);
         };
+        if self.gate.gated == 0 {
+            // Everything gated so far has gone out: the server's view of the batch is exact.
+            self.gate.batch_open = self.link.as_ref().is_some_and(|l| l.expected.batch_open());
+        }
         while let Some((tag, mlen)) = frame_at(&io.rbuf[..len], self.gate.gated) {
             let start = self.gate.gated;
             let body = Bytes::copy_from_slice(&io.rbuf[start + 5..start + 1 + mlen]);
@@ -195,7 +215,7 @@ impl Session {
             }
             match tag {
                 b'S' => self.gate.batch_open = false,
-                b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => self.gate.batch_open = true,
+                b'P' | b'B' | b'D' | b'E' | b'C' => self.gate.batch_open = true,
                 _ => {}
             }
             self.gate.gated = start + 1 + mlen;
@@ -204,39 +224,60 @@ impl Session {
     }
 
     fn note_parse(&mut self, body: &[u8]) {
-        let Some((name, rest)) = split_cstr(body) else {
+        let Some((name, parsed)) = read_parse(body) else {
             return;
         };
-        let Some((query, types)) = split_cstr(rest) else {
-            return;
-        };
-        let parsed = &mut self.gate.parsed;
-        if !name.is_empty() && parsed.contains_key(name) {
-            // PostgreSQL refuses a second statement of the same name (42P05): the first
-            // one stays what its Binds run.
-            return;
+        let mapped = self.statements_mapped();
+        let gate = &mut self.gate;
+        if gate.pending.len() >= MAX_PARSED {
+            // Unreachable with a sane read buffer; a Bind of a name not found pays as a
+            // statement whose price is unknown.
+            gate.pending.clear();
         }
-        if parsed.len() >= MAX_PARSED && !parsed.contains_key(name) {
-            // Only the unnamed statement is still followed; a Bind of a statement no longer
-            // known pays min_charge.
-            parsed.retain(|k, _| k.is_empty());
+        let parsed = Arc::new(parsed);
+        if name.is_empty() {
+            gate.unnamed = Some(Arc::clone(&parsed));
+        } else if mapped {
+            // The client's statement map (kept from the server's answers) is the truth once
+            // this Parse has gone out.
+        } else if gate.session_named.len() < MAX_PARSED {
+            gate.session_named
+                .entry(Bytes::copy_from_slice(name))
+                .or_insert_with(|| Arc::clone(&parsed));
         }
-        parsed.insert(
-            Bytes::copy_from_slice(name),
-            Arc::new(Parsed {
-                text: String::from_utf8_lossy(query).into_owned(),
-                types: Bytes::copy_from_slice(types),
-            }),
-        );
+        gate.pending.insert(Bytes::copy_from_slice(name), parsed);
+    }
+
+    /// Whether pgward maps this client's named statements (pooled modes).
+    fn statements_mapped(&self) -> bool {
+        self.mode != crate::config::PoolMode::Session
     }
 
     /// A Close of a statement: its name is free again.
     fn note_close(&mut self, body: &[u8]) {
         if let Some((b'S', rest)) = body.split_first() {
             if let Some((name, _)) = split_cstr(rest) {
-                self.gate.parsed.remove(name);
+                self.gate.pending.remove(name);
+                self.gate.session_named.remove(name);
             }
         }
+    }
+
+    /// What the statement `name` is: a Parse still on its way, the unnamed statement, or
+    /// the client's statement as pgward maps it (from the server's answers).
+    fn statement_of(&self, name: &[u8]) -> Option<Arc<Parsed>> {
+        if let Some(p) = self.gate.pending.get(name) {
+            return Some(Arc::clone(p));
+        }
+        if name.is_empty() {
+            return self.gate.unnamed.clone();
+        }
+        if self.statements_mapped() {
+            let st = self.statements.get(name)?;
+            let (_, parsed) = read_parse(st.parse.get(5..)?)?;
+            return Some(Arc::new(parsed));
+        }
+        self.gate.session_named.get(name).cloned()
     }
 
     fn bind_work(&self, body: &Bytes) -> Work {
@@ -246,9 +287,8 @@ impl Session {
         let Some((statement, tail)) = split_cstr(rest) else {
             return Work::Function;
         };
-        let parsed = self.gate.parsed.get(statement).cloned();
         Work::Bind {
-            parsed,
+            parsed: self.statement_of(statement),
             tail: body.slice_ref(tail),
         }
     }
@@ -435,6 +475,12 @@ impl Session {
                 .is_some();
             let Priced::Plan(Some(plan)) = self.explain(&d.sql, &d.work, &d.key, sizes).await?
             else {
+                // Its price cannot be read any more (a failed transaction, an object it read
+                // is gone): it pays as much as its tenant may save up.
+                let keeper = &self.rt.gatekeeper;
+                let mut gate = keeper.lock();
+                let units = gate.unknown_price(&d.tenant);
+                gate.charge_after(&d.tenant, units, Instant::now());
                 continue;
             };
             if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan)) {
@@ -493,6 +539,7 @@ impl Session {
             self.handle.wait_cancels().await;
         }
         let tracked = self.tracked.clone();
+        let own = Arc::clone(&self.rt.gatekeeper.own);
         let Some(link) = self.link.as_mut() else {
             return Ok(Priced::Plan(None));
         };
@@ -513,10 +560,10 @@ impl Session {
         // the client's transaction.
         let mut batch = Vec::with_capacity(2);
         if in_block {
-            batch.push(OwnStatement::plain("pgward_savepoint", SAVEPOINT));
+            batch.push(OwnStatement::plain(&own.savepoint.0, &own.savepoint.1));
         }
         batch.push(OwnStatement {
-            name: "pgward_explain",
+            name: &own.explain,
             sql,
             types,
             values,
@@ -537,16 +584,22 @@ impl Session {
         };
         let text = row.and_then(|r| r.into_iter().next().flatten());
         let plan = text.and_then(|t| PlanSummary::from_json(&t).ok());
+        let mut failed = plan.is_none();
         if let (Some(plan), true) = (&plan, sizes) {
-            self.rt
-                .gatekeeper
-                .learn_sizes(&key.database, read_sizes(server, plan, &tracked).await?);
+            match read_sizes(server, plan, &own.sizes, &tracked).await? {
+                Some(sizes) => self.rt.gatekeeper.learn_sizes(&key.database, sizes),
+                None => failed = true,
+            }
         }
         if in_block {
-            let release = OwnStatement::plain("pgward_release", RELEASE);
-            let undo = match plan {
-                None => vec![OwnStatement::plain("pgward_rollback", ROLLBACK_TO), release],
-                Some(_) => vec![release],
+            // Whatever failed since the savepoint, the transaction is put back as it was.
+            let release = OwnStatement::plain(&own.release.0, &own.release.1);
+            let undo = match failed {
+                true => vec![
+                    OwnStatement::plain(&own.rollback.0, &own.rollback.1),
+                    release,
+                ],
+                false => vec![release],
             };
             let r = server.own_batch(&undo, 0, &tracked).await;
             r.map_err(|e| lost(server, e))?;
@@ -662,31 +715,33 @@ fn refused(r: &Refusal) -> Step {
 async fn read_sizes(
     server: &mut crate::pool::ServerGuard,
     plan: &PlanSummary,
+    name: &str,
     tracked: &crate::params::Tracked,
-) -> Result<Vec<(Relation, f64)>, SessionError> {
+) -> Result<Option<Vec<(Relation, f64)>>, SessionError> {
     let relations: Vec<Relation> = plan.full_scans.iter().map(|s| s.relation.clone()).collect();
     let Some(sql) = relation_sizes_sql(&relations) else {
-        return Ok(Vec::new());
+        return Ok(Some(Vec::new()));
     };
-    let own = [OwnStatement::plain("pgward_sizes", &sql)];
+    let own = [OwnStatement::plain(name, &sql)];
     let rows = match server.own_batch(&own, relations.len(), tracked).await {
         Ok(rows) => rows,
-        Err(ServerError::Refused(_)) => return Ok(Vec::new()),
+        Err(ServerError::Refused(_)) => return Ok(None),
         Err(e) => return Err(lost(server, e)),
     };
-    Ok(rows
-        .into_iter()
-        .filter_map(|row| match row.as_slice() {
-            [Some(schema), Some(name), Some(n)] => Some((
-                Relation {
-                    schema: schema.clone(),
-                    name: name.clone(),
-                },
-                n.parse::<f64>().ok().filter(|n| *n >= 0.0)?,
-            )),
-            _ => None,
-        })
-        .collect())
+    Ok(Some(
+        rows.into_iter()
+            .filter_map(|row| match row.as_slice() {
+                [Some(schema), Some(name), Some(n)] => Some((
+                    Relation {
+                        schema: schema.clone(),
+                        name: name.clone(),
+                    },
+                    n.parse::<f64>().ok().filter(|n| *n >= 0.0)?,
+                )),
+                _ => None,
+            })
+            .collect(),
+    ))
 }
 
 /// A failure while pricing: the connection cannot be trusted to be in step.
@@ -702,6 +757,19 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
 fn text_of(body: &[u8]) -> String {
     let sql = body.strip_suffix(b"\0").unwrap_or(body);
     String::from_utf8_lossy(sql).into_owned()
+}
+
+/// The name and the statement of a Parse body.
+fn read_parse(body: &[u8]) -> Option<(&[u8], Parsed)> {
+    let (name, rest) = split_cstr(body)?;
+    let (query, types) = split_cstr(rest)?;
+    Some((
+        name,
+        Parsed {
+            text: String::from_utf8_lossy(query).into_owned(),
+            types: Bytes::copy_from_slice(types),
+        },
+    ))
 }
 
 /// A NUL-terminated string at the front of `b`, and the rest.

@@ -156,6 +156,15 @@ impl<W> Gate<W> {
         charged
     }
 
+    /// What a request that ran but could not be priced afterwards is charged: a whole burst
+    /// of its tenant's budget (nothing without a budget), so that hiding a price never pays.
+    pub fn unknown_price(&self, tenant: &str) -> f64 {
+        self.tenants
+            .get(tenant)
+            .and_then(|t| t.config.budget())
+            .map_or(0.0, |b| b.burst)
+    }
+
     fn over_budget(&mut self, pass: &mut Pass, now: Instant) -> Result<Spent, Refusal> {
         let state = self.tenant_mut(&pass.tenant, now);
         match state.config.when_over {
