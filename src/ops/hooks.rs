@@ -13,6 +13,14 @@ use crate::pool::{Handout, Pool, PoolError, Queued, ServerGuard, WaitLimits, Wai
 use crate::runtime::Runtime;
 use crate::wire::TxStatus;
 
+/// A session's wait: the pool's query_wait_timeout, and `notify` (query_wait_notify).
+fn limits(notify: Option<Duration>) -> WaitLimits {
+    WaitLimits {
+        timeout: WaitTimeout::Pool,
+        notify,
+    }
+}
+
 /// Where a session's wait for a server stands.
 #[derive(Debug)]
 pub enum Waiting {
@@ -79,13 +87,17 @@ impl SessionHooks {
                         None => open.await,
                     }
                 }
-                self.enter_queue(pool, ticket, notify).await?
+                self.refuse_if_stopping()?;
+                let since = ticket.enqueued_at;
+                (since, pool.wait_for_server(ticket, limits(notify)).await?)
             }
             Waiting::Held(ticket) => {
                 self.rt.ops.control.wait_open(&pool.key.db).await;
-                self.enter_queue(pool, ticket, None).await?
+                self.refuse_if_stopping()?;
+                let since = ticket.enqueued_at;
+                (since, pool.wait_for_server(ticket, limits(None)).await?)
             }
-            Waiting::Queued(since, queued) => (since, queued.next().await?),
+            Waiting::Queued(since, queued) => (since, queued.await?),
         };
         match handout {
             Handout::Server(server) => {
@@ -97,23 +109,12 @@ impl SessionHooks {
         }
     }
 
-    /// Joins the pool's queue with `ticket`, unless the pooler shuts down waiting for
-    /// servers.
-    async fn enter_queue(
-        &self,
-        pool: &Arc<Pool>,
-        ticket: Ticket,
-        notify: Option<Duration>,
-    ) -> Result<(Instant, Handout), PoolError> {
-        if self.rt.ops.control.shutdown() == Shutdown::WaitForServers {
-            return Err(PoolError::Closed);
+    /// New work is refused while the pooler shuts down waiting for servers.
+    fn refuse_if_stopping(&self) -> Result<(), PoolError> {
+        match self.rt.ops.control.shutdown() {
+            Shutdown::WaitForServers => Err(PoolError::Closed),
+            _ => Ok(()),
         }
-        let since = ticket.enqueued_at;
-        let limits = WaitLimits {
-            timeout: WaitTimeout::Pool,
-            notify,
-        };
-        Ok((since, pool.wait_for_server(ticket, limits).await?))
     }
 
     pub fn received(&self, n: usize) {

@@ -1,8 +1,11 @@
 //! One pool: idle servers, the gate's wait queue, and the servers being opened.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -190,7 +193,7 @@ impl Pool {
         loop {
             match handout {
                 Handout::Server(guard) => return Ok(guard),
-                Handout::StillQueued(queued) => handout = queued.next().await?,
+                Handout::StillQueued(queued) => handout = queued.await?,
             }
         }
     }
@@ -215,7 +218,7 @@ impl Pool {
                         return Ok(Handout::Server(guard));
                     }
                 }
-                Taken::Wait(queued) => return queued.next().await,
+                Taken::Wait(queued) => return queued.await,
             }
         }
     }
@@ -619,20 +622,24 @@ pub enum WaitTimeout {
 pub enum Handout {
     Server(ServerGuard),
     /// The client has waited `WaitLimits::notify` and is still queued, in the same place;
-    /// wait on with [`Queued::next`].
+    /// wait on by awaiting the [`Queued`].
     StillQueued(Queued),
 }
 
-/// A place in a pool's queue.
+/// A place in a pool's queue: a future of what the pool hands it next. Dropping it gives
+/// the place up.
 #[derive(Debug)]
 pub struct Queued {
     rx: oneshot::Receiver<Answer>,
 }
 
-impl Queued {
-    /// Waits for what the pool hands this place next. Dropping the future gives the place up.
-    pub async fn next(self) -> Result<Handout, PoolError> {
-        self.rx.await.unwrap_or(Err(PoolError::Closed))
+impl Future for Queued {
+    type Output = Result<Handout, PoolError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|answer| answer.unwrap_or(Err(PoolError::Closed)))
     }
 }
 
