@@ -75,17 +75,9 @@ impl SessionHooks {
         let (since, handout) = match step {
             Waiting::Start(ticket) => {
                 self.entry.set_waiting(ticket.enqueued_at);
-                let control = &self.rt.ops.control;
-                if control.holds(&pool.key.db) {
-                    let open = control.wait_open(&pool.key.db);
-                    match notify.and_then(|after| ticket.enqueued_at.checked_add(after)) {
-                        Some(at) => {
-                            if tokio::time::timeout_at(at.into(), open).await.is_err() {
-                                return Ok(Checkout::Waiting(Waiting::Held(ticket)));
-                            }
-                        }
-                        None => open.await,
-                    }
+                let notify_at = notify.and_then(|after| ticket.enqueued_at.checked_add(after));
+                if !self.wait_while_paused(pool, notify_at).await {
+                    return Ok(Checkout::Waiting(Waiting::Held(ticket)));
                 }
                 self.refuse_if_stopping()?;
                 let since = ticket.enqueued_at;
@@ -106,6 +98,23 @@ impl SessionHooks {
                 Ok(Checkout::Server(server))
             }
             Handout::StillQueued(queued) => Ok(Checkout::Waiting(Waiting::Queued(since, queued))),
+        }
+    }
+
+    /// Waits while the pool's database is paused or the pooler suspended; false when
+    /// `notify_at` came first (the client is to be told it waits).
+    async fn wait_while_paused(&self, pool: &Pool, notify_at: Option<Instant>) -> bool {
+        let control = &self.rt.ops.control;
+        if !control.holds(&pool.key.db) {
+            return true;
+        }
+        let open = control.wait_open(&pool.key.db);
+        match notify_at {
+            Some(at) => tokio::time::timeout_at(at.into(), open).await.is_ok(),
+            None => {
+                open.await;
+                true
+            }
         }
     }
 
