@@ -501,7 +501,8 @@ impl Pool {
             inner.connecting -= 1;
             self.release_slots(1);
             if err.is_transient() {
-                self.grow(settings, &mut inner);
+                let settings = inner.settings.clone();
+                self.grow(&settings, &mut inner);
                 return;
             }
             inner.failure = Some((Instant::now(), err.clone()));
