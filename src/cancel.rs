@@ -2,6 +2,7 @@
 //! what that client runs at that moment, on the server it is using, and nothing else.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -21,10 +22,11 @@ pub struct CancelTarget {
     pub key: BackendKey,
 }
 
+/// The server a cancel for the client goes to. How many cancels are on their way is an
+/// atomic beside it: the session reads it before every message it forwards.
 #[derive(Debug, Default)]
 struct CancelState {
     target: Option<CancelTarget>,
-    in_flight: usize,
 }
 
 /// The part of a client session a cancel request can reach.
@@ -34,6 +36,8 @@ pub struct ClientHandle {
     pub pid: u32,
     secret: [u8; 4],
     state: Mutex<CancelState>,
+    /// Cancels being delivered; changed only under `state`'s lock, read without it.
+    in_flight: AtomicUsize,
     done: Notify,
 }
 
@@ -51,13 +55,12 @@ impl ClientHandle {
     /// server is still being delivered: the caller must `wait_cancels` first, so the cancel
     /// cannot land on another client's statement.
     pub fn detach(&self) -> bool {
-        let mut state = lock(&self.state);
-        state.target = None;
-        state.in_flight == 0
+        lock(&self.state).target = None;
+        self.in_flight.load(Ordering::Acquire) == 0
     }
 
     pub fn cancels_in_flight(&self) -> bool {
-        lock(&self.state).in_flight > 0
+        self.in_flight.load(Ordering::Acquire) > 0
     }
 
     /// Waits until no cancel for this client is being delivered.
@@ -66,7 +69,7 @@ impl ClientHandle {
             let notified = self.done.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            if lock(&self.state).in_flight == 0 {
+            if !self.cancels_in_flight() {
                 return;
             }
             notified.await;
@@ -74,14 +77,17 @@ impl ClientHandle {
     }
 
     fn begin_cancel(&self) -> Option<CancelTarget> {
-        let mut state = lock(&self.state);
+        let state = lock(&self.state);
         let target = state.target.clone()?;
-        state.in_flight += 1;
+        self.in_flight.fetch_add(1, Ordering::AcqRel);
         Some(target)
     }
 
     fn end_cancel(&self) {
-        lock(&self.state).in_flight -= 1;
+        {
+            let _state = lock(&self.state);
+            self.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
         self.done.notify_waiters();
     }
 }
@@ -110,6 +116,7 @@ impl CancelRegistry {
             pid,
             secret,
             state: Mutex::new(CancelState::default()),
+            in_flight: AtomicUsize::new(0),
             done: Notify::new(),
         });
         clients.insert(pid, handle.clone());

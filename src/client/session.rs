@@ -23,7 +23,7 @@ use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::config::{PoolMode, Settings};
 use crate::gate::Ticket;
-use crate::ops::SessionHooks;
+use crate::ops::{Checkout, SessionHooks, Waiting};
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
@@ -545,34 +545,30 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
         let mut server = {
-            let checkout = self.hooks.checkout(self.pool.clone(), ticket);
+            // query_wait_notify: a client queued that long is told so, once. The pool's
+            // queue keeps the time, so a wait sets no timer of its own.
+            let notify = self.rt.config.load().settings.query_wait_notify;
+            let checkout = self
+                .hooks
+                .checkout(&self.pool, Waiting::Start(ticket), notify);
             tokio::pin!(checkout);
-            // query_wait_notify: a client queued that long is told so, once.
-            let notify_after = self.rt.config.load().settings.query_wait_notify;
-            let notify = async {
-                match notify_after {
-                    Some(after) => tokio::time::sleep(after).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::pin!(notify);
-            let mut notified = false;
             loop {
-                // Checkout first: when a server is free at once, no timer is ever set.
                 tokio::select! {
                     biased;
-                    server = &mut checkout => break server?,
+                    got = &mut checkout => match got? {
+                        Checkout::Server(server) => break server,
+                        Checkout::Waiting(step) => {
+                            checkout.set(self.hooks.checkout(&self.pool, step, None));
+                            // Behind what the client is still owed, and never waiting on a
+                            // client that reads nothing.
+                            let mut out = std::mem::take(&mut self.to_client);
+                            out.extend_from_slice(&queued_notice(&self.pool.key.db));
+                            tokio::time::timeout(CLOSE_GRACE, io.send(&out))
+                                .await
+                                .map_err(|_| SessionError::Gone)??;
+                        }
+                    },
                     more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
-                    _ = &mut notify, if !notified => {
-                        notified = true;
-                        // Behind what the client is still owed, and never waiting on a
-                        // client that reads nothing.
-                        let mut out = std::mem::take(&mut self.to_client);
-                        out.extend_from_slice(&queued_notice(&self.pool.key.db));
-                        tokio::time::timeout(CLOSE_GRACE, io.send(&out))
-                            .await
-                            .map_err(|_| SessionError::Gone)??;
-                    }
                 }
             }
         };
@@ -595,6 +591,9 @@ impl Session {
     }
 
     async fn sync_params(&mut self, server: &mut ServerGuard) -> Result<(), SessionError> {
+        if self.params == server.params {
+            return Ok(());
+        }
         let diffs: Vec<(String, String)> = self
             .params
             .differences(&server.params)
@@ -779,11 +778,10 @@ impl Session {
         if link.expected.is_empty() {
             self.spare_expected = std::mem::take(&mut link.expected);
         }
-        let reset = {
-            let settings = self.pool.settings_now();
-            let always = settings.reset_always && self.mode == PoolMode::Transaction;
-            always.then(|| settings.reset_query.clone()).flatten()
-        };
+        let always = self.mode == PoolMode::Transaction && self.pool.resets_always();
+        let reset = always
+            .then(|| self.pool.settings_now().reset_query.clone())
+            .flatten();
         if let Some(q) = reset {
             if link.server.simple_query(&q, &self.tracked).await.is_err() {
                 link.server.poison();

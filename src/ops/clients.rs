@@ -3,8 +3,9 @@
 
 use std::collections::BTreeMap;
 use std::os::fd::RawFd;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Instant, SystemTime};
+use std::time::{Duration, Instant, SystemTime};
 
 use crate::net::Stream;
 use crate::pool::lock;
@@ -24,6 +25,20 @@ pub enum ClientState {
 }
 
 impl ClientState {
+    const ALL: [ClientState; 4] = [
+        ClientState::Login,
+        ClientState::Idle,
+        ClientState::Waiting,
+        ClientState::Active,
+    ];
+
+    fn from_u8(n: u8) -> ClientState {
+        Self::ALL
+            .get(usize::from(n))
+            .copied()
+            .unwrap_or(ClientState::Login)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             ClientState::Login => "login",
@@ -83,7 +98,24 @@ pub struct ClientInfo {
     pub server: Option<ServerLink>,
 }
 
+/// Who the client is (set once at login) and the last server it took.
+#[derive(Debug, Clone, Default)]
+struct Identity {
+    user: String,
+    database: String,
+    pool_user: String,
+    application_name: String,
+    admin: bool,
+    /// Meaningful while the state is `Active` only: a client giving its server back just
+    /// changes its state.
+    server: Option<ServerLink>,
+}
+
 /// One connected client.
+///
+/// A session changes its state at every transaction (waiting, active, idle): the state and
+/// the moment of the last request are atomics, so those changes take no lock but the one
+/// that records which server the client took.
 #[derive(Debug)]
 pub struct ClientEntry {
     pub id: u64,
@@ -93,14 +125,47 @@ pub struct ClientEntry {
     pub local_addr: String,
     pub local_port: u16,
     pub connect_time: SystemTime,
+    /// The monotonic moment of `connect_time`; request times are kept relative to it.
+    connected: Instant,
     /// The socket, to end the connection from outside (KILL); valid while registered.
     fd: RawFd,
-    info: Mutex<ClientInfo>,
+    state: AtomicU8,
+    /// When the last request began waiting for a server, in nanoseconds after `connected`,
+    /// plus one; zero before the first request.
+    request: AtomicU64,
+    identity: Mutex<Identity>,
 }
 
 impl ClientEntry {
     pub fn info(&self) -> ClientInfo {
-        lock(&self.info).clone()
+        let identity = lock(&self.identity).clone();
+        let state = self.state();
+        let request = self.request_instant();
+        ClientInfo {
+            user: identity.user,
+            database: identity.database,
+            pool_user: identity.pool_user,
+            application_name: identity.application_name,
+            admin: identity.admin,
+            state,
+            request_time: request.map_or(self.connect_time, wall_clock),
+            wait_since: request.filter(|_| state == ClientState::Waiting),
+            server: identity.server.filter(|_| state == ClientState::Active),
+        }
+    }
+
+    pub fn state(&self) -> ClientState {
+        ClientState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    fn set_state(&self, state: ClientState) {
+        self.state.store(state as u8, Ordering::Release);
+    }
+
+    /// The moment the last request began, if there was one.
+    fn request_instant(&self) -> Option<Instant> {
+        let n = self.request.load(Ordering::Acquire).checked_sub(1)?;
+        self.connected.checked_add(Duration::from_nanos(n))
     }
 
     /// Fills in who the client is once it has logged in; `pool_user` is the user of the
@@ -113,38 +178,46 @@ impl ClientEntry {
         application_name: &str,
         admin: bool,
     ) {
-        let mut i = lock(&self.info);
-        i.user = user.to_string();
-        i.pool_user = pool_user.to_string();
-        i.database = database.to_string();
-        i.application_name = application_name.to_string();
-        i.admin = admin;
-        i.state = ClientState::Idle;
+        {
+            let mut i = lock(&self.identity);
+            i.user = user.to_string();
+            i.pool_user = pool_user.to_string();
+            i.database = database.to_string();
+            i.application_name = application_name.to_string();
+            i.admin = admin;
+        }
+        self.set_state(ClientState::Idle);
     }
 
+    /// The client asked for a server at `since` and waits for one.
     pub fn set_waiting(&self, since: Instant) {
-        let mut i = lock(&self.info);
-        i.state = ClientState::Waiting;
-        i.wait_since = Some(since);
-        i.request_time = SystemTime::now();
+        let offset = since.saturating_duration_since(self.connected).as_nanos();
+        let offset = u64::try_from(offset).unwrap_or(u64::MAX - 1) + 1;
+        self.request.store(offset, Ordering::Release);
+        self.set_state(ClientState::Waiting);
     }
 
     pub fn set_active(&self, server: ServerLink) {
-        let mut i = lock(&self.info);
-        i.state = ClientState::Active;
-        i.wait_since = None;
-        i.server = Some(server);
+        lock(&self.identity).server = Some(server);
+        self.set_state(ClientState::Active);
     }
 
     pub fn set_idle(&self) {
-        let mut i = lock(&self.info);
-        i.state = ClientState::Idle;
-        i.wait_since = None;
-        i.server = None;
+        self.set_state(ClientState::Idle);
     }
 
     pub fn is_admin(&self) -> bool {
-        lock(&self.info).admin
+        lock(&self.identity).admin
+    }
+
+    /// The database the client logged in to, unless it is still logging in or uses the
+    /// console.
+    fn pool_database(&self) -> Option<String> {
+        if self.state() == ClientState::Login {
+            return None;
+        }
+        let i = lock(&self.identity);
+        (!i.admin).then(|| i.database.clone())
     }
 
     /// Ends the connection: both directions are shut down, so the session sees the client
@@ -183,26 +256,18 @@ impl ClientRegistry {
     /// Registers a client that just connected on `stream`.
     pub fn register<'a>(&'a self, id: u64, stream: &Stream) -> Registration<'a> {
         let ((addr, port), (local_addr, local_port)) = stream_addresses(stream);
-        let now = SystemTime::now();
         let entry = Arc::new(ClientEntry {
             id,
             addr,
             port,
             local_addr,
             local_port,
-            connect_time: now,
+            connect_time: SystemTime::now(),
+            connected: Instant::now(),
             fd: stream_fd(stream),
-            info: Mutex::new(ClientInfo {
-                user: String::new(),
-                database: String::new(),
-                pool_user: String::new(),
-                application_name: String::new(),
-                admin: false,
-                state: ClientState::Login,
-                request_time: now,
-                wait_since: None,
-                server: None,
-            }),
+            state: AtomicU8::new(ClientState::Login as u8),
+            request: AtomicU64::new(0),
+            identity: Mutex::new(Identity::default()),
         });
         lock(&self.clients).insert(id, entry.clone());
         Registration {
@@ -239,10 +304,7 @@ impl ClientRegistry {
         let mut clients = lock(&self.clients);
         let doomed: Vec<u64> = clients
             .values()
-            .filter(|c| {
-                let i = lock(&c.info);
-                !i.admin && i.state != ClientState::Login && matches(&i.database)
-            })
+            .filter(|c| c.pool_database().is_some_and(|db| matches(&db)))
             .map(|c| c.id)
             .collect();
         for id in &doomed {

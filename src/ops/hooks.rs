@@ -3,15 +3,42 @@
 //! answered, it gave the server back.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::clients::{ClientEntry, ServerLink};
 use super::state::Shutdown;
 use super::stats::PoolCounters;
 use crate::gate::Ticket;
-use crate::pool::{Pool, PoolError, ServerGuard};
+use crate::pool::{Handout, Pool, PoolError, Queued, ServerGuard, WaitLimits, WaitTimeout};
 use crate::runtime::Runtime;
 use crate::wire::TxStatus;
+
+/// A session's wait: the pool's query_wait_timeout, and `notify` (query_wait_notify).
+fn limits(notify: Option<Duration>) -> WaitLimits {
+    WaitLimits {
+        timeout: WaitTimeout::Pool,
+        notify,
+    }
+}
+
+/// Where a session's wait for a server stands.
+#[derive(Debug)]
+pub enum Waiting {
+    /// Not asked yet.
+    Start(Ticket),
+    /// Told it waits while its database is paused; not in the pool's queue yet.
+    Held(Ticket),
+    /// In the pool's queue since the given moment, and told so.
+    Queued(Instant, Queued),
+}
+
+/// What a checkout gives the session.
+#[derive(Debug)]
+pub enum Checkout {
+    Server(ServerGuard),
+    /// query_wait_notify passed: tell the client, then go on waiting with this.
+    Waiting(Waiting),
+}
 
 /// One session's link to the registry, the counters of its pool, and the pause gate.
 #[derive(Clone)]
@@ -37,25 +64,66 @@ impl SessionHooks {
 
     /// Takes a server for this session: waits while the database is paused or the pooler
     /// suspended, refuses new work while the pooler shuts down waiting for servers, then
-    /// checks out through the gate's queue (bounded by query_wait_timeout).
+    /// checks out through the gate's queue (bounded by query_wait_timeout). A session told
+    /// it is still queued (after `notify`, once) calls again with the [`Waiting`] it got.
     pub async fn checkout(
         &self,
-        pool: Arc<Pool>,
-        ticket: Ticket,
-    ) -> Result<ServerGuard, PoolError> {
-        let since = ticket.enqueued_at;
-        self.entry.set_waiting(since);
+        pool: &Arc<Pool>,
+        step: Waiting,
+        notify: Option<Duration>,
+    ) -> Result<Checkout, PoolError> {
+        let (since, handout) = match step {
+            Waiting::Start(ticket) => {
+                self.entry.set_waiting(ticket.enqueued_at);
+                let notify_at = notify.and_then(|after| ticket.enqueued_at.checked_add(after));
+                if !self.wait_while_paused(pool, notify_at).await {
+                    return Ok(Checkout::Waiting(Waiting::Held(ticket)));
+                }
+                self.refuse_if_stopping()?;
+                let since = ticket.enqueued_at;
+                (since, pool.wait_for_server(ticket, limits(notify)).await?)
+            }
+            Waiting::Held(ticket) => {
+                self.rt.ops.control.wait_open(&pool.key.db).await;
+                self.refuse_if_stopping()?;
+                let since = ticket.enqueued_at;
+                (since, pool.wait_for_server(ticket, limits(None)).await?)
+            }
+            Waiting::Queued(since, queued) => (since, queued.await?),
+        };
+        match handout {
+            Handout::Server(server) => {
+                self.counters.add_assignment(since.elapsed());
+                self.entry.set_active(ServerLink::of(&server));
+                Ok(Checkout::Server(server))
+            }
+            Handout::StillQueued(queued) => Ok(Checkout::Waiting(Waiting::Queued(since, queued))),
+        }
+    }
+
+    /// Waits while the pool's database is paused or the pooler suspended; false when
+    /// `notify_at` came first (the client is to be told it waits).
+    async fn wait_while_paused(&self, pool: &Pool, notify_at: Option<Instant>) -> bool {
         let control = &self.rt.ops.control;
-        if control.holds(&pool.key.db) {
-            control.wait_open(&pool.key.db).await;
+        if !control.holds(&pool.key.db) {
+            return true;
         }
-        if control.shutdown() == Shutdown::WaitForServers {
-            return Err(PoolError::Closed);
+        let open = control.wait_open(&pool.key.db);
+        match notify_at {
+            Some(at) => tokio::time::timeout_at(at.into(), open).await.is_ok(),
+            None => {
+                open.await;
+                true
+            }
         }
-        let server = pool.checkout(ticket, pool.settings().query_wait).await?;
-        self.counters.add_assignment(since.elapsed());
-        self.entry.set_active(ServerLink::of(&server));
-        Ok(server)
+    }
+
+    /// New work is refused while the pooler shuts down waiting for servers.
+    fn refuse_if_stopping(&self) -> Result<(), PoolError> {
+        match self.rt.ops.control.shutdown() {
+            Shutdown::WaitForServers => Err(PoolError::Closed),
+            _ => Ok(()),
+        }
     }
 
     pub fn received(&self, n: usize) {

@@ -12,7 +12,7 @@ pub mod stats;
 use std::sync::Mutex;
 
 pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registration, ServerLink};
-pub use hooks::SessionHooks;
+pub use hooks::{Checkout, SessionHooks, Waiting};
 pub use limits::Overrides;
 pub use pool::PoolOps;
 pub use state::{Control, OpState, PauseMode, Shutdown};

@@ -6,14 +6,16 @@ use std::sync::Arc;
 use super::Pool;
 use crate::server::ServerConn;
 
+/// The connection is boxed, so a guard is two pointers wide: it travels through the wait
+/// queue's channel, the checkout and the session without copying the connection each time.
 #[derive(Debug)]
 pub struct ServerGuard {
-    conn: Option<ServerConn>,
+    conn: Option<Box<ServerConn>>,
     pool: Arc<Pool>,
 }
 
 impl ServerGuard {
-    pub(super) fn new(pool: Arc<Pool>, conn: ServerConn) -> Self {
+    pub(super) fn new(pool: Arc<Pool>, conn: Box<ServerConn>) -> Self {
         ServerGuard {
             conn: Some(conn),
             pool,

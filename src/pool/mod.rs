@@ -11,7 +11,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use guard::ServerGuard;
-pub use pool::{IdleServer, Pool, PoolMap, PoolStats, Welcome};
+pub use pool::{
+    Handout, IdleServer, Pool, PoolMap, PoolStats, Queued, WaitLimits, WaitTimeout, Welcome,
+};
 
 use crate::config::PoolMode;
 use crate::gate::Limits;

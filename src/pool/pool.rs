@@ -1,8 +1,11 @@
 //! One pool: idle servers, the gate's wait queue, and the servers being opened.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -12,7 +15,8 @@ use super::{lock, PoolError, PoolKey, PoolSettings, ServerGuard};
 use crate::gate::{Growth, Ticket, Usage, WaitQueue};
 use crate::server::{self, Credential, ServerConn, ServerError};
 
-type Waiter = oneshot::Sender<Result<ServerGuard, PoolError>>;
+/// What a waiting client is handed through its channel.
+type Answer = Result<Handout, PoolError>;
 
 /// The ParameterStatus list of a server login.
 pub type Welcome = Arc<Vec<(String, String)>>;
@@ -20,18 +24,40 @@ pub type Welcome = Arc<Vec<(String, String)>>;
 /// How long a pool waits before opening again after the server could not be reached.
 const TRANSIENT_RETRY: Duration = Duration::from_millis(500);
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Inner {
-    /// Idle servers, most recently used last.
-    idle: Vec<ServerConn>,
+    /// The pool's settings, as `Pool::settings` has them: kept here too so that the hot
+    /// paths, which hold this lock anyway, read them without another atomic load.
+    settings: Arc<PoolSettings>,
+    /// Idle servers, most recently used last. Boxed: a server moves between this list and
+    /// the guards that lend it out as one pointer.
+    #[allow(clippy::vec_box)]
+    idle: Vec<Box<ServerConn>>,
     active: usize,
     connecting: usize,
     waiters: WaitQueue<Waiter>,
     /// The last login failure the server itself reported, and when.
     failure: Option<(Instant, Arc<ServerError>)>,
+    /// When the queue's watchdog looks at the waiters next, and which watchdog that is.
+    alarm: Option<(Instant, u64)>,
+    /// Watchdogs started so far (their ids).
+    watchdogs: u64,
 }
 
 impl Inner {
+    fn new(settings: Arc<PoolSettings>) -> Self {
+        Inner {
+            settings,
+            idle: Vec::new(),
+            active: 0,
+            connecting: 0,
+            waiters: WaitQueue::default(),
+            failure: None,
+            alarm: None,
+            watchdogs: 0,
+        }
+    }
+
     fn total(&self) -> usize {
         self.idle.len() + self.active + self.connecting
     }
@@ -50,6 +76,8 @@ pub struct PoolStats {
 pub struct Pool {
     pub key: PoolKey,
     settings: ArcSwap<PoolSettings>,
+    /// `server_reset_query_always`, read at every release without loading the settings.
+    reset_always: AtomicBool,
     credential: Mutex<Credential>,
     inner: Mutex<Inner>,
     welcome: Mutex<Option<Welcome>>,
@@ -75,11 +103,13 @@ impl Pool {
         ids: Arc<AtomicU64>,
         siblings: Weak<Mutex<PoolMap>>,
     ) -> Self {
+        let settings = Arc::new(settings);
         Pool {
             key,
-            settings: ArcSwap::from_pointee(settings),
+            reset_always: AtomicBool::new(settings.reset_always),
+            settings: ArcSwap::new(settings.clone()),
             credential: Mutex::new(credential),
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner::new(settings)),
             welcome: Mutex::new(None),
             db_count,
             user_count,
@@ -98,13 +128,24 @@ impl Pool {
         self.settings.load()
     }
 
+    /// Whether `server_reset_query` runs after every transaction too
+    /// (`server_reset_query_always`).
+    pub fn resets_always(&self) -> bool {
+        self.reset_always.load(Ordering::Acquire)
+    }
+
     /// Replaces the settings and the credential (a reload); servers opened under the old
     /// ones stay until they are closed, and a remembered login failure is forgotten so the
     /// new settings are tried at once.
     pub fn reconfigure(&self, settings: PoolSettings, credential: Credential) {
-        self.settings.store(Arc::new(settings));
+        let settings = Arc::new(settings);
+        self.reset_always
+            .store(settings.reset_always, Ordering::Release);
+        self.settings.store(settings.clone());
         *lock(&self.credential) = credential;
-        lock(&self.inner).failure = None;
+        let mut inner = lock(&self.inner);
+        inner.settings = settings;
+        inner.failure = None;
     }
 
     /// The credential pgward logs in to the server with.
@@ -127,7 +168,8 @@ impl Pool {
     }
 
     pub fn stats(&self) -> PoolStats {
-        let inner = lock(&self.inner);
+        let mut inner = lock(&self.inner);
+        inner.waiters.prune(Waiter::live);
         PoolStats {
             idle: inner.idle.len(),
             active: inner.active,
@@ -143,26 +185,41 @@ impl Pool {
         ticket: Ticket,
         wait: Option<Duration>,
     ) -> Result<ServerGuard, PoolError> {
+        let limits = WaitLimits {
+            timeout: WaitTimeout::Given(wait),
+            notify: None,
+        };
+        let mut handout = self.wait_for_server(ticket, limits).await?;
         loop {
-            let (taken, blocked) = self.take_idle_or_enqueue(ticket.clone())?;
+            match handout {
+                Handout::Server(guard) => return Ok(guard),
+                Handout::StillQueued(queued) => handout = queued.await?,
+            }
+        }
+    }
+
+    /// Takes an idle server, or waits in the gate's queue for one, within `limits`. A client
+    /// still queued after `limits.notify` is handed [`Handout::StillQueued`] once, and keeps
+    /// its place. No timer is set per wait: the queue's watchdog sets one for the earliest
+    /// moment any waiter needs.
+    pub async fn wait_for_server(
+        self: &Arc<Self>,
+        ticket: Ticket,
+        limits: WaitLimits,
+    ) -> Result<Handout, PoolError> {
+        loop {
+            let (taken, blocked) = self.take_idle_or_enqueue(&ticket, limits)?;
             if let Some(growth) = blocked {
                 self.relieve(growth);
             }
-            let rx = match taken {
-                Taken::Idle(guard) => match self.checked(guard).await {
-                    Some(guard) => return Ok(guard),
-                    None => continue,
-                },
-                Taken::Wait(rx) => rx,
-            };
-            let result = match wait {
-                Some(limit) => match tokio::time::timeout(limit, rx).await {
-                    Ok(r) => r,
-                    Err(_) => return Err(PoolError::WaitTimeout),
-                },
-                None => rx.await,
-            };
-            return result.unwrap_or(Err(PoolError::Closed));
+            match taken {
+                Taken::Idle(guard) => {
+                    if let Some(guard) = self.checked(guard).await {
+                        return Ok(Handout::Server(guard));
+                    }
+                }
+                Taken::Wait(queued) => return queued.await,
+            }
         }
     }
 
@@ -171,12 +228,13 @@ impl Pool {
     /// says when the pool could not grow because a limit shared with other pools is reached.
     fn take_idle_or_enqueue(
         self: &Arc<Self>,
-        ticket: Ticket,
+        ticket: &Ticket,
+        limits: WaitLimits,
     ) -> Result<(Taken, Option<Growth>), PoolError> {
-        let settings = self.settings.load();
         let now = Instant::now();
         let mut dead = Vec::new();
         let mut inner = lock(&self.inner);
+        let settings = inner.settings.clone();
         while let Some(conn) = inner.idle.pop() {
             if conn.is_alive() && !expired(&conn, settings.lifetime, now) {
                 inner.active += 1;
@@ -190,10 +248,48 @@ impl Pool {
         if let Some(err) = recent_failure(&inner, settings.login_retry, now) {
             return Err(PoolError::Login(err));
         }
-        let (tx, rx) = oneshot::channel();
-        inner.waiters.push(ticket, tx);
-        let growth = self.grow(&mut inner);
-        Ok((Taken::Wait(rx), shared_limit(growth)))
+        let timeout = match limits.timeout {
+            WaitTimeout::Pool => settings.query_wait,
+            WaitTimeout::Given(t) => t,
+        };
+        let (waiter, queued) = Waiter::new(ticket, (timeout, limits.notify), now);
+        if let Some(at) = waiter.alarm() {
+            self.arm(&mut inner, at);
+        }
+        inner.waiters.push(ticket.clone(), waiter);
+        let growth = self.grow(&settings, &mut inner);
+        Ok((Taken::Wait(queued), shared_limit(growth)))
+    }
+
+    /// Makes sure the queue's watchdog looks at the waiters by `at`.
+    fn arm(self: &Arc<Self>, inner: &mut Inner, at: Instant) {
+        if inner.alarm.is_some_and(|(armed, _)| armed <= at) {
+            return;
+        }
+        inner.watchdogs += 1;
+        let id = inner.watchdogs;
+        inner.alarm = Some((at, id));
+        tokio::spawn(watch_queue(Arc::downgrade(self), at, id));
+    }
+
+    /// The watchdog's look at the queue: waiters past query_wait_timeout are refused, those
+    /// past query_wait_notify are told once, and those that left are dropped. Returns when
+    /// to look next; None when watchdog `id` has nothing left to watch (or was replaced).
+    fn expire_waiters(&self, id: u64, now: Instant) -> Option<Instant> {
+        let mut inner = lock(&self.inner);
+        if inner.alarm.map(|(_, armed)| armed) != Some(id) {
+            return None;
+        }
+        let entries: Vec<(Ticket, Waiter)> = inner.waiters.drain().collect();
+        let mut next: Option<Instant> = None;
+        for (ticket, waiter) in entries {
+            if let Some(waiter) = waiter.expire(now) {
+                next = earliest(next, waiter.alarm());
+                inner.waiters.push(ticket, waiter);
+            }
+        }
+        inner.alarm = next.map(|at| (at, id));
+        next
     }
 
     /// Runs `server_check_query` on a server that has been idle long enough to need it,
@@ -234,8 +330,9 @@ impl Pool {
             !Arc::ptr_eq(other, self) && shares && other.close_one_idle()
         });
         if freed {
+            let settings = self.settings.load();
             let mut inner = lock(&self.inner);
-            self.grow(&mut inner);
+            self.grow(&settings, &mut inner);
         }
     }
 
@@ -255,35 +352,35 @@ impl Pool {
 
     /// Takes a server back: to the first live waiter, to the idle list, or closed if it is
     /// not clean or too old.
-    pub(super) fn checkin(self: &Arc<Self>, conn: ServerConn) {
+    pub(super) fn checkin(self: &Arc<Self>, conn: Box<ServerConn>) {
         self.place(conn, false);
     }
 
     /// Checks in a server, or (`fresh`) places one just opened for the pool's waiters: a
     /// fresh server serves a waiter even in a pool that closes its servers as they come back,
     /// and closes at once if no one waits there.
-    fn place(self: &Arc<Self>, mut conn: ServerConn, fresh: bool) {
-        let settings = self.settings.load();
+    fn place(self: &Arc<Self>, mut conn: Box<ServerConn>, fresh: bool) {
         let now = Instant::now();
-        let keep = conn.is_clean()
-            && !expired(&conn, settings.lifetime, now)
-            && (fresh || !self.ops.must_close(&conn));
         let mut inner = lock(&self.inner);
+        let keep = conn.is_clean()
+            && !expired(&conn, inner.settings.lifetime, now)
+            && (fresh || !self.ops.must_close(&conn));
         inner.active = inner.active.saturating_sub(1);
         if !keep {
             self.release_slots(1);
-            self.grow(&mut inner);
+            let settings = inner.settings.clone();
+            self.grow(&settings, &mut inner);
             drop(inner);
             close_in_background(conn);
             return;
         }
         conn.last_used = now;
-        match inner.waiters.pop_next(|tx| !tx.is_closed()) {
-            Some((_, tx)) => {
+        match inner.waiters.pop_next(Waiter::live) {
+            Some((_, waiter)) => {
                 inner.active += 1;
                 drop(inner);
                 // A waiter that left just now drops the guard, which checks the server in again.
-                let _ = tx.send(Ok(ServerGuard::new(self.clone(), conn)));
+                waiter.hand(Handout::Server(ServerGuard::new(self.clone(), conn)));
             }
             None if fresh && self.ops.must_close(&conn) => {
                 self.release_slots(1);
@@ -295,19 +392,20 @@ impl Pool {
     }
 
     /// Opens servers while the gate says the pool should grow; returns the gate's last word.
-    fn grow(self: &Arc<Self>, inner: &mut Inner) -> Growth {
-        let settings = self.settings.load();
-        inner.waiters.prune(|tx| !tx.is_closed());
+    fn grow(self: &Arc<Self>, settings: &PoolSettings, inner: &mut Inner) -> Growth {
+        let mut pruned = false;
         loop {
-            let usage = Usage {
-                pool_total: inner.total(),
-                connecting: inner.connecting,
-                waiting: inner.waiters.len(),
-                db_total: self.db_count.load(Ordering::Acquire),
-                user_total: self.user_count.load(Ordering::Acquire),
-            };
-            let oldest = inner.waiters.oldest_wait(Instant::now());
-            let growth = settings.limits.growth(&usage, oldest);
+            let growth = self.growth(settings, inner);
+            if matches!(growth, Growth::NotNeeded | Growth::PoolFull) {
+                // Waiters that left only count towards growing: dropping them first could
+                // not change either answer.
+                return growth;
+            }
+            if !pruned {
+                inner.waiters.prune(Waiter::live);
+                pruned = true;
+                continue;
+            }
             if !matches!(growth, Growth::Open | Growth::Reserve) {
                 return growth;
             }
@@ -318,6 +416,27 @@ impl Pool {
             let pool = self.clone();
             tokio::spawn(async move { pool.open_one().await });
         }
+    }
+
+    /// The gate's answer for the pool as it is. The oldest ticket's wait (a walk through the
+    /// queue) matters only for the reserve, so it is measured only when the reserve may open.
+    fn growth(&self, settings: &PoolSettings, inner: &Inner) -> Growth {
+        let limits = &settings.limits;
+        let usage = Usage {
+            pool_total: inner.total(),
+            connecting: inner.connecting,
+            waiting: inner.waiters.len(),
+            db_total: self.db_count.load(Ordering::Acquire),
+            user_total: self.user_count.load(Ordering::Acquire),
+        };
+        let growth = limits.growth(&usage, None);
+        let reserve_may_open = growth == Growth::PoolFull
+            && limits.reserve_pool_size > 0
+            && usage.waiting > usage.connecting;
+        if !reserve_may_open {
+            return growth;
+        }
+        limits.growth(&usage, inner.waiters.oldest_wait(Instant::now()))
     }
 
     /// Counts one more server against max_db_connections and max_user_connections, unless
@@ -354,12 +473,12 @@ impl Pool {
         )
         .await;
         match result {
-            Ok(conn) => self.opened(conn),
+            Ok(conn) => self.opened(Box::new(conn)),
             Err(err) => self.open_failed(err, &settings).await,
         }
     }
 
-    fn opened(self: &Arc<Self>, conn: ServerConn) {
+    fn opened(self: &Arc<Self>, conn: Box<ServerConn>) {
         tracing::debug!(pool = %self.key.db, user = %self.key.user, server = conn.id, "server connection opened");
         lock(&self.welcome).get_or_insert_with(|| Arc::new(conn.welcome.clone()));
         {
@@ -382,14 +501,15 @@ impl Pool {
             inner.connecting -= 1;
             self.release_slots(1);
             if err.is_transient() {
-                self.grow(&mut inner);
+                let settings = inner.settings.clone();
+                self.grow(&settings, &mut inner);
                 return;
             }
             inner.failure = Some((Instant::now(), err.clone()));
             inner.waiters.drain().map(|(_, w)| w).collect()
         };
         for w in waiters {
-            let _ = w.send(Err(PoolError::Login(err.clone())));
+            w.refuse(PoolError::Login(err.clone()));
         }
     }
 
@@ -417,12 +537,12 @@ impl Pool {
                 }
             }
             self.release_slots(closing.len());
-            inner.waiters.prune(|tx| !tx.is_closed());
+            inner.waiters.prune(Waiter::live);
             let failing = recent_failure(&inner, settings.login_retry, now).is_some();
             blocked = if failing {
                 None
             } else {
-                shared_limit(self.grow(&mut inner))
+                shared_limit(self.grow(&settings, &mut inner))
             };
         }
         for conn in closing {
@@ -435,7 +555,7 @@ impl Pool {
 
     /// Closes every idle server (a restart of the server was seen, or the pool is going away).
     pub fn close_idle(&self) {
-        let idle: Vec<ServerConn> = std::mem::take(&mut lock(&self.inner).idle);
+        let idle: Vec<Box<ServerConn>> = std::mem::take(&mut lock(&self.inner).idle);
         self.release_slots(idle.len());
         for conn in idle {
             close_in_background(conn);
@@ -477,10 +597,146 @@ pub struct IdleServer {
 }
 
 /// What checkout found: an idle server, or a place in the queue.
-#[allow(clippy::large_enum_variant)]
 enum Taken {
     Idle(ServerGuard),
-    Wait(oneshot::Receiver<Result<ServerGuard, PoolError>>),
+    Wait(Queued),
+}
+
+/// How long a ticket may wait for a server once queued (query_wait_timeout), and after how
+/// long from its `enqueued_at` its client is told it is queued (query_wait_notify).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WaitLimits {
+    pub timeout: WaitTimeout,
+    pub notify: Option<Duration>,
+}
+
+/// Where a wait's query_wait_timeout comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WaitTimeout {
+    /// The pool's `query_wait` as it is set when the ticket joins the queue.
+    Pool,
+    Given(Option<Duration>),
+}
+
+/// What a pool hands a client waiting for a server.
+#[derive(Debug)]
+pub enum Handout {
+    Server(ServerGuard),
+    /// The client has waited `WaitLimits::notify` and is still queued, in the same place;
+    /// wait on by awaiting the [`Queued`].
+    StillQueued(Queued),
+}
+
+/// A place in a pool's queue: a future of what the pool hands it next. Dropping it gives
+/// the place up.
+#[derive(Debug)]
+pub struct Queued {
+    rx: oneshot::Receiver<Answer>,
+}
+
+impl Future for Queued {
+    type Output = Result<Handout, PoolError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.rx)
+            .poll(cx)
+            .map(|answer| answer.unwrap_or(Err(PoolError::Closed)))
+    }
+}
+
+/// A ticket's waiter in the queue: where its answer goes, and when the watchdog must look at
+/// it.
+#[derive(Debug)]
+struct Waiter {
+    tx: oneshot::Sender<Answer>,
+    /// query_wait_timeout runs out.
+    deadline: Option<Instant>,
+    /// query_wait_notify is due (once).
+    notify_at: Option<Instant>,
+}
+
+impl Waiter {
+    /// A waiter for `ticket`, joining the queue at `now` with a (timeout, notify) pair.
+    fn new(
+        ticket: &Ticket,
+        (timeout, notify): (Option<Duration>, Option<Duration>),
+        now: Instant,
+    ) -> (Waiter, Queued) {
+        let (tx, rx) = oneshot::channel();
+        let waiter = Waiter {
+            tx,
+            deadline: timeout.and_then(|t| now.checked_add(t)),
+            notify_at: notify.and_then(|t| ticket.enqueued_at.checked_add(t)),
+        };
+        (waiter, Queued { rx })
+    }
+
+    /// Whether the client still waits (it drops its end when it gives up).
+    fn live(&self) -> bool {
+        !self.tx.is_closed()
+    }
+
+    /// The next moment this waiter needs the watchdog.
+    fn alarm(&self) -> Option<Instant> {
+        earliest(self.deadline, self.notify_at)
+    }
+
+    /// A server for the client. One that left just now drops it, which checks it in again.
+    fn hand(self, handout: Handout) {
+        let _ = self.tx.send(Ok(handout));
+    }
+
+    fn refuse(self, err: PoolError) {
+        let _ = self.tx.send(Err(err));
+    }
+
+    /// What the watchdog does with this waiter at `now`: refuses it past its deadline, tells
+    /// it once that it is queued, and keeps it (returned) unless it is done or gone.
+    fn expire(self, now: Instant) -> Option<Waiter> {
+        if !self.live() {
+            return None;
+        }
+        if self.deadline.is_some_and(|d| d <= now) {
+            self.refuse(PoolError::WaitTimeout);
+            return None;
+        }
+        if self.notify_at.is_none_or(|n| n > now) {
+            return Some(self);
+        }
+        let (tx, rx) = oneshot::channel();
+        self.tx
+            .send(Ok(Handout::StillQueued(Queued { rx })))
+            .ok()
+            .map(|()| Waiter {
+                tx,
+                deadline: self.deadline,
+                notify_at: None,
+            })
+    }
+}
+
+/// The earlier of two optional moments.
+fn earliest(a: Option<Instant>, b: Option<Instant>) -> Option<Instant> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    }
+}
+
+/// A pool's queue watchdog: sleeps until the earliest moment a waiter needs it, looks, and
+/// goes on while any waiter has a limit left. Ends with the pool, or when replaced by one
+/// armed for an earlier moment.
+async fn watch_queue(pool: Weak<Pool>, mut at: Instant, id: u64) {
+    loop {
+        tokio::time::sleep_until(at.into()).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        match pool.expire_waiters(id, Instant::now()) {
+            Some(next) => at = next,
+            None => return,
+        }
+    }
 }
 
 /// The login failure the server reported within server_login_retry, while nothing is being
@@ -507,8 +763,67 @@ fn try_increment(counter: &AtomicUsize, max: usize) -> bool {
         .is_ok()
 }
 
-fn close_in_background(conn: ServerConn) {
+fn close_in_background(conn: Box<ServerConn>) {
     if tokio::runtime::Handle::try_current().is_ok() {
         tokio::spawn(conn.terminate());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(at: Instant, limits: (Option<Duration>, Option<Duration>)) -> (Waiter, Queued) {
+        Waiter::new(&Ticket::new(1, at), limits, at)
+    }
+
+    #[test]
+    fn a_waiter_past_its_deadline_is_refused_and_dropped() {
+        let t0 = Instant::now();
+        let (w, mut q) = waiter(t0, (Some(Duration::from_secs(2)), None));
+        assert_eq!(w.alarm(), Some(t0 + Duration::from_secs(2)));
+        let w = w
+            .expire(t0 + Duration::from_secs(1))
+            .expect("still waiting");
+        assert!(w.expire(t0 + Duration::from_secs(2)).is_none());
+        assert!(matches!(q.rx.try_recv(), Ok(Err(PoolError::WaitTimeout))));
+    }
+
+    #[test]
+    fn a_waiter_is_told_once_that_it_is_queued_and_keeps_its_deadline() {
+        let t0 = Instant::now();
+        let (w, mut q) = waiter(
+            t0,
+            (Some(Duration::from_secs(9)), Some(Duration::from_secs(1))),
+        );
+        assert_eq!(w.alarm(), Some(t0 + Duration::from_secs(1)));
+        let w = w.expire(t0 + Duration::from_secs(1)).expect("kept");
+        let Ok(Ok(Handout::StillQueued(mut next))) = q.rx.try_recv() else {
+            panic!("no notice");
+        };
+        assert_eq!(w.alarm(), Some(t0 + Duration::from_secs(9)));
+        assert!(next.rx.try_recv().is_err(), "told only once");
+        w.refuse(PoolError::Closed);
+        assert!(matches!(next.rx.try_recv(), Ok(Err(PoolError::Closed))));
+    }
+
+    #[test]
+    fn a_waiter_that_left_is_dropped() {
+        let t0 = Instant::now();
+        let (w, q) = waiter(t0, (None, None));
+        assert_eq!(w.alarm(), None);
+        assert!(w.live());
+        drop(q);
+        assert!(!w.live());
+        assert!(w.expire(t0).is_none());
+    }
+
+    #[test]
+    fn earliest_of_two_moments() {
+        let t0 = Instant::now();
+        let t1 = t0 + Duration::from_secs(1);
+        assert_eq!(earliest(Some(t1), Some(t0)), Some(t0));
+        assert_eq!(earliest(None, Some(t1)), Some(t1));
+        assert_eq!(earliest(None, None), None);
     }
 }
