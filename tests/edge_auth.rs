@@ -401,3 +401,25 @@ fn guessing_names_from_one_address_is_throttled_before_any_lookup() {
     std::thread::sleep(Duration::from_millis(500));
     assert_eq!(lookups(), 50, "a refused login ran auth_query");
 }
+
+#[test]
+fn logins_abandoned_at_the_password_prompt_count_as_failures() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-throttle-");
+    let userlist = write_userlist(
+        dir.path(),
+        &[("md5user", &common::md5_secret("md5user", "md5pass"))],
+    );
+    let settings = format!("auth_type = md5\nauth_file = {}\n", userlist.display());
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    // Each try may cost a secret lookup; walking away must not make it free.
+    for _ in 0..10 {
+        let client = stop_at_password_prompt(pw.port, "md5user");
+        drop(client);
+    }
+    let blocked = common::eventually(std::time::Duration::from_secs(3), || {
+        login(&pw, "md5user", Some("md5pass"), "app")
+            .is_err_and(|e| e.contains("too many failed login attempts"))
+    });
+    assert!(blocked, "abandoned logins were not counted");
+}

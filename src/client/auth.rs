@@ -93,6 +93,12 @@ async fn throttled(
     }
     let authed = match authenticate_for(io, rt, req).await {
         Ok(a) => a,
+        // A client that leaves (or breaks the protocol) before its exchange ends counts as a
+        // failed login: each try may have cost an auth_query on the server.
+        Err(e) if abandoned(&e) => {
+            crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now());
+            return Err(e);
+        }
         Err(SessionError::Fatal(e)) if is_auth_failure(&e) => {
             match crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
                 Some(Blocked::Role { .. }) => {
@@ -146,6 +152,14 @@ fn truncate_name(name: &str) -> String {
         end -= 1;
     }
     name[..end].to_string()
+}
+
+/// Whether the client gave up on its login exchange or broke it.
+fn abandoned(e: &SessionError) -> bool {
+    match e {
+        SessionError::Gone | SessionError::Io(_) => true,
+        SessionError::Fatal(f) => f.code == sqlstate::PROTOCOL_VIOLATION,
+    }
 }
 
 /// Whether a refusal counts as a failed login: a wrong password (28P01) or a refusal by the

@@ -227,6 +227,16 @@ fn address_key(addr: Option<IpAddr>) -> Option<IpAddr> {
     }
 }
 
+/// The (address, role) pair an attempt is counted under: the address as
+/// [`address_key`] counts it, so an IPv6 host cannot spread its guesses at one role over its
+/// /64.
+fn keyed(who: &Attempt) -> Attempt {
+    Attempt {
+        addr: address_key(who.addr),
+        role: who.role.clone(),
+    }
+}
+
 /// Failed logins per (address, role) and per address.
 #[derive(Debug)]
 pub struct LoginThrottle {
@@ -247,7 +257,7 @@ impl LoginThrottle {
     /// `Err` while `who` is blocked, as this role or as its address.
     pub fn check(&mut self, who: &Attempt, now: Instant) -> Result<(), Blocked> {
         self.pairs
-            .check(who, now)
+            .check(&keyed(who), now)
             .map_err(|until| Blocked::Role { until })?;
         match address_key(who.addr) {
             Some(a) => self
@@ -268,10 +278,11 @@ impl LoginThrottle {
                 .may_begin(a, now)
                 .map_err(|until| Blocked::Address { until })?;
         }
+        let pair = keyed(who);
         self.pairs
-            .may_begin(who, now)
+            .may_begin(&pair, now)
             .map_err(|until| Blocked::Role { until })?;
-        self.pairs.begin(who);
+        self.pairs.begin(&pair);
         if let Some(a) = &addr {
             self.addresses.begin(a);
         }
@@ -280,7 +291,7 @@ impl LoginThrottle {
 
     /// Ends an attempt [`LoginThrottle::begin`] started, whatever its outcome.
     pub fn end(&mut self, who: &Attempt) {
-        self.pairs.end(who);
+        self.pairs.end(&keyed(who));
         if let Some(a) = address_key(who.addr) {
             self.addresses.end(&a);
         }
@@ -293,7 +304,7 @@ impl LoginThrottle {
             .map(|until| Blocked::Address { until });
         let by_role = self
             .pairs
-            .failed(who, now)
+            .failed(&keyed(who), now)
             .map(|until| Blocked::Role { until });
         by_address.or(by_role)
     }
@@ -301,7 +312,7 @@ impl LoginThrottle {
     /// A successful login forgets the failures as this role before it. The address's
     /// failures stay: logging in as one's own role does not make guesses at others free.
     pub fn succeeded(&mut self, who: &Attempt) {
-        self.pairs.forgive(who);
+        self.pairs.forgive(&keyed(who));
     }
 
     /// How many (address, role) pairs are remembered.
@@ -323,6 +334,20 @@ impl LoginThrottle {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn guesses_at_one_role_from_one_ipv6_slash_64_count_together() {
+        let mut t = LoginThrottle::new(ThrottleRules::default(), 100);
+        let now = Instant::now();
+        for i in 0..ThrottleRules::default().per_role.failures {
+            let w = who(&format!("2001:db8::{:x}", i + 1), "alice");
+            t.begin(&w, now).unwrap();
+            t.failed(&w, now);
+            t.end(&w);
+        }
+        assert!(t.check(&who("2001:db8::ffff", "alice"), now).is_err());
+        assert!(t.check(&who("2001:db8:0:1::1", "alice"), now).is_ok());
+    }
 
     fn who(addr: &str, role: &str) -> Attempt {
         Attempt {
