@@ -138,9 +138,11 @@ pub struct ClientEntry {
 
 impl ClientEntry {
     pub fn info(&self) -> ClientInfo {
-        let identity = lock(&self.identity).clone();
+        // The state first: writers set the identity before the state they publish, so the
+        // identity read after it is at least as new (the server shown is the one in use).
         let state = self.state();
         let request = self.request_instant();
+        let identity = lock(&self.identity).clone();
         ClientInfo {
             user: identity.user,
             database: identity.database,
