@@ -228,12 +228,17 @@ impl Session {
                 Event::ClientClosed => return Ok(()),
                 Event::ServerData => {
                     self.on_server_data().await?;
-                    if self.held && self.on_client_data(io).await? {
-                        self.drain_after_terminate().await;
+                    if self.retry_held(io).await? {
                         return Ok(());
                     }
                 }
-                Event::ServerDrained => self.maybe_release().await?,
+                Event::ServerDrained => {
+                    self.maybe_release().await?;
+                    // Held messages may go now that nothing waits to be written.
+                    if self.retry_held(io).await? {
+                        return Ok(());
+                    }
+                }
                 Event::ServerClosed => return Err(self.server_lost()),
                 Event::Timer(Timer::TenantStatement) => self.cancel_for_tenant(),
                 Event::Timer(t) => {
@@ -254,6 +259,16 @@ impl Session {
                 }
             }
         }
+    }
+
+    /// Offers held client messages to the server again; true when the client said Terminate
+    /// (what came before it has then been drained).
+    async fn retry_held(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
+        if !self.held || !self.on_client_data(io).await? {
+            return Ok(false);
+        }
+        self.drain_after_terminate().await;
+        Ok(true)
     }
 
     /// Waits for the next thing to act on, moving buffered bytes meanwhile.
