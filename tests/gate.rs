@@ -526,7 +526,7 @@ mod pipelines {
         bind_message, execute_message, message, parse_message, query_message, sync_message, Raw,
     };
 
-    fn raw(f: &Fixture, user: &str) -> Raw {
+    pub(super) fn raw(f: &Fixture, user: &str) -> Raw {
         let mut raw = Raw::connect(f.pw.port);
         raw.startup(&[("user", user), ("database", "app")])
             .expect("login");
@@ -534,7 +534,7 @@ mod pipelines {
     }
 
     /// Every message up to ReadyForQuery within `wait`, or what came before a timeout.
-    fn read_to_ready_within(raw: &mut Raw, wait: Duration) -> Result<String, String> {
+    pub(super) fn read_to_ready_within(raw: &mut Raw, wait: Duration) -> Result<String, String> {
         let deadline = Instant::now() + wait;
         let mut tags = String::new();
         loop {
@@ -770,41 +770,11 @@ max_scan_rows = 50000
 /// Pricing that must not be dodged: statement names, failed transactions, shadowed
 /// functions, pgward's own names, deep expressions, and a client that keeps sending.
 mod dodges {
+    use super::pipelines::{raw, read_to_ready_within};
     use super::*;
     use common::raw::{
         bind_message, execute_message, parse_message, query_message, sync_message, Raw,
     };
-
-    fn raw(f: &Fixture, user: &str) -> Raw {
-        let mut raw = Raw::connect(f.pw.port);
-        raw.startup(&[("user", user), ("database", "app")])
-            .expect("login");
-        raw
-    }
-
-    fn read_to_ready_within(raw: &mut Raw, wait: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + wait;
-        let mut tags = String::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match raw.read_message_within(left) {
-                Ok(m) => {
-                    tags.push(m.tag as char);
-                    if m.tag == b'E' {
-                        let f = common::raw::Fields::parse(&m.body);
-                        tags.push_str(&format!("[{}]", f.code()));
-                    }
-                    if m.tag == b'D' {
-                        tags.push_str(&format!("[{}]", String::from_utf8_lossy(&m.body[6..])));
-                    }
-                    if m.tag == b'Z' {
-                        return Ok(tags);
-                    }
-                }
-                Err(e) => return Err(format!("{e:?} after {tags}")),
-            }
-        }
-    }
 
     fn run(r: &mut Raw, bytes: Vec<u8>) -> String {
         r.send(&bytes);

@@ -487,7 +487,7 @@ impl Session {
             if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan)) {
                 tracing::warn!(client = self.id, tenant = %d.tenant, rule = %hit.rule, "a statement priced after it ran in a batch broke a cost rule");
             }
-            // It paid min_charge when it started; the rest of its cost now.
+            // Its whole cost now, on top of the min_charge it paid when it started.
             let units = plan.total_cost.max(0.0);
             let keeper = &self.rt.gatekeeper;
             keeper.lock().charge_after(&d.tenant, units, Instant::now());
