@@ -55,10 +55,22 @@ fn is_plain_name(name: &str) -> bool {
 }
 
 /// Values of tracked parameters, keyed by canonical name.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default)]
 pub struct ParamSet {
     entries: Vec<(String, String)>,
+    /// Every entry, sorted by name, each part preceded by its length: two sets are equal
+    /// when their keys are. Comparing is one memcmp, which the session does at every
+    /// checkout.
+    key: Vec<u8>,
 }
+
+impl PartialEq for ParamSet {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
+}
+
+impl Eq for ParamSet {}
 
 impl ParamSet {
     pub fn get(&self, name: &str) -> Option<&str> {
@@ -71,15 +83,21 @@ impl ParamSet {
     /// Sets a value; returns whether it changed.
     pub fn set(&mut self, name: &str, value: &str) -> bool {
         match self.entries.iter_mut().find(|(n, _)| n == name) {
-            Some((_, v)) if v == value => false,
-            Some((_, v)) => {
-                *v = value.to_string();
-                true
-            }
-            None => {
-                self.entries.push((name.to_string(), value.to_string()));
-                true
-            }
+            Some((_, v)) if v == value => return false,
+            Some((_, v)) => *v = value.to_string(),
+            None => self.entries.push((name.to_string(), value.to_string())),
+        }
+        self.rekey();
+        true
+    }
+
+    fn rekey(&mut self) {
+        let mut sorted: Vec<&(String, String)> = self.entries.iter().collect();
+        sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        self.key.clear();
+        for part in sorted.into_iter().flat_map(|(n, v)| [n, v]) {
+            self.key.extend_from_slice(&part.len().to_le_bytes());
+            self.key.extend_from_slice(part.as_bytes());
         }
     }
 
@@ -143,6 +161,26 @@ mod tests {
         assert!(b.set("TimeZone", "UTC"));
         assert!(!b.set("TimeZone", "UTC"));
         assert!(a.differences(&b).is_empty());
+    }
+
+    #[test]
+    fn equality_ignores_order_and_sees_every_byte() {
+        let mut a = ParamSet::default();
+        let mut b = ParamSet::default();
+        a.set("TimeZone", "UTC");
+        a.set("DateStyle", "ISO, MDY");
+        b.set("DateStyle", "ISO, MDY");
+        assert_ne!(a, b);
+        b.set("TimeZone", "UTC");
+        assert_eq!(a, b);
+        b.set("TimeZone", "UTC ");
+        assert_ne!(a, b);
+        // Parts cannot run into each other.
+        let mut c = ParamSet::default();
+        let mut d = ParamSet::default();
+        c.set("a", "bc");
+        d.set("ab", "c");
+        assert_ne!(c, d);
     }
 
     #[test]
