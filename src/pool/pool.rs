@@ -24,6 +24,11 @@ pub type Welcome = Arc<Vec<(String, String)>>;
 /// How long a pool waits before opening again after the server could not be reached.
 const TRANSIENT_RETRY: Duration = Duration::from_millis(500);
 
+/// The queue's watchdog looks at the waiters at most this often. Each look walks the whole
+/// queue, so with many waiters whose limits run out at different moments this bounds the
+/// work to a few walks a second; a limit is then kept to within this much.
+const WATCH_STEP: Duration = Duration::from_millis(100);
+
 #[derive(Debug)]
 struct Inner {
     /// The pool's settings, as `Pool::settings` has them: kept here too so that the hot
@@ -288,6 +293,7 @@ impl Pool {
                 inner.waiters.push(ticket, waiter);
             }
         }
+        let next = next.map(|at| at.max(now + WATCH_STEP));
         inner.alarm = next.map(|at| (at, id));
         next
     }
