@@ -40,11 +40,12 @@ pub enum ReloadError {
 }
 
 pub struct Runtime {
-    pub config: ArcSwap<Config>,
+    /// Shared (`Arc`) so sessions can keep an [`arc_swap::Cache`] of it.
+    pub config: Arc<ArcSwap<Config>>,
     pub userlist: ArcSwap<HashMap<String, Secret>>,
     pub tracked: ArcSwap<Tracked>,
     /// The policy and the statement analyzer; `None` when no `policy_file` is set.
-    pub governance: ArcSwap<Option<Arc<Governance>>>,
+    pub governance: Arc<ArcSwap<Option<Arc<Governance>>>>,
     pub pools: Pools,
     pub cancels: CancelRegistry,
     pub clients: AtomicUsize,
@@ -77,10 +78,10 @@ impl Runtime {
         let gatekeeper = Gatekeeper::new();
         gatekeeper.configure(governance.as_deref().map(|g| &g.policy));
         Arc::new(Runtime {
-            config: ArcSwap::from_pointee(config),
+            config: Arc::new(ArcSwap::from_pointee(config)),
             userlist: ArcSwap::from_pointee(userlist),
             tracked: ArcSwap::from_pointee(tracked),
-            governance: ArcSwap::from_pointee(governance),
+            governance: Arc::new(ArcSwap::from_pointee(governance)),
             pools: Pools::default(),
             cancels: CancelRegistry::default(),
             clients: AtomicUsize::new(0),

@@ -33,11 +33,13 @@ pub(super) struct ClientSide<'a> {
 }
 
 /// Handles one server message (its tag and where it lies in the server's buffer): matches it
-/// to what it answers and learns from it.
+/// to what it answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
+/// once per message by the caller, which also counts it).
 pub(super) fn server_message(
     link: &mut Link,
     client: &mut ClientSide,
     (tag, start, end): (u8, usize, usize),
+    ready_at: Option<Instant>,
 ) -> Result<Route, SessionError> {
     let (route, learned) = match link.expected.on_message(tag) {
         Ok(r) => r,
@@ -52,6 +54,10 @@ pub(super) fn server_message(
     if tag == b'E' && link.reset_sent {
         link.server.poison();
     }
+    if matches!(learned, Learned::Nothing) && !matches!(tag, b'S' | b'C') {
+        // Rows, descriptions and the like teach nothing (see `learn`).
+        return Ok(route);
+    }
     let server = &mut *link.server;
     let body = &server.rbuf[start + 5..end];
     let ready = learn(
@@ -64,7 +70,7 @@ pub(super) fn server_message(
     )?;
     if let Some(status) = ready {
         server.tx = status;
-        let now = Instant::now();
+        let now = ready_at.unwrap_or_else(Instant::now);
         link.tx_since = match status {
             TxStatus::Idle => None,
             _ => link.tx_since.or(link.busy_since).or(Some(now)),
@@ -79,7 +85,9 @@ pub(super) fn server_message(
 }
 
 /// What one server message teaches, whoever reads it: statements the server does or does not
-/// have, parameters, and the transaction status of a ReadyForQuery (returned).
+/// have, parameters, and the transaction status of a ReadyForQuery (returned). Only
+/// ParameterStatus and CommandComplete teach anything beyond what the queue `learned`:
+/// [`server_message`] calls this for no other message unless the queue learned something.
 pub(super) fn learn(
     tag: u8,
     body: &[u8],

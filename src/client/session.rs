@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use arc_swap::{ArcSwap, Cache};
 use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
@@ -21,8 +22,9 @@ use super::messages::{emit_synthetic, learn, server_message, ClientSide, Message
 use super::prepared::ClientStatements;
 use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
-use crate::config::{PoolMode, Settings};
+use crate::config::{Config, PoolMode, Settings};
 use crate::gate::Ticket;
+use crate::governance::Governance;
 use crate::ops::{Checkout, SessionHooks, Waiting};
 use crate::params::{self, ParamSet, Tracked};
 use crate::pool::{Pool, ServerGuard};
@@ -132,9 +134,16 @@ impl ClientChunk {
     }
 }
 
+/// The configuration as last seen, re-read only when a reload or a console SET replaced it.
+type ConfigCache = Cache<Arc<ArcSwap<Config>>, Arc<Config>>;
+/// The policy in force (if any), re-read only when a reload replaced it.
+type GovernanceCache = Cache<Arc<ArcSwap<Option<Arc<Governance>>>>, Arc<Option<Arc<Governance>>>>;
+
 pub struct Session {
     id: u64,
     rt: Arc<Runtime>,
+    config: ConfigCache,
+    governance: GovernanceCache,
     /// The role the client logged in as, and from where.
     user: String,
     client_addr: Option<IpAddr>,
@@ -179,6 +188,8 @@ impl Session {
         let mode = pool.settings().mode;
         Session {
             id: hooks.client_id(),
+            config: Cache::new(rt.config.clone()),
+            governance: Cache::new(rt.governance.clone()),
             rt,
             user,
             client_addr,
@@ -303,32 +314,52 @@ impl Session {
         if let Err(e) = flush(&mut io.stream, &mut self.to_client, cx) {
             return Poll::Ready(Err(e.into()));
         }
+        // The side that is expected to speak next is read first: a woken session usually
+        // finds its data there and returns without polling the other. Either way both are
+        // polled before pending, so both wake this task.
+        let answers_owed = self.link.as_ref().is_some_and(|l| !l.expected.is_empty());
+        if answers_owed {
+            if let Poll::Ready(ev) = self.poll_server_read(cx) {
+                return Poll::Ready(Ok(ev));
+            }
+            return self.poll_client_read(io, cx).map(Ok);
+        }
+        if let Poll::Ready(ev) = self.poll_client_read(io, cx) {
+            return Poll::Ready(Ok(ev));
+        }
+        self.poll_server_read(cx).map(Ok)
+    }
+
+    /// Reads what the client sent, unless enough waits to go to the server already.
+    fn poll_client_read(&mut self, io: &mut ClientIo, cx: &mut Context<'_>) -> Poll<Event> {
         // While messages are held, what the client sends waits in the read buffer: bounded.
         let held_full = self.held && io.rbuf.len() >= HIGH_WATER;
-        if self.to_server.len() < HIGH_WATER && !held_full {
-            reserve_for_frame(&mut io.rbuf);
-            match poll_read_buf(Pin::new(&mut io.stream), cx, &mut io.rbuf) {
-                Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                    return Poll::Ready(Ok(Event::ClientClosed))
-                }
-                Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Event::ClientData)),
-                Poll::Pending => {}
-            }
+        if self.to_server.len() >= HIGH_WATER || held_full {
+            return Poll::Pending;
         }
-        if let Some(link) = &mut self.link {
-            if self.to_client.len() < HIGH_WATER {
-                let server = &mut *link.server;
-                reserve_for_frame(&mut server.rbuf);
-                match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
-                    Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => {
-                        return Poll::Ready(Ok(Event::ServerClosed))
-                    }
-                    Poll::Ready(Ok(_)) => return Poll::Ready(Ok(Event::ServerData)),
-                    Poll::Pending => {}
-                }
-            }
+        reserve_for_frame(&mut io.rbuf);
+        match poll_read_buf(Pin::new(&mut io.stream), cx, &mut io.rbuf) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(Event::ClientClosed),
+            Poll::Ready(Ok(_)) => Poll::Ready(Event::ClientData),
+            Poll::Pending => Poll::Pending,
         }
-        Poll::Pending
+    }
+
+    /// Reads what the server sent, unless enough waits to go to the client already.
+    fn poll_server_read(&mut self, cx: &mut Context<'_>) -> Poll<Event> {
+        let Some(link) = &mut self.link else {
+            return Poll::Pending;
+        };
+        if self.to_client.len() >= HIGH_WATER {
+            return Poll::Pending;
+        }
+        let server = &mut *link.server;
+        reserve_for_frame(&mut server.rbuf);
+        match poll_read_buf(Pin::new(&mut server.stream), cx, &mut server.rbuf) {
+            Poll::Ready(Ok(0)) | Poll::Ready(Err(_)) => Poll::Ready(Event::ServerClosed),
+            Poll::Ready(Ok(_)) => Poll::Ready(Event::ServerData),
+            Poll::Pending => Poll::Pending,
+        }
     }
 
     fn next_deadline(&self) -> Option<(Instant, Timer)> {
@@ -481,43 +512,47 @@ impl Session {
     /// and queues the result for the server. Untouched runs of messages are not copied.
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
         self.held = false;
-        let governance = self.rt.governance.load();
-        let capacity = self.prepared_capacity(governance.is_some());
+        let governance = self.governance.load();
+        let capacity = prepared_capacity(
+            self.mode,
+            self.config.load().settings.max_prepared_statements,
+            governance.is_some(),
+        );
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
+        let rules = governance.as_deref().map(|governance| RuleCheck {
+            governance,
+            client_id: self.id,
+            role: &self.user,
+            client_addr: self.client_addr,
+            params: &self.params,
+            state: &mut self.rule_state,
+            read_before: self.gate.analyzed.as_ref(),
+        });
+        let mut ctx = MessageContext {
+            link: &mut *link,
+            statements: &mut self.statements,
+            capacity,
+            pooled: self.mode != PoolMode::Session,
+            rules,
+            skip_to_sync: &mut self.skip_to_sync,
+            verdicts: &mut self.gate.verdicts,
+        };
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
         while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
-            if tag == b'P' && capacity.is_some() && waits_for_parse(link, body) {
+            if tag == b'P' && capacity.is_some() && waits_for_parse(ctx.link, body) {
                 // Whether this name is free depends on how an earlier Parse of it fares:
                 // hold the rest until the server has answered that one.
                 self.held = true;
                 break;
             }
-            let rules = governance.as_deref().map(|governance| RuleCheck {
-                governance,
-                client_id: self.id,
-                role: &self.user,
-                client_addr: self.client_addr,
-                params: &self.params,
-                state: &mut self.rule_state,
-                read_before: self.gate.analyzed.as_ref(),
-            });
-            let mut ctx = MessageContext {
-                link: &mut *link,
-                statements: &mut self.statements,
-                capacity,
-                pooled: self.mode != PoolMode::Session,
-                rules,
-                skip_to_sync: &mut self.skip_to_sync,
-                verdicts: &mut self.gate.verdicts,
-            };
             if let Some(replacement) = ctx.client_message(tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&chunk[run_start..offset]);
@@ -543,18 +578,6 @@ impl Session {
         Ok(())
     }
 
-    /// How many mapped statements each server may hold, if pgward maps them: in pooled
-    /// modes, `max_prepared_statements` as it is set now (the console can change it). Under a
-    /// policy they are always mapped, so no client can reach a statement another client
-    /// prepared (and that was judged for that client alone).
-    fn prepared_capacity(&self, governed: bool) -> Option<usize> {
-        let capacity = match self.rt.config.load().settings.max_prepared_statements as usize {
-            0 if governed => DEFAULT_MAX_PREPARED,
-            n => n,
-        };
-        (self.mode != PoolMode::Session && capacity > 0).then_some(capacity)
-    }
-
     /// Checks out a server (waiting in the gate's queue) and brings its tracked
     /// parameters in line with the client's.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
@@ -562,7 +585,7 @@ impl Session {
         let mut server = {
             // query_wait_notify: a client queued that long is told so, once. The pool's
             // queue keeps the time, so a wait sets no timer of its own.
-            let notify = self.rt.config.load().settings.query_wait_notify;
+            let notify = self.config.load().settings.query_wait_notify;
             let checkout = self
                 .hooks
                 .checkout(&self.pool, Waiting::Start(ticket), notify);
@@ -668,6 +691,7 @@ impl Session {
         let mut run_start = 0;
         let max = link.server.max_message();
         let mut opened_block = false;
+        let mut last_ready = None;
         while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
             let end = offset + 1 + len;
             if tag == b'Z'
@@ -679,7 +703,9 @@ impl Session {
                 opened_block = true;
                 break;
             }
-            let marks = (tag == b'Z').then_some((link.busy_since, link.tx_since));
+            let ready_at = (tag == b'Z').then(Instant::now);
+            let marks = ready_at.map(|at| (link.busy_since, link.tx_since, at));
+            last_ready = ready_at.or(last_ready);
             let mut client = ClientSide {
                 statements: &mut self.statements,
                 params: &mut self.params,
@@ -690,7 +716,7 @@ impl Session {
                     timed_out_error(&link.server.rbuf[offset..end], self.gate.timed_out)
                 {
                     // PostgreSQL's answer to pgward's cancel: say whose timeout it was.
-                    let route = server_message(link, &mut client, (tag, offset, end))?;
+                    let route = server_message(link, &mut client, (tag, offset, end), None)?;
                     let out = kept.get_or_insert_with(BytesMut::new);
                     out.extend_from_slice(&link.server.rbuf[run_start..offset]);
                     if route == Route::Forward {
@@ -703,9 +729,9 @@ impl Session {
                     continue;
                 }
             }
-            let route = server_message(link, &mut client, (tag, offset, end))?;
-            if let Some((busy, tx)) = marks {
-                self.hooks.ready(link.server.tx, busy, tx);
+            let route = server_message(link, &mut client, (tag, offset, end), ready_at)?;
+            if let Some((busy, tx, at)) = marks {
+                self.hooks.ready(link.server.tx, (busy, tx), at);
             }
             if route == Route::Swallow || link.expected.synthetic_next() {
                 let out = kept.get_or_insert_with(BytesMut::new);
@@ -741,7 +767,7 @@ impl Session {
             link.busy_since = None;
             self.gate.timed_out = None;
             // Idle time counts from the last answer, not from the last request.
-            self.last_client_activity = Instant::now();
+            self.last_client_activity = last_ready.unwrap_or_else(Instant::now);
         }
         self.maybe_release().await
     }
@@ -837,6 +863,18 @@ impl Session {
         }
         self.release().await;
     }
+}
+
+/// How many mapped statements each server may hold, if pgward maps them: in pooled modes,
+/// `max_prepared_statements` as it is set now (the console can change it). Under a policy
+/// they are always mapped, so no client can reach a statement another client prepared (and
+/// that was judged for that client alone).
+fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<usize> {
+    let capacity = match configured as usize {
+        0 if governed => DEFAULT_MAX_PREPARED,
+        n => n,
+    };
+    (mode != PoolMode::Session && capacity > 0).then_some(capacity)
 }
 
 /// The limit pgward cancelled at, when `frame` is PostgreSQL's 57014 after that cancel.

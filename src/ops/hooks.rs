@@ -134,10 +134,14 @@ impl SessionHooks {
         self.counters.add_sent(n);
     }
 
-    /// A ReadyForQuery arrived with `status`; `busy_since` and `tx_since` are the session's
-    /// marks from before it.
-    pub fn ready(&self, status: TxStatus, busy_since: Option<Instant>, tx_since: Option<Instant>) {
-        let now = Instant::now();
+    /// A ReadyForQuery arrived `now` with `status`; `busy_since` and `tx_since` are the
+    /// session's marks from before it.
+    pub fn ready(
+        &self,
+        status: TxStatus,
+        (busy_since, tx_since): (Option<Instant>, Option<Instant>),
+        now: Instant,
+    ) {
         let query = busy_since.map_or_else(Default::default, |t| now.saturating_duration_since(t));
         let xact = (status == TxStatus::Idle)
             .then(|| tx_since.map_or(query, |t| now.saturating_duration_since(t)));

@@ -184,7 +184,7 @@ impl Session {
         len: usize,
     ) -> Result<usize, SessionError> {
         // Without a policy nothing is gated, at the cost of one load.
-        let Some(governance) = self.rt.governance.load().as_ref().clone() else {
+        let Some(governance) = self.governance.load().as_ref().clone() else {
             return Ok(len);
         };
         if self.gate.gated == 0 {
