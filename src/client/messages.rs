@@ -12,8 +12,8 @@ use super::session::Link;
 use super::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
-use crate::server::{Learned, Owed, Route, ServerStatements};
-use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
+use crate::server::{Learned, Owed, Route, ServerStatements, Skipped};
+use crate::wire::{self, split_cstr, sqlstate, ErrorResponse, TxStatus};
 
 /// Sends the answers pgward owes the client that are now at the head of the queue.
 pub(super) fn emit_synthetic(link: &mut Link, out: &mut BytesMut) {
@@ -110,11 +110,12 @@ pub(super) fn learn(
                 })?;
             return Ok(Some(status));
         }
-        Learned::Skipped {
-            server_statements: missing,
-            client_statements,
-            still_prepared,
-        } => {
+        Learned::Skipped(skipped) => {
+            let Skipped {
+                server_statements: missing,
+                client_statements,
+                still_prepared,
+            } = *skipped;
             for name in &missing {
                 server_statements.remove(name);
             }
@@ -583,12 +584,6 @@ fn malformed(what: &str) -> SessionError {
     ))
 }
 
-/// Splits a NUL-terminated string off the front of `buf`.
-fn cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
-    let nul = buf.iter().position(|b| *b == 0)?;
-    Some((&buf[..nul], &buf[nul + 1..]))
-}
-
 /// A Parse body: statement name, query text and parameter types.
 struct ParseBody<'a> {
     name: &'a [u8],
@@ -598,8 +593,8 @@ struct ParseBody<'a> {
 
 fn read_parse(body: &[u8]) -> Result<ParseBody<'_>, SessionError> {
     let bad = || malformed("Parse");
-    let (name, rest) = cstr(body).ok_or_else(bad)?;
-    let (query, rest) = cstr(rest).ok_or_else(bad)?;
+    let (name, rest) = split_cstr(body).ok_or_else(bad)?;
+    let (query, rest) = split_cstr(rest).ok_or_else(bad)?;
     let count = rest.get(..2).ok_or_else(bad)?;
     let count = i16::from_be_bytes([count[0], count[1]]);
     let types = rest.get(2..).ok_or_else(bad)?;
@@ -616,8 +611,8 @@ fn read_parse(body: &[u8]) -> Result<ParseBody<'_>, SessionError> {
 /// A Bind body: where the portal name ends (with its NUL), the statement name, and the
 /// rest of the body after the statement name's NUL.
 fn read_bind(body: &[u8]) -> Result<(usize, &[u8], &[u8]), SessionError> {
-    let (portal, rest) = cstr(body).ok_or_else(|| malformed("Bind"))?;
-    let (statement, rest) = cstr(rest).ok_or_else(|| malformed("Bind"))?;
+    let (portal, rest) = split_cstr(body).ok_or_else(|| malformed("Bind"))?;
+    let (statement, rest) = split_cstr(rest).ok_or_else(|| malformed("Bind"))?;
     Ok((portal.len() + 1, statement, rest))
 }
 
@@ -626,7 +621,7 @@ fn read_target(body: &[u8]) -> Result<(u8, &[u8]), SessionError> {
     let (&kind, rest) = body
         .split_first()
         .ok_or_else(|| malformed("Describe or Close"))?;
-    let (name, _) = cstr(rest).ok_or_else(|| malformed("Describe or Close"))?;
+    let (name, _) = split_cstr(rest).ok_or_else(|| malformed("Describe or Close"))?;
     if kind != b'S' && kind != b'P' {
         return Err(malformed("Describe or Close"));
     }

@@ -99,15 +99,20 @@ pub enum Learned {
     Nothing,
     /// An error made the server skip messages up to Sync: the server-side statements whose
     /// Parse failed or was skipped do not exist there, and the client's statements those
-    /// Parses would have created do not exist either.
-    Skipped {
-        server_statements: Vec<Bytes>,
-        client_statements: Vec<Bytes>,
-        /// Statements whose Close the server skipped: it still has them.
-        still_prepared: Vec<Bytes>,
-    },
+    /// Parses would have created do not exist either. Boxed: rare, and it would make every
+    /// answer to every message as large as itself.
+    Skipped(Box<Skipped>),
     /// The server answered a ReadyForQuery.
     Ready,
+}
+
+/// The statements an error made the server skip (see [`Learned::Skipped`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skipped {
+    pub server_statements: Vec<Bytes>,
+    pub client_statements: Vec<Bytes>,
+    /// Statements whose Close the server skipped: it still has them.
+    pub still_prepared: Vec<Bytes>,
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -430,11 +435,11 @@ impl Expected {
         }
         (
             Route::Forward,
-            Learned::Skipped {
+            Learned::Skipped(Box::new(Skipped {
                 server_statements,
                 client_statements,
                 still_prepared,
-            },
+            })),
         )
     }
 
@@ -557,11 +562,11 @@ mod tests {
             r[0],
             (
                 Route::Forward,
-                Learned::Skipped {
+                Learned::Skipped(Box::new(Skipped {
                     server_statements: vec![Bytes::from_static(b"s2")],
                     client_statements: vec![Bytes::from_static(b"c2")],
                     still_prepared: vec![],
-                }
+                }))
             )
         );
         assert_eq!(q.len(), 3, "only the Sync and the next batch remain");
@@ -595,11 +600,11 @@ mod tests {
         let r = feed(&mut q, b"E");
         assert_eq!(
             r[0].1,
-            Learned::Skipped {
+            Learned::Skipped(Box::new(Skipped {
                 server_statements: vec![Bytes::from_static(b"pgw_1")],
                 client_statements: vec![],
                 still_prepared: vec![],
-            }
+            }))
         );
         feed(&mut q, b"Z");
         assert!(q.is_quiet());
@@ -736,11 +741,11 @@ mod tests {
         let r = feed(&mut q, b"E");
         assert_eq!(
             r[0].1,
-            Learned::Skipped {
+            Learned::Skipped(Box::new(Skipped {
                 server_statements: vec![],
                 client_statements: vec![Bytes::from_static(b"c1")],
                 still_prepared: vec![],
-            }
+            }))
         );
     }
 
@@ -833,11 +838,11 @@ mod tests {
         let r = feed(&mut q, b"E");
         assert_eq!(
             r[0].1,
-            Learned::Skipped {
+            Learned::Skipped(Box::new(Skipped {
                 server_statements: vec![],
                 client_statements: vec![],
                 still_prepared: vec![Bytes::from_static(b"pgw_old")],
-            }
+            }))
         );
     }
 

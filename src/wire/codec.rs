@@ -54,11 +54,7 @@ impl Reader {
 
     /// A NUL-terminated string, returned without its terminator.
     pub(crate) fn cstr(&mut self, what: &'static str) -> Result<Bytes, WireError> {
-        let end = self
-            .rest
-            .iter()
-            .position(|&b| b == 0)
-            .ok_or(WireError::Malformed(what))?;
+        let end = memchr::memchr(0, &self.rest).ok_or(WireError::Malformed(what))?;
         let s = self.rest.split_to(end);
         self.rest.advance(1);
         Ok(s)

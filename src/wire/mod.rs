@@ -37,3 +37,14 @@ pub use frontend::{
     encode_ssl_request, encode_startup, encode_sync, encode_terminate, parse_password,
     parse_sasl_initial, tags, Frontend,
 };
+
+/// Splits a NUL-terminated string off the front of `buf`: the string without its NUL, and
+/// what follows the NUL.
+pub fn split_cstr(buf: &[u8]) -> Option<(&[u8], &[u8])> {
+    // Most names are empty (the unnamed statement and portal): answered before a search.
+    let nul = match buf.first() {
+        Some(0) => 0,
+        _ => memchr::memchr(0, buf)?,
+    };
+    Some((&buf[..nul], &buf[nul + 1..]))
+}

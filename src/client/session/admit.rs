@@ -30,7 +30,7 @@ use crate::governance::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::runtime::Runtime;
 use crate::server::{OwnStatement, ServerError};
-use crate::wire::{sqlstate, ErrorResponse, TxStatus};
+use crate::wire::{split_cstr, sqlstate, ErrorResponse, TxStatus};
 
 /// Parses remembered per session, to price the Binds of their statements.
 const MAX_PARSED: usize = 10_000;
@@ -771,10 +771,4 @@ fn read_parse(body: &[u8]) -> Option<(&[u8], Parsed)> {
             types: Bytes::copy_from_slice(types),
         },
     ))
-}
-
-/// A NUL-terminated string at the front of `b`, and the rest.
-fn split_cstr(b: &[u8]) -> Option<(&[u8], &[u8])> {
-    let end = b.iter().position(|&c| c == 0)?;
-    Some((&b[..end], &b[end + 1..]))
 }
