@@ -5,7 +5,7 @@
 # run. Exits non-zero when anything fails.
 #
 # The tests use a debug build on purpose: integration tests spend their time waiting on
-# PostgreSQL and on sockets, not in pgward's code, while a release build (thin LTO) costs
+# PostgreSQL and on sockets, not in pgward's code, while a release build (fat LTO) costs
 # minutes more to compile on a 2-core machine and shares nothing with `cargo clippy` or a
 # developer's `cargo test`.
 set -euo pipefail

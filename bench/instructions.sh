@@ -1,0 +1,99 @@
+#!/usr/bin/env bash
+# Instructions per pooled transaction, counted by callgrind, for PgBouncer and pgward (see
+# bench/README.md). Unlike timings, instruction counts barely move on a busy machine.
+#
+# usage: bench/instructions.sh [MODE...]   MODE is a pgbench protocol: simple (default),
+#                                          extended
+# environment:
+#   TARGETS       poolers to count, default "pgbouncer pgward"
+#   TRANSACTIONS  transactions per pgbench client in the counted run, default 500
+#   CLIENTS       pgbench -c, default 32 (with -j 2); POOL_SIZE default_pool_size, default 8
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+repo=$(pwd)
+# shellcheck source=bench/throwaway-pg.sh
+. bench/throwaway-pg.sh
+
+read -r -a targets <<<"${TARGETS:-pgbouncer pgward}"
+modes=("$@")
+[ "${#modes[@]}" -gt 0 ] || modes=(simple)
+per_client=${TRANSACTIONS:-500}
+clients=${CLIENTS:-32}
+pool_size=${POOL_SIZE:-8}
+bench_password=benchpass
+
+for mode in "${modes[@]}"; do
+    case $mode in simple | extended) ;; *) die "unknown pgbench protocol: $mode" ;; esac
+done
+ensure_postgres
+command -v valgrind >/dev/null || apt_install valgrind
+for target in "${targets[@]}"; do
+    case $target in
+    pgbouncer) ensure_pgbouncer ;;
+    pgward) cargo build --release --quiet ;;
+    *) die "unknown target: $target" ;;
+    esac
+done
+
+declare -A pooler_pid=() pooler_port=()
+throwaway_start pgward-instructions "host all all 127.0.0.1/32 trust" bench "$bench_password"
+work=$THROWAWAY_DIR
+pg_port=$THROWAWAY_PORT
+PGPASSWORD=$bench_password pgbench -i -q -s 10 -h 127.0.0.1 -p "$pg_port" -U bench bench \
+    >"$work/pgbench-init.log" 2>&1 || die "pgbench -i failed: $(tail "$work/pgbench-init.log")"
+printf '"bench" "%s"\n' "$bench_password" >"$work/userlist.txt"
+
+# program_of TARGET: the pooler's executable (pgward copied where the postgres user reads it).
+program_of() {
+    if [ "$1" = pgbouncer ]; then
+        command -v pgbouncer
+    else
+        install -m 755 "$repo/target/release/pgward" "$work/pgward-bin"
+        echo "$work/pgward-bin"
+    fi
+}
+
+# pgbench_run PORT MODE N: N transactions per client through PORT.
+pgbench_run() {
+    PGPASSWORD=$bench_password pgbench -n -S -M "$2" -c "$clients" -j 2 -t "$3" \
+        -h 127.0.0.1 -p "$1" -U bench bench >"$work/pgbench.log" 2>&1 ||
+        die "pgbench failed: $(tail -n 5 "$work/pgbench.log")"
+}
+
+# count TARGET MODE: starts the pooler under callgrind, warms it up, counts one run, and
+# prints the instructions per transaction of that run alone.
+count() {
+    local target=$1 mode=$2 dir port wrapper pid dump total
+    dir="$work/$target-$mode"
+    mkdir -p "$dir"
+    port=$(free_port)
+    pooler_ini "$dir" "$pg_port" "$port" "$pool_size" md5 "$work/userlist.txt" >"$dir/pooler.ini"
+    wrapper="$dir/under-callgrind"
+    printf '#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file=%s/callgrind.%%p %s "$@"\n' \
+        "$dir" "$(program_of "$target")" >"$wrapper"
+    chmod 755 "$wrapper"
+    pooler_start "$target" "$dir" "$port" "$wrapper" >/dev/null ||
+        die "$target did not start under valgrind"
+    pid=${pooler_pid[$target]}
+    pgbench_run "$port" "$mode" 50
+    as_postgres callgrind_control -z "$pid" >/dev/null
+    pgbench_run "$port" "$mode" "$per_client"
+    as_postgres callgrind_control -d "$pid" >/dev/null
+    pooler_stop "$target"
+    dump=$(find "$dir" -name "callgrind.$pid.*" | sort | tail -n 1)
+    [ -n "$dump" ] || die "no callgrind dump for $target"
+    total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
+    awk -v t="$total" -v n=$((per_client * clients)) 'BEGIN {printf "%.0f", t / n}'
+}
+
+echo "pgbench -S -c $clients -j 2 -t $per_client; pool size $pool_size; instructions per" \
+    "transaction counted by callgrind after a warm-up run"
+echo
+echo "| protocol | target | instructions per transaction |"
+echo "| --- | --- | ---: |"
+for mode in "${modes[@]}"; do
+    for target in "${targets[@]}"; do
+        echo "| $mode | $target | $(count "$target" "$mode") |"
+    done
+done
