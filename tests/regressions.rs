@@ -129,6 +129,29 @@ fn f01_simple_query_sent_while_another_waits_is_forwarded() {
     assert_eq!(read_value(&mut waiter, 3 * SECOND), Ok("q2".to_string()));
 }
 
+#[test]
+fn f01_a_client_that_leaves_while_waiting_for_a_server_runs_nothing() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE left_behind (n int); GRANT ALL ON left_behind TO PUBLIC");
+    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = login(&pw);
+    let mut waiter = login(&pw);
+    must_value(&mut holder, "BEGIN");
+    waiter.send(&raw::query_message("INSERT INTO left_behind VALUES (1)"));
+    thread::sleep(Duration::from_millis(300));
+    // The client closes its connection while it waits in the queue.
+    drop(waiter);
+    thread::sleep(Duration::from_millis(300));
+    must_value(&mut holder, "COMMIT");
+    // The server just freed must not run the statement of a client that is gone.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(pg.sql("SELECT count(*) FROM left_behind"), "0");
+    assert_eq!(
+        must_value(&mut holder, "SELECT 'still served'"),
+        "still served"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. extended-protocol COPY FROM STDIN.
 

@@ -442,7 +442,7 @@ impl Session {
                 return Ok(false);
             }
             if self.link.is_none() {
-                // Attached: go round again (what was gated stays gated).
+                // Waiting may read more messages; scan again once attached.
                 self.attach(io).await?;
                 continue;
             }
@@ -579,27 +579,34 @@ impl Session {
     }
 
     /// Checks out a server (waiting in the gate's queue) and brings its tracked
-    /// parameters in line with the client's. While it waits, the client's socket is not read
-    /// (as PgBouncer pauses a waiting client): what it sends meanwhile waits in the socket,
-    /// and a client that leaves is noticed once a server is found for it.
+    /// parameters in line with the client's.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
-        // query_wait_notify: a client queued that long is told so, once. The pool's queue
-        // keeps the time, so a wait sets no timer of its own.
-        let mut notify = self.config.load().settings.query_wait_notify;
-        let mut step = Waiting::Start(ticket);
-        let mut server = loop {
-            match self.hooks.checkout(&self.pool, step, notify.take()).await? {
-                Checkout::Server(server) => break server,
-                Checkout::Waiting(next) => {
-                    step = next;
-                    // Behind what the client is still owed, and never waiting on a client
-                    // that reads nothing.
-                    let mut out = std::mem::take(&mut self.to_client);
-                    out.extend_from_slice(&queued_notice(&self.pool.key.db));
-                    tokio::time::timeout(CLOSE_GRACE, io.send(&out))
-                        .await
-                        .map_err(|_| SessionError::Gone)??;
+        let mut server = {
+            // query_wait_notify: a client queued that long is told so, once. The pool's
+            // queue keeps the time, so a wait sets no timer of its own.
+            let notify = self.config.load().settings.query_wait_notify;
+            let checkout = self
+                .hooks
+                .checkout(&self.pool, Waiting::Start(ticket), notify);
+            tokio::pin!(checkout);
+            loop {
+                tokio::select! {
+                    biased;
+                    got = &mut checkout => match got? {
+                        Checkout::Server(server) => break server,
+                        Checkout::Waiting(step) => {
+                            checkout.set(self.hooks.checkout(&self.pool, step, None));
+                            // Behind what the client is still owed, and never waiting on a
+                            // client that reads nothing.
+                            let mut out = std::mem::take(&mut self.to_client);
+                            out.extend_from_slice(&queued_notice(&self.pool.key.db));
+                            tokio::time::timeout(CLOSE_GRACE, io.send(&out))
+                                .await
+                                .map_err(|_| SessionError::Gone)??;
+                        }
+                    },
+                    more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
                 }
             }
         };
