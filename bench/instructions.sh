@@ -36,6 +36,8 @@ for target in "${targets[@]}"; do
     esac
 done
 
+# pooler_start records each pooler here (pooler_port is only written).
+# shellcheck disable=SC2034
 declare -A pooler_pid=() pooler_port=()
 throwaway_start pgward-instructions "host all all 127.0.0.1/32 trust" bench "$bench_password"
 work=$THROWAWAY_DIR
@@ -77,9 +79,9 @@ count() {
         die "$target did not start under valgrind"
     pid=${pooler_pid[$target]}
     pgbench_run "$port" "$mode" 50
-    as_postgres callgrind_control -z "$pid" >/dev/null
+    as_postgres callgrind_control -z "$pid" >/dev/null 2>&1 || die "callgrind_control -z failed"
     pgbench_run "$port" "$mode" "$per_client"
-    as_postgres callgrind_control -d "$pid" >/dev/null
+    as_postgres callgrind_control -d "$pid" >/dev/null 2>&1 || die "callgrind_control -d failed"
     pooler_stop "$target"
     dump=$(find "$dir" -name "callgrind.$pid.*" | sort | tail -n 1)
     [ -n "$dump" ] || die "no callgrind dump for $target"
