@@ -167,6 +167,14 @@ summarize() {
     echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct |"
     echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
     awk -F'\t' -f bench/median.awk -f bench/summary.awk "$tsv"
+    if has_target pgward && has_target pgbouncer; then
+        echo
+        echo "pgward as a ratio of PgBouncer in the same round, median over rounds:"
+        echo
+        echo "| protocol | rounds | TPS | CPU per transaction |"
+        echo "| --- | ---: | ---: | ---: |"
+        awk -F'\t' -f bench/median.awk -f bench/paired.awk "$tsv"
+    fi
 }
 summarize | tee "$report"
 echo

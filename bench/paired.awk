@@ -1,0 +1,29 @@
+# Reads the TSV written by bench/pooler.sh and prints, per mode, the median over rounds of
+# pgward's TPS and CPU per transaction as ratios of PgBouncer's in the same round (the two ran
+# next to each other in time, so a round's ratio is less exposed to the machine's drift than a
+# ratio of medians). Prints nothing for a mode where either target is missing.
+# Needs median.awk: awk -f bench/median.awk -f bench/paired.awk.
+
+NR > 1 && ($2 == "pgward" || $2 == "pgbouncer") {
+    key = $1 SUBSEP $3
+    if (!($1 in seen)) { seen[$1] = 1; modes[++n] = $1 }
+    tps[key, $2] = $4
+    cpu[key, $2] = $6
+}
+
+END {
+    for (m = 1; m <= n; m++) {
+        t = ""; c = ""; rounds = 0
+        for (k in tps) {
+            split(k, part, SUBSEP)
+            if (part[1] != modes[m] || part[3] != "pgward") continue
+            round = part[1] SUBSEP part[2]
+            if (!((round, "pgbouncer") in tps) || tps[round, "pgbouncer"] + 0 == 0) continue
+            rounds++
+            t = t " " tps[round, "pgward"] / tps[round, "pgbouncer"]
+            if (cpu[round, "pgbouncer"] + 0 > 0) c = c " " cpu[round, "pgward"] / cpu[round, "pgbouncer"]
+        }
+        if (rounds == 0) continue
+        printf "| %s | %d | %.3f | %s |\n", modes[m], rounds, median(t), (c == "" ? "-" : sprintf("%.3f", median(c)))
+    }
+}
