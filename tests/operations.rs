@@ -376,6 +376,43 @@ fn samples(text: &str) -> Vec<(String, String, f64)> {
 }
 
 #[test]
+fn metrics_connections_that_send_no_whole_request_are_closed() {
+    let pg = Postgres::start();
+    let metrics_port = free_port();
+    let settings = format!("{SETTINGS}prometheus_listen = {HOST}:{metrics_port}\n");
+    let _pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    // One connection sends half a request header, another nothing at all.
+    let mut partial = TcpStream::connect((HOST, metrics_port)).expect("connect");
+    partial
+        .write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    let mut silent = TcpStream::connect((HOST, metrics_port)).expect("connect");
+    for stream in [&mut partial, &mut silent] {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(30)))
+            .unwrap();
+        let started = Instant::now();
+        let mut buf = [0u8; 256];
+        // The server closes the connection (end of stream or reset) instead of holding it.
+        let closed = match stream.read(&mut buf) {
+            Ok(n) => n == 0,
+            Err(e) => !matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ),
+        };
+        assert!(closed, "connection still open");
+        assert!(
+            started.elapsed() < Duration::from_secs(25),
+            "closed only after {:?}",
+            started.elapsed()
+        );
+    }
+    // The endpoint still answers.
+    assert!(http_get(metrics_port, "/metrics").contains("# EOF"));
+}
+
+#[test]
 fn metrics_endpoint_is_scraped_and_parsed() {
     let pg = Postgres::start();
     let metrics_port = free_port();

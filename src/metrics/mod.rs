@@ -6,6 +6,7 @@
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -13,7 +14,7 @@ use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioIo, TokioTimer};
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
@@ -22,6 +23,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::TypedMetric;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
 
 use crate::ops::stats::by_database;
 use crate::ops::ClientState;
@@ -285,19 +287,41 @@ pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
         })
 }
 
-/// Serves `GET /metrics` on `listener` until the task is dropped.
+/// A request's header must arrive within this long of the connection's start (or of the
+/// previous answer, on a kept-alive connection).
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// No connection lasts longer than this; a scraper opens a new one.
+const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
+/// Connections served at once; more wait to be accepted.
+const MAX_CONNECTIONS: usize = 64;
+
+/// Serves `GET /metrics` on `listener` until the task is dropped. Connections that send no
+/// whole request header in time are closed, none lasts long, and only a few are served at
+/// once, so idle or slow connections cannot pile up.
 pub async fn serve(rt: Arc<Runtime>, listener: TcpListener) {
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         let Ok((stream, _)) = listener.accept().await else {
-            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
             continue;
         };
         let rt = rt.clone();
         tokio::spawn(async move {
+            let _slot = slot;
             let service = service_fn(move |req| answer(rt.clone(), req));
-            let conn = http1::Builder::new().serve_connection(TokioIo::new(stream), service);
-            if let Err(e) = conn.await {
-                tracing::debug!("metrics connection: {e}");
+            let conn = http1::Builder::new()
+                .timer(TokioTimer::new())
+                .header_read_timeout(HEADER_TIMEOUT)
+                .serve_connection(TokioIo::new(stream), service);
+            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
+                Ok(Err(e)) => tracing::debug!("metrics connection: {e}"),
+                Err(_) => {
+                    tracing::debug!("metrics connection closed after {CONNECTION_LIFETIME:?}")
+                }
+                Ok(Ok(())) => {}
             }
         });
     }
