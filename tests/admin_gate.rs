@@ -5,23 +5,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use common::driver::{code, message, must_connect, must_value, Conn};
-use common::{shared_tempdir, Pgward, Postgres};
+use common::gate::{Gated, FULL_READ};
 use pgward::sql::{Analyzer, Depth, ParseContext};
-use tempfile::TempDir;
 use tokio_postgres::{Client, SimpleQueryMessage};
-
-/// A table whose full read costs a few thousand planner units, and a small indexed one.
-const SCHEMA: &str = "CREATE TABLE big AS SELECT g AS id, repeat('x', 50) AS pad \
-     FROM generate_series(1, 100000) g; ANALYZE big; \
-     CREATE TABLE small (id int PRIMARY KEY, v text); \
-     INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 1000) g; ANALYZE small; \
-     GRANT SELECT ON big, small TO PUBLIC";
-
-const FULL_READ: &str = "SELECT count(*) FROM big";
 
 /// A budget that pays for one full read and then owes for a long time.
 const REJECT_POLICY: &str = r#"
@@ -39,44 +28,25 @@ roles = ["trustuser"]
 priority = "normal"
 "#;
 
-struct Fixture {
-    _pg: Postgres,
-    pw: Pgward,
-    _policy: PathBuf,
-    _dir: TempDir,
-}
+/// pgward with a policy, console users `admin` (admin) and `watcher` (stats only).
+struct Fixture(Gated);
 
 impl Fixture {
-    /// PostgreSQL with the schema, and pgward with `policy`, console users `admin` (admin) and
-    /// `watcher` (stats only).
     fn start(policy: &str) -> Fixture {
-        let pg = Postgres::start();
-        pg.sql(SCHEMA);
-        let dir = shared_tempdir("pgward-admin-gate-");
-        let path = dir.path().join("policy.toml");
-        std::fs::write(&path, policy).expect("write the policy");
-        let settings = format!(
-            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 4\n\
-             admin_users = admin\nstats_users = watcher\npolicy_file = {}\n",
-            path.display()
-        );
-        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
-        Fixture {
-            _pg: pg,
-            pw,
-            _policy: path,
-            _dir: dir,
-        }
+        Fixture(Gated::start(
+            policy,
+            "default_pool_size = 4\nadmin_users = admin\nstats_users = watcher\n",
+        ))
     }
 
     /// A connection to database `app` as `user`.
     async fn app(&self, user: &str) -> Conn {
-        must_connect(&self.pw.connstr(user, None, "app")).await
+        must_connect(&self.0.pw.connstr(user, None, "app")).await
     }
 
     /// A console connection as `user`.
     async fn console(&self, user: &str) -> Conn {
-        must_connect(&self.pw.connstr(user, None, "pgward")).await
+        must_connect(&self.0.pw.connstr(user, None, "pgward")).await
     }
 }
 

@@ -4,50 +4,29 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, must_connect};
-use common::{client_command, shared_tempdir, stderr_of, stdout_of, Pgward, Postgres};
-use tempfile::TempDir;
+use common::gate::{Gated, FULL_READ};
+use common::{client_command, stderr_of, stdout_of};
 
-/// A table whose full read costs a few thousand planner units, and a small indexed one.
-const SCHEMA: &str = "CREATE TABLE big AS SELECT g AS id, repeat('x', 50) AS pad \
-     FROM generate_series(1, 100000) g; ANALYZE big; \
-     CREATE TABLE small (id int PRIMARY KEY, v text); \
-     INSERT INTO small SELECT g, 'v' || g FROM generate_series(1, 1000) g; ANALYZE small; \
-     GRANT SELECT ON big, small TO PUBLIC";
+/// pgward with a policy (and 4 servers), and what the tests ask of it.
+struct Fixture(Gated);
 
-/// The full read every test prices.
-const FULL_READ: &str = "SELECT count(*) FROM big";
-
-struct Fixture {
-    pg: Postgres,
-    pw: Pgward,
-    _policy: PathBuf,
-    _dir: TempDir,
+impl std::ops::Deref for Fixture {
+    type Target = Gated;
+    fn deref(&self) -> &Gated {
+        &self.0
+    }
 }
 
 impl Fixture {
     fn start(policy: &str) -> Fixture {
-        let pg = Postgres::start();
-        pg.sql(SCHEMA);
-        let dir = shared_tempdir("pgward-gate-");
-        let path = dir.path().join("policy.toml");
-        std::fs::write(&path, policy).expect("write the policy");
-        let settings = format!(
-            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 4\n\
-             max_client_conn = 50\npolicy_file = {}\n",
-            path.display()
-        );
-        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
-        Fixture {
-            pg,
-            pw,
-            _policy: path,
-            _dir: dir,
-        }
+        Fixture(Gated::start(
+            policy,
+            "default_pool_size = 4\nmax_client_conn = 50\n",
+        ))
     }
 
     /// psql as `user` with verbose errors, each of `sqls` sent as one Query.
@@ -307,7 +286,7 @@ rate = 1
          when_over = \"wait\"\nburst = 1\nrate = {}\n",
         cost
     );
-    std::fs::write(&f._policy, policy).expect("write");
+    std::fs::write(&f.policy, policy).expect("write");
     f.pw.reload();
     std::thread::sleep(Duration::from_millis(300));
     let started = Instant::now();
@@ -582,17 +561,11 @@ mod pipelines {
     /// by a client waiting for a server, so the two cannot wait on each other.
     #[test]
     fn a_transaction_holding_a_server_is_not_starved_of_slots() {
-        let pg = Postgres::start();
-        pg.sql(SCHEMA);
-        let dir = shared_tempdir("pgward-gate-");
-        let path = dir.path().join("policy.toml");
-        std::fs::write(&path, "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n").unwrap();
-        let settings = format!(
-            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 1\n\
-             max_client_conn = 50\npolicy_file = {}\n",
-            path.display()
+        let gated = Gated::start(
+            "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n",
+            "default_pool_size = 1\nmax_client_conn = 50\n",
         );
-        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        let pw = &gated.pw;
         let mut a = Raw::connect(pw.port);
         a.startup(&[("user", "trustuser"), ("database", "app")])
             .unwrap();
@@ -657,17 +630,11 @@ mod pipelines {
     /// statement of pgward's behind: later Binds on that server are still priced.
     #[test]
     fn a_failed_bound_explain_does_not_poison_the_server() {
-        let pg = Postgres::start();
-        pg.sql(SCHEMA);
-        let dir = shared_tempdir("pgward-gate-");
-        let path = dir.path().join("policy.toml");
-        std::fs::write(&path, "[gate]\nmax_cost = 500\n").unwrap();
-        let settings = format!(
-            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 1\n\
-             max_client_conn = 50\npolicy_file = {}\n",
-            path.display()
+        let gated = Gated::start(
+            "[gate]\nmax_cost = 500\n",
+            "default_pool_size = 1\nmax_client_conn = 50\n",
         );
-        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        let pw = &gated.pw;
         let mut r = Raw::connect(pw.port);
         r.startup(&[("user", "trustuser"), ("database", "app")])
             .unwrap();

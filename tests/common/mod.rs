@@ -16,6 +16,7 @@
 
 pub mod certs;
 pub mod driver;
+pub mod gate;
 pub mod raw;
 pub mod script;
 
