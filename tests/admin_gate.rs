@@ -8,18 +8,9 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::driver::{code, message, must_connect, must_value, Conn};
-use common::gate::{Gated, FULL_READ};
+use common::gate::{Gated, FULL_READ, REJECT_POLICY};
 use pgward::sql::{Analyzer, Depth, ParseContext};
 use tokio_postgres::{Client, SimpleQueryMessage};
-
-/// A budget that pays for one full read and then owes for a long time.
-const REJECT_POLICY: &str = r#"
-[tenants.acme]
-roles = ["trustuser"]
-rate = 1
-burst = 100
-when_over = "reject"
-"#;
 
 /// A tenant without a budget.
 const TENANT_POLICY: &str = r#"

@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, must_connect};
-use common::gate::{Gated, FULL_READ};
+use common::gate::{Gated, FULL_READ, REJECT_POLICY};
 use common::{client_command, stderr_of, stdout_of};
 
 /// pgward with a policy (and 4 servers), and what the tests ask of it.
@@ -66,15 +66,6 @@ fn psql_in_background(connstr: String, sql: &'static str) -> std::thread::JoinHa
         cmd.output().expect("psql")
     })
 }
-
-/// A budget that pays for one full read and then owes for a long time.
-const REJECT_POLICY: &str = r#"
-[tenants.acme]
-roles = ["trustuser"]
-rate = 1
-burst = 100
-when_over = "reject"
-"#;
 
 #[test]
 fn an_over_budget_tenant_is_refused_with_53000_and_a_retry_hint() {

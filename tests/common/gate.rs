@@ -17,6 +17,15 @@ pub const SCHEMA: &str = "CREATE TABLE big AS SELECT g AS id, repeat('x', 50) AS
 /// The full read the gate's tests price.
 pub const FULL_READ: &str = "SELECT count(*) FROM big";
 
+/// A budget that pays for one full read and then owes for a long time.
+pub const REJECT_POLICY: &str = r#"
+[tenants.acme]
+roles = ["trustuser"]
+rate = 1
+burst = 100
+when_over = "reject"
+"#;
+
 pub struct Gated {
     pub pg: Postgres,
     pub pw: Pgward,
