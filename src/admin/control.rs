@@ -59,19 +59,26 @@ fn pools_of(rt: &Runtime, db: Option<&str>) -> Vec<Arc<Pool>> {
 }
 
 async fn pause(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
-    let control = &rt.ops.control;
-    if control.get().pause != PauseMode::Running {
-        return Err(AdminError::protocol("already suspended/paused"));
+    let already = || AdminError::protocol("already suspended/paused");
+    if rt.ops.control.get().pause != PauseMode::Running {
+        return Err(already());
     }
-    match db {
-        Some(db) => {
-            known_db(rt, db, "pause")?;
-            control.update(|s| {
-                s.paused.insert(db.to_string());
-            });
+    if let Some(db) = db {
+        known_db(rt, db, "pause")?;
+    }
+    // Checked again as one step with the change: another console may have paused meanwhile.
+    rt.ops.control.try_update(|s| {
+        if s.pause != PauseMode::Running {
+            return Err(already());
         }
-        None => control.update(|s| s.pause = PauseMode::Paused),
-    }
+        match db {
+            Some(db) => {
+                s.paused.insert(db.to_string());
+            }
+            None => s.pause = PauseMode::Paused,
+        }
+        Ok(())
+    })?;
     tracing::info!("PAUSE {}", db.unwrap_or("(all)"));
     // Servers still in use are closed as they come back; the command returns when none is.
     loop {
@@ -90,45 +97,48 @@ async fn pause(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
 }
 
 fn resume(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
-    let control = &rt.ops.control;
-    let state = control.get();
-    if state.stopping() {
-        return Err(AdminError::protocol("pooler is shutting down"));
+    let stopping = || AdminError::protocol("pooler is shutting down");
+    if rt.ops.control.get().stopping() {
+        return Err(stopping());
     }
-    match db {
-        Some(db) => {
-            known_db(rt, db, "resume")?;
-            if !state.paused.contains(db) {
-                return Err(AdminError::protocol(format!("database {db} is not paused")));
-            }
-            control.update(|s| {
-                s.paused.remove(db);
-            });
+    if let Some(db) = db {
+        known_db(rt, db, "resume")?;
+    }
+    rt.ops.control.try_update(|s| {
+        if s.stopping() {
+            return Err(stopping());
         }
-        None => {
-            if state.pause == PauseMode::Running && state.paused.is_empty() {
-                return Err(AdminError::protocol("pooler is not paused/suspended"));
+        match db {
+            Some(db) => {
+                if !s.paused.remove(db) {
+                    return Err(AdminError::protocol(format!("database {db} is not paused")));
+                }
             }
-            control.update(|s| {
+            None => {
+                if s.pause == PauseMode::Running && s.paused.is_empty() {
+                    return Err(AdminError::protocol("pooler is not paused/suspended"));
+                }
                 s.pause = PauseMode::Running;
                 s.paused.clear();
-            });
+            }
         }
-    }
+        Ok(())
+    })?;
     tracing::info!("RESUME {}", db.unwrap_or("(all)"));
     Ok(())
 }
 
 fn suspend(rt: &Runtime) -> Result<(), AdminError> {
-    let control = &rt.ops.control;
-    let state = control.get();
-    if state.pause != PauseMode::Running {
-        return Err(AdminError::protocol("already suspended/paused"));
-    }
-    if !state.paused.is_empty() {
-        return Err(AdminError::protocol("cannot suspend with paused databases"));
-    }
-    control.update(|s| s.pause = PauseMode::Suspended);
+    rt.ops.control.try_update(|s| {
+        if s.pause != PauseMode::Running {
+            return Err(AdminError::protocol("already suspended/paused"));
+        }
+        if !s.paused.is_empty() {
+            return Err(AdminError::protocol("cannot suspend with paused databases"));
+        }
+        s.pause = PauseMode::Suspended;
+        Ok(())
+    })?;
     tracing::info!("SUSPEND");
     Ok(())
 }
@@ -168,12 +178,13 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
                 s.paused.insert(db.to_string());
             });
         }
-        None => {
-            if control.get().pause != PauseMode::Running {
+        None => control.try_update(|s| {
+            if s.pause != PauseMode::Running {
                 return Err(AdminError::protocol("already suspended/paused"));
             }
-            control.update(|s| s.pause = PauseMode::Paused);
-        }
+            s.pause = PauseMode::Paused;
+            Ok(())
+        })?,
     }
     let killed = rt
         .ops
@@ -230,11 +241,13 @@ fn shutdown(rt: &Runtime, kind: ShutdownKind) -> Result<(), AdminError> {
         ShutdownKind::WaitForServers => Shutdown::WaitForServers,
         ShutdownKind::WaitForClients => Shutdown::WaitForClients,
     };
-    let control = &rt.ops.control;
-    if mode != Shutdown::Now && control.get().stopping() {
-        return Err(AdminError::protocol("pooler is already shutting down"));
-    }
+    rt.ops.control.try_update(|s| {
+        if mode != Shutdown::Now && s.stopping() {
+            return Err(AdminError::protocol("pooler is already shutting down"));
+        }
+        s.shutdown = mode;
+        Ok(())
+    })?;
     tracing::info!("SHUTDOWN {kind:?}");
-    control.update(|s| s.shutdown = mode);
     Ok(())
 }

@@ -99,6 +99,21 @@ impl Control {
         self.tx.send_modify(change);
     }
 
+    /// Checks and changes the state as one step, so two consoles cannot both pass the same
+    /// check: `change` either changes the state and returns Ok, or leaves it untouched and
+    /// returns why not.
+    pub fn try_update<E>(
+        &self,
+        change: impl FnOnce(&mut OpState) -> Result<(), E>,
+    ) -> Result<(), E> {
+        let mut outcome = Ok(());
+        self.tx.send_if_modified(|state| {
+            outcome = change(state);
+            outcome.is_ok()
+        });
+        outcome
+    }
+
     /// Waits until clients of `db` may take a server.
     pub async fn wait_open(&self, db: &str) {
         let mut rx = self.tx.subscribe();
@@ -143,5 +158,32 @@ mod tests {
         };
         assert!(s.holds("x") && !s.is_paused("x"));
         assert_eq!(s.state_rows()[2], ("suspended", true));
+    }
+
+    #[test]
+    fn a_checked_update_changes_all_or_nothing_and_wakes_only_on_change() {
+        let control = Control::default();
+        let mut rx = control.subscribe();
+        rx.borrow_and_update();
+        let refused: Result<(), &str> = control.try_update(|s| {
+            if s.pause == PauseMode::Running {
+                return Err("running");
+            }
+            s.pause = PauseMode::Paused;
+            Ok(())
+        });
+        assert_eq!(refused, Err("running"));
+        assert_eq!(control.get(), OpState::default());
+        assert!(
+            !rx.has_changed().unwrap(),
+            "a refused change woke the waiters"
+        );
+        let done: Result<(), &str> = control.try_update(|s| {
+            s.pause = PauseMode::Paused;
+            Ok(())
+        });
+        assert!(done.is_ok());
+        assert_eq!(control.get().pause, PauseMode::Paused);
+        assert!(rx.has_changed().unwrap());
     }
 }
