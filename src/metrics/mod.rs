@@ -290,7 +290,8 @@ pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
 /// A request's header must arrive within this long of the connection's start (or of the
 /// previous answer, on a kept-alive connection).
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
-/// No connection lasts longer than this; a scraper opens a new one.
+/// After this long a connection finishes the answer under way (if any, within
+/// [`HEADER_TIMEOUT`]) and closes; a scraper opens a new one.
 const CONNECTION_LIFETIME: Duration = Duration::from_secs(60);
 /// Connections served at once; more wait to be accepted.
 const MAX_CONNECTIONS: usize = 64;
@@ -316,12 +317,20 @@ pub async fn serve(rt: Arc<Runtime>, listener: TcpListener) {
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
                 .serve_connection(TokioIo::new(stream), service);
-            match tokio::time::timeout(CONNECTION_LIFETIME, conn).await {
-                Ok(Err(e)) => tracing::debug!("metrics connection: {e}"),
+            tokio::pin!(conn);
+            let served = match tokio::time::timeout(CONNECTION_LIFETIME, conn.as_mut()).await {
+                Ok(served) => served,
                 Err(_) => {
-                    tracing::debug!("metrics connection closed after {CONNECTION_LIFETIME:?}")
+                    // An answer under way is finished (within a grace period); no new
+                    // request is read.
+                    conn.as_mut().graceful_shutdown();
+                    tokio::time::timeout(HEADER_TIMEOUT, conn.as_mut())
+                        .await
+                        .unwrap_or(Ok(()))
                 }
-                Ok(Ok(())) => {}
+            };
+            if let Err(e) = served {
+                tracing::debug!("metrics connection: {e}");
             }
         });
     }
