@@ -89,6 +89,9 @@ fn query_wait_timeout_refuses_a_client_that_waited_too_long() {
     let pw = start(&pg, "default_pool_size = 1\nquery_wait_timeout = 1\n");
     let mut busy = login(&pw);
     let mut waiting = login(&pw);
+    // The server is opened first: on a loaded machine its login alone could outlast the
+    // one-second wait this test gives the other client.
+    assert_eq!(busy.value("SELECT 1"), "1");
     busy.send(&raw::query_message("SELECT pg_sleep(3)"));
     thread::sleep(Duration::from_millis(200));
     let since = Instant::now();
