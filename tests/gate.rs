@@ -493,7 +493,8 @@ trusted_roles = ["postgres"]
 mod pipelines {
     use super::*;
     use common::raw::{
-        bind_message, execute_message, message, parse_message, query_message, sync_message, Raw,
+        bind_message, execute_message, extended_query, message, named_extended_query,
+        parse_message, query_message, sync_message, Raw,
     };
 
     pub(super) fn raw(f: &Fixture, user: &str) -> Raw {
@@ -534,14 +535,9 @@ mod pipelines {
     fn a_batch_split_across_reads_does_not_hang() {
         let f = Fixture::start("[gate]\nmax_cost = 1000000\n");
         let mut r = raw(&f, "trustuser");
-        let mut first = parse_message("", "SELECT 1");
-        first.extend(bind_message(""));
-        first.extend(execute_message());
-        r.send(&first);
+        r.send(&extended_query("SELECT 1"));
         std::thread::sleep(Duration::from_millis(300));
-        let mut second = parse_message("", "SELECT v FROM small WHERE id = 3");
-        second.extend(bind_message(""));
-        second.extend(execute_message());
+        let mut second = extended_query("SELECT v FROM small WHERE id = 3");
         second.extend(sync_message());
         r.send(&second);
         let got = read_to_ready_within(&mut r, Duration::from_secs(5));
@@ -590,11 +586,11 @@ mod pipelines {
         let mut p = parse_message("s1", FULL_READ);
         p.extend(sync_message());
         r.send(&p);
-        println!("{:?}", read_to_ready_within(&mut r, Duration::from_secs(5)));
+        read_to_ready_within(&mut r, Duration::from_secs(5)).expect("an answer");
         let mut p = parse_message("s1", "SELECT 1");
         p.extend(sync_message());
         r.send(&p);
-        println!("{:?}", read_to_ready_within(&mut r, Duration::from_secs(5)));
+        read_to_ready_within(&mut r, Duration::from_secs(5)).expect("an answer");
         let mut run = bind_message("s1");
         run.extend(execute_message());
         run.extend(sync_message());
@@ -647,9 +643,7 @@ mod pipelines {
         let mut o = Raw::connect(pw.port);
         o.startup(&[("user", "trustuser"), ("database", "app")])
             .unwrap();
-        let mut m = parse_message("s2", FULL_READ);
-        m.extend(bind_message("s2"));
-        m.extend(execute_message());
+        let mut m = named_extended_query("s2", FULL_READ);
         m.extend(sync_message());
         o.send(&m);
         let got = read_to_ready_within(&mut o, Duration::from_secs(5)).unwrap();
@@ -666,7 +660,7 @@ mod pipelines {
         let mut p = parse_message("", "SELECT 42");
         p.extend(sync_message());
         r.send(&p);
-        println!("{:?}", read_to_ready_within(&mut r, Duration::from_secs(5)));
+        read_to_ready_within(&mut r, Duration::from_secs(5)).expect("an answer");
         let mut m = bind_message("");
         m.extend(execute_message());
         m.extend(sync_message());
@@ -730,20 +724,11 @@ max_scan_rows = 50000
 mod dodges {
     use super::pipelines::{raw, read_to_ready_within};
     use super::*;
-    use common::raw::{
-        bind_message, execute_message, parse_message, query_message, sync_message, Raw,
-    };
+    use common::raw::{named_extended_query, parse_message, query_message, sync_message, Raw};
 
     fn run(r: &mut Raw, bytes: Vec<u8>) -> String {
         r.send(&bytes);
         read_to_ready_within(r, Duration::from_secs(10)).unwrap()
-    }
-
-    fn pbe(name: &str, sql: &str) -> Vec<u8> {
-        let mut m = parse_message(name, sql);
-        m.extend(bind_message(name));
-        m.extend(execute_message());
-        m
     }
 
     /// A first Parse of a name that fails leaves the name free; a later Parse of that name
@@ -756,7 +741,7 @@ mod dodges {
         p.extend(sync_message());
         let first = run(&mut r, p);
         assert!(first.contains("42P01"), "{first}");
-        let mut m = pbe("s1", FULL_READ);
+        let mut m = named_extended_query("s1", FULL_READ);
         m.extend(sync_message());
         let got = run(&mut r, m);
         assert!(got.contains("54000"), "the full read ran unpriced: {got}");
@@ -769,9 +754,9 @@ mod dodges {
         let mut r = raw(&f, "trustuser");
         let mut p = parse_message("s1", "SELECT 1");
         p.extend(sync_message());
-        println!("{}", run(&mut r, p));
-        println!("{}", run(&mut r, query_message("DEALLOCATE s1")));
-        let mut m = pbe("s1", FULL_READ);
+        run(&mut r, p);
+        run(&mut r, query_message("DEALLOCATE s1"));
+        let mut m = named_extended_query("s1", FULL_READ);
         m.extend(sync_message());
         let got = run(&mut r, m);
         assert!(
@@ -780,19 +765,16 @@ mod dodges {
         );
     }
 
-    const BUDGET: &str = "[tenants.acme]\nroles = [\"trustuser\"]\nrate = 1\nburst = 100\n\
-                          when_over = \"reject\"\n";
-
     /// A full read run unpriced in a pipeline is charged once the pipeline is answered, so
     /// the next read is refused.
     #[test]
     fn a_deferred_read_is_charged() {
-        let f = Fixture::start(BUDGET);
+        let f = Fixture::start(REJECT_POLICY);
         let mut r = raw(&f, "trustuser");
-        let mut m = pbe("", "SELECT 1");
-        m.extend(pbe("", FULL_READ));
+        let mut m = named_extended_query("", "SELECT 1");
+        m.extend(named_extended_query("", FULL_READ));
         m.extend(sync_message());
-        println!("{}", run(&mut r, m));
+        run(&mut r, m);
         let got = run(&mut r, query_message(FULL_READ));
         assert!(got.contains("53000"), "{got}");
     }
@@ -801,16 +783,16 @@ mod dodges {
     /// priced afterwards: it pays a whole burst.
     #[test]
     fn a_deferred_read_in_a_failed_transaction_is_still_charged() {
-        let f = Fixture::start(BUDGET);
+        let f = Fixture::start(REJECT_POLICY);
         let mut r = raw(&f, "trustuser");
-        println!("{}", run(&mut r, query_message("BEGIN")));
-        let mut m = pbe("", "SELECT 1");
-        m.extend(pbe("", FULL_READ));
-        m.extend(pbe("", "SELECT 1/0"));
+        run(&mut r, query_message("BEGIN"));
+        let mut m = named_extended_query("", "SELECT 1");
+        m.extend(named_extended_query("", FULL_READ));
+        m.extend(named_extended_query("", "SELECT 1/0"));
         m.extend(sync_message());
         let got = run(&mut r, m);
         assert!(got.contains("D[100000]"), "{got}");
-        println!("{}", run(&mut r, query_message("ROLLBACK")));
+        run(&mut r, query_message("ROLLBACK"));
         let got = run(&mut r, query_message(FULL_READ));
         assert!(
             got.contains("53000"),
@@ -822,11 +804,11 @@ mod dodges {
     /// pays a whole burst.
     #[test]
     fn a_deferred_read_of_a_dropped_view_is_still_charged() {
-        let f = Fixture::start(BUDGET);
+        let f = Fixture::start(REJECT_POLICY);
         let mut r = raw(&f, "trustuser");
-        let mut m = pbe("", "CREATE TEMP VIEW v AS SELECT * FROM big");
-        m.extend(pbe("", "SELECT count(*) FROM v"));
-        m.extend(pbe("", "DROP VIEW v"));
+        let mut m = named_extended_query("", "CREATE TEMP VIEW v AS SELECT * FROM big");
+        m.extend(named_extended_query("", "SELECT count(*) FROM v"));
+        m.extend(named_extended_query("", "DROP VIEW v"));
         m.extend(sync_message());
         let got = run(&mut r, m);
         assert!(got.contains("D[100000]"), "{got}");
@@ -843,16 +825,13 @@ mod dodges {
     fn a_cursor_named_pgward_explain_does_not_bypass_max_cost() {
         let f = Fixture::start("[gate]\nmax_cost = 500\n");
         let mut r = raw(&f, "trustuser");
-        println!("{}", run(&mut r, query_message("BEGIN")));
-        println!(
-            "{}",
-            run(
-                &mut r,
-                query_message("DECLARE pgward_explain CURSOR FOR SELECT 1")
-            )
+        run(&mut r, query_message("BEGIN"));
+        run(
+            &mut r,
+            query_message("DECLARE pgward_explain CURSOR FOR SELECT 1"),
         );
         let got = run(&mut r, query_message(FULL_READ));
-        println!("{}", run(&mut r, query_message("ROLLBACK")));
+        run(&mut r, query_message("ROLLBACK"));
         assert!(got.contains("54000"), "the full read ran unpriced: {got}");
     }
 
@@ -868,13 +847,10 @@ mod dodges {
              $$BEGIN RAISE EXCEPTION 'shadowed'; END$$",
         );
         let mut r = raw(&f, "postgres");
-        println!("{}", run(&mut r, query_message("BEGIN")));
-        println!(
-            "{}",
-            run(
-                &mut r,
-                query_message("SET LOCAL search_path = public, pg_catalog")
-            )
+        run(&mut r, query_message("BEGIN"));
+        run(
+            &mut r,
+            query_message("SET LOCAL search_path = public, pg_catalog"),
         );
         r.send(&query_message(FULL_READ));
         let got = read_to_ready_within(&mut r, Duration::from_secs(10));
@@ -895,12 +871,9 @@ mod dodges {
              $$SELECT '\\x00'::bytea$$",
         );
         let mut r = raw(&f, "trustuser");
-        println!(
-            "{}",
-            run(
-                &mut r,
-                query_message("SET search_path = public, pg_catalog")
-            )
+        run(
+            &mut r,
+            query_message("SET search_path = public, pg_catalog"),
         );
         let got = run(
             &mut r,

@@ -415,8 +415,13 @@ pub fn sync_message() -> Vec<u8> {
 
 /// Parse, Bind and Execute of `sql` as the unnamed statement (no Sync).
 pub fn extended_query(sql: &str) -> Vec<u8> {
-    let mut out = parse_message("", sql);
-    out.extend_from_slice(&bind_message(""));
+    named_extended_query("", sql)
+}
+
+/// Parse, Bind and Execute of `sql` as statement `name` (no Sync).
+pub fn named_extended_query(name: &str, sql: &str) -> Vec<u8> {
+    let mut out = parse_message(name, sql);
+    out.extend_from_slice(&bind_message(name));
     out.extend_from_slice(&execute_message());
     out
 }
