@@ -86,6 +86,11 @@ pub enum Deallocation {
 /// semicolon). Anything it cannot read with certainty is `None`, and goes to the server
 /// unchanged.
 pub fn deallocation(sql: &[u8]) -> Deallocation {
+    // Nearly every query starts with another word: it is known at its first letter.
+    let first_letter = sql.iter().find(|b| !b.is_ascii_whitespace());
+    if !matches!(first_letter, Some(b'd' | b'D')) {
+        return Deallocation::None;
+    }
     let Ok(text) = std::str::from_utf8(sql) else {
         return Deallocation::None;
     };
@@ -165,5 +170,12 @@ mod tests {
         assert_eq!(deallocation(b"select 1"), Deallocation::None);
         assert_eq!(deallocation(b"discard plans"), Deallocation::None);
         assert_eq!(deallocation(b"deallocate a; select 1"), Deallocation::None);
+        assert_eq!(deallocation(b"\n\tDisCard ALL"), Deallocation::All);
+        assert_eq!(
+            deallocation("\u{a0}discard all".as_bytes()),
+            Deallocation::None,
+            "PostgreSQL reads a no-break space as part of a word, not as a space"
+        );
+        assert_eq!(deallocation(b""), Deallocation::None);
     }
 }
