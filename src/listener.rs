@@ -67,7 +67,11 @@ impl Listeners {
 
 fn serve_tcp(rt: &Arc<Runtime>, s: tokio::net::TcpStream) {
     let _ = s.set_nodelay(true);
-    tokio::spawn(client::serve(rt.clone(), Stream::Tcp(s), Admission::All));
+    tokio::spawn(client::serve(
+        rt.clone(),
+        Stream::client_tcp(s),
+        Admission::All,
+    ));
 }
 
 async fn accept_tcp(rt: Arc<Runtime>, l: TcpListener, mut stop: watch::Receiver<bool>) {
@@ -103,7 +107,7 @@ async fn accept_unix(rt: Arc<Runtime>, l: UnixListener, stop: watch::Receiver<bo
                 } else {
                     Admission::All
                 };
-                tokio::spawn(client::serve(rt.clone(), Stream::Unix(s), admission));
+                tokio::spawn(client::serve(rt.clone(), Stream::client_unix(s), admission));
             }
             Err(e) => accept_failed(e).await,
         }

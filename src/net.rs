@@ -2,7 +2,9 @@
 
 use std::io;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
@@ -15,8 +17,8 @@ pub type TlsToServer = tokio_rustls::client::TlsStream<TcpStream>;
 /// A connected socket, client or server side.
 #[derive(Debug)]
 pub enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
+    Tcp(Plain<TcpStream>),
+    Unix(Plain<UnixStream>),
     /// A client connection after its TLS handshake.
     TlsIn(Box<TlsFromClient>),
     /// A server connection after its TLS handshake.
@@ -27,6 +29,16 @@ pub enum Stream {
 }
 
 impl Stream {
+    /// A client's socket, read by one session for its whole life (see [`Plain`]).
+    pub fn client_tcp(s: TcpStream) -> Self {
+        Stream::Tcp(Plain::new(s, true))
+    }
+
+    /// A client's Unix socket (see [`Plain`]).
+    pub fn client_unix(s: UnixStream) -> Self {
+        Stream::Unix(Plain::new(s, true))
+    }
+
     /// Takes the socket out, leaving [`Stream::Detached`].
     pub fn take(&mut self) -> Stream {
         std::mem::replace(self, Stream::Detached)
@@ -35,7 +47,7 @@ impl Stream {
     /// The TCP socket under a TCP or TLS stream.
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {
-            Stream::Tcp(s) => Some(s),
+            Stream::Tcp(s) => Some(s.get_ref()),
             Stream::TlsIn(s) => Some(s.get_ref().0),
             Stream::TlsOut(s) => Some(s.get_ref().0),
             Stream::Unix(_) | Stream::Detached => None,
@@ -47,7 +59,7 @@ impl Stream {
         use std::os::fd::AsRawFd;
         match (self, self.tcp()) {
             (_, Some(s)) => s.as_raw_fd(),
-            (Stream::Unix(s), None) => s.as_raw_fd(),
+            (Stream::Unix(s), None) => s.get_ref().as_raw_fd(),
             _ => -1,
         }
     }
@@ -87,8 +99,11 @@ impl Stream {
         let Stream::Tcp(s) = self else {
             return Ok(None);
         };
+        // The peek waits with the caller's waker; the runtime keeps such waits apart from
+        // the stream's own registration, but the mark is cleared all the same.
+        s.disarm();
         let mut byte = [0u8; 1];
-        match s.peek(&mut byte).await? {
+        match s.io.peek(&mut byte).await? {
             0 => Ok(None),
             _ => Ok(Some(byte[0])),
         }
@@ -99,8 +114,8 @@ impl Stream {
     /// error, which a liveness probe takes as "not idle".
     pub fn try_read(&self, buf: &mut [u8]) -> io::Result<usize> {
         match self {
-            Stream::Tcp(s) => s.try_read(buf),
-            Stream::Unix(s) => s.try_read(buf),
+            Stream::Tcp(s) => s.io.try_read(buf),
+            Stream::Unix(s) => s.io.try_read(buf),
             Stream::TlsIn(_) | Stream::TlsOut(_) => Err(io::Error::other(
                 "data waiting on an encrypted idle connection",
             )),
@@ -111,11 +126,13 @@ impl Stream {
     /// Whether the reactor has seen the socket become readable (data or end of stream)
     /// since the last read that found nothing. No system call when it has not.
     pub fn readable_now(&self) -> bool {
-        let mut cx = Context::from_waker(std::task::Waker::noop());
-        let ready = match (self, self.tcp()) {
-            (_, Some(tcp)) => tcp.poll_read_ready(&mut cx),
-            (Stream::Unix(s), None) => s.poll_read_ready(&mut cx),
-            _ => return true,
+        let mut cx = Context::from_waker(Waker::noop());
+        let ready = match self {
+            Stream::Tcp(s) => s.poll_read_ready_elsewhere(&mut cx),
+            Stream::Unix(s) => s.poll_read_ready_elsewhere(&mut cx),
+            Stream::TlsIn(s) => s.get_ref().0.poll_read_ready(&mut cx),
+            Stream::TlsOut(s) => s.get_ref().0.poll_read_ready(&mut cx),
+            Stream::Detached => return true,
         };
         ready.is_ready()
     }
@@ -150,8 +167,8 @@ impl AsyncRead for Stream {
         // A TLS write can leave encrypted bytes queued when the socket was full; every read
         // pushes them on first, so a peer waiting for them is never stuck.
         match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tcp(s) => s.poll_read(cx, buf),
+            Stream::Unix(s) => s.poll_read(cx, buf),
             Stream::TlsIn(s) => {
                 if let Poll::Ready(Err(e)) = Pin::new(&mut **s).poll_flush(cx) {
                     return Poll::Ready(Err(e));
@@ -176,8 +193,8 @@ impl AsyncWrite for Stream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tcp(s) => Pin::new(&mut s.io).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(&mut s.io).poll_write(cx, buf),
             Stream::TlsIn(s) => Pin::new(&mut **s).poll_write(cx, buf),
             Stream::TlsOut(s) => Pin::new(&mut **s).poll_write(cx, buf),
             Stream::Detached => Poll::Ready(Err(detached())),
@@ -186,8 +203,8 @@ impl AsyncWrite for Stream {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_flush(cx),
-            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tcp(s) => Pin::new(&mut s.io).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(&mut s.io).poll_flush(cx),
             Stream::TlsIn(s) => Pin::new(&mut **s).poll_flush(cx),
             Stream::TlsOut(s) => Pin::new(&mut **s).poll_flush(cx),
             Stream::Detached => Poll::Ready(Ok(())),
@@ -196,8 +213,8 @@ impl AsyncWrite for Stream {
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tcp(s) => Pin::new(&mut s.io).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(&mut s.io).poll_shutdown(cx),
             Stream::TlsIn(s) => Pin::new(&mut **s).poll_shutdown(cx),
             Stream::TlsOut(s) => Pin::new(&mut **s).poll_shutdown(cx),
             Stream::Detached => Poll::Ready(Ok(())),
@@ -210,8 +227,8 @@ impl AsyncWrite for Stream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         match self.get_mut() {
-            Stream::Tcp(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tcp(s) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
+            Stream::Unix(s) => Pin::new(&mut s.io).poll_write_vectored(cx, bufs),
             Stream::TlsIn(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
             Stream::TlsOut(s) => Pin::new(&mut **s).poll_write_vectored(cx, bufs),
             Stream::Detached => Poll::Ready(Err(detached())),
@@ -221,5 +238,261 @@ impl AsyncWrite for Stream {
     fn is_write_vectored(&self) -> bool {
         // One buffer a write: a plain write is cheaper than writev.
         false
+    }
+}
+
+impl From<TcpStream> for Stream {
+    fn from(s: TcpStream) -> Self {
+        Stream::Tcp(Plain::new(s, false))
+    }
+}
+
+impl From<UnixStream> for Stream {
+    fn from(s: UnixStream) -> Self {
+        Stream::Unix(Plain::new(s, false))
+    }
+}
+
+/// A plain socket. A client's socket also remembers whether its read interest is already
+/// registered with the reactor for the task reading it, so asking again (as the relay does at
+/// every turn) costs nothing until the socket has news. (A server's socket changes hands
+/// with every transaction, so remembering would cost more than it saves.)
+///
+/// Such reads wait with the stream's own waker, which marks the stream and then wakes the
+/// task. A read that finds the interest registered, unfired and for the same task returns
+/// pending without asking the reactor. Anything that waits on the socket with another waker
+/// ([`Stream::readable_now`], [`Stream::peek_byte`]) clears the mark first.
+#[derive(Debug)]
+pub struct Plain<S> {
+    io: S,
+    arm: Option<ReadArm>,
+}
+
+impl<S: AsyncRead + Unpin> Plain<S> {
+    fn new(io: S, remember: bool) -> Self {
+        Plain {
+            io,
+            arm: remember.then(ReadArm::new),
+        }
+    }
+
+    pub fn get_ref(&self) -> &S {
+        &self.io
+    }
+
+    pub fn into_inner(self) -> S {
+        self.io
+    }
+
+    fn poll_read(&mut self, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        let Some(arm) = &mut self.arm else {
+            return Pin::new(&mut self.io).poll_read(cx, buf);
+        };
+        if arm.still_waiting(cx.waker()) {
+            return Poll::Pending;
+        }
+        arm.start_read(cx.waker());
+        let read = Pin::new(&mut self.io).poll_read(&mut Context::from_waker(&arm.own), buf);
+        if read.is_pending() {
+            arm.armed();
+        }
+        read
+    }
+
+    /// Someone is about to wait on the socket with another waker.
+    fn disarm(&self) {
+        if let Some(arm) = &self.arm {
+            arm.disarm();
+        }
+    }
+}
+
+impl Plain<TcpStream> {
+    fn poll_read_ready_elsewhere(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.disarm();
+        self.io.poll_read_ready(cx)
+    }
+}
+
+impl Plain<UnixStream> {
+    fn poll_read_ready_elsewhere(&self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.disarm();
+        self.io.poll_read_ready(cx)
+    }
+}
+
+/// A read registered with the stream's waker and not woken since.
+const ARMED: u8 = 1;
+/// The stream's waker was woken (the socket has news, or the runtime asked for a yield).
+const FIRED: u8 = 2;
+
+/// The state behind [`Plain`]: see there.
+#[derive(Debug)]
+struct ReadArm {
+    shared: Arc<ArmShared>,
+    /// The stream's own waker, handed to the reactor.
+    own: Waker,
+    /// The task the reactor's registration wakes (a copy of the one in `shared`, to compare
+    /// against without a lock).
+    task: Option<Waker>,
+}
+
+#[derive(Debug, Default)]
+struct ArmShared {
+    state: AtomicU8,
+    task: Mutex<Option<Waker>>,
+}
+
+impl Wake for ArmShared {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref();
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.state.fetch_or(FIRED, Ordering::AcqRel);
+        if let Some(task) = &*self.task.lock().unwrap_or_else(|e| e.into_inner()) {
+            task.wake_by_ref();
+        }
+    }
+}
+
+impl ReadArm {
+    fn new() -> Self {
+        let shared = Arc::new(ArmShared::default());
+        ReadArm {
+            own: Waker::from(shared.clone()),
+            shared,
+            task: None,
+        }
+    }
+
+    /// Whether the last read registered interest for this same task and nothing has woken
+    /// it since: asking the reactor again would only register it again.
+    fn still_waiting(&self, task: &Waker) -> bool {
+        self.shared.state.load(Ordering::Acquire) == ARMED
+            && self.task.as_ref().is_some_and(|t| t.will_wake(task))
+    }
+
+    /// Before a read: clears the marks and makes `task` the one a registration wakes.
+    fn start_read(&mut self, task: &Waker) {
+        self.shared.state.store(0, Ordering::Release);
+        if !self.task.as_ref().is_some_and(|t| t.will_wake(task)) {
+            self.set_task(task.clone());
+        }
+    }
+
+    /// The read registered interest with the stream's waker. A wake that came meanwhile has
+    /// set FIRED, so the next read still asks the reactor.
+    fn armed(&self) {
+        self.shared.state.fetch_or(ARMED, Ordering::AcqRel);
+    }
+
+    /// Someone waits on the socket with another waker: the next read asks the reactor.
+    fn disarm(&self) {
+        self.shared.state.store(0, Ordering::Release);
+    }
+
+    fn set_task(&mut self, task: Waker) {
+        *self.shared.task.lock().unwrap_or_else(|e| e.into_inner()) = Some(task.clone());
+        self.task = Some(task);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use std::time::Duration;
+    use tokio::io::AsyncWriteExt;
+
+    /// Counts its wakes.
+    #[derive(Default)]
+    struct Count(AtomicUsize);
+
+    impl Wake for Count {
+        fn wake(self: Arc<Self>) {
+            self.wake_by_ref();
+        }
+        fn wake_by_ref(self: &Arc<Self>) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn counter() -> (Arc<Count>, Waker) {
+        let count = Arc::new(Count::default());
+        (count.clone(), Waker::from(count))
+    }
+
+    async fn pair() -> (Stream, TcpStream) {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let peer = TcpStream::connect(listener.local_addr().unwrap());
+        let (accepted, peer) = tokio::join!(listener.accept(), peer);
+        (Stream::client_tcp(accepted.unwrap().0), peer.unwrap())
+    }
+
+    fn poll_once(stream: &mut Stream, waker: &Waker, out: &mut [u8]) -> Poll<usize> {
+        let mut buf = ReadBuf::new(out);
+        match Pin::new(stream).poll_read(&mut Context::from_waker(waker), &mut buf) {
+            Poll::Ready(r) => Poll::Ready(r.map(|()| buf.filled().len()).unwrap()),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn arm_state(stream: &Stream) -> u8 {
+        let Stream::Tcp(s) = stream else {
+            unreachable!()
+        };
+        s.arm.as_ref().unwrap().shared.state.load(Ordering::SeqCst)
+    }
+
+    /// Lets the reactor deliver what the peer sent.
+    async fn settle() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    #[tokio::test]
+    async fn a_registered_read_is_not_asked_again_until_the_socket_has_news() {
+        let (mut stream, mut peer) = pair().await;
+        let (count, waker) = counter();
+        let mut out = [0u8; 16];
+        assert!(poll_once(&mut stream, &waker, &mut out).is_pending());
+        assert_eq!(arm_state(&stream), ARMED);
+        assert!(poll_once(&mut stream, &waker, &mut out).is_pending());
+        peer.write_all(b"hi").await.unwrap();
+        settle().await;
+        assert_eq!(count.0.load(Ordering::SeqCst), 1, "the task is woken once");
+        assert_eq!(poll_once(&mut stream, &waker, &mut out), Poll::Ready(2));
+        assert_eq!(&out[..2], b"hi");
+    }
+
+    #[tokio::test]
+    async fn a_probe_with_another_waker_makes_the_next_read_ask_again() {
+        let (mut stream, mut peer) = pair().await;
+        let (_count, waker) = counter();
+        let mut out = [0u8; 16];
+        assert!(poll_once(&mut stream, &waker, &mut out).is_pending());
+        // The pool's liveness probe registers a no-op waker in the stream's place.
+        assert!(!stream.readable_now());
+        peer.write_all(b"x").await.unwrap();
+        settle().await;
+        assert_eq!(poll_once(&mut stream, &waker, &mut out), Poll::Ready(1));
+    }
+
+    #[tokio::test]
+    async fn another_task_reading_registers_itself() {
+        let (mut stream, mut peer) = pair().await;
+        let (first, first_waker) = counter();
+        let (second, second_waker) = counter();
+        let mut out = [0u8; 16];
+        assert!(poll_once(&mut stream, &first_waker, &mut out).is_pending());
+        assert!(poll_once(&mut stream, &second_waker, &mut out).is_pending());
+        peer.write_all(b"z").await.unwrap();
+        settle().await;
+        assert_eq!(second.0.load(Ordering::SeqCst), 1);
+        assert_eq!(first.0.load(Ordering::SeqCst), 0);
+        assert_eq!(
+            poll_once(&mut stream, &second_waker, &mut out),
+            Poll::Ready(1)
+        );
     }
 }

@@ -116,7 +116,7 @@ fn local_os_user(rt: &Runtime, stream: &Stream, user: &str) -> bool {
     let Stream::Unix(s) = stream else {
         return false;
     };
-    let Ok(cred) = s.peer_cred() else {
+    let Ok(cred) = s.get_ref().peer_cred() else {
         return false;
     };
     let ops = &rt.ops;

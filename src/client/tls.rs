@@ -62,11 +62,11 @@ async fn handshake(io: &mut ClientIo, rt: &Runtime) -> Result<(), SessionError> 
     let Some(config) = rt.edge.client_tls.load().config.clone() else {
         return Err(SessionError::Gone);
     };
-    let Stream::Tcp(tcp) = io.stream.take() else {
+    let Stream::Tcp(plain) = io.stream.take() else {
         return Err(SessionError::Gone);
     };
     let acceptor = tokio_rustls::TlsAcceptor::from(config);
-    match acceptor.accept(tcp).await {
+    match acceptor.accept(plain.into_inner()).await {
         Ok(tls) => {
             io.stream = Stream::TlsIn(Box::new(tls));
             Ok(())

@@ -61,9 +61,10 @@ async fn negotiate_tls(stream: Stream, target: &ServerTarget) -> Result<Stream, 
     let (Some(config), ServerAddr::Tcp { host, .. }) = (&target.tls.config, &*target.addr) else {
         return Ok(stream);
     };
-    let Stream::Tcp(mut tcp) = stream else {
+    let Stream::Tcp(plain) = stream else {
         return Ok(stream);
     };
+    let mut tcp = plain.into_inner();
     let mut out = BytesMut::new();
     wire::encode_ssl_request(&mut out);
     tcp.write_all(&out).await?;
@@ -82,7 +83,7 @@ async fn negotiate_tls(stream: Stream, target: &ServerTarget) -> Result<Stream, 
             "server does not support TLS and server_tls_sslmode is {:?}",
             target.tls.mode
         ))),
-        b'N' => Ok(Stream::Tcp(tcp)),
+        b'N' => Ok(Stream::from(tcp)),
         _ => Err(ServerError::Protocol("unexpected answer to SSLRequest")),
     }
 }

@@ -42,11 +42,11 @@ impl ServerAddr {
             ServerAddr::Tcp { host, port } => {
                 let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
                 s.set_nodelay(true)?;
-                Ok(Stream::Tcp(s))
+                Ok(Stream::from(s))
             }
             ServerAddr::Unix { dir, port } => {
                 let path = format!("{dir}/.s.PGSQL.{port}");
-                Ok(Stream::Unix(tokio::net::UnixStream::connect(path).await?))
+                Ok(Stream::from(tokio::net::UnixStream::connect(path).await?))
             }
         }
     }
