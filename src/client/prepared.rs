@@ -86,8 +86,11 @@ pub enum Deallocation {
 /// semicolon). Anything it cannot read with certainty is `None`, and goes to the server
 /// unchanged.
 pub fn deallocation(sql: &[u8]) -> Deallocation {
-    // Nearly every query starts with another word: it is known at its first letter.
-    let first_letter = sql.iter().find(|b| !b.is_ascii_whitespace());
+    // Nearly every query starts with another word: it is known at its first letter. The
+    // spaces skipped are PostgreSQL's (a vertical tab is one since PostgreSQL 17).
+    let first_letter = sql
+        .iter()
+        .find(|b| !(b.is_ascii_whitespace() || **b == b'\x0b'));
     if !matches!(first_letter, Some(b'd' | b'D')) {
         return Deallocation::None;
     }
@@ -177,5 +180,11 @@ mod tests {
             "PostgreSQL reads a no-break space as part of a word, not as a space"
         );
         assert_eq!(deallocation(b""), Deallocation::None);
+        // PostgreSQL 17 and later read a vertical tab as a space.
+        assert_eq!(
+            deallocation(b"\x0bDEALLOCATE s_1"),
+            Deallocation::One(Bytes::from_static(b"s_1"))
+        );
+        assert_eq!(deallocation(b"\x0bDISCARD ALL"), Deallocation::All);
     }
 }
