@@ -110,7 +110,18 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, admission: Admission) {
         max_message,
         admission,
     };
-    match run(&rt, &mut io, &entry, limits).await {
+    // The session's relay runs here, not inside the login's future: every turn of the relay
+    // resumes this task, and each enclosing future is one more step on the way in.
+    let result = match open(&rt, &mut io, &entry, limits).await {
+        Ok(Some(mut relay)) => {
+            let result = relay.session.run(&mut io).await;
+            rt.cancels.remove(relay.handle.pid);
+            result
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    match result {
         Ok(()) | Err(SessionError::Gone) => {}
         Err(SessionError::Io(e)) => {
             tracing::debug!(client = id, %peer, "client connection lost: {e}")
@@ -141,12 +152,22 @@ enum Opened {
     Console(StartupRequest, crate::admin::Role),
 }
 
-async fn run(
+/// A client logged in to a pool and greeted, ready for its relay.
+struct Relay {
+    session: Session,
+    handle: Arc<ClientHandle>,
+    /// Counts the client against its caps until the session ends.
+    _slot: crate::edge::caps::CapGuard,
+}
+
+/// Logs the client in. A pool client comes back greeted, with its session; a console client
+/// is served here, and a cancel request handled, both coming back as `None`.
+async fn open(
     rt: &Arc<Runtime>,
     io: &mut ClientIo,
     entry: &Arc<crate::ops::ClientEntry>,
     admit: Admit,
-) -> Result<(), SessionError> {
+) -> Result<Option<Relay>, SessionError> {
     let id = entry.id;
     let login_timeout = rt.config.load().settings.client_login_timeout;
     let login = async {
@@ -181,10 +202,11 @@ async fn run(
         None => login.await?,
     };
     io.max_message = admit.max_message;
-    let (req, pool, welcome, _slot) = match opened {
-        None => return Ok(()),
+    let (req, pool, welcome, slot) = match opened {
+        None => return Ok(None),
         Some(Opened::Console(req, role)) => {
-            return crate::admin::serve(rt, io, entry, &req, role).await;
+            crate::admin::serve(rt, io, entry, &req, role).await?;
+            return Ok(None);
         }
         Some(Opened::Pool(req, pool, welcome, slot)) => (req, pool, welcome, slot),
     };
@@ -197,9 +219,17 @@ async fn run(
     rt.ops.stats.for_pool(&pool.key).add_login();
     let handle = rt.cancels.register(id);
     let hooks = crate::ops::SessionHooks::new(rt.clone(), entry.clone(), &pool);
-    let result = greet_and_run(rt, io, req, pool, &welcome, &handle, hooks).await;
-    rt.cancels.remove(handle.pid);
-    result
+    match greet(rt, io, req, pool, &welcome, &handle, hooks).await {
+        Ok(session) => Ok(Some(Relay {
+            session,
+            handle,
+            _slot: slot,
+        })),
+        Err(e) => {
+            rt.cancels.remove(handle.pid);
+            Err(e)
+        }
+    }
 }
 
 /// A search_path set at startup (options -c) is judged by the schema rules like a SET.
@@ -289,7 +319,8 @@ async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome,
     })
 }
 
-async fn greet_and_run(
+/// Sends the client its parameters, key and first ReadyForQuery, and makes its session.
+async fn greet(
     rt: &Arc<Runtime>,
     io: &mut ClientIo,
     req: StartupRequest,
@@ -297,7 +328,7 @@ async fn greet_and_run(
     welcome: &[(String, String)],
     handle: &Arc<ClientHandle>,
     hooks: crate::ops::SessionHooks,
-) -> Result<(), SessionError> {
+) -> Result<Session, SessionError> {
     let id = hooks.client_id();
     let tracked = rt.tracked.load_full();
     let mut params = ParamSet::default();
@@ -336,7 +367,7 @@ async fn greet_and_run(
     tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
     let settings = rt.config.load();
     let timeouts = session::Timeouts::from_settings(&settings.settings);
-    let mut session = Session::new(
+    Ok(Session::new(
         rt.clone(),
         (req.user.clone(), io.stream.peer_ip()),
         pool,
@@ -345,8 +376,7 @@ async fn greet_and_run(
         tracked,
         timeouts,
         hooks,
-    );
-    session.run(io).await
+    ))
 }
 
 /// The largest message a client may send before it has logged in (PostgreSQL's limit for an
