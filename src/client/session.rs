@@ -239,14 +239,14 @@ impl Session {
                 Event::ClientClosed => return Ok(()),
                 Event::ServerData => {
                     self.on_server_data().await?;
-                    if self.retry_held(io).await? {
+                    if self.held && self.retry_held(io).await? {
                         return Ok(());
                     }
                 }
                 Event::ServerDrained => {
                     self.maybe_release().await?;
                     // Held messages may go now that nothing waits to be written.
-                    if self.retry_held(io).await? {
+                    if self.held && self.retry_held(io).await? {
                         return Ok(());
                     }
                 }
@@ -435,8 +435,14 @@ impl Session {
                 io.rbuf.advance(chunk.len);
                 continue;
             }
-            // The admission gate (under a policy) may wait, and may read more messages.
-            let ready = self.gate_chunk(io, chunk.len).await?;
+            // The admission gate (under a policy) may wait, and may read more messages. Each
+            // async call costs even when it returns at once, so the common cases are checked
+            // here.
+            let ready = if self.governance.load().is_some() {
+                self.gate_chunk(io, chunk.len).await?
+            } else {
+                chunk.len
+            };
             if ready == 0 {
                 self.held = true;
                 return Ok(false);
@@ -453,7 +459,9 @@ impl Session {
             self.forward_client(&mut io.rbuf, ready)?;
             self.gate.consumed(before - io.rbuf.len());
             // pgward may have answered everything itself (a DEALLOCATE, a Close).
-            self.maybe_release().await?;
+            if self.link.as_ref().is_some_and(|l| l.quiet(&self.to_server)) {
+                self.maybe_release().await?;
+            }
             if self.held {
                 return Ok(false);
             }
@@ -610,7 +618,9 @@ impl Session {
                 }
             }
         };
-        self.sync_params(&mut server).await?;
+        if self.params != server.params {
+            self.sync_params(&mut server).await?;
+        }
         self.handle.attach(CancelTarget {
             addr: server.addr.clone(),
             key: server.key.clone(),
@@ -935,11 +945,14 @@ fn reserve_for_frame(buf: &mut BytesMut) {
     }
 }
 
-/// Moves the first `n` bytes of `src` to the end of `dst`. Small runs are copied, so both
-/// buffers keep their own allocation from one message to the next; large ones are handed
+/// Moves the first `n` bytes of `src` to the end of `dst`. When `dst` is empty and all of
+/// `src` moves, the two buffers trade places; otherwise small runs are copied, so both
+/// buffers keep their own allocation from one message to the next, and large ones are handed
 /// over without copying.
 fn take_front(dst: &mut BytesMut, src: &mut BytesMut, n: usize) {
-    if n >= ZERO_COPY_FROM && dst.is_empty() {
+    if dst.is_empty() && n == src.len() {
+        std::mem::swap(dst, src);
+    } else if n >= ZERO_COPY_FROM && dst.is_empty() {
         *dst = src.split_to(n);
     } else {
         dst.extend_from_slice(&src[..n]);
@@ -1053,6 +1066,23 @@ mod tests {
         let c = scan_client(&buf, 1 << 20).unwrap();
         assert!(c.terminate);
         assert_eq!(c.len, 0);
+    }
+
+    #[test]
+    fn take_front_moves_bytes_in_order() {
+        // All of it into an empty buffer: the buffers trade places.
+        let mut src = BytesMut::from(&b"abc"[..]);
+        let mut dst = BytesMut::with_capacity(64);
+        take_front(&mut dst, &mut src, 3);
+        assert_eq!((&dst[..], &src[..]), (&b"abc"[..], &b""[..]));
+        assert!(src.capacity() >= 64, "the source keeps the emptied buffer");
+        // Part of it, or behind what is already there: copied.
+        let mut src = BytesMut::from(&b"defgh"[..]);
+        take_front(&mut dst, &mut src, 2);
+        assert_eq!((&dst[..], &src[..]), (&b"abcde"[..], &b"fgh"[..]));
+        let mut empty = BytesMut::new();
+        take_front(&mut empty, &mut src, 1);
+        assert_eq!((&empty[..], &src[..]), (&b"f"[..], &b"gh"[..]));
     }
 
     #[test]

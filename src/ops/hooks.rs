@@ -76,7 +76,8 @@ impl SessionHooks {
             Waiting::Start(ticket) => {
                 self.entry.set_waiting(ticket.enqueued_at);
                 let notify_at = notify.and_then(|after| ticket.enqueued_at.checked_add(after));
-                if !self.wait_while_paused(pool, notify_at).await {
+                let paused = self.rt.ops.control.holds(&pool.key.db);
+                if paused && !self.wait_while_paused(pool, notify_at).await {
                     return Ok(Checkout::Waiting(Waiting::Held(ticket)));
                 }
                 self.refuse_if_stopping()?;
