@@ -508,7 +508,26 @@ fn close_deallocate_and_discard_match() {
             ready(Batch::new().query("DEALLOCATE s3"), 1),
         ],
     );
-    for reset in ["DEALLOCATE ALL", "DISCARD ALL"] {
+    rig.compare(
+        "DEALLOCATE with comments, and of a quoted name with a space",
+        &[
+            ready(
+                Batch::new()
+                    .parse("S 6", "SELECT 6", &[])
+                    .parse("s7", "SELECT 7", &[])
+                    .sync(),
+                1,
+            ),
+            ready(
+                Batch::new().query("/* app */ DEALLOCATE \"S 6\" -- done"),
+                1,
+            ),
+            ready(Batch::new().query("DEALLOCATE /* x */ PREPARE s7;"), 1),
+            ready(Batch::new().bind("", "s7", &[]).execute("", 0).sync(), 1),
+            ready(Batch::new().bind("", "S 6", &[]).execute("", 0).sync(), 1),
+        ],
+    );
+    for reset in ["DEALLOCATE ALL", "DISCARD ALL", "-- reset\nDISCARD ALL"] {
         rig.compare(
             reset,
             &[

@@ -266,7 +266,7 @@ impl MessageContext<'_> {
                 _ => {}
             }
         }
-        if self.pooled && starts_with_word(body, b"listen") {
+        if self.pooled && prepared::starts_with_word(body, b"listen") {
             self.answer_alone(listen_warning(), false);
         }
         self.link.expected.push(Owed::Query);
@@ -519,20 +519,6 @@ impl MessageContext<'_> {
             });
         }
     }
-}
-
-/// Whether `sql` starts with `word` (ASCII, any case) followed by a space or the end.
-fn starts_with_word(sql: &[u8], word: &[u8]) -> bool {
-    let start = sql
-        .iter()
-        .position(|b| !b.is_ascii_whitespace())
-        .unwrap_or(sql.len());
-    let rest = &sql[start..];
-    rest.len() >= word.len()
-        && rest[..word.len()].eq_ignore_ascii_case(word)
-        && rest
-            .get(word.len())
-            .is_none_or(|b| !b.is_ascii_alphanumeric() && *b != b'_')
 }
 
 /// Said to a client that LISTENs in transaction pooling: notifications reach it only while

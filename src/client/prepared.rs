@@ -83,45 +83,102 @@ pub enum Deallocation {
 }
 
 /// Recognises DEALLOCATE and DISCARD ALL in a simple Query (one statement, optional trailing
-/// semicolon). Anything it cannot read with certainty is `None`, and goes to the server
-/// unchanged.
+/// semicolons, comments anywhere). Anything it cannot read with certainty is `None`, and goes
+/// to the server unchanged.
 pub fn deallocation(sql: &[u8]) -> Deallocation {
-    // Nearly every query starts with another word: it is known at its first letter. The
-    // spaces skipped are PostgreSQL's (a vertical tab is one since PostgreSQL 17).
-    let first_letter = sql
+    if !may_deallocate(sql) {
+        return Deallocation::None;
+    }
+    std::str::from_utf8(sql)
+        .ok()
+        .and_then(read_deallocation)
+        .unwrap_or(Deallocation::None)
+}
+
+/// Whether a text may be DEALLOCATE or DISCARD, known without reading it (nearly every query
+/// is told apart here by its first word): it starts with one of them, or with a comment and
+/// names one of them somewhere.
+fn may_deallocate(sql: &[u8]) -> bool {
+    let rest = &sql[sql.iter().take_while(|b| is_space(**b)).count()..];
+    if rest.starts_with(b"--") || rest.starts_with(b"/*") {
+        return mentions(rest, b"deallocate") || mentions(rest, b"discard");
+    }
+    starts_with_word(rest, b"deallocate") || starts_with_word(rest, b"discard")
+}
+
+/// DEALLOCATE [PREPARE] name, DEALLOCATE [PREPARE] ALL or DISCARD ALL, with the words as
+/// PostgreSQL's own scanner separates them.
+fn read_deallocation(text: &str) -> Option<Deallocation> {
+    use pg_query::protobuf::Token;
+    let tokens = pg_query::scan_tokens(text).ok()?;
+    let mut words: Vec<Word> = tokens
         .iter()
-        .find(|b| !(b.is_ascii_whitespace() || **b == b'\x0b'));
-    if !matches!(first_letter, Some(b'd' | b'D')) {
-        return Deallocation::None;
+        .map(|t| {
+            Some(Word {
+                kind: Token::try_from(t.token).ok()?,
+                keyword: t.keyword_kind,
+                text: text.get(t.start as usize..t.end as usize)?,
+            })
+        })
+        .collect::<Option<_>>()?;
+    words.retain(|w| !matches!(w.kind, Token::SqlComment | Token::CComment));
+    while words.last().is_some_and(|w| w.kind == Token::Ascii59) {
+        words.pop();
     }
-    let Ok(text) = std::str::from_utf8(sql) else {
-        return Deallocation::None;
-    };
-    let text = text.trim().trim_end_matches(';').trim_end();
-    let mut words = text.split_ascii_whitespace();
-    let first = words.next().unwrap_or("");
-    if first.eq_ignore_ascii_case("discard") {
-        let rest: Vec<&str> = words.collect();
-        return match rest.as_slice() {
-            [w] if w.eq_ignore_ascii_case("all") => Deallocation::All,
-            _ => Deallocation::None,
-        };
+    let kinds: Vec<Token> = words.iter().map(|w| w.kind).collect();
+    match kinds.as_slice() {
+        [Token::Discard, Token::All]
+        | [Token::Deallocate, Token::All]
+        | [Token::Deallocate, Token::Prepare, Token::All] => Some(Deallocation::All),
+        [Token::Deallocate, Token::Prepare, _] | [Token::Deallocate, _] => {
+            words.last()?.name().map(Deallocation::One)
+        }
+        _ => None,
     }
-    if !first.eq_ignore_ascii_case("deallocate") {
-        return Deallocation::None;
+}
+
+/// One token of a statement, as PostgreSQL's scanner reads it.
+struct Word<'t> {
+    kind: pg_query::protobuf::Token,
+    keyword: i32,
+    text: &'t str,
+}
+
+impl Word<'_> {
+    /// The statement name this token gives: an identifier, or a keyword that may name things
+    /// (PREPARE, say).
+    fn name(&self) -> Option<Bytes> {
+        use pg_query::protobuf::{KeywordKind, Token};
+        let names = self.kind == Token::Ident
+            || self.keyword == KeywordKind::UnreservedKeyword as i32
+            || self.keyword == KeywordKind::ColNameKeyword as i32;
+        names.then(|| identifier(self.text)).flatten()
     }
-    let mut rest: Vec<&str> = words.collect();
-    if rest
-        .first()
-        .is_some_and(|w| w.eq_ignore_ascii_case("prepare"))
-    {
-        rest.remove(0);
-    }
-    match rest.as_slice() {
-        [w] if w.eq_ignore_ascii_case("all") => Deallocation::All,
-        [w] => identifier(w).map_or(Deallocation::None, Deallocation::One),
-        _ => Deallocation::None,
-    }
+}
+
+/// PostgreSQL's white space (a vertical tab is one since PostgreSQL 17).
+fn is_space(b: u8) -> bool {
+    b.is_ascii_whitespace() || b == b'\x0b'
+}
+
+/// Whether `sql` starts, after white space, with the keyword `word` (any case) followed by
+/// something that cannot continue a word.
+pub(super) fn starts_with_word(sql: &[u8], word: &[u8]) -> bool {
+    let rest = &sql[sql.iter().take_while(|b| is_space(**b)).count()..];
+    rest.get(..word.len())
+        .is_some_and(|w| w.eq_ignore_ascii_case(word))
+        && rest
+            .get(word.len())
+            .is_none_or(|b| !(b.is_ascii_alphanumeric() || *b == b'_' || *b == b'$' || *b >= 0x80))
+}
+
+/// Whether `word` (any case) appears anywhere in `text`.
+fn mentions(text: &[u8], word: &[u8]) -> bool {
+    let first = word[0];
+    memchr::memchr2_iter(first.to_ascii_lowercase(), first.to_ascii_uppercase(), text).any(|i| {
+        text.get(i..i + word.len())
+            .is_some_and(|w| w.eq_ignore_ascii_case(word))
+    })
 }
 
 /// An SQL identifier as PostgreSQL folds it: quoted keeps case, unquoted is lowered.
@@ -163,8 +220,8 @@ mod tests {
         );
         assert_eq!(
             deallocation(b"deallocate \"S 1\""),
-            Deallocation::None,
-            "a quoted name with a space is not one word"
+            Deallocation::One(Bytes::from_static(b"S 1")),
+            "a quoted name is one word, spaces and all"
         );
         assert_eq!(
             deallocation(b"deallocate \"S_1\";"),
@@ -186,5 +243,36 @@ mod tests {
             Deallocation::One(Bytes::from_static(b"s_1"))
         );
         assert_eq!(deallocation(b"\x0bDISCARD ALL"), Deallocation::All);
+    }
+
+    #[test]
+    fn deallocate_with_comments_is_read_as_postgresql_reads_it() {
+        let one = |name: &'static [u8]| Deallocation::One(Bytes::from_static(name));
+        assert_eq!(deallocation(b"/* app */ DEALLOCATE s_1"), one(b"s_1"));
+        assert_eq!(deallocation(b"-- note\nDISCARD ALL;"), Deallocation::All);
+        assert_eq!(
+            deallocation(b"DEALLOCATE /* x */ PREPARE s_1 ; -- done"),
+            one(b"s_1")
+        );
+        assert_eq!(
+            deallocation(b"/* a /* nested */ one */ deallocate all"),
+            Deallocation::All
+        );
+        assert_eq!(deallocation(b"deallocate prepare"), one(b"prepare"));
+        assert_eq!(
+            deallocation(b"/* deallocate s_1 */ select 1"),
+            Deallocation::None
+        );
+        assert_eq!(deallocation(b"-- deallocate s_1"), Deallocation::None);
+        assert_eq!(deallocation(b"deallocate select"), Deallocation::None);
+        assert_eq!(
+            deallocation(b"deallocate s_1; deallocate s_2"),
+            Deallocation::None
+        );
+        assert_eq!(deallocation(b"deallocatex s_1"), Deallocation::None);
+        assert_eq!(
+            deallocation(b"/* unterminated deallocate s_1"),
+            Deallocation::None
+        );
     }
 }
