@@ -29,7 +29,6 @@ pool_size=${POOL_SIZE:-8}
 scale=${SCALE:-10}
 auth_type=${AUTH_TYPE:-md5}
 bench_password=benchpass
-ticks=$(getconf CLK_TCK)
 
 for target in "${targets[@]}"; do
     case $target in direct | pgbouncer | pgward) ;; *) die "unknown target: $target" ;; esac
@@ -81,15 +80,6 @@ if has_target pgward; then
 fi
 
 # --- runs -------------------------------------------------------------------------------------
-# cpu_ticks PID: user + system CPU time of a process, in clock ticks.
-cpu_ticks() {
-    local stat
-    stat=$(cat "/proc/$1/stat") || die "process $1 is gone"
-    # Fields after the command name, which is in parentheses and may contain spaces.
-    read -r -a rest <<<"${stat##*) }"
-    echo $((rest[11] + rest[12]))
-}
-
 target_port() {
     if [ "$1" = direct ]; then echo "$pg_port"; else echo "${pooler_port[$1]}"; fi
 }
@@ -98,14 +88,16 @@ mkdir -p bench/results
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 tsv="bench/results/pooler-$stamp.tsv"
 report="bench/results/pooler-$stamp.md"
-printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\n' >"$tsv"
+printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\tuser_us_per_tx\tsys_us_per_tx\n' \
+    >"$tsv"
 failures=0
 
 # run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
 run_one() {
-    local mode=$1 target=$2 round=$3 port out before=0 after tps lat tx cpu="-" cpu_text="-"
+    local mode=$1 target=$2 round=$3 port out before=(0 0) after tps lat tx
+    local cpu="-" user="-" sys="-" cpu_text="-"
     port=$(target_port "$target")
-    [ "$target" = direct ] || before=$(cpu_ticks "${pooler_pid[$target]}")
+    [ "$target" = direct ] || read -r -a before <<<"$(cpu_ticks "${pooler_pid[$target]}")"
     if ! out=$(PGPASSWORD=$bench_password pgbench -n -S -M "$mode" -c "$clients" -j "$jobs" \
         -T "$seconds" -h 127.0.0.1 -p "$port" -U bench bench 2>&1); then
         echo "round $round $mode $target: pgbench failed:" >&2
@@ -118,12 +110,14 @@ run_one() {
     lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
     tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
     if [ "$target" != direct ]; then
-        after=$(cpu_ticks "${pooler_pid[$target]}")
-        cpu=$(awk -v d=$((after - before)) -v hz="$ticks" -v n="$tx" \
-            'BEGIN {printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0)}')
-        cpu_text="$cpu us"
+        read -r -a after <<<"$(cpu_ticks "${pooler_pid[$target]}")"
+        user=$(us_per_tx $((after[0] - before[0])) "$tx")
+        sys=$(us_per_tx $((after[1] - before[1])) "$tx")
+        cpu=$(us_per_tx $((after[0] + after[1] - before[0] - before[1])) "$tx")
+        cpu_text="$cpu us (user $user, kernel $sys)"
     fi
-    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$target" "$round" "$tps" "$lat" "$cpu" "$tx" >>"$tsv"
+    printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' \
+        "$mode" "$target" "$round" "$tps" "$lat" "$cpu" "$tx" "$user" "$sys" >>"$tsv"
     printf 'round %s  %-8s  %-10s  tps %10.1f  latency %7.3f ms  pooler cpu/tx %s\n' \
         "$round" "$mode" "$target" "$tps" "$lat" "$cpu_text"
 }
@@ -164,9 +158,9 @@ summarize() {
             -d postgres -c 'SHOW server_version'), $(nproc) cores."
     [ "$failures" = 0 ] || echo "**$failures run(s) failed and are left out.**"
     echo
-    echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct |"
-    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: |"
-    awk -F'\t' -f bench/median.awk -f bench/summary.awk "$tsv"
+    echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct | of which user / kernel us/tx (medians) |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
+    awk -F'\t' -v split_cpu=1 -f bench/median.awk -f bench/summary.awk "$tsv"
     if has_target pgward && has_target pgbouncer; then
         echo
         echo "pgward as a ratio of PgBouncer in the same round, median over rounds:"

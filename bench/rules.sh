@@ -27,7 +27,6 @@ clients=${CLIENTS:-32}
 jobs=${JOBS:-2}
 pool_size=${POOL_SIZE:-8}
 scale=${SCALE:-10}
-ticks=$(getconf CLK_TCK)
 
 for mode in "${modes[@]}"; do
     case $mode in simple | extended | prepared) ;; *) die "unknown pgbench protocol: $mode" ;; esac
@@ -101,14 +100,6 @@ install -m 755 "$binary" "$work/pgward-bin"
 for target in "${targets[@]}"; do start_pooler "$target"; done
 
 # --- runs -------------------------------------------------------------------------------------
-# cpu_ticks PID: user + system CPU time of a process, in clock ticks.
-cpu_ticks() {
-    local stat
-    stat=$(cat "/proc/$1/stat") || die "process $1 is gone"
-    read -r -a rest <<<"${stat##*) }"
-    echo $((rest[11] + rest[12]))
-}
-
 mkdir -p bench/results
 stamp=$(date -u +%Y%m%dT%H%M%SZ)
 tsv="bench/results/rules-$stamp.tsv"
@@ -118,17 +109,16 @@ printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\n' >"$
 # run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
 run_one() {
     local mode=$1 target=$2 round=$3 out before after tps lat tx cpu
-    before=$(cpu_ticks "${pooler_pid[$target]}")
+    read -r -a before <<<"$(cpu_ticks "${pooler_pid[$target]}")"
     out=$(pgbench -n -S -M "$mode" -c "$clients" -j "$jobs" -T "$seconds" \
         -h 127.0.0.1 -p "${pooler_port[$target]}" -U bench bench 2>&1) ||
         die "round $round $mode $target: pgbench failed: $(echo "$out" | tail -n 5)"
-    after=$(cpu_ticks "${pooler_pid[$target]}")
+    read -r -a after <<<"$(cpu_ticks "${pooler_pid[$target]}")"
     tps=$(echo "$out" | awk '/^tps = / && /(without initial connection|excluding connections)/ {print $3; exit}')
     [ -n "$tps" ] || tps=$(echo "$out" | awk '/^tps = / {v=$3} END {print v}')
     lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
     tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
-    cpu=$(awk -v d=$((after - before)) -v hz="$ticks" -v n="$tx" \
-        'BEGIN {printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0)}')
+    cpu=$(us_per_tx $((after[0] + after[1] - before[0] - before[1])) "$tx")
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$target" "$round" "$tps" "$lat" "$cpu" "$tx" >>"$tsv"
     printf 'round %s  %-8s  %-6s  tps %10.1f  latency %7.3f ms  pgward cpu/tx %s us\n' \
         "$round" "$mode" "$target" "$tps" "$lat" "$cpu"

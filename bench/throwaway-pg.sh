@@ -117,6 +117,22 @@ pooler_start() {
     echo "$name listening on port $port (pid ${pooler_pid[$name]})"
 }
 
+# cpu_ticks PID: the user and the system CPU time a process has used so far, in clock ticks,
+# as "USER SYSTEM".
+cpu_ticks() {
+    local stat
+    stat=$(cat "/proc/$1/stat") || die "process $1 is gone"
+    # Fields after the command name, which is in parentheses and may contain spaces.
+    read -r -a rest <<<"${stat##*) }"
+    echo "${rest[11]} ${rest[12]}"
+}
+
+# us_per_tx TICKS TRANSACTIONS: clock ticks as microseconds per transaction.
+us_per_tx() {
+    awk -v d="$1" -v hz="$(getconf CLK_TCK)" -v n="$2" \
+        'BEGIN {printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0)}'
+}
+
 # pooler_stop NAME: stops the pooler pooler_start recorded under NAME, if it runs.
 pooler_stop() {
     local pid=${pooler_pid[$1]:-}
