@@ -254,17 +254,22 @@ impl<W> Gate<W> {
             .unwrap_or_default()
     }
 
+    // Both are called several times per request: a name is copied only the first time.
     fn tenant_mut(&mut self, tenant: &str, now: Instant) -> &mut TenantState {
-        self.tenants
-            .entry(tenant.to_string())
-            .or_insert_with(|| TenantState::new(now))
+        if !self.tenants.contains_key(tenant) {
+            self.tenants
+                .insert(tenant.to_string(), TenantState::new(now));
+        }
+        self.tenants.get_mut(tenant).expect("inserted above")
     }
 
     fn upstream_mut(&mut self, upstream: &str) -> &mut Upstream<W> {
-        let limits = self.settings.lanes;
-        self.upstreams
-            .entry(upstream.to_string())
-            .or_insert_with(|| Upstream::new(limits))
+        if !self.upstreams.contains_key(upstream) {
+            let limits = self.settings.lanes;
+            self.upstreams
+                .insert(upstream.to_string(), Upstream::new(limits));
+        }
+        self.upstreams.get_mut(upstream).expect("inserted above")
     }
 
     /// Counts a refusal for SHOW TENANTS and hands it back.
