@@ -94,10 +94,13 @@ failures=0
 
 # run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
 run_one() {
-    local mode=$1 target=$2 round=$3 port out before=(0 0) after tps lat tx
+    local mode=$1 target=$2 round=$3 port out ticks before=(0 0) after tps lat tx
     local cpu="-" user="-" sys="-" cpu_text="-"
     port=$(target_port "$target")
-    [ "$target" = direct ] || read -r -a before <<<"$(cpu_ticks "${pooler_pid[$target]}")"
+    if [ "$target" != direct ]; then
+        ticks=$(cpu_ticks "${pooler_pid[$target]}")
+        read -r -a before <<<"$ticks"
+    fi
     if ! out=$(PGPASSWORD=$bench_password pgbench -n -S -M "$mode" -c "$clients" -j "$jobs" \
         -T "$seconds" -h 127.0.0.1 -p "$port" -U bench bench 2>&1); then
         echo "round $round $mode $target: pgbench failed:" >&2
@@ -110,7 +113,8 @@ run_one() {
     lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
     tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
     if [ "$target" != direct ]; then
-        read -r -a after <<<"$(cpu_ticks "${pooler_pid[$target]}")"
+        ticks=$(cpu_ticks "${pooler_pid[$target]}")
+        read -r -a after <<<"$ticks"
         user=$(us_per_tx $((after[0] - before[0])) "$tx")
         sys=$(us_per_tx $((after[1] - before[1])) "$tx")
         cpu=$(us_per_tx $((after[0] + after[1] - before[0] - before[1])) "$tx")
@@ -158,7 +162,7 @@ summarize() {
             -d postgres -c 'SHOW server_version'), $(nproc) cores."
     [ "$failures" = 0 ] || echo "**$failures run(s) failed and are left out.**"
     echo
-    echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct | of which user / kernel us/tx (medians) |"
+    echo "| protocol | target | tps (median) | latency ms (median) | pooler CPU us/tx (median) | tps vs direct | latency vs direct | user / kernel us/tx (median of each) |"
     echo "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"
     awk -F'\t' -v split_cpu=1 -f bench/median.awk -f bench/summary.awk "$tsv"
     if has_target pgward && has_target pgbouncer; then

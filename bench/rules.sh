@@ -108,12 +108,14 @@ printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\n' >"$
 
 # run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
 run_one() {
-    local mode=$1 target=$2 round=$3 out before after tps lat tx cpu
-    read -r -a before <<<"$(cpu_ticks "${pooler_pid[$target]}")"
+    local mode=$1 target=$2 round=$3 out ticks before after tps lat tx cpu
+    ticks=$(cpu_ticks "${pooler_pid[$target]}")
+    read -r -a before <<<"$ticks"
     out=$(pgbench -n -S -M "$mode" -c "$clients" -j "$jobs" -T "$seconds" \
         -h 127.0.0.1 -p "${pooler_port[$target]}" -U bench bench 2>&1) ||
         die "round $round $mode $target: pgbench failed: $(echo "$out" | tail -n 5)"
-    read -r -a after <<<"$(cpu_ticks "${pooler_pid[$target]}")"
+    ticks=$(cpu_ticks "${pooler_pid[$target]}")
+    read -r -a after <<<"$ticks"
     tps=$(echo "$out" | awk '/^tps = / && /(without initial connection|excluding connections)/ {print $3; exit}')
     [ -n "$tps" ] || tps=$(echo "$out" | awk '/^tps = / {v=$3} END {print v}')
     lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
