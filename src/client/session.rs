@@ -272,10 +272,10 @@ impl Session {
         }
     }
 
-    /// Offers held client messages to the server again; true when the client said Terminate
-    /// (what came before it has then been drained).
+    /// Offers held client messages (`held`, checked by the callers) to the server again; true
+    /// when the client said Terminate (what came before it has then been drained).
     async fn retry_held(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
-        if !self.held || !self.on_client_data(io).await? {
+        if !self.on_client_data(io).await? {
             return Ok(false);
         }
         self.drain_after_terminate().await;
@@ -438,10 +438,9 @@ impl Session {
             // The admission gate (under a policy) may wait, and may read more messages. Each
             // async call costs even when it returns at once, so the common cases are checked
             // here.
-            let ready = if self.governance.load().is_some() {
-                self.gate_chunk(io, chunk.len).await?
-            } else {
-                chunk.len
+            let ready = match self.governance.load().as_ref().clone() {
+                Some(governance) => self.gate_chunk(io, chunk.len, governance).await?,
+                None => chunk.len,
             };
             if ready == 0 {
                 self.held = true;
@@ -638,10 +637,9 @@ impl Session {
         Ok(())
     }
 
+    /// Sets on `server` the tracked parameters whose values differ from the client's (the
+    /// caller has seen that some do).
     async fn sync_params(&mut self, server: &mut ServerGuard) -> Result<(), SessionError> {
-        if self.params == server.params {
-            return Ok(());
-        }
         let diffs: Vec<(String, String)> = self
             .params
             .differences(&server.params)

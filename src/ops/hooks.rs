@@ -76,8 +76,8 @@ impl SessionHooks {
             Waiting::Start(ticket) => {
                 self.entry.set_waiting(ticket.enqueued_at);
                 let notify_at = notify.and_then(|after| ticket.enqueued_at.checked_add(after));
-                let paused = self.rt.ops.control.holds(&pool.key.db);
-                if paused && !self.wait_while_paused(pool, notify_at).await {
+                let held = self.rt.ops.control.holds(&pool.key.db);
+                if held && !self.wait_while_paused(pool, notify_at).await {
                     return Ok(Checkout::Waiting(Waiting::Held(ticket)));
                 }
                 self.refuse_if_stopping()?;
@@ -102,14 +102,10 @@ impl SessionHooks {
         }
     }
 
-    /// Waits while the pool's database is paused or the pooler suspended; false when
-    /// `notify_at` came first (the client is to be told it waits).
+    /// Waits while the pool's database is paused or the pooler suspended (the caller has seen
+    /// that it is); false when `notify_at` came first (the client is to be told it waits).
     async fn wait_while_paused(&self, pool: &Pool, notify_at: Option<Instant>) -> bool {
-        let control = &self.rt.ops.control;
-        if !control.holds(&pool.key.db) {
-            return true;
-        }
-        let open = control.wait_open(&pool.key.db);
+        let open = self.rt.ops.control.wait_open(&pool.key.db);
         match notify_at {
             Some(at) => tokio::time::timeout_at(at.into(), open).await.is_ok(),
             None => {

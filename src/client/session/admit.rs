@@ -175,18 +175,15 @@ enum Step {
 }
 
 impl Session {
-    /// Runs the gate over the client's complete messages in the first `len` bytes of its
-    /// read buffer that have not passed it yet. Returns how many bytes at the front may go
-    /// to the server now.
+    /// Runs the gate of the policy in force over the client's complete messages in the first
+    /// `len` bytes of its read buffer that have not passed it yet. Returns how many bytes at
+    /// the front may go to the server now.
     pub(super) async fn gate_chunk(
         &mut self,
         io: &mut ClientIo,
         len: usize,
+        governance: Arc<Governance>,
     ) -> Result<usize, SessionError> {
-        // Without a policy nothing is gated, at the cost of one load.
-        let Some(governance) = self.governance.load().as_ref().clone() else {
-            return Ok(len);
-        };
         if self.gate.gated == 0 {
             // Everything gated so far has gone out: the server's view of the batch is exact.
             self.gate.batch_open = self.link.as_ref().is_some_and(|l| l.expected.batch_open());
