@@ -23,9 +23,7 @@ clients=${CLIENTS:-32}
 pool_size=${POOL_SIZE:-8}
 bench_password=benchpass
 
-for mode in "${modes[@]}"; do
-    case $mode in simple | extended) ;; *) die "unknown pgbench protocol: $mode" ;; esac
-done
+check_choices "pgbench protocol" "simple extended" "${modes[@]}"
 ensure_postgres
 command -v valgrind >/dev/null || apt_install valgrind
 for target in "${targets[@]}"; do

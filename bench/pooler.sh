@@ -30,12 +30,8 @@ scale=${SCALE:-10}
 auth_type=${AUTH_TYPE:-md5}
 bench_password=benchpass
 
-for target in "${targets[@]}"; do
-    case $target in direct | pgbouncer | pgward) ;; *) die "unknown target: $target" ;; esac
-done
-for mode in "${modes[@]}"; do
-    case $mode in simple | extended | prepared) ;; *) die "unknown pgbench protocol: $mode" ;; esac
-done
+check_choices target "direct pgbouncer pgward" "${targets[@]}"
+check_choices "pgbench protocol" "simple extended prepared" "${modes[@]}"
 
 has_target() {
     [[ " ${targets[*]} " == *" $1 "* ]]

@@ -43,9 +43,7 @@ innocent_clients=2
 rogue_clients=6
 rogue_sql="select count(*), sum(length(pad)) from big"
 
-for target in "${targets[@]}"; do
-    case $target in direct | pgbouncer | pgward) ;; *) die "unknown target: $target" ;; esac
-done
+check_choices target "direct pgbouncer pgward" "${targets[@]}"
 for identity in "${identities[@]}"; do
     case $identity in roles | tags) ;; *) die "unknown identity mode: $identity (roles or tags)" ;; esac
 done

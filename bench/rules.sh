@@ -28,9 +28,7 @@ jobs=${JOBS:-2}
 pool_size=${POOL_SIZE:-8}
 scale=${SCALE:-10}
 
-for mode in "${modes[@]}"; do
-    case $mode in simple | extended | prepared) ;; *) die "unknown pgbench protocol: $mode" ;; esac
-done
+check_choices "pgbench protocol" "simple extended prepared" "${modes[@]}"
 
 ensure_postgres
 binary=${PGWARD_BIN:-}

@@ -117,6 +117,16 @@ pooler_start() {
     echo "$name listening on port $port (pid ${pooler_pid[$name]})"
 }
 
+# check_choices WHAT "ALLOWED..." VALUE...: dies naming the first VALUE that is not one of the
+# space-separated ALLOWED words ("unknown WHAT: VALUE").
+check_choices() {
+    local what=$1 allowed=" $2 " value
+    shift 2
+    for value in "$@"; do
+        [[ $allowed == *" $value "* ]] || die "unknown $what: $value"
+    done
+}
+
 # cpu_ticks PID: the user and the system CPU time a process has used so far, in clock ticks,
 # as "USER SYSTEM".
 cpu_ticks() {
