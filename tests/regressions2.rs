@@ -357,24 +357,26 @@ fn r7b_deallocate_in_a_failed_transaction_is_refused() {
 #[test]
 fn r8_client_idle_time_counts_from_the_last_answer() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "client_idle_timeout = 2\n");
+    // A timeout long enough that a loaded machine does not idle the client out between its
+    // login and its first query (the error would then be lost to the query's write).
+    let pw = transaction_pool(&pg, "client_idle_timeout = 4\n");
     let mut client = login(&pw);
     // The query runs longer than client_idle_timeout; the client then pauses for half of it.
     assert_eq!(
-        value_within(&mut client, "SELECT pg_sleep(3)", 5 * SECOND),
+        value_within(&mut client, "SELECT pg_sleep(5)", 8 * SECOND),
         Ok(String::new()),
         "{}",
         pw.log()
     );
-    thread::sleep(SECOND);
+    thread::sleep(2 * SECOND);
     assert_eq!(
-        value_within(&mut client, "SELECT 'awake'", 2 * SECOND),
+        value_within(&mut client, "SELECT 'awake'", 3 * SECOND),
         Ok("awake".to_string()),
         "closed right after a long query's answer\n{}",
         pw.log()
     );
     // The timeout still applies once the client is idle.
-    let fields = client.expect_error_within(4 * SECOND);
+    let fields = client.expect_error_within(7 * SECOND);
     assert_eq!(fields.code(), "57P05", "{fields:?}");
 }
 
