@@ -163,10 +163,11 @@ summarize() {
     awk -F'\t' -v split_cpu=1 -f bench/median.awk -f bench/summary.awk "$tsv"
     if has_target pgward && has_target pgbouncer; then
         echo
-        echo "pgward as a ratio of PgBouncer in the same round, median over rounds:"
+        echo "pgward as a ratio of PgBouncer in the same round, median over rounds, and the rounds" \
+            "in which pgward's TPS was at least PgBouncer's and its CPU per transaction at most:"
         echo
-        echo "| protocol | rounds | TPS | CPU per transaction |"
-        echo "| --- | ---: | ---: | ---: |"
+        echo "| protocol | rounds | TPS | CPU per transaction | TPS target met | CPU target met |"
+        echo "| --- | ---: | ---: | ---: | ---: | ---: |"
         awk -F'\t' -f bench/median.awk -f bench/paired.awk "$tsv"
     fi
 }
