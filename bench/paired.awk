@@ -24,7 +24,7 @@ END {
             rounds++
             t = t " " tps[round, "pgward"] / tps[round, "pgbouncer"]
             if (tps[round, "pgward"] + 0 >= tps[round, "pgbouncer"] + 0) tps_met++
-            if (cpu[round, "pgbouncer"] + 0 > 0) {
+            if (cpu[round, "pgbouncer"] + 0 > 0 && cpu[round, "pgward"] + 0 > 0) {
                 c = c " " cpu[round, "pgward"] / cpu[round, "pgbouncer"]
                 cpu_rounds++
                 if (cpu[round, "pgward"] + 0 <= cpu[round, "pgbouncer"] + 0) cpu_met++
