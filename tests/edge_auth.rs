@@ -103,6 +103,7 @@ fn hba_rules_pick_the_method() {
     let userlist = write_userlist(
         dir.path(),
         &[
+            ("trustuser", ""),
             ("md5user", &pg.role_secret("md5user")),
             ("scramuser", &pg.role_secret("scramuser")),
             ("passworduser", "plainpass"),

@@ -259,6 +259,7 @@ impl Instance {
             log.display()
         );
         let path = dir.path().join("pgward.ini");
+        let ini = common::with_test_auth_file(&ini, dir.path());
         std::fs::write(&path, ini).expect("ini");
         let child = Command::new(env!("CARGO_BIN_EXE_pgward"))
             .arg(&path)

@@ -291,6 +291,7 @@ impl Instance {
             dir.join("pgward.pid").display()
         );
         let path = dir.join(format!("pgward{n}.ini"));
+        let ini = common::with_test_auth_file(&ini, dir);
         std::fs::write(&path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
         let program = std::env::var_os("PGWARD_TEST_BINARY").map_or_else(
             || PathBuf::from(env!("CARGO_BIN_EXE_pgward")),

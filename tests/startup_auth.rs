@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::driver::{self, code, connect, must_value};
+use common::driver::{self, code, connect, must_connect, must_value};
 use common::raw::{self, Raw, PROTOCOL_3_0};
 use common::{psql_at, stderr_of, stdout_of, write_userlist, Pgward, Postgres};
 
@@ -377,6 +377,7 @@ async fn trust_auth_logs_in_to_every_server_method() {
         "as_scram = {} user=scramuser password=scrampass\n",
         pg.db_connstr("app")
     );
+    let entries = [("trustuser", ""), entries[0], entries[1]];
     let (pw, _dir) = auth_pgward(&pg, "trust", &entries, &dbs);
     check_cases(
         &pw,
@@ -394,6 +395,52 @@ async fn trust_auth_logs_in_to_every_server_method() {
         ],
     )
     .await;
+}
+
+/// `trust` admits only users pgward knows (the auth file, else auth_query), as PgBouncer
+/// does: an unknown name is refused before any server is asked, also where the database
+/// forces its server user, which would otherwise lend that user's session to any name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn trust_refuses_users_pgward_does_not_know() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "forced = {} user=scramuser password=scrampass\n",
+        pg.db_connstr("app")
+    );
+    let (pw, _dir) = auth_pgward(&pg, "trust", &[("trustuser", "")], &dbs);
+    for db in ["app", "forced"] {
+        let err = connect(&pw.connstr("nosuchuser", None, db))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("an unknown user got a session on {db}"));
+        assert_eq!(code(&err), "28000", "{err:?}");
+        let text = driver::message(&err);
+        assert_eq!(text, "\"trust\" authentication failed", "{err:?}");
+        // A role PostgreSQL trusts but the auth file does not list is refused too.
+        let err = connect(&pw.connstr("md5user", None, db)).await.err();
+        assert!(err.is_some(), "md5user got a session on {db}");
+    }
+    let log = pw.log();
+    assert!(
+        log.contains("closing because: \"trust\" authentication failed"),
+        "{log}"
+    );
+    // With auth_query, users missing from the file are found there; a name it does not
+    // find is refused as PgBouncer refuses it.
+    let settings = "auth_type = trust\nauth_user = postgres\nauth_dbname = postgres\n\
+                    pool_mode = transaction\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &dbs));
+    let conn = must_connect(&pw.connstr("md5user", None, "forced")).await;
+    assert_eq!(
+        must_value(&conn.client, "SELECT current_user").await,
+        "scramuser"
+    );
+    let err = connect(&pw.connstr("nosuchuser", None, "forced"))
+        .await
+        .err()
+        .expect("an unknown user got a session");
+    assert_eq!(code(&err), "28000", "{err:?}");
+    assert_eq!(driver::message(&err), "no such user", "{err:?}");
 }
 
 /// The client logs in with SCRAM against the stored SCRAM secret and pgward logs in to the

@@ -178,20 +178,14 @@ async fn authenticate_for(
     let user = req.user.as_str();
     let method = method_for(io, rt, req)?;
     match method {
-        HbaMethod::Trust => return Ok(Authenticated { credential: None }),
+        HbaMethod::Trust => return trust(rt, req).await,
         HbaMethod::Cert => return cert(io, user),
         HbaMethod::Reject => return Err(hba_refusal(io, req, "pg_hba.conf rejects connection")),
         _ => {}
     }
     let (secret, origin) = secrets::find_secret(rt, &req.database, user)
         .await
-        .map_err(|e| {
-            tracing::warn!(user, "{e}");
-            SessionError::Fatal(ErrorResponse::fatal(
-                sqlstate::CONNECTION_FAILURE,
-                "authentication lookup failed".to_string(),
-            ))
-        })?;
+        .map_err(lookup_failed(user))?;
     let from_query = origin == Origin::AuthQuery;
     match (method, &secret) {
         (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
@@ -199,6 +193,43 @@ async fn authenticate_for(
             scram(io, rt, user, secret.as_ref(), from_query).await
         }
         _ => md5(io, user, secret.as_ref(), from_query).await,
+    }
+}
+
+/// `trust` admits a user pgward knows (in the auth file, or found by auth_query) without a
+/// password, as PgBouncer does; `auth_type = any` admits every name. Anyone else is
+/// refused: a forced user in `[databases]` must not lend its session to any name.
+async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated, SessionError> {
+    if rt.config.load().settings.auth_type == AuthType::Any {
+        return Ok(Authenticated { credential: None });
+    }
+    let (secret, origin) = secrets::find_secret(rt, &req.database, &req.user)
+        .await
+        .map_err(lookup_failed(&req.user))?;
+    let message = match origin {
+        Origin::AuthFile => return Ok(Authenticated { credential: None }),
+        Origin::AuthQuery => {
+            return Ok(Authenticated {
+                credential: reusable(secret.as_ref(), true),
+            })
+        }
+        Origin::NoRow => "no such user",
+        Origin::Nowhere => "\"trust\" authentication failed",
+    };
+    Err(SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::INVALID_AUTHORIZATION,
+        message.to_string(),
+    )))
+}
+
+/// The refusal when the secret lookup itself failed (auth_query's server unreachable).
+fn lookup_failed(user: &str) -> impl FnOnce(secrets::LookupError) -> SessionError + '_ {
+    move |e| {
+        tracing::warn!(user, "{e}");
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CONNECTION_FAILURE,
+            "authentication lookup failed".to_string(),
+        ))
     }
 }
 

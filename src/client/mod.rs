@@ -127,7 +127,9 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, admission: Admission) {
             tracing::debug!(client = id, %peer, "client connection lost: {e}")
         }
         Err(SessionError::Fatal(err)) => {
-            tracing::info!(client = id, %peer, code = %err.code, "closing client: {}", err.message);
+            // PgBouncer's wording, which operators grep for.
+            let age = entry.age().as_secs();
+            tracing::info!(client = id, %peer, code = %err.code, "closing because: {} (age={age}s)", err.message);
             io.send_error(&[], &err).await;
         }
     }

@@ -51,13 +51,23 @@ pub fn auth_source(config: &Config, database: &str) -> Option<AuthSource> {
     })
 }
 
-/// Where a secret came from.
+/// Where a user's secret came from, and so whether pgward knows the user at all.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Origin {
     AuthFile,
-    /// From auth_query, just now.
+    /// auth_query answered a row for the user, just now (its secret may be NULL).
     AuthQuery,
+    /// auth_query ran and answered no row: no such user.
+    NoRow,
+    /// Neither in the auth file nor looked up: no auth_query applies to the database.
     Nowhere,
+}
+
+impl Origin {
+    /// Whether the user is known to pgward (listed in the auth file or found by auth_query).
+    pub fn known(&self) -> bool {
+        matches!(self, Origin::AuthFile | Origin::AuthQuery)
+    }
 }
 
 /// The secret of `user` logging in to client database `database`: the auth file's, else
@@ -73,16 +83,19 @@ pub async fn find_secret(
     let Some(source) = auth_source(&rt.config.load(), database) else {
         return Ok((None, Origin::Nowhere));
     };
-    let fetched = fetch(rt, &source, user).await?;
-    Ok((fetched, Origin::AuthQuery))
+    Ok(match fetch(rt, &source, user).await? {
+        Some(secret) => (secret, Origin::AuthQuery),
+        None => (None, Origin::NoRow),
+    })
 }
 
-/// Runs auth_query for `user` on a server of the auth_user pool.
+/// Runs auth_query for `user` on a server of the auth_user pool: no row is `None`, a row
+/// with a NULL or empty secret `Some(None)`.
 async fn fetch(
     rt: &Arc<Runtime>,
     source: &AuthSource,
     user: &str,
-) -> Result<Option<Secret>, LookupError> {
+) -> Result<Option<Option<Secret>>, LookupError> {
     let db = rt
         .config
         .load()
@@ -94,11 +107,14 @@ async fn fetch(
     let mut server = pool.checkout(ticket, wait).await?;
     let tracked = rt.tracked.load_full();
     let row = server.query_row(&source.query, &[user], &tracked).await?;
-    // The query answers (name, secret); a NULL secret or no row means no login.
-    let secret = row
-        .and_then(|r| r.into_iter().nth(1).flatten())
-        .filter(|s| !s.is_empty());
-    Ok(secret.map(Secret::classify))
+    // The query answers (name, secret); a NULL secret admits no password login.
+    Ok(row.map(|r| {
+        r.into_iter()
+            .nth(1)
+            .flatten()
+            .filter(|s| !s.is_empty())
+            .map(Secret::classify)
+    }))
 }
 
 #[cfg(test)]

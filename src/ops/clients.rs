@@ -156,6 +156,11 @@ impl ClientEntry {
         }
     }
 
+    /// How long the client has been connected.
+    pub fn age(&self) -> Duration {
+        self.connected.elapsed()
+    }
+
     pub fn state(&self) -> ClientState {
         ClientState::from_u8(self.state.load(Ordering::Acquire))
     }

@@ -774,7 +774,7 @@ impl PgwardPaths {
             self.log.display(),
             self.dir.join("pgward.pid").display()
         );
-        insert_into_section(body, "pgbouncer", &lines)
+        insert_into_section(&with_test_auth_file(body, &self.dir), "pgbouncer", &lines)
     }
 
     fn spawn(&self) -> Child {
@@ -817,6 +817,63 @@ impl PgwardPaths {
             dir,
         }
     }
+}
+
+/// The value of `key` in an ini text (the last one wins), as written.
+fn ini_value<'a>(body: &'a str, key: &str) -> Option<&'a str> {
+    body.lines()
+        .filter_map(|line| line.split_once('='))
+        .filter(|(k, _)| k.trim().eq_ignore_ascii_case(key))
+        .map(|(_, v)| v.trim())
+        .next_back()
+}
+
+/// `body` with an auth file in `dir` that lists the test server's roles, when the ini admits
+/// clients without a password but names no auth file (see [`trusts_without_auth_file`]).
+pub fn with_test_auth_file(body: &str, dir: &Path) -> String {
+    if !trusts_without_auth_file(body) {
+        return body.to_string();
+    }
+    let users = test_server_users(body);
+    let entries: Vec<(&str, &str)> = users
+        .iter()
+        .map(|(u, p)| (u.as_str(), p.as_str()))
+        .collect();
+    let userlist = write_userlist(dir, &entries);
+    insert_into_section(
+        body,
+        "pgbouncer",
+        &format!("auth_file = {}\n", userlist.display()),
+    )
+}
+
+/// Whether an ini may admit clients without a password (`trust`, or `hba` with trust lines)
+/// but names no auth file and no auth_user. Such logins admit only the users a pooler knows,
+/// as PgBouncer does, so the fixture lists the test server's roles for it.
+fn trusts_without_auth_file(body: &str) -> bool {
+    let trusting = ini_value(body, "auth_type")
+        .is_some_and(|t| t.eq_ignore_ascii_case("trust") || t.eq_ignore_ascii_case("hba"));
+    trusting && ini_value(body, "auth_file").is_none() && ini_value(body, "auth_user").is_none()
+}
+
+/// Auth file entries for every role a test server has (the superuser and [`ROLES`], with
+/// their plain passwords, an empty secret for the roles that have none) and for the console
+/// users the ini names.
+fn test_server_users(body: &str) -> Vec<(String, String)> {
+    let console = ["admin_users", "stats_users"]
+        .into_iter()
+        .filter_map(|key| ini_value(body, key))
+        .flat_map(|names| names.split(',').map(str::trim).filter(|n| !n.is_empty()))
+        .map(|name| (name.to_string(), String::new()));
+    std::iter::once(("postgres".to_string(), String::new()))
+        .chain(ROLES.iter().map(|role| {
+            (
+                role.name.to_string(),
+                role.password.unwrap_or("").to_string(),
+            )
+        }))
+        .chain(console)
+        .collect()
 }
 
 /// The pooler under test: this crate's `pgward`, or the program named by `$PGWARD_TEST_BINARY`
