@@ -390,6 +390,34 @@ async fn server_idle_timeout_closes_idle_servers() {
     assert_eq!(must_value(&client.client, "SELECT 5").await, "5");
 }
 
+/// server_lifetime = 0 uses each server once, as PgBouncer does: every transaction gets a
+/// new server, and the pooler does not open servers in a loop while a client waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_lifetime_zero_uses_each_server_once() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 2\nserver_lifetime = 0\n\
+         query_wait_timeout = 5\n",
+        "",
+    );
+    let client = must_connect(&pw.connstr("trustuser", None, "app")).await;
+    let mut pids = Vec::new();
+    for _ in 0..3 {
+        pids.push(must_value(&client.client, "SELECT pg_backend_pid()").await);
+    }
+    pids.dedup();
+    assert_eq!(pids.len(), 3, "each transaction a new server: {pids:?}");
+    assert!(
+        eventually(Duration::from_secs(3), || server_count(
+            &pg,
+            "trustuser",
+            "app"
+        ) == 0),
+        "used servers stay open"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_lifetime_replaces_old_servers() {
     let pg = Postgres::start();

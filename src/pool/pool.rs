@@ -363,13 +363,14 @@ impl Pool {
     }
 
     /// Checks in a server, or (`fresh`) places one just opened for the pool's waiters: a
-    /// fresh server serves a waiter even in a pool that closes its servers as they come back,
-    /// and closes at once if no one waits there.
+    /// fresh server serves a waiter even in a pool that closes its servers as they come back
+    /// (or whose server_lifetime is 0, where each server serves once, as in PgBouncer), and
+    /// closes at once if no one waits there.
     fn place(self: &Arc<Self>, mut conn: Box<ServerConn>, fresh: bool) {
         let now = Instant::now();
         let mut inner = lock(&self.inner);
         let keep = conn.is_clean()
-            && !expired(&conn, inner.settings.lifetime, now)
+            && (fresh || !expired(&conn, inner.settings.lifetime, now))
             && (fresh || !self.ops.must_close(&conn));
         inner.active = inner.active.saturating_sub(1);
         if !keep {
@@ -388,7 +389,9 @@ impl Pool {
                 // A waiter that left just now drops the guard, which checks the server in again.
                 waiter.hand(Handout::Server(ServerGuard::new(self.clone(), conn)));
             }
-            None if fresh && self.ops.must_close(&conn) => {
+            None if fresh
+                && (self.ops.must_close(&conn) || expired(&conn, inner.settings.lifetime, now)) =>
+            {
                 self.release_slots(1);
                 drop(inner);
                 close_in_background(conn);
