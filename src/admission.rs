@@ -112,17 +112,17 @@ impl Gatekeeper {
 
     /// The gate, for one step (never held across `.await`).
     pub fn lock(&self) -> MutexGuard<'_, Gate<Waiter>> {
-        self.gate.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.gate)
     }
 
     /// The plan cache.
     pub fn plans(&self) -> MutexGuard<'_, PlanCache> {
-        self.plans.lock().unwrap_or_else(|p| p.into_inner())
+        crate::sync::lock(&self.plans)
     }
 
     /// Records the row counts of tables of `database`, read with a plan.
     pub fn learn_sizes(&self, database: &str, sizes: Vec<(Relation, f64)>) {
-        let mut known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut known = crate::sync::lock(&self.sizes);
         if known.len() + sizes.len() > MAX_SIZES {
             known.clear();
         }
@@ -133,7 +133,7 @@ impl Gatekeeper {
 
     /// The row count of a table of `database`, if known.
     pub fn size_of(&self, database: &str, relation: &Relation) -> Option<f64> {
-        let known = self.sizes.lock().unwrap_or_else(|p| p.into_inner());
+        let known = crate::sync::lock(&self.sizes);
         known
             .get(&(database.to_string(), relation.clone()))
             .copied()
@@ -141,7 +141,7 @@ impl Gatekeeper {
 
     /// Records a run of the statement `key` that took `took` alone on its server.
     pub fn learn_time(&self, key: PlanKey, took: Duration) {
-        let mut times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        let mut times = crate::sync::lock(&self.times);
         if times.len() >= MAX_SIZES && !times.contains_key(&key) {
             times.clear();
         }
@@ -152,7 +152,7 @@ impl Gatekeeper {
 
     /// The usual run time of the statement `key`, once it has run.
     pub fn usual_time(&self, key: &PlanKey) -> Option<Duration> {
-        let times = self.times.lock().unwrap_or_else(|p| p.into_inner());
+        let times = crate::sync::lock(&self.times);
         times.get(key).copied()
     }
 

@@ -11,8 +11,8 @@ use rand::RngCore;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
-use crate::pool::lock;
 use crate::server::{BackendKey, ServerAddr};
+use crate::sync::lock;
 use crate::wire;
 
 /// Where a cancel for a client goes: the server it is using and that server's key.

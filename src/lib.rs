@@ -21,4 +21,5 @@ pub mod pool;
 pub mod runtime;
 pub mod server;
 pub mod sql;
+pub mod sync;
 pub mod wire;

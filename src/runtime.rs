@@ -19,8 +19,9 @@ use crate::governance::Governance;
 use crate::ops::Ops;
 use crate::params::Tracked;
 use crate::policy::PolicyError;
-use crate::pool::{lock, Pool, PoolKey, PoolSettings, Pools};
+use crate::pool::{Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
+use crate::sync::lock;
 
 /// What a reload applied only in part: warnings about the files, and why the running TLS
 /// was kept, if it was.

@@ -86,7 +86,7 @@ async fn throttled(
         // PostgreSQL reads at most 63 bytes of a name; so does the throttle's memory.
         role: truncate_name(&req.user),
     };
-    let begun = crate::pool::lock(&rt.edge.throttle).begin(&who, Instant::now());
+    let begun = crate::sync::lock(&rt.edge.throttle).begin(&who, Instant::now());
     let _attempt = begun.is_ok().then(|| AttemptUnderWay { rt, who: &who });
     if let Err(blocked) = begun {
         return Err(throttle_refusal(blocked, &req.user));
@@ -96,11 +96,11 @@ async fn throttled(
         // A client that leaves (or breaks the protocol) before its exchange ends counts as a
         // failed login: each try may have cost an auth_query on the server.
         Err(e) if abandoned(&e) => {
-            crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now());
+            crate::sync::lock(&rt.edge.throttle).failed(&who, Instant::now());
             return Err(e);
         }
         Err(SessionError::Fatal(e)) if is_auth_failure(&e) => {
-            match crate::pool::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
+            match crate::sync::lock(&rt.edge.throttle).failed(&who, Instant::now()) {
                 Some(Blocked::Role { .. }) => {
                     tracing::warn!(user = %req.user, addr = ?who.addr, "failed logins: address blocked for this user");
                 }
@@ -113,7 +113,7 @@ async fn throttled(
         }
         Err(e) => return Err(e),
     };
-    crate::pool::lock(&rt.edge.throttle).succeeded(&who);
+    crate::sync::lock(&rt.edge.throttle).succeeded(&who);
     Ok(authed)
 }
 
@@ -141,7 +141,7 @@ struct AttemptUnderWay<'a> {
 
 impl Drop for AttemptUnderWay<'_> {
     fn drop(&mut self) {
-        crate::pool::lock(&self.rt.edge.throttle).end(self.who);
+        crate::sync::lock(&self.rt.edge.throttle).end(self.who);
     }
 }
 

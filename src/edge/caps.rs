@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use crate::pool::lock;
+use crate::sync::lock;
 
 /// The caps that apply to one login; 0 is unlimited.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
 use crate::net::Stream;
-use crate::pool::lock;
 use crate::server::{ServerAddr, ServerConn};
+use crate::sync::lock;
 
 /// Where a client stands, as SHOW CLIENTS names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

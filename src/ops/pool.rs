@@ -7,8 +7,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
-use crate::pool::lock;
 use crate::server::ServerConn;
+use crate::sync::lock;
 
 #[derive(Debug, Default)]
 struct CloseRules {

@@ -6,7 +6,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::pool::{lock, PoolKey};
+use crate::pool::PoolKey;
+use crate::sync::lock;
 
 /// The counters of one pool. Times are in microseconds.
 #[derive(Debug, Default)]

@@ -19,6 +19,7 @@ use crate::config::PoolMode;
 use crate::gate::Limits;
 use crate::params::Tracked;
 use crate::server::{Credential, ServerError, ServerTarget};
+use crate::sync::lock;
 
 /// A pool's identity: the database name clients ask for, and the user they log in as.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -108,10 +109,4 @@ impl Pools {
 
 fn counter(map: &Mutex<HashMap<String, Arc<AtomicUsize>>>, name: &str) -> Arc<AtomicUsize> {
     lock(map).entry(name.to_string()).or_default().clone()
-}
-
-/// Locks a mutex, recovering the data if a thread panicked while holding it: pool state is
-/// kept consistent by every critical section, none of which can panic halfway.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
 
-use super::{lock, PoolError, PoolKey, PoolSettings, ServerGuard};
+use super::{PoolError, PoolKey, PoolSettings, ServerGuard};
 use crate::gate::{Growth, Ticket, Usage, WaitQueue};
 use crate::server::{self, Credential, ServerConn, ServerError};
+use crate::sync::lock;
 
 /// What a waiting client is handed through its channel.
 type Answer = Result<Handout, PoolError>;

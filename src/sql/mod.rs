@@ -327,9 +327,7 @@ impl Analyzer {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Caches> {
-        self.cache
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::sync::lock(&self.cache)
     }
 
     /// Analyzes `text` (the bytes of a Query or Parse message, without its NUL) as PostgreSQL
