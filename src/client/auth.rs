@@ -8,11 +8,11 @@ use std::time::Instant;
 use bytes::BytesMut;
 use rand::RngCore;
 
+use super::secrets::{self, Origin};
 use super::{ClientIo, SessionError, StartupRequest};
 use crate::config::{AuthType, Secret};
 use crate::edge::caps::{CapGuard, CapRefusal};
 use crate::edge::hba::{HbaMethod, HbaPeer};
-use crate::edge::secrets::{self, Origin};
 use crate::edge::throttle::{Attempt, Blocked};
 use crate::runtime::Runtime;
 use crate::server::Credential;

@@ -5,6 +5,7 @@ mod govern;
 mod io;
 mod messages;
 mod prepared;
+mod secrets;
 mod session;
 mod startup;
 mod tls;

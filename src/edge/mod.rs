@@ -1,10 +1,9 @@
 //! The edge: what stands between the network and the pools. TLS on both sides, the hba
-//! file, the failed-login throttle, client caps counted after authentication, and secrets
-//! fetched with auth_query.
+//! file, the failed-login throttle and client caps counted after authentication. Pure of
+//! pools and servers: auth_query's lookup is the login's (`client::secrets`).
 
 pub mod caps;
 pub mod hba;
-pub mod secrets;
 pub mod throttle;
 pub mod tls;
 pub mod verify;

@@ -63,13 +63,6 @@ pub enum Origin {
     Nowhere,
 }
 
-impl Origin {
-    /// Whether the user is known to pgward (listed in the auth file or found by auth_query).
-    pub fn known(&self) -> bool {
-        matches!(self, Origin::AuthFile | Origin::AuthQuery)
-    }
-}
-
 /// The secret of `user` logging in to client database `database`: the auth file's, else
 /// what auth_query answers now.
 pub async fn find_secret(
