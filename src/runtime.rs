@@ -161,7 +161,7 @@ impl Runtime {
             });
             let Some(db) = db else {
                 // Removed: clients still on it finish, its servers close as they come back.
-                pool.ops.retire();
+                pool.closing.retire();
                 pool.close_idle();
                 continue;
             };
@@ -175,7 +175,7 @@ impl Runtime {
                     pool.key.db,
                     pool.key.user
                 );
-                pool.ops.reconnect(now);
+                pool.closing.reconnect(now);
                 pool.close_idle();
             }
             let settings = pool_settings(

@@ -162,7 +162,7 @@ fn reconnect(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     }
     let now = Instant::now();
     for pool in pools_of(rt, db) {
-        pool.ops.reconnect(now);
+        pool.closing.reconnect(now);
         pool.close_idle();
     }
     tracing::info!("RECONNECT {}", db.unwrap_or("(all)"));
@@ -192,7 +192,7 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
         .kill_where(|d| db.is_none_or(|want| want == d));
     let now = Instant::now();
     for pool in pools_of(rt, db) {
-        pool.ops.reconnect(now);
+        pool.closing.reconnect(now);
         pool.close_idle();
     }
     tracing::info!("KILL {}: {killed} clients", db.unwrap_or("(all)"));
@@ -225,7 +225,7 @@ async fn wait_close(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
             pools.iter().any(|p| {
                 p.key.db == info.database
                     && p.key.user == info.pool_user
-                    && p.ops.close_needed(server.id, server.created)
+                    && p.closing.close_needed(server.id, server.created)
             })
         });
         if !pending {

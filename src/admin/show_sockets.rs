@@ -184,7 +184,7 @@ fn server_rows(rt: &Runtime) -> Vec<Vec<Cell>> {
             addr: &link.addr,
             created: link.created,
             used: link.created,
-            close_needed: pool.ops.close_needed(link.id, link.created),
+            close_needed: pool.closing.close_needed(link.id, link.created),
             client: Some((c.id, &i.application_name)),
         }));
     }
@@ -204,7 +204,7 @@ fn server_rows(rt: &Runtime) -> Vec<Vec<Cell>> {
                 addr: &s.addr,
                 created: s.created,
                 used: s.last_used,
-                close_needed: pool.ops.close_needed(s.id, s.created),
+                close_needed: pool.closing.close_needed(s.id, s.created),
                 client: None,
             }));
         }

@@ -135,7 +135,7 @@ fn shed(group: &[Arc<Pool>], limit: usize, in_use: &InUse) -> usize {
             .get(&(p.key.db.clone(), p.key.user.clone()))
             .map_or(0, |v| {
                 v.iter()
-                    .filter(|(id, t)| !p.ops.close_needed(*id, *t))
+                    .filter(|(id, t)| !p.closing.close_needed(*id, *t))
                     .count()
             });
         s.idle + s.connecting + busy.min(s.active)
@@ -159,7 +159,7 @@ fn shed(group: &[Arc<Pool>], limit: usize, in_use: &InUse) -> usize {
     for pool in group {
         if let Some(list) = in_use.get(&(pool.key.db.clone(), pool.key.user.clone())) {
             for (id, created) in list {
-                if !pool.ops.close_needed(*id, *created) {
+                if !pool.closing.close_needed(*id, *created) {
                     busy.push((*created, *id, pool));
                 }
             }
@@ -167,7 +167,7 @@ fn shed(group: &[Arc<Pool>], limit: usize, in_use: &InUse) -> usize {
     }
     busy.sort_by_key(|(created, id, _)| (*created, *id));
     for (_, id, pool) in busy.into_iter().take(excess) {
-        pool.ops.evict([id]);
+        pool.closing.evict([id]);
         acted += 1;
     }
     acted

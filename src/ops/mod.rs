@@ -5,7 +5,6 @@
 pub mod clients;
 pub mod hooks;
 pub mod limits;
-pub mod pool;
 pub mod state;
 pub mod stats;
 
@@ -14,7 +13,6 @@ use std::sync::Mutex;
 pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registration, ServerLink};
 pub use hooks::{Checkout, SessionHooks, Waiting};
 pub use limits::Overrides;
-pub use pool::PoolOps;
 pub use state::{Control, OpState, PauseMode, Shutdown};
 pub use stats::{PoolCounters, StatValues, StatsRegistry};
 

@@ -1,6 +1,7 @@
 //! Pools of server connections keyed by (database, user): checkout through the gate's queue,
 //! check-in through a guard's Drop, sizes, lifetimes and the maintenance pass.
 
+mod closing;
 mod guard;
 #[allow(clippy::module_inception)]
 mod pool;
@@ -10,6 +11,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+pub use closing::Closing;
 pub use guard::ServerGuard;
 pub use pool::{
     Handout, IdleServer, Pool, PoolMap, PoolStats, Queued, WaitLimits, WaitTimeout, Welcome,

@@ -93,7 +93,7 @@ pub struct Pool {
     /// Every pool, to make room under limits shared between pools.
     siblings: Weak<Mutex<PoolMap>>,
     /// Servers to close at check-in (RECONNECT, eviction).
-    pub ops: crate::ops::PoolOps,
+    pub closing: super::Closing,
 }
 
 /// Pools by key.
@@ -121,7 +121,7 @@ impl Pool {
             user_count,
             ids,
             siblings,
-            ops: Default::default(),
+            closing: Default::default(),
         }
     }
 
@@ -372,7 +372,7 @@ impl Pool {
         let mut inner = lock(&self.inner);
         let keep = conn.is_clean()
             && (fresh || !expired(&conn, inner.settings.lifetime, now))
-            && (fresh || !self.ops.must_close(&conn));
+            && (fresh || !self.closing.must_close(&conn));
         inner.active = inner.active.saturating_sub(1);
         if !keep {
             self.release_slots(1);
@@ -391,7 +391,8 @@ impl Pool {
                 waiter.hand(Handout::Server(ServerGuard::new(self.clone(), conn)));
             }
             None if fresh
-                && (self.ops.must_close(&conn) || expired(&conn, inner.settings.lifetime, now)) =>
+                && (self.closing.must_close(&conn)
+                    || expired(&conn, inner.settings.lifetime, now)) =>
             {
                 self.release_slots(1);
                 drop(inner);

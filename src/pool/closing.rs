@@ -23,12 +23,12 @@ struct CloseRules {
 
 /// What a pool closes at check-in. Checking costs one atomic load until a rule is set.
 #[derive(Debug, Default)]
-pub struct PoolOps {
+pub struct Closing {
     armed: AtomicBool,
     rules: Mutex<CloseRules>,
 }
 
-impl PoolOps {
+impl Closing {
     /// Whether a server coming back must be closed rather than kept.
     pub fn must_close(&self, conn: &ServerConn) -> bool {
         if !self.armed.load(Ordering::Acquire) {
