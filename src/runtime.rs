@@ -14,12 +14,11 @@ use crate::cancel::CancelRegistry;
 use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOutcome, Settings};
 use crate::edge::tls::ServerTls;
 use crate::edge::Edge;
-use crate::gate::Limits;
 use crate::governance::Governance;
 use crate::ops::Ops;
 use crate::params::Tracked;
 use crate::policy::PolicyError;
-use crate::pool::{Pool, PoolKey, PoolSettings, Pools};
+use crate::pool::{Limits, Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
 use crate::sync::lock;
 
@@ -199,7 +198,7 @@ impl Runtime {
         }
         self.tracked.store(tracked);
         self.config.store(Arc::new(config));
-        crate::ops::limits::enforce(&self.pools.all(), &self.ops.clients);
+        crate::ops::overrides::enforce(&self.pools.all(), &self.ops.clients);
     }
 
     /// `SET key = value` on the console: a setting of the main section, applied at once.

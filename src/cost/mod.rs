@@ -6,13 +6,13 @@
 //! [`target`] for the simple and the extended protocol).
 
 mod cache;
+mod ceilings;
 mod plan;
-mod rules;
 pub mod target;
 
 pub use cache::{CacheStats, PlanCache, PlanKey, PLAN_CAPACITY, PLAN_TTL};
+pub use ceilings::{CostLimits, CostRule, CostViolation, SQLSTATE_COST};
 pub use plan::{FullScan, PlanShape, PlanSummary, Relation, ShapeNode, MAX_PLAN_BYTES};
-pub use rules::{CostLimits, CostRule, CostViolation, SQLSTATE_COST};
 pub use target::{explain_sql, judged_statement, relation_sizes_sql, Judged};
 
 /// Why an EXPLAIN answer could not be read.

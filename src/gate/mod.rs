@@ -22,8 +22,8 @@
 //! 4. The slot is held while PostgreSQL owes the client answers (a pipeline holds one); then
 //!    [`Gate::release`] and offer it with [`Gate::next_waiter`] (or `dispatch`).
 //!
-//! PgBouncer's first-come order and pool growth ([`WaitQueue`], [`Limits`]) stay for the
-//! pool's server wait.
+//! PgBouncer's first-come order ([`WaitQueue`]) stays for the pool's server wait; whether a
+//! pool may open a server is the pool's own business (`pool::Limits`).
 
 mod admission;
 mod bucket;
@@ -31,7 +31,6 @@ mod evict;
 mod fair;
 mod kills;
 mod kind;
-mod limits;
 mod pass;
 mod queue;
 mod refusal;
@@ -43,7 +42,6 @@ pub use evict::{runaway, runaways, Runaway, TenantLoad};
 pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};
 pub use kind::{RequestKind, TxControl};
-pub use limits::{Growth, Limits, Usage};
 pub use pass::{
     Cost, Decision, Expired, Granted, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
 };

@@ -4,7 +4,7 @@
 
 pub mod clients;
 pub mod hooks;
-pub mod limits;
+pub mod overrides;
 pub mod state;
 pub mod stats;
 
@@ -12,7 +12,7 @@ use std::sync::Mutex;
 
 pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registration, ServerLink};
 pub use hooks::{Checkout, SessionHooks, Waiting};
-pub use limits::Overrides;
+pub use overrides::Overrides;
 pub use state::{Control, OpState, PauseMode, Shutdown};
 pub use stats::{PoolCounters, StatValues, StatsRegistry};
 

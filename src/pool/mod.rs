@@ -2,6 +2,7 @@
 //! check-in through a guard's Drop, sizes, lifetimes and the maintenance pass.
 
 mod closing;
+mod growth;
 mod guard;
 #[allow(clippy::module_inception)]
 mod pool;
@@ -12,13 +13,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use closing::Closing;
+pub use growth::{Growth, Limits, Usage};
 pub use guard::ServerGuard;
 pub use pool::{
     Handout, IdleServer, Pool, PoolMap, PoolStats, Queued, WaitLimits, WaitTimeout, Welcome,
 };
 
 use crate::config::PoolMode;
-use crate::gate::Limits;
 use crate::params::Tracked;
 use crate::server::{Credential, ServerError, ServerTarget};
 use crate::sync::lock;

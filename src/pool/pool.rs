@@ -11,8 +11,9 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
 
+use super::{Growth, Usage};
 use super::{PoolError, PoolKey, PoolSettings, ServerGuard};
-use crate::gate::{Growth, Ticket, Usage, WaitQueue};
+use crate::gate::{Ticket, WaitQueue};
 use crate::server::{self, Credential, ServerConn, ServerError};
 use crate::sync::lock;
 
@@ -245,12 +246,12 @@ impl Pool {
             if conn.is_alive() && !expired(&conn, settings.lifetime, now) {
                 inner.active += 1;
                 drop(inner);
-                self.release_slots(dead.len());
+                self.uncount_servers(dead.len());
                 return Ok((Taken::Idle(ServerGuard::new(self.clone(), conn)), None));
             }
             dead.push(conn);
         }
-        self.release_slots(dead.len());
+        self.uncount_servers(dead.len());
         if let Some(err) = recent_failure(&inner, settings.login_retry, now) {
             return Err(PoolError::Login(err));
         }
@@ -352,7 +353,7 @@ impl Pool {
             }
             inner.idle.remove(0)
         };
-        self.release_slots(1);
+        self.uncount_servers(1);
         close_in_background(conn);
         true
     }
@@ -375,7 +376,7 @@ impl Pool {
             && (fresh || !self.closing.must_close(&conn));
         inner.active = inner.active.saturating_sub(1);
         if !keep {
-            self.release_slots(1);
+            self.uncount_servers(1);
             let settings = inner.settings.clone();
             self.grow(&settings, &mut inner);
             drop(inner);
@@ -394,7 +395,7 @@ impl Pool {
                 && (self.closing.must_close(&conn)
                     || expired(&conn, inner.settings.lifetime, now)) =>
             {
-                self.release_slots(1);
+                self.uncount_servers(1);
                 drop(inner);
                 close_in_background(conn);
             }
@@ -420,7 +421,7 @@ impl Pool {
             if !matches!(growth, Growth::Open | Growth::Reserve) {
                 return growth;
             }
-            if let Err(full) = self.acquire_slot(&settings.limits) {
+            if let Err(full) = self.count_server(&settings.limits) {
                 return full;
             }
             inner.connecting += 1;
@@ -452,7 +453,7 @@ impl Pool {
 
     /// Counts one more server against max_db_connections and max_user_connections, unless
     /// either is reached.
-    fn acquire_slot(&self, limits: &crate::gate::Limits) -> Result<(), Growth> {
+    fn count_server(&self, limits: &super::Limits) -> Result<(), Growth> {
         if !try_increment(&self.db_count, limits.max_db_connections) {
             return Err(Growth::DbFull);
         }
@@ -463,7 +464,8 @@ impl Pool {
         Ok(())
     }
 
-    fn release_slots(&self, n: usize) {
+    /// Gives back what [`Self::count_server`] counted, for `n` servers.
+    fn uncount_servers(&self, n: usize) {
         if n > 0 {
             self.db_count.fetch_sub(n, Ordering::AcqRel);
             self.user_count.fetch_sub(n, Ordering::AcqRel);
@@ -510,7 +512,7 @@ impl Pool {
         let waiters: Vec<Waiter> = {
             let mut inner = lock(&self.inner);
             inner.connecting -= 1;
-            self.release_slots(1);
+            self.uncount_servers(1);
             if err.is_transient() {
                 let settings = inner.settings.clone();
                 self.grow(&settings, &mut inner);
@@ -547,7 +549,7 @@ impl Pool {
                     i += 1;
                 }
             }
-            self.release_slots(closing.len());
+            self.uncount_servers(closing.len());
             inner.waiters.prune(Waiter::live);
             let failing = recent_failure(&inner, settings.login_retry, now).is_some();
             blocked = if failing {
@@ -567,7 +569,7 @@ impl Pool {
     /// Closes every idle server (a restart of the server was seen, or the pool is going away).
     pub fn close_idle(&self) {
         let idle: Vec<Box<ServerConn>> = std::mem::take(&mut lock(&self.inner).idle);
-        self.release_slots(idle.len());
+        self.uncount_servers(idle.len());
         for conn in idle {
             close_in_background(conn);
         }
