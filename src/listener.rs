@@ -11,8 +11,8 @@ use std::time::Duration;
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::watch;
 
-use crate::client::{self, Admission};
 use crate::config::Settings;
+use crate::connection::{self, Accepts};
 use crate::net::Stream;
 use crate::runtime::Runtime;
 
@@ -67,10 +67,10 @@ impl Listeners {
 
 fn serve_tcp(rt: &Arc<Runtime>, s: tokio::net::TcpStream) {
     let _ = s.set_nodelay(true);
-    tokio::spawn(client::serve(
+    tokio::spawn(connection::serve(
         rt.clone(),
         Stream::client_tcp(s),
-        Admission::All,
+        Accepts::All,
     ));
 }
 
@@ -103,11 +103,15 @@ async fn accept_unix(rt: Arc<Runtime>, l: UnixListener, stop: watch::Receiver<bo
         match l.accept().await {
             Ok((s, _)) => {
                 let admission = if *stop.borrow() {
-                    Admission::ConsoleOnly
+                    Accepts::ConsoleOnly
                 } else {
-                    Admission::All
+                    Accepts::All
                 };
-                tokio::spawn(client::serve(rt.clone(), Stream::client_unix(s), admission));
+                tokio::spawn(connection::serve(
+                    rt.clone(),
+                    Stream::client_unix(s),
+                    admission,
+                ));
             }
             Err(e) => accept_failed(e).await,
         }

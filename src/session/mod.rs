@@ -16,12 +16,13 @@ use bytes::{Buf, BytesMut};
 use tokio_util::io::{poll_read_buf, poll_write_buf};
 
 mod admit;
+mod link;
+mod messages;
+mod prepared;
+mod rules;
 
-use super::govern::{RuleCheck, RuleState};
-use super::messages::{emit_synthetic, learn, server_message, ClientSide, MessageContext};
-use super::prepared::ClientStatements;
-use super::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::cancel::{CancelTarget, ClientHandle};
+use crate::client::{ClientIo, SessionError, CLOSE_GRACE};
 use crate::config::{Config, PoolMode, Settings};
 use crate::gate::Ticket;
 use crate::governance::Governance;
@@ -31,6 +32,10 @@ use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
 use crate::server::{Expected, Route, ServerError};
 use crate::wire::{sqlstate, ErrorResponse, TxStatus};
+use link::Link;
+use messages::{learn, server_message, ClientSide, MessageContext};
+use prepared::ClientStatements;
+use rules::{RuleCheck, RuleState};
 
 /// Statements each server holds for mapping when max_prepared_statements is 0 but a policy
 /// is in force (PgBouncer's default for the setting).
@@ -92,30 +97,6 @@ enum Event {
     /// Everything queued for the server was written.
     ServerDrained,
     Timer(Timer),
-}
-
-/// A server checked out by this client, and where the conversation with it stands.
-pub(super) struct Link {
-    pub server: ServerGuard,
-    /// Every answer the server still owes, in order.
-    pub expected: Expected,
-    /// When the oldest request still owed an answer was sent.
-    pub busy_since: Option<Instant>,
-    /// When the last ReadyForQuery arrived.
-    pub ready_since: Instant,
-    /// When the transaction in progress began (the request that opened it was sent).
-    pub tx_since: Option<Instant>,
-    /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
-    pub reset_sent: bool,
-    /// The server's unnamed statement is one this client parsed on this link.
-    pub unnamed_ours: bool,
-}
-
-impl Link {
-    /// Nothing owed, nothing buffered, no batch open.
-    fn quiet(&self, to_server: &BytesMut) -> bool {
-        self.expected.is_quiet() && to_server.is_empty() && self.server.rbuf.is_empty()
-    }
 }
 
 /// A run of complete client messages.
@@ -554,7 +535,7 @@ impl Session {
         while let Some((tag, len)) = frame_at(chunk, offset) {
             let end = offset + 1 + len;
             let body = &chunk[offset + 5..end];
-            if tag == b'P' && capacity.is_some() && waits_for_parse(ctx.link, body) {
+            if tag == b'P' && capacity.is_some() && ctx.link.waits_for_parse(body) {
                 // Whether this name is free depends on how an earlier Parse of it fares:
                 // hold the rest until the server has answered that one.
                 self.held = true;
@@ -581,7 +562,7 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
-        emit_synthetic(link, &mut self.to_client);
+        link.emit_synthetic(&mut self.to_client);
         Ok(())
     }
 
@@ -731,7 +712,7 @@ impl Session {
                         let err = admit::statement_timeout_error(&self.gate.tenant, limit);
                         crate::wire::encode_error(out, &err);
                     }
-                    emit_synthetic(link, out);
+                    link.emit_synthetic(out);
                     run_start = end;
                     offset = end;
                     continue;
@@ -747,7 +728,7 @@ impl Session {
                 if route == Route::Forward {
                     out.extend_from_slice(&link.server.rbuf[offset..end]);
                 }
-                emit_synthetic(link, out);
+                link.emit_synthetic(out);
                 run_start = end;
             }
             offset = end;
@@ -905,12 +886,6 @@ fn queued_notice(db: &str) -> BytesMut {
     let mut out = BytesMut::new();
     crate::wire::encode_notice(&mut out, &notice);
     out
-}
-
-/// A Parse of a named statement whose creating Parse the server has not answered yet.
-fn waits_for_parse(link: &Link, body: &[u8]) -> bool {
-    let name = body.split(|b| *b == 0).next().unwrap_or_default();
-    !name.is_empty() && link.expected.owes_parse_of(name)
 }
 
 /// Writes as much of `buf` as the socket takes now.

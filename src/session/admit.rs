@@ -17,9 +17,9 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::rules::{parse_context, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
 use crate::admission::{Answer, SlotGuard};
-use crate::client::govern::{parse_context, Analyzed};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, PlanKey, PlanSummary, Relation,
@@ -37,7 +37,7 @@ const MAX_PARSED: usize = 10_000;
 
 /// What the gate keeps per session.
 #[derive(Debug, Default)]
-pub(in crate::client) struct GateState {
+pub(in crate::session) struct GateState {
     /// The slot held while PostgreSQL owes this client answers.
     pub slot: Option<SlotGuard>,
     /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
@@ -88,7 +88,7 @@ enum Priced {
 
 /// The run time of the requests in flight, to learn each statement's usual time.
 #[derive(Debug, Default)]
-pub(in crate::client) enum Timing {
+pub(in crate::session) enum Timing {
     /// Nothing measured.
     #[default]
     Idle,

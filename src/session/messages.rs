@@ -6,24 +6,14 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
-use super::govern::{self, RuleCheck};
+use super::link::Link;
 use super::prepared::{self, ClientStatements, Deallocation, Statement};
-use super::session::Link;
-use super::SessionError;
+use super::rules::{self, RuleCheck};
+use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
 use crate::server::{Learned, Owed, Route, ServerStatements, Skipped};
 use crate::wire::{self, split_cstr, sqlstate, ErrorResponse, TxStatus};
-
-/// Sends the answers pgward owes the client that are now at the head of the queue.
-pub(super) fn emit_synthetic(link: &mut Link, out: &mut BytesMut) {
-    while let Some((answer, ready)) = link.expected.pop_synthetic() {
-        out.extend_from_slice(&answer);
-        if ready {
-            wire::encode_ready_for_query(out, link.server.tx);
-        }
-    }
-}
 
 /// The client's side of what server messages teach: its statement names and parameters.
 pub(super) struct ClientSide<'a> {
@@ -237,11 +227,11 @@ impl MessageContext<'_> {
         let sql = body.strip_suffix(b"\0").unwrap_or(body);
         if let Some(hit) = self.refusal(sql).or(verdict) {
             if self.can_answer_alone() {
-                self.answer_alone(govern::error_message(&hit), true);
+                self.answer_alone(rules::error_message(&hit), true);
                 return Ok(Some(BytesMut::new()));
             }
             self.link.expected.push(Owed::Query);
-            return Ok(Some(govern::raise_as_query(&hit)));
+            return Ok(Some(rules::raise_as_query(&hit)));
         }
         if self.capacity.is_some() {
             match prepared::deallocation(sql) {
@@ -293,11 +283,11 @@ impl MessageContext<'_> {
             return Ok(None);
         };
         if self.can_answer_alone() {
-            self.answer_alone(govern::error_message(&hit), true);
+            self.answer_alone(rules::error_message(&hit), true);
             return Ok(Some(BytesMut::new()));
         }
         self.link.expected.push(Owed::Query);
-        Ok(Some(govern::raise_as_query(&hit)))
+        Ok(Some(rules::raise_as_query(&hit)))
     }
 
     fn parse(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
@@ -369,7 +359,7 @@ impl MessageContext<'_> {
     fn refuse_in_batch(&mut self, hit: &RuleHit) -> BytesMut {
         if self.can_answer_alone() {
             self.link.expected.push(Owed::Synthetic {
-                answer: govern::error_message(hit),
+                answer: rules::error_message(hit),
                 client_name: None,
                 ready: false,
                 batch: false,
@@ -390,7 +380,7 @@ impl MessageContext<'_> {
         ] {
             self.link.expected.push(owed);
         }
-        govern::raise_in_batch(hit)
+        rules::raise_in_batch(hit)
     }
 
     fn bind(

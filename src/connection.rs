@@ -1,0 +1,328 @@
+//! One accepted connection: counted against max_client_conn, logged in by the client module,
+//! then routed to the admin console or to a pool, greeted, and handed to its session.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
+
+use crate::cancel::ClientHandle;
+use crate::client::{self, ClientIo, Opening, SessionError, StartupRequest};
+use crate::net::Stream;
+use crate::params::ParamSet;
+use crate::pool::Pool;
+use crate::runtime::Runtime;
+use crate::session::{Session, Timeouts};
+use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
+
+/// Counts a client from accept to close, for max_client_conn.
+struct ClientCount<'a>(&'a Runtime);
+
+impl Drop for ClientCount<'_> {
+    fn drop(&mut self) {
+        self.0.clients.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// Which logins an accepted connection may make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accepts {
+    /// Any database.
+    All,
+    /// Only the admin console: the connection came in on the Unix socket while the pooler
+    /// shuts down.
+    ConsoleOnly,
+}
+
+/// Serves one accepted client connection to its end.
+pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
+    let peer = stream.peer_label();
+    let max_message =
+        (rt.config.load().settings.max_packet_size as usize).min(wire::DEFAULT_MAX_MESSAGE_LEN);
+    // Until the client has logged in, no message may be larger than an authentication
+    // token can be in PostgreSQL.
+    let mut io = ClientIo::new(stream, client::LOGIN_MAX_MESSAGE.min(max_message));
+    let over_limit = {
+        let n = rt.clients.fetch_add(1, Ordering::AcqRel) + 1;
+        n > rt.config.load().settings.max_client_conn as usize
+    };
+    let _count = ClientCount(&rt);
+    let id = rt.next_client_id();
+    // Declared after `io`, so the client leaves the registry before its socket closes.
+    let registration = rt.ops.clients.register(id, &io.stream);
+    let entry = registration.entry.clone();
+    let limits = Admit {
+        over_limit,
+        max_message,
+        accepts,
+    };
+    // The session's relay runs here, not inside the login's future: every turn of the relay
+    // resumes this task, and each enclosing future is one more step on the way in.
+    let result = match open(&rt, &mut io, &entry, limits).await {
+        Ok(Some(mut relay)) => {
+            let result = relay.session.run(&mut io).await;
+            rt.cancels.remove(relay.handle.pid);
+            result
+        }
+        Ok(None) => Ok(()),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(()) | Err(SessionError::Gone) => {}
+        Err(SessionError::Io(e)) => {
+            tracing::debug!(client = id, %peer, "client connection lost: {e}")
+        }
+        Err(SessionError::Fatal(err)) => {
+            // PgBouncer's wording, which operators grep for.
+            let age = entry.age().as_secs();
+            tracing::info!(client = id, %peer, code = %err.code, "closing because: {} (age={age}s)", err.message);
+            io.send_error(&[], &err).await;
+        }
+    }
+}
+
+/// What an accepted connection is allowed.
+struct Admit {
+    over_limit: bool,
+    max_message: usize,
+    accepts: Accepts,
+}
+
+/// A completed login: to a pool, or to the admin console.
+enum Opened {
+    /// The guard counts the client against its caps until the session ends.
+    Pool(
+        StartupRequest,
+        Arc<Pool>,
+        crate::pool::Welcome,
+        crate::edge::caps::CapGuard,
+    ),
+    Console(StartupRequest, crate::admin::Role),
+}
+
+/// A client logged in to a pool and greeted, ready for its relay.
+struct Relay {
+    session: Session,
+    handle: Arc<ClientHandle>,
+    /// Counts the client against its caps until the session ends.
+    _cap: crate::edge::caps::CapGuard,
+}
+
+/// Logs the client in. A pool client comes back greeted, with its session; a console client
+/// is served here, and a cancel request handled, both coming back as `None`.
+async fn open(
+    rt: &Arc<Runtime>,
+    io: &mut ClientIo,
+    entry: &Arc<crate::ops::ClientEntry>,
+    admit: Admit,
+) -> Result<Option<Relay>, SessionError> {
+    let id = entry.id;
+    let login_timeout = rt.config.load().settings.client_login_timeout;
+    let login = async {
+        let req = match client::read_opening(io, rt).await? {
+            Opening::Cancel => return Ok(None),
+            Opening::Login(req) => req,
+        };
+        if admit.over_limit {
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::TOO_MANY_CONNECTIONS,
+                "no more connections allowed (max_client_conn)".to_string(),
+            )));
+        }
+        if crate::admin::is_console(&req.database) {
+            let role = crate::admin::login(rt, io, &req.user).await?;
+            return Ok(Some(Opened::Console(req, role)));
+        }
+        check_accepts(rt, &req.database, admit.accepts)?;
+        let (authed, cap) = client::login(io, rt, &req).await?;
+        check_startup_search_path(rt, &req, io.stream.peer_ip())?;
+        let pool = open_pool(rt, &req, authed.credential)?;
+        let welcome = welcome(rt, &pool).await?;
+        Ok(Some(Opened::Pool(req, pool, welcome, cap)))
+    };
+    let opened = match login_timeout {
+        Some(limit) => tokio::time::timeout(limit, login).await.map_err(|_| {
+            SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::PROTOCOL_VIOLATION,
+                "client_login_timeout".to_string(),
+            ))
+        })??,
+        None => login.await?,
+    };
+    io.max_message = admit.max_message;
+    let (req, pool, welcome, cap) = match opened {
+        None => return Ok(None),
+        Some(Opened::Console(req, role)) => {
+            crate::admin::serve(rt, io, entry, &req, role).await?;
+            return Ok(None);
+        }
+        Some(Opened::Pool(req, pool, welcome, cap)) => (req, pool, welcome, cap),
+    };
+    let app_name = req
+        .params
+        .iter()
+        .find(|(n, _)| n == "application_name")
+        .map_or("", |(_, v)| v.as_str());
+    entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
+    rt.ops.stats.for_pool(&pool.key).add_login();
+    let handle = rt.cancels.register(id);
+    let hooks = crate::ops::SessionHooks::new(rt.clone(), entry.clone(), &pool);
+    match greet(rt, io, req, pool, &welcome, &handle, hooks).await {
+        Ok(session) => Ok(Some(Relay {
+            session,
+            handle,
+            _cap: cap,
+        })),
+        Err(e) => {
+            rt.cancels.remove(handle.pid);
+            Err(e)
+        }
+    }
+}
+
+/// A search_path set at startup (options -c) is judged by the schema rules like a SET.
+fn check_startup_search_path(
+    rt: &Runtime,
+    req: &StartupRequest,
+    client_addr: Option<std::net::IpAddr>,
+) -> Result<(), SessionError> {
+    let governance = rt.governance.load();
+    let (Some(g), Some((_, value))) = (
+        governance.as_deref(),
+        req.params.iter().find(|(n, _)| n == "search_path"),
+    ) else {
+        return Ok(());
+    };
+    let application_name = req
+        .params
+        .iter()
+        .find(|(n, _)| n == "application_name")
+        .map_or("", |(_, v)| v.as_str());
+    let who = crate::policy::Who {
+        role: &req.user,
+        application_name,
+        client_addr,
+    };
+    match g.policy.judge_startup_search_path(value, &who) {
+        crate::policy::Verdict::Reject(hit) => Err(SessionError::Fatal(
+            ErrorResponse::fatal(hit.sqlstate, hit.message).with_hint(hit.hint),
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Refuses logins to a disabled database, and logins to any pool over the Unix socket while
+/// the pooler shuts down.
+fn check_accepts(rt: &Runtime, db: &str, accepts: Accepts) -> Result<(), SessionError> {
+    if accepts == Accepts::ConsoleOnly {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CANNOT_CONNECT_NOW,
+            "pooler is shutting down".to_string(),
+        )));
+    }
+    if rt.ops.control.get().is_disabled(db) {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CANNOT_CONNECT_NOW,
+            format!("database \"{db}\" is disabled"),
+        )));
+    }
+    Ok(())
+}
+
+fn open_pool(
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+    credential: Option<crate::server::Credential>,
+) -> Result<Arc<Pool>, SessionError> {
+    let config = rt.config.load();
+    let Some(db) = config.database(&req.database) else {
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_CATALOG_NAME,
+            format!("no such database: {}", req.database),
+        )));
+    };
+    let pool = rt.pool_for(&db, &req.user);
+    if let (Some(c), None) = (credential, &db.user) {
+        pool.offer_credential(c);
+    }
+    Ok(pool)
+}
+
+/// The server parameters a client is greeted with: those of the pool's first login; if the
+/// pool has never logged in, one server is opened now to learn them.
+async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
+    if let Some(w) = pool.welcome() {
+        return Ok(w);
+    }
+    rt.ops.control.wait_open(&pool.key.db).await;
+    let wait = pool.settings().query_wait;
+    let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
+    let server = pool.checkout(ticket, wait).await?;
+    drop(server);
+    pool.welcome().ok_or_else(|| {
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::CONNECTION_FAILURE,
+            "server sent no parameters at login".to_string(),
+        ))
+    })
+}
+
+/// Sends the client its parameters, key and first ReadyForQuery, and makes its session.
+async fn greet(
+    rt: &Arc<Runtime>,
+    io: &mut ClientIo,
+    req: StartupRequest,
+    pool: Arc<Pool>,
+    welcome: &[(String, String)],
+    handle: &Arc<ClientHandle>,
+    hooks: crate::ops::SessionHooks,
+) -> Result<Session, SessionError> {
+    let id = hooks.client_id();
+    let tracked = rt.tracked.load_full();
+    let mut params = ParamSet::default();
+    let mut out = BytesMut::new();
+    for (name, value) in welcome {
+        let value = req
+            .params
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map_or(value.as_str(), |(_, v)| v.as_str());
+        if let Some(canonical) = tracked.canonical(name) {
+            params.set(canonical, value);
+        }
+        wire::encode_parameter_status(&mut out, name, value);
+    }
+    for (name, value) in &req.params {
+        if params.get(name).is_none() {
+            params.set(name, value);
+            wire::encode_parameter_status(&mut out, name, value);
+        }
+    }
+    // A tracked parameter the server does not report (say search_path before PostgreSQL
+    // 18) is reset to its default for this client, so no other client's value leaks in.
+    for name in tracked.names() {
+        if params.get(name).is_none() {
+            params.set(name, crate::params::DEFAULT_VALUE);
+        }
+    }
+    if let Some(message) = &rt.config.load().settings.login_notify_message {
+        let notice = ErrorResponse::new(wire::Severity::Notice, "00000", message.clone());
+        wire::encode_notice(&mut out, &notice);
+    }
+    wire::encode_backend_key_data(&mut out, handle.pid, &handle.secret());
+    wire::encode_ready_for_query(&mut out, TxStatus::Idle);
+    io.send(&out).await?;
+    tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
+    let settings = rt.config.load();
+    let timeouts = Timeouts::from_settings(&settings.settings);
+    Ok(Session::new(
+        rt.clone(),
+        (req.user.clone(), io.stream.peer_ip()),
+        pool,
+        handle.clone(),
+        params,
+        tracked,
+        timeouts,
+        hooks,
+    ))
+}

@@ -1,0 +1,51 @@
+//! The session's server link: the server it has checked out and where the conversation with
+//! it stands (what the server still owes, since when, the transaction's start).
+
+use std::time::Instant;
+
+use bytes::BytesMut;
+
+use crate::pool::ServerGuard;
+use crate::server::Expected;
+use crate::wire;
+
+/// A server checked out by this client, and where the conversation with it stands.
+pub struct Link {
+    pub server: ServerGuard,
+    /// Every answer the server still owes, in order.
+    pub expected: Expected,
+    /// When the oldest request still owed an answer was sent.
+    pub busy_since: Option<Instant>,
+    /// When the last ReadyForQuery arrived.
+    pub ready_since: Instant,
+    /// When the transaction in progress began (the request that opened it was sent).
+    pub tx_since: Option<Instant>,
+    /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
+    pub reset_sent: bool,
+    /// The server's unnamed statement is one this client parsed on this link.
+    pub unnamed_ours: bool,
+}
+
+impl Link {
+    /// Nothing owed, nothing buffered, no batch open.
+    pub fn quiet(&self, to_server: &BytesMut) -> bool {
+        self.expected.is_quiet() && to_server.is_empty() && self.server.rbuf.is_empty()
+    }
+
+    /// Whether the Parse in `body` names a statement whose creating Parse the server has
+    /// not answered yet.
+    pub fn waits_for_parse(&self, body: &[u8]) -> bool {
+        let name = body.split(|b| *b == 0).next().unwrap_or_default();
+        !name.is_empty() && self.expected.owes_parse_of(name)
+    }
+
+    /// Sends the answers pgward owes the client that are now at the head of the queue.
+    pub fn emit_synthetic(&mut self, out: &mut BytesMut) {
+        while let Some((answer, ready)) = self.expected.pop_synthetic() {
+            out.extend_from_slice(&answer);
+            if ready {
+                wire::encode_ready_for_query(out, self.server.tx);
+            }
+        }
+    }
+}
