@@ -329,12 +329,7 @@ pub fn pool_settings(
             None => s.query_wait_timeout,
         },
         login_retry: s.server_login_retry,
-        // A database's server_lifetime of 0 means "the global value", as in PgBouncer.
-        lifetime: Some(
-            db.server_lifetime
-                .filter(|l| !l.is_zero())
-                .unwrap_or(s.server_lifetime),
-        ),
+        lifetime: Some(db.server_lifetime_or(s.server_lifetime)),
         idle_timeout: s.server_idle_timeout,
         check_delay: Some(s.server_check_delay),
         check_query: match s.server_check() {

@@ -280,6 +280,21 @@ fn cert_auth_takes_the_user_from_the_client_certificate() {
         "{}",
         stderr_of(&other)
     );
+    // A certificate naming a user pgward does not know gets no session either.
+    let stranger = ca.issue(dir.path(), "stranger", "stranger", &[]);
+    let stranger_cert = format!(
+        "dbname=app sslmode=verify-full sslrootcert={} sslcert={} sslkey={}",
+        ca_path.display(),
+        stranger.cert.display(),
+        stranger.key.display()
+    );
+    let out = psql_at(pw.port, "stranger", None, &stranger_cert, "SELECT 1");
+    assert!(!out.status.success(), "a stranger logged in by certificate");
+    assert!(
+        stderr_of(&out).contains("certificate authentication failed"),
+        "{}",
+        stderr_of(&out)
+    );
     // verify-full asks every client for a certificate.
     let without = psql_at(
         pw.port,

@@ -418,6 +418,46 @@ async fn server_lifetime_zero_uses_each_server_once() {
     );
 }
 
+/// Under server_lifetime = 0 a server min_pool_size opened waits for its one use instead of
+/// being closed and opened again at every maintenance pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn server_lifetime_zero_keeps_an_unused_min_pool_server() {
+    let pg = Postgres::start();
+    let pw = start(
+        &pg,
+        "pool_mode = transaction\nserver_lifetime = 0\n",
+        &format!(
+            "kept = {} user=trustuser min_pool_size=1\n",
+            pg.db_connstr("app")
+        ),
+    );
+    let pids = || {
+        pg.sql_in(
+            "postgres",
+            "SELECT string_agg(pid::text, ',') FROM pg_stat_activity \
+             WHERE usename = 'trustuser' AND datname = 'app'",
+        )
+    };
+    assert!(
+        eventually(Duration::from_secs(5), || !pids().is_empty()),
+        "min_pool_size opened nothing\n{}",
+        pw.log()
+    );
+    let first = pids();
+    std::thread::sleep(Duration::from_millis(2500));
+    assert_eq!(pids(), first, "the unused server was replaced");
+    let client = must_connect(&pw.connstr("trustuser", None, "kept")).await;
+    let used = must_value(&client.client, "SELECT pg_backend_pid()").await;
+    assert_eq!(used, first, "the client did not get the waiting server");
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            let now = pids();
+            !now.is_empty() && !now.split(',').any(|p| p == used)
+        }),
+        "the used server was kept"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_lifetime_replaces_old_servers() {
     let pg = Postgres::start();

@@ -441,6 +441,23 @@ async fn trust_refuses_users_pgward_does_not_know() {
         .expect("an unknown user got a session");
     assert_eq!(code(&err), "28000", "{err:?}");
     assert_eq!(driver::message(&err), "no such user", "{err:?}");
+    // A lookup that answers a row of NULLs for an unknown name (as a function returning a
+    // record does) finds no one either.
+    let settings = format!(
+        "{settings}auth_query = SELECT s.usename, s.passwd FROM (SELECT 1) x \
+         LEFT JOIN pg_shadow s ON s.usename = $1\n"
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, &dbs));
+    let conn = must_connect(&pw.connstr("md5user", None, "forced")).await;
+    assert_eq!(
+        must_value(&conn.client, "SELECT current_user").await,
+        "scramuser"
+    );
+    let err = connect(&pw.connstr("nosuchuser", None, "forced"))
+        .await
+        .err()
+        .expect("a row of NULLs let an unknown user in");
+    assert_eq!(driver::message(&err), "no such user", "{err:?}");
 }
 
 /// The client logs in with SCRAM against the stored SCRAM secret and pgward logs in to the

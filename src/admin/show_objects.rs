@@ -86,10 +86,7 @@ pub fn databases(rt: &Runtime) -> Table {
             db.pool_size.unwrap_or(s.default_pool_size).into(),
             db.min_pool_size.unwrap_or(s.min_pool_size).into(),
             db.reserve_pool.unwrap_or(s.reserve_pool_size).into(),
-            db.server_lifetime
-                .unwrap_or(s.server_lifetime)
-                .as_secs()
-                .into(),
+            db.server_lifetime_or(s.server_lifetime).as_secs().into(),
             db.pool_mode.map(|m| m.as_str().to_string()).into(),
             load_balance(&db),
             db.max_db_connections.unwrap_or(s.max_db_connections).into(),

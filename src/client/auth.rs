@@ -179,7 +179,7 @@ async fn authenticate_for(
     let method = method_for(io, rt, req)?;
     match method {
         HbaMethod::Trust => return trust(rt, req).await,
-        HbaMethod::Cert => return cert(io, user),
+        HbaMethod::Cert => return cert(io, rt, req).await,
         HbaMethod::Reject => return Err(hba_refusal(io, req, "pg_hba.conf rejects connection")),
         _ => {}
     }
@@ -196,6 +196,27 @@ async fn authenticate_for(
     }
 }
 
+/// Whether pgward knows a user who proves nothing by password (trust, cert).
+enum Known {
+    /// In the auth file, or found by auth_query (with what the server login may reuse).
+    Yes(Option<Credential>),
+    /// Unknown, with PgBouncer's words for why.
+    No(&'static str),
+}
+
+/// Looks `req.user` up in the auth file, else with auth_query.
+async fn known(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Known, SessionError> {
+    let (secret, origin) = secrets::find_secret(rt, &req.database, &req.user)
+        .await
+        .map_err(lookup_failed(&req.user))?;
+    Ok(match origin {
+        Origin::AuthFile => Known::Yes(None),
+        Origin::AuthQuery => Known::Yes(reusable(secret.as_ref(), true)),
+        Origin::NoRow => Known::No("no such user"),
+        Origin::Nowhere => Known::No("\"trust\" authentication failed"),
+    })
+}
+
 /// `trust` admits a user pgward knows (in the auth file, or found by auth_query) without a
 /// password, as PgBouncer does; `auth_type = any` admits every name. Anyone else is
 /// refused: a forced user in `[databases]` must not lend its session to any name.
@@ -203,23 +224,13 @@ async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated,
     if rt.config.load().settings.auth_type == AuthType::Any {
         return Ok(Authenticated { credential: None });
     }
-    let (secret, origin) = secrets::find_secret(rt, &req.database, &req.user)
-        .await
-        .map_err(lookup_failed(&req.user))?;
-    let message = match origin {
-        Origin::AuthFile => return Ok(Authenticated { credential: None }),
-        Origin::AuthQuery => {
-            return Ok(Authenticated {
-                credential: reusable(secret.as_ref(), true),
-            })
-        }
-        Origin::NoRow => "no such user",
-        Origin::Nowhere => "\"trust\" authentication failed",
-    };
-    Err(SessionError::Fatal(ErrorResponse::fatal(
-        sqlstate::INVALID_AUTHORIZATION,
-        message.to_string(),
-    )))
+    match known(rt, req).await? {
+        Known::Yes(credential) => Ok(Authenticated { credential }),
+        Known::No(message) => Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            message.to_string(),
+        ))),
+    }
 }
 
 /// The refusal when the secret lookup itself failed (auth_query's server unreachable).
@@ -290,10 +301,17 @@ fn hba_refusal(io: &ClientIo, req: &StartupRequest, what: &str) -> SessionError 
 }
 
 /// Certificate authentication: the client certificate (checked against
-/// `client_tls_ca_file` in the handshake) must name the user as its common name.
-fn cert(io: &ClientIo, user: &str) -> Result<Authenticated, SessionError> {
-    match io.stream.peer_cert_name() {
-        Some(name) if name == user => Ok(Authenticated { credential: None }),
+/// `client_tls_ca_file` in the handshake) must name the user as its common name, and the
+/// user must be one pgward knows, as under trust.
+async fn cert(
+    io: &ClientIo,
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+) -> Result<Authenticated, SessionError> {
+    let user = req.user.as_str();
+    let named = io.stream.peer_cert_name().is_some_and(|name| name == user);
+    match (named, known(rt, req).await?) {
+        (true, Known::Yes(_)) => Ok(Authenticated { credential: None }),
         _ => Err(SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::INVALID_AUTHORIZATION,
             format!("certificate authentication failed for user \"{user}\""),

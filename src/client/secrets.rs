@@ -82,8 +82,9 @@ pub async fn find_secret(
     })
 }
 
-/// Runs auth_query for `user` on a server of the auth_user pool: no row is `None`, a row
-/// with a NULL or empty secret `Some(None)`.
+/// Runs auth_query for `user` on a server of the auth_user pool: no row, or a row whose name
+/// is NULL (what a lookup function returning a record answers for an unknown name), is
+/// `None`; a row with a NULL or empty secret `Some(None)`.
 async fn fetch(
     rt: &Arc<Runtime>,
     source: &AuthSource,
@@ -101,13 +102,11 @@ async fn fetch(
     let tracked = rt.tracked.load_full();
     let row = server.query_row(&source.query, &[user], &tracked).await?;
     // The query answers (name, secret); a NULL secret admits no password login.
-    Ok(row.map(|r| {
-        r.into_iter()
-            .nth(1)
-            .flatten()
-            .filter(|s| !s.is_empty())
-            .map(Secret::classify)
-    }))
+    let Some(mut row) = row.filter(|r| r.first().is_some_and(Option::is_some)) else {
+        return Ok(None);
+    };
+    let secret = row.get_mut(1).and_then(Option::take);
+    Ok(Some(secret.filter(|s| !s.is_empty()).map(Secret::classify)))
 }
 
 #[cfg(test)]

@@ -82,6 +82,14 @@ impl DatabaseDef {
         self.dbname.as_deref().unwrap_or(&self.name)
     }
 
+    /// The entry's server_lifetime, else `global`: 0 in an entry means the global value, as
+    /// in PgBouncer.
+    pub fn server_lifetime_or(&self, global: Duration) -> Duration {
+        self.server_lifetime
+            .filter(|l| !l.is_zero())
+            .unwrap_or(global)
+    }
+
     /// Whether the entry forces one server user (one pool per database).
     pub fn has_forced_user(&self) -> bool {
         self.user.is_some()

@@ -243,7 +243,7 @@ impl Pool {
         let mut inner = lock(&self.inner);
         let settings = inner.settings.clone();
         while let Some(conn) = inner.idle.pop() {
-            if conn.is_alive() && !expired(&conn, settings.lifetime, now) {
+            if conn.is_alive() && !idle_expired(&conn, settings.lifetime, now) {
                 inner.active += 1;
                 drop(inner);
                 self.uncount_servers(dead.len());
@@ -391,10 +391,7 @@ impl Pool {
                 // A waiter that left just now drops the guard, which checks the server in again.
                 waiter.hand(Handout::Server(ServerGuard::new(self.clone(), conn)));
             }
-            None if fresh
-                && (self.closing.must_close(&conn)
-                    || expired(&conn, inner.settings.lifetime, now)) =>
-            {
+            None if fresh && self.closing.must_close(&conn) => {
                 self.uncount_servers(1);
                 drop(inner);
                 close_in_background(conn);
@@ -543,7 +540,7 @@ impl Pool {
                     .idle_timeout
                     .is_some_and(|t| now.saturating_duration_since(conn.last_used) >= t)
                     && inner.total() > min;
-                if !conn.is_alive() || expired(conn, settings.lifetime, now) || idle_too_long {
+                if !conn.is_alive() || idle_expired(conn, settings.lifetime, now) || idle_too_long {
                     closing.push(inner.idle.remove(i));
                 } else {
                     i += 1;
@@ -764,8 +761,16 @@ fn shared_limit(growth: Growth) -> Option<Growth> {
     matches!(growth, Growth::DbFull | Growth::UserFull).then_some(growth)
 }
 
+/// Whether a server coming back from a client outlived server_lifetime (with a lifetime of
+/// 0, every server has after its first use).
 fn expired(conn: &ServerConn, lifetime: Option<Duration>, now: Instant) -> bool {
     lifetime.is_some_and(|l| now.saturating_duration_since(conn.created) >= l)
+}
+
+/// Whether an idle server outlived server_lifetime. Under a lifetime of 0 an idle server has
+/// not served yet (one that has is closed at check-in): it waits for its one use.
+fn idle_expired(conn: &ServerConn, lifetime: Option<Duration>, now: Instant) -> bool {
+    lifetime.is_some_and(|l| !l.is_zero()) && expired(conn, lifetime, now)
 }
 
 fn try_increment(counter: &AtomicUsize, max: usize) -> bool {

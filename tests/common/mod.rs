@@ -847,12 +847,16 @@ pub fn with_test_auth_file(body: &str, dir: &Path) -> String {
     )
 }
 
-/// Whether an ini may admit clients without a password (`trust`, or `hba` with trust lines)
+/// Whether an ini may admit clients without a password (`trust`, `cert`, or `hba` with such
+/// lines)
 /// but names no auth file and no auth_user. Such logins admit only the users a pooler knows,
 /// as PgBouncer does, so the fixture lists the test server's roles for it.
 fn trusts_without_auth_file(body: &str) -> bool {
-    let trusting = ini_value(body, "auth_type")
-        .is_some_and(|t| t.eq_ignore_ascii_case("trust") || t.eq_ignore_ascii_case("hba"));
+    let trusting = ini_value(body, "auth_type").is_some_and(|t| {
+        ["trust", "hba", "cert"]
+            .iter()
+            .any(|m| t.eq_ignore_ascii_case(m))
+    });
     trusting && ini_value(body, "auth_file").is_none() && ini_value(body, "auth_user").is_none()
 }
 
