@@ -2,7 +2,6 @@
 //! admission gate.
 
 pub mod admin;
-pub mod admission;
 pub mod cancel;
 pub mod check;
 pub mod client;
@@ -11,7 +10,6 @@ pub mod connection;
 pub mod cost;
 pub mod edge;
 pub mod gate;
-pub mod governance;
 pub mod listener;
 pub mod metrics;
 pub mod net;

@@ -186,7 +186,7 @@ async fn serve(config: Config) -> ExitCode {
         },
         None => Default::default(),
     };
-    let governance = match pgward::governance::Governance::load(&config.settings) {
+    let governance = match pgward::policy::Governance::load(&config.settings) {
         Ok(g) => g,
         Err(e) => {
             tracing::error!("{e}");

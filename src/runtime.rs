@@ -9,14 +9,14 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use rand::RngCore;
 
-use crate::admission::Gatekeeper;
 use crate::cancel::CancelRegistry;
 use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOutcome, Settings};
 use crate::edge::tls::ServerTls;
 use crate::edge::Edge;
-use crate::governance::Governance;
+use crate::gate::keeper::Gatekeeper;
 use crate::ops::Ops;
 use crate::params::Tracked;
+use crate::policy::Governance;
 use crate::policy::PolicyError;
 use crate::pool::{Limits, Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
@@ -76,7 +76,7 @@ impl Runtime {
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::new(&config.settings.track_extra_parameters);
         let gatekeeper = Gatekeeper::new();
-        gatekeeper.configure(governance.as_deref().map(|g| &g.policy));
+        configure_gate(&gatekeeper, governance.as_deref());
         Arc::new(Runtime {
             config: Arc::new(ArcSwap::from_pointee(config)),
             userlist: ArcSwap::from_pointee(userlist),
@@ -124,8 +124,7 @@ impl Runtime {
         let mut warnings = config.warnings.clone();
         let edge = self.edge.reload(&config.settings);
         warnings.extend(edge.hba_kept);
-        self.gatekeeper
-            .configure(governance.as_deref().map(|g| &g.policy));
+        configure_gate(&self.gatekeeper, governance.as_deref());
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
         Ok(Reloaded {
@@ -422,4 +421,15 @@ fn connection_changed(old: &DatabaseDef, new: &DatabaseDef) -> bool {
         &new.timezone,
         &new.application_name,
     )
+}
+
+/// Hands the gate the policy's `[gate]` settings and tenants; without a policy, defaults.
+fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
+    match governance {
+        Some(g) => keeper.configure(g.policy.gate().settings, g.policy.tenant_configs()),
+        None => keeper.configure(
+            crate::policy::GatePolicy::default().settings,
+            std::iter::empty(),
+        ),
+    }
 }

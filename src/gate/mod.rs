@@ -1,7 +1,8 @@
 //! The admission gate: the policy that decides whether a tenant's work may run, when, in
-//! which lane and at what price, who gets a server next, and whether a pool may grow. It is
-//! pure: it takes the time as an argument and never touches a socket, so it is tested under
-//! simulated time.
+//! which lane and at what price, and who gets a server next. Its core is pure: it takes the
+//! time as an argument and never touches a socket, so it is tested under simulated time.
+//! One file is not pure and says so: [`keeper`], the core at run time (a sync mutex, oneshot
+//! waiters, the clock task). Sessions reach the gate through `session::admit` alone.
 //!
 //! # How the session and the pool use it
 //!
@@ -25,10 +26,11 @@
 //! PgBouncer's first-come order ([`WaitQueue`]) stays for the pool's server wait; whether a
 //! pool may open a server is the pool's own business (`pool::Limits`).
 
-mod admission;
 mod bucket;
+mod decide;
 mod evict;
 mod fair;
+pub mod keeper;
 mod kills;
 mod kind;
 mod pass;
@@ -36,8 +38,8 @@ mod queue;
 mod refusal;
 mod tenant;
 
-pub use admission::{Gate, GateSettings, LaneLimits, TenantStats};
 pub use bucket::{charge_of, Budget, DecayingUse, TokenBucket, USE_HALF_LIFE};
+pub use decide::{Gate, GateSettings, LaneLimits, TenantStats};
 pub use evict::{runaway, runaways, Runaway, TenantLoad};
 pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};

@@ -26,11 +26,13 @@
 mod allowlist;
 mod cidr;
 mod file;
+mod governance;
 mod rules;
 
 pub use allowlist::{Allowlist, Learned, MAX_PER_ROLE};
 pub use cidr::Cidr;
 pub use file::{AllowlistMode, Mode, RuleKind, UncheckedMode, WhenFile as When};
+pub use governance::Governance;
 pub use rules::{DEFAULT_DENIED_FUNCTIONS, WRITING_FUNCTIONS};
 
 use crate::cost::CostLimits;

@@ -18,7 +18,7 @@ use crate::server::{self, Credential, ServerConn, ServerError};
 use crate::sync::lock;
 
 /// What a waiting client is handed through its channel.
-type Answer = Result<Handout, PoolError>;
+type ServerAnswer = Result<Handout, PoolError>;
 
 /// The ParameterStatus list of a server login.
 pub type Welcome = Arc<Vec<(String, String)>>;
@@ -42,7 +42,7 @@ struct Inner {
     idle: Vec<Box<ServerConn>>,
     active: usize,
     connecting: usize,
-    waiters: WaitQueue<Waiter>,
+    waiters: WaitQueue<ServerWaiter>,
     /// The last login failure the server itself reported, and when.
     failure: Option<(Instant, Arc<ServerError>)>,
     /// When the queue's watchdog looks at the waiters next, and which watchdog that is.
@@ -176,7 +176,7 @@ impl Pool {
 
     pub fn stats(&self) -> PoolStats {
         let mut inner = lock(&self.inner);
-        inner.waiters.prune(Waiter::live);
+        inner.waiters.prune(ServerWaiter::live);
         PoolStats {
             idle: inner.idle.len(),
             active: inner.active,
@@ -259,7 +259,7 @@ impl Pool {
             WaitTimeout::Pool => settings.query_wait,
             WaitTimeout::Given(t) => t,
         };
-        let (waiter, queued) = Waiter::new(ticket, (timeout, limits.notify), now);
+        let (waiter, queued) = ServerWaiter::new(ticket, (timeout, limits.notify), now);
         if let Some(at) = waiter.alarm() {
             self.arm(&mut inner, at);
         }
@@ -287,7 +287,7 @@ impl Pool {
         if inner.alarm.map(|(_, armed)| armed) != Some(id) {
             return None;
         }
-        let entries: Vec<(Ticket, Waiter)> = inner.waiters.drain().collect();
+        let entries: Vec<(Ticket, ServerWaiter)> = inner.waiters.drain().collect();
         let mut next: Option<Instant> = None;
         for (ticket, waiter) in entries {
             if let Some(waiter) = waiter.expire(now) {
@@ -384,7 +384,7 @@ impl Pool {
             return;
         }
         conn.last_used = now;
-        match inner.waiters.pop_next(Waiter::live) {
+        match inner.waiters.pop_next(ServerWaiter::live) {
             Some((_, waiter)) => {
                 inner.active += 1;
                 drop(inner);
@@ -411,7 +411,7 @@ impl Pool {
                 return growth;
             }
             if !pruned {
-                inner.waiters.prune(Waiter::live);
+                inner.waiters.prune(ServerWaiter::live);
                 pruned = true;
                 continue;
             }
@@ -506,7 +506,7 @@ impl Pool {
         if err.is_transient() {
             tokio::time::sleep(TRANSIENT_RETRY.min(settings.login_retry)).await;
         }
-        let waiters: Vec<Waiter> = {
+        let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
             inner.connecting -= 1;
             self.uncount_servers(1);
@@ -547,7 +547,7 @@ impl Pool {
                 }
             }
             self.uncount_servers(closing.len());
-            inner.waiters.prune(Waiter::live);
+            inner.waiters.prune(ServerWaiter::live);
             let failing = recent_failure(&inner, settings.login_retry, now).is_some();
             blocked = if failing {
                 None
@@ -641,7 +641,7 @@ pub enum Handout {
 /// the place up.
 #[derive(Debug)]
 pub struct Queued {
-    rx: oneshot::Receiver<Answer>,
+    rx: oneshot::Receiver<ServerAnswer>,
 }
 
 impl Future for Queued {
@@ -657,23 +657,23 @@ impl Future for Queued {
 /// A ticket's waiter in the queue: where its answer goes, and when the watchdog must look at
 /// it.
 #[derive(Debug)]
-struct Waiter {
-    tx: oneshot::Sender<Answer>,
+struct ServerWaiter {
+    tx: oneshot::Sender<ServerAnswer>,
     /// query_wait_timeout runs out.
     deadline: Option<Instant>,
     /// query_wait_notify is due (once).
     notify_at: Option<Instant>,
 }
 
-impl Waiter {
+impl ServerWaiter {
     /// A waiter for `ticket`, joining the queue at `now` with a (timeout, notify) pair.
     fn new(
         ticket: &Ticket,
         (timeout, notify): (Option<Duration>, Option<Duration>),
         now: Instant,
-    ) -> (Waiter, Queued) {
+    ) -> (ServerWaiter, Queued) {
         let (tx, rx) = oneshot::channel();
-        let waiter = Waiter {
+        let waiter = ServerWaiter {
             tx,
             deadline: timeout.and_then(|t| now.checked_add(t)),
             notify_at: notify.and_then(|t| ticket.enqueued_at.checked_add(t)),
@@ -702,7 +702,7 @@ impl Waiter {
 
     /// What the watchdog does with this waiter at `now`: refuses it past its deadline, tells
     /// it once that it is queued, and keeps it (returned) unless it is done or gone.
-    fn expire(self, now: Instant) -> Option<Waiter> {
+    fn expire(self, now: Instant) -> Option<ServerWaiter> {
         if !self.live() {
             return None;
         }
@@ -717,7 +717,7 @@ impl Waiter {
         self.tx
             .send(Ok(Handout::StillQueued(Queued { rx })))
             .ok()
-            .map(|()| Waiter {
+            .map(|()| ServerWaiter {
                 tx,
                 deadline: self.deadline,
                 notify_at: None,
@@ -791,8 +791,8 @@ fn close_in_background(conn: Box<ServerConn>) {
 mod tests {
     use super::*;
 
-    fn waiter(at: Instant, limits: (Option<Duration>, Option<Duration>)) -> (Waiter, Queued) {
-        Waiter::new(&Ticket::new(1, at), limits, at)
+    fn waiter(at: Instant, limits: (Option<Duration>, Option<Duration>)) -> (ServerWaiter, Queued) {
+        ServerWaiter::new(&Ticket::new(1, at), limits, at)
     }
 
     #[test]

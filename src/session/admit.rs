@@ -19,14 +19,14 @@ use bytes::Bytes;
 
 use super::rules::{parse_context, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
-use crate::admission::{Answer, SlotGuard};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, PlanKey, PlanSummary, Relation,
 };
+use crate::gate::keeper::{SlotAnswer, SlotGuard};
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
 use crate::gate::{RefusalReason, Runaway};
-use crate::governance::Governance;
+use crate::policy::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::runtime::Runtime;
 use crate::server::{OwnStatement, ServerError};
@@ -101,7 +101,7 @@ pub(in crate::session) enum Timing {
 impl GateState {
     /// The session ends (or loses its server) with requests still unpriced: each pays as
     /// much as its tenant may save up.
-    pub fn abandon_deferred(&mut self, keeper: &crate::admission::Gatekeeper) {
+    pub fn abandon_deferred(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
         if self.deferred.is_empty() {
             return;
         }
@@ -118,7 +118,7 @@ impl GateState {
     }
 
     /// PostgreSQL owes this client nothing: a request that ran alone taught its usual time.
-    pub fn end_timing(&mut self, keeper: &crate::admission::Gatekeeper) {
+    pub fn end_timing(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
         if let Timing::One(key, started) = std::mem::take(&mut self.timing) {
             keeper.learn_time(key, started.elapsed());
         }
@@ -391,11 +391,11 @@ impl Session {
             }
             if self.gate.slot.is_none() {
                 match self.wait_for_slot(io, pass).await? {
-                    Answer::Granted(p, guard) => {
+                    SlotAnswer::Granted(p, guard) => {
                         pass = p;
                         self.gate.slot = Some(guard);
                     }
-                    Answer::Refused(_, r) => return Ok(refused(&r)),
+                    SlotAnswer::Refused(_, r) => return Ok(refused(&r)),
                 }
             }
             if let (None, Some(sql), Some(key), false) = (&plan, &sql, &key, deferred) {
@@ -506,7 +506,7 @@ impl Session {
         &mut self,
         io: &mut ClientIo,
         pass: Pass,
-    ) -> Result<Answer, SessionError> {
+    ) -> Result<SlotAnswer, SessionError> {
         let keeper = self.rt.gatekeeper.clone();
         let rt = self.rt.clone();
         let upstream = self.pool.key.db.clone();

@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::governance::Governance;
 use crate::params::ParamSet;
+use crate::policy::Governance;
 use crate::policy::{RuleHit, Verdict, Who};
 use crate::sql::{Analysis, ParseContext, Setting};
 use crate::wire::{self, ErrorResponse};

@@ -1,4 +1,4 @@
-//! The admission gate at run time: the pure [`Gate`] under one sync mutex, the plan cache,
+//! The gate's keeper, the one part of the gate that runs on tokio: the gate at run time: the pure [`Gate`] under one sync mutex, the plan cache,
 //! the slots sessions hold, and the clock that ends waits and hands out slots when a debt is
 //! paid back. Kept across reloads: a reload only changes tenants' settings and the lanes.
 
@@ -9,15 +9,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use crate::cost::{PlanCache, PlanKey, Relation, PLAN_CAPACITY, PLAN_TTL};
-use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Runaway, Slot};
-use crate::policy::Policy;
+use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Runaway, Slot, TenantConfig};
 
 /// How a waiting ticket hears the end of its wait.
-pub type Waiter = oneshot::Sender<Answer>;
+pub type SlotWaiter = oneshot::Sender<SlotAnswer>;
 
 /// The end of a wait for a slot.
 #[derive(Debug)]
-pub enum Answer {
+pub enum SlotAnswer {
     /// A slot: the statement may run.
     Granted(Pass, SlotGuard),
     /// The wait ended without one (deadline, queue timeout); already refunded.
@@ -54,7 +53,7 @@ impl OwnNames {
 /// The gate, its plan cache, and the clock's wake-up call.
 #[derive(Debug)]
 pub struct Gatekeeper {
-    gate: Mutex<Gate<Waiter>>,
+    gate: Mutex<Gate<SlotWaiter>>,
     plans: Mutex<PlanCache>,
     /// Row counts of tables plans read in full, by database (for `max_scan_rows`).
     sizes: Mutex<HashMap<(String, Relation), f64>>,
@@ -85,21 +84,19 @@ impl Gatekeeper {
         })
     }
 
-    /// Applies a policy's `[gate]` table and tenants (at start and on every reload); the
-    /// balances of tenants that keep a budget are kept. Without a policy, defaults.
-    pub fn configure(&self, policy: Option<&Policy>) {
+    /// Applies a policy's `[gate]` settings and tenants (at start and on every reload); the
+    /// balances of tenants that keep a budget are kept.
+    pub fn configure<'a>(
+        &self,
+        settings: GateSettings,
+        tenants: impl Iterator<Item = (&'a str, &'a TenantConfig)>,
+    ) {
         let now = Instant::now();
         let mut gate = self.lock();
-        let settings = match policy {
-            Some(p) => p.gate().settings,
-            None => crate::policy::GatePolicy::default().settings,
-        };
         gate.set_settings(settings);
         gate.set_all_lanes(settings.lanes);
-        if let Some(policy) = policy {
-            for (tenant, config) in policy.tenant_configs() {
-                gate.configure_tenant(tenant, config.clone(), now);
-            }
+        for (tenant, config) in tenants {
+            gate.configure_tenant(tenant, config.clone(), now);
         }
         drop(gate);
         self.wake.notify_one();
@@ -111,7 +108,7 @@ impl Gatekeeper {
     }
 
     /// The gate, for one step (never held across `.await`).
-    pub fn lock(&self) -> MutexGuard<'_, Gate<Waiter>> {
+    pub fn lock(&self) -> MutexGuard<'_, Gate<SlotWaiter>> {
         crate::sync::lock(&self.gate)
     }
 
@@ -164,12 +161,12 @@ impl Gatekeeper {
         self: &Arc<Self>,
         pass: Pass,
         runaways: impl FnOnce(Vec<Runaway>),
-    ) -> Answer {
+    ) -> SlotAnswer {
         let now = Instant::now();
         let (id, rx, over) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
-                return Answer::Granted(pass, SlotGuard::new(self, slot));
+                return SlotAnswer::Granted(pass, SlotGuard::new(self, slot));
             }
             let (tx, rx) = oneshot::channel();
             let id = pass.id;
@@ -193,7 +190,7 @@ impl Gatekeeper {
             // waits): a refusal is the safe reading.
             Err(_) => {
                 let pass = self.lock().withdraw(id, Instant::now()).map(|(p, _)| p);
-                Answer::Refused(pass, Refusal::queue_timeout(now.elapsed()))
+                SlotAnswer::Refused(pass, Refusal::queue_timeout(now.elapsed()))
             }
         }
     }
@@ -212,12 +209,12 @@ impl Gatekeeper {
         self.deliver(granted);
     }
 
-    fn deliver(self: &Arc<Self>, granted: Vec<Granted<Waiter>>) {
+    fn deliver(self: &Arc<Self>, granted: Vec<Granted<SlotWaiter>>) {
         for g in granted {
             // A client that left drops the guard, and with it the slot.
             let _ = g
                 .waiter
-                .send(Answer::Granted(g.pass, SlotGuard::new(self, g.slot)));
+                .send(SlotAnswer::Granted(g.pass, SlotGuard::new(self, g.slot)));
         }
     }
 
@@ -236,7 +233,7 @@ impl Gatekeeper {
                 (expired, granted, gate.next_wake(now))
             };
             for e in expired {
-                let _ = e.waiter.send(Answer::Refused(Some(e.pass), e.refusal));
+                let _ = e.waiter.send(SlotAnswer::Refused(Some(e.pass), e.refusal));
             }
             self.deliver(granted);
             // Never spin: at least a millisecond between rounds.

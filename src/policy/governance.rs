@@ -3,8 +3,8 @@
 
 use std::sync::Arc;
 
+use super::{Policy, PolicyError};
 use crate::config::Settings;
-use crate::policy::{Policy, PolicyError};
 use crate::sql::{Analyzer, DEFAULT_CACHE_ENTRIES};
 
 pub struct Governance {
