@@ -1,6 +1,6 @@
-//! The gate's keeper, the one part of the gate that runs on tokio: the gate at run time: the pure [`Gate`] under one sync mutex, the plan cache,
-//! the slots sessions hold, and the clock that ends waits and hands out slots when a debt is
-//! paid back. Kept across reloads: a reload only changes tenants' settings and the lanes.
+//! The gate's keeper, the one part of the gate that runs on tokio: the pure [`Gate`] under
+//! one sync mutex, the plan cache, the slots sessions hold, and the clock that ends waits and
+//! hands out slots when a debt is paid back. Kept across reloads: a reload only changes tenants' settings and the lanes.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard};
