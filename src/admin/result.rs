@@ -1,5 +1,7 @@
 //! Result sets of the console: typed columns as PgBouncer declares them, values in text.
 
+use std::time::{SystemTime, UNIX_EPOCH};
+
 use bytes::{BufMut, BytesMut};
 
 use crate::wire;
@@ -145,9 +147,45 @@ fn encode_row_description(out: &mut BytesMut, columns: &[(&str, Ty)]) {
     out.put_slice(&body);
 }
 
+/// A wall-clock time as PgBouncer prints it: `YYYY-MM-DD HH:MM:SS UTC`.
+pub fn format_time(t: SystemTime) -> Cell {
+    let secs = t.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let (y, m, d) = civil_from_days(days);
+    Cell::Text(format!(
+        "{y:04}-{m:02}-{d:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    ))
+}
+
+/// The proleptic Gregorian date of a day count since 1970-01-01.
+fn civil_from_days(z: i64) -> (i64, u32, u32) {
+    let z = z + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    (y, m, d)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dates() {
+        assert_eq!(civil_from_days(0), (1970, 1, 1));
+        assert_eq!(civil_from_days(19_723), (2024, 1, 1));
+        let t = UNIX_EPOCH + std::time::Duration::from_secs(951_782_400 + 3661);
+        assert_eq!(format_time(t), Cell::Text("2000-02-29 01:01:01 UTC".into()));
+    }
 
     #[test]
     fn encodes_description_rows_and_tag() {

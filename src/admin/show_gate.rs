@@ -3,8 +3,8 @@
 
 use std::time::{Duration, Instant, SystemTime};
 
+use super::result::format_time;
 use super::result::{Cell, Table, Ty};
-use super::show::format_time;
 use crate::cost::CacheStats;
 use crate::gate::{KillRow, KillTarget, RefusalReason, TenantStats};
 use crate::runtime::Runtime;

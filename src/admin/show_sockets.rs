@@ -2,8 +2,8 @@
 
 use std::time::Instant;
 
+use super::result::format_time;
 use super::result::{Cell, Table, Ty};
-use super::show::format_time;
 use crate::ops::{clients::wall_clock, ClientEntry, ClientInfo, ClientState};
 use crate::runtime::Runtime;
 use crate::server::ServerAddr;
