@@ -8,6 +8,7 @@ pub mod client;
 pub mod config;
 pub mod connection;
 pub mod cost;
+pub mod daemon;
 pub mod edge;
 pub mod gate;
 pub mod listener;

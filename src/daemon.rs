@@ -1,0 +1,249 @@
+//! The running process: start-up (auth file, policy, TLS, listeners, pidfile, metrics), the
+//! maintenance loop, signals, and the shutdown state machine that decides when to exit.
+//! `main.rs` only parses the command line, sets up logging and the runtime, and calls
+//! [`serve`].
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::admin::parse::Command as Console;
+use crate::admin::Role;
+use crate::config::{self, Config};
+use crate::listener::Listeners;
+use crate::ops::Shutdown;
+use crate::runtime::Runtime;
+
+/// Serves `config` until a signal or the console stops pgward; the process's exit code.
+pub async fn serve(config: Config) -> ExitCode {
+    let userlist = match &config.settings.auth_file {
+        Some(path) => match config::load_userlist(path) {
+            Ok(u) => u,
+            Err(e) => return failed(e),
+        },
+        None => Default::default(),
+    };
+    let governance = match crate::policy::Governance::load(&config.settings) {
+        Ok(g) => g,
+        Err(e) => return failed(e),
+    };
+    let edge = match crate::edge::Edge::load(&config.settings) {
+        Ok(e) => e,
+        Err(e) => return failed(e),
+    };
+    raise_fd_limit(&config);
+    let listeners = match Listeners::bind(&config.settings) {
+        Ok(l) => l,
+        Err(e) => return failed(e),
+    };
+    let pidfile = config.settings.pidfile.clone();
+    if let Some(p) = &pidfile {
+        if let Err(e) = std::fs::write(p, format!("{}\n", std::process::id())) {
+            eprintln!("pgward: cannot write pidfile {}: {e}", p.display());
+            return ExitCode::FAILURE;
+        }
+    }
+    let socket = listeners.unix.as_ref().and_then(|(_, p)| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
+    });
+    let metrics_addr = config.settings.prometheus_listen.clone();
+    let rt = Runtime::new(config, userlist, governance, edge);
+    let mut tasks = Vec::new();
+    if let Some(addr) = metrics_addr {
+        match crate::metrics::bind(&addr).await {
+            Ok(l) => tasks.push(tokio::spawn(crate::metrics::serve(rt.clone(), l))),
+            Err(e) => {
+                cleanup(pidfile.as_deref(), socket.as_ref());
+                return failed(e);
+            }
+        }
+    }
+    tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tasks.extend(listeners.spawn(&rt, stop_rx));
+    tasks.push(tokio::spawn(maintenance(rt.clone())));
+    tasks.push(tokio::spawn(rt.gatekeeper.clone().clock()));
+    run_until_stopped(&rt, &stop_tx).await;
+    for t in tasks {
+        t.abort();
+    }
+    if let Some(g) = rt.governance.load().as_ref() {
+        g.save_allowlist();
+    }
+    cleanup(pidfile.as_deref(), socket.as_ref());
+    tracing::info!("pgward stopped");
+    ExitCode::SUCCESS
+}
+
+/// A start-up failure: said in the log and on stderr.
+fn failed(e: impl std::fmt::Display) -> ExitCode {
+    tracing::error!("{e}");
+    eprintln!("pgward: {e}");
+    ExitCode::FAILURE
+}
+
+/// Makes room for every client and server socket pgward may hold, as far as the hard limit
+/// allows: max_client_conn, plus the servers and a margin for listeners and files.
+fn raise_fd_limit(config: &Config) {
+    let s = &config.settings;
+    let servers = u64::from(s.default_pool_size.max(1)) * (config.databases.len() as u64 + 1)
+        + u64::from(s.max_db_connections);
+    let wanted = u64::from(s.max_client_conn) + servers + 100;
+    match crate::edge::raise_fd_limit(wanted) {
+        Ok(limit) if limit < wanted => tracing::warn!(
+            "open files limited to {limit}, fewer than the {wanted} max_client_conn and the pools may need"
+        ),
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+    }
+}
+
+/// Once a second: each pool's maintenance pass (not for paused databases, which must not
+/// open servers), and the stats period; once a minute, the gate's upkeep (the plan cache's
+/// log line, expired plans, idle tenants).
+pub async fn maintenance(rt: Arc<Runtime>) {
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    let mut minute = Instant::now();
+    loop {
+        tick.tick().await;
+        let now = Instant::now();
+        rt.ensure_forced_pools();
+        for pool in rt.pools.all() {
+            if !rt.ops.control.holds(&pool.key.db) {
+                pool.maintain(now);
+            }
+        }
+        let period = rt.config.load().settings.stats_period;
+        rt.ops.stats.tick(now, period);
+        if now.saturating_duration_since(minute) >= Duration::from_secs(60) {
+            minute = now;
+            crate::admin::gate_minute(&rt, now);
+        }
+    }
+}
+
+/// Serves signals and watches the shutdown state until the process should exit.
+///
+/// SIGHUP reloads; SIGTERM waits for clients to leave and SIGINT for servers to be released
+/// (a second one of either exits at once); SIGQUIT exits at once; SIGUSR1 pauses and SIGUSR2
+/// resumes. The console's SHUTDOWN commands set the same states.
+pub async fn run_until_stopped(rt: &Arc<Runtime>, stop: &tokio::sync::watch::Sender<bool>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let kinds = [
+        SignalKind::terminate(),
+        SignalKind::interrupt(),
+        SignalKind::quit(),
+        SignalKind::hangup(),
+        SignalKind::user_defined1(),
+        SignalKind::user_defined2(),
+    ];
+    let mut streams = Vec::new();
+    for kind in kinds {
+        match signal(kind) {
+            Ok(s) => streams.push(s),
+            Err(e) => {
+                tracing::error!("cannot install signal handlers: {e}");
+                return std::future::pending().await;
+            }
+        }
+    }
+    let [term, int, quit, hup, usr1, usr2] = &mut streams[..] else {
+        return;
+    };
+    let mut changes = rt.ops.control.subscribe();
+    loop {
+        let mode = rt.ops.control.shutdown();
+        if mode != Shutdown::No {
+            let _ = stop.send(true);
+        }
+        if done(rt, mode) {
+            return;
+        }
+        let stopping = mode != Shutdown::No;
+        tokio::select! {
+            _ = term.recv() => stop_signal(rt, "SIGTERM", Shutdown::WaitForClients),
+            _ = int.recv() => stop_signal(rt, "SIGINT", Shutdown::WaitForServers),
+            _ = quit.recv() => stop_signal(rt, "SIGQUIT", Shutdown::Now),
+            _ = hup.recv() => reload(rt),
+            _ = usr1.recv() => console(rt, Console::Pause(None), "SIGUSR1"),
+            _ = usr2.recv() => {
+                if stopping {
+                    tracing::info!("got SIGUSR2 while shutting down, ignoring");
+                } else {
+                    console(rt, Console::Resume(None), "SIGUSR2");
+                }
+            }
+            _ = changes.changed() => {}
+            _ = tokio::time::sleep(Duration::from_millis(100)), if stopping => {}
+        }
+    }
+}
+
+/// A stop signal: the first asks for `mode`, a second one (or SIGQUIT) exits at once.
+fn stop_signal(rt: &Runtime, name: &str, mode: Shutdown) {
+    let control = &rt.ops.control;
+    let next = if control.shutdown() == Shutdown::No {
+        mode
+    } else {
+        Shutdown::Now
+    };
+    tracing::info!("{name} received: {next:?}");
+    control.update(|s| s.shutdown = next);
+}
+
+/// Whether the shutdown in progress may finish now.
+pub fn done(rt: &Runtime, mode: Shutdown) -> bool {
+    match mode {
+        Shutdown::No => false,
+        Shutdown::Now => true,
+        Shutdown::WaitForClients => rt.ops.clients.pool_clients() == 0,
+        Shutdown::WaitForServers => rt.pools.all().iter().all(|p| {
+            let s = p.stats();
+            s.active + s.connecting == 0
+        }),
+    }
+}
+
+/// Runs a console command for a signal, in its own task (PAUSE waits for servers).
+fn console(rt: &Arc<Runtime>, cmd: Console, signal: &'static str) {
+    let rt = rt.clone();
+    tokio::spawn(async move {
+        let mut out = bytes::BytesMut::new();
+        match crate::admin::execute(&rt, Role::Admin, cmd, &mut out).await {
+            Ok(()) => tracing::info!("{signal}: done"),
+            Err(e) => tracing::warn!("{signal}: {}", e.message),
+        }
+    });
+}
+
+fn reload(rt: &Runtime) {
+    match rt.reload() {
+        Ok(warnings) => {
+            for w in warnings {
+                tracing::warn!("{w}");
+            }
+            tracing::info!("configuration reloaded");
+        }
+        Err(e) => tracing::error!("reload failed, keeping the running configuration: {e}"),
+    }
+}
+
+/// Removes the pidfile and the Unix socket, but only while they are still this process's:
+/// in a rolling restart the new process has replaced both by the time the old one exits.
+fn cleanup(pidfile: Option<&Path>, socket: Option<&(PathBuf, u64)>) {
+    use std::os::unix::fs::MetadataExt;
+    if let Some(p) = pidfile {
+        let ours = std::fs::read_to_string(p)
+            .is_ok_and(|text| text.trim() == std::process::id().to_string());
+        if ours {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+    if let Some((path, inode)) = socket {
+        if std::fs::metadata(path).is_ok_and(|m| m.ino() == *inode) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
