@@ -85,12 +85,13 @@ fn failed(e: impl std::fmt::Display) -> ExitCode {
 }
 
 /// Makes room for every client and server socket pgward may hold, as far as the hard limit
-/// allows: max_client_conn, plus the servers and a margin for listeners and files.
+/// allows: two descriptors per client (its socket, and the registry's copy that KILL shuts
+/// down), plus the servers and a margin for listeners and files.
 fn raise_fd_limit(config: &Config) {
     let s = &config.settings;
     let servers = u64::from(s.default_pool_size.max(1)) * (config.databases.len() as u64 + 1)
         + u64::from(s.max_db_connections);
-    let wanted = u64::from(s.max_client_conn) + servers + 100;
+    let wanted = 2 * u64::from(s.max_client_conn) + servers + 100;
     match crate::edge::raise_fd_limit(wanted) {
         Ok(limit) if limit < wanted => tracing::warn!(
             "open files limited to {limit}, fewer than the {wanted} max_client_conn and the pools may need"

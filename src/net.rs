@@ -54,14 +54,16 @@ impl Stream {
         }
     }
 
-    /// The file descriptor of the socket, -1 once detached.
-    pub fn raw_fd(&self) -> std::os::fd::RawFd {
-        use std::os::fd::AsRawFd;
-        match (self, self.tcp()) {
-            (_, Some(s)) => s.as_raw_fd(),
-            (Stream::Unix(s), None) => s.get_ref().as_raw_fd(),
-            _ => -1,
-        }
+    /// A second descriptor of the socket (none once detached, or if the process is out of
+    /// descriptors), to shut the connection down from elsewhere.
+    pub fn clone_fd(&self) -> Option<std::os::fd::OwnedFd> {
+        use std::os::fd::AsFd;
+        let fd = match (self, self.tcp()) {
+            (_, Some(s)) => s.as_fd(),
+            (Stream::Unix(s), None) => s.get_ref().as_fd(),
+            _ => return None,
+        };
+        fd.try_clone_to_owned().ok()
     }
 
     /// Whether the stream is encrypted.

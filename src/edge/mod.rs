@@ -138,23 +138,13 @@ pub fn cap_limits(config: &Config, database: &str, user: &str) -> CapLimits {
 /// Raises the soft limit on open files towards `wanted` (never past the hard limit), as a
 /// pooler with many clients needs; returns the soft limit in force afterwards.
 pub fn raise_fd_limit(wanted: u64) -> std::io::Result<u64> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes into the struct we pass and has no other effect.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    let (soft, hard) = getrlimit(Resource::RLIMIT_NOFILE)?;
+    let target = wanted.min(hard);
+    if soft >= target {
+        return Ok(soft);
     }
-    let target = wanted.min(lim.rlim_max);
-    if lim.rlim_cur >= target {
-        return Ok(lim.rlim_cur);
-    }
-    lim.rlim_cur = target;
-    // SAFETY: setrlimit reads the struct we pass; raising the soft limit up to the hard
-    // limit needs no privilege.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    // Raising the soft limit up to the hard limit needs no privilege.
+    setrlimit(Resource::RLIMIT_NOFILE, target, hard)?;
     Ok(target)
 }

@@ -2,7 +2,7 @@
 //! is, where it stands (idle, waiting for a server, active on one), and which server it holds.
 
 use std::collections::BTreeMap;
-use std::os::fd::RawFd;
+use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
@@ -127,8 +127,10 @@ pub struct ClientEntry {
     pub connect_time: SystemTime,
     /// The monotonic moment of `connect_time`; request times are kept relative to it.
     connected: Instant,
-    /// The socket, to end the connection from outside (KILL); valid while registered.
-    fd: RawFd,
+    /// A second descriptor of the client's socket, to end the connection from outside
+    /// (KILL). It keeps the socket open as long as the entry lives, which ends with the
+    /// connection's task.
+    fd: Option<OwnedFd>,
     state: AtomicU8,
     /// When the last request began waiting for a server, in nanoseconds after `connected`,
     /// plus one; zero before the first request.
@@ -230,11 +232,8 @@ impl ClientEntry {
     /// Ends the connection: both directions are shut down, so the session sees the client
     /// leave and closes (or returns) its server as it would for any client that left.
     fn shut_down(&self) {
-        // SAFETY: `fd` is the client's socket, which stays open while this entry is
-        // registered (the registration drops before the socket); shutdown(2) touches no
-        // memory of ours.
-        unsafe {
-            libc::shutdown(self.fd, libc::SHUT_RDWR);
+        if let Some(fd) = &self.fd {
+            let _ = socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Both);
         }
     }
 }
@@ -245,8 +244,7 @@ pub struct ClientRegistry {
     clients: Mutex<BTreeMap<u64, Arc<ClientEntry>>>,
 }
 
-/// Keeps a client registered; dropping it removes the client. It must be dropped before the
-/// client's socket is closed.
+/// Keeps a client registered; dropping it removes the client.
 #[derive(Debug)]
 pub struct Registration<'a> {
     registry: &'a ClientRegistry,
@@ -271,7 +269,7 @@ impl ClientRegistry {
             local_port,
             connect_time: SystemTime::now(),
             connected: Instant::now(),
-            fd: stream_fd(stream),
+            fd: stream.clone_fd(),
             state: AtomicU8::new(ClientState::Login as u8),
             request: AtomicU64::new(0),
             identity: Mutex::new(Identity::default()),
@@ -321,10 +319,6 @@ impl ClientRegistry {
         }
         doomed.len()
     }
-}
-
-fn stream_fd(stream: &Stream) -> RawFd {
-    stream.raw_fd()
 }
 
 type Endpoint = (String, u16);

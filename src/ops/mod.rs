@@ -31,8 +31,7 @@ pub struct Ops {
 
 impl Default for Ops {
     fn default() -> Self {
-        // SAFETY: getuid(2) has no preconditions and cannot fail.
-        let os_uid = unsafe { libc::getuid() };
+        let os_uid = nix::unistd::getuid().as_raw();
         Ops {
             clients: ClientRegistry::default(),
             stats: StatsRegistry::default(),
