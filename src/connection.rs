@@ -166,7 +166,7 @@ async fn open(
     entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
     rt.ops.stats.for_pool(&pool.key).add_login();
     let handle = rt.cancels.register(id);
-    let hooks = crate::ops::SessionHooks::new(rt.clone(), entry.clone(), &pool);
+    let hooks = crate::ops::SessionHooks::new(rt.ops.clone(), entry.clone(), &pool);
     match greet(rt, io, req, pool, &welcome, &handle, hooks).await {
         Ok(session) => Ok(Some(Relay {
             session,

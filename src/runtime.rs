@@ -53,7 +53,7 @@ pub struct Runtime {
     /// Seeds the fake SCRAM secrets shown to unknown users, so a probe cannot tell them apart.
     pub mock_key: [u8; 32],
     /// Clients, counters, pause state and runtime limits.
-    pub ops: Ops,
+    pub ops: Arc<Ops>,
     /// When the process started (SHOW MEM, metrics).
     pub started: Instant,
     /// Held while a reload or a console SET reads, changes and installs the configuration,
@@ -87,7 +87,7 @@ impl Runtime {
             clients: AtomicUsize::new(0),
             next_client: AtomicU64::new(1),
             mock_key,
-            ops: Ops::default(),
+            ops: Arc::new(Ops::default()),
             started: Instant::now(),
             reconfiguring: Mutex::new(()),
             edge,

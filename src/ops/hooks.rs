@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use super::clients::{ClientEntry, ServerLink};
 use super::state::Shutdown;
 use super::stats::PoolCounters;
+use super::Ops;
 use crate::gate::Ticket;
 use crate::pool::{Handout, Pool, PoolError, Queued, ServerGuard, WaitLimits, WaitTimeout};
-use crate::runtime::Runtime;
 use crate::wire::TxStatus;
 
 /// A session's wait: the pool's query_wait_timeout, and `notify` (query_wait_notify).
@@ -43,16 +43,16 @@ pub enum Checkout {
 /// One session's link to the registry, the counters of its pool, and the pause gate.
 #[derive(Clone)]
 pub struct SessionHooks {
-    rt: Arc<Runtime>,
+    ops: Arc<Ops>,
     entry: Arc<ClientEntry>,
     counters: Arc<PoolCounters>,
 }
 
 impl SessionHooks {
-    pub fn new(rt: Arc<Runtime>, entry: Arc<ClientEntry>, pool: &Pool) -> Self {
-        let counters = rt.ops.stats.for_pool(&pool.key);
+    pub fn new(ops: Arc<Ops>, entry: Arc<ClientEntry>, pool: &Pool) -> Self {
+        let counters = ops.stats.for_pool(&pool.key);
         SessionHooks {
-            rt,
+            ops,
             entry,
             counters,
         }
@@ -76,7 +76,7 @@ impl SessionHooks {
             Waiting::Start(ticket) => {
                 self.entry.set_waiting(ticket.enqueued_at);
                 let notify_at = notify.and_then(|after| ticket.enqueued_at.checked_add(after));
-                let held = self.rt.ops.control.holds(&pool.key.db);
+                let held = self.ops.control.holds(&pool.key.db);
                 if held && !self.wait_while_paused(pool, notify_at).await {
                     return Ok(Checkout::Waiting(Waiting::Held(ticket)));
                 }
@@ -85,7 +85,7 @@ impl SessionHooks {
                 (since, pool.wait_for_server(ticket, limits(notify)).await?)
             }
             Waiting::Held(ticket) => {
-                self.rt.ops.control.wait_open(&pool.key.db).await;
+                self.ops.control.wait_open(&pool.key.db).await;
                 self.refuse_if_stopping()?;
                 let since = ticket.enqueued_at;
                 (since, pool.wait_for_server(ticket, limits(None)).await?)
@@ -105,7 +105,7 @@ impl SessionHooks {
     /// Waits while the pool's database is paused or the pooler suspended (the caller has seen
     /// that it is); false when `notify_at` came first (the client is to be told it waits).
     async fn wait_while_paused(&self, pool: &Pool, notify_at: Option<Instant>) -> bool {
-        let open = self.rt.ops.control.wait_open(&pool.key.db);
+        let open = self.ops.control.wait_open(&pool.key.db);
         match notify_at {
             Some(at) => tokio::time::timeout_at(at.into(), open).await.is_ok(),
             None => {
@@ -117,7 +117,7 @@ impl SessionHooks {
 
     /// New work is refused while the pooler shuts down waiting for servers.
     fn refuse_if_stopping(&self) -> Result<(), PoolError> {
-        match self.rt.ops.control.shutdown() {
+        match self.ops.control.shutdown() {
             Shutdown::WaitForServers => Err(PoolError::Closed),
             _ => Ok(()),
         }
