@@ -1,26 +1,54 @@
 //! pgward: a PostgreSQL connection pooler that reads pgbouncer.ini, whose pool checkout is an
 //! admission gate.
+//!
+//! The modules are listed in the order a request travels; the support modules follow.
 
-pub mod admin;
-pub mod cancel;
-pub mod check;
-pub mod client;
-pub mod config;
-pub mod connection;
-pub mod cost;
+// The path of a request.
+/// The process: start-up, maintenance, signals, shutdown.
 pub mod daemon;
-pub mod edge;
-pub mod gate;
+/// Listening sockets; one task per accepted connection.
 pub mod listener;
-pub mod metrics;
-pub mod net;
-pub mod ops;
-pub mod params;
-pub mod policy;
-pub mod pool;
-pub mod runtime;
-pub mod server;
+/// One accepted connection: counted, logged in, routed to the console or a pool, greeted.
+pub mod connection;
+/// A client's login: startup packet, TLS, authentication.
+pub mod client;
+/// The relay of a logged-in client: messages, prepared statements, rules, the gate's call.
 pub mod session;
+/// The admission gate: tenants, budgets, lanes, fair queue (pure), and its keeper.
+pub mod gate;
+/// Pools of servers: checkout, check-in, growth, lifetimes, maintenance.
+pub mod pool;
+/// One backend connection: login, the expected-answer queue, pgward's own statements.
+pub mod server;
+
+// What the path uses.
+/// The admin console database.
+pub mod admin;
+/// Cancel requests: pgward's keys, forwarded to the server a client uses.
+pub mod cancel;
+/// `pgward check`: a policy tried on a corpus of statements.
+pub mod check;
+/// pgbouncer.ini, the auth file, and their defaults.
+pub mod config;
+/// EXPLAIN plans, their price and the cost ceilings, the plan cache.
+pub mod cost;
+/// TLS, hba rules, the failed-login throttle, client caps.
+pub mod edge;
+/// The Prometheus endpoint.
+pub mod metrics;
+/// Byte streams: TCP, Unix, TLS on either side.
+pub mod net;
+/// The operations state: client registry, counters, pause and shutdown, console overrides.
+pub mod ops;
+/// Session parameters that follow a client from server to server.
+pub mod params;
+/// The governance policy file and the policy in force.
+pub mod policy;
+/// The running pooler's shared state, passed to every task.
+pub mod runtime;
+/// PostgreSQL's parser on a statement text: fingerprints, kinds, tags.
 pub mod sql;
+/// The poison-tolerant lock helper.
 pub mod sync;
+/// The sans-IO protocol codec.
 pub mod wire;
