@@ -12,14 +12,14 @@
 //!    `Identity`, kind from [`RequestKind::of_sql`] or the session's own reading): a
 //!    [`Decision`]. `Bypass` (transaction control) runs at once without a slot; `Refuse` is
 //!    answered with its SQLSTATE; `Admit` gives a [`Pass`].
-//! 2. If the plan is cached, [`Gate::spend`] now; then [`Gate::try_acquire`], or
-//!    [`Gate::enqueue`] with a oneshot sender and wait on the receiver until the pass's
-//!    deadline or the queue timeout. A client that gives up calls [`Gate::withdraw`]
-//!    (refunded). A timer at [`Gate::next_wake`] calls [`Gate::expire`] (answer each with its
-//!    refusal) and [`Gate::dispatch`] (send each grant).
-//! 3. With the slot and a server: price the statement ([`crate::cost`]), check the cost
-//!    rules, then [`Gate::spend`] if not paid yet. `MovedToSlow` / `WaitForBudget`: release
-//!    the slot and queue again.
+//! 2. With a server checked out: [`Gate::try_acquire`], or [`Gate::enqueue`] with a
+//!    oneshot sender and wait on the receiver until the pass's deadline or the queue
+//!    timeout. A client that gives up calls [`Gate::withdraw`] (refunded). A timer at
+//!    [`Gate::next_wake`] calls [`Gate::expire`] (answer each with its refusal) and
+//!    [`Gate::dispatch`] (send each grant).
+//! 3. With the slot and the server: the price (the plan cache, or EXPLAIN through
+//!    [`crate::cost`]), the cost rules, then [`Gate::spend`], cached plan or not.
+//!    `MovedToSlow` / `WaitForBudget`: release the slot and queue again.
 //! 4. The slot is held while PostgreSQL owes the client answers (a pipeline holds one); then
 //!    [`Gate::release`] and offer it with [`Gate::next_waiter`] (or `dispatch`).
 //!

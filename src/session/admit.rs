@@ -1,9 +1,13 @@
-//! The admission gate at the session. Before the client's messages go to the server, each
-//! request in them (a Query, the Bind of a statement, a FunctionCall) passes the gate: kills
-//! and deadlines, the tenant's budget, a slot in its lane (waited for in the gate's queue,
-//! taken before a server is checked out), then its price from the planner (EXPLAIN on the
-//! server it will run on, or the plan cache), the cost rules, and the charge. A refusal
-//! becomes that message's verdict, which [`super::forward_client`] answers in its place.
+//! The session's one call into the admission gate. Before the client's messages go to the
+//! server, each request in them (a Query, the Bind of a statement, a FunctionCall) passes
+//! the gate: kills and deadlines and the tenant's budget ([`crate::gate::Gate::admit`]);
+//! then a server is checked out from the pool, and only then a slot in the request's lane
+//! is waited for in the gate's queue (so today a request that waits for its slot holds its
+//! server); then its price from the planner (the plan cache, or EXPLAIN on that server),
+//! the cost rules, and the charge ([`crate::gate::Gate::spend`]). A request moved to the
+//! slow lane or waiting for its budget gives its slot back (and its server, if the server
+//! owes nothing) and waits again. A refusal becomes that message's verdict, which
+//! `forward_client` answers in its place.
 //!
 //! The slot is held while PostgreSQL owes the client answers: a pipeline holds one, and it
 //! goes back at the ReadyForQuery that leaves nothing owed. Transaction control (BEGIN,
