@@ -40,7 +40,7 @@ pub enum Checkout {
     Waiting(Waiting),
 }
 
-/// One session's link to the registry, the counters of its pool, and the pause gate.
+/// One session's link to the registry, the counters of its pool, and the pause hold.
 #[derive(Clone)]
 pub struct SessionHooks {
     ops: Arc<Ops>,
@@ -64,7 +64,7 @@ impl SessionHooks {
 
     /// Takes a server for this session: waits while the database is paused or the pooler
     /// suspended, refuses new work while the pooler shuts down waiting for servers, then
-    /// checks out through the gate's queue (bounded by query_wait_timeout). A session told
+    /// checks out through the pool's wait queue (bounded by query_wait_timeout). A session told
     /// it is still queued (after `notify`, once) calls again with the [`Waiting`] it got.
     pub async fn checkout(
         &self,

@@ -1,4 +1,4 @@
-//! Pools of server connections keyed by (database, user): checkout through the gate's queue,
+//! Pools of server connections keyed by (database, user): checkout through the pool's wait queue,
 //! check-in through a guard's Drop, sizes, lifetimes and the maintenance pass.
 
 mod closing;

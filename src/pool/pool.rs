@@ -185,7 +185,7 @@ impl Pool {
         }
     }
 
-    /// Waits in the gate's queue for a server. `wait` bounds the wait (query_wait_timeout).
+    /// Waits in the pool's queue for a server. `wait` bounds the wait (query_wait_timeout).
     /// Dropping the future at any point loses nothing: a server travels as a guard.
     pub async fn checkout(
         self: &Arc<Self>,
@@ -205,7 +205,7 @@ impl Pool {
         }
     }
 
-    /// Takes an idle server, or waits in the gate's queue for one, within `limits`. A client
+    /// Takes an idle server, or waits in the pool's queue for one, within `limits`. A client
     /// still queued after `limits.notify` is handed [`Handout::StillQueued`] once, and keeps
     /// its place. No timer is set per wait: the queue's watchdog sets one for the earliest
     /// moment any waiter needs.

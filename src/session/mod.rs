@@ -566,7 +566,7 @@ impl Session {
         Ok(())
     }
 
-    /// Checks out a server (waiting in the gate's queue) and brings its tracked
+    /// Checks out a server (waiting in the pool's queue) and brings its tracked
     /// parameters in line with the client's.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let ticket = Ticket::new(self.id, Instant::now());
