@@ -1,5 +1,5 @@
-//! Pools of server connections keyed by (database, user): checkout through the pool's wait queue,
-//! check-in through a guard's Drop, sizes, lifetimes and the maintenance pass.
+//! Pools of server connections keyed by (database, user): checkout through the pool's wait
+//! queue, check-in through a guard's Drop, sizes, growth, lifetimes and the maintenance pass.
 
 mod closing;
 mod growth;
