@@ -314,7 +314,7 @@ async fn greet(
     io.send(&out).await?;
     tracing::debug!(client = id, db = %req.database, user = %req.user, "client logged in");
     let settings = rt.config.load();
-    let timeouts = Timeouts::from_settings(&settings.settings);
+    let timeouts = Timeouts::for_login(&settings, &req.user, &pool.key.user);
     Ok(Session::new(
         rt.clone(),
         (req.user.clone(), io.stream.peer_ip()),

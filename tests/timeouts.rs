@@ -296,3 +296,52 @@ fn query_timeout_fires_while_rows_keep_streaming() {
         started.elapsed()
     );
 }
+
+/// `[users]` timeouts apply to their user, as in PgBouncer: a positive value wins over the
+/// global one (query_timeout and the transaction limits from the server's user,
+/// client_idle_timeout from the client's); other users keep the global limits.
+#[test]
+fn users_section_timeouts_apply_to_their_user() {
+    let pg = Postgres::start();
+    let ini = Pgward::ini(&pg, "auth_type = trust\npool_mode = transaction\n", "")
+        + "[users]\ntrustuser = query_timeout=1 client_idle_timeout=1\n\
+           postgres = idle_transaction_timeout=1\n";
+    let pw = Pgward::start(&ini);
+    let login_as = |user: &str| {
+        let mut client = Raw::connect(pw.port);
+        client
+            .startup(&[("user", user), ("database", "app")])
+            .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+        client
+    };
+    let mut limited = login_as("trustuser");
+    let since = Instant::now();
+    limited.send(&raw::query_message("SELECT pg_sleep(5)"));
+    let fields = limited.expect_error_within(4 * SECOND);
+    let expected = ("57014", "query_timeout");
+    assert_fatal(
+        &mut limited,
+        &fields,
+        expected,
+        since,
+        Duration::from_millis(2500),
+    );
+    // Another user's statement runs past the one-second limit.
+    let mut free = login_as("postgres");
+    assert_eq!(free.value("SELECT pg_sleep(1.5)"), "");
+    // ...and its idle time too, until its own idle-in-transaction limit.
+    thread::sleep(Duration::from_millis(1500));
+    assert_eq!(free.value("SELECT 2"), "2");
+    free.value("BEGIN");
+    let since = Instant::now();
+    let fields = free.expect_error_within(3 * SECOND);
+    let expected = ("25P03", "idle_transaction_timeout");
+    assert_fatal(&mut free, &fields, expected, since, 2 * SECOND);
+    let mut idle = login_as("trustuser");
+    active_then_idle(
+        &mut idle,
+        Duration::from_millis(500),
+        3,
+        ("57P05", "client_idle_timeout"),
+    );
+}

@@ -23,7 +23,7 @@ mod rules;
 
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::client::{ClientIo, SessionError, CLOSE_GRACE};
-use crate::config::{Config, PoolMode, Settings};
+use crate::config::{Config, PoolMode};
 use crate::gate::Ticket;
 use crate::ops::{Checkout, SessionHooks, Waiting};
 use crate::params::{self, ParamSet, Tracked};
@@ -54,12 +54,22 @@ pub struct Timeouts {
 }
 
 impl Timeouts {
-    pub fn from_settings(s: &Settings) -> Self {
+    /// The limits of a client logged in as `login_user` whose servers log in as
+    /// `server_user`: a `[users]` entry's positive value wins over the global one, as in
+    /// PgBouncer, which reads client_idle_timeout from the client's user and the limits on
+    /// work at the server from the server's (they differ where `[databases]` forces a user).
+    pub fn for_login(config: &Config, login_user: &str, server_user: &str) -> Self {
+        let s = &config.settings;
+        let server = config.user(server_user);
+        let own = |pick: fn(&crate::config::UserDef) -> Option<Duration>| server.and_then(pick);
         Timeouts {
-            query: s.query_timeout,
-            client_idle: s.client_idle_timeout,
-            idle_transaction: s.idle_transaction_timeout,
-            transaction: s.transaction_timeout,
+            query: own(|u| u.query_timeout).or(s.query_timeout),
+            client_idle: config
+                .user(login_user)
+                .and_then(|u| u.client_idle_timeout)
+                .or(s.client_idle_timeout),
+            idle_transaction: own(|u| u.idle_transaction_timeout).or(s.idle_transaction_timeout),
+            transaction: own(|u| u.transaction_timeout).or(s.transaction_timeout),
         }
     }
 }
