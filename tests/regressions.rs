@@ -10,14 +10,12 @@ use std::net::{Shutdown, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, tags, Raw, ReadError};
-use common::script::{
-    bind, copy_data, copy_done, cstr, describe, describe_portal, execute, first_column,
-    first_error, flush, login, login_as, login_within, must_value, new_client_value, parse,
-    read_value, start, sync, terminate, transaction_pool, until_ready, until_tag, value_within,
-    SECOND,
+use common::raw::{
+    self, bind_message, copy_data_message, copy_done_message, cstr, describe,
+    describe_portal_message, execute_message, first_error, flush_message, new_client_value,
+    parse_message, sync_message, tags, terminate_message, Raw, ReadError,
 };
-use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST};
+use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST, SECOND};
 
 // ---------------------------------------------------------------------------------------------
 // A slow network between pgward and PostgreSQL.
@@ -93,63 +91,61 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, pace: Option<(usize, Duration)>)
 #[test]
 fn f01_extended_messages_sent_while_waiting_for_a_server_are_forwarded() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut holder = login(&pw);
-    let mut waiter = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = pw.client();
+    let mut waiter = pw.client();
 
     // One message per write, while the only server is busy.
-    must_value(&mut holder, "BEGIN");
-    waiter.send(&parse("SELECT 41 + 1"));
+    holder.value("BEGIN");
+    waiter.send(&parse_message("", "SELECT 41 + 1"));
     thread::sleep(Duration::from_millis(300));
-    for message in [bind(), execute(), sync()] {
+    for message in [bind_message(""), execute_message(), sync_message()] {
         waiter.send(&message);
         thread::sleep(Duration::from_millis(50));
     }
     thread::sleep(Duration::from_millis(200));
-    must_value(&mut holder, "COMMIT");
-    let answer = until_ready(&mut waiter, 3 * SECOND)
+    holder.value("COMMIT");
+    let answer = waiter
+        .until_ready_within(3 * SECOND)
         .unwrap_or_else(|err| panic!("extended batch sent while waiting: {err}"));
     assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
-    assert_eq!(first_column(&answer[2].body).as_deref(), Some("42"));
+    assert_eq!(answer[2].first_column().as_deref(), Some("42"));
 }
 
 #[test]
 fn f01_simple_query_sent_while_another_waits_is_forwarded() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut holder = login(&pw);
-    let mut waiter = login(&pw);
-    must_value(&mut holder, "BEGIN");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = pw.client();
+    let mut waiter = pw.client();
+    holder.value("BEGIN");
     waiter.send(&raw::query_message("SELECT 'q1'"));
     thread::sleep(Duration::from_millis(300));
     waiter.send(&raw::query_message("SELECT 'q2'"));
     thread::sleep(Duration::from_millis(200));
-    must_value(&mut holder, "COMMIT");
-    assert_eq!(read_value(&mut waiter, 3 * SECOND), Ok("q1".to_string()));
-    assert_eq!(read_value(&mut waiter, 3 * SECOND), Ok("q2".to_string()));
+    holder.value("COMMIT");
+    assert_eq!(waiter.read_value(3 * SECOND), Ok("q1".to_string()));
+    assert_eq!(waiter.read_value(3 * SECOND), Ok("q2".to_string()));
 }
 
 #[test]
 fn f01_a_client_that_leaves_while_waiting_for_a_server_runs_nothing() {
     let pg = Postgres::start();
     pg.sql("CREATE TABLE left_behind (n int); GRANT ALL ON left_behind TO PUBLIC");
-    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut holder = login(&pw);
-    let mut waiter = login(&pw);
-    must_value(&mut holder, "BEGIN");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = pw.client();
+    let mut waiter = pw.client();
+    holder.value("BEGIN");
     waiter.send(&raw::query_message("INSERT INTO left_behind VALUES (1)"));
     thread::sleep(Duration::from_millis(300));
     // The client closes its connection while it waits in the queue.
     drop(waiter);
     thread::sleep(Duration::from_millis(300));
-    must_value(&mut holder, "COMMIT");
+    holder.value("COMMIT");
     // The server just freed must not run the statement of a client that is gone.
     thread::sleep(Duration::from_millis(500));
     assert_eq!(pg.sql("SELECT count(*) FROM left_behind"), "0");
-    assert_eq!(
-        must_value(&mut holder, "SELECT 'still served'"),
-        "still served"
-    );
+    assert_eq!(holder.value("SELECT 'still served'"), "still served");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -159,23 +155,34 @@ fn f01_a_client_that_leaves_while_waiting_for_a_server_runs_nothing() {
 fn f02_extended_copy_from_stdin_gives_the_server_back() {
     let pg = Postgres::start();
     pg.sql("CREATE TABLE copied (n int); GRANT ALL ON copied TO PUBLIC");
-    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut copier = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut copier = pw.client();
     // As libpq sends it: Parse, Bind, Describe, Execute, Sync; the data; CopyDone and Sync.
     let batch = [
-        parse("COPY copied FROM STDIN"),
-        bind(),
-        describe_portal(),
-        execute(),
-        sync(),
+        parse_message("", "COPY copied FROM STDIN"),
+        bind_message(""),
+        describe_portal_message(),
+        execute_message(),
+        sync_message(),
     ]
     .concat();
     copier.send(&batch);
-    let started = until_tag(&mut copier, b'G', 3 * SECOND)
+    let started = copier
+        .until_tag_within(b'G', 3 * SECOND)
         .unwrap_or_else(|err| panic!("no CopyInResponse: {err}"));
     assert_eq!(tags(&started), "12nG", "{}", describe(&started));
-    copier.send(&[copy_data(b"1\n"), copy_data(b"2\n"), copy_done(), sync()].concat());
-    let done = until_ready(&mut copier, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    copier.send(
+        &[
+            copy_data_message(b"1\n"),
+            copy_data_message(b"2\n"),
+            copy_done_message(),
+            sync_message(),
+        ]
+        .concat(),
+    );
+    let done = copier
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(tags(&done), "CZ", "{}", describe(&done));
 
     // The copier is idle: another client gets the only server.
@@ -189,10 +196,7 @@ fn f02_extended_copy_from_stdin_gives_the_server_back() {
         Ok("2".to_string()),
         "the server stayed with the idle copier"
     );
-    assert_eq!(
-        must_value(&mut copier, "SELECT 'copier again'"),
-        "copier again"
-    );
+    assert_eq!(copier.value("SELECT 'copier again'"), "copier again");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -201,12 +205,12 @@ fn f02_extended_copy_from_stdin_gives_the_server_back() {
 #[test]
 fn f03_client_leaving_during_the_server_check_frees_its_slot() {
     let pg = Postgres::start();
-    let pw = transaction_pool(
+    let pw = Pgward::transaction_pool(
         &pg,
         "default_pool_size = 1\nserver_check_delay = 0\n\
          server_check_query = select pg_sleep(1.5)\nquery_wait_timeout = 3\n",
     );
-    let mut leaver = login(&pw);
+    let mut leaver = pw.client();
     // The idle server is checked first; the client leaves in the middle of the check.
     leaver.send(&raw::query_message("SELECT 'never answered'"));
     thread::sleep(Duration::from_millis(500));
@@ -228,7 +232,7 @@ fn f03_client_leaving_during_the_server_check_frees_its_slot() {
 fn f04_search_path_tracked_but_unreported_stays_with_its_client() {
     let pg = Postgres::start();
     let default_path = pg.sql("SHOW search_path");
-    let pw = transaction_pool(
+    let pw = Pgward::transaction_pool(
         &pg,
         "default_pool_size = 1\ntrack_extra_parameters = search_path\n",
     );
@@ -239,26 +243,22 @@ fn f04_search_path_tracked_but_unreported_stays_with_its_client() {
             ("database", "app"),
             ("options", options.as_str()),
         ];
-        login_within(pw.port, &params, 5 * SECOND).unwrap_or_else(|err| panic!("{err}"))
+        pw.client_with(&params)
     };
     let mut a = with_path("schema_a");
     let mut b = with_path("schema_b");
     let show = "SHOW search_path";
-    assert_eq!(must_value(&mut a, show), "schema_a");
-    assert_eq!(must_value(&mut b, show), "schema_b");
+    assert_eq!(a.value(show), "schema_a");
+    assert_eq!(b.value(show), "schema_b");
+    assert_eq!(a.value(show), "schema_a", "A got B's search_path");
+    assert_eq!(b.value(show), "schema_b");
+    let mut plain = pw.client();
     assert_eq!(
-        must_value(&mut a, show),
-        "schema_a",
-        "A got B's search_path"
-    );
-    assert_eq!(must_value(&mut b, show), "schema_b");
-    let mut plain = login(&pw);
-    assert_eq!(
-        must_value(&mut plain, show),
+        plain.value(show),
         default_path,
         "a client without search_path inherited another's"
     );
-    assert_eq!(must_value(&mut a, show), "schema_a");
+    assert_eq!(a.value(show), "schema_a");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ fn f05_cancel_cut_short_by_client_login_timeout_still_ends() {
     };
     let relay = slow_relay(pg.port, slowness);
     let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\nclient_login_timeout = 1\n",
         &dbs,
@@ -291,14 +291,15 @@ fn f05_cancel_cut_short_by_client_login_timeout_still_ends() {
     let since = Instant::now();
     let mut canceller = Raw::connect(pw.port);
     canceller.send(&raw::cancel_request(key.0, &key.1));
-    let answer = until_ready(&mut client, 5 * SECOND)
+    let answer = client
+        .until_ready_within(5 * SECOND)
         .unwrap_or_else(|err| panic!("the cancelled client never got its answer: {err}"));
     let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
     assert_eq!(fields.code(), "57014", "{fields:?}");
     assert!(since.elapsed() < 4 * SECOND, "{:?}", since.elapsed());
     assert!(canceller.closes_within(2 * SECOND));
     assert_eq!(
-        value_within(&mut client, "SELECT 'after'", 3 * SECOND),
+        client.value_within("SELECT 'after'", 3 * SECOND),
         Ok("after".to_string())
     );
 }
@@ -309,17 +310,14 @@ fn f05_cancel_cut_short_by_client_login_timeout_still_ends() {
 #[test]
 fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
     let pg = Postgres::start();
-    let pw = start(&pg, "pool_mode = session\ntransaction_timeout = 1\n", "");
-    let mut client = login(&pw);
-    must_value(&mut client, "SELECT 1");
+    let pw = Pgward::trusting(&pg, "pool_mode = session\ntransaction_timeout = 1\n", "");
+    let mut client = pw.client();
+    client.value("SELECT 1");
     thread::sleep(Duration::from_millis(1300));
     let since = Instant::now();
+    assert_eq!(client.value_within("BEGIN", 3 * SECOND), Ok(String::new()));
     assert_eq!(
-        value_within(&mut client, "BEGIN", 3 * SECOND),
-        Ok(String::new())
-    );
-    assert_eq!(
-        value_within(&mut client, "SELECT 'inside'", 3 * SECOND),
+        client.value_within("SELECT 'inside'", 3 * SECOND),
         Ok("inside".to_string()),
         "closed right after BEGIN"
     );
@@ -335,15 +333,6 @@ fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
 // ---------------------------------------------------------------------------------------------
 // 7. a COPY that failed while the client was still sending data.
 
-/// Whether bytes from the peer are waiting to be read.
-fn has_input(stream: &TcpStream) -> bool {
-    let mut byte = [0u8; 1];
-    let _ = stream.set_nonblocking(true);
-    let waiting = matches!(stream.peek(&mut byte), Ok(n) if n > 0);
-    let _ = stream.set_nonblocking(false);
-    waiting
-}
-
 #[test]
 fn f07_failed_copy_with_data_still_streaming_gives_the_server_back() {
     let pg = Postgres::start();
@@ -355,27 +344,31 @@ fn f07_failed_copy_with_data_still_streaming_gives_the_server_back() {
     };
     let relay = slow_relay(pg.port, slowness);
     let dbs = format!("app = host={HOST} port={relay} dbname=app\n");
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 1\n",
         &dbs,
     );
-    let mut copier = login(&pw);
+    let mut copier = pw.client();
     copier.send(&raw::query_message("COPY strict_ints FROM STDIN"));
-    until_tag(&mut copier, b'G', 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    copier
+        .until_tag_within(b'G', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     // Valid rows fill the way to the server, then one bad row, then more data until the
     // error comes back: the server reports the error and its ReadyForQuery while pgward
     // still has data queued for it.
-    let rows = copy_data(&b"1\n".repeat(32 * 1024));
+    let rows = copy_data_message(&b"1\n".repeat(32 * 1024));
     copier.send(&rows.repeat(64));
-    copier.send(&copy_data(b"not a number\n"));
+    copier.send(&copy_data_message(b"not a number\n"));
     let since = Instant::now();
-    while since.elapsed() < 5 * SECOND && !has_input(&copier.stream) {
+    while since.elapsed() < 5 * SECOND && !copier.has_input() {
         copier.send(&rows);
     }
     copier.send(&rows.repeat(16));
-    copier.send(&copy_done());
-    let answer = until_ready(&mut copier, 5 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    copier.send(&copy_done_message());
+    let answer = copier
+        .until_ready_within(5 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
     assert_eq!(fields.code(), "22P02", "{fields:?}");
 
@@ -399,11 +392,11 @@ fn f07_failed_copy_with_data_still_streaming_gives_the_server_back() {
 fn f08_query_sent_with_terminate_still_runs() {
     let pg = Postgres::start();
     pg.sql("CREATE TABLE last_words (n int); GRANT ALL ON last_words TO PUBLIC");
-    let pw = transaction_pool(&pg, "");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "");
+    let mut client = pw.client();
     let bytes = [
         raw::query_message("INSERT INTO last_words VALUES (8)"),
-        terminate(),
+        terminate_message(),
     ]
     .concat();
     client.send(&bytes);
@@ -425,9 +418,9 @@ fn f08_query_sent_with_terminate_still_runs() {
 #[test]
 fn f09_max_db_connections_takes_an_idle_server_from_another_pool() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "max_db_connections = 1\nquery_wait_timeout = 4\n");
-    let mut first = login_as(&pw, "trustuser", "app");
-    must_value(&mut first, "SELECT 1");
+    let pw = Pgward::transaction_pool(&pg, "max_db_connections = 1\nquery_wait_timeout = 4\n");
+    let mut first = pw.client_as("trustuser", "app");
+    first.value("SELECT 1");
     first.terminate();
     let since = Instant::now();
     assert_eq!(
@@ -448,11 +441,11 @@ fn f10_reload_rotates_the_server_password() {
         "rotated = {} user=scramuser password=scrampass\n",
         pg.db_connstr("app")
     );
-    let pw = start(&pg, "pool_mode = transaction\n", &dbs);
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &dbs);
     // A holds its server, so the next client needs a new login.
-    let mut holder = login_as(&pw, "trustuser", "rotated");
-    assert_eq!(must_value(&mut holder, "SELECT current_user"), "scramuser");
-    must_value(&mut holder, "BEGIN");
+    let mut holder = pw.client_as("trustuser", "rotated");
+    assert_eq!(holder.value("SELECT current_user"), "scramuser");
+    holder.value("BEGIN");
 
     pg.sql("ALTER ROLE scramuser PASSWORD 'newsecret'");
     let ini = common::read_lossy(&pw.ini_path);
@@ -478,7 +471,7 @@ fn f10_reload_rotates_the_server_password() {
         Ok("scramuser".to_string()),
         "new login after the password changed"
     );
-    assert_eq!(must_value(&mut holder, "COMMIT"), "");
+    assert_eq!(holder.value("COMMIT"), "");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -644,9 +637,10 @@ fn f11_server_message_length_below_four_is_a_protocol_violation() {
          [pgbouncer]\nauth_type = trust\npool_mode = transaction\n"
     );
     let pw = Pgward::start(&ini);
-    let mut client = login_as(&pw, "trustuser", "scripted");
+    let mut client = pw.client_as("trustuser", "scripted");
     client.send(&raw::query_message("SELECT 'short length'"));
-    let answer = until_tag(&mut client, b'E', 3 * SECOND)
+    let answer = client
+        .until_tag_within(b'E', 3 * SECOND)
         .unwrap_or_else(|err| panic!("a message of length 2 from the server: {err}"));
     let fields = first_error(&answer).unwrap_or_default();
     assert_eq!(fields.code(), "08P01", "{fields:?}");
@@ -660,10 +654,21 @@ fn f11_server_message_length_below_four_is_a_protocol_violation() {
 #[test]
 fn f12_sync_then_flush_gives_the_server_back() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut first = login(&pw);
-    first.send(&[parse("SELECT 12"), bind(), execute(), sync(), flush()].concat());
-    let answer = until_ready(&mut first, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut first = pw.client();
+    first.send(
+        &[
+            parse_message("", "SELECT 12"),
+            bind_message(""),
+            execute_message(),
+            sync_message(),
+            flush_message(),
+        ]
+        .concat(),
+    );
+    let answer = first
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
     assert_eq!(
         new_client_value(&pw, ("trustuser", "app"), "SELECT 'other'", 3 * SECOND),
@@ -679,7 +684,7 @@ fn f12_min_pool_size_waits_for_server_login_retry() {
         "badpw = {} user=md5user password=wrong\n",
         pg.db_connstr("app")
     );
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\nmin_pool_size = 1\nserver_login_retry = 10\n",
         &dbs,
@@ -701,8 +706,8 @@ fn f12_min_pool_size_waits_for_server_login_retry() {
 #[test]
 fn f12_query_timeout_cancels_the_query_before_closing_the_server() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "query_timeout = 1\n");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "query_timeout = 1\n");
+    let mut client = pw.client();
     client.send(&raw::query_message("SELECT pg_sleep(8) AS f12_sleeper"));
     let fields = client.expect_error_within(3 * SECOND);
     assert_eq!(fields.code(), "57014", "{fields:?}");
@@ -744,8 +749,8 @@ fn f12_scram_login_without_the_server_signature_is_refused() {
 #[test]
 fn f13_statement_pooling_refuses_begin_before_the_client_sees_a_block() {
     let pg = Postgres::start();
-    let pw = start(&pg, "pool_mode = statement\n", "");
-    let mut client = login(&pw);
+    let pw = Pgward::trusting(&pg, "pool_mode = statement\n", "");
+    let mut client = pw.client();
     client.send(&raw::query_message("BEGIN"));
     let mut seen = Vec::new();
     let deadline = Instant::now() + 3 * SECOND;

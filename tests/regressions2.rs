@@ -11,43 +11,25 @@ mod common;
 use std::thread;
 use std::time::Duration;
 
-use common::raw::{self, tags, Message, Raw};
-use common::script::{
-    bind, copy_data, copy_done, describe, execute, first_column, first_error, flush, login,
-    login_within, must_value, parse, start, sync, terminate, transaction_pool, until_ready,
-    until_tag, value_within, SECOND,
+use common::raw::{
+    self, bind_message, copy_data_message, copy_done_message, describe, error_code,
+    execute_message, first_error, flush_message, parse_message, run_prepared, sync_message, tags,
+    terminate_message, Message, Raw,
 };
-use common::{eventually, server_count, Pgward, Postgres};
+use common::{eventually, server_count, Pgward, Postgres, SECOND};
 
 /// The reviewer's setting for prepared statements: one server, room for two statements.
 const TWO_STATEMENTS: &str = "default_pool_size = 1\nmax_prepared_statements = 2\n";
-
-/// A client logged in to PostgreSQL itself as `trustuser`, for reference answers.
-fn direct(pg: &Postgres) -> Raw {
-    let params = [("user", "trustuser"), ("database", "app")];
-    login_within(pg.port, &params, 5 * SECOND).unwrap_or_else(|err| panic!("direct login: {err}"))
-}
-
-/// Sends `bytes` and reads to ReadyForQuery, panicking when none comes within three seconds.
-fn exchange(client: &mut Raw, bytes: &[u8], what: &str) -> Vec<Message> {
-    client.send(bytes);
-    until_ready(client, 3 * SECOND).unwrap_or_else(|err| panic!("{what}: {err}"))
-}
 
 /// Parse, Bind, Execute and Sync of `sql` as the statement `name`.
 fn run_named(name: &str, sql: &str) -> Vec<u8> {
     [
         raw::parse_message(name, sql),
         raw::bind_message(name),
-        execute(),
-        sync(),
+        execute_message(),
+        sync_message(),
     ]
     .concat()
-}
-
-/// Bind, Execute and Sync of the statement `name`.
-fn run_prepared(name: &str) -> Vec<u8> {
-    [raw::bind_message(name), execute(), sync()].concat()
 }
 
 /// Asserts that an extended-protocol answer has no error and that its first row says
@@ -60,16 +42,11 @@ fn assert_row(answer: &[Message], expected: &str, what: &str) {
     );
     let row = answer.iter().find(|m| m.tag == b'D');
     assert_eq!(
-        row.and_then(|m| first_column(&m.body)).as_deref(),
+        row.and_then(|m| m.first_column()).as_deref(),
         Some(expected),
         "{what}: {}",
         describe(answer)
     );
-}
-
-/// The SQLSTATE of the first error among `messages`, or `""`.
-fn error_code(messages: &[Message]) -> String {
-    first_error(messages).map_or_else(String::new, |f| f.code().to_string())
 }
 
 /// Whether anything arrives within `wait`.
@@ -83,37 +60,57 @@ fn answers_within(client: &mut Raw, wait: Duration) -> bool {
 /// Starts `COPY ct FROM STDIN` with Parse, Bind, Execute and Sync (which PostgreSQL ignores
 /// during the COPY), sends `data`, CopyDone and Flush, and reads the answer up to `tag`.
 fn extended_copy(copier: &mut Raw, data: &[u8], tag: u8) -> Vec<Message> {
-    copier.send(&[parse("COPY ct FROM STDIN"), bind(), execute(), sync()].concat());
-    let started = until_tag(copier, b'G', 3 * SECOND)
+    copier.send(
+        &[
+            parse_message("", "COPY ct FROM STDIN"),
+            bind_message(""),
+            execute_message(),
+            sync_message(),
+        ]
+        .concat(),
+    );
+    let started = copier
+        .until_tag_within(b'G', 3 * SECOND)
         .unwrap_or_else(|err| panic!("no CopyInResponse: {err}"));
     assert_eq!(tags(&started), "12G", "{}", describe(&started));
-    copier.send(&[copy_data(data), copy_done(), flush()].concat());
-    until_tag(copier, tag, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"))
+    copier.send(
+        &[
+            copy_data_message(data),
+            copy_done_message(),
+            flush_message(),
+        ]
+        .concat(),
+    );
+    copier
+        .until_tag_within(tag, 3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"))
 }
 
 /// A second client sends `sql` while the copier's batch is open, then the copier sends its
 /// Sync: whether the second client was answered before that Sync, and its answer.
 fn query_during_copy_batch(pw: &Pgward, copier: &mut Raw, sql: &str) -> (bool, Vec<Message>) {
-    let mut other = login(pw);
+    let mut other = pw.client();
     other.send(&raw::query_message(sql));
     let answered_early = answers_within(&mut other, Duration::from_millis(500));
-    let end = exchange(copier, &sync(), "the copier's Sync");
+    let end = copier.exchange_within(&sync_message(), 3 * SECOND, "the copier's Sync");
     assert_eq!(tags(&end), "Z", "{}", describe(&end));
     assert_eq!(end[0].body, b"I", "the copier's transaction status");
-    let answer = until_ready(&mut other, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    let answer = other
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     (answered_early, answer)
 }
 
 fn copy_table(pg: &Postgres) -> Pgward {
     pg.sql("CREATE TABLE ct (n int); GRANT ALL ON ct TO PUBLIC");
-    transaction_pool(pg, "default_pool_size = 1\n")
+    Pgward::transaction_pool(pg, "default_pool_size = 1\n")
 }
 
 #[test]
 fn r1a_extended_copy_keeps_its_transaction_until_the_clients_sync() {
     let pg = Postgres::start();
     let pw = copy_table(&pg);
-    let mut copier = login(&pw);
+    let mut copier = pw.client();
     let done = extended_copy(&mut copier, b"1\n2\n", b'C');
     assert_eq!(tags(&done), "C", "{}", describe(&done));
 
@@ -131,7 +128,7 @@ fn r1a_extended_copy_keeps_its_transaction_until_the_clients_sync() {
 fn r1b_failed_extended_copy_keeps_its_server_until_the_clients_sync() {
     let pg = Postgres::start();
     let pw = copy_table(&pg);
-    let mut copier = login(&pw);
+    let mut copier = pw.client();
     let failed = extended_copy(&mut copier, b"not a number\n", b'E');
     assert_eq!(error_code(&failed), "22P02", "{}", describe(&failed));
 
@@ -152,33 +149,33 @@ fn r1b_failed_extended_copy_keeps_its_server_until_the_clients_sync() {
 #[test]
 fn r2_skipped_eviction_close_leaves_the_statement_usable() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, TWO_STATEMENTS);
-    let mut client = login(&pw);
-    let first = exchange(&mut client, &run_named("a", "SELECT 1"), "a");
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut client = pw.client();
+    let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
     assert_row(&first, "1", "a");
-    let second = exchange(&mut client, &run_named("a2", "SELECT 2"), "a2");
+    let second = client.exchange_within(&run_named("a2", "SELECT 2"), 3 * SECOND, "a2");
     assert_row(&second, "2", "a2");
     // The third statement evicts the first, but the error before it makes PostgreSQL skip the
     // eviction's Close along with the Parse.
     let bad = [
-        parse("selec bad"),
+        parse_message("", "selec bad"),
         raw::parse_message("b", "SELECT 3"),
-        sync(),
+        sync_message(),
     ]
     .concat();
-    let refused = exchange(&mut client, &bad, "the failed batch");
+    let refused = client.exchange_within(&bad, 3 * SECOND, "the failed batch");
     assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
 
-    let again = exchange(
-        &mut client,
+    let again = client.exchange_within(
         &run_prepared("a"),
+        3 * SECOND,
         "a after the skipped eviction",
     );
     assert_row(&again, "1", "a after the skipped eviction");
-    let mut other = login(&pw);
-    let fresh = exchange(
-        &mut other,
+    let mut other = pw.client();
+    let fresh = other.exchange_within(
         &run_named("c", "SELECT 1"),
+        3 * SECOND,
         "the same text, another client",
     );
     assert_row(&fresh, "1", "the same text, another client");
@@ -190,28 +187,32 @@ fn r2_skipped_eviction_close_leaves_the_statement_usable() {
 #[test]
 fn r3a_discard_all_sent_with_terminate_forgets_the_statements() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, TWO_STATEMENTS);
-    let mut leaver = login(&pw);
-    let answer = exchange(&mut leaver, &run_named("a", "SELECT 42"), "a");
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut leaver = pw.client();
+    let answer = leaver.exchange_within(&run_named("a", "SELECT 42"), 3 * SECOND, "a");
     assert_row(&answer, "42", "a");
-    leaver.send(&[raw::query_message("DISCARD ALL"), terminate()].concat());
+    leaver.send(&[raw::query_message("DISCARD ALL"), terminate_message()].concat());
     assert!(
         leaver.closes_within(3 * SECOND),
         "not closed after Terminate"
     );
 
-    let mut next = login(&pw);
-    let fresh = exchange(&mut next, &run_named("z", "SELECT 42"), "after DISCARD ALL");
+    let mut next = pw.client();
+    let fresh = next.exchange_within(
+        &run_named("z", "SELECT 42"),
+        3 * SECOND,
+        "after DISCARD ALL",
+    );
     assert_row(&fresh, "42", "the same text after DISCARD ALL");
 }
 
 #[test]
 fn r3b_parse_failed_before_terminate_is_not_taken_as_prepared() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, TWO_STATEMENTS);
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
     let sql = "SELECT * FROM later_table";
-    let mut leaver = login(&pw);
-    leaver.send(&[run_named("q", sql), terminate()].concat());
+    let mut leaver = pw.client();
+    leaver.send(&[run_named("q", sql), terminate_message()].concat());
     assert!(
         leaver.closes_within(3 * SECOND),
         "not closed after Terminate"
@@ -219,8 +220,8 @@ fn r3b_parse_failed_before_terminate_is_not_taken_as_prepared() {
 
     pg.sql("CREATE TABLE later_table (n int); GRANT ALL ON later_table TO PUBLIC");
     pg.sql("INSERT INTO later_table VALUES (3)");
-    let mut next = login(&pw);
-    let answer = exchange(&mut next, &run_named("r", sql), "the table now exists");
+    let mut next = pw.client();
+    let answer = next.exchange_within(&run_named("r", sql), 3 * SECOND, "the table now exists");
     assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
     assert_row(&answer, "3", "the table now exists");
 }
@@ -232,13 +233,13 @@ fn r3b_parse_failed_before_terminate_is_not_taken_as_prepared() {
 fn r4_reset_query_always_forgets_the_prepared_statements() {
     let pg = Postgres::start();
     let settings = format!("{TWO_STATEMENTS}server_reset_query_always = 1\n");
-    let pw = transaction_pool(&pg, &settings);
-    let mut client = login(&pw);
-    let first = exchange(&mut client, &run_named("a", "SELECT 42"), "a");
+    let pw = Pgward::transaction_pool(&pg, &settings);
+    let mut client = pw.client();
+    let first = client.exchange_within(&run_named("a", "SELECT 42"), 3 * SECOND, "a");
     assert_row(&first, "42", "a");
-    let again = exchange(&mut client, &run_prepared("a"), "a after the reset");
+    let again = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a after the reset");
     assert_row(&again, "42", "a after the reset");
-    let fresh = exchange(&mut client, &run_named("b", "SELECT 42"), "b, same text");
+    let fresh = client.exchange_within(&run_named("b", "SELECT 42"), 3 * SECOND, "b, same text");
     assert_row(&fresh, "42", "b, same text");
 }
 
@@ -248,14 +249,14 @@ fn r4_reset_query_always_forgets_the_prepared_statements() {
 #[test]
 fn r5_listen_gives_the_server_back_and_warns_before_ready() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 10\n");
-    let mut listener = login(&pw);
-    let answer = exchange(&mut listener, &raw::query_message("LISTEN foo"), "LISTEN");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 10\n");
+    let mut listener = pw.client();
+    let answer = listener.exchange_within(&raw::query_message("LISTEN foo"), 3 * SECOND, "LISTEN");
     assert_eq!(error_code(&answer), "", "{}", describe(&answer));
 
-    let mut other = login(&pw);
+    let mut other = pw.client();
     assert_eq!(
-        value_within(&mut other, "SELECT 1", 3 * SECOND),
+        other.value_within("SELECT 1", 3 * SECOND),
         Ok("1".to_string()),
         "the server stayed with the listener"
     );
@@ -275,11 +276,13 @@ fn r5_listen_gives_the_server_back_and_warns_before_ready() {
 /// A failed Parse answered at Flush, then a Bind, Execute and Sync PostgreSQL skips: what
 /// comes back for each of the two writes.
 fn parse_error_then_skipped(client: &mut Raw) -> (Vec<Message>, Vec<Message>) {
-    client.send(&[parse("selec bad"), flush()].concat());
-    let error = until_tag(client, b'E', 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
-    let rest = exchange(
-        client,
-        &[bind(), execute(), sync()].concat(),
+    client.send(&[parse_message("", "selec bad"), flush_message()].concat());
+    let error = client
+        .until_tag_within(b'E', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
+    let rest = client.exchange_within(
+        &[bind_message(""), execute_message(), sync_message()].concat(),
+        3 * SECOND,
         "after the error",
     );
     (error, rest)
@@ -288,9 +291,9 @@ fn parse_error_then_skipped(client: &mut Raw) -> (Vec<Message>, Vec<Message>) {
 #[test]
 fn r6_error_before_sync_leaves_the_server_skipping_to_the_sync() {
     let pg = Postgres::start();
-    let pw = transaction_pool(&pg, "default_pool_size = 1\n");
-    let (direct_error, direct_rest) = parse_error_then_skipped(&mut direct(&pg));
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let (direct_error, direct_rest) = parse_error_then_skipped(&mut pg.client());
+    let mut client = pw.client();
     let (error, rest) = parse_error_then_skipped(&mut client);
     assert_eq!(error_code(&error), error_code(&direct_error));
     assert_eq!(
@@ -303,7 +306,7 @@ fn r6_error_before_sync_leaves_the_server_skipping_to_the_sync() {
         describe(&rest),
         describe(&direct_rest)
     );
-    assert_eq!(must_value(&mut client, "SELECT 'still here'"), "still here");
+    assert_eq!(client.value("SELECT 'still here'"), "still here");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -311,10 +314,11 @@ fn r6_error_before_sync_leaves_the_server_skipping_to_the_sync() {
 
 /// Prepares `a` as `SELECT 1`, then opens a transaction and makes it fail.
 fn prepare_then_fail(client: &mut Raw) {
-    let first = exchange(client, &run_named("a", "SELECT 1"), "a");
+    let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
     assert_row(&first, "1", "a");
-    must_value(client, "BEGIN");
-    let failed = exchange(client, &raw::query_message("SELECT 1/0"), "SELECT 1/0");
+    client.value("BEGIN");
+    let failed =
+        client.exchange_within(&raw::query_message("SELECT 1/0"), 3 * SECOND, "SELECT 1/0");
     assert_eq!(error_code(&failed), "22012", "{}", describe(&failed));
 }
 
@@ -322,9 +326,9 @@ fn prepare_then_fail(client: &mut Raw) {
 /// of `a`: the tags and error of each step.
 fn in_failed_transaction(client: &mut Raw, bytes: &[u8]) -> Vec<(String, String)> {
     prepare_then_fail(client);
-    let refused = exchange(client, bytes, "in the failed transaction");
-    let rollback = exchange(client, &raw::query_message("ROLLBACK"), "ROLLBACK");
-    let after = exchange(client, &run_prepared("a"), "a after ROLLBACK");
+    let refused = client.exchange_within(bytes, 3 * SECOND, "in the failed transaction");
+    let rollback = client.exchange_within(&raw::query_message("ROLLBACK"), 3 * SECOND, "ROLLBACK");
+    let after = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a after ROLLBACK");
     [refused, rollback, after]
         .iter()
         .map(|answer| (describe(answer), error_code(answer)))
@@ -332,17 +336,20 @@ fn in_failed_transaction(client: &mut Raw, bytes: &[u8]) -> Vec<(String, String)
 }
 
 fn assert_like_postgres(pg: &Postgres, bytes: &[u8]) {
-    let pw = transaction_pool(pg, TWO_STATEMENTS);
-    let expected = in_failed_transaction(&mut direct(pg), bytes);
+    let pw = Pgward::transaction_pool(pg, TWO_STATEMENTS);
+    let expected = in_failed_transaction(&mut pg.client(), bytes);
     assert_eq!(expected[0].1, "25P02", "PostgreSQL's answer: {expected:?}");
-    let got = in_failed_transaction(&mut login(&pw), bytes);
+    let got = in_failed_transaction(&mut pw.client(), bytes);
     assert_eq!(got, expected, "pgward, then PostgreSQL");
 }
 
 #[test]
 fn r7a_parse_of_a_cached_statement_in_a_failed_transaction_is_refused() {
     let pg = Postgres::start();
-    assert_like_postgres(&pg, &[raw::parse_message("b", "SELECT 1"), sync()].concat());
+    assert_like_postgres(
+        &pg,
+        &[raw::parse_message("b", "SELECT 1"), sync_message()].concat(),
+    );
 }
 
 #[test]
@@ -359,18 +366,18 @@ fn r8_client_idle_time_counts_from_the_last_answer() {
     let pg = Postgres::start();
     // A timeout long enough that a loaded machine does not idle the client out between its
     // login and its first query (the error would then be lost to the query's write).
-    let pw = transaction_pool(&pg, "client_idle_timeout = 4\n");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "client_idle_timeout = 4\n");
+    let mut client = pw.client();
     // The query runs longer than client_idle_timeout; the client then pauses for half of it.
     assert_eq!(
-        value_within(&mut client, "SELECT pg_sleep(5)", 8 * SECOND),
+        client.value_within("SELECT pg_sleep(5)", 8 * SECOND),
         Ok(String::new()),
         "{}",
         pw.log()
     );
     thread::sleep(2 * SECOND);
     assert_eq!(
-        value_within(&mut client, "SELECT 'awake'", 3 * SECOND),
+        client.value_within("SELECT 'awake'", 3 * SECOND),
         Ok("awake".to_string()),
         "closed right after a long query's answer\n{}",
         pw.log()
@@ -395,9 +402,9 @@ fn r9_client_idle_timeout_in_session_mode_gives_the_server_back() {
 client_idle_timeout = 1
 server_reset_query = DISCARD ALL
 ";
-    let pw = start(&pg, settings, "");
-    let mut idle = login(&pw);
-    let pid = must_value(&mut idle, "SELECT pg_backend_pid()");
+    let pw = Pgward::trusting(&pg, settings, "");
+    let mut idle = pw.client();
+    let pid = idle.value("SELECT pg_backend_pid()");
     assert!(
         idle.closes_within(3 * SECOND),
         "the idle client was not closed"
@@ -409,9 +416,9 @@ server_reset_query = DISCARD ALL
         "the idle client's server: {:?} (empty: closed)",
         backend_state(&pg, &pid)
     );
-    let mut next = login(&pw);
+    let mut next = pw.client();
     assert_eq!(
-        must_value(&mut next, "SELECT pg_backend_pid()"),
+        next.value("SELECT pg_backend_pid()"),
         pid,
         "a new backend instead of the idle client's"
     );

@@ -7,21 +7,18 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, Message, Raw};
-use common::script::{
-    bind, describe, execute, first_error, flush, login_as, login_within, must_value, parse, sync,
-    until_ready, until_tag, SECOND,
+use common::raw::{
+    self, bind_message, describe, error_code, execute_message, first_error, flush_message,
+    parse_message, run_prepared, startup_packet, sync_message, Message, Raw, PROTOCOL_3_0,
 };
 use common::{
     client_command, eventually, free_port, read_lossy, server_count, shared_tempdir, stderr_of,
-    Pgward, Postgres, HOST,
+    Pgward, Postgres, HOST, SECOND,
 };
 use tempfile::TempDir;
 
@@ -82,7 +79,7 @@ impl Fixture {
             ("database", "app"),
             ("application_name", app),
         ];
-        login_within(self.pw.port, &params, 5 * SECOND)
+        Raw::login_within(self.pw.port, &params, 5 * SECOND)
             .unwrap_or_else(|err| panic!("login as {app}: {err}\n{}", self.pw.log()))
     }
 
@@ -96,22 +93,6 @@ impl Fixture {
     }
 }
 
-/// Sends `bytes` and reads to ReadyForQuery, panicking when none comes within three seconds.
-fn exchange(client: &mut Raw, bytes: &[u8], what: &str) -> Vec<Message> {
-    client.send(bytes);
-    until_ready(client, 3 * SECOND).unwrap_or_else(|err| panic!("{what}: {err}"))
-}
-
-/// The SQLSTATE of the first error among `messages`, or `""`.
-fn error_code(messages: &[Message]) -> String {
-    first_error(messages).map_or_else(String::new, |f| f.code().to_string())
-}
-
-/// Bind of the statement `name`, Execute and Sync.
-fn run_prepared(name: &str) -> Vec<u8> {
-    [raw::bind_message(name), execute(), sync()].concat()
-}
-
 // ---------------------------------------------------------------------------------------------
 // 1. a statement pipelined behind COMMIT.
 
@@ -119,14 +100,18 @@ fn run_prepared(name: &str) -> Vec<u8> {
 fn r1_statement_pipelined_behind_commit_is_read_as_the_server_reads_it() {
     let f = Fixture::start("");
     let mut client = f.client("where");
-    must_value(&mut client, "BEGIN");
-    must_value(&mut client, "SET LOCAL standard_conforming_strings = off");
+    client.value("BEGIN");
+    client.value("SET LOCAL standard_conforming_strings = off");
     // After COMMIT the setting is on again: 'x\' ends the string and DELETE follows.
     let hidden = r"SELECT 'x\'; DELETE FROM t; --'";
     client.send(&[raw::query_message("COMMIT"), raw::query_message(hidden)].concat());
-    let commit = until_ready(&mut client, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    let commit = client
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(error_code(&commit), "", "COMMIT: {}", describe(&commit));
-    let answer = until_ready(&mut client, 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    let answer = client
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(
         error_code(&answer),
         "42501",
@@ -143,17 +128,21 @@ fn r1_statement_pipelined_behind_commit_is_read_as_the_server_reads_it() {
 /// `bound` on the same server: B's answer.
 fn run_what_another_prepared(f: &Fixture, name: &str, bound: &dyn Fn(&mut Raw) -> String) {
     let mut a = f.client("free");
-    let parsed = exchange(
-        &mut a,
-        &[raw::parse_message(name, "DELETE FROM t"), sync()].concat(),
+    let parsed = a.exchange_within(
+        &[raw::parse_message(name, "DELETE FROM t"), sync_message()].concat(),
+        3 * SECOND,
         "A's Parse",
     );
     assert_eq!(error_code(&parsed), "", "A's Parse: {}", describe(&parsed));
     let mut b = f.client("where");
-    let refused = exchange(&mut b, &raw::query_message("DELETE FROM t"), "B's DELETE");
+    let refused = b.exchange_within(
+        &raw::query_message("DELETE FROM t"),
+        3 * SECOND,
+        "B's DELETE",
+    );
     assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
     let name = bound(&mut b);
-    let answer = exchange(&mut b, &run_prepared(&name), "B's Bind");
+    let answer = b.exchange_within(&run_prepared(&name), 3 * SECOND, "B's Bind");
     assert_eq!(
         error_code(&answer),
         "26000",
@@ -167,65 +156,33 @@ fn run_what_another_prepared(f: &Fixture, name: &str, bound: &dyn Fn(&mut Raw) -
 /// `bytes` and reads to the second ReadyForQuery: the messages after the login.
 fn over_unix_socket(pw: &Pgward, bytes: &[u8]) -> Vec<Message> {
     let path = pw.socket_dir.join(format!(".s.PGSQL.{}", pw.port));
-    let mut stream = UnixStream::connect(&path)
-        .unwrap_or_else(|e| panic!("cannot connect to {}: {e}", path.display()));
-    let _ = stream.set_read_timeout(Some(3 * SECOND));
+    let mut client = Raw::connect_unix(&path);
     let params = [
         ("user", "trustuser"),
         ("database", "app"),
         ("application_name", "where"),
     ];
-    let mut buf = Vec::new();
-    unix_to_ready(
-        &mut stream,
-        &raw::startup_packet(raw::PROTOCOL_3_0, &params),
-        &mut buf,
-    );
-    unix_to_ready(&mut stream, bytes, &mut buf)
-}
-
-/// Sends `bytes` on `stream` and reads messages up to a ReadyForQuery.
-fn unix_to_ready(stream: &mut UnixStream, bytes: &[u8], buf: &mut Vec<u8>) -> Vec<Message> {
-    stream
-        .write_all(bytes)
-        .unwrap_or_else(|e| panic!("write: {e}"));
-    let mut messages: Vec<Message> = Vec::new();
-    loop {
-        while let Some(msg) = take_message(buf) {
-            let ready = msg.tag == b'Z';
-            messages.push(msg);
-            if ready {
-                return messages;
-            }
-        }
-        let mut chunk = [0u8; 4096];
-        let n = stream
-            .read(&mut chunk)
-            .unwrap_or_else(|e| panic!("read: {e} after [{}]", describe(&messages)));
-        assert!(n > 0, "closed after [{}]", describe(&messages));
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-/// The first whole message in `buf`, removed from it.
-fn take_message(buf: &mut Vec<u8>) -> Option<Message> {
-    let len = buf.get(1..5)?;
-    let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-    let body = buf.get(5..1 + len)?.to_vec();
-    let tag = buf[0];
-    buf.drain(..1 + len);
-    Some(Message { tag, body })
+    let login = startup_packet(PROTOCOL_3_0, &params);
+    client.exchange_within(&login, 3 * SECOND, "login over the Unix socket");
+    client.exchange_within(bytes, 3 * SECOND, "over the Unix socket")
 }
 
 #[test]
 fn r2a_unnamed_statement_of_another_client_is_out_of_reach() {
     let f = Fixture::with_policy(POLICY_TCP, "");
-    let parsed = over_unix_socket(&f.pw, &[parse("DELETE FROM t"), sync()].concat());
+    let parsed = over_unix_socket(
+        &f.pw,
+        &[parse_message("", "DELETE FROM t"), sync_message()].concat(),
+    );
     assert_eq!(error_code(&parsed), "", "A's Parse: {}", describe(&parsed));
     let mut b = f.client("where");
-    let refused = exchange(&mut b, &raw::query_message("DELETE FROM t"), "B's DELETE");
+    let refused = b.exchange_within(
+        &raw::query_message("DELETE FROM t"),
+        3 * SECOND,
+        "B's DELETE",
+    );
     assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
-    let answer = exchange(&mut b, &run_prepared(""), "B's Bind");
+    let answer = b.exchange_within(&run_prepared(""), 3 * SECOND, "B's Bind");
     assert_eq!(
         error_code(&answer),
         "26000",
@@ -246,10 +203,8 @@ fn r2c_pgwards_own_statement_names_are_out_of_reach() {
     let f = Fixture::start("max_prepared_statements = 10\n");
     // B reads the server-side name of A's statement on the server they share.
     run_what_another_prepared(&f, "a", &|b| {
-        let name = must_value(
-            b,
-            "SELECT name FROM pg_prepared_statements WHERE statement = 'DELETE FROM t'",
-        );
+        let name =
+            b.value("SELECT name FROM pg_prepared_statements WHERE statement = 'DELETE FROM t'");
         assert!(name.starts_with("pgw_"), "server-side name {name:?}");
         name
     });
@@ -259,9 +214,9 @@ fn r2c_pgwards_own_statement_names_are_out_of_reach() {
 fn r2d_sql_execute_of_another_clients_prepare_is_refused() {
     let f = Fixture::start("");
     let mut a = f.client("free");
-    must_value(&mut a, "PREPARE p AS DELETE FROM t");
+    a.value("PREPARE p AS DELETE FROM t");
     let mut b = f.client("where");
-    let answer = exchange(&mut b, &raw::query_message("EXECUTE p"), "EXECUTE p");
+    let answer = b.exchange_within(&raw::query_message("EXECUTE p"), 3 * SECOND, "EXECUTE p");
     let fields =
         first_error(&answer).unwrap_or_else(|| panic!("EXECUTE p ran: {}", describe(&answer)));
     assert_eq!(fields.code(), "42501", "{fields:?}");
@@ -375,8 +330,8 @@ fn forced_user_changed(pg: &Postgres) -> (Pgward, Raw) {
     let db = |user: &str| format!("d = {} user={user}", pg.db_connstr("app"));
     let settings = "auth_type = trust\npool_mode = transaction\n";
     let pw = Pgward::start(&Pgward::ini(pg, settings, &db("trustuser")));
-    let mut before = login_as(&pw, "trustuser", "d");
-    assert_eq!(must_value(&mut before, "SELECT current_user"), "trustuser");
+    let mut before = pw.client_as("trustuser", "d");
+    assert_eq!(before.value("SELECT current_user"), "trustuser");
     assert_eq!(
         server_count(pg, "trustuser", "app"),
         1,
@@ -385,9 +340,9 @@ fn forced_user_changed(pg: &Postgres) -> (Pgward, Raw) {
     let ini = read_lossy(&pw.ini_path).replace(&db("trustuser"), &db("postgres"));
     std::fs::write(&pw.ini_path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
     reload_and_wait(&pw);
-    let mut after = login_as(&pw, "trustuser", "d");
+    let mut after = pw.client_as("trustuser", "d");
     assert_eq!(
-        must_value(&mut after, "SELECT current_user"),
+        after.value("SELECT current_user"),
         "postgres",
         "a new client after the reload"
     );
@@ -423,7 +378,7 @@ fn r5a_old_pool_keeps_logging_in_as_its_own_user() {
     let (pw, mut before) = forced_user_changed(&pg);
     // The client still on the old pool (d, trustuser) is not served as the new user.
     assert_eq!(
-        must_value(&mut before, "SELECT current_user"),
+        before.value("SELECT current_user"),
         "trustuser",
         "the old pool logged in as the new forced user\n{}",
         pw.log()
@@ -434,7 +389,7 @@ fn r5a_old_pool_keeps_logging_in_as_its_own_user() {
 fn r5b_old_pool_servers_close_as_released() {
     let pg = Postgres::start();
     let (pw, mut before) = forced_user_changed(&pg);
-    assert_eq!(must_value(&mut before, "SELECT 'served'"), "served");
+    assert_eq!(before.value("SELECT 'served'"), "served");
     // The old pool keeps nothing once its client is done: only the new pool's server is left.
     if let Err(left) = backends_left(&pg, 1) {
         panic!("the old pool kept a server: {left}\n{}", pw.log());
@@ -448,8 +403,10 @@ fn r5b_old_pool_servers_close_as_released() {
 fn r6_skip_to_sync_holds_when_a_reload_removes_the_policy() {
     let f = Fixture::start("");
     let mut client = f.client("where");
-    client.send(&[parse("DELETE FROM t"), flush()].concat());
-    let refused = until_tag(&mut client, b'E', 3 * SECOND).unwrap_or_else(|err| panic!("{err}"));
+    client.send(&[parse_message("", "DELETE FROM t"), flush_message()].concat());
+    let refused = client
+        .until_tag_within(b'E', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
     assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
     // The policy goes away before the rest of the batch arrives.
     let ini = read_lossy(&f.pw.ini_path);
@@ -460,7 +417,11 @@ fn r6_skip_to_sync_holds_when_a_reload_removes_the_policy() {
         .collect();
     std::fs::write(&f.pw.ini_path, without).unwrap_or_else(|e| panic!("ini: {e}"));
     reload_and_wait(&f.pw);
-    let rest = exchange(&mut client, &[bind(), execute(), sync()].concat(), "rest");
+    let rest = client.exchange_within(
+        &[bind_message(""), execute_message(), sync_message()].concat(),
+        3 * SECOND,
+        "rest",
+    );
     assert_eq!(
         raw::tags(&rest),
         "Z",
@@ -477,20 +438,26 @@ fn r6_skip_to_sync_holds_when_a_reload_removes_the_policy() {
 fn r7_bind_after_a_refusal_raised_in_a_transaction_finds_no_statement() {
     let f = Fixture::start("");
     let mut client = f.client("where");
-    must_value(&mut client, "BEGIN");
-    let refused = exchange(
-        &mut client,
-        &[parse("DELETE FROM t"), bind(), execute(), sync()].concat(),
+    client.value("BEGIN");
+    let refused = client.exchange_within(
+        &[
+            parse_message("", "DELETE FROM t"),
+            bind_message(""),
+            execute_message(),
+            sync_message(),
+        ]
+        .concat(),
+        3 * SECOND,
         "the refused DELETE",
     );
     assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
     // PostgreSQL would have no unnamed statement after a failed Parse.
-    let again = exchange(
-        &mut client,
+    let again = client.exchange_within(
         &run_prepared(""),
+        3 * SECOND,
         "Bind of the unnamed statement",
     );
     assert_eq!(error_code(&again), "26000", "{}", describe(&again));
-    must_value(&mut client, "ROLLBACK");
+    client.value("ROLLBACK");
     f.assert_rows_kept();
 }

@@ -18,7 +18,6 @@ pub mod certs;
 pub mod driver;
 pub mod gate;
 pub mod raw;
-pub mod script;
 
 use std::fs;
 use std::io::ErrorKind;
@@ -32,6 +31,9 @@ use tempfile::TempDir;
 
 /// The address every fixture listens on.
 pub const HOST: &str = "127.0.0.1";
+
+/// One second.
+pub const SECOND: Duration = Duration::from_secs(1);
 
 /// How long `Pgward::start` waits for the listening port.
 const PGWARD_START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -648,6 +650,19 @@ impl Pgward {
             pg.db_connstr("app"),
             pg.db_connstr("postgres"),
         )
+    }
+
+    /// Starts pgward in front of `pg` with `auth_type = trust`, the `[pgbouncer]` `settings`
+    /// and the extra `[databases]` lines `dbs`.
+    pub fn trusting(pg: &Postgres, settings: &str, dbs: &str) -> Pgward {
+        let settings = format!("auth_type = trust\n{settings}");
+        Pgward::start(&Pgward::ini(pg, &settings, dbs))
+    }
+
+    /// Starts pgward in front of `pg` with `auth_type = trust`, `pool_mode = transaction` and
+    /// `settings`.
+    pub fn transaction_pool(pg: &Postgres, settings: &str) -> Pgward {
+        Pgward::trusting(pg, &format!("pool_mode = transaction\n{settings}"), "")
     }
 
     /// Writes `ini_body` (with `listen_addr`, `listen_port`, `unix_socket_dir`, `logfile` and
