@@ -5,85 +5,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
-use std::net::{Shutdown, TcpListener, TcpStream};
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::raw::{
-    self, bind_message, copy_data_message, copy_done_message, cstr, describe,
-    describe_portal_message, execute_message, first_error, flush_message, new_client_value,
-    parse_message, sync_message, tags, terminate_message, Raw, ReadError,
+    self, bind_message, copy_data_message, copy_done_message, describe, describe_portal_message,
+    execute_message, first_error, flush_message, new_client_value, parse_message, sync_message,
+    tags, terminate_message, Raw, ReadError,
 };
+use common::relay::{slow_relay, Slowness};
+use common::script::{Script, ScriptedAuth, ScriptedServer};
 use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST, SECOND};
-
-// ---------------------------------------------------------------------------------------------
-// A slow network between pgward and PostgreSQL.
-
-/// How a [`slow_relay`] slows the way from pgward to PostgreSQL down.
-#[derive(Clone, Copy)]
-struct Slowness {
-    /// A cancel request's connection stays open this long after the request was passed on.
-    cancel_hold: Duration,
-    /// Bytes towards PostgreSQL go in pieces of `.0` bytes, `.1` apart.
-    pace: Option<(usize, Duration)>,
-}
-
-/// A TCP relay on 127.0.0.1 to PostgreSQL at port `target`, standing for a slow network.
-fn slow_relay(target: u16, slowness: Slowness) -> u16 {
-    let listener = TcpListener::bind((HOST, 0)).expect("bind the relay");
-    let port = listener.local_addr().expect("relay address").port();
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            thread::spawn(move || relay_one(stream, target, slowness));
-        }
-    });
-    port
-}
-
-fn relay_one(mut inbound: TcpStream, target: u16, slowness: Slowness) {
-    let mut head = [0u8; 8];
-    if inbound.read_exact(&mut head).is_err() {
-        return;
-    }
-    let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
-        return;
-    };
-    if outbound.write_all(&head).is_err() {
-        return;
-    }
-    if head[4..8] == 80_877_102u32.to_be_bytes() {
-        let mut key = [0u8; 8];
-        if inbound.read_exact(&mut key).is_ok() && outbound.write_all(&key).is_ok() {
-            let mut ack = [0u8; 1];
-            let _ = outbound.read(&mut ack);
-            thread::sleep(slowness.cancel_hold);
-        }
-        return;
-    }
-    let (Ok(in_copy), Ok(out_copy)) = (inbound.try_clone(), outbound.try_clone()) else {
-        return;
-    };
-    thread::spawn(move || pipe(in_copy, out_copy, slowness.pace));
-    pipe(outbound, inbound, None);
-}
-
-/// Copies `from` to `to` (at `pace`, if given) until either side ends, then closes both.
-fn pipe(mut from: TcpStream, mut to: TcpStream, pace: Option<(usize, Duration)>) {
-    let (piece, gap) = pace.unwrap_or((64 * 1024, Duration::ZERO));
-    let mut buf = vec![0u8; piece];
-    while let Ok(n) = from.read(&mut buf) {
-        if n == 0 || to.write_all(&buf[..n]).is_err() {
-            break;
-        }
-        if !gap.is_zero() {
-            thread::sleep(gap);
-        }
-    }
-    let _ = from.shutdown(Shutdown::Both);
-    let _ = to.shutdown(Shutdown::Both);
-}
 
 // ---------------------------------------------------------------------------------------------
 // 1. messages read while waiting for a server.
@@ -509,132 +441,19 @@ fn f11_oversized_password_message_is_refused_at_once() {
     assert!(ok.status.success(), "{}", common::stderr_of(&ok));
 }
 
-/// How a [`scripted_server`] authenticates pgward.
-#[derive(Clone, Copy)]
-enum ScriptedAuth {
-    Trust,
-    /// A SCRAM exchange that ends with AuthenticationOk and no SASLFinal.
-    ScramWithoutSignature,
-}
-
-/// A PostgreSQL lookalike on 127.0.0.1: it logs pgward in as `auth` says, reports the usual
-/// parameters, answers SET with CommandComplete and every other query with `answer`.
-fn scripted_server(auth: ScriptedAuth, answer: &'static [u8]) -> u16 {
-    let listener = TcpListener::bind((HOST, 0)).expect("bind the scripted server");
-    let port = listener
-        .local_addr()
-        .expect("scripted server address")
-        .port();
-    thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(stream) = stream else { return };
-            thread::spawn(move || {
-                let _ = serve_scripted(stream, auth, answer);
-            });
-        }
-    });
-    port
-}
-
-fn read_startup(stream: &mut TcpStream) -> std::io::Result<u32> {
-    loop {
-        let mut len = [0u8; 4];
-        stream.read_exact(&mut len)?;
-        let len = u32::from_be_bytes(len) as usize;
-        let mut body = vec![0u8; len.saturating_sub(4).min(10_000)];
-        stream.read_exact(&mut body)?;
-        let code = body
-            .get(..4)
-            .map_or(0, |c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
-        if code == 80_877_103 || code == 80_877_104 {
-            stream.write_all(b"N")?;
-            continue;
-        }
-        return Ok(code);
-    }
-}
-
-fn read_tagged(stream: &mut TcpStream) -> std::io::Result<(u8, Vec<u8>)> {
-    let mut head = [0u8; 5];
-    stream.read_exact(&mut head)?;
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    let mut body = vec![0u8; len.saturating_sub(4).min(1 << 20)];
-    stream.read_exact(&mut body)?;
-    Ok((head[0], body))
-}
-
-fn auth_message(code: u32, data: &[u8]) -> Vec<u8> {
-    let mut body = code.to_be_bytes().to_vec();
-    body.extend_from_slice(data);
-    raw::message(b'R', &body)
-}
-
-fn serve_scripted(mut stream: TcpStream, auth: ScriptedAuth, answer: &[u8]) -> std::io::Result<()> {
-    if read_startup(&mut stream)? != raw::PROTOCOL_3_0 {
-        return Ok(());
-    }
-    if let ScriptedAuth::ScramWithoutSignature = auth {
-        scram_without_signature(&mut stream)?;
-    }
-    let mut out = auth_message(0, &[]);
-    for (name, value) in [
-        ("server_version", "15.0"),
-        ("server_encoding", "UTF8"),
-        ("client_encoding", "UTF8"),
-        ("DateStyle", "ISO, MDY"),
-        ("IntervalStyle", "postgres"),
-        ("TimeZone", "UTC"),
-        ("integer_datetimes", "on"),
-        ("standard_conforming_strings", "on"),
-        ("application_name", ""),
-        ("is_superuser", "off"),
-    ] {
-        out.extend_from_slice(&raw::message(b'S', &[cstr(name), cstr(value)].concat()));
-    }
-    out.extend_from_slice(&raw::message(b'K', &[0, 0, 4, 210, 1, 2, 3, 4]));
-    out.extend_from_slice(&raw::message(b'Z', b"I"));
-    stream.write_all(&out)?;
-    loop {
-        let (tag, body) = read_tagged(&mut stream)?;
-        match tag {
-            b'Q' if body.to_ascii_uppercase().starts_with(b"SET ") => {
-                let done = [raw::message(b'C', b"SET\0"), raw::message(b'Z', b"I")];
-                stream.write_all(&done.concat())?;
-            }
-            b'Q' => stream.write_all(answer)?,
-            b'X' => return Ok(()),
-            _ => {}
-        }
-    }
-}
-
-/// Plays the server's side of SCRAM-SHA-256 up to the client's proof, which it accepts
-/// without ever sending its own signature.
-fn scram_without_signature(stream: &mut TcpStream) -> std::io::Result<()> {
-    stream.write_all(&auth_message(10, b"SCRAM-SHA-256\0\0"))?;
-    let (_, first) = read_tagged(stream)?;
-    let text = String::from_utf8_lossy(&first).into_owned();
-    let nonce = text
-        .split(',')
-        .find_map(|part| part.strip_prefix("r="))
-        .unwrap_or("")
-        .trim_end_matches('\0')
-        .to_string();
-    let server_first = format!("r={nonce}scripted,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096");
-    stream.write_all(&auth_message(11, server_first.as_bytes()))?;
-    let _client_final = read_tagged(stream)?;
-    Ok(())
-}
-
 /// A message whose length field (2) is shorter than the length field itself.
 const SHORT_LENGTH_ANSWER: &[u8] = &[b'D', 0, 0, 0, 2, 0, 0, 0, 0];
 
 #[test]
 fn f11_server_message_length_below_four_is_a_protocol_violation() {
-    let server = scripted_server(ScriptedAuth::Trust, SHORT_LENGTH_ANSWER);
+    let server = ScriptedServer::start(Script::Answer {
+        auth: ScriptedAuth::Trust,
+        answer: SHORT_LENGTH_ANSWER,
+    });
     let ini = format!(
-        "[databases]\nscripted = host={HOST} port={server} dbname=app\n\n\
-         [pgbouncer]\nauth_type = trust\npool_mode = transaction\n"
+        "[databases]\nscripted = host={HOST} port={} dbname=app\n\n\
+         [pgbouncer]\nauth_type = trust\npool_mode = transaction\n",
+        server.port
     );
     let pw = Pgward::start(&ini);
     let mut client = pw.client_as("trustuser", "scripted");
@@ -730,11 +549,15 @@ fn f12_scram_login_without_the_server_signature_is_refused() {
         b'C', 0, 0, 0, 13, b'S', b'E', b'L', b'E', b'C', b'T', b' ', b'0', 0, b'Z', 0, 0, 0, 5,
         b'I',
     ];
-    let server = scripted_server(ScriptedAuth::ScramWithoutSignature, ROWS);
+    let server = ScriptedServer::start(Script::Answer {
+        auth: ScriptedAuth::ScramWithoutSignature,
+        answer: ROWS,
+    });
     let ini = format!(
-        "[databases]\nscripted = host={HOST} port={server} dbname=app user=scramuser \
+        "[databases]\nscripted = host={HOST} port={} dbname=app user=scramuser \
          password=scrampass\n\n[pgbouncer]\nauth_type = trust\npool_mode = transaction\n\
-         query_wait_timeout = 3\n"
+         query_wait_timeout = 3\n",
+        server.port
     );
     let pw = Pgward::start(&ini);
     match new_client_value(&pw, ("trustuser", "scripted"), "SELECT 1", 5 * SECOND) {

@@ -3,12 +3,11 @@
 
 mod common;
 
-use std::io::Read;
-use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
 use common::raw::{self, Fields, Raw};
+use common::script::{Script, ScriptedServer};
 use common::{eventually, stderr_of, Pgward, Postgres};
 
 fn start(pg: &Postgres, settings: &str) -> Pgward {
@@ -196,21 +195,8 @@ fn client_login_timeout_closes_silent_connections() {
 #[test]
 fn server_connect_timeout_bounds_each_login_attempt() {
     let pg = Postgres::start();
-    let mute = TcpListener::bind((common::HOST, 0)).expect("bind");
-    let mute_port = mute.local_addr().expect("addr").port();
-    let attempts = thread::spawn(move || {
-        let mut lifetimes = Vec::new();
-        let _ = mute.set_nonblocking(false);
-        for stream in mute.incoming().take(2) {
-            let Ok(mut stream) = stream else { break };
-            let accepted = Instant::now();
-            let mut sink = [0u8; 1024];
-            while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
-            lifetimes.push(accepted.elapsed());
-        }
-        lifetimes
-    });
-    let dbs = format!("mute = host=127.0.0.1 port={mute_port} dbname=app\n");
+    let mute = ScriptedServer::start(Script::Mute);
+    let dbs = format!("mute = host=127.0.0.1 port={} dbname=app\n", mute.port);
     let settings = "auth_type = trust\npool_mode = transaction\nserver_connect_timeout = 1\n\
                     query_wait_timeout = 4\n";
     let pw = Pgward::start(&Pgward::ini(&pg, settings, &dbs));
@@ -221,7 +207,7 @@ fn server_connect_timeout_bounds_each_login_attempt() {
         .expect_err("logged in through a mute server");
     assert!(!refused.code().is_empty(), "{refused:?}");
     assert!(since.elapsed() < 6 * SECOND, "{:?}", since.elapsed());
-    let lifetimes = attempts.join().expect("mute server thread");
+    let lifetimes = mute.lifetimes(2);
     assert_eq!(lifetimes.len(), 2, "pgward tried once only");
     for life in lifetimes {
         assert!(

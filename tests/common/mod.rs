@@ -18,6 +18,8 @@ pub mod certs;
 pub mod driver;
 pub mod gate;
 pub mod raw;
+pub mod relay;
+pub mod script;
 
 use std::fs;
 use std::io::ErrorKind;
