@@ -9,9 +9,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::raw::{
-    self, bind_message, copy_data_message, copy_done_message, describe, describe_portal_message,
-    execute_message, first_error, flush_message, new_client_value, parse_message, sync_message,
-    tags, terminate_message, Raw, ReadError,
+    self, bind_message, describe, execute_message, first_error, flush_message, new_client_value,
+    parse_message, sync_message, tags, terminate_message, Raw, ReadError,
 };
 use common::relay::{slow_relay, Slowness};
 use common::script::{Script, ScriptedAuth, ScriptedServer};
@@ -78,57 +77,6 @@ fn f01_a_client_that_leaves_while_waiting_for_a_server_runs_nothing() {
     thread::sleep(Duration::from_millis(500));
     assert_eq!(pg.sql("SELECT count(*) FROM left_behind"), "0");
     assert_eq!(holder.value("SELECT 'still served'"), "still served");
-}
-
-// ---------------------------------------------------------------------------------------------
-// 2. extended-protocol COPY FROM STDIN.
-
-#[test]
-fn f02_extended_copy_from_stdin_gives_the_server_back() {
-    let pg = Postgres::start();
-    pg.sql("CREATE TABLE copied (n int); GRANT ALL ON copied TO PUBLIC");
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut copier = pw.client();
-    // As libpq sends it: Parse, Bind, Describe, Execute, Sync; the data; CopyDone and Sync.
-    let batch = [
-        parse_message("", "COPY copied FROM STDIN"),
-        bind_message(""),
-        describe_portal_message(),
-        execute_message(),
-        sync_message(),
-    ]
-    .concat();
-    copier.send(&batch);
-    let started = copier
-        .until_tag_within(b'G', 3 * SECOND)
-        .unwrap_or_else(|err| panic!("no CopyInResponse: {err}"));
-    assert_eq!(tags(&started), "12nG", "{}", describe(&started));
-    copier.send(
-        &[
-            copy_data_message(b"1\n"),
-            copy_data_message(b"2\n"),
-            copy_done_message(),
-            sync_message(),
-        ]
-        .concat(),
-    );
-    let done = copier
-        .until_ready_within(3 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"));
-    assert_eq!(tags(&done), "CZ", "{}", describe(&done));
-
-    // The copier is idle: another client gets the only server.
-    assert_eq!(
-        new_client_value(
-            &pw,
-            ("trustuser", "app"),
-            "SELECT count(*) FROM copied",
-            3 * SECOND
-        ),
-        Ok("2".to_string()),
-        "the server stayed with the idle copier"
-    );
-    assert_eq!(copier.value("SELECT 'copier again'"), "copier again");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,61 +207,6 @@ fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
     assert!(
         took >= Duration::from_millis(900) && took <= Duration::from_millis(2000),
         "transaction_timeout after {took:?}"
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
-// 7. a COPY that failed while the client was still sending data.
-
-#[test]
-fn f07_failed_copy_with_data_still_streaming_gives_the_server_back() {
-    let pg = Postgres::start();
-    pg.sql("CREATE TABLE strict_ints (n int); GRANT ALL ON strict_ints TO PUBLIC");
-    // The network to the server is slower than the client, so data waits in pgward.
-    let slowness = Slowness {
-        cancel_hold: Duration::ZERO,
-        pace: Some((64 * 1024, Duration::from_millis(8))),
-    };
-    let relay = slow_relay(pg.port, slowness);
-    let dbs = format!("app = host={HOST} port={relay} dbname=app\n");
-    let pw = Pgward::trusting(
-        &pg,
-        "pool_mode = transaction\ndefault_pool_size = 1\n",
-        &dbs,
-    );
-    let mut copier = pw.client();
-    copier.send(&raw::query_message("COPY strict_ints FROM STDIN"));
-    copier
-        .until_tag_within(b'G', 3 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"));
-    // Valid rows fill the way to the server, then one bad row, then more data until the
-    // error comes back: the server reports the error and its ReadyForQuery while pgward
-    // still has data queued for it.
-    let rows = copy_data_message(&b"1\n".repeat(32 * 1024));
-    copier.send(&rows.repeat(64));
-    copier.send(&copy_data_message(b"not a number\n"));
-    let since = Instant::now();
-    while since.elapsed() < 5 * SECOND && !copier.has_input() {
-        copier.send(&rows);
-    }
-    copier.send(&rows.repeat(16));
-    copier.send(&copy_done_message());
-    let answer = copier
-        .until_ready_within(5 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"));
-    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
-    assert_eq!(fields.code(), "22P02", "{fields:?}");
-
-    // The copier is now idle: another client gets the only server.
-    assert_eq!(
-        new_client_value(
-            &pw,
-            ("trustuser", "app"),
-            "SELECT count(*) FROM strict_ints",
-            3 * SECOND
-        ),
-        Ok("0".to_string()),
-        "the idle copier kept the server"
     );
 }
 

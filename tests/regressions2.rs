@@ -12,9 +12,8 @@ use std::thread;
 use std::time::Duration;
 
 use common::raw::{
-    self, bind_message, copy_data_message, copy_done_message, describe, error_code,
-    execute_message, first_error, flush_message, parse_message, run_prepared, sync_message, tags,
-    terminate_message, Message, Raw,
+    self, bind_message, describe, error_code, execute_message, first_error, flush_message,
+    parse_message, run_prepared, sync_message, tags, terminate_message, Message, Raw,
 };
 use common::{eventually, server_count, Pgward, Postgres, SECOND};
 
@@ -46,100 +45,6 @@ fn assert_row(answer: &[Message], expected: &str, what: &str) {
         Some(expected),
         "{what}: {}",
         describe(answer)
-    );
-}
-
-/// Whether anything arrives within `wait`.
-fn answers_within(client: &mut Raw, wait: Duration) -> bool {
-    client.read_message_within(wait).is_ok()
-}
-
-// ---------------------------------------------------------------------------------------------
-// 1. extended COPY FROM STDIN keeps its server until the client's Sync.
-
-/// Starts `COPY ct FROM STDIN` with Parse, Bind, Execute and Sync (which PostgreSQL ignores
-/// during the COPY), sends `data`, CopyDone and Flush, and reads the answer up to `tag`.
-fn extended_copy(copier: &mut Raw, data: &[u8], tag: u8) -> Vec<Message> {
-    copier.send(
-        &[
-            parse_message("", "COPY ct FROM STDIN"),
-            bind_message(""),
-            execute_message(),
-            sync_message(),
-        ]
-        .concat(),
-    );
-    let started = copier
-        .until_tag_within(b'G', 3 * SECOND)
-        .unwrap_or_else(|err| panic!("no CopyInResponse: {err}"));
-    assert_eq!(tags(&started), "12G", "{}", describe(&started));
-    copier.send(
-        &[
-            copy_data_message(data),
-            copy_done_message(),
-            flush_message(),
-        ]
-        .concat(),
-    );
-    copier
-        .until_tag_within(tag, 3 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"))
-}
-
-/// A second client sends `sql` while the copier's batch is open, then the copier sends its
-/// Sync: whether the second client was answered before that Sync, and its answer.
-fn query_during_copy_batch(pw: &Pgward, copier: &mut Raw, sql: &str) -> (bool, Vec<Message>) {
-    let mut other = pw.client();
-    other.send(&raw::query_message(sql));
-    let answered_early = answers_within(&mut other, Duration::from_millis(500));
-    let end = copier.exchange_within(&sync_message(), 3 * SECOND, "the copier's Sync");
-    assert_eq!(tags(&end), "Z", "{}", describe(&end));
-    assert_eq!(end[0].body, b"I", "the copier's transaction status");
-    let answer = other
-        .until_ready_within(3 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"));
-    (answered_early, answer)
-}
-
-fn copy_table(pg: &Postgres) -> Pgward {
-    pg.sql("CREATE TABLE ct (n int); GRANT ALL ON ct TO PUBLIC");
-    Pgward::transaction_pool(pg, "default_pool_size = 1\n")
-}
-
-#[test]
-fn r1a_extended_copy_keeps_its_transaction_until_the_clients_sync() {
-    let pg = Postgres::start();
-    let pw = copy_table(&pg);
-    let mut copier = pw.client();
-    let done = extended_copy(&mut copier, b"1\n2\n", b'C');
-    assert_eq!(tags(&done), "C", "{}", describe(&done));
-
-    // The COPY's implicit transaction is still open: another client must wait for it.
-    let (answered_early, answer) = query_during_copy_batch(&pw, &mut copier, "SELECT 1/0");
-    assert!(
-        !answered_early,
-        "another client ran inside the copier's open COPY transaction"
-    );
-    assert_eq!(error_code(&answer), "22012", "{}", describe(&answer));
-    assert_eq!(pg.sql("SELECT count(*) FROM ct"), "2", "the copied rows");
-}
-
-#[test]
-fn r1b_failed_extended_copy_keeps_its_server_until_the_clients_sync() {
-    let pg = Postgres::start();
-    let pw = copy_table(&pg);
-    let mut copier = pw.client();
-    let failed = extended_copy(&mut copier, b"not a number\n", b'E');
-    assert_eq!(error_code(&failed), "22P02", "{}", describe(&failed));
-
-    // The server skips everything until the copier's Sync: another client must wait.
-    let (answered_early, answer) = query_during_copy_batch(&pw, &mut copier, "SELECT 1");
-    assert!(!answered_early, "{}", describe(&answer));
-    assert_eq!(
-        (error_code(&answer).as_str(), tags(&answer).as_str()),
-        ("", "TDCZ"),
-        "the query after the failed COPY: {}",
-        describe(&answer)
     );
 }
 
