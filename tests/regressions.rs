@@ -8,76 +8,10 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::raw::{
-    self, bind_message, describe, execute_message, first_error, flush_message, new_client_value,
-    parse_message, sync_message, tags, terminate_message, Raw, ReadError,
-};
+use common::raw::{self, describe, first_error, new_client_value, Raw, ReadError};
 use common::relay::{slow_relay, Slowness};
 use common::script::{Script, ScriptedAuth, ScriptedServer};
 use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST, SECOND};
-
-// ---------------------------------------------------------------------------------------------
-// 1. messages read while waiting for a server.
-
-#[test]
-fn f01_extended_messages_sent_while_waiting_for_a_server_are_forwarded() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut holder = pw.client();
-    let mut waiter = pw.client();
-
-    // One message per write, while the only server is busy.
-    holder.value("BEGIN");
-    waiter.send(&parse_message("", "SELECT 41 + 1"));
-    thread::sleep(Duration::from_millis(300));
-    for message in [bind_message(""), execute_message(), sync_message()] {
-        waiter.send(&message);
-        thread::sleep(Duration::from_millis(50));
-    }
-    thread::sleep(Duration::from_millis(200));
-    holder.value("COMMIT");
-    let answer = waiter
-        .until_ready_within(3 * SECOND)
-        .unwrap_or_else(|err| panic!("extended batch sent while waiting: {err}"));
-    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
-    assert_eq!(answer[2].first_column().as_deref(), Some("42"));
-}
-
-#[test]
-fn f01_simple_query_sent_while_another_waits_is_forwarded() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut holder = pw.client();
-    let mut waiter = pw.client();
-    holder.value("BEGIN");
-    waiter.send(&raw::query_message("SELECT 'q1'"));
-    thread::sleep(Duration::from_millis(300));
-    waiter.send(&raw::query_message("SELECT 'q2'"));
-    thread::sleep(Duration::from_millis(200));
-    holder.value("COMMIT");
-    assert_eq!(waiter.read_value(3 * SECOND), Ok("q1".to_string()));
-    assert_eq!(waiter.read_value(3 * SECOND), Ok("q2".to_string()));
-}
-
-#[test]
-fn f01_a_client_that_leaves_while_waiting_for_a_server_runs_nothing() {
-    let pg = Postgres::start();
-    pg.sql("CREATE TABLE left_behind (n int); GRANT ALL ON left_behind TO PUBLIC");
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut holder = pw.client();
-    let mut waiter = pw.client();
-    holder.value("BEGIN");
-    waiter.send(&raw::query_message("INSERT INTO left_behind VALUES (1)"));
-    thread::sleep(Duration::from_millis(300));
-    // The client closes its connection while it waits in the queue.
-    drop(waiter);
-    thread::sleep(Duration::from_millis(300));
-    holder.value("COMMIT");
-    // The server just freed must not run the statement of a client that is gone.
-    thread::sleep(Duration::from_millis(500));
-    assert_eq!(pg.sql("SELECT count(*) FROM left_behind"), "0");
-    assert_eq!(holder.value("SELECT 'still served'"), "still served");
-}
 
 // ---------------------------------------------------------------------------------------------
 // 3. a client leaving during server_check_query.
@@ -211,33 +145,6 @@ fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 8. messages sent just before Terminate.
-
-#[test]
-fn f08_query_sent_with_terminate_still_runs() {
-    let pg = Postgres::start();
-    pg.sql("CREATE TABLE last_words (n int); GRANT ALL ON last_words TO PUBLIC");
-    let pw = Pgward::transaction_pool(&pg, "");
-    let mut client = pw.client();
-    let bytes = [
-        raw::query_message("INSERT INTO last_words VALUES (8)"),
-        terminate_message(),
-    ]
-    .concat();
-    client.send(&bytes);
-    assert!(
-        client.closes_within(3 * SECOND),
-        "not closed after Terminate"
-    );
-    let count = || pg.sql("SELECT count(*) FROM last_words");
-    assert!(
-        eventually(3 * SECOND, || count() == "1"),
-        "the INSERT sent with Terminate did not run: {} rows",
-        count()
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
 // 9. max_db_connections shared by the pools of several users.
 
 #[test]
@@ -362,32 +269,6 @@ fn f11_server_message_length_below_four_is_a_protocol_violation() {
 // ---------------------------------------------------------------------------------------------
 // 12. Sync then Flush, login retries of min_pool_size, cancels before closing, and
 // the server's SCRAM signature.
-
-#[test]
-fn f12_sync_then_flush_gives_the_server_back() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut first = pw.client();
-    first.send(
-        &[
-            parse_message("", "SELECT 12"),
-            bind_message(""),
-            execute_message(),
-            sync_message(),
-            flush_message(),
-        ]
-        .concat(),
-    );
-    let answer = first
-        .until_ready_within(3 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"));
-    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
-    assert_eq!(
-        new_client_value(&pw, ("trustuser", "app"), "SELECT 'other'", 3 * SECOND),
-        Ok("other".to_string()),
-        "the server stayed with the client that sent Flush after Sync"
-    );
-}
 
 #[test]
 fn f12_min_pool_size_waits_for_server_login_retry() {

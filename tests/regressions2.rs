@@ -9,79 +9,8 @@
 mod common;
 
 use std::thread;
-use std::time::Duration;
 
-use common::raw::{
-    self, bind_message, describe, error_code, execute_message, flush_message, parse_message,
-    sync_message, tags, Message, Raw,
-};
 use common::{eventually, server_count, Pgward, Postgres, SECOND};
-
-// ---------------------------------------------------------------------------------------------
-// 5. LISTEN in transaction pooling.
-
-#[test]
-fn r5_listen_gives_the_server_back_and_warns_before_ready() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 10\n");
-    let mut listener = pw.client();
-    let answer = listener.exchange_within(&raw::query_message("LISTEN foo"), 3 * SECOND, "LISTEN");
-    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
-
-    let mut other = pw.client();
-    assert_eq!(
-        other.value_within("SELECT 1", 3 * SECOND),
-        Ok("1".to_string()),
-        "the server stayed with the listener"
-    );
-    // The warning is part of LISTEN's answer, not something after it.
-    assert!(
-        answer.iter().any(|m| m.tag == b'N'),
-        "no warning before ReadyForQuery: [{}]",
-        tags(&answer)
-    );
-    let late = listener.read_message_within(Duration::from_millis(100));
-    assert!(late.is_err(), "a message after ReadyForQuery: {late:?}");
-}
-
-// ---------------------------------------------------------------------------------------------
-// 6. an error before any Sync.
-
-/// A failed Parse answered at Flush, then a Bind, Execute and Sync PostgreSQL skips: what
-/// comes back for each of the two writes.
-fn parse_error_then_skipped(client: &mut Raw) -> (Vec<Message>, Vec<Message>) {
-    client.send(&[parse_message("", "selec bad"), flush_message()].concat());
-    let error = client
-        .until_tag_within(b'E', 3 * SECOND)
-        .unwrap_or_else(|err| panic!("{err}"));
-    let rest = client.exchange_within(
-        &[bind_message(""), execute_message(), sync_message()].concat(),
-        3 * SECOND,
-        "after the error",
-    );
-    (error, rest)
-}
-
-#[test]
-fn r6_error_before_sync_leaves_the_server_skipping_to_the_sync() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let (direct_error, direct_rest) = parse_error_then_skipped(&mut pg.client());
-    let mut client = pw.client();
-    let (error, rest) = parse_error_then_skipped(&mut client);
-    assert_eq!(error_code(&error), error_code(&direct_error));
-    assert_eq!(
-        (tags(&rest), rest.last().map(|m| m.body.clone())),
-        (
-            tags(&direct_rest),
-            direct_rest.last().map(|m| m.body.clone())
-        ),
-        "pgward: [{}], PostgreSQL: [{}]",
-        describe(&rest),
-        describe(&direct_rest)
-    );
-    assert_eq!(client.value("SELECT 'still here'"), "still here");
-}
 
 // ---------------------------------------------------------------------------------------------
 // 8. and 9. client_idle_timeout.
