@@ -8,72 +8,10 @@ mod common;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, describe, first_error, new_client_value, Raw, ReadError};
+use common::raw::{self, describe, first_error, new_client_value, Raw};
 use common::relay::{slow_relay, Slowness};
 use common::script::{Script, ScriptedAuth, ScriptedServer};
 use common::{eventually, shared_tempdir, write_userlist, Pgward, Postgres, HOST, SECOND};
-
-// ---------------------------------------------------------------------------------------------
-// 3. a client leaving during server_check_query.
-
-#[test]
-fn f03_client_leaving_during_the_server_check_frees_its_slot() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(
-        &pg,
-        "default_pool_size = 1\nserver_check_delay = 0\n\
-         server_check_query = select pg_sleep(1.5)\nquery_wait_timeout = 3\n",
-    );
-    let mut leaver = pw.client();
-    // The idle server is checked first; the client leaves in the middle of the check.
-    leaver.send(&raw::query_message("SELECT 'never answered'"));
-    thread::sleep(Duration::from_millis(500));
-    drop(leaver);
-
-    let since = Instant::now();
-    assert_eq!(
-        new_client_value(&pw, ("trustuser", "app"), "SELECT 'served'", 5 * SECOND),
-        Ok("served".to_string()),
-        "after a client left during the check"
-    );
-    assert!(since.elapsed() < 6 * SECOND, "{:?}", since.elapsed());
-}
-
-// ---------------------------------------------------------------------------------------------
-// 4. a tracked parameter PostgreSQL does not report.
-
-#[test]
-fn f04_search_path_tracked_but_unreported_stays_with_its_client() {
-    let pg = Postgres::start();
-    let default_path = pg.sql("SHOW search_path");
-    let pw = Pgward::transaction_pool(
-        &pg,
-        "default_pool_size = 1\ntrack_extra_parameters = search_path\n",
-    );
-    let with_path = |path: &str| {
-        let options = format!("-c search_path={path}");
-        let params = [
-            ("user", "trustuser"),
-            ("database", "app"),
-            ("options", options.as_str()),
-        ];
-        pw.client_with(&params)
-    };
-    let mut a = with_path("schema_a");
-    let mut b = with_path("schema_b");
-    let show = "SHOW search_path";
-    assert_eq!(a.value(show), "schema_a");
-    assert_eq!(b.value(show), "schema_b");
-    assert_eq!(a.value(show), "schema_a", "A got B's search_path");
-    assert_eq!(b.value(show), "schema_b");
-    let mut plain = pw.client();
-    assert_eq!(
-        plain.value(show),
-        default_path,
-        "a client without search_path inherited another's"
-    );
-    assert_eq!(a.value(show), "schema_a");
-}
 
 // ---------------------------------------------------------------------------------------------
 // 5. a cancel request cut short by client_login_timeout.
@@ -142,25 +80,6 @@ fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
         took >= Duration::from_millis(900) && took <= Duration::from_millis(2000),
         "transaction_timeout after {took:?}"
     );
-}
-
-// ---------------------------------------------------------------------------------------------
-// 9. max_db_connections shared by the pools of several users.
-
-#[test]
-fn f09_max_db_connections_takes_an_idle_server_from_another_pool() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "max_db_connections = 1\nquery_wait_timeout = 4\n");
-    let mut first = pw.client_as("trustuser", "app");
-    first.value("SELECT 1");
-    first.terminate();
-    let since = Instant::now();
-    assert_eq!(
-        new_client_value(&pw, ("postgres", "app"), "SELECT current_user", 3 * SECOND),
-        Ok("postgres".to_string()),
-        "another user under max_db_connections = 1"
-    );
-    assert!(since.elapsed() < 3 * SECOND, "{:?}", since.elapsed());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -338,38 +257,4 @@ fn f12_scram_login_without_the_server_signature_is_refused() {
         Ok(value) => panic!("{value:?} from a server that never proved its SCRAM signature"),
         Err(err) => assert!(err.contains("FATAL"), "{err}"),
     }
-}
-
-// ---------------------------------------------------------------------------------------------
-// 13. statement pooling and transaction blocks.
-
-#[test]
-fn f13_statement_pooling_refuses_begin_before_the_client_sees_a_block() {
-    let pg = Postgres::start();
-    let pw = Pgward::trusting(&pg, "pool_mode = statement\n", "");
-    let mut client = pw.client();
-    client.send(&raw::query_message("BEGIN"));
-    let mut seen = Vec::new();
-    let deadline = Instant::now() + 3 * SECOND;
-    let closed = loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match client.read_message_within(left) {
-            Ok(msg) => seen.push(msg),
-            Err(err) => break err == ReadError::Closed,
-        }
-    };
-    assert!(closed, "still open: [{}]", describe(&seen));
-    assert!(
-        !seen.iter().any(|m| m.tag == b'Z' && m.body == b"T"),
-        "the client saw a transaction block open: [{}]",
-        describe(&seen)
-    );
-    let fields = first_error(&seen).unwrap_or_else(|| panic!("[{}]", describe(&seen)));
-    assert_eq!(
-        (fields.severity(), fields.code()),
-        ("FATAL", "0A000"),
-        "{fields:?}"
-    );
-    let after = pw.psql("trustuser", None, "app", "SELECT 1");
-    assert!(after.status.success(), "{}", common::stderr_of(&after));
 }
