@@ -57,32 +57,6 @@ fn f05_cancel_cut_short_by_client_login_timeout_still_ends() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 6. transaction_timeout counts from the start of the transaction.
-
-#[test]
-fn f06_transaction_timeout_counts_from_begin_not_from_attach() {
-    let pg = Postgres::start();
-    let pw = Pgward::trusting(&pg, "pool_mode = session\ntransaction_timeout = 1\n", "");
-    let mut client = pw.client();
-    client.value("SELECT 1");
-    thread::sleep(Duration::from_millis(1300));
-    let since = Instant::now();
-    assert_eq!(client.value_within("BEGIN", 3 * SECOND), Ok(String::new()));
-    assert_eq!(
-        client.value_within("SELECT 'inside'", 3 * SECOND),
-        Ok("inside".to_string()),
-        "closed right after BEGIN"
-    );
-    let fields = client.expect_error_within(3 * SECOND);
-    let took = since.elapsed();
-    assert_eq!(fields.code(), "25P04", "{fields:?}");
-    assert!(
-        took >= Duration::from_millis(900) && took <= Duration::from_millis(2000),
-        "transaction_timeout after {took:?}"
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
 // 10. a reload that changes the server password.
 
 #[test]
@@ -188,53 +162,6 @@ fn f11_server_message_length_below_four_is_a_protocol_violation() {
 // ---------------------------------------------------------------------------------------------
 // 12. Sync then Flush, login retries of min_pool_size, cancels before closing, and
 // the server's SCRAM signature.
-
-#[test]
-fn f12_min_pool_size_waits_for_server_login_retry() {
-    let pg = Postgres::start();
-    let dbs = format!(
-        "badpw = {} user=md5user password=wrong\n",
-        pg.db_connstr("app")
-    );
-    let pw = Pgward::trusting(
-        &pg,
-        "pool_mode = transaction\nmin_pool_size = 1\nserver_login_retry = 10\n",
-        &dbs,
-    );
-    let attempts = || pg.log().matches("password authentication failed").count();
-    let refused = new_client_value(&pw, ("trustuser", "badpw"), "SELECT 1", 3 * SECOND)
-        .expect_err("logged in with a wrong server password");
-    assert!(refused.contains("28P01"), "{refused}");
-    assert!(eventually(SECOND, || attempts() >= 1));
-    // Two maintenance passes later, still no second attempt.
-    thread::sleep(Duration::from_millis(2200));
-    assert_eq!(
-        attempts(),
-        1,
-        "min_pool_size retried inside server_login_retry"
-    );
-}
-
-#[test]
-fn f12_query_timeout_cancels_the_query_before_closing_the_server() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "query_timeout = 1\n");
-    let mut client = pw.client();
-    client.send(&raw::query_message("SELECT pg_sleep(8) AS f12_sleeper"));
-    let fields = client.expect_error_within(3 * SECOND);
-    assert_eq!(fields.code(), "57014", "{fields:?}");
-    let running = || {
-        pg.sql_in(
-            "postgres",
-            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
-             AND query LIKE '%f12_sleeper%' AND pid <> pg_backend_pid()",
-        )
-    };
-    assert!(
-        eventually(2 * SECOND, || running() == "0"),
-        "the timed-out query still runs on PostgreSQL"
-    );
-}
 
 #[test]
 fn f12_scram_login_without_the_server_signature_is_refused() {
