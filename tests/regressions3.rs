@@ -7,19 +7,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::thread::sleep;
-use std::time::{Duration, Instant};
-
 use common::raw::{
     self, bind_message, describe, error_code, execute_message, first_error, flush_message,
     parse_message, run_prepared, startup_packet, sync_message, Message, Raw, PROTOCOL_3_0,
 };
-use common::{
-    client_command, eventually, free_port, read_lossy, server_count, shared_tempdir, stderr_of,
-    Pgward, Postgres, HOST, SECOND,
-};
+use common::{read_lossy, shared_tempdir, Pgward, Postgres, SECOND};
 use tempfile::TempDir;
 
 /// require_where for the clients that say `application_name=where`; everyone else is free.
@@ -225,178 +217,6 @@ fn r2d_sql_execute_of_another_clients_prepare_is_refused() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// 3. a rolling restart over so_reuseport.
-
-/// A pgward process on a given port, Unix socket directory and pidfile.
-struct Instance {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Instance {
-    fn start(pg: &Postgres, port: u16, dir: &Path, n: u32) -> Instance {
-        let log = dir.join(format!("pgward{n}.log"));
-        let ini = format!(
-            "[databases]\napp = {}\n[pgbouncer]\nauth_type = trust\npool_mode = transaction\n\
-             listen_addr = {HOST}\nlisten_port = {port}\nso_reuseport = 1\n\
-             unix_socket_dir = {}\nlogfile = {}\npidfile = {}\n",
-            pg.db_connstr("app"),
-            dir.display(),
-            log.display(),
-            dir.join("pgward.pid").display()
-        );
-        let path = dir.join(format!("pgward{n}.ini"));
-        let ini = common::with_test_auth_file(&ini, dir);
-        std::fs::write(&path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
-        let program = std::env::var_os("PGWARD_TEST_BINARY").map_or_else(
-            || PathBuf::from(env!("CARGO_BIN_EXE_pgward")),
-            PathBuf::from,
-        );
-        let child = Command::new(program)
-            .arg(&path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| panic!("cannot start pgward: {e}"));
-        let instance = Instance { child, log };
-        let pidfile = dir.join("pgward.pid");
-        let pid = instance.child.id().to_string();
-        assert!(
-            eventually(10 * SECOND, || read_lossy(&pidfile).trim() == pid
-                && read_lossy(&instance.log).contains("started")),
-            "pgward #{n} did not start:\n{}",
-            read_lossy(&instance.log)
-        );
-        instance
-    }
-
-    fn terminate(&mut self) {
-        let pid = libc::pid_t::try_from(self.child.id()).unwrap_or_else(|e| panic!("pid: {e}"));
-        // SAFETY: kill(2) on our own child, which has not been waited for.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-        let since = Instant::now();
-        while !matches!(self.child.try_wait(), Ok(Some(_))) {
-            assert!(
-                since.elapsed() < 10 * SECOND,
-                "no exit after SIGTERM:\n{}",
-                read_lossy(&self.log)
-            );
-            sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Instance {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-#[test]
-fn r3_rolling_restart_leaves_the_new_socket_and_pidfile() {
-    let pg = Postgres::start();
-    let port = free_port();
-    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("dir: {e}"));
-    let mut old = Instance::start(&pg, port, dir.path(), 1);
-    let new = Instance::start(&pg, port, dir.path(), 2);
-    old.terminate();
-
-    let pidfile = read_lossy(&dir.path().join("pgward.pid"));
-    assert_eq!(pidfile.trim(), new.child.id().to_string(), "the pidfile");
-    let mut psql = client_command("psql", None);
-    psql.args(["-X", "-w", "-At", "-h"])
-        .arg(dir.path())
-        .args(["-p", &port.to_string(), "-U", "postgres", "-d", "app"])
-        .args(["-c", "SELECT 1"]);
-    let out = psql
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run psql: {e}"));
-    assert!(
-        out.status.success(),
-        "the new process over its Unix socket: {}\n{}",
-        stderr_of(&out),
-        read_lossy(&new.log)
-    );
-}
-
-// ---------------------------------------------------------------------------------------------
-// 5. a forced user changed on reload.
-
-/// Starts pgward with database `d` forcing `trustuser`, and a client that ran a query on it;
-/// then forces `postgres` instead and reloads.
-fn forced_user_changed(pg: &Postgres) -> (Pgward, Raw) {
-    let db = |user: &str| format!("d = {} user={user}", pg.db_connstr("app"));
-    let settings = "auth_type = trust\npool_mode = transaction\n";
-    let pw = Pgward::start(&Pgward::ini(pg, settings, &db("trustuser")));
-    let mut before = pw.client_as("trustuser", "d");
-    assert_eq!(before.value("SELECT current_user"), "trustuser");
-    assert_eq!(
-        server_count(pg, "trustuser", "app"),
-        1,
-        "servers as trustuser"
-    );
-    let ini = read_lossy(&pw.ini_path).replace(&db("trustuser"), &db("postgres"));
-    std::fs::write(&pw.ini_path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
-    reload_and_wait(&pw);
-    let mut after = pw.client_as("trustuser", "d");
-    assert_eq!(
-        after.value("SELECT current_user"),
-        "postgres",
-        "a new client after the reload"
-    );
-    (pw, before)
-}
-
-/// Sends SIGHUP and waits until the log says the configuration was reloaded.
-fn reload_and_wait(pw: &Pgward) {
-    pw.reload();
-    assert!(
-        eventually(10 * SECOND, || pw.log().contains("configuration reloaded")),
-        "no reload\n{}",
-        pw.log()
-    );
-}
-
-/// Whether `pg` ends up with only `count` backends on `app`; the backends otherwise.
-fn backends_left(pg: &Postgres, count: u32) -> Result<(), String> {
-    let total = || server_count(pg, "trustuser", "app") + server_count(pg, "postgres", "app");
-    if eventually(5 * SECOND, || total() == count) {
-        return Ok(());
-    }
-    Err(pg.sql_in(
-        "postgres",
-        "SELECT string_agg(usename || ' ' || state || ': ' || query, '; ') \
-         FROM pg_stat_activity WHERE datname = 'app' AND pid <> pg_backend_pid()",
-    ))
-}
-
-#[test]
-fn r5a_old_pool_keeps_logging_in_as_its_own_user() {
-    let pg = Postgres::start();
-    let (pw, mut before) = forced_user_changed(&pg);
-    // The client still on the old pool (d, trustuser) is not served as the new user.
-    assert_eq!(
-        before.value("SELECT current_user"),
-        "trustuser",
-        "the old pool logged in as the new forced user\n{}",
-        pw.log()
-    );
-}
-
-#[test]
-fn r5b_old_pool_servers_close_as_released() {
-    let pg = Postgres::start();
-    let (pw, mut before) = forced_user_changed(&pg);
-    assert_eq!(before.value("SELECT 'served'"), "served");
-    // The old pool keeps nothing once its client is done: only the new pool's server is left.
-    if let Err(left) = backends_left(&pg, 1) {
-        panic!("the old pool kept a server: {left}\n{}", pw.log());
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
 // 6. the skip to Sync after a refused Parse, across a reload that removes the policy.
 
 #[test]
@@ -416,7 +236,7 @@ fn r6_skip_to_sync_holds_when_a_reload_removes_the_policy() {
         .map(|line| format!("{line}\n"))
         .collect();
     std::fs::write(&f.pw.ini_path, without).unwrap_or_else(|e| panic!("ini: {e}"));
-    reload_and_wait(&f.pw);
+    f.pw.reload_and_wait();
     let rest = client.exchange_within(
         &[bind_message(""), execute_message(), sync_message()].concat(),
         3 * SECOND,

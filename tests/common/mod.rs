@@ -712,6 +712,18 @@ impl Pgward {
         self.signal(libc::SIGHUP);
     }
 
+    /// Sends SIGHUP and waits until the log says the configuration was reloaded.
+    pub fn reload_and_wait(&self) {
+        self.reload();
+        assert!(
+            eventually(10 * SECOND, || self
+                .log()
+                .contains("configuration reloaded")),
+            "no reload\n{}",
+            self.log()
+        );
+    }
+
     /// Waits up to `timeout` for the process to exit; `None` if it is still running.
     pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
