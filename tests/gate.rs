@@ -8,22 +8,23 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, must_connect};
-use common::gate::{Gated, FULL_READ, REJECT_POLICY};
+use common::gate::{gated, FULL_READ, REJECT_POLICY};
+use common::policy::Policed;
 use common::{client_command, stderr_of, stdout_of};
 
 /// pgward with a policy (and 4 servers), and what the tests ask of it.
-struct Fixture(Gated);
+struct Fixture(Policed);
 
 impl std::ops::Deref for Fixture {
-    type Target = Gated;
-    fn deref(&self) -> &Gated {
+    type Target = Policed;
+    fn deref(&self) -> &Policed {
         &self.0
     }
 }
 
 impl Fixture {
     fn start(policy: &str) -> Fixture {
-        Fixture(Gated::start(
+        Fixture(gated(
             policy,
             "default_pool_size = 4\nmax_client_conn = 50\n",
         ))
@@ -548,7 +549,7 @@ mod pipelines {
     /// by a client waiting for a server, so the two cannot wait on each other.
     #[test]
     fn a_transaction_holding_a_server_is_not_starved_of_slots() {
-        let gated = Gated::start(
+        let gated = gated(
             "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n",
             "default_pool_size = 1\nmax_client_conn = 50\n",
         );
@@ -617,7 +618,7 @@ mod pipelines {
     /// statement of pgward's behind: later Binds on that server are still priced.
     #[test]
     fn a_failed_bound_explain_does_not_poison_the_server() {
-        let gated = Gated::start(
+        let gated = gated(
             "[gate]\nmax_cost = 500\n",
             "default_pool_size = 1\nmax_client_conn = 50\n",
         );

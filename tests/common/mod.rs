@@ -17,6 +17,7 @@
 pub mod certs;
 pub mod driver;
 pub mod gate;
+pub mod policy;
 pub mod raw;
 pub mod relay;
 pub mod script;
