@@ -471,15 +471,16 @@ impl Raw {
         self.expect_error_within(DEFAULT_WAIT)
     }
 
-    /// Whether the peer closes the connection within `wait` (messages before that are skipped).
+    /// Whether the peer closes the connection within `wait`; whatever it sends before that is
+    /// skipped, messages or not (a TLS alert, say).
     pub fn closes_within(&mut self, wait: Duration) -> bool {
         let deadline = Instant::now() + wait;
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match self.read_message_within(left) {
-                Ok(_) => {}
-                Err(ReadError::Closed) => return true,
-                Err(ReadError::Timeout) => return false,
+            self.buf.clear();
+            match self.fill(deadline) {
+                Ok(true) => {}
+                Ok(false) => return true,
+                Err(_) => return false,
             }
         }
     }
