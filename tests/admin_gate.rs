@@ -8,7 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use common::driver::{code, message, must_connect, must_value, Conn};
-use common::gate::{Gated, FULL_READ, REJECT_POLICY};
+use common::gate::{gated, FULL_READ, REJECT_POLICY};
+use common::policy::Policed;
 use pgward::sql::{Analyzer, Depth, ParseContext};
 use tokio_postgres::{Client, SimpleQueryMessage};
 
@@ -20,11 +21,11 @@ priority = "normal"
 "#;
 
 /// pgward with a policy, console users `admin` (admin) and `watcher` (stats only).
-struct Fixture(Gated);
+struct Fixture(Policed);
 
 impl Fixture {
     fn start(policy: &str) -> Fixture {
-        Fixture(Gated::start(
+        Fixture(gated(
             policy,
             "default_pool_size = 4\nadmin_users = admin\nstats_users = watcher\n",
         ))

@@ -7,14 +7,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use md5::{Digest, Md5};
 use rand::{Rng, RngCore};
 
 use common::certs::Ca;
@@ -94,33 +92,9 @@ fn raise_fd_limit() {
 
 /// Sends `bytes` on a new connection and checks that pgward closes it within `wait`.
 fn closed_after(port: u16, bytes: &[u8], wait: Duration) -> bool {
-    let Ok(mut s) = TcpStream::connect_timeout(&addr(port), Duration::from_secs(5)) else {
-        return false;
-    };
-    let _ = s.write_all(bytes);
-    closes_by(&mut s, Instant::now() + wait)
-}
-
-/// Reads until the peer closes (true) or `deadline` passes (false).
-fn closes_by(s: &mut TcpStream, deadline: Instant) -> bool {
-    let mut buf = [0u8; 4096];
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let _ = s.set_read_timeout(Some(left.max(Duration::from_millis(1))));
-        match s.read(&mut buf) {
-            Ok(0) => return true,
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                return false
-            }
-            Err(_) => return true,
-        }
-    }
+    let mut client = Raw::connect(port);
+    client.send(bytes);
+    client.closes_within(wait)
 }
 
 fn malformed_startup_packets(port: u16) {
@@ -184,14 +158,9 @@ fn md5_login(port: u16, user: &str, password: &str) -> Result<Raw, String> {
         .get(4..8)
         .and_then(|s| s.try_into().ok())
         .ok_or("no salt")?;
-    let inner = common::md5_secret(user, password);
-    let mut h = Md5::new();
-    h.update(&inner.as_bytes()[3..]);
-    h.update(salt);
-    let answer: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
-    let mut body = format!("md5{answer}").into_bytes();
-    body.push(0);
-    client.send(&raw::message(b'p', &body));
+    client.send(&raw::password_message(&raw::md5_password(
+        user, password, &salt,
+    )));
     client.finish_login().map_err(|f| f.code().to_string())?;
     Ok(client)
 }
@@ -324,23 +293,21 @@ fn tls_handshakes_stop_halfway(port: u16) {
     let started = Instant::now();
     let mut held = Vec::new();
     for i in 0..100 {
-        let mut s = TcpStream::connect(addr(port)).unwrap();
+        let mut s = Raw::connect(port);
         if i % 2 == 0 {
-            s.write_all(&raw::ssl_request()).unwrap();
-            let mut answer = [0u8; 1];
-            s.read_exact(&mut answer).unwrap();
-            assert_eq!(answer[0], b'S');
+            s.send(&raw::ssl_request());
+            assert_eq!(s.read_byte(), Ok(b'S'));
         }
         // The start of a TLS record carrying a ClientHello, and no more.
-        s.write_all(&[
+        s.send(&[
             0x16, 0x03, 0x01, 0x02, 0x00, 0x01, 0x00, 0x01, 0xfc, 0x03, 0x03,
-        ])
-        .unwrap();
+        ]);
         held.push(s);
     }
     let deadline = started + Duration::from_secs(LOGIN_TIMEOUT_SECS + 5);
     for mut s in held {
-        let closed = closes_by(&mut s, deadline);
+        let left = deadline.saturating_duration_since(Instant::now());
+        let closed = s.closes_within(left.max(Duration::from_millis(1)));
         assert!(
             closed,
             "a half-done TLS handshake outlived client_login_timeout"

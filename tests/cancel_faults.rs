@@ -1,5 +1,6 @@
-//! Cancel requests with pgward's own keys, and faults: a client that dies mid-transaction, a
-//! server backend terminated under a query, a PostgreSQL restart.
+//! Cancel requests with pgward's own keys (also one cut short by client_login_timeout), and
+//! faults: a client that dies mid-transaction, a server backend terminated under a query, a
+//! PostgreSQL restart, a server whose message breaks the protocol.
 
 mod common;
 
@@ -8,14 +9,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, must_connect, must_value, value};
-use common::raw::{self, Raw};
-use common::{eventually, server_count, stderr_of, Pgward, Postgres};
+use common::raw::{self, describe, first_error, Raw};
+use common::relay::{slow_relay, Slowness};
+use common::script::{Script, ScriptedAuth, ScriptedServer};
+use common::{eventually, server_count, stderr_of, Pgward, Postgres, HOST, SECOND};
 use tokio_postgres::NoTls;
-
-fn start(pg: &Postgres, settings: &str) -> Pgward {
-    let settings = format!("auth_type = trust\npool_mode = transaction\n{settings}");
-    Pgward::start(&Pgward::ini(pg, &settings, ""))
-}
 
 fn login(pw: &Pgward) -> (Raw, (u32, Vec<u8>)) {
     let mut client = Raw::connect(pw.port);
@@ -29,7 +27,7 @@ fn login(pw: &Pgward) -> (Raw, (u32, Vec<u8>)) {
 #[test]
 fn clients_get_pgward_keys_and_a_cancel_hits_only_the_running_statement() {
     let pg = Postgres::start();
-    let pw = start(&pg, "default_pool_size = 2\n");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 2\n");
     let (mut a, key_a) = login(&pw);
     let (mut b, key_b) = login(&pw);
     assert_ne!(key_a, key_b);
@@ -85,7 +83,7 @@ fn clients_get_pgward_keys_and_a_cancel_hits_only_the_running_statement() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn driver_cancel_token_cancels_pg_sleep() {
     let pg = Postgres::start();
-    let pw = start(&pg, "default_pool_size = 1\n");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
     let conn = must_connect(&pw.connstr("trustuser", None, "app")).await;
     let token = conn.client.cancel_token();
     let client = conn.client;
@@ -105,10 +103,50 @@ async fn driver_cancel_token_cancels_pg_sleep() {
 }
 
 #[test]
+fn cancel_cut_short_by_client_login_timeout_still_ends() {
+    let pg = Postgres::start();
+    let slowness = Slowness {
+        cancel_hold: 2 * SECOND,
+        pace: None,
+    };
+    let relay = slow_relay(pg.port, slowness);
+    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\nclient_login_timeout = 1\n",
+        &dbs,
+    );
+    let mut client = Raw::connect(pw.port);
+    let key = client
+        .startup(&[("user", "trustuser"), ("database", "slow")])
+        .unwrap_or_else(|err| panic!("login: {err:?}"))
+        .key
+        .unwrap_or_else(|| panic!("no BackendKeyData"));
+    client.send(&raw::query_message("SELECT pg_sleep(5)"));
+    thread::sleep(Duration::from_millis(300));
+    // The cancel connection outlives client_login_timeout: pgward drops it at one second
+    // while the relay still holds the server side open.
+    let since = Instant::now();
+    let mut canceller = Raw::connect(pw.port);
+    canceller.send(&raw::cancel_request(key.0, &key.1));
+    let answer = client
+        .until_ready_within(5 * SECOND)
+        .unwrap_or_else(|err| panic!("the cancelled client never got its answer: {err}"));
+    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
+    assert_eq!(fields.code(), "57014", "{fields:?}");
+    assert!(since.elapsed() < 4 * SECOND, "{:?}", since.elapsed());
+    assert!(canceller.closes_within(2 * SECOND));
+    assert_eq!(
+        client.value_within("SELECT 'after'", 3 * SECOND),
+        Ok("after".to_string())
+    );
+}
+
+#[test]
 fn client_dying_mid_transaction_leaves_no_dirty_server() {
     let pg = Postgres::start();
     pg.sql("CREATE TABLE locked (id int); GRANT ALL ON locked TO PUBLIC");
-    let pw = start(&pg, "default_pool_size = 1\nquery_wait_timeout = 5\n");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 5\n");
 
     // Idle in a transaction holding a lock and temp state, then the socket just closes.
     let (mut a, _) = login(&pw);
@@ -200,7 +238,7 @@ fn client_dying_mid_transaction_leaves_no_dirty_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn terminated_backend_gives_an_error_and_is_replaced() {
     let pg = Postgres::start();
-    let pw = start(&pg, "default_pool_size = 1\n");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
     let connstr = pw.connstr("trustuser", None, "app");
     let conn = must_connect(&connstr).await;
     let pid = must_value(&conn.client, "SELECT pg_backend_pid()").await;
@@ -238,7 +276,7 @@ async fn terminated_backend_gives_an_error_and_is_replaced() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn postgresql_restart_is_survived() {
     let pg = Postgres::start();
-    let pw = start(&pg, "default_pool_size = 2\nquery_wait_timeout = 5\n");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 2\nquery_wait_timeout = 5\n");
     let connstr = pw.connstr("trustuser", None, "app");
     let old = must_connect(&connstr).await;
     must_value(&old.client, "SELECT 1").await;
@@ -282,7 +320,7 @@ async fn postgresql_restart_is_survived() {
 #[test]
 fn postgresql_down_gives_an_error_then_service_resumes() {
     let pg = Postgres::start();
-    let pw = start(&pg, "query_wait_timeout = 2\n");
+    let pw = Pgward::transaction_pool(&pg, "query_wait_timeout = 2\n");
     let ok = pw.psql("trustuser", None, "app", "SELECT 1");
     assert!(ok.status.success(), "{}", stderr_of(&ok));
     pg.stop();
@@ -301,4 +339,29 @@ fn postgresql_down_gives_an_error_then_service_resumes() {
             .success()
     });
     assert!(back, "{}", pw.log());
+}
+
+/// A message whose length field (2) is shorter than the length field itself.
+const SHORT_LENGTH_ANSWER: &[u8] = &[b'D', 0, 0, 0, 2, 0, 0, 0, 0];
+
+#[test]
+fn server_message_length_below_four_is_a_protocol_violation() {
+    let server = ScriptedServer::start(Script::Answer {
+        auth: ScriptedAuth::Trust,
+        answer: SHORT_LENGTH_ANSWER,
+    });
+    let ini = format!(
+        "[databases]\nscripted = host={HOST} port={} dbname=app\n\n\
+         [pgbouncer]\nauth_type = trust\npool_mode = transaction\n",
+        server.port
+    );
+    let pw = Pgward::start(&ini);
+    let mut client = pw.client_as("trustuser", "scripted");
+    client.send(&raw::query_message("SELECT 'short length'"));
+    let answer = client
+        .until_tag_within(b'E', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("a message of length 2 from the server: {err}"));
+    let fields = first_error(&answer).unwrap_or_default();
+    assert_eq!(fields.code(), "08P01", "{fields:?}");
+    assert!(client.closes_within(2 * SECOND));
 }

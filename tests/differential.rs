@@ -18,11 +18,9 @@
 //! leftovers (pgward's own prepared statements, the unnamed statement) would show.
 
 mod common;
-#[path = "drivers/raw.rs"]
-mod raw;
 
+use common::raw::{self, Batch, Message, Raw};
 use common::{Pgward, Postgres};
-use raw::{Batch, Msg, Raw};
 
 /// The role both sides log in as (trusted by PostgreSQL and, with `auth_type = trust`, by
 /// pgward).
@@ -96,8 +94,8 @@ impl Rig {
 
 /// Connects to `port`, runs every step (calling `between(i)` before step `i`), and returns
 /// every answer in order.
-fn run(port: u16, steps: &[Step], mut between: impl FnMut(usize)) -> Vec<Msg> {
-    let mut conn = Raw::connect(port, USER, None, "app");
+fn run(port: u16, steps: &[Step], mut between: impl FnMut(usize)) -> Vec<Message> {
+    let mut conn = Raw::login(port, USER, None, "app");
     let mut out = Vec::new();
     for (i, step) in steps.iter().enumerate() {
         between(i);
@@ -115,12 +113,12 @@ fn run(port: u16, steps: &[Step], mut between: impl FnMut(usize)) -> Vec<Msg> {
 /// differ removed.
 #[derive(Debug, PartialEq, Eq)]
 enum Compared {
-    Exact(Msg),
+    Exact(Message),
     ParameterStatus(String),
     ErrorCode(String),
 }
 
-fn compared(msg: &Msg) -> Compared {
+fn compared(msg: &Message) -> Compared {
     match msg.tag {
         b'S' => Compared::ParameterStatus(
             msg.body
@@ -134,17 +132,16 @@ fn compared(msg: &Msg) -> Compared {
     }
 }
 
-fn quotes_a_statement(msg: &Msg) -> bool {
-    msg.field(b'M')
-        .is_some_and(|text| text.contains("prepared statement \""))
+fn quotes_a_statement(msg: &Message) -> bool {
+    msg.fields().message().contains("prepared statement \"")
 }
 
-fn assert_same(name: &str, direct: &[Msg], pooled: &[Msg], pgward: &Pgward) {
+fn assert_same(name: &str, direct: &[Message], pooled: &[Message], pgward: &Pgward) {
     // Classify by the direct answer: the pooled one must fit the same class.
     let expected: Vec<Compared> = direct.iter().map(compared).collect();
     let got: Vec<Compared> = pooled
         .iter()
-        .zip(direct.iter().chain(std::iter::repeat(&Msg {
+        .zip(direct.iter().chain(std::iter::repeat(&Message {
             tag: 0,
             body: Vec::new(),
         })))
@@ -775,7 +772,7 @@ fn a_named_statement_follows_its_client_to_another_server() {
     let pooled = run(rig.pgward.port, &steps, |i| {
         if i == 1 {
             // The only server pgward has opened is idle: this transaction takes it.
-            let mut conn = Raw::connect(rig.pgward.port, USER, None, "app");
+            let mut conn = Raw::login(rig.pgward.port, USER, None, "app");
             conn.value("BEGIN");
             holder = Some(conn);
         }

@@ -12,8 +12,6 @@
 //! tell a driver script's mistake from pgward's.
 
 mod common;
-#[path = "drivers/raw.rs"]
-mod raw;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,8 +19,8 @@ use std::process::{Command, Output, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use common::raw::{self, Batch, Raw};
 use common::{stderr_of, stdout_of, Pgward, Postgres};
-use raw::{Batch, Raw};
 
 const USER: &str = "md5user";
 const PASSWORD: &str = "md5pass";
@@ -562,7 +560,7 @@ async fn tokio_postgres_prepared_from_several_tasks_and_transactions() {
 fn statement_lifecycle_across_servers() {
     let rig = Rig::start("");
     let port = rig.pgward.port;
-    let mut a = Raw::connect(port, USER, Some(PASSWORD), "app");
+    let mut a = Raw::login(port, USER, Some(PASSWORD), "app");
     let answers = a.exchange(
         &Batch::new()
             .parse("s", "SELECT $1::int + 1 AS n", &[23])
@@ -571,7 +569,7 @@ fn statement_lifecycle_across_servers() {
     );
     assert_eq!(raw::tags(&answers), "1Z");
     // The only server is idle: the holder's transaction takes it.
-    let mut holder = Raw::connect(port, USER, Some(PASSWORD), "app");
+    let mut holder = Raw::login(port, USER, Some(PASSWORD), "app");
     holder.value("BEGIN");
     let described = a.exchange(&Batch::new().describe(b'S', "s").sync(), 1);
     assert_eq!(raw::tags(&described), "tTZ", "{described:?}");
@@ -656,7 +654,7 @@ fn a_slow_reader_of_a_large_result_keeps_pgward_small() {
     socket.set_recv_buffer_size(8192).expect("SO_RCVBUF");
     let addr: std::net::SocketAddr = ([127, 0, 0, 1], rig.pgward.port).into();
     socket.connect(&addr.into()).expect("connect");
-    let mut conn = Raw::login(socket.into(), USER, Some(PASSWORD), "app");
+    let mut conn = Raw::from_stream(socket.into()).logged_in(USER, Some(PASSWORD), "app");
     conn.send(&Batch::new().query("SELECT repeat('x', 1000) FROM generate_series(1, 2000000)"));
     let mut peak = rss_kb(pid);
     for _ in 0..20 {
@@ -685,9 +683,9 @@ fn a_slow_reader_of_a_large_result_keeps_pgward_small() {
 fn listen_notify_in_session_mode() {
     let rig = Rig::start_in("session", "");
     let port = rig.pgward.port;
-    let mut listener = Raw::connect(port, USER, Some(PASSWORD), "app");
+    let mut listener = Raw::login(port, USER, Some(PASSWORD), "app");
     listener.value("LISTEN news");
-    let mut sender = Raw::connect(port, USER, Some(PASSWORD), "app");
+    let mut sender = Raw::login(port, USER, Some(PASSWORD), "app");
     sender.value("NOTIFY news, 'through pgward'");
     rig.pg
         .sql("SELECT pg_notify('news', 'straight to PostgreSQL')");
@@ -699,10 +697,7 @@ fn listen_notify_in_session_mode() {
         payloads.push(text.split('\0').skip(1).take(1).collect::<String>());
     }
     assert_eq!(payloads, ["through pgward", "straight to PostgreSQL"]);
-    assert_eq!(
-        listener.value("SELECT 'still there'").as_deref(),
-        Some("still there")
-    );
+    assert_eq!(listener.value("SELECT 'still there'"), "still there");
     listener.terminate();
     sender.terminate();
 }

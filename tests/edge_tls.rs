@@ -5,7 +5,7 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
 use std::path::Path;
 use std::sync::Arc;
@@ -188,26 +188,8 @@ fn rustls_client(ca: &Path, alpn: &[&[u8]]) -> Arc<rustls::ClientConfig> {
     Arc::new(config)
 }
 
-/// Reads messages from `stream` until ReadyForQuery or ErrorResponse; returns its tag and
-/// the tags seen.
-fn read_to_ready(stream: &mut impl Read) -> Vec<u8> {
-    let mut tags = Vec::new();
-    loop {
-        let mut head = [0u8; 5];
-        if stream.read_exact(&mut head).is_err() {
-            tags.push(b'!');
-            return tags;
-        }
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        let mut body = vec![0u8; len - 4];
-        stream.read_exact(&mut body).unwrap();
-        tags.push(head[0]);
-        if head[0] == b'Z' || head[0] == b'E' {
-            return tags;
-        }
-    }
-}
-
+/// Logs in as `trustuser` over direct TLS offering `alpn`: the tags of the messages up to
+/// ReadyForQuery or ErrorResponse, with `!` where the connection failed or went quiet.
 fn direct_tls_login(port: u16, ca: &Path, alpn: &[&[u8]]) -> Vec<u8> {
     let config = rustls_client(ca, alpn);
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
@@ -220,7 +202,18 @@ fn direct_tls_login(port: u16, ca: &Path, alpn: &[&[u8]]) -> Vec<u8> {
     if tls.write_all(&startup).is_err() {
         return vec![b'!'];
     }
-    read_to_ready(&mut tls)
+    let mut client = raw::Raw::over_tls(tls);
+    let mut tags = Vec::new();
+    loop {
+        let Ok(msg) = client.read_message() else {
+            tags.push(b'!');
+            return tags;
+        };
+        tags.push(msg.tag);
+        if msg.tag == b'Z' || msg.tag == b'E' {
+            return tags;
+        }
+    }
 }
 
 #[test]

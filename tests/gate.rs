@@ -8,22 +8,23 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, must_connect};
-use common::gate::{Gated, FULL_READ, REJECT_POLICY};
+use common::gate::{gated, FULL_READ, REJECT_POLICY};
+use common::policy::Policed;
 use common::{client_command, stderr_of, stdout_of};
 
 /// pgward with a policy (and 4 servers), and what the tests ask of it.
-struct Fixture(Gated);
+struct Fixture(Policed);
 
 impl std::ops::Deref for Fixture {
-    type Target = Gated;
-    fn deref(&self) -> &Gated {
+    type Target = Policed;
+    fn deref(&self) -> &Policed {
         &self.0
     }
 }
 
 impl Fixture {
     fn start(policy: &str) -> Fixture {
-        Fixture(Gated::start(
+        Fixture(gated(
             policy,
             "default_pool_size = 4\nmax_client_conn = 50\n",
         ))
@@ -498,35 +499,24 @@ mod pipelines {
     };
 
     pub(super) fn raw(f: &Fixture, user: &str) -> Raw {
-        let mut raw = Raw::connect(f.pw.port);
-        raw.startup(&[("user", user), ("database", "app")])
-            .expect("login");
-        raw
+        f.pw.client_as(user, "app")
     }
 
-    /// Every message up to ReadyForQuery within `wait`, or what came before a timeout.
+    /// Every message up to ReadyForQuery within `wait`, as tags (an error's SQLSTATE and a
+    /// row's columns in brackets), or what came before a timeout.
     pub(super) fn read_to_ready_within(raw: &mut Raw, wait: Duration) -> Result<String, String> {
-        let deadline = Instant::now() + wait;
+        let messages = raw.until_ready_within(wait)?;
         let mut tags = String::new();
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match raw.read_message_within(left) {
-                Ok(m) => {
-                    tags.push(m.tag as char);
-                    if m.tag == b'E' {
-                        let f = common::raw::Fields::parse(&m.body);
-                        tags.push_str(&format!("[{}]", f.code()));
-                    }
-                    if m.tag == b'D' {
-                        tags.push_str(&format!("[{}]", String::from_utf8_lossy(&m.body[6..])));
-                    }
-                    if m.tag == b'Z' {
-                        return Ok(tags);
-                    }
-                }
-                Err(e) => return Err(format!("{e:?} after {tags}")),
+        for m in &messages {
+            tags.push(m.tag as char);
+            if m.tag == b'E' {
+                tags.push_str(&format!("[{}]", m.fields().code()));
+            }
+            if m.tag == b'D' {
+                tags.push_str(&format!("[{}]", String::from_utf8_lossy(&m.body[6..])));
             }
         }
+        Ok(tags)
     }
 
     /// An extended-protocol batch sent over two writes (no Sync in the first) is answered:
@@ -548,14 +538,12 @@ mod pipelines {
     /// by a client waiting for a server, so the two cannot wait on each other.
     #[test]
     fn a_transaction_holding_a_server_is_not_starved_of_slots() {
-        let gated = Gated::start(
+        let gated = gated(
             "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n",
             "default_pool_size = 1\nmax_client_conn = 50\n",
         );
         let pw = &gated.pw;
-        let mut a = Raw::connect(pw.port);
-        a.startup(&[("user", "trustuser"), ("database", "app")])
-            .unwrap();
+        let mut a = pw.client();
         a.query("BEGIN").expect("begin");
         a.query("SELECT 1").expect("select in the transaction");
         let port = pw.port;
@@ -617,14 +605,12 @@ mod pipelines {
     /// statement of pgward's behind: later Binds on that server are still priced.
     #[test]
     fn a_failed_bound_explain_does_not_poison_the_server() {
-        let gated = Gated::start(
+        let gated = gated(
             "[gate]\nmax_cost = 500\n",
             "default_pool_size = 1\nmax_client_conn = 50\n",
         );
         let pw = &gated.pw;
-        let mut r = Raw::connect(pw.port);
-        r.startup(&[("user", "trustuser"), ("database", "app")])
-            .unwrap();
+        let mut r = pw.client();
         let mut m = parse_message("s1", "SELECT count(*) FROM small WHERE id > $1::int");
         let mut bind = vec![0u8];
         bind.extend_from_slice(b"s1\0");
@@ -640,9 +626,7 @@ mod pipelines {
         let bad = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
         assert!(bad.contains("22P02"), "{bad}");
         // Another client, same (only) server.
-        let mut o = Raw::connect(pw.port);
-        o.startup(&[("user", "trustuser"), ("database", "app")])
-            .unwrap();
+        let mut o = pw.client();
         let mut m = named_extended_query("s2", FULL_READ);
         m.extend(sync_message());
         o.send(&m);

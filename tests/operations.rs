@@ -1,6 +1,8 @@
-//! Operating pgward under load: reloads that lose no transaction, a broken reload that changes
-//! nothing, runtime limits that evict, signals, a rolling restart over so_reuseport, and the
-//! Prometheus endpoint.
+//! Operating pgward: reloads under load that lose no transaction, a broken reload that changes
+//! nothing, reloads that rotate a server password or change a database's forced user (the old
+//! pool keeps its user and closes its servers), runtime limits that evict, signals, rolling
+//! restarts over so_reuseport (no transaction fails; the new process keeps its socket and
+//! pidfile), and the Prometheus endpoint.
 
 mod common;
 
@@ -11,7 +13,11 @@ use std::process::{Child, Command, Output, Stdio};
 use std::thread::{self, sleep};
 use std::time::{Duration, Instant};
 
-use common::{free_port, pgbench_at, stderr_of, stdout_of, Pgward, Postgres, HOST};
+use common::raw::{new_client_value, Raw};
+use common::{
+    client_command, eventually, free_port, pgbench_at, read_lossy, server_count, stderr_of,
+    stdout_of, Pgward, Postgres, HOST, SECOND,
+};
 use tokio_postgres::NoTls;
 
 const SETTINGS: &str = "auth_type = trust\nadmin_users = admin\npool_mode = transaction\n";
@@ -103,6 +109,107 @@ fn a_broken_reload_keeps_the_running_configuration() {
         "{}",
         stderr_of(&reload)
     );
+}
+
+#[test]
+fn reload_rotates_the_server_password() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "rotated = {} user=scramuser password=scrampass\n",
+        pg.db_connstr("app")
+    );
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &dbs);
+    // A holds its server, so the next client needs a new login.
+    let mut holder = pw.client_as("trustuser", "rotated");
+    assert_eq!(holder.value("SELECT current_user"), "scramuser");
+    holder.value("BEGIN");
+
+    pg.sql("ALTER ROLE scramuser PASSWORD 'newsecret'");
+    let ini = read_lossy(&pw.ini_path);
+    let rotated = ini.replace("password=scrampass", "password=newsecret");
+    assert_ne!(ini, rotated);
+    std::fs::write(&pw.ini_path, rotated).expect("rewrite the ini");
+    let reloads = || pw.log().matches("configuration reloaded").count();
+    let before = reloads();
+    pw.reload();
+    assert!(
+        eventually(3 * SECOND, || reloads() > before),
+        "{}",
+        pw.log()
+    );
+
+    assert_eq!(
+        new_client_value(
+            &pw,
+            ("trustuser", "rotated"),
+            "SELECT current_user",
+            5 * SECOND
+        ),
+        Ok("scramuser".to_string()),
+        "new login after the password changed"
+    );
+    assert_eq!(holder.value("COMMIT"), "");
+}
+
+/// Starts pgward with database `d` forcing `trustuser`, and a client that ran a query on it;
+/// then forces `postgres` instead and reloads.
+fn forced_user_changed(pg: &Postgres) -> (Pgward, Raw) {
+    let db = |user: &str| format!("d = {} user={user}", pg.db_connstr("app"));
+    let pw = Pgward::trusting(pg, "pool_mode = transaction\n", &db("trustuser"));
+    let mut before = pw.client_as("trustuser", "d");
+    assert_eq!(before.value("SELECT current_user"), "trustuser");
+    assert_eq!(
+        server_count(pg, "trustuser", "app"),
+        1,
+        "servers as trustuser"
+    );
+    let ini = read_lossy(&pw.ini_path).replace(&db("trustuser"), &db("postgres"));
+    std::fs::write(&pw.ini_path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
+    pw.reload_and_wait();
+    let mut after = pw.client_as("trustuser", "d");
+    assert_eq!(
+        after.value("SELECT current_user"),
+        "postgres",
+        "a new client after the reload"
+    );
+    (pw, before)
+}
+
+/// Whether `pg` ends up with only `count` backends on `app`; the backends otherwise.
+fn backends_left(pg: &Postgres, count: u32) -> Result<(), String> {
+    let total = || server_count(pg, "trustuser", "app") + server_count(pg, "postgres", "app");
+    if eventually(5 * SECOND, || total() == count) {
+        return Ok(());
+    }
+    Err(pg.sql_in(
+        "postgres",
+        "SELECT string_agg(usename || ' ' || state || ': ' || query, '; ') \
+         FROM pg_stat_activity WHERE datname = 'app' AND pid <> pg_backend_pid()",
+    ))
+}
+
+#[test]
+fn old_pool_keeps_its_forced_user_after_a_reload() {
+    let pg = Postgres::start();
+    let (pw, mut before) = forced_user_changed(&pg);
+    // The client still on the old pool (d, trustuser) is not served as the new user.
+    assert_eq!(
+        before.value("SELECT current_user"),
+        "trustuser",
+        "the old pool logged in as the new forced user\n{}",
+        pw.log()
+    );
+}
+
+#[test]
+fn old_pool_servers_close_as_released_after_a_reload() {
+    let pg = Postgres::start();
+    let (pw, mut before) = forced_user_changed(&pg);
+    assert_eq!(before.value("SELECT 'served'"), "served");
+    // The old pool keeps nothing once its client is done: only the new pool's server is left.
+    if let Err(left) = backends_left(&pg, 1) {
+        panic!("the old pool kept a server: {left}\n{}", pw.log());
+    }
 }
 
 #[test]
@@ -240,53 +347,58 @@ fn sigusr1_pauses_and_sigusr2_resumes() {
     assert!(held.join().expect("psql").status.success());
 }
 
-/// A pgward process started by hand on a given port (the fixture picks its own).
+/// A pgward process started by hand on `port` with so_reuseport and `settings` (the fixture
+/// picks its own port): its ini, log and Unix socket in `dir`, and its pidfile there too, shared
+/// with any other instance started in the same `dir`.
 struct Instance {
     child: Child,
     log: PathBuf,
-    _dir: tempfile::TempDir,
 }
 
 impl Instance {
-    fn start(pg: &Postgres, port: u16) -> Instance {
-        let dir = tempfile::tempdir().expect("dir");
-        let log = dir.path().join("pgward.log");
+    /// Starts instance number `n` and waits until it has written its pid and logged its start.
+    fn start(pg: &Postgres, port: u16, settings: &str, dir: &Path, n: u32) -> Instance {
+        let log = dir.join(format!("pgward{n}.log"));
         let ini = format!(
-            "[databases]\napp = {}\n[pgbouncer]\n{SETTINGS}listen_addr = {HOST}\nlisten_port = {port}\n\
-             so_reuseport = 1\nunix_socket_dir = {}\nlogfile = {}\n",
+            "[databases]\napp = {}\n[pgbouncer]\n{settings}listen_addr = {HOST}\n\
+             listen_port = {port}\nso_reuseport = 1\nunix_socket_dir = {}\nlogfile = {}\n\
+             pidfile = {}\n",
             pg.db_connstr("app"),
-            dir.path().display(),
-            log.display()
+            dir.display(),
+            log.display(),
+            dir.join("pgward.pid").display()
         );
-        let path = dir.path().join("pgward.ini");
-        let ini = common::with_test_auth_file(&ini, dir.path());
-        std::fs::write(&path, ini).expect("ini");
-        let child = Command::new(env!("CARGO_BIN_EXE_pgward"))
+        let path = dir.join(format!("pgward{n}.ini"));
+        let ini = common::with_test_auth_file(&ini, dir);
+        std::fs::write(&path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
+        let program = std::env::var_os("PGWARD_TEST_BINARY").map_or_else(
+            || PathBuf::from(env!("CARGO_BIN_EXE_pgward")),
+            PathBuf::from,
+        );
+        let child = Command::new(program)
             .arg(&path)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("pgward");
-        let since = Instant::now();
-        while !std::fs::read_to_string(&log)
-            .unwrap_or_default()
-            .contains("started")
-        {
-            assert!(
-                since.elapsed() < Duration::from_secs(10),
-                "pgward did not start"
-            );
-            sleep(Duration::from_millis(20));
-        }
-        Instance {
-            child,
-            log,
-            _dir: dir,
-        }
+            .unwrap_or_else(|e| panic!("cannot start pgward: {e}"));
+        let instance = Instance { child, log };
+        let pidfile = dir.join("pgward.pid");
+        let pid = instance.child.id().to_string();
+        assert!(
+            eventually(10 * SECOND, || read_lossy(&pidfile).trim() == pid
+                && read_lossy(&instance.log).contains("started")),
+            "pgward #{n} did not start:\n{}",
+            read_lossy(&instance.log)
+        );
+        instance
     }
 
-    fn exited_within(&mut self, limit: Duration) -> bool {
+    /// Sends SIGTERM; whether the process exits within `limit`.
+    fn terminated_within(&mut self, limit: Duration) -> bool {
+        let pid = libc::pid_t::try_from(self.child.id()).unwrap_or_else(|e| panic!("pid: {e}"));
+        // SAFETY: kill(2) on our own child, which has not been waited for.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
         let since = Instant::now();
         while since.elapsed() < limit {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -313,7 +425,11 @@ fn rolling_restart_over_so_reuseport_fails_no_transaction() {
     let _ = std::fs::write("/proc/sys/net/ipv4/tcp_migrate_req", "1");
     let pg = Postgres::start();
     let port = free_port();
-    let mut old = Instance::start(&pg, port);
+    let (old_dir, new_dir) = (
+        tempfile::tempdir().expect("dir"),
+        tempfile::tempdir().expect("dir"),
+    );
+    let mut old = Instance::start(&pg, port, SETTINGS, old_dir.path(), 1);
     let dir = tempfile::tempdir().expect("dir");
     let file = script(dir.path(), "q.sql", "SELECT 1;");
     let bench = thread::spawn(move || {
@@ -324,12 +440,9 @@ fn rolling_restart_over_so_reuseport_fails_no_transaction() {
         )
     });
     sleep(Duration::from_millis(1000));
-    let new = Instance::start(&pg, port);
-    let pid = libc::pid_t::try_from(old.child.id()).expect("pid");
-    // SAFETY: kill(2) on our own child, which has not been waited for.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    let new = Instance::start(&pg, port, SETTINGS, new_dir.path(), 2);
     assert!(
-        old.exited_within(Duration::from_secs(5)),
+        old.terminated_within(Duration::from_secs(5)),
         "{}",
         std::fs::read_to_string(&old.log).unwrap_or_default()
     );
@@ -342,6 +455,38 @@ fn rolling_restart_over_so_reuseport_fails_no_transaction() {
         out.status.success(),
         "the new process serves\n{}",
         std::fs::read_to_string(&new.log).unwrap_or_default()
+    );
+}
+
+#[test]
+fn rolling_restart_leaves_the_new_socket_and_pidfile() {
+    let pg = Postgres::start();
+    let port = free_port();
+    let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("dir: {e}"));
+    let settings = "auth_type = trust\npool_mode = transaction\n";
+    let mut old = Instance::start(&pg, port, settings, dir.path(), 1);
+    let new = Instance::start(&pg, port, settings, dir.path(), 2);
+    assert!(
+        old.terminated_within(10 * SECOND),
+        "no exit after SIGTERM:\n{}",
+        read_lossy(&old.log)
+    );
+
+    let pidfile = read_lossy(&dir.path().join("pgward.pid"));
+    assert_eq!(pidfile.trim(), new.child.id().to_string(), "the pidfile");
+    let mut psql = client_command("psql", None);
+    psql.args(["-X", "-w", "-At", "-h"])
+        .arg(dir.path())
+        .args(["-p", &port.to_string(), "-U", "postgres", "-d", "app"])
+        .args(["-c", "SELECT 1"]);
+    let out = psql
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run psql: {e}"));
+    assert!(
+        out.status.success(),
+        "the new process over its Unix socket: {}\n{}",
+        stderr_of(&out),
+        read_lossy(&new.log)
     );
 }
 

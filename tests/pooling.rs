@@ -1,6 +1,7 @@
 //! Pools per (database, user): pool modes, sizes and limits, reset and check queries,
 //! server lifetimes, connection-string settings, and tracked parameters that follow a client
-//! from server to server.
+//! from server to server. What happens message by message when a client gives its server back
+//! is in transaction_pooling.rs.
 
 mod common;
 
@@ -10,19 +11,11 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, message, must_connect, must_value, value};
-use common::raw::Raw;
+use common::raw::{describe, first_error, new_client_value, query_message, Raw, ReadError};
 use common::{
     eventually, log_statements_of, logged_statements, server_count, stderr_of, stdout_of, Pgward,
-    Postgres,
+    Postgres, SECOND,
 };
-
-fn start(pg: &Postgres, settings: &str, dbs: &str) -> Pgward {
-    Pgward::start(&Pgward::ini(
-        pg,
-        &format!("auth_type = trust\n{settings}"),
-        dbs,
-    ))
-}
 
 /// Samples `server_count(user, db)` every 100 ms until `stop` is set; returns the maximum.
 fn watch_servers(pg: &Postgres, user: &'static str, db: &'static str, stop: &AtomicBool) -> u32 {
@@ -50,7 +43,7 @@ fn pgbench_simple_and_extended_with_more_clients_than_servers() {
     let pg = Postgres::start();
     let init = pg.pgbench(&["-i", "-s", "1", "-q"]);
     assert!(init.status.success(), "{}", stderr_of(&init));
-    let pw = start(&pg, "pool_mode = transaction\ndefault_pool_size = 2\n", "");
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\ndefault_pool_size = 2\n", "");
     for mode in ["simple", "extended"] {
         let stop = AtomicBool::new(false);
         let (out, max) = thread::scope(|scope| {
@@ -92,7 +85,7 @@ async fn pool_mode_global_per_database_and_per_user() {
         pg.db_connstr("app"),
         pg.db_connstr("app")
     );
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = session\ndefault_pool_size = 1\nquery_wait_timeout = 1\n\
          [users]\ntrustuser = pool_mode=statement\n",
@@ -144,10 +137,41 @@ async fn pool_mode_global_per_database_and_per_user() {
     }
 }
 
+#[test]
+fn statement_pooling_refuses_begin_before_the_client_sees_a_block() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = statement\n", "");
+    let mut client = pw.client();
+    client.send(&query_message("BEGIN"));
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + 3 * SECOND;
+    let closed = loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match client.read_message_within(left) {
+            Ok(msg) => seen.push(msg),
+            Err(err) => break err == ReadError::Closed,
+        }
+    };
+    assert!(closed, "still open: [{}]", describe(&seen));
+    assert!(
+        !seen.iter().any(|m| m.tag == b'Z' && m.body == b"T"),
+        "the client saw a transaction block open: [{}]",
+        describe(&seen)
+    );
+    let fields = first_error(&seen).unwrap_or_else(|| panic!("[{}]", describe(&seen)));
+    assert_eq!(
+        (fields.severity(), fields.code()),
+        ("FATAL", "0A000"),
+        "{fields:?}"
+    );
+    let after = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(after.status.success(), "{}", stderr_of(&after));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn max_client_conn_refuses_with_53300() {
     let pg = Postgres::start();
-    let pw = start(&pg, "pool_mode = transaction\nmax_client_conn = 3\n", "");
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nmax_client_conn = 3\n", "");
     let mut held = Vec::new();
     for _ in 0..3 {
         held.push(must_connect(&pw.connstr("trustuser", None, "app")).await);
@@ -198,7 +222,7 @@ fn sleepers(
 #[test]
 fn reserve_pool_opens_after_reserve_pool_timeout_and_no_further() {
     let pg = Postgres::start();
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 1\nreserve_pool_size = 1\n\
          reserve_pool_timeout = 0.5\n",
@@ -220,7 +244,7 @@ fn reserve_pool_opens_after_reserve_pool_timeout_and_no_further() {
 #[test]
 fn min_pool_size_is_kept_open() {
     let pg = Postgres::start();
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 5\nmin_pool_size = 3\n",
         "",
@@ -255,7 +279,7 @@ fn max_db_connections_caps_servers_of_a_database() {
         pg.db_connstr("app"),
         pg.db_connstr("app")
     );
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 5\n",
         &dbs,
@@ -268,6 +292,22 @@ fn max_db_connections_caps_servers_of_a_database() {
     assert_eq!(max, 2, "max_db_connections=2");
 }
 
+#[test]
+fn max_db_connections_takes_an_idle_server_from_another_pool() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "max_db_connections = 1\nquery_wait_timeout = 4\n");
+    let mut first = pw.client();
+    first.value("SELECT 1");
+    first.terminate();
+    let since = Instant::now();
+    assert_eq!(
+        new_client_value(&pw, ("postgres", "app"), "SELECT current_user", 3 * SECOND),
+        Ok("postgres".to_string()),
+        "another user under max_db_connections = 1"
+    );
+    assert!(since.elapsed() < 3 * SECOND, "{:?}", since.elapsed());
+}
+
 /// Three pools of one user (three databases) share max_user_connections=1: an idle server of
 /// one pool must make way for a client waiting in another (PgBouncer closes it).
 #[test]
@@ -278,7 +318,7 @@ fn max_user_connections_caps_servers_of_a_user_across_databases() {
         pg.db_connstr("app"),
         pg.db_connstr("app")
     );
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 5\nquery_wait_timeout = 5\n\
          [users]\ntrustuser = max_user_connections=1\n",
@@ -299,18 +339,14 @@ fn server_reset_query_runs_in_session_mode_only() {
     let pg = Postgres::start();
     log_statements_of(&pg, "trustuser");
     let dbs = format!("txdb = {} pool_mode=transaction\n", pg.db_connstr("app"));
-    let pw = start(&pg, "pool_mode = session\ndefault_pool_size = 1\n", &dbs);
-    let mut a = Raw::connect(pw.port);
-    a.startup(&[("user", "trustuser"), ("database", "app")])
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    let pw = Pgward::trusting(&pg, "pool_mode = session\ndefault_pool_size = 1\n", &dbs);
+    let mut a = pw.client();
     let pid = a.value("SELECT pg_backend_pid()");
     a.value("CREATE TEMP TABLE scratch (id int)");
     a.value("SET work_mem = '7MB'");
     a.terminate();
 
-    let mut b = Raw::connect(pw.port);
-    b.startup(&[("user", "trustuser"), ("database", "app")])
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut b = pw.client();
     assert_eq!(
         b.value("SELECT pg_backend_pid()"),
         pid,
@@ -333,9 +369,7 @@ fn server_reset_query_runs_in_session_mode_only() {
     );
 
     // Transaction mode: no reset between clients (server_reset_query_always is off).
-    let mut c = Raw::connect(pw.port);
-    c.startup(&[("user", "trustuser"), ("database", "txdb")])
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut c = pw.client_as("trustuser", "txdb");
     c.value("SELECT 'tx client'");
     c.terminate();
     thread::sleep(Duration::from_millis(300));
@@ -346,15 +380,13 @@ fn server_reset_query_runs_in_session_mode_only() {
 fn server_check_query_runs_after_server_check_delay() {
     let pg = Postgres::start();
     log_statements_of(&pg, "trustuser");
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 1\nserver_check_delay = 0.5\n\
          server_check_query = SELECT 'pgward check'\n",
         "",
     );
-    let mut a = Raw::connect(pw.port);
-    a.startup(&[("user", "trustuser"), ("database", "app")])
-        .unwrap_or_else(|e| panic!("{e:?}"));
+    let mut a = pw.client();
     a.value("SELECT 1");
     a.value("SELECT 2");
     let before = logged_statements(&pg, "SELECT 'pgward check'");
@@ -371,10 +403,33 @@ fn server_check_query_runs_after_server_check_delay() {
     a.terminate();
 }
 
+#[test]
+fn client_leaving_during_the_server_check_frees_its_slot() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(
+        &pg,
+        "default_pool_size = 1\nserver_check_delay = 0\n\
+         server_check_query = select pg_sleep(1.5)\nquery_wait_timeout = 3\n",
+    );
+    let mut leaver = pw.client();
+    // The idle server is checked first; the client leaves in the middle of the check.
+    leaver.send(&query_message("SELECT 'never answered'"));
+    thread::sleep(Duration::from_millis(500));
+    drop(leaver);
+
+    let since = Instant::now();
+    assert_eq!(
+        new_client_value(&pw, ("trustuser", "app"), "SELECT 'served'", 5 * SECOND),
+        Ok("served".to_string()),
+        "after a client left during the check"
+    );
+    assert!(since.elapsed() < 6 * SECOND, "{:?}", since.elapsed());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_idle_timeout_closes_idle_servers() {
     let pg = Postgres::start();
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\nserver_idle_timeout = 1\n",
         "",
@@ -395,7 +450,7 @@ async fn server_idle_timeout_closes_idle_servers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_lifetime_zero_uses_each_server_once() {
     let pg = Postgres::start();
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 2\nserver_lifetime = 0\n\
          query_wait_timeout = 5\n",
@@ -423,7 +478,7 @@ async fn server_lifetime_zero_uses_each_server_once() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_lifetime_zero_keeps_an_unused_min_pool_server() {
     let pg = Postgres::start();
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\nserver_lifetime = 0\n",
         &format!(
@@ -461,11 +516,7 @@ async fn server_lifetime_zero_keeps_an_unused_min_pool_server() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn server_lifetime_replaces_old_servers() {
     let pg = Postgres::start();
-    let pw = start(
-        &pg,
-        "pool_mode = transaction\ndefault_pool_size = 1\nserver_lifetime = 1\nserver_idle_timeout = 0\n",
-        "",
-    );
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\ndefault_pool_size = 1\nserver_lifetime = 1\nserver_idle_timeout = 0\n", "");
     let client = must_connect(&pw.connstr("trustuser", None, "app")).await;
     let first = must_value(&client.client, "SELECT pg_backend_pid()").await;
     let started = Instant::now();
@@ -498,7 +549,7 @@ async fn connection_string_settings_reach_the_server() {
          * = host=127.0.0.1 port={} pool_size=1\n",
         pg.port, pg.port
     );
-    let pw = start(&pg, "pool_mode = transaction\n", &dbs);
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &dbs);
     let raw = {
         let mut c = Raw::connect(pw.port);
         let login = c
@@ -534,15 +585,14 @@ async fn connection_string_settings_reach_the_server() {
 #[test]
 fn tracked_parameters_follow_each_client_on_a_shared_server() {
     let pg = Postgres::start();
-    let pw = start(
+    let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 1\n\
          track_extra_parameters = IntervalStyle, default_transaction_read_only\n",
         "",
     );
     let default_tz = pg.sql("SHOW TimeZone");
-    let mut a = Raw::connect(pw.port);
-    a.startup(&[
+    let mut a = pw.client_with(&[
         ("user", "trustuser"),
         ("database", "app"),
         ("application_name", "alpha"),
@@ -550,15 +600,12 @@ fn tracked_parameters_follow_each_client_on_a_shared_server() {
             "options",
             "-c TimeZone=Asia/Tokyo -c default_transaction_read_only=on -c IntervalStyle=postgres_verbose",
         ),
-    ])
-    .unwrap_or_else(|e| panic!("{e:?}"));
-    let mut b = Raw::connect(pw.port);
-    b.startup(&[
+    ]);
+    let mut b = pw.client_with(&[
         ("user", "trustuser"),
         ("database", "app"),
         ("application_name", "beta"),
-    ])
-    .unwrap_or_else(|e| panic!("{e:?}"));
+    ]);
     let show = "SELECT current_setting('TimeZone') || '|' || current_setting('application_name') \
                 || '|' || current_setting('default_transaction_read_only') || '|' || current_setting('IntervalStyle') \
                 || '|' || current_setting('DateStyle') || '|' || current_setting('standard_conforming_strings') \
@@ -593,9 +640,42 @@ fn tracked_parameters_follow_each_client_on_a_shared_server() {
 }
 
 #[test]
+fn search_path_tracked_but_unreported_stays_with_its_client() {
+    let pg = Postgres::start();
+    let default_path = pg.sql("SHOW search_path");
+    let pw = Pgward::transaction_pool(
+        &pg,
+        "default_pool_size = 1\ntrack_extra_parameters = search_path\n",
+    );
+    let with_path = |path: &str| {
+        let options = format!("-c search_path={path}");
+        let params = [
+            ("user", "trustuser"),
+            ("database", "app"),
+            ("options", options.as_str()),
+        ];
+        pw.client_with(&params)
+    };
+    let mut a = with_path("schema_a");
+    let mut b = with_path("schema_b");
+    let show = "SHOW search_path";
+    assert_eq!(a.value(show), "schema_a");
+    assert_eq!(b.value(show), "schema_b");
+    assert_eq!(a.value(show), "schema_a", "A got B's search_path");
+    assert_eq!(b.value(show), "schema_b");
+    let mut plain = pw.client();
+    assert_eq!(
+        plain.value(show),
+        default_path,
+        "a client without search_path inherited another's"
+    );
+    assert_eq!(a.value(show), "schema_a");
+}
+
+#[test]
 fn many_clients_through_psql_share_two_servers() {
     let pg = Postgres::start();
-    let pw = start(&pg, "pool_mode = transaction\ndefault_pool_size = 2\n", "");
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\ndefault_pool_size = 2\n", "");
     let count = Arc::new(AtomicU32::new(0));
     thread::scope(|scope| {
         for i in 0..6 {

@@ -1,26 +1,28 @@
 //! The policy's SQL rules at the session, end to end: each rule refuses what it should and lets
 //! the rest through, with psql (simple protocol), pgbench (simple, extended and prepared) and
-//! tokio-postgres (extended protocol), alone, in pipelines and in transactions; tags, the
-//! parser settings, unchecked statements, policy reloads, the learned allowlist and
-//! `pgward check`.
+//! tokio-postgres (extended protocol), alone, in pipelines and in transactions; statements
+//! another client prepared on a shared server, which stay out of reach; tags, the parser
+//! settings (also for a statement pipelined behind COMMIT), unchecked statements, policy
+//! reloads, the learned allowlist and `pgward check`.
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::thread;
 use std::time::Duration;
 
 use common::driver::{code, must_connect, must_value};
+use common::policy::Policed;
 use common::raw::{
-    bind_message, command_tag, execute_message, extended_query, function_call_message,
-    parse_message, query_message, sync_message, tags, Fields, Raw,
+    bind_message, command_tag, describe, error_code, execute_message, extended_query, first_error,
+    flush_message, function_call_message, parse_message, query_message, run_prepared,
+    startup_packet, sync_message, tags, Fields, Message, Raw, PROTOCOL_3_0,
 };
 use common::{
-    client_command, eventually, shared_tempdir, stderr_of, stdout_of, Pgward, Postgres, HOST,
+    client_command, eventually, read_lossy, stderr_of, stdout_of, Pgward, Postgres, HOST, SECOND,
 };
 use pgward::sql::{Analyzer, Depth, ParseContext};
-use tempfile::TempDir;
 
 /// The policy of most tests: each rule narrowed to one application_name, so a case names the
 /// rule it exercises; a tenant rule for the tag tests.
@@ -69,41 +71,56 @@ const SCHEMA: &str = "CREATE TABLE t (a int); INSERT INTO t SELECT generate_seri
      GRANT ALL ON ALL TABLES IN SCHEMA public TO PUBLIC; GRANT ALL ON SEQUENCE seq TO PUBLIC; \
      GRANT USAGE ON SCHEMA secret TO PUBLIC; GRANT ALL ON secret.s TO PUBLIC";
 
-/// A server with the test objects, pgward in transaction mode with a pool of 2, and the
+/// require_where for the clients that say `application_name=where`; everyone else is free.
+const WHERE_POLICY: &str = r#"
+unchecked = "reject"
+
+[[rules]]
+rule = "require_where"
+when = { application_names = ["where"] }
+"#;
+
+/// require_where for the clients over TCP from 127.0.0.1; those on the Unix socket are free.
+const WHERE_TCP_POLICY: &str = r#"
+unchecked = "reject"
+
+[[rules]]
+rule = "require_where"
+when = { clients = ["127.0.0.1/32"] }
+"#;
+
+/// The table the refused statements would empty, with its ten rows.
+const TEN_ROWS: &str = "CREATE TABLE t (a int); INSERT INTO t SELECT generate_series(1, 10); \
+     GRANT ALL ON t TO PUBLIC";
+
+/// A server with the objects of `schema`, pgward in transaction mode with a policy, and the
 /// policy file (rewritten by reload tests).
-struct Fixture {
-    pg: Postgres,
-    pw: Pgward,
-    policy: PathBuf,
-    _dir: TempDir,
+struct Fixture(Policed);
+
+impl std::ops::Deref for Fixture {
+    type Target = Policed;
+    fn deref(&self) -> &Policed {
+        &self.0
+    }
 }
 
 impl Fixture {
+    /// The objects of [`SCHEMA`] and a pool of 2.
     fn start(policy: &str) -> Fixture {
-        let pg = Postgres::start();
-        pg.sql(SCHEMA);
-        let dir = shared_tempdir("pgward-policy-");
-        let path = dir.path().join("policy.toml");
-        write(&path, policy);
-        let settings = format!(
-            "auth_type = trust\npool_mode = transaction\ndefault_pool_size = 2\n\
-             max_client_conn = 50\ntrack_extra_parameters = search_path\n\
-             policy_file = {}\n",
-            path.display()
-        );
-        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
-        Fixture {
-            pg,
-            pw,
-            policy: path,
-            _dir: dir,
-        }
+        Fixture(Policed::start(
+            SCHEMA,
+            policy,
+            "default_pool_size = 2\nmax_client_conn = 50\ntrack_extra_parameters = search_path\n",
+        ))
     }
 
-    /// Rewrites the policy file and sends SIGHUP.
-    fn reload_with(&self, policy: &str) {
-        write(&self.policy, policy);
-        self.pw.reload();
+    /// Table `t` of [`TEN_ROWS`] and one server, with `settings`.
+    fn one_server(policy: &str, settings: &str) -> Fixture {
+        Fixture(Policed::start(
+            TEN_ROWS,
+            policy,
+            &format!("default_pool_size = 1\n{settings}"),
+        ))
     }
 
     /// A libpq connection string as `user` with `application_name`.
@@ -139,14 +156,20 @@ impl Fixture {
 
     /// A raw connection logged in as `user` with `application_name`.
     fn raw(&self, user: &str, app: &str) -> Raw {
-        let mut raw = Raw::connect(self.pw.port);
-        let login = raw.startup(&[
+        self.pw.client_with(&[
             ("user", user),
             ("database", "app"),
             ("application_name", app),
-        ]);
-        login.unwrap_or_else(|f| panic!("login failed: {f:?}"));
-        raw
+        ])
+    }
+
+    /// Nothing was deleted from the table of [`TEN_ROWS`].
+    fn assert_rows_kept(&self) {
+        assert_eq!(
+            self.pg.sql("SELECT count(*) FROM t"),
+            "10",
+            "rows of t were deleted"
+        );
     }
 }
 
@@ -526,6 +549,66 @@ fn a_refused_parse_alone_skips_to_sync() {
     assert_untouched(&f.pg);
 }
 
+#[test]
+fn skip_to_sync_holds_when_a_reload_removes_the_policy() {
+    let f = Fixture::one_server(WHERE_POLICY, "");
+    let mut client = f.raw("trustuser", "where");
+    client.send(&[parse_message("", "DELETE FROM t"), flush_message()].concat());
+    let refused = client
+        .until_tag_within(b'E', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    // The policy goes away before the rest of the batch arrives.
+    let ini = read_lossy(&f.pw.ini_path);
+    let without: String = ini
+        .lines()
+        .filter(|line| !line.starts_with("policy_file"))
+        .map(|line| format!("{line}\n"))
+        .collect();
+    std::fs::write(&f.pw.ini_path, without).unwrap_or_else(|e| panic!("ini: {e}"));
+    f.pw.reload_and_wait();
+    let rest = client.exchange_within(
+        &[bind_message(""), execute_message(), sync_message()].concat(),
+        3 * SECOND,
+        "rest",
+    );
+    assert_eq!(
+        tags(&rest),
+        "Z",
+        "the rest of the batch is skipped: {}",
+        describe(&rest)
+    );
+    f.assert_rows_kept();
+}
+
+#[test]
+fn bind_after_a_refusal_raised_in_a_transaction_finds_no_statement() {
+    let f = Fixture::one_server(WHERE_POLICY, "");
+    let mut client = f.raw("trustuser", "where");
+    client.value("BEGIN");
+    let refused = client.exchange_within(
+        &[
+            parse_message("", "DELETE FROM t"),
+            bind_message(""),
+            execute_message(),
+            sync_message(),
+        ]
+        .concat(),
+        3 * SECOND,
+        "the refused DELETE",
+    );
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    // PostgreSQL would have no unnamed statement after a failed Parse.
+    let again = client.exchange_within(
+        &run_prepared(""),
+        3 * SECOND,
+        "Bind of the unnamed statement",
+    );
+    assert_eq!(error_code(&again), "26000", "{}", describe(&again));
+    client.value("ROLLBACK");
+    f.assert_rows_kept();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tags_count_only_from_trusted_roles() {
     let f = Fixture::start(POLICY);
@@ -660,6 +743,123 @@ fn backslashes_are_unchecked_while_the_setting_may_change() {
     assert_raw_refused(&err, "unchecked");
     // Once nothing is in flight, the setting is known again.
     assert_eq!(raw.value(r"select 'a\'b'"), "a'b");
+}
+
+#[test]
+fn statement_pipelined_behind_commit_is_read_as_the_server_reads_it() {
+    let f = Fixture::one_server(WHERE_POLICY, "");
+    let mut client = f.raw("trustuser", "where");
+    client.value("BEGIN");
+    client.value("SET LOCAL standard_conforming_strings = off");
+    // After COMMIT the setting is on again: 'x\' ends the string and DELETE follows.
+    let hidden = r"SELECT 'x\'; DELETE FROM t; --'";
+    client.send(&[query_message("COMMIT"), query_message(hidden)].concat());
+    let commit = client
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(error_code(&commit), "", "COMMIT: {}", describe(&commit));
+    let answer = client
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(
+        error_code(&answer),
+        "42501",
+        "the statement behind COMMIT: {}",
+        describe(&answer)
+    );
+    f.assert_rows_kept();
+}
+
+/// Client A (no rule) prepares `DELETE FROM t` as `name`; client B (require_where) then binds
+/// `bound` on the same server: B's answer.
+fn run_what_another_prepared(f: &Fixture, name: &str, bound: &dyn Fn(&mut Raw) -> String) {
+    let mut a = f.raw("trustuser", "free");
+    let parsed = a.exchange_within(
+        &[parse_message(name, "DELETE FROM t"), sync_message()].concat(),
+        3 * SECOND,
+        "A's Parse",
+    );
+    assert_eq!(error_code(&parsed), "", "A's Parse: {}", describe(&parsed));
+    let mut b = f.raw("trustuser", "where");
+    let refused = b.exchange_within(&query_message("DELETE FROM t"), 3 * SECOND, "B's DELETE");
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    let name = bound(&mut b);
+    let answer = b.exchange_within(&run_prepared(&name), 3 * SECOND, "B's Bind");
+    assert_eq!(
+        error_code(&answer),
+        "26000",
+        "B's Bind of {name:?}: {}",
+        describe(&answer)
+    );
+    f.assert_rows_kept();
+}
+
+/// Logs in over pgward's Unix socket as `trustuser` with `application_name=where`, sends
+/// `bytes` and reads to the second ReadyForQuery: the messages after the login.
+fn over_unix_socket(pw: &Pgward, bytes: &[u8]) -> Vec<Message> {
+    let path = pw.socket_dir.join(format!(".s.PGSQL.{}", pw.port));
+    let mut client = Raw::connect_unix(&path);
+    let params = [
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("application_name", "where"),
+    ];
+    let login = startup_packet(PROTOCOL_3_0, &params);
+    client.exchange_within(&login, 3 * SECOND, "login over the Unix socket");
+    client.exchange_within(bytes, 3 * SECOND, "over the Unix socket")
+}
+
+#[test]
+fn unnamed_statement_of_another_client_is_out_of_reach() {
+    let f = Fixture::one_server(WHERE_TCP_POLICY, "");
+    let parsed = over_unix_socket(
+        &f.pw,
+        &[parse_message("", "DELETE FROM t"), sync_message()].concat(),
+    );
+    assert_eq!(error_code(&parsed), "", "A's Parse: {}", describe(&parsed));
+    let mut b = f.raw("trustuser", "where");
+    let refused = b.exchange_within(&query_message("DELETE FROM t"), 3 * SECOND, "B's DELETE");
+    assert_eq!(error_code(&refused), "42501", "{}", describe(&refused));
+    let answer = b.exchange_within(&run_prepared(""), 3 * SECOND, "B's Bind");
+    assert_eq!(
+        error_code(&answer),
+        "26000",
+        "B's Bind: {}",
+        describe(&answer)
+    );
+    f.assert_rows_kept();
+}
+
+#[test]
+fn named_statement_of_another_client_is_out_of_reach_without_mapping() {
+    let f = Fixture::one_server(WHERE_POLICY, "max_prepared_statements = 0\n");
+    run_what_another_prepared(&f, "stmt_of_a", &|_| "stmt_of_a".to_string());
+}
+
+#[test]
+fn pgwards_own_statement_names_are_out_of_reach() {
+    let f = Fixture::one_server(WHERE_POLICY, "max_prepared_statements = 10\n");
+    // B reads the server-side name of A's statement on the server they share.
+    run_what_another_prepared(&f, "a", &|b| {
+        let name =
+            b.value("SELECT name FROM pg_prepared_statements WHERE statement = 'DELETE FROM t'");
+        assert!(name.starts_with("pgw_"), "server-side name {name:?}");
+        name
+    });
+}
+
+#[test]
+fn sql_execute_of_another_clients_prepare_is_refused() {
+    let f = Fixture::one_server(WHERE_POLICY, "");
+    let mut a = f.raw("trustuser", "free");
+    a.value("PREPARE p AS DELETE FROM t");
+    let mut b = f.raw("trustuser", "where");
+    let answer = b.exchange_within(&query_message("EXECUTE p"), 3 * SECOND, "EXECUTE p");
+    let fields =
+        first_error(&answer).unwrap_or_else(|| panic!("EXECUTE p ran: {}", describe(&answer)));
+    assert_eq!(fields.code(), "42501", "{fields:?}");
+    assert!(fields.message().contains("unverifiable"), "{fields:?}");
+    f.assert_rows_kept();
 }
 
 /// The oid of `abs(integer)`, for fast-path calls.

@@ -1,24 +1,23 @@
 //! The startup phase (encryption requests, startup parameters, protocol errors) and
-//! authentication on both sides of pgward: clients against the auth file, pgward against
-//! PostgreSQL.
+//! authentication on both sides of pgward: clients against the auth file (a password message
+//! too long to wait for included), pgward against PostgreSQL (and against a server that never
+//! proves its SCRAM signature).
 
 mod common;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::driver::{self, code, connect, must_connect, must_value};
-use common::raw::{self, Raw, PROTOCOL_3_0};
-use common::{psql_at, stderr_of, stdout_of, write_userlist, Pgward, Postgres};
-
-fn trust_pgward(pg: &Postgres, extra: &str) -> Pgward {
-    let settings = format!("auth_type = trust\npool_mode = transaction\n{extra}");
-    Pgward::start(&Pgward::ini(pg, &settings, ""))
-}
+use common::raw::{self, new_client_value, Raw, PROTOCOL_3_0};
+use common::script::{Script, ScriptedAuth, ScriptedServer};
+use common::{
+    psql_at, shared_tempdir, stderr_of, stdout_of, write_userlist, Pgward, Postgres, HOST, SECOND,
+};
 
 #[test]
 fn ssl_and_gssenc_requests_are_refused_then_startup_proceeds() {
     let pg = Postgres::start();
-    let pw = trust_pgward(&pg, "");
+    let pw = Pgward::transaction_pool(&pg, "");
     let mut client = Raw::connect(pw.port);
     client.send(&raw::ssl_request());
     assert_eq!(client.read_byte(), Ok(b'N'), "SSLRequest answer");
@@ -78,7 +77,7 @@ fn ssl_and_gssenc_requests_are_refused_then_startup_proceeds() {
 #[test]
 fn options_from_libpq_reach_the_server() {
     let pg = Postgres::start();
-    let pw = trust_pgward(&pg, "");
+    let pw = Pgward::transaction_pool(&pg, "");
     let out = psql_at(
         pw.port,
         "trustuser",
@@ -111,7 +110,7 @@ fn assert_protocol_violation(what: &str, fields: &raw::Fields) {
 #[test]
 fn bad_protocol_versions_and_malformed_packets_get_08p01() {
     let pg = Postgres::start();
-    let pw = trust_pgward(&pg, "");
+    let pw = Pgward::transaction_pool(&pg, "");
     let params = [("user", "trustuser"), ("database", "app")];
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("protocol 4.0", raw::startup_packet(4 << 16, &params)),
@@ -159,7 +158,7 @@ fn bad_protocol_versions_and_malformed_packets_get_08p01() {
 #[test]
 fn ignored_startup_parameters_and_protocol_negotiation() {
     let pg = Postgres::start();
-    let pw = trust_pgward(&pg, "ignore_startup_parameters = extra_float_digits");
+    let pw = Pgward::transaction_pool(&pg, "ignore_startup_parameters = extra_float_digits");
     let mut client = Raw::connect(pw.port);
     client.send(&raw::startup_packet(
         PROTOCOL_3_0 | 2,
@@ -180,13 +179,45 @@ fn ignored_startup_parameters_and_protocol_negotiation() {
 #[test]
 fn unknown_database_is_refused_with_3d000() {
     let pg = Postgres::start();
-    let pw = trust_pgward(&pg, "");
+    let pw = Pgward::transaction_pool(&pg, "");
     let fields = refusal(
         pw.port,
         &raw::startup_packet(PROTOCOL_3_0, &[("user", "trustuser"), ("database", "nope")]),
     );
     assert_eq!(fields.code(), "3D000", "{fields:?}");
     assert_eq!(fields.message(), "no such database: nope");
+}
+
+#[test]
+fn oversized_password_message_is_refused_at_once() {
+    let pg = Postgres::start();
+    let dir = shared_tempdir("pgward-users-");
+    let secret = pg.role_secret("md5user");
+    let userlist = write_userlist(dir.path(), &[("md5user", secret.as_str())]);
+    let settings = format!("auth_type = md5\nauth_file = {}\n", userlist.display());
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let mut client = Raw::connect(pw.port);
+    client.send(&raw::startup_packet(
+        PROTOCOL_3_0,
+        &[("user", "md5user"), ("database", "app")],
+    ));
+    let asked = client
+        .read_message_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("no authentication request: {err:?}"));
+    assert_eq!(asked.tag, b'R');
+    // A password message announcing one GiB.
+    let mut huge = vec![b'p'];
+    huge.extend_from_slice(&(1u32 << 30).to_be_bytes());
+    huge.extend_from_slice(b"md5");
+    client.send(&huge);
+    let since = Instant::now();
+    assert!(
+        client.closes_within(2 * SECOND),
+        "pgward waits for a 1 GiB password"
+    );
+    assert!(since.elapsed() < 2 * SECOND);
+    let ok = pw.psql("md5user", Some("md5pass"), "app", "SELECT 1");
+    assert!(ok.status.success(), "{}", stderr_of(&ok));
 }
 
 /// One login through pgward: the user, the password the client gives, and the outcome
@@ -495,4 +526,27 @@ async fn scram_keys_of_the_client_open_several_servers() {
         !log.contains("authentication failed"),
         "a server login failed:\n{log}"
     );
+}
+
+#[test]
+fn scram_login_without_the_server_signature_is_refused() {
+    const ROWS: &[u8] = &[
+        b'C', 0, 0, 0, 13, b'S', b'E', b'L', b'E', b'C', b'T', b' ', b'0', 0, b'Z', 0, 0, 0, 5,
+        b'I',
+    ];
+    let server = ScriptedServer::start(Script::Answer {
+        auth: ScriptedAuth::ScramWithoutSignature,
+        answer: ROWS,
+    });
+    let ini = format!(
+        "[databases]\nscripted = host={HOST} port={} dbname=app user=scramuser \
+         password=scrampass\n\n[pgbouncer]\nauth_type = trust\npool_mode = transaction\n\
+         query_wait_timeout = 3\n",
+        server.port
+    );
+    let pw = Pgward::start(&ini);
+    match new_client_value(&pw, ("trustuser", "scripted"), "SELECT 1", 5 * SECOND) {
+        Ok(value) => panic!("{value:?} from a server that never proved its SCRAM signature"),
+        Err(err) => assert!(err.contains("FATAL"), "{err}"),
+    }
 }

@@ -1,28 +1,16 @@
 //! Every timeout: the client ones close the client with a FATAL carrying their SQLSTATE at the
-//! right time; the server ones bound logins and their retries.
+//! right time, counting from the right moment (a transaction's BEGIN, the last answer) and
+//! leaving the server clean for the next client; the server ones bound logins and their
+//! retries, min_pool_size's included.
 
 mod common;
 
-use std::io::Read;
-use std::net::TcpListener;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::raw::{self, Fields, Raw};
-use common::{eventually, stderr_of, Pgward, Postgres};
-
-fn start(pg: &Postgres, settings: &str) -> Pgward {
-    let settings = format!("auth_type = trust\npool_mode = transaction\n{settings}");
-    Pgward::start(&Pgward::ini(pg, &settings, ""))
-}
-
-fn login(pw: &Pgward) -> Raw {
-    let mut client = Raw::connect(pw.port);
-    client
-        .startup(&[("user", "trustuser"), ("database", "app")])
-        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
-    client
-}
+use common::raw::{self, new_client_value, Fields, Raw};
+use common::script::{Script, ScriptedServer};
+use common::{eventually, server_count, stderr_of, Pgward, Postgres, SECOND};
 
 /// Asserts a FATAL with `code` and `message` that came between one second (every timeout here
 /// is one second) and `max` after `since`, and that the connection is then closed.
@@ -48,8 +36,6 @@ fn assert_fatal(
     );
 }
 
-const SECOND: Duration = Duration::from_secs(1);
-
 /// Runs `SELECT 1` `times` times, `gap` apart (activity that must not trip the timeout), then
 /// waits for the FATAL `expected` within two seconds of the last answer.
 fn active_then_idle(client: &mut Raw, gap: Duration, times: usize, expected: (&str, &str)) {
@@ -65,8 +51,8 @@ fn active_then_idle(client: &mut Raw, gap: Duration, times: usize, expected: (&s
 #[test]
 fn query_timeout_cancels_a_long_query_with_57014() {
     let pg = Postgres::start();
-    let pw = start(&pg, "query_timeout = 1\n");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "query_timeout = 1\n");
+    let mut client = pw.client();
     assert_eq!(client.value("SELECT pg_sleep(0.3)"), "");
     let since = Instant::now();
     client.send(&raw::query_message("SELECT pg_sleep(5)"));
@@ -79,16 +65,39 @@ fn query_timeout_cancels_a_long_query_with_57014() {
         Duration::from_millis(2500),
     );
     // Other clients are served meanwhile.
-    let mut next = login(&pw);
+    let mut next = pw.client();
     assert_eq!(next.value("SELECT 1"), "1");
+}
+
+#[test]
+fn query_timeout_cancels_the_query_before_closing_the_server() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "query_timeout = 1\n");
+    let mut client = pw.client();
+    client.send(&raw::query_message(
+        "SELECT pg_sleep(8) AS query_timeout_sleeper",
+    ));
+    let fields = client.expect_error_within(3 * SECOND);
+    assert_eq!(fields.code(), "57014", "{fields:?}");
+    let running = || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+             AND query LIKE '%query_timeout_sleeper%' AND pid <> pg_backend_pid()",
+        )
+    };
+    assert!(
+        eventually(2 * SECOND, || running() == "0"),
+        "the timed-out query still runs on PostgreSQL"
+    );
 }
 
 #[test]
 fn query_wait_timeout_refuses_a_client_that_waited_too_long() {
     let pg = Postgres::start();
-    let pw = start(&pg, "default_pool_size = 1\nquery_wait_timeout = 1\n");
-    let mut busy = login(&pw);
-    let mut waiting = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 1\n");
+    let mut busy = pw.client();
+    let mut waiting = pw.client();
     // The server is opened first: on a loaded machine its login alone could outlast the
     // one-second wait this test gives the other client.
     assert_eq!(busy.value("SELECT 1"), "1");
@@ -113,8 +122,8 @@ fn query_wait_timeout_refuses_a_client_that_waited_too_long() {
 #[test]
 fn idle_transaction_timeout_closes_with_25p03_and_the_server() {
     let pg = Postgres::start();
-    let pw = start(&pg, "idle_transaction_timeout = 1\n");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "idle_transaction_timeout = 1\n");
+    let mut client = pw.client();
     client.value("BEGIN");
     // Activity inside the transaction restarts the idle clock.
     let expected = ("25P03", "idle_transaction_timeout");
@@ -132,8 +141,8 @@ fn idle_transaction_timeout_closes_with_25p03_and_the_server() {
 #[test]
 fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
     let pg = Postgres::start();
-    let pw = start(&pg, "transaction_timeout = 1\n");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "transaction_timeout = 1\n");
+    let mut client = pw.client();
     // Outside a transaction, time does not count.
     for _ in 0..3 {
         client.value("SELECT pg_sleep(0.4)");
@@ -162,18 +171,105 @@ fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
 }
 
 #[test]
+fn transaction_timeout_counts_from_begin_not_from_attach() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = session\ntransaction_timeout = 1\n", "");
+    let mut client = pw.client();
+    client.value("SELECT 1");
+    thread::sleep(Duration::from_millis(1300));
+    let since = Instant::now();
+    assert_eq!(client.value_within("BEGIN", 3 * SECOND), Ok(String::new()));
+    assert_eq!(
+        client.value_within("SELECT 'inside'", 3 * SECOND),
+        Ok("inside".to_string()),
+        "closed right after BEGIN"
+    );
+    let fields = client.expect_error_within(3 * SECOND);
+    let took = since.elapsed();
+    assert_eq!(fields.code(), "25P04", "{fields:?}");
+    assert!(
+        took >= Duration::from_millis(900) && took <= Duration::from_millis(2000),
+        "transaction_timeout after {took:?}"
+    );
+}
+
+#[test]
 fn client_idle_timeout_closes_idle_clients_with_57p05() {
     let pg = Postgres::start();
-    let pw = start(&pg, "client_idle_timeout = 1\n");
-    let mut client = login(&pw);
+    let pw = Pgward::transaction_pool(&pg, "client_idle_timeout = 1\n");
+    let mut client = pw.client();
     let expected = ("57P05", "client_idle_timeout");
     active_then_idle(&mut client, Duration::from_millis(400), 4, expected);
 }
 
 #[test]
+fn client_idle_time_counts_from_the_last_answer() {
+    let pg = Postgres::start();
+    // A timeout long enough that a loaded machine does not idle the client out between its
+    // login and its first query (the error would then be lost to the query's write).
+    let pw = Pgward::transaction_pool(&pg, "client_idle_timeout = 4\n");
+    let mut client = pw.client();
+    // The query runs longer than client_idle_timeout; the client then pauses for half of it.
+    assert_eq!(
+        client.value_within("SELECT pg_sleep(5)", 8 * SECOND),
+        Ok(String::new()),
+        "{}",
+        pw.log()
+    );
+    thread::sleep(2 * SECOND);
+    assert_eq!(
+        client.value_within("SELECT 'awake'", 3 * SECOND),
+        Ok("awake".to_string()),
+        "closed right after a long query's answer\n{}",
+        pw.log()
+    );
+    // The timeout still applies once the client is idle.
+    let fields = client.expect_error_within(7 * SECOND);
+    assert_eq!(fields.code(), "57P05", "{fields:?}");
+}
+
+/// The state and last query of the PostgreSQL backend `pid` (empty when it is gone).
+fn backend_state(pg: &Postgres, pid: &str) -> String {
+    pg.sql_in(
+        "postgres",
+        &format!("SELECT state || ': ' || query FROM pg_stat_activity WHERE pid = {pid}"),
+    )
+}
+
+#[test]
+fn client_idle_timeout_in_session_mode_gives_the_server_back() {
+    let pg = Postgres::start();
+    let settings = "pool_mode = session
+client_idle_timeout = 1
+server_reset_query = DISCARD ALL
+";
+    let pw = Pgward::trusting(&pg, settings, "");
+    let mut idle = pw.client();
+    let pid = idle.value("SELECT pg_backend_pid()");
+    assert!(
+        idle.closes_within(3 * SECOND),
+        "the idle client was not closed"
+    );
+    // Its server is reset and kept for the next client.
+    let reset = "idle: DISCARD ALL";
+    assert!(
+        eventually(2 * SECOND, || backend_state(&pg, &pid) == reset),
+        "the idle client's server: {:?} (empty: closed)",
+        backend_state(&pg, &pid)
+    );
+    let mut next = pw.client();
+    assert_eq!(
+        next.value("SELECT pg_backend_pid()"),
+        pid,
+        "a new backend instead of the idle client's"
+    );
+    assert_eq!(server_count(&pg, "trustuser", "app"), 1, "backends");
+}
+
+#[test]
 fn client_login_timeout_closes_silent_connections() {
     let pg = Postgres::start();
-    let pw = start(&pg, "client_login_timeout = 1\n");
+    let pw = Pgward::transaction_pool(&pg, "client_login_timeout = 1\n");
     let since = Instant::now();
     let mut silent = Raw::connect(pw.port);
     let mut half = Raw::connect(pw.port);
@@ -196,21 +292,8 @@ fn client_login_timeout_closes_silent_connections() {
 #[test]
 fn server_connect_timeout_bounds_each_login_attempt() {
     let pg = Postgres::start();
-    let mute = TcpListener::bind((common::HOST, 0)).expect("bind");
-    let mute_port = mute.local_addr().expect("addr").port();
-    let attempts = thread::spawn(move || {
-        let mut lifetimes = Vec::new();
-        let _ = mute.set_nonblocking(false);
-        for stream in mute.incoming().take(2) {
-            let Ok(mut stream) = stream else { break };
-            let accepted = Instant::now();
-            let mut sink = [0u8; 1024];
-            while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
-            lifetimes.push(accepted.elapsed());
-        }
-        lifetimes
-    });
-    let dbs = format!("mute = host=127.0.0.1 port={mute_port} dbname=app\n");
+    let mute = ScriptedServer::start(Script::Mute);
+    let dbs = format!("mute = host=127.0.0.1 port={} dbname=app\n", mute.port);
     let settings = "auth_type = trust\npool_mode = transaction\nserver_connect_timeout = 1\n\
                     query_wait_timeout = 4\n";
     let pw = Pgward::start(&Pgward::ini(&pg, settings, &dbs));
@@ -221,7 +304,7 @@ fn server_connect_timeout_bounds_each_login_attempt() {
         .expect_err("logged in through a mute server");
     assert!(!refused.code().is_empty(), "{refused:?}");
     assert!(since.elapsed() < 6 * SECOND, "{:?}", since.elapsed());
-    let lifetimes = attempts.join().expect("mute server thread");
+    let lifetimes = mute.lifetimes(2);
     assert_eq!(lifetimes.len(), 2, "pgward tried once only");
     for life in lifetimes {
         assert!(
@@ -265,13 +348,36 @@ fn server_login_retry_spaces_out_refused_logins() {
 }
 
 #[test]
+fn min_pool_size_waits_for_server_login_retry() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "badpw = {} user=md5user password=wrong\n",
+        pg.db_connstr("app")
+    );
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\nmin_pool_size = 1\nserver_login_retry = 10\n",
+        &dbs,
+    );
+    let attempts = || pg.log().matches("password authentication failed").count();
+    let refused = new_client_value(&pw, ("trustuser", "badpw"), "SELECT 1", 3 * SECOND)
+        .expect_err("logged in with a wrong server password");
+    assert!(refused.contains("28P01"), "{refused}");
+    assert!(eventually(SECOND, || attempts() >= 1));
+    // Two maintenance passes later, still no second attempt.
+    thread::sleep(Duration::from_millis(2200));
+    assert_eq!(
+        attempts(),
+        1,
+        "min_pool_size retried inside server_login_retry"
+    );
+}
+
+#[test]
 fn query_timeout_fires_while_rows_keep_streaming() {
     let pg = Postgres::start();
-    let pw = start(&pg, "query_timeout = 1\n");
-    let mut client = Raw::connect(pw.port);
-    client
-        .startup(&[("user", "postgres"), ("database", "app")])
-        .expect("login");
+    let pw = Pgward::transaction_pool(&pg, "query_timeout = 1\n");
+    let mut client = pw.client_as("postgres", "app");
     // Rows without end, read as fast as they come: the relay never waits, the timer must
     // still be heard.
     client.send(&raw::query_message(

@@ -17,7 +17,9 @@
 pub mod certs;
 pub mod driver;
 pub mod gate;
+pub mod policy;
 pub mod raw;
+pub mod relay;
 pub mod script;
 
 use std::fs;
@@ -32,6 +34,9 @@ use tempfile::TempDir;
 
 /// The address every fixture listens on.
 pub const HOST: &str = "127.0.0.1";
+
+/// One second.
+pub const SECOND: Duration = Duration::from_secs(1);
 
 /// How long `Pgward::start` waits for the listening port.
 const PGWARD_START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -650,6 +655,19 @@ impl Pgward {
         )
     }
 
+    /// Starts pgward in front of `pg` with `auth_type = trust`, the `[pgbouncer]` `settings`
+    /// and the extra `[databases]` lines `dbs`.
+    pub fn trusting(pg: &Postgres, settings: &str, dbs: &str) -> Pgward {
+        let settings = format!("auth_type = trust\n{settings}");
+        Pgward::start(&Pgward::ini(pg, &settings, dbs))
+    }
+
+    /// Starts pgward in front of `pg` with `auth_type = trust`, `pool_mode = transaction` and
+    /// `settings`.
+    pub fn transaction_pool(pg: &Postgres, settings: &str) -> Pgward {
+        Pgward::trusting(pg, &format!("pool_mode = transaction\n{settings}"), "")
+    }
+
     /// Writes `ini_body` (with `listen_addr`, `listen_port`, `unix_socket_dir`, `logfile` and
     /// `pidfile` added to its `[pgbouncer]` section) into a new directory, starts pgward on it,
     /// and waits until its TCP port accepts connections. Panics with pgward's log when it exits
@@ -693,6 +711,18 @@ impl Pgward {
     /// Asks pgward to re-read its configuration (SIGHUP).
     pub fn reload(&self) {
         self.signal(libc::SIGHUP);
+    }
+
+    /// Sends SIGHUP and waits until the log says the configuration was reloaded.
+    pub fn reload_and_wait(&self) {
+        self.reload();
+        assert!(
+            eventually(10 * SECOND, || self
+                .log()
+                .contains("configuration reloaded")),
+            "no reload\n{}",
+            self.log()
+        );
     }
 
     /// Waits up to `timeout` for the process to exit; `None` if it is still running.

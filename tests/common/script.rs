@@ -1,195 +1,173 @@
-//! Scripted protocol exchanges with deadlines: messages by name, reads up to a tag with a
-//! report of what came instead, and logins and queries that give up instead of hanging.
+//! A scripted PostgreSQL server on 127.0.0.1, for what a real one will not do: stay mute,
+//! answer with a message that breaks the protocol, or log pgward in without proving its SCRAM
+//! signature. Each connection is served on a thread of its own, following one [`Script`].
 
+use std::io::{self, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::mpsc::{self, Receiver};
+use std::thread;
 use std::time::{Duration, Instant};
 
-use super::raw::{self, Message, Raw};
-use super::{Pgward, Postgres};
+use super::raw::{self, cstr};
+use super::HOST;
 
-/// One second.
-pub const SECOND: Duration = Duration::from_secs(1);
-
-/// Starts pgward in front of `pg` with `auth_type = trust`, the `[pgbouncer]` `settings` and
-/// the extra `[databases]` lines `dbs`.
-pub fn start(pg: &Postgres, settings: &str, dbs: &str) -> Pgward {
-    let settings = format!("auth_type = trust\n{settings}");
-    Pgward::start(&Pgward::ini(pg, &settings, dbs))
+/// How a scripted server authenticates pgward.
+#[derive(Clone, Copy)]
+pub enum ScriptedAuth {
+    Trust,
+    /// A SCRAM exchange that ends with AuthenticationOk and no SASLFinal.
+    ScramWithoutSignature,
 }
 
-/// Starts pgward with `pool_mode = transaction` and `settings`.
-pub fn transaction_pool(pg: &Postgres, settings: &str) -> Pgward {
-    start(pg, &format!("pool_mode = transaction\n{settings}"), "")
+/// What a [`ScriptedServer`] does with each connection.
+#[derive(Clone, Copy)]
+pub enum Script {
+    /// Accepts the connection and answers nothing, reading until the peer closes.
+    Mute,
+    /// A PostgreSQL lookalike: it logs pgward in as `auth` says, reports the usual parameters,
+    /// answers SET with CommandComplete and every other query with `answer`.
+    Answer {
+        auth: ScriptedAuth,
+        answer: &'static [u8],
+    },
 }
 
-// ---------------------------------------------------------------------------------------------
-// Protocol messages and reads with deadlines.
-
-/// `text` followed by a NUL byte.
-pub fn cstr(text: &str) -> Vec<u8> {
-    let mut out = text.as_bytes().to_vec();
-    out.push(0);
-    out
+/// A server on 127.0.0.1 that plays a [`Script`] to every connection.
+pub struct ScriptedServer {
+    pub port: u16,
+    /// How long each connection lasted, as each ends.
+    ended: Receiver<Duration>,
 }
 
-/// Parse of `sql` into the unnamed statement, no parameter types.
-pub fn parse(sql: &str) -> Vec<u8> {
-    raw::parse_message("", sql)
+impl ScriptedServer {
+    pub fn start(script: Script) -> ScriptedServer {
+        let listener = TcpListener::bind((HOST, 0)).expect("bind the scripted server");
+        let port = listener
+            .local_addr()
+            .expect("scripted server address")
+            .port();
+        let (tell, ended) = mpsc::channel();
+        thread::spawn(move || {
+            for stream in listener.incoming() {
+                let Ok(stream) = stream else { return };
+                let tell = tell.clone();
+                thread::spawn(move || {
+                    let accepted = Instant::now();
+                    let _ = play(stream, script);
+                    let _ = tell.send(accepted.elapsed());
+                });
+            }
+        });
+        ScriptedServer { port, ended }
+    }
+
+    /// How long each of the next `count` connections to end lasted, from its accept to its
+    /// end; fewer when no other connection ends within ten seconds.
+    pub fn lifetimes(&self, count: usize) -> Vec<Duration> {
+        let wait = Duration::from_secs(10);
+        (0..count)
+            .map_while(|_| self.ended.recv_timeout(wait).ok())
+            .collect()
+    }
 }
 
-/// Bind of the unnamed statement to the unnamed portal, no parameters, text results.
-pub fn bind() -> Vec<u8> {
-    raw::bind_message("")
+fn play(mut stream: TcpStream, script: Script) -> io::Result<()> {
+    match script {
+        Script::Mute => {
+            let mut sink = [0u8; 1024];
+            while matches!(stream.read(&mut sink), Ok(n) if n > 0) {}
+            Ok(())
+        }
+        Script::Answer { auth, answer } => serve(stream, auth, answer),
+    }
 }
 
-/// Describe of the unnamed portal.
-pub fn describe_portal() -> Vec<u8> {
-    raw::message(b'D', b"P\0")
-}
-
-/// Execute of the unnamed portal, all rows.
-pub fn execute() -> Vec<u8> {
-    raw::execute_message()
-}
-
-/// Sync.
-pub fn sync() -> Vec<u8> {
-    raw::sync_message()
-}
-
-/// Flush.
-pub fn flush() -> Vec<u8> {
-    raw::message(b'H', &[])
-}
-
-/// CopyData carrying `bytes`.
-pub fn copy_data(bytes: &[u8]) -> Vec<u8> {
-    raw::message(b'd', bytes)
-}
-
-/// CopyDone.
-pub fn copy_done() -> Vec<u8> {
-    raw::message(b'c', &[])
-}
-
-/// Terminate.
-pub fn terminate() -> Vec<u8> {
-    raw::message(b'X', &[])
-}
-
-/// Reads messages until one with `tag`, within `wait`; `Err` names what came instead.
-pub fn until_tag(client: &mut Raw, tag: u8, wait: Duration) -> Result<Vec<Message>, String> {
-    let deadline = Instant::now() + wait;
-    let mut seen = Vec::new();
+fn read_startup(stream: &mut TcpStream) -> io::Result<u32> {
     loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match client.read_message_within(left) {
-            Ok(msg) => {
-                let done = msg.tag == tag;
-                seen.push(msg);
-                if done {
-                    return Ok(seen);
-                }
+        let mut len = [0u8; 4];
+        stream.read_exact(&mut len)?;
+        let len = u32::from_be_bytes(len) as usize;
+        let mut body = vec![0u8; len.saturating_sub(4).min(10_000)];
+        stream.read_exact(&mut body)?;
+        let code = body
+            .get(..4)
+            .map_or(0, |c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]));
+        if code == 80_877_103 || code == 80_877_104 {
+            stream.write_all(b"N")?;
+            continue;
+        }
+        return Ok(code);
+    }
+}
+
+fn read_tagged(stream: &mut TcpStream) -> io::Result<(u8, Vec<u8>)> {
+    let mut head = [0u8; 5];
+    stream.read_exact(&mut head)?;
+    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
+    let mut body = vec![0u8; len.saturating_sub(4).min(1 << 20)];
+    stream.read_exact(&mut body)?;
+    Ok((head[0], body))
+}
+
+fn auth_message(code: u32, data: &[u8]) -> Vec<u8> {
+    let mut body = code.to_be_bytes().to_vec();
+    body.extend_from_slice(data);
+    raw::message(b'R', &body)
+}
+
+fn serve(mut stream: TcpStream, auth: ScriptedAuth, answer: &[u8]) -> io::Result<()> {
+    if read_startup(&mut stream)? != raw::PROTOCOL_3_0 {
+        return Ok(());
+    }
+    if let ScriptedAuth::ScramWithoutSignature = auth {
+        scram_without_signature(&mut stream)?;
+    }
+    let mut out = auth_message(0, &[]);
+    for (name, value) in [
+        ("server_version", "15.0"),
+        ("server_encoding", "UTF8"),
+        ("client_encoding", "UTF8"),
+        ("DateStyle", "ISO, MDY"),
+        ("IntervalStyle", "postgres"),
+        ("TimeZone", "UTC"),
+        ("integer_datetimes", "on"),
+        ("standard_conforming_strings", "on"),
+        ("application_name", ""),
+        ("is_superuser", "off"),
+    ] {
+        out.extend_from_slice(&raw::message(b'S', &[cstr(name), cstr(value)].concat()));
+    }
+    out.extend_from_slice(&raw::message(b'K', &[0, 0, 4, 210, 1, 2, 3, 4]));
+    out.extend_from_slice(&raw::message(b'Z', b"I"));
+    stream.write_all(&out)?;
+    loop {
+        let (tag, body) = read_tagged(&mut stream)?;
+        match tag {
+            b'Q' if body.to_ascii_uppercase().starts_with(b"SET ") => {
+                let done = [raw::message(b'C', b"SET\0"), raw::message(b'Z', b"I")];
+                stream.write_all(&done.concat())?;
             }
-            Err(err) => {
-                return Err(format!(
-                    "{err:?} waiting for '{}' after [{}]",
-                    char::from(tag),
-                    describe(&seen)
-                ))
-            }
+            b'Q' => stream.write_all(answer)?,
+            b'X' => return Ok(()),
+            _ => {}
         }
     }
 }
 
-/// Reads messages up to and including a ReadyForQuery, within `wait`.
-pub fn until_ready(client: &mut Raw, wait: Duration) -> Result<Vec<Message>, String> {
-    until_tag(client, b'Z', wait)
-}
-
-/// Messages with errors spelled out, for failure reports.
-pub fn describe(messages: &[Message]) -> String {
-    let parts: Vec<String> = messages
-        .iter()
-        .map(|m| match m.tag {
-            b'E' => {
-                let f = raw::Fields::parse(&m.body);
-                format!("E({} {} {})", f.severity(), f.code(), f.message())
-            }
-            tag => char::from(tag).to_string(),
-        })
-        .collect();
-    parts.join(" ")
-}
-
-/// The first column of a DataRow as text (None for NULL or a malformed row).
-pub fn first_column(body: &[u8]) -> Option<String> {
-    let len = body.get(2..6)?;
-    let len = i32::from_be_bytes([len[0], len[1], len[2], len[3]]);
-    let len = usize::try_from(len).ok()?;
-    let text = body.get(6..6 + len)?;
-    Some(String::from_utf8_lossy(text).into_owned())
-}
-
-/// The fields of the first ErrorResponse among `messages`.
-pub fn first_error(messages: &[Message]) -> Option<raw::Fields> {
-    messages
-        .iter()
-        .find(|m| m.tag == b'E')
-        .map(|m| raw::Fields::parse(&m.body))
-}
-
-/// What the answer to a query already sent says: the first column of its first row, or
-/// `Err` with the error or the failure to answer within `wait`.
-pub fn read_value(client: &mut Raw, wait: Duration) -> Result<String, String> {
-    let messages = until_ready(client, wait)?;
-    if let Some(fields) = first_error(&messages) {
-        return Err(format!("{fields:?}"));
-    }
-    let row = messages.iter().find(|m| m.tag == b'D');
-    Ok(row.and_then(|m| first_column(&m.body)).unwrap_or_default())
-}
-
-/// Runs `sql` with the simple query protocol; see [`read_value`].
-pub fn value_within(client: &mut Raw, sql: &str, wait: Duration) -> Result<String, String> {
-    client.send(&raw::query_message(sql));
-    read_value(client, wait)
-}
-
-/// Logs in with `params` (trust only) within `wait`; `Err` is the refusal or the timeout.
-pub fn login_within(port: u16, params: &[(&str, &str)], wait: Duration) -> Result<Raw, String> {
-    let mut client = Raw::connect(port);
-    client.send(&raw::startup_packet(raw::PROTOCOL_3_0, params));
-    let messages = until_ready(&mut client, wait)?;
-    match first_error(&messages) {
-        Some(fields) => Err(format!("{fields:?}")),
-        None => Ok(client),
-    }
-}
-
-/// Logs a new client in as `user` to `db` and runs `sql`, each step within `wait`: the first
-/// column of the first row, or why there is none.
-pub fn new_client_value(
-    pw: &Pgward,
-    (user, db): (&str, &str),
-    sql: &str,
-    wait: Duration,
-) -> Result<String, String> {
-    let mut client = login_within(pw.port, &[("user", user), ("database", db)], wait)?;
-    value_within(&mut client, sql, wait)
-}
-
-/// Logs a new client in as `user` to `db`, panicking with pgward's log on failure.
-pub fn login_as(pw: &Pgward, user: &str, db: &str) -> Raw {
-    login_within(pw.port, &[("user", user), ("database", db)], 5 * SECOND)
-        .unwrap_or_else(|err| panic!("login as {user} to {db}: {err}\n{}", pw.log()))
-}
-
-/// Logs a new client in as `trustuser` to `app`.
-pub fn login(pw: &Pgward) -> Raw {
-    login_as(pw, "trustuser", "app")
-}
-
-/// Runs `sql` and returns the first column of its first row, panicking on errors.
-pub fn must_value(client: &mut Raw, sql: &str) -> String {
-    value_within(client, sql, 5 * SECOND).unwrap_or_else(|err| panic!("{sql}: {err}"))
+/// Plays the server's side of SCRAM-SHA-256 up to the client's proof, which it accepts
+/// without ever sending its own signature.
+fn scram_without_signature(stream: &mut TcpStream) -> io::Result<()> {
+    stream.write_all(&auth_message(10, b"SCRAM-SHA-256\0\0"))?;
+    let (_, first) = read_tagged(stream)?;
+    let text = String::from_utf8_lossy(&first).into_owned();
+    let nonce = text
+        .split(',')
+        .find_map(|part| part.strip_prefix("r="))
+        .unwrap_or("")
+        .trim_end_matches('\0')
+        .to_string();
+    let server_first = format!("r={nonce}scripted,s=c2FsdHNhbHRzYWx0c2FsdA==,i=4096");
+    stream.write_all(&auth_message(11, server_first.as_bytes()))?;
+    let _client_final = read_tagged(stream)?;
+    Ok(())
 }

@@ -1,0 +1,45 @@
+//! PostgreSQL with a schema, and pgward in transaction pooling with a policy file: what the
+//! tests of the policy's rules and of the admission gate start from.
+
+use std::path::PathBuf;
+
+use tempfile::TempDir;
+
+use super::{shared_tempdir, Pgward, Postgres};
+
+pub struct Policed {
+    pub pg: Postgres,
+    pub pw: Pgward,
+    /// The policy file (tests rewrite it before a reload).
+    pub policy: PathBuf,
+    _dir: TempDir,
+}
+
+impl Policed {
+    /// PostgreSQL with `schema`, and pgward in transaction mode (trust) with `policy` as its
+    /// policy file and `settings` (one `key = value` per line) added to its ini.
+    pub fn start(schema: &str, policy: &str, settings: &str) -> Policed {
+        let pg = Postgres::start();
+        pg.sql(schema);
+        let dir = shared_tempdir("pgward-policy-");
+        let path = dir.path().join("policy.toml");
+        std::fs::write(&path, policy).expect("write the policy");
+        let settings = format!(
+            "auth_type = trust\npool_mode = transaction\n{settings}policy_file = {}\n",
+            path.display()
+        );
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        Policed {
+            pg,
+            pw,
+            policy: path,
+            _dir: dir,
+        }
+    }
+
+    /// Rewrites the policy file and sends SIGHUP.
+    pub fn reload_with(&self, policy: &str) {
+        std::fs::write(&self.policy, policy).expect("rewrite the policy");
+        self.pw.reload();
+    }
+}

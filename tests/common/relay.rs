@@ -1,0 +1,75 @@
+//! A TCP relay on 127.0.0.1 in front of PostgreSQL, standing for a slow network between
+//! pgward and its server.
+
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::thread;
+use std::time::Duration;
+
+use super::HOST;
+
+/// How a [`slow_relay`] slows the way from pgward to PostgreSQL down.
+#[derive(Clone, Copy)]
+pub struct Slowness {
+    /// A cancel request's connection stays open this long after the request was passed on.
+    pub cancel_hold: Duration,
+    /// Bytes towards PostgreSQL go in pieces of `.0` bytes, `.1` apart.
+    pub pace: Option<(usize, Duration)>,
+}
+
+/// A TCP relay on 127.0.0.1 to PostgreSQL at port `target`, standing for a slow network; its
+/// port.
+pub fn slow_relay(target: u16, slowness: Slowness) -> u16 {
+    let listener = TcpListener::bind((HOST, 0)).expect("bind the relay");
+    let port = listener.local_addr().expect("relay address").port();
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            thread::spawn(move || relay_one(stream, target, slowness));
+        }
+    });
+    port
+}
+
+fn relay_one(mut inbound: TcpStream, target: u16, slowness: Slowness) {
+    let mut head = [0u8; 8];
+    if inbound.read_exact(&mut head).is_err() {
+        return;
+    }
+    let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
+        return;
+    };
+    if outbound.write_all(&head).is_err() {
+        return;
+    }
+    if head[4..8] == 80_877_102u32.to_be_bytes() {
+        let mut key = [0u8; 8];
+        if inbound.read_exact(&mut key).is_ok() && outbound.write_all(&key).is_ok() {
+            let mut ack = [0u8; 1];
+            let _ = outbound.read(&mut ack);
+            thread::sleep(slowness.cancel_hold);
+        }
+        return;
+    }
+    let (Ok(in_copy), Ok(out_copy)) = (inbound.try_clone(), outbound.try_clone()) else {
+        return;
+    };
+    thread::spawn(move || pipe(in_copy, out_copy, slowness.pace));
+    pipe(outbound, inbound, None);
+}
+
+/// Copies `from` to `to` (at `pace`, if given) until either side ends, then closes both.
+fn pipe(mut from: TcpStream, mut to: TcpStream, pace: Option<(usize, Duration)>) {
+    let (piece, gap) = pace.unwrap_or((64 * 1024, Duration::ZERO));
+    let mut buf = vec![0u8; piece];
+    while let Ok(n) = from.read(&mut buf) {
+        if n == 0 || to.write_all(&buf[..n]).is_err() {
+            break;
+        }
+        if !gap.is_zero() {
+            thread::sleep(gap);
+        }
+    }
+    let _ = from.shutdown(Shutdown::Both);
+    let _ = to.shutdown(Shutdown::Both);
+}

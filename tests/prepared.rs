@@ -1,0 +1,192 @@
+//! Prepared statements in transaction pooling, where pgward prepares a client's statements on
+//! whichever server it gets and closes them to make room: which statements the server still
+//! has after an eviction its Close never reached, after a DISCARD ALL or a failed Parse sent
+//! with Terminate, after server_reset_query_always, and in a failed transaction (compared with
+//! PostgreSQL's own answers).
+
+mod common;
+
+use common::raw::{
+    bind_message, describe, error_code, execute_message, first_error, parse_message, query_message,
+    run_prepared, sync_message, tags, terminate_message, Message, Raw,
+};
+use common::{Pgward, Postgres, SECOND};
+
+/// One server, with room for two prepared statements.
+const TWO_STATEMENTS: &str = "default_pool_size = 1\nmax_prepared_statements = 2\n";
+
+/// Parse, Bind, Execute and Sync of `sql` as the statement `name`.
+fn run_named(name: &str, sql: &str) -> Vec<u8> {
+    [
+        parse_message(name, sql),
+        bind_message(name),
+        execute_message(),
+        sync_message(),
+    ]
+    .concat()
+}
+
+/// Asserts that an extended-protocol answer has no error and that its first row says
+/// `expected`.
+fn assert_row(answer: &[Message], expected: &str, what: &str) {
+    assert!(
+        first_error(answer).is_none(),
+        "{what}: {}",
+        describe(answer)
+    );
+    let row = answer.iter().find(|m| m.tag == b'D');
+    assert_eq!(
+        row.and_then(|m| m.first_column()).as_deref(),
+        Some(expected),
+        "{what}: {}",
+        describe(answer)
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// An eviction Close that the server skipped.
+
+#[test]
+fn skipped_eviction_close_leaves_the_statement_usable() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut client = pw.client();
+    let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
+    assert_row(&first, "1", "a");
+    let second = client.exchange_within(&run_named("a2", "SELECT 2"), 3 * SECOND, "a2");
+    assert_row(&second, "2", "a2");
+    // The third statement evicts the first, but the error before it makes PostgreSQL skip the
+    // eviction's Close along with the Parse.
+    let bad = [
+        parse_message("", "selec bad"),
+        parse_message("b", "SELECT 3"),
+        sync_message(),
+    ]
+    .concat();
+    let refused = client.exchange_within(&bad, 3 * SECOND, "the failed batch");
+    assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
+
+    let again = client.exchange_within(
+        &run_prepared("a"),
+        3 * SECOND,
+        "a after the skipped eviction",
+    );
+    assert_row(&again, "1", "a after the skipped eviction");
+    let mut other = pw.client();
+    let fresh = other.exchange_within(
+        &run_named("c", "SELECT 1"),
+        3 * SECOND,
+        "the same text, another client",
+    );
+    assert_row(&fresh, "1", "the same text, another client");
+}
+
+// ---------------------------------------------------------------------------------------------
+// What the drain after Terminate learns.
+
+#[test]
+fn discard_all_sent_with_terminate_forgets_the_statements() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut leaver = pw.client();
+    let answer = leaver.exchange_within(&run_named("a", "SELECT 42"), 3 * SECOND, "a");
+    assert_row(&answer, "42", "a");
+    leaver.send(&[query_message("DISCARD ALL"), terminate_message()].concat());
+    assert!(
+        leaver.closes_within(3 * SECOND),
+        "not closed after Terminate"
+    );
+
+    let mut next = pw.client();
+    let fresh = next.exchange_within(
+        &run_named("z", "SELECT 42"),
+        3 * SECOND,
+        "after DISCARD ALL",
+    );
+    assert_row(&fresh, "42", "the same text after DISCARD ALL");
+}
+
+#[test]
+fn parse_failed_before_terminate_is_not_taken_as_prepared() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let sql = "SELECT * FROM later_table";
+    let mut leaver = pw.client();
+    leaver.send(&[run_named("q", sql), terminate_message()].concat());
+    assert!(
+        leaver.closes_within(3 * SECOND),
+        "not closed after Terminate"
+    );
+
+    pg.sql("CREATE TABLE later_table (n int); GRANT ALL ON later_table TO PUBLIC");
+    pg.sql("INSERT INTO later_table VALUES (3)");
+    let mut next = pw.client();
+    let answer = next.exchange_within(&run_named("r", sql), 3 * SECOND, "the table now exists");
+    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
+    assert_row(&answer, "3", "the table now exists");
+}
+
+// ---------------------------------------------------------------------------------------------
+// server_reset_query_always wipes the server's statements.
+
+#[test]
+fn reset_query_always_forgets_the_prepared_statements() {
+    let pg = Postgres::start();
+    let settings = format!("{TWO_STATEMENTS}server_reset_query_always = 1\n");
+    let pw = Pgward::transaction_pool(&pg, &settings);
+    let mut client = pw.client();
+    let first = client.exchange_within(&run_named("a", "SELECT 42"), 3 * SECOND, "a");
+    assert_row(&first, "42", "a");
+    let again = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a after the reset");
+    assert_row(&again, "42", "a after the reset");
+    let fresh = client.exchange_within(&run_named("b", "SELECT 42"), 3 * SECOND, "b, same text");
+    assert_row(&fresh, "42", "b, same text");
+}
+
+// ---------------------------------------------------------------------------------------------
+// A failed transaction refuses Parse and DEALLOCATE.
+
+/// Prepares `a` as `SELECT 1`, then opens a transaction and makes it fail.
+fn prepare_then_fail(client: &mut Raw) {
+    let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
+    assert_row(&first, "1", "a");
+    client.value("BEGIN");
+    let failed = client.exchange_within(&query_message("SELECT 1/0"), 3 * SECOND, "SELECT 1/0");
+    assert_eq!(error_code(&failed), "22012", "{}", describe(&failed));
+}
+
+/// What `client` answers to `bytes` sent in a failed transaction, then to ROLLBACK and a use
+/// of `a`: the tags and error of each step.
+fn in_failed_transaction(client: &mut Raw, bytes: &[u8]) -> Vec<(String, String)> {
+    prepare_then_fail(client);
+    let refused = client.exchange_within(bytes, 3 * SECOND, "in the failed transaction");
+    let rollback = client.exchange_within(&query_message("ROLLBACK"), 3 * SECOND, "ROLLBACK");
+    let after = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a after ROLLBACK");
+    [refused, rollback, after]
+        .iter()
+        .map(|answer| (describe(answer), error_code(answer)))
+        .collect()
+}
+
+fn assert_like_postgres(pg: &Postgres, bytes: &[u8]) {
+    let pw = Pgward::transaction_pool(pg, TWO_STATEMENTS);
+    let expected = in_failed_transaction(&mut pg.client(), bytes);
+    assert_eq!(expected[0].1, "25P02", "PostgreSQL's answer: {expected:?}");
+    let got = in_failed_transaction(&mut pw.client(), bytes);
+    assert_eq!(got, expected, "pgward, then PostgreSQL");
+}
+
+#[test]
+fn parse_of_a_cached_statement_in_a_failed_transaction_is_refused() {
+    let pg = Postgres::start();
+    assert_like_postgres(
+        &pg,
+        &[parse_message("b", "SELECT 1"), sync_message()].concat(),
+    );
+}
+
+#[test]
+fn deallocate_in_a_failed_transaction_is_refused() {
+    let pg = Postgres::start();
+    assert_like_postgres(&pg, &query_message("DEALLOCATE a"));
+}

@@ -1,0 +1,195 @@
+//! Transaction pooling message by message: what a client sends while it waits for a server
+//! (extended messages one per write, a second query, its own departure), and when it gives
+//! its server back: at the Sync, at a Sync followed by Flush, after LISTEN, after an error
+//! before any Sync (as PostgreSQL skips to that Sync), and with what it sends just before
+//! Terminate.
+
+mod common;
+
+use std::thread;
+use std::time::Duration;
+
+use common::raw::{
+    bind_message, describe, error_code, execute_message, flush_message, new_client_value,
+    parse_message, query_message, sync_message, tags, terminate_message, Message, Raw,
+};
+use common::{eventually, Pgward, Postgres, SECOND};
+
+// ---------------------------------------------------------------------------------------------
+// Messages read while waiting for a server.
+
+#[test]
+fn extended_messages_sent_while_waiting_for_a_server_are_forwarded() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = pw.client();
+    let mut waiter = pw.client();
+
+    // One message per write, while the only server is busy.
+    holder.value("BEGIN");
+    waiter.send(&parse_message("", "SELECT 41 + 1"));
+    thread::sleep(Duration::from_millis(300));
+    for message in [bind_message(""), execute_message(), sync_message()] {
+        waiter.send(&message);
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(200));
+    holder.value("COMMIT");
+    let answer = waiter
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("extended batch sent while waiting: {err}"));
+    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
+    assert_eq!(answer[2].first_column().as_deref(), Some("42"));
+}
+
+#[test]
+fn simple_query_sent_while_another_waits_is_forwarded() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = pw.client();
+    let mut waiter = pw.client();
+    holder.value("BEGIN");
+    waiter.send(&query_message("SELECT 'q1'"));
+    thread::sleep(Duration::from_millis(300));
+    waiter.send(&query_message("SELECT 'q2'"));
+    thread::sleep(Duration::from_millis(200));
+    holder.value("COMMIT");
+    assert_eq!(waiter.read_value(3 * SECOND), Ok("q1".to_string()));
+    assert_eq!(waiter.read_value(3 * SECOND), Ok("q2".to_string()));
+}
+
+#[test]
+fn a_client_that_leaves_while_waiting_for_a_server_runs_nothing() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE left_behind (n int); GRANT ALL ON left_behind TO PUBLIC");
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut holder = pw.client();
+    let mut waiter = pw.client();
+    holder.value("BEGIN");
+    waiter.send(&query_message("INSERT INTO left_behind VALUES (1)"));
+    thread::sleep(Duration::from_millis(300));
+    // The client closes its connection while it waits in the queue.
+    drop(waiter);
+    thread::sleep(Duration::from_millis(300));
+    holder.value("COMMIT");
+    // The server just freed must not run the statement of a client that is gone.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(pg.sql("SELECT count(*) FROM left_behind"), "0");
+    assert_eq!(holder.value("SELECT 'still served'"), "still served");
+}
+
+// ---------------------------------------------------------------------------------------------
+// When the server goes back to the pool.
+
+#[test]
+fn sync_then_flush_gives_the_server_back() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut first = pw.client();
+    first.send(
+        &[
+            parse_message("", "SELECT 12"),
+            bind_message(""),
+            execute_message(),
+            sync_message(),
+            flush_message(),
+        ]
+        .concat(),
+    );
+    let answer = first
+        .until_ready_within(3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
+    assert_eq!(tags(&answer), "12DCZ", "{}", describe(&answer));
+    assert_eq!(
+        new_client_value(&pw, ("trustuser", "app"), "SELECT 'other'", 3 * SECOND),
+        Ok("other".to_string()),
+        "the server stayed with the client that sent Flush after Sync"
+    );
+}
+
+#[test]
+fn listen_gives_the_server_back_and_warns_before_ready() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 10\n");
+    let mut listener = pw.client();
+    let answer = listener.exchange_within(&query_message("LISTEN foo"), 3 * SECOND, "LISTEN");
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+
+    let mut other = pw.client();
+    assert_eq!(
+        other.value_within("SELECT 1", 3 * SECOND),
+        Ok("1".to_string()),
+        "the server stayed with the listener"
+    );
+    // The warning is part of LISTEN's answer, not something after it.
+    assert!(
+        answer.iter().any(|m| m.tag == b'N'),
+        "no warning before ReadyForQuery: [{}]",
+        tags(&answer)
+    );
+    let late = listener.read_message_within(Duration::from_millis(100));
+    assert!(late.is_err(), "a message after ReadyForQuery: {late:?}");
+}
+
+/// A failed Parse answered at Flush, then a Bind, Execute and Sync PostgreSQL skips: what
+/// comes back for each of the two writes.
+fn parse_error_then_skipped(client: &mut Raw) -> (Vec<Message>, Vec<Message>) {
+    client.send(&[parse_message("", "selec bad"), flush_message()].concat());
+    let error = client
+        .until_tag_within(b'E', 3 * SECOND)
+        .unwrap_or_else(|err| panic!("{err}"));
+    let rest = client.exchange_within(
+        &[bind_message(""), execute_message(), sync_message()].concat(),
+        3 * SECOND,
+        "after the error",
+    );
+    (error, rest)
+}
+
+#[test]
+fn error_before_sync_leaves_the_server_skipping_to_the_sync() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let (direct_error, direct_rest) = parse_error_then_skipped(&mut pg.client());
+    let mut client = pw.client();
+    let (error, rest) = parse_error_then_skipped(&mut client);
+    assert_eq!(error_code(&error), error_code(&direct_error));
+    assert_eq!(
+        (tags(&rest), rest.last().map(|m| m.body.clone())),
+        (
+            tags(&direct_rest),
+            direct_rest.last().map(|m| m.body.clone())
+        ),
+        "pgward: [{}], PostgreSQL: [{}]",
+        describe(&rest),
+        describe(&direct_rest)
+    );
+    assert_eq!(client.value("SELECT 'still here'"), "still here");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Messages sent just before Terminate.
+
+#[test]
+fn query_sent_with_terminate_still_runs() {
+    let pg = Postgres::start();
+    pg.sql("CREATE TABLE last_words (n int); GRANT ALL ON last_words TO PUBLIC");
+    let pw = Pgward::transaction_pool(&pg, "");
+    let mut client = pw.client();
+    let bytes = [
+        query_message("INSERT INTO last_words VALUES (8)"),
+        terminate_message(),
+    ]
+    .concat();
+    client.send(&bytes);
+    assert!(
+        client.closes_within(3 * SECOND),
+        "not closed after Terminate"
+    );
+    let count = || pg.sql("SELECT count(*) FROM last_words");
+    assert!(
+        eventually(3 * SECOND, || count() == "1"),
+        "the INSERT sent with Terminate did not run: {} rows",
+        count()
+    );
+}
