@@ -457,38 +457,26 @@ async fn trust_refuses_users_pgward_does_not_know() {
         "{log}"
     );
     // With auth_query, users missing from the file are found there; a name it does not
-    // find is refused as PgBouncer refuses it.
+    // find is refused as PgBouncer refuses it, also by a lookup that answers a row of NULLs
+    // for an unknown name (as a function returning a record does).
     let settings = "auth_type = trust\nauth_user = postgres\nauth_dbname = postgres\n\
                     pool_mode = transaction\n";
-    let pw = Pgward::start(&Pgward::ini(&pg, settings, &dbs));
-    let conn = must_connect(&pw.connstr("md5user", None, "forced")).await;
-    assert_eq!(
-        must_value(&conn.client, "SELECT current_user").await,
-        "scramuser"
-    );
-    let err = connect(&pw.connstr("nosuchuser", None, "forced"))
-        .await
-        .err()
-        .expect("an unknown user got a session");
-    assert_eq!(code(&err), "28000", "{err:?}");
-    assert_eq!(driver::message(&err), "no such user", "{err:?}");
-    // A lookup that answers a row of NULLs for an unknown name (as a function returning a
-    // record does) finds no one either.
-    let settings = format!(
-        "{settings}auth_query = SELECT s.usename, s.passwd FROM (SELECT 1) x \
-         LEFT JOIN pg_shadow s ON s.usename = $1\n"
-    );
-    let pw = Pgward::start(&Pgward::ini(&pg, &settings, &dbs));
-    let conn = must_connect(&pw.connstr("md5user", None, "forced")).await;
-    assert_eq!(
-        must_value(&conn.client, "SELECT current_user").await,
-        "scramuser"
-    );
-    let err = connect(&pw.connstr("nosuchuser", None, "forced"))
-        .await
-        .err()
-        .expect("a row of NULLs let an unknown user in");
-    assert_eq!(driver::message(&err), "no such user", "{err:?}");
+    let null_row = "auth_query = SELECT s.usename, s.passwd FROM (SELECT 1) x \
+                    LEFT JOIN pg_shadow s ON s.usename = $1\n";
+    for settings in [settings.to_string(), format!("{settings}{null_row}")] {
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, &dbs));
+        let conn = must_connect(&pw.connstr("md5user", None, "forced")).await;
+        assert_eq!(
+            must_value(&conn.client, "SELECT current_user").await,
+            "scramuser"
+        );
+        let err = connect(&pw.connstr("nosuchuser", None, "forced"))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("an unknown user got a session with {settings}"));
+        assert_eq!(code(&err), "28000", "{err:?}");
+        assert_eq!(driver::message(&err), "no such user", "{err:?}");
+    }
 }
 
 /// The client logs in with SCRAM against the stored SCRAM secret and pgward logs in to the
