@@ -40,23 +40,22 @@ pub async fn login(
     wire::encode_auth_ok(&mut out);
     io.send(&out).await?;
     let limits = crate::edge::cap_limits(&rt.config.load(), &req.database, &req.user);
-    let slot = rt
+    // PgBouncer's words, which scripts match on; PostgreSQL's SQLSTATE.
+    let cap = rt
         .edge
         .caps
         .admit(&req.user, &req.database, limits)
         .map_err(|over| {
-            let message = match over {
-                CapRefusal::Role => format!("too many connections for role \"{}\"", req.user),
-                CapRefusal::Database => {
-                    format!("too many connections for database \"{}\"", req.database)
-                }
+            let setting = match over {
+                CapRefusal::Role => "max_user_client_connections",
+                CapRefusal::Database => "max_db_client_connections",
             };
             SessionError::Fatal(ErrorResponse::fatal(
                 sqlstate::TOO_MANY_CONNECTIONS,
-                message,
+                format!("client connections exceeded ({setting})"),
             ))
         })?;
-    Ok((authed, slot))
+    Ok((authed, cap))
 }
 
 /// Authenticates `user` for the admin console (no AuthenticationOk is sent), through the
