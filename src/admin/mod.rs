@@ -31,6 +31,7 @@ use crate::net::Stream;
 use crate::ops::ClientEntry;
 use crate::pool::PoolKey;
 use crate::runtime::Runtime;
+use crate::wire::frontend::tag;
 use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
 use parse::Command;
 
@@ -156,7 +157,7 @@ pub async fn serve(
         counters.add_received(frame.body().len() + 5);
         let mut out = BytesMut::new();
         match frame.tag() {
-            b'Q' => {
+            tag::QUERY => {
                 let sql = String::from_utf8_lossy(
                     frame.body().strip_suffix(b"\0").unwrap_or(&frame.body()),
                 )
@@ -165,12 +166,18 @@ pub async fn serve(
                 run_query(rt, role, &sql, &mut out).await;
                 counters.add_query(started.elapsed(), Some(started.elapsed()));
             }
-            b'X' => return Ok(()),
-            b'S' => {
+            tag::TERMINATE => return Ok(()),
+            tag::SYNC => {
                 in_error = false;
                 wire::encode_ready_for_query(&mut out, TxStatus::Idle);
             }
-            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'F' => {
+            tag::PARSE
+            | tag::BIND
+            | tag::DESCRIBE
+            | tag::EXECUTE
+            | tag::CLOSE
+            | tag::FLUSH
+            | tag::FUNCTION_CALL => {
                 if !in_error {
                     in_error = true;
                     wire::encode_error(

@@ -142,7 +142,7 @@ fn encode_row_description(out: &mut BytesMut, columns: &[(&str, Ty)]) {
         body.put_i32(-1);
         body.put_i16(0);
     }
-    out.put_u8(b'T');
+    out.put_u8(wire::backend::tag::ROW_DESCRIPTION);
     out.put_u32(u32::try_from(body.len() + 4).unwrap_or(u32::MAX));
     out.put_slice(&body);
 }
@@ -195,8 +195,11 @@ mod tests {
         t.push(vec![Cell::Null]);
         let mut out = BytesMut::new();
         t.encode(&mut out);
-        assert_eq!(out[0], b'T');
-        let rows = out.iter().filter(|b| **b == b'D').count();
+        assert_eq!(out[0], wire::backend::tag::ROW_DESCRIPTION);
+        let rows = out
+            .iter()
+            .filter(|b| **b == wire::backend::tag::DATA_ROW)
+            .count();
         assert!(rows >= 2);
         assert!(out.ends_with(b"SHOW\0"));
         assert_eq!(t.rows()[1], vec![Cell::Null, Cell::Null]);

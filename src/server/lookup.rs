@@ -82,7 +82,7 @@ impl ServerConn {
         let mut failure = None;
         loop {
             let frame = self.read_frame().await?;
-            if frame.tag() == b'D' {
+            if frame.tag() == wire::backend::tag::DATA_ROW {
                 if rows.len() < limit {
                     rows.push(parse_data_row(&frame.body()).ok_or(ServerError::Protocol(
                         "malformed DataRow in an internal query",

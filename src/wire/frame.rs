@@ -22,6 +22,10 @@ pub const SSL_REQUEST_CODE: u32 = 80_877_103;
 pub const GSSENC_REQUEST_CODE: u32 = 80_877_104;
 /// Request code of a CancelRequest packet.
 pub const CANCEL_REQUEST_CODE: u32 = 80_877_102;
+/// The one-byte answer to an SSLRequest that accepts it (a TLS handshake follows).
+pub const ENCRYPTION_ACCEPTED: u8 = b'S';
+/// The one-byte answer to an SSLRequest or GSSENCRequest that refuses it.
+pub const ENCRYPTION_REFUSED: u8 = b'N';
 /// Protocol version 3.0 as sent in a StartupMessage.
 pub const PROTOCOL_3_0: u32 = 3 << 16;
 /// Longest cancel secret accepted (protocol 3.2 allows up to 256 bytes).

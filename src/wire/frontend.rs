@@ -6,82 +6,45 @@ use super::codec::{len_i16, len_i32, put_cstr, put_message, put_untagged, Reader
 use super::error::WireError;
 use super::frame::{Frame, CANCEL_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
 
-/// Message type bytes of both directions. Names are unique across directions; CopyData and
-/// CopyDone use the same byte both ways.
-pub mod tags {
-    /// Query (F).
+/// Message type bytes a client sends. A server uses some of the same bytes for other
+/// messages (`E` is Execute here, ErrorResponse there): see [`super::backend::tag`].
+pub mod tag {
+    /// Query.
     pub const QUERY: u8 = b'Q';
-    /// Parse (F).
+    /// Parse.
     pub const PARSE: u8 = b'P';
-    /// Bind (F).
+    /// Bind.
     pub const BIND: u8 = b'B';
-    /// Describe (F).
+    /// Describe.
     pub const DESCRIBE: u8 = b'D';
-    /// Execute (F).
+    /// Execute.
     pub const EXECUTE: u8 = b'E';
-    /// Close (F).
+    /// Close.
     pub const CLOSE: u8 = b'C';
-    /// Sync (F).
+    /// Sync.
     pub const SYNC: u8 = b'S';
-    /// Flush (F).
+    /// Flush.
     pub const FLUSH: u8 = b'H';
-    /// Terminate (F).
+    /// Terminate.
     pub const TERMINATE: u8 = b'X';
-    /// CopyData (F and B).
+    /// CopyData (a server sends it with the same byte).
     pub const COPY_DATA: u8 = b'd';
-    /// CopyDone (F and B).
+    /// CopyDone (a server sends it with the same byte).
     pub const COPY_DONE: u8 = b'c';
-    /// CopyFail (F).
+    /// CopyFail.
     pub const COPY_FAIL: u8 = b'f';
-    /// FunctionCall (F).
+    /// FunctionCall.
     pub const FUNCTION_CALL: u8 = b'F';
-    /// PasswordMessage, SASLInitialResponse, SASLResponse, GSSResponse (F).
+    /// PasswordMessage, SASLInitialResponse, SASLResponse, GSSResponse.
     pub const PASSWORD: u8 = b'p';
+}
 
-    /// Authentication* (B).
-    pub const AUTHENTICATION: u8 = b'R';
-    /// ParameterStatus (B).
-    pub const PARAMETER_STATUS: u8 = b'S';
-    /// BackendKeyData (B).
-    pub const BACKEND_KEY_DATA: u8 = b'K';
-    /// ReadyForQuery (B).
-    pub const READY_FOR_QUERY: u8 = b'Z';
-    /// ErrorResponse (B).
-    pub const ERROR_RESPONSE: u8 = b'E';
-    /// NoticeResponse (B).
-    pub const NOTICE_RESPONSE: u8 = b'N';
-    /// CommandComplete (B).
-    pub const COMMAND_COMPLETE: u8 = b'C';
-    /// ParseComplete (B).
-    pub const PARSE_COMPLETE: u8 = b'1';
-    /// BindComplete (B).
-    pub const BIND_COMPLETE: u8 = b'2';
-    /// CloseComplete (B).
-    pub const CLOSE_COMPLETE: u8 = b'3';
-    /// NoData (B).
-    pub const NO_DATA: u8 = b'n';
-    /// EmptyQueryResponse (B).
-    pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
-    /// PortalSuspended (B).
-    pub const PORTAL_SUSPENDED: u8 = b's';
-    /// CopyInResponse (B).
-    pub const COPY_IN_RESPONSE: u8 = b'G';
-    /// CopyOutResponse (B).
-    pub const COPY_OUT_RESPONSE: u8 = b'H';
-    /// CopyBothResponse (B).
-    pub const COPY_BOTH_RESPONSE: u8 = b'W';
-    /// DataRow (B).
-    pub const DATA_ROW: u8 = b'D';
-    /// RowDescription (B).
-    pub const ROW_DESCRIPTION: u8 = b'T';
-    /// ParameterDescription (B).
-    pub const PARAMETER_DESCRIPTION: u8 = b't';
-    /// NotificationResponse (B).
-    pub const NOTIFICATION_RESPONSE: u8 = b'A';
-    /// NegotiateProtocolVersion (B).
-    pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
-    /// FunctionCallResponse (B).
-    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
+/// What a Describe or Close names: the byte after its tag.
+pub mod target {
+    /// A prepared statement.
+    pub const STATEMENT: u8 = b'S';
+    /// A portal.
+    pub const PORTAL: u8 = b'P';
 }
 
 /// A client message, decoded only as far as a pooler needs. The full bytes stay in the
@@ -109,9 +72,9 @@ pub enum Frontend {
         /// Source statement name.
         statement: Bytes,
     },
-    /// Describe a statement (`b'S'`) or portal (`b'P'`).
+    /// Describe a statement or portal.
     Describe {
-        /// `b'S'` or `b'P'`.
+        /// [`target::STATEMENT`] or [`target::PORTAL`].
         kind: u8,
         /// Object name.
         name: Bytes,
@@ -124,9 +87,9 @@ pub enum Frontend {
         /// here as large numbers, as no limit).
         max_rows: u32,
     },
-    /// Close a statement (`b'S'`) or portal (`b'P'`).
+    /// Close a statement or portal.
     Close {
-        /// `b'S'` or `b'P'`.
+        /// [`target::STATEMENT`] or [`target::PORTAL`].
         kind: u8,
         /// Object name.
         name: Bytes,
@@ -159,31 +122,31 @@ pub enum Frontend {
 pub fn decode_frontend(frame: &Frame) -> Result<Frontend, WireError> {
     let mut r = Reader::new(frame.body());
     let msg = match frame.tag() {
-        tags::QUERY => decode_query(&mut r)?,
-        tags::PARSE => decode_parse(&mut r)?,
-        tags::BIND => Frontend::Bind {
+        tag::QUERY => decode_query(&mut r)?,
+        tag::PARSE => decode_parse(&mut r)?,
+        tag::BIND => Frontend::Bind {
             portal: r.cstr("invalid Bind message: missing portal name")?,
             statement: r.cstr("invalid Bind message: missing statement name")?,
         },
-        tags::DESCRIBE => {
+        tag::DESCRIBE => {
             let (kind, name) = decode_target(&mut r, "invalid DESCRIBE message subtype")?;
             Frontend::Describe { kind, name }
         }
-        tags::EXECUTE => decode_execute(&mut r)?,
-        tags::CLOSE => {
+        tag::EXECUTE => decode_execute(&mut r)?,
+        tag::CLOSE => {
             let (kind, name) = decode_target(&mut r, "invalid CLOSE message subtype")?;
             Frontend::Close { kind, name }
         }
-        tags::SYNC => empty(&r, Frontend::Sync, "invalid Sync message format")?,
-        tags::FLUSH => empty(&r, Frontend::Flush, "invalid Flush message format")?,
-        tags::TERMINATE => Frontend::Terminate,
-        tags::COPY_DATA => Frontend::CopyData,
-        tags::COPY_DONE => Frontend::CopyDone,
-        tags::COPY_FAIL => Frontend::CopyFail {
+        tag::SYNC => empty(&r, Frontend::Sync, "invalid Sync message format")?,
+        tag::FLUSH => empty(&r, Frontend::Flush, "invalid Flush message format")?,
+        tag::TERMINATE => Frontend::Terminate,
+        tag::COPY_DATA => Frontend::CopyData,
+        tag::COPY_DONE => Frontend::CopyDone,
+        tag::COPY_FAIL => Frontend::CopyFail {
             message: r.cstr("invalid CopyFail message: missing terminator")?,
         },
-        tags::FUNCTION_CALL => Frontend::FunctionCall,
-        tags::PASSWORD => Frontend::Password,
+        tag::FUNCTION_CALL => Frontend::FunctionCall,
+        tag::PASSWORD => Frontend::Password,
         other => Frontend::Unknown(other),
     };
     Ok(msg)
@@ -222,7 +185,7 @@ fn decode_parse(r: &mut Reader) -> Result<Frontend, WireError> {
 
 fn decode_target(r: &mut Reader, what: &'static str) -> Result<(u8, Bytes), WireError> {
     let kind = r.u8(what)?;
-    if kind != b'S' && kind != b'P' {
+    if kind != target::STATEMENT && kind != target::PORTAL {
         return Err(WireError::Malformed(what));
     }
     let name = r.cstr(what)?;
@@ -266,27 +229,27 @@ pub fn parse_sasl_initial(body: &[u8]) -> Result<(String, Bytes), WireError> {
 
 /// Query: simple-protocol query text.
 pub fn encode_query(buf: &mut BytesMut, sql: &str) {
-    put_message(buf, tags::QUERY, |b| put_cstr(b, sql.as_bytes()));
+    put_message(buf, tag::QUERY, |b| put_cstr(b, sql.as_bytes()));
 }
 
 /// Sync.
 pub fn encode_sync(buf: &mut BytesMut) {
-    put_message(buf, tags::SYNC, |_| {});
+    put_message(buf, tag::SYNC, |_| {});
 }
 
 /// Flush.
 pub fn encode_flush(buf: &mut BytesMut) {
-    put_message(buf, tags::FLUSH, |_| {});
+    put_message(buf, tag::FLUSH, |_| {});
 }
 
 /// Terminate.
 pub fn encode_terminate(buf: &mut BytesMut) {
-    put_message(buf, tags::TERMINATE, |_| {});
+    put_message(buf, tag::TERMINATE, |_| {});
 }
 
 /// Parse: prepare `query` as statement `name` with the given parameter type OIDs.
 pub fn encode_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32]) {
-    put_message(buf, tags::PARSE, |b| {
+    put_message(buf, tag::PARSE, |b| {
         put_cstr(b, name);
         put_cstr(b, query);
         b.put_i16(len_i16(param_types.len()));
@@ -296,17 +259,17 @@ pub fn encode_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: 
     });
 }
 
-/// Close a statement (`b'S'`) or portal (`b'P'`).
+/// Close a statement or portal ([`target::STATEMENT`] or [`target::PORTAL`]).
 pub fn encode_close(buf: &mut BytesMut, kind: u8, name: &[u8]) {
-    put_message(buf, tags::CLOSE, |b| {
+    put_message(buf, tag::CLOSE, |b| {
         b.put_u8(kind);
         put_cstr(b, name);
     });
 }
 
-/// Describe a statement (`b'S'`) or portal (`b'P'`).
+/// Describe a statement or portal ([`target::STATEMENT`] or [`target::PORTAL`]).
 pub fn encode_describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
-    put_message(buf, tags::DESCRIBE, |b| {
+    put_message(buf, tag::DESCRIBE, |b| {
         b.put_u8(kind);
         put_cstr(b, name);
     });
@@ -340,12 +303,12 @@ pub fn encode_ssl_request(buf: &mut BytesMut) {
 
 /// PasswordMessage (cleartext or MD5 response), NUL-terminated.
 pub fn encode_password(buf: &mut BytesMut, password: &[u8]) {
-    put_message(buf, tags::PASSWORD, |b| put_cstr(b, password));
+    put_message(buf, tag::PASSWORD, |b| put_cstr(b, password));
 }
 
 /// SASLInitialResponse: chosen mechanism and the client-first-message.
 pub fn encode_sasl_initial(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
-    put_message(buf, tags::PASSWORD, |b| {
+    put_message(buf, tag::PASSWORD, |b| {
         put_cstr(b, mechanism.as_bytes());
         b.put_i32(len_i32(data.len()));
         b.put_slice(data);
@@ -354,7 +317,7 @@ pub fn encode_sasl_initial(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
 
 /// SASLResponse: a continuation message of the SASL exchange.
 pub fn encode_sasl_response(buf: &mut BytesMut, data: &[u8]) {
-    put_message(buf, tags::PASSWORD, |b| b.put_slice(data));
+    put_message(buf, tag::PASSWORD, |b| b.put_slice(data));
 }
 
 #[cfg(test)]

@@ -28,14 +28,14 @@ pub use backend::{
 pub use error::WireError;
 pub use frame::{
     decode_frame, decode_startup, encode_startup_packet, Frame, StartupPacket, CANCEL_REQUEST_CODE,
-    DEFAULT_MAX_MESSAGE_LEN, GSSENC_REQUEST_CODE, HEADER_LEN, MAX_CANCEL_SECRET_LEN,
-    MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
+    DEFAULT_MAX_MESSAGE_LEN, ENCRYPTION_ACCEPTED, ENCRYPTION_REFUSED, GSSENC_REQUEST_CODE,
+    HEADER_LEN, MAX_CANCEL_SECRET_LEN, MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
 };
 pub use frontend::{
     decode_frontend, encode_cancel_request, encode_close, encode_describe, encode_flush,
     encode_parse, encode_password, encode_query, encode_sasl_initial, encode_sasl_response,
     encode_ssl_request, encode_startup, encode_sync, encode_terminate, parse_password,
-    parse_sasl_initial, tags, Frontend,
+    parse_sasl_initial, Frontend,
 };
 
 /// Splits a NUL-terminated string off the front of `buf`: the string without its NUL, and
