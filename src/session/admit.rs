@@ -188,9 +188,9 @@ impl Session {
             // Everything gated so far has gone out: the server's view of the batch is exact.
             self.gate.batch_open = self.link.as_ref().is_some_and(|l| l.expected.batch_open());
         }
-        while let Some((tag, mlen)) = frame_at(&io.rbuf[..len], self.gate.gated) {
-            let start = self.gate.gated;
-            let body = Bytes::copy_from_slice(&io.rbuf[start + 5..start + 1 + mlen]);
+        while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
+            let tag = span.tag;
+            let body = Bytes::copy_from_slice(&io.rbuf[span.body()]);
             let work = match tag {
                 b'P' => {
                     self.note_parse(&body);
@@ -216,7 +216,7 @@ impl Session {
                 b'P' | b'B' | b'D' | b'E' | b'C' => self.gate.batch_open = true,
                 _ => {}
             }
-            self.gate.gated = start + 1 + mlen;
+            self.gate.gated = span.end;
         }
         Ok(self.gate.gated)
     }

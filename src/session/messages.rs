@@ -13,7 +13,7 @@ use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
 use crate::server::{Learned, Owed, Route, ServerStatements, Skipped};
-use crate::wire::{self, split_cstr, sqlstate, ErrorResponse, TxStatus};
+use crate::wire::{self, split_cstr, sqlstate, ErrorResponse, FrameSpan, TxStatus};
 
 /// The client's side of what server messages teach: its statement names and parameters.
 pub(super) struct ClientSide<'a> {
@@ -22,15 +22,16 @@ pub(super) struct ClientSide<'a> {
     pub tracked: &'a Tracked,
 }
 
-/// Handles one server message (its tag and where it lies in the server's buffer): matches it
-/// to what it answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
+/// Handles one server message (where it lies in the server's buffer): matches it to what it
+/// answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
 /// once per message by the caller, which also counts it).
 pub(super) fn server_message(
     link: &mut Link,
     client: &mut ClientSide,
-    (tag, start, end): (u8, usize, usize),
+    span: FrameSpan,
     ready_at: Option<Instant>,
 ) -> Result<Route, SessionError> {
+    let tag = span.tag;
     let (route, learned) = match link.expected.on_message(tag) {
         Ok(r) => r,
         Err(desync) => {
@@ -49,7 +50,7 @@ pub(super) fn server_message(
         return Ok(route);
     }
     let server = &mut *link.server;
-    let body = &server.rbuf[start + 5..end];
+    let body = &server.rbuf[span.body()];
     let ready = learn(
         tag,
         body,

@@ -192,11 +192,18 @@ mod tests {
         let out = raise_in_batch(&hit);
         let mut tags = Vec::new();
         let mut at = 0;
-        while at < out.len() {
-            tags.push(out[at]);
-            let len = u32::from_be_bytes([out[at + 1], out[at + 2], out[at + 3], out[at + 4]]);
-            at += 1 + len as usize;
+        while let Some(span) = wire::scan_frame(&out, at, usize::MAX).unwrap() {
+            tags.push(span.tag);
+            at = span.end;
         }
-        assert_eq!(tags, b"PBE");
+        assert_eq!(at, out.len());
+        assert_eq!(
+            tags,
+            [
+                wire::frontend::tag::PARSE,
+                wire::frontend::tag::BIND,
+                wire::frontend::tag::EXECUTE
+            ]
+        );
     }
 }

@@ -27,9 +27,10 @@ pub use backend::{
 };
 pub use error::WireError;
 pub use frame::{
-    decode_frame, decode_startup, encode_startup_packet, Frame, StartupPacket, CANCEL_REQUEST_CODE,
-    DEFAULT_MAX_MESSAGE_LEN, ENCRYPTION_ACCEPTED, ENCRYPTION_REFUSED, GSSENC_REQUEST_CODE,
-    HEADER_LEN, MAX_CANCEL_SECRET_LEN, MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
+    decode_frame, decode_startup, encode_startup_packet, scan_frame, BadFrameLength, Frame,
+    FrameHeader, FrameSpan, StartupPacket, CANCEL_REQUEST_CODE, DEFAULT_MAX_MESSAGE_LEN,
+    ENCRYPTION_ACCEPTED, ENCRYPTION_REFUSED, GSSENC_REQUEST_CODE, HEADER_LEN,
+    MAX_CANCEL_SECRET_LEN, MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
 };
 pub use frontend::{
     decode_frontend, encode_cancel_request, encode_close, encode_describe, encode_flush,

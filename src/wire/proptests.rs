@@ -11,6 +11,24 @@ fn any_bytes(max: usize) -> impl Strategy<Value = Vec<u8>> {
     prop::collection::vec(any::<u8>(), 0..max)
 }
 
+/// Arbitrary bytes, or a run of well-framed messages with arbitrary tags and bodies followed
+/// by arbitrary bytes (random bytes alone seldom hold a plausible length word).
+fn stream_bytes() -> impl Strategy<Value = Vec<u8>> {
+    let framed = (
+        prop::collection::vec((any::<u8>(), any_bytes(24)), 0..6),
+        any_bytes(12),
+    )
+        .prop_map(|(messages, tail)| {
+            let mut b = BytesMut::new();
+            for (tag, body) in messages {
+                put_message(&mut b, tag, |b| b.put_slice(&body));
+            }
+            b.put_slice(&tail);
+            b.to_vec()
+        });
+    prop_oneof![any_bytes(300), framed]
+}
+
 fn frame(tag: u8, body: &[u8]) -> Frame {
     let mut b = BytesMut::new();
     put_message(&mut b, tag, |b| b.put_slice(body));
@@ -74,6 +92,50 @@ proptest! {
         }
         prop_assert!(buf.is_empty());
         prop_assert_eq!(got, expected);
+    }
+
+    #[test]
+    fn scan_frame_agrees_with_decode_frame(
+        data in stream_bytes(),
+        max in 0usize..64,
+        skip in 0usize..8,
+    ) {
+        // The scanner walks the buffer in place, from any offset; decode_frame splits
+        // messages off its front. Both must see the same messages and stop the same way.
+        let skip = skip.min(data.len());
+        let mut buf = BytesMut::from(&data[skip..]);
+        let mut offset = skip;
+        loop {
+            let scanned = scan_frame(&data, offset, max);
+            let decoded = decode_frame(&mut buf, max);
+            match (scanned, decoded) {
+                (Ok(Some(span)), Ok(Some(frame))) => {
+                    prop_assert_eq!(span.start, offset);
+                    prop_assert_eq!(&data[span.start..span.end], &frame.raw()[..]);
+                    prop_assert_eq!(span.tag, frame.tag());
+                    prop_assert_eq!(&data[span.body()], &frame.body()[..]);
+                    prop_assert_eq!(span.total_len(), frame.len());
+                    offset = span.end;
+                }
+                (Ok(None), Ok(None)) => {
+                    let left = data.len() - offset;
+                    match FrameHeader::at(&data, offset) {
+                        None => prop_assert!(left < HEADER_LEN),
+                        Some(head) => prop_assert!(head.len as usize + 1 > left),
+                    }
+                    break;
+                }
+                (Err(bad), Err(e)) => {
+                    prop_assert_eq!(WireError::from(bad), e);
+                    prop_assert_eq!(Some(bad.tag), data.get(offset).copied());
+                    break;
+                }
+                (s, d) => prop_assert!(false, "scan {:?}, decode {:?}", s, d),
+            }
+        }
+        // Past the end, or at any offset, the scanner answers without panicking.
+        let _ = scan_frame(&data, data.len() + skip, max);
+        let _ = scan_frame(&data, usize::MAX, max);
     }
 
     #[test]
