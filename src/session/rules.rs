@@ -170,15 +170,10 @@ pub fn raise_as_query(hit: &RuleHit) -> BytesMut {
 pub fn raise_in_batch(hit: &RuleHit) -> BytesMut {
     let mut out = BytesMut::new();
     wire::encode_parse(&mut out, b"", hit.raise_sql().as_bytes(), &[]);
-    // Bind: unnamed portal, unnamed statement, no formats, no parameters, no result formats.
-    let body: [u8; 8] = [0, 0, 0, 0, 0, 0, 0, 0];
-    out.extend_from_slice(b"B");
-    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(&body);
+    // Bind: unnamed portal, unnamed statement, no parameters.
+    wire::encode_bind_text(&mut out, b"", b"", &[]);
     // Execute: unnamed portal, no row limit.
-    out.extend_from_slice(b"E");
-    out.extend_from_slice(&9u32.to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0, 0]);
+    wire::encode_execute(&mut out, b"", 0);
     out
 }
 
@@ -205,5 +200,8 @@ mod tests {
                 wire::frontend::tag::EXECUTE
             ]
         );
+        // Bind and Execute of the unnamed statement and portal, nothing else.
+        let tail = &out[out.len() - 23..];
+        assert_eq!(tail, b"B\0\0\0\x0c\0\0\0\0\0\0\0\0E\0\0\0\x09\0\0\0\0\0");
     }
 }

@@ -602,14 +602,23 @@ pub fn encode_command_complete(buf: &mut BytesMut, tag: &str) {
 
 /// RowDescription where every column is of type `text` in text format.
 pub fn encode_row_description_text(buf: &mut BytesMut, columns: &[&str]) {
+    encode_row_description(buf, columns.iter().map(|name| (*name, TEXT_OID, -1)));
+}
+
+/// RowDescription of columns given as (name, type OID, type size: -1 when variable), each
+/// in text format and of no table.
+pub fn encode_row_description<'a>(
+    buf: &mut BytesMut,
+    columns: impl ExactSizeIterator<Item = (&'a str, u32, i16)>,
+) {
     put_message(buf, tag::ROW_DESCRIPTION, |b| {
         b.put_i16(len_i16(columns.len()));
-        for name in columns.iter().take(i16::MAX as usize) {
+        for (name, oid, size) in columns.take(i16::MAX as usize) {
             put_cstr(b, name.as_bytes());
             b.put_u32(0); // table OID
             b.put_i16(0); // column number
-            b.put_u32(TEXT_OID);
-            b.put_i16(-1); // type size: variable
+            b.put_u32(oid);
+            b.put_i16(size);
             b.put_i32(-1); // type modifier
             b.put_i16(0); // text format
         }
@@ -810,6 +819,15 @@ mod tests {
         assert_eq!(
             read_data_row(f.body()),
             vec![Some(b"x".to_vec()), None, Some(vec![])]
+        );
+    }
+
+    #[test]
+    fn row_description_with_types() {
+        let f = frame_of(|b| encode_row_description(b, [("n", 23, 4)].into_iter()));
+        assert_eq!(
+            &f.raw()[..],
+            b"T\0\0\0\x1a\0\x01n\0\0\0\0\0\0\0\0\0\0\x17\0\x04\xff\xff\xff\xff\0\0"
         );
     }
 

@@ -275,6 +275,87 @@ pub fn encode_describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
     });
 }
 
+/// Parse with the parameter types written as given: `raw_types` is the Int16 count and the
+/// OIDs, as a client's Parse carries them after the query text.
+pub fn encode_parse_raw(buf: &mut BytesMut, name: &[u8], query: &[u8], raw_types: &[u8]) {
+    put_message(buf, tag::PARSE, |b| {
+        put_cstr(b, name);
+        put_cstr(b, query);
+        b.put_slice(raw_types);
+    });
+}
+
+/// Bind `statement` to `portal`. `params` are the parameter format codes and values as a
+/// Bind carries them (see [`bind_params`]); `result_formats` the format code of each result
+/// column (none: all text).
+pub fn encode_bind(
+    buf: &mut BytesMut,
+    portal: &[u8],
+    statement: &[u8],
+    params: &[u8],
+    result_formats: &[i16],
+) {
+    put_message(buf, tag::BIND, |b| {
+        put_cstr(b, portal);
+        put_cstr(b, statement);
+        b.put_slice(params);
+        put_formats(b, result_formats);
+    });
+}
+
+/// Bind `statement` to `portal` with every parameter and every result column in text
+/// format.
+pub fn encode_bind_text(buf: &mut BytesMut, portal: &[u8], statement: &[u8], values: &[&[u8]]) {
+    put_message(buf, tag::BIND, |b| {
+        put_cstr(b, portal);
+        put_cstr(b, statement);
+        put_formats(b, &[]);
+        b.put_i16(len_i16(values.len()));
+        for v in values.iter().take(i16::MAX as usize) {
+            b.put_i32(len_i32(v.len()));
+            b.put_slice(v);
+        }
+        put_formats(b, &[]);
+    });
+}
+
+/// A list of format codes: its Int16 count, then the codes.
+fn put_formats(b: &mut BytesMut, formats: &[i16]) {
+    b.put_i16(len_i16(formats.len()));
+    for f in formats.iter().take(i16::MAX as usize) {
+        b.put_i16(*f);
+    }
+}
+
+/// Execute `portal`, returning at most `max_rows` rows (0: all of them).
+pub fn encode_execute(buf: &mut BytesMut, portal: &[u8], max_rows: u32) {
+    put_message(buf, tag::EXECUTE, |b| {
+        put_cstr(b, portal);
+        b.put_u32(max_rows);
+    });
+}
+
+/// The parameter format codes and values at the front of `rest`, what follows the statement
+/// name in a Bind, without the result format codes that end it: an error when `rest` is
+/// shorter than its counts say.
+pub fn bind_params(rest: &[u8]) -> Result<&[u8], WireError> {
+    const WHAT: &str = "invalid Bind message: parameters cut short";
+    let bad = || WireError::Malformed(WHAT);
+    let (formats, after) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+    let after = after
+        .get(usize::from(u16::from_be_bytes(*formats)) * 2..)
+        .ok_or_else(bad)?;
+    let (count, mut values) = after.split_first_chunk::<2>().ok_or_else(bad)?;
+    for _ in 0..u16::from_be_bytes(*count) {
+        let (len, after) = values.split_first_chunk::<4>().ok_or_else(bad)?;
+        values = match usize::try_from(i32::from_be_bytes(*len)) {
+            Ok(n) => after.get(n..).ok_or_else(bad)?,
+            Err(_) => after, // NULL
+        };
+    }
+    Ok(&rest[..rest.len() - values.len()])
+}
+
 /// StartupMessage for protocol 3.0 with the given parameters.
 pub fn encode_startup(buf: &mut BytesMut, params: &[(&str, &str)]) {
     put_untagged(buf, |b| {
@@ -370,6 +451,46 @@ mod tests {
                 name: Bytes::new()
             }
         );
+    }
+
+    #[test]
+    fn extended_encoders() {
+        assert_eq!(
+            roundtrip(|b| encode_bind(b, b"p", b"s", b"\0\0\0\0", &[1])),
+            Frontend::Bind {
+                portal: Bytes::from_static(b"p"),
+                statement: Bytes::from_static(b"s")
+            }
+        );
+        assert_eq!(
+            roundtrip(|b| encode_execute(b, b"p", 7)),
+            Frontend::Execute {
+                portal: Bytes::from_static(b"p"),
+                max_rows: 7
+            }
+        );
+        let mut b = BytesMut::new();
+        encode_bind(&mut b, b"p", b"s", b"\0\0\0\0", &[1]);
+        assert_eq!(&b[..], b"B\0\0\0\x10p\0s\0\0\0\0\0\0\x01\0\x01");
+        let mut b = BytesMut::new();
+        encode_bind_text(&mut b, b"", b"", &[b"bob"]);
+        assert_eq!(&b[..], b"B\0\0\0\x13\0\0\0\0\0\x01\0\0\0\x03bob\0\0");
+        let (mut raw, mut typed) = (BytesMut::new(), BytesMut::new());
+        encode_parse_raw(&mut raw, b"s", b"q", b"\0\x02\0\0\0\x17\0\0\0\0");
+        encode_parse(&mut typed, b"s", b"q", &[23, 0]);
+        assert_eq!(raw, typed);
+    }
+
+    #[test]
+    fn bind_params_stop_before_result_formats() {
+        // One format (text), two values ("ab", NULL), one result format (binary).
+        let rest = [
+            0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0xff, 0xff, 0xff, 0xff, 0, 1, 0, 1,
+        ];
+        assert_eq!(bind_params(&rest), Ok(&rest[..16]));
+        assert!(bind_params(&rest[..11]).is_err());
+        assert!(bind_params(&[0, 5]).is_err());
+        assert!(bind_params(&[]).is_err());
     }
 
     #[test]

@@ -22,8 +22,8 @@ pub use backend::{
     encode_auth_sasl_continue, encode_auth_sasl_final, encode_backend_key_data,
     encode_command_complete, encode_data_row, encode_empty_query_response, encode_error,
     encode_negotiate_protocol_version, encode_notice, encode_parameter_status,
-    encode_ready_for_query, encode_row_description_text, AuthRequest, Backend, ErrorFields,
-    ErrorResponse, Severity, TxStatus,
+    encode_ready_for_query, encode_row_description, encode_row_description_text, AuthRequest,
+    Backend, ErrorFields, ErrorResponse, Severity, TxStatus,
 };
 pub use error::WireError;
 pub use frame::{
@@ -33,10 +33,10 @@ pub use frame::{
     MAX_CANCEL_SECRET_LEN, MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
 };
 pub use frontend::{
-    decode_frontend, encode_cancel_request, encode_close, encode_describe, encode_flush,
-    encode_parse, encode_password, encode_query, encode_sasl_initial, encode_sasl_response,
-    encode_ssl_request, encode_startup, encode_sync, encode_terminate, parse_password,
-    parse_sasl_initial, Frontend,
+    bind_params, decode_frontend, encode_bind, encode_bind_text, encode_cancel_request,
+    encode_close, encode_describe, encode_execute, encode_flush, encode_parse, encode_parse_raw,
+    encode_password, encode_query, encode_sasl_initial, encode_sasl_response, encode_ssl_request,
+    encode_startup, encode_sync, encode_terminate, parse_password, parse_sasl_initial, Frontend,
 };
 
 /// Splits a NUL-terminated string off the front of `buf`: the string without its NUL, and
