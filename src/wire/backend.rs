@@ -64,6 +64,11 @@ pub mod tag {
     pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
 }
 
+/// A whole ParseComplete message, for an answer pgward gives without encoding one.
+pub const PARSE_COMPLETE_MESSAGE: &[u8] = &[tag::PARSE_COMPLETE, 0, 0, 0, 4];
+/// A whole CloseComplete message, for an answer pgward gives without encoding one.
+pub const CLOSE_COMPLETE_MESSAGE: &[u8] = &[tag::CLOSE_COMPLETE, 0, 0, 0, 4];
+
 /// Field type bytes of an ErrorResponse or NoticeResponse.
 pub mod field {
     /// Severity, possibly localized.
@@ -244,6 +249,14 @@ impl ErrorFields {
         }
         r.finish(WHAT)?;
         Ok(Self { fields })
+    }
+
+    /// The value of the first field of type `kind` in an ErrorResponse or NoticeResponse
+    /// `body`, read in place: no allocation, and nothing else of the body is checked.
+    pub fn find(body: &[u8], kind: u8) -> Option<&[u8]> {
+        body.split(|b| *b == 0)
+            .find(|f| f.first() == Some(&kind))
+            .and_then(|f| f.get(1..))
     }
 
     /// First value of the given field type.
@@ -757,6 +770,18 @@ mod tests {
     }
 
     #[test]
+    fn error_fields_found_in_place() {
+        let mut b = BytesMut::new();
+        encode_error(&mut b, &ErrorResponse::error(sqlstate::QUERY_CANCELED, "x"));
+        let f = decode_frame(&mut b, 1 << 20).unwrap().unwrap();
+        let body = f.body();
+        assert_eq!(ErrorFields::find(&body, field::CODE), Some(&b"57014"[..]));
+        assert_eq!(ErrorFields::find(&body, field::MESSAGE), Some(&b"x"[..]));
+        assert_eq!(ErrorFields::find(&body, field::HINT), None);
+        assert_eq!(ErrorFields::find(b"", field::CODE), None);
+    }
+
+    #[test]
     fn error_fields_rejections() {
         assert!(ErrorFields::parse(b"").is_err());
         assert!(ErrorFields::parse(b"Mabc").is_err());
@@ -820,6 +845,18 @@ mod tests {
             read_data_row(f.body()),
             vec![Some(b"x".to_vec()), None, Some(vec![])]
         );
+    }
+
+    #[test]
+    fn whole_messages_are_framed() {
+        for (message, tag) in [
+            (PARSE_COMPLETE_MESSAGE, tag::PARSE_COMPLETE),
+            (CLOSE_COMPLETE_MESSAGE, tag::CLOSE_COMPLETE),
+        ] {
+            let mut b = BytesMut::new();
+            put_message(&mut b, tag, |_| {});
+            assert_eq!(message, &b[..]);
+        }
     }
 
     #[test]

@@ -47,6 +47,10 @@ pub mod target {
     pub const PORTAL: u8 = b'P';
 }
 
+mod views;
+
+pub use views::{BindView, CloseView, DescribeView, ParamTypes, ParseView, QueryView};
+
 /// A client message, decoded only as far as a pooler needs. The full bytes stay in the
 /// [`Frame`] for forwarding.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -120,21 +124,32 @@ pub enum Frontend {
 
 /// Decodes a client message.
 pub fn decode_frontend(frame: &Frame) -> Result<Frontend, WireError> {
-    let mut r = Reader::new(frame.body());
+    let body = frame.body();
+    let mut r = Reader::new(body.clone());
     let msg = match frame.tag() {
-        tag::QUERY => decode_query(&mut r)?,
-        tag::PARSE => decode_parse(&mut r)?,
-        tag::BIND => Frontend::Bind {
-            portal: r.cstr("invalid Bind message: missing portal name")?,
-            statement: r.cstr("invalid Bind message: missing statement name")?,
-        },
+        tag::QUERY => decode_query(&body)?,
+        tag::PARSE => {
+            let view = ParseView::new(&body)?;
+            Frontend::Parse {
+                name: body.slice_ref(view.name),
+                query: body.slice_ref(view.query),
+                param_types: view.param_types()?.iter().collect(),
+            }
+        }
+        tag::BIND => {
+            let view = BindView::new(&body)?;
+            Frontend::Bind {
+                portal: body.slice_ref(view.portal),
+                statement: body.slice_ref(view.statement),
+            }
+        }
         tag::DESCRIBE => {
-            let (kind, name) = decode_target(&mut r, "invalid DESCRIBE message subtype")?;
+            let (kind, name) = decode_target(&body, "invalid DESCRIBE message subtype")?;
             Frontend::Describe { kind, name }
         }
         tag::EXECUTE => decode_execute(&mut r)?,
         tag::CLOSE => {
-            let (kind, name) = decode_target(&mut r, "invalid CLOSE message subtype")?;
+            let (kind, name) = decode_target(&body, "invalid CLOSE message subtype")?;
             Frontend::Close { kind, name }
         }
         tag::SYNC => empty(&r, Frontend::Sync, "invalid Sync message format")?,
@@ -157,40 +172,25 @@ fn empty(r: &Reader, msg: Frontend, what: &'static str) -> Result<Frontend, Wire
     Ok(msg)
 }
 
-fn decode_query(r: &mut Reader) -> Result<Frontend, WireError> {
+/// The text of a Query whose only NUL ends it.
+fn decode_query(body: &Bytes) -> Result<Frontend, WireError> {
     const WHAT: &str = "invalid Query message: text must end with its only NUL byte";
-    let sql = r.cstr(WHAT)?;
-    r.finish(WHAT)?;
-    Ok(Frontend::Query { sql })
-}
-
-fn decode_parse(r: &mut Reader) -> Result<Frontend, WireError> {
-    const WHAT: &str = "invalid Parse message format";
-    let name = r.cstr(WHAT)?;
-    let query = r.cstr(WHAT)?;
-    let count = usize::try_from(r.i16(WHAT)?).map_err(|_| WireError::Malformed(WHAT))?;
-    if r.remaining() != count * 4 {
+    let view = QueryView::new(body);
+    if body.last() != Some(&0) || memchr::memchr(0, view.text).is_some() {
         return Err(WireError::Malformed(WHAT));
     }
-    let mut param_types = Vec::with_capacity(count);
-    for _ in 0..count {
-        param_types.push(r.u32(WHAT)?);
-    }
-    Ok(Frontend::Parse {
-        name,
-        query,
-        param_types,
+    Ok(Frontend::Query {
+        sql: body.slice_ref(view.text),
     })
 }
 
-fn decode_target(r: &mut Reader, what: &'static str) -> Result<(u8, Bytes), WireError> {
-    let kind = r.u8(what)?;
-    if kind != target::STATEMENT && kind != target::PORTAL {
+/// The target of a Describe or Close whose name's NUL ends it.
+fn decode_target(body: &Bytes, what: &'static str) -> Result<(u8, Bytes), WireError> {
+    let view = CloseView::new(body).map_err(|_| WireError::Malformed(what))?;
+    if body.len() != 1 + view.name.len() + 1 {
         return Err(WireError::Malformed(what));
     }
-    let name = r.cstr(what)?;
-    r.finish(what)?;
-    Ok((kind, name))
+    Ok((view.kind, body.slice_ref(view.name)))
 }
 
 fn decode_execute(r: &mut Reader) -> Result<Frontend, WireError> {
