@@ -154,14 +154,12 @@ pub async fn serve(
             Err(SessionError::Gone) => return Ok(()),
             Err(e) => return Err(e),
         };
-        counters.add_received(frame.body().len() + 5);
+        counters.add_received(frame.len());
         let mut out = BytesMut::new();
         match frame.tag() {
             tag::QUERY => {
-                let sql = String::from_utf8_lossy(
-                    frame.body().strip_suffix(b"\0").unwrap_or(&frame.body()),
-                )
-                .into_owned();
+                let body = frame.body();
+                let sql = String::from_utf8_lossy(wire::QueryView::new(&body).text).into_owned();
                 let started = std::time::Instant::now();
                 run_query(rt, role, &sql, &mut out).await;
                 counters.add_query(started.elapsed(), Some(started.elapsed()));

@@ -872,8 +872,8 @@ fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<
 /// that cancel.
 fn timed_out_error(body: &[u8], timed_out: Option<Duration>) -> Option<Duration> {
     let limit = timed_out?;
-    let code = body.split(|b| *b == 0).find(|f| f.first() == Some(&b'C'))?;
-    (code.get(1..) == Some(sqlstate::QUERY_CANCELED.as_bytes())).then_some(limit)
+    let code = wire::ErrorFields::find(body, backend::field::CODE)?;
+    (code == sqlstate::QUERY_CANCELED.as_bytes()).then_some(limit)
 }
 
 /// The notice for a client that has waited query_wait_notify for a server.
