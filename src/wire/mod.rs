@@ -1,5 +1,10 @@
 //! The sans-IO wire codec: framing, typed decoding and encoding of PostgreSQL protocol 3
 //! messages, SQLSTATE codes, and the password authentication math. Nothing here does I/O.
+//!
+//! Everything else reads and writes protocol bytes through here: message types by direction
+//! ([`frontend::tag`], [`backend::tag`]), headers through [`scan_frame`], the client messages
+//! the relay reads through borrowed views ([`ParseView`], [`BindView`], [`CloseView`],
+//! [`QueryView`]).
 
 pub mod auth;
 pub mod backend;
