@@ -31,6 +31,7 @@ use crate::net::Stream;
 use crate::ops::ClientEntry;
 use crate::pool::PoolKey;
 use crate::runtime::Runtime;
+use crate::wire::frontend::tag;
 use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
 use parse::Command;
 
@@ -153,24 +154,28 @@ pub async fn serve(
             Err(SessionError::Gone) => return Ok(()),
             Err(e) => return Err(e),
         };
-        counters.add_received(frame.body().len() + 5);
+        counters.add_received(frame.len());
         let mut out = BytesMut::new();
         match frame.tag() {
-            b'Q' => {
-                let sql = String::from_utf8_lossy(
-                    frame.body().strip_suffix(b"\0").unwrap_or(&frame.body()),
-                )
-                .into_owned();
+            tag::QUERY => {
+                let body = frame.body();
+                let sql = String::from_utf8_lossy(wire::QueryView::new(&body).text).into_owned();
                 let started = std::time::Instant::now();
                 run_query(rt, role, &sql, &mut out).await;
                 counters.add_query(started.elapsed(), Some(started.elapsed()));
             }
-            b'X' => return Ok(()),
-            b'S' => {
+            tag::TERMINATE => return Ok(()),
+            tag::SYNC => {
                 in_error = false;
                 wire::encode_ready_for_query(&mut out, TxStatus::Idle);
             }
-            b'P' | b'B' | b'D' | b'E' | b'C' | b'H' | b'F' => {
+            tag::PARSE
+            | tag::BIND
+            | tag::DESCRIBE
+            | tag::EXECUTE
+            | tag::CLOSE
+            | tag::FLUSH
+            | tag::FUNCTION_CALL => {
                 if !in_error {
                     in_error = true;
                     wire::encode_error(

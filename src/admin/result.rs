@@ -2,7 +2,7 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 
 use crate::wire;
 
@@ -129,22 +129,11 @@ impl Table {
 }
 
 fn encode_row_description(out: &mut BytesMut, columns: &[(&str, Ty)]) {
-    let mut body = BytesMut::new();
-    body.put_i16(i16::try_from(columns.len()).unwrap_or(i16::MAX));
-    for (name, ty) in columns {
+    let columns = columns.iter().map(|(name, ty)| {
         let (oid, size) = ty.oid_and_size();
-        body.put_slice(name.as_bytes());
-        body.put_u8(0);
-        body.put_u32(0);
-        body.put_i16(0);
-        body.put_u32(oid);
-        body.put_i16(size);
-        body.put_i32(-1);
-        body.put_i16(0);
-    }
-    out.put_u8(b'T');
-    out.put_u32(u32::try_from(body.len() + 4).unwrap_or(u32::MAX));
-    out.put_slice(&body);
+        (*name, oid, size)
+    });
+    wire::encode_row_description(out, columns);
 }
 
 /// A wall-clock time as PgBouncer prints it: `YYYY-MM-DD HH:MM:SS UTC`.
@@ -195,8 +184,11 @@ mod tests {
         t.push(vec![Cell::Null]);
         let mut out = BytesMut::new();
         t.encode(&mut out);
-        assert_eq!(out[0], b'T');
-        let rows = out.iter().filter(|b| **b == b'D').count();
+        assert_eq!(out[0], wire::backend::tag::ROW_DESCRIPTION);
+        let rows = out
+            .iter()
+            .filter(|b| **b == wire::backend::tag::DATA_ROW)
+            .count();
         assert!(rows >= 2);
         assert!(out.ends_with(b"SHOW\0"));
         assert_eq!(t.rows()[1], vec![Cell::Null, Cell::Null]);

@@ -339,7 +339,7 @@ fn failed(user: &str) -> SessionError {
 /// Reads the client's 'p' message.
 async fn read_password_message(io: &mut ClientIo) -> Result<bytes::Bytes, SessionError> {
     let frame = io.read_frame().await?;
-    if frame.tag() != b'p' {
+    if frame.tag() != wire::frontend::tag::PASSWORD {
         return Err(SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::PROTOCOL_VIOLATION,
             format!(

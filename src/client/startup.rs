@@ -44,7 +44,7 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 if packet == StartupPacket::GssEncRequest
                     || !super::tls::accept_requested(io, rt).await?
                 {
-                    io.send(b"N").await?;
+                    io.send(&[wire::ENCRYPTION_REFUSED]).await?;
                 }
             }
             StartupPacket::Cancel { pid, secret } => {

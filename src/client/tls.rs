@@ -8,7 +8,7 @@ use super::{ClientIo, SessionError};
 use crate::edge::tls::ALPN_POSTGRESQL;
 use crate::net::Stream;
 use crate::runtime::Runtime;
-use crate::wire::{sqlstate, ErrorResponse};
+use crate::wire::{self, sqlstate, ErrorResponse};
 
 /// The first byte of a TLS handshake record; no startup packet starts with it (its length
 /// would be over 369 MB).
@@ -39,7 +39,7 @@ pub async fn accept_requested(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<bo
     if rt.edge.client_tls.load().config.is_none() || !io.stream.is_plain_tcp() {
         return Ok(false);
     }
-    io.send(b"S").await?;
+    io.send(&[wire::ENCRYPTION_ACCEPTED]).await?;
     handshake(io, rt).await?;
     Ok(true)
 }

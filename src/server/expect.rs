@@ -18,6 +18,8 @@ use std::collections::VecDeque;
 
 use bytes::Bytes;
 
+use crate::wire::backend::tag;
+
 /// What one message sent to the server is owed.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Owed {
@@ -239,22 +241,29 @@ impl Expected {
     /// Matches one server message (by tag) to what is owed.
     pub fn on_message(&mut self, tag: u8) -> Result<(Route, Learned), Desync> {
         match tag {
-            b'1' => self.complete_parse(),
-            b'2' => self.complete_bind(),
-            b'3' => self.complete_close(),
-            b'n' => self.complete_head(tag, "NoData", |o| {
+            tag::PARSE_COMPLETE => self.complete_parse(),
+            tag::BIND_COMPLETE => self.complete_bind(),
+            tag::CLOSE_COMPLETE => self.complete_close(),
+            tag::NO_DATA => self.complete_head(tag, "NoData", |o| {
                 matches!(o, Owed::DescribeStatement | Owed::DescribePortal)
                     .then_some(Route::Forward)
             }),
-            b'T' => self.row_description(),
-            b't' => self.inside(tag, "ParameterDescription", |o| {
+            tag::ROW_DESCRIPTION => self.row_description(),
+            tag::PARAMETER_DESCRIPTION => self.inside(tag, "ParameterDescription", |o| {
                 matches!(o, Owed::DescribeStatement)
             }),
-            b'C' | b'I' | b's' => self.end_of_execute(tag),
-            b'E' => Ok(self.error()),
-            b'Z' => self.ready(),
-            b'G' => self.start_copy_in(),
-            b'D' | b'H' | b'W' | b'd' | b'c' | b'V' => self.inside_execute(tag),
+            tag::COMMAND_COMPLETE | tag::EMPTY_QUERY_RESPONSE | tag::PORTAL_SUSPENDED => {
+                self.end_of_execute(tag)
+            }
+            tag::ERROR_RESPONSE => Ok(self.error()),
+            tag::READY_FOR_QUERY => self.ready(),
+            tag::COPY_IN_RESPONSE => self.start_copy_in(),
+            tag::DATA_ROW
+            | tag::COPY_OUT_RESPONSE
+            | tag::COPY_BOTH_RESPONSE
+            | tag::COPY_DATA
+            | tag::COPY_DONE
+            | tag::FUNCTION_CALL_RESPONSE => self.inside_execute(tag),
             // Notices, notifications, parameter changes and anything unknown: passed on.
             _ => Ok((Route::Forward, Learned::Nothing)),
         }
@@ -265,7 +274,7 @@ impl Expected {
     fn start_copy_in(&mut self) -> Result<(Route, Learned), Desync> {
         if !matches!(self.queue.front(), Some(Owed::Execute | Owed::Query)) {
             return Err(Desync {
-                tag: b'G',
+                tag: tag::COPY_IN_RESPONSE,
                 expected: "CopyInResponse",
             });
         }
@@ -318,7 +327,7 @@ impl Expected {
     }
 
     fn complete_bind(&mut self) -> Result<(Route, Learned), Desync> {
-        self.complete_head(b'2', "BindComplete", |o| match o {
+        self.complete_head(tag::BIND_COMPLETE, "BindComplete", |o| match o {
             Owed::Bind => Some(Route::Forward),
             Owed::InternalBind => Some(Route::Swallow),
             _ => None,
@@ -326,14 +335,14 @@ impl Expected {
     }
 
     fn complete_parse(&mut self) -> Result<(Route, Learned), Desync> {
-        self.complete_head(b'1', "ParseComplete", |o| match o {
+        self.complete_head(tag::PARSE_COMPLETE, "ParseComplete", |o| match o {
             Owed::Parse { client, .. } => Some(visible(*client)),
             _ => None,
         })
     }
 
     fn complete_close(&mut self) -> Result<(Route, Learned), Desync> {
-        self.complete_head(b'3', "CloseComplete", |o| match o {
+        self.complete_head(tag::CLOSE_COMPLETE, "CloseComplete", |o| match o {
             Owed::Close { client, .. } => Some(visible(*client)),
             _ => None,
         })
@@ -347,7 +356,7 @@ impl Expected {
             }
             Some(Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
             _ => Err(Desync {
-                tag: b'T',
+                tag: tag::ROW_DESCRIPTION,
                 expected: "RowDescription",
             }),
         }
@@ -451,7 +460,7 @@ impl Expected {
                 Ok((Route::Forward, Learned::Ready))
             }
             _ => Err(Desync {
-                tag: b'Z',
+                tag: tag::READY_FOR_QUERY,
                 expected: "ReadyForQuery",
             }),
         }
@@ -878,9 +887,18 @@ mod tests {
     #[test]
     fn async_messages_complete_nothing() {
         let mut q = Expected::default();
-        assert_eq!(q.on_message(b'N'), Ok((Route::Forward, Learned::Nothing)));
-        assert_eq!(q.on_message(b'A'), Ok((Route::Forward, Learned::Nothing)));
-        assert_eq!(q.on_message(b'S'), Ok((Route::Forward, Learned::Nothing)));
+        assert_eq!(
+            q.on_message(tag::NOTICE_RESPONSE),
+            Ok((Route::Forward, Learned::Nothing))
+        );
+        assert_eq!(
+            q.on_message(tag::NOTIFICATION_RESPONSE),
+            Ok((Route::Forward, Learned::Nothing))
+        );
+        assert_eq!(
+            q.on_message(tag::PARAMETER_STATUS),
+            Ok((Route::Forward, Learned::Nothing))
+        );
         assert!(q.is_quiet());
     }
 
@@ -895,7 +913,7 @@ mod tests {
             );
         }
         q.push(Owed::Bind);
-        assert!(q.on_message(b'1').is_err());
-        assert!(q.on_message(b'C').is_err());
+        assert!(q.on_message(tag::PARSE_COMPLETE).is_err());
+        assert!(q.on_message(tag::COMMAND_COMPLETE).is_err());
     }
 }

@@ -69,7 +69,7 @@ async fn negotiate_tls(stream: Stream, target: &ServerTarget) -> Result<Stream, 
     wire::encode_ssl_request(&mut out);
     tcp.write_all(&out).await?;
     match tcp.read_u8().await? {
-        b'S' => {
+        wire::ENCRYPTION_ACCEPTED => {
             let name = ServerName::try_from(host.clone())
                 .map_err(|_| ServerError::Auth(format!("{host:?} is not a TLS server name")))?;
             let connector = tokio_rustls::TlsConnector::from(config.clone());
@@ -79,11 +79,11 @@ async fn negotiate_tls(stream: Stream, target: &ServerTarget) -> Result<Stream, 
                 .map_err(|e| ServerError::Auth(format!("TLS handshake with the server: {e}")))?;
             Ok(Stream::TlsOut(Box::new(tls)))
         }
-        b'N' if target.tls.required() => Err(ServerError::Auth(format!(
+        wire::ENCRYPTION_REFUSED if target.tls.required() => Err(ServerError::Auth(format!(
             "server does not support TLS and server_tls_sslmode is {:?}",
             target.tls.mode
         ))),
-        b'N' => Ok(Stream::from(tcp)),
+        wire::ENCRYPTION_REFUSED => Ok(Stream::from(tcp)),
         _ => Err(ServerError::Protocol("unexpected answer to SSLRequest")),
     }
 }

@@ -1,10 +1,11 @@
 //! One-row queries with text parameters, sent with the extended protocol so a parameter is
 //! never spliced into SQL (auth_query's `$1`).
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 
 use super::{ServerConn, ServerError};
 use crate::params::Tracked;
+use crate::wire::frontend::target;
 use crate::wire::{self, Backend};
 
 /// A row of text values; `None` is SQL NULL.
@@ -21,9 +22,10 @@ impl ServerConn {
         tracked: &Tracked,
     ) -> Result<Option<TextRow>, ServerError> {
         let mut out = BytesMut::new();
+        let values: Vec<&[u8]> = params.iter().map(|p| p.as_bytes()).collect();
         wire::encode_parse(&mut out, b"", sql.as_bytes(), &[]);
-        encode_bind_text(&mut out, params);
-        encode_execute(&mut out);
+        wire::encode_bind_text(&mut out, b"", b"", &values);
+        wire::encode_execute(&mut out, b"", 0);
         wire::encode_sync(&mut out);
         self.first_row(&out, tracked).await
     }
@@ -47,11 +49,8 @@ impl ServerConn {
         if matches!(result, Ok(_) | Err(ServerError::Refused(_))) {
             let mut close = BytesMut::new();
             for st in statements {
-                for kind in [b'P', b'S'] {
-                    let mut body = vec![kind];
-                    body.extend_from_slice(st.name.as_bytes());
-                    body.push(0);
-                    put_tagged(&mut close, b'C', &body);
+                for kind in [target::PORTAL, target::STATEMENT] {
+                    wire::encode_close(&mut close, kind, st.name.as_bytes());
                 }
             }
             wire::encode_sync(&mut close);
@@ -82,7 +81,7 @@ impl ServerConn {
         let mut failure = None;
         loop {
             let frame = self.read_frame().await?;
-            if frame.tag() == b'D' {
+            if frame.tag() == wire::backend::tag::DATA_ROW {
                 if rows.len() < limit {
                     rows.push(parse_data_row(&frame.body()).ok_or(ServerError::Protocol(
                         "malformed DataRow in an internal query",
@@ -138,72 +137,15 @@ impl<'a> OwnStatement<'a> {
     }
 
     fn encode(&self, out: &mut BytesMut) -> Result<(), ServerError> {
-        let params = bind_parameters(self.values)
-            .ok_or(ServerError::Protocol("malformed Bind parameters"))?;
+        let params = wire::bind_params(self.values)
+            .map_err(|_| ServerError::Protocol("malformed Bind parameters"))?;
         let name = self.name.as_bytes();
-        let mut parse = BytesMut::new();
-        parse.put_slice(name);
-        parse.put_u8(0);
-        parse.put_slice(self.sql.as_bytes());
-        parse.put_u8(0);
-        parse.put_slice(self.types);
-        put_tagged(out, b'P', &parse);
-        let mut bind = BytesMut::new();
-        for _ in 0..2 {
-            bind.put_slice(name);
-            bind.put_u8(0);
-        }
-        bind.put_slice(params);
-        bind.put_i16(0); // result formats: all text
-        put_tagged(out, b'B', &bind);
-        let mut execute = name.to_vec();
-        execute.extend_from_slice(&[0, 0, 0, 0, 0]);
-        put_tagged(out, b'E', &execute);
+        wire::encode_parse_raw(out, name, self.sql.as_bytes(), self.types);
+        // Every result column in text format.
+        wire::encode_bind(out, name, name, params, &[]);
+        wire::encode_execute(out, name, 0);
         Ok(())
     }
-}
-
-/// The parameter formats and values at the front of a Bind's tail (after the statement
-/// name), without the result formats; `None` if malformed.
-fn bind_parameters(tail: &[u8]) -> Option<&[u8]> {
-    let (formats, mut rest) = split_u16(tail)?;
-    rest = rest.get(usize::from(formats) * 2..)?;
-    let (count, mut values) = split_u16(rest)?;
-    for _ in 0..count {
-        let (len, after) = split_i32(values)?;
-        values = match usize::try_from(len) {
-            Ok(n) => after.get(n..)?,
-            Err(_) => after, // NULL
-        };
-    }
-    let used = tail.len() - values.len();
-    tail.get(..used)
-}
-
-/// Bind of the unnamed statement to the unnamed portal, every parameter as text.
-fn encode_bind_text(buf: &mut BytesMut, params: &[&str]) {
-    let mut body = BytesMut::new();
-    body.put_u8(0); // portal
-    body.put_u8(0); // statement
-    body.put_i16(0); // parameter formats: all text
-    body.put_i16(i16::try_from(params.len()).unwrap_or(i16::MAX));
-    for p in params.iter().take(i16::MAX as usize) {
-        body.put_i32(i32::try_from(p.len()).unwrap_or(i32::MAX));
-        body.put_slice(p.as_bytes());
-    }
-    body.put_i16(0); // result formats: all text
-    put_tagged(buf, b'B', &body);
-}
-
-/// Execute of the unnamed portal, all rows.
-fn encode_execute(buf: &mut BytesMut) {
-    put_tagged(buf, b'E', &[0, 0, 0, 0, 0]);
-}
-
-fn put_tagged(buf: &mut BytesMut, tag: u8, body: &[u8]) {
-    buf.put_u8(tag);
-    buf.put_i32(i32::try_from(body.len() + 4).unwrap_or(i32::MAX));
-    buf.put_slice(body);
 }
 
 /// The values of a DataRow body, or `None` if it is malformed.
@@ -246,7 +188,8 @@ mod tests {
     fn data_rows() {
         let mut out = BytesMut::new();
         wire::encode_data_row(&mut out, &[Some(b"alice"), None, Some(b"")]);
-        let body = &out[5..];
+        let span = wire::scan_frame(&out, 0, usize::MAX).unwrap().unwrap();
+        let body = &out[span.body()];
         assert_eq!(
             parse_data_row(body),
             Some(vec![Some("alice".into()), None, Some(String::new())])
@@ -257,22 +200,25 @@ mod tests {
     }
 
     #[test]
-    fn bind_parameters_stop_before_result_formats() {
-        // one format (text), two values ("ab", NULL), one result format (binary)
-        let tail = [
-            0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0xff, 0xff, 0xff, 0xff, 0, 1, 0, 1,
-        ];
-        assert_eq!(bind_parameters(&tail), Some(&tail[..16]));
-        assert_eq!(bind_parameters(&tail[..11]), None);
-        assert_eq!(bind_parameters(&[0, 5]), None);
-    }
-
-    #[test]
-    fn bind_is_framed() {
+    fn own_statements_are_parse_bind_execute_under_their_name() {
+        // One text parameter ("ab"), then a binary result format the encoding replaces.
+        let values = [0, 1, 0, 0, 0, 1, 0, 0, 0, 2, b'a', b'b', 0, 1, 0, 1];
+        let st = OwnStatement {
+            name: "n",
+            sql: "SELECT $1",
+            types: &[0, 1, 0, 0, 0, 25],
+            values: &values,
+        };
         let mut out = BytesMut::new();
-        encode_bind_text(&mut out, &["bob"]);
-        assert_eq!(out[0], b'B');
-        let len = i32::from_be_bytes([out[1], out[2], out[3], out[4]]) as usize;
-        assert_eq!(len + 1, out.len());
+        st.encode(&mut out).unwrap();
+        let mut want = b"P\0\0\0\x16n\0SELECT $1\0\0\x01\0\0\0\x19".to_vec();
+        want.extend_from_slice(b"B\0\0\0\x16n\0n\0\0\x01\0\0\0\x01\0\0\0\x02ab\0\0");
+        want.extend_from_slice(b"E\0\0\0\x0an\0\0\0\0\0");
+        assert_eq!(&out[..], &want[..]);
+        let bad = OwnStatement {
+            values: &values[..8],
+            ..st
+        };
+        assert!(bad.encode(&mut BytesMut::new()).is_err());
     }
 }

@@ -195,7 +195,7 @@ impl ServerConn {
         let mut probe = [0u8; 1];
         match self.stream.try_read(&mut probe) {
             Err(e) if e.kind() == io::ErrorKind::WouldBlock => true,
-            Ok(1) if probe[0] == b'A' => {
+            Ok(1) if probe[0] == wire::backend::tag::NOTIFICATION_RESPONSE => {
                 tracing::warn!(server = self.id, "a notification reached an idle server and was dropped: LISTEN does not work under transaction pooling; closing that server");
                 false
             }

@@ -34,7 +34,10 @@ use crate::policy::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::runtime::Runtime;
 use crate::server::{OwnStatement, ServerError};
-use crate::wire::{split_cstr, sqlstate, ErrorResponse, TxStatus};
+use crate::wire::frontend::{tag, target};
+use crate::wire::{
+    self, sqlstate, BindView, CloseView, ErrorResponse, ParseView, QueryView, TxStatus,
+};
 
 /// Parses remembered per session, to price the Binds of their statements.
 const MAX_PARSED: usize = 10_000;
@@ -146,6 +149,15 @@ struct Parsed {
     types: Bytes,
 }
 
+impl Parsed {
+    fn of(parse: &ParseView) -> Self {
+        Parsed {
+            text: String::from_utf8_lossy(parse.query).into_owned(),
+            types: Bytes::copy_from_slice(parse.raw_types()),
+        }
+    }
+}
+
 /// One request the gate judges.
 #[derive(Debug)]
 enum Work {
@@ -192,21 +204,20 @@ impl Session {
             // Everything gated so far has gone out: the server's view of the batch is exact.
             self.gate.batch_open = self.link.as_ref().is_some_and(|l| l.expected.batch_open());
         }
-        while let Some((tag, mlen)) = frame_at(&io.rbuf[..len], self.gate.gated) {
-            let start = self.gate.gated;
-            let body = Bytes::copy_from_slice(&io.rbuf[start + 5..start + 1 + mlen]);
-            let work = match tag {
-                b'P' => {
+        while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
+            let body = Bytes::copy_from_slice(&io.rbuf[span.body()]);
+            let work = match span.tag {
+                tag::PARSE => {
                     self.note_parse(&body);
                     None
                 }
-                b'C' => {
+                tag::CLOSE => {
                     self.note_close(&body);
                     None
                 }
-                b'Q' => Some(Work::Query(text_of(&body))),
-                b'B' => Some(self.bind_work(&body)),
-                b'F' => Some(Work::Function),
+                tag::QUERY => Some(Work::Query(text_of(&body))),
+                tag::BIND => Some(self.bind_work(&body)),
+                tag::FUNCTION_CALL => Some(Work::Function),
                 _ => None,
             };
             if let Some(work) = work {
@@ -215,20 +226,23 @@ impl Session {
                     Step::Hold => return Ok(self.gate.gated),
                 }
             }
-            match tag {
-                b'S' => self.gate.batch_open = false,
-                b'P' | b'B' | b'D' | b'E' | b'C' => self.gate.batch_open = true,
+            match span.tag {
+                tag::SYNC => self.gate.batch_open = false,
+                tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE => {
+                    self.gate.batch_open = true
+                }
                 _ => {}
             }
-            self.gate.gated = start + 1 + mlen;
+            self.gate.gated = span.end;
         }
         Ok(self.gate.gated)
     }
 
     fn note_parse(&mut self, body: &[u8]) {
-        let Some((name, parsed)) = read_parse(body) else {
+        let Ok(parse) = ParseView::new(body) else {
             return;
         };
+        let (name, parsed) = (parse.name, Parsed::of(&parse));
         let mapped = self.statements_mapped();
         let gate = &mut self.gate;
         if gate.pending.len() >= MAX_PARSED {
@@ -257,11 +271,13 @@ impl Session {
 
     /// A Close of a statement: its name is free again.
     fn note_close(&mut self, body: &[u8]) {
-        if let Some((b'S', rest)) = body.split_first() {
-            if let Some((name, _)) = split_cstr(rest) {
-                self.gate.pending.remove(name);
-                self.gate.session_named.remove(name);
-            }
+        if let Ok(CloseView {
+            kind: target::STATEMENT,
+            name,
+        }) = CloseView::new(body)
+        {
+            self.gate.pending.remove(name);
+            self.gate.session_named.remove(name);
         }
     }
 
@@ -276,22 +292,20 @@ impl Session {
         }
         if self.statements_mapped() {
             let st = self.statements.get(name)?;
-            let (_, parsed) = read_parse(st.parse.get(5..)?)?;
-            return Some(Arc::new(parsed));
+            let span = wire::scan_frame(&st.parse, 0, usize::MAX).ok().flatten()?;
+            let parse = ParseView::new(&st.parse[span.body()]).ok()?;
+            return Some(Arc::new(Parsed::of(&parse)));
         }
         self.gate.session_named.get(name).cloned()
     }
 
     fn bind_work(&self, body: &Bytes) -> Work {
-        let Some((_portal, rest)) = split_cstr(body) else {
-            return Work::Function;
-        };
-        let Some((statement, tail)) = split_cstr(rest) else {
+        let Ok(bind) = BindView::new(body) else {
             return Work::Function;
         };
         Work::Bind {
-            parsed: self.statement_of(statement),
-            tail: body.slice_ref(tail),
+            parsed: self.statement_of(bind.statement),
+            tail: body.slice_ref(bind.rest),
         }
     }
 
@@ -757,19 +771,5 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
 
 /// The text of a Query body.
 fn text_of(body: &[u8]) -> String {
-    let sql = body.strip_suffix(b"\0").unwrap_or(body);
-    String::from_utf8_lossy(sql).into_owned()
-}
-
-/// The name and the statement of a Parse body.
-fn read_parse(body: &[u8]) -> Option<(&[u8], Parsed)> {
-    let (name, rest) = split_cstr(body)?;
-    let (query, types) = split_cstr(rest)?;
-    Some((
-        name,
-        Parsed {
-            text: String::from_utf8_lossy(query).into_owned(),
-            types: Bytes::copy_from_slice(types),
-        },
-    ))
+    String::from_utf8_lossy(QueryView::new(body).text).into_owned()
 }

@@ -13,7 +13,11 @@ use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
 use crate::server::{Learned, Owed, Route, ServerStatements, Skipped};
-use crate::wire::{self, split_cstr, sqlstate, ErrorResponse, TxStatus};
+use crate::wire::frontend::target;
+use crate::wire::{
+    self, backend, frontend, sqlstate, BindView, CloseView, DescribeView, ErrorResponse, FrameSpan,
+    ParseView, QueryView, TxStatus,
+};
 
 /// The client's side of what server messages teach: its statement names and parameters.
 pub(super) struct ClientSide<'a> {
@@ -22,15 +26,16 @@ pub(super) struct ClientSide<'a> {
     pub tracked: &'a Tracked,
 }
 
-/// Handles one server message (its tag and where it lies in the server's buffer): matches it
-/// to what it answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
+/// Handles one server message (where it lies in the server's buffer): matches it to what it
+/// answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
 /// once per message by the caller, which also counts it).
 pub(super) fn server_message(
     link: &mut Link,
     client: &mut ClientSide,
-    (tag, start, end): (u8, usize, usize),
+    span: FrameSpan,
     ready_at: Option<Instant>,
 ) -> Result<Route, SessionError> {
+    let tag = span.tag;
     let (route, learned) = match link.expected.on_message(tag) {
         Ok(r) => r,
         Err(desync) => {
@@ -41,15 +46,20 @@ pub(super) fn server_message(
             )));
         }
     };
-    if tag == b'E' && link.reset_sent {
+    if tag == backend::tag::ERROR_RESPONSE && link.reset_sent {
         link.server.poison();
     }
-    if matches!(learned, Learned::Nothing) && !matches!(tag, b'S' | b'C') {
+    if matches!(learned, Learned::Nothing)
+        && !matches!(
+            tag,
+            backend::tag::PARAMETER_STATUS | backend::tag::COMMAND_COMPLETE
+        )
+    {
         // Rows, descriptions and the like teach nothing (see `learn`).
         return Ok(route);
     }
     let server = &mut *link.server;
-    let body = &server.rbuf[start + 5..end];
+    let body = &server.rbuf[span.body()];
     let ready = learn(
         tag,
         body,
@@ -119,7 +129,7 @@ pub(super) fn learn(
         Learned::Nothing => {}
     }
     match tag {
-        b'S' => {
+        backend::tag::PARAMETER_STATUS => {
             if let Some((name, value)) = parameter_status(body) {
                 if let Some(canonical) = client.tracked.canonical(name) {
                     server_params.set(canonical, value);
@@ -128,7 +138,9 @@ pub(super) fn learn(
             }
         }
         // A reset sent through the extended protocol is only seen in its answer.
-        b'C' if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" => {
+        backend::tag::COMMAND_COMPLETE
+            if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" =>
+        {
             server_statements.clear();
             client.statements.clear();
         }
@@ -164,12 +176,14 @@ impl MessageContext<'_> {
     ) -> Result<Option<BytesMut>, SessionError> {
         // Each gated request has its verdict, even one that is skipped below.
         let verdict = match tag {
-            b'Q' | b'B' | b'F' => self.verdicts.pop_front().flatten(),
+            frontend::tag::QUERY | frontend::tag::BIND | frontend::tag::FUNCTION_CALL => {
+                self.verdicts.pop_front().flatten()
+            }
             _ => None,
         };
         if *self.skip_to_sync {
             // pgward refused a Parse itself: drop what PostgreSQL would skip.
-            if tag == b'S' {
+            if tag == frontend::tag::SYNC {
                 *self.skip_to_sync = false;
                 self.link.expected.push(Owed::Synthetic {
                     answer: Bytes::new(),
@@ -181,26 +195,26 @@ impl MessageContext<'_> {
             return Ok(Some(BytesMut::new()));
         }
         let expected = &mut self.link.expected;
-        if expected.skipping() && tag != b'S' {
+        if expected.skipping() && tag != frontend::tag::SYNC {
             // The server skips everything up to Sync after an error: nothing is owed, and
             // nothing may be rewritten or answered by pgward.
             return Ok(None);
         }
         match tag {
-            b'Q' => return self.query(body, verdict),
-            b'F' => return self.function_call(verdict),
+            frontend::tag::QUERY => return self.query(body, verdict),
+            frontend::tag::FUNCTION_CALL => return self.function_call(verdict),
             // PostgreSQL ignores Sync and Flush during COPY FROM STDIN.
-            b'S' if expected.copy_in() => {}
-            b'S' => {
+            frontend::tag::SYNC if expected.copy_in() => {}
+            frontend::tag::SYNC => {
                 expected.push(Owed::Sync);
                 self.link.server.statements.end_batch();
             }
-            b'c' | b'f' => expected.end_copy_in(),
-            b'E' => expected.push(Owed::Execute),
-            b'P' => return self.parse(body),
-            b'B' => return self.bind(body, verdict),
-            b'D' => return self.describe(body),
-            b'C' => return self.close(body),
+            frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => expected.end_copy_in(),
+            frontend::tag::EXECUTE => expected.push(Owed::Execute),
+            frontend::tag::PARSE => return self.parse(body),
+            frontend::tag::BIND => return self.bind(body, verdict),
+            frontend::tag::DESCRIBE => return self.describe(body),
+            frontend::tag::CLOSE => return self.close(body),
             _ => {}
         }
         Ok(None)
@@ -224,7 +238,7 @@ impl MessageContext<'_> {
         body: &[u8],
         verdict: Option<RuleHit>,
     ) -> Result<Option<BytesMut>, SessionError> {
-        let sql = body.strip_suffix(b"\0").unwrap_or(body);
+        let sql = QueryView::new(body).text;
         if let Some(hit) = self.refusal(sql).or(verdict) {
             if self.can_answer_alone() {
                 self.answer_alone(rules::error_message(&hit), true);
@@ -291,7 +305,9 @@ impl MessageContext<'_> {
     }
 
     fn parse(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
-        let ParseBody { name, query, types } = read_parse(body)?;
+        let parse = ParseView::new(body).map_err(|_| malformed("Parse"))?;
+        let types = parse.param_types().map_err(|_| malformed("Parse"))?;
+        let (name, query) = (parse.name, parse.query);
         if let Some(hit) = self.refusal(query) {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
@@ -319,6 +335,7 @@ impl MessageContext<'_> {
             });
             return Ok(Some(out));
         }
+        let types: Vec<u32> = types.iter().collect();
         let statement = Arc::new(Statement::new(query, &types));
         let client_name = Bytes::copy_from_slice(name);
         self.statements
@@ -329,7 +346,7 @@ impl MessageContext<'_> {
         if server.statements.contains(&statement.server_name) && server.tx != TxStatus::Failed {
             server.statements.use_in_batch(&statement.server_name);
             self.link.expected.push(Owed::Synthetic {
-                answer: Bytes::from_static(PARSE_COMPLETE),
+                answer: Bytes::from_static(backend::PARSE_COMPLETE_MESSAGE),
                 client_name: Some(client_name),
                 ready: false,
                 batch: true,
@@ -388,25 +405,22 @@ impl MessageContext<'_> {
         body: &[u8],
         verdict: Option<RuleHit>,
     ) -> Result<Option<BytesMut>, SessionError> {
-        let (portal_end, statement, rest) = read_bind(body)?;
+        let bind = BindView::new(body).map_err(|_| malformed("Bind"))?;
         if let Some(hit) = verdict {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
-        let Some((stmt, capacity)) = self.mapped(statement) else {
+        let Some((stmt, capacity)) = self.mapped(bind.statement) else {
             self.link.expected.push(Owed::Bind);
-            return Ok(self
-                .foreign_statement(statement)
-                .map(|name| rewrite_bind(body, portal_end, statement, &name, rest)));
+            return Ok(self.foreign_statement(bind.statement).map(|name| {
+                let len = body.len() - bind.statement.len() + name.len();
+                let mut out = BytesMut::with_capacity(wire::HEADER_LEN + len);
+                bind.encode_renamed(&mut out, &name);
+                out
+            }));
         };
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
-        out.extend_from_slice(&rewrite_bind(
-            body,
-            portal_end,
-            statement,
-            &stmt.server_name,
-            rest,
-        ));
+        bind.encode_renamed(&mut out, &stmt.server_name);
         self.link.expected.push(Owed::Bind);
         Ok(Some(out))
     }
@@ -438,29 +452,31 @@ impl MessageContext<'_> {
     }
 
     fn describe(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
-        let (kind, name) = read_target(body)?;
-        if kind != b'S' {
+        let described = DescribeView::new(body).map_err(|_| malformed("Describe or Close"))?;
+        if described.kind != target::STATEMENT {
             self.link.expected.push(Owed::DescribePortal);
             return Ok(None);
         }
+        let name = described.name;
         let Some((stmt, capacity)) = self.mapped(name) else {
             self.link.expected.push(Owed::DescribeStatement);
             return Ok(self.foreign_statement(name).map(|other| {
                 let mut out = BytesMut::new();
-                wire::encode_describe(&mut out, b'S', &other);
+                wire::encode_describe(&mut out, target::STATEMENT, &other);
                 out
             }));
         };
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
-        wire::encode_describe(&mut out, b'S', &stmt.server_name);
+        wire::encode_describe(&mut out, target::STATEMENT, &stmt.server_name);
         self.link.expected.push(Owed::DescribeStatement);
         Ok(Some(out))
     }
 
     fn close(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
-        let (kind, name) = read_target(body)?;
-        if kind != b'S' || name.is_empty() || self.capacity.is_none() {
+        let closed = CloseView::new(body).map_err(|_| malformed("Describe or Close"))?;
+        let name = closed.name;
+        if closed.kind != target::STATEMENT || name.is_empty() || self.capacity.is_none() {
             self.link.expected.push(Owed::Close {
                 client: true,
                 statement: None,
@@ -470,7 +486,7 @@ impl MessageContext<'_> {
         // The server keeps pgward's statement for other clients; the client's name goes.
         self.statements.remove(name);
         self.link.expected.push(Owed::Synthetic {
-            answer: Bytes::from_static(CLOSE_COMPLETE),
+            answer: Bytes::from_static(backend::CLOSE_COMPLETE_MESSAGE),
             client_name: None,
             ready: false,
             batch: true,
@@ -502,7 +518,7 @@ impl MessageContext<'_> {
         while let Some(victim) = self.link.server.statements.victim(capacity) {
             let server = &mut self.link.server;
             server.statements.remove(&victim);
-            wire::encode_close(out, b'S', &victim);
+            wire::encode_close(out, target::STATEMENT, &victim);
             self.link.expected.push(Owed::Close {
                 client: false,
                 statement: Some(victim),
@@ -525,28 +541,6 @@ fn listen_warning() -> Bytes {
     out.freeze()
 }
 
-/// A Bind naming `new_name` instead of `statement`, the rest of the body unchanged.
-fn rewrite_bind(
-    body: &[u8],
-    portal_end: usize,
-    statement: &[u8],
-    new_name: &[u8],
-    rest: &[u8],
-) -> BytesMut {
-    let len = body.len() - statement.len() + new_name.len();
-    let mut out = BytesMut::with_capacity(len + 5);
-    out.extend_from_slice(b"B");
-    out.extend_from_slice(&((len + 4) as u32).to_be_bytes());
-    out.extend_from_slice(&body[..portal_end]);
-    out.extend_from_slice(new_name);
-    out.extend_from_slice(&[0]);
-    out.extend_from_slice(rest);
-    out
-}
-
-const PARSE_COMPLETE: &[u8] = b"1\0\0\0\x04";
-const CLOSE_COMPLETE: &[u8] = b"3\0\0\0\x04";
-
 fn command_complete(tag: &str) -> Bytes {
     let mut out = BytesMut::new();
     wire::encode_command_complete(&mut out, tag);
@@ -558,50 +552,6 @@ fn malformed(what: &str) -> SessionError {
         sqlstate::PROTOCOL_VIOLATION,
         format!("invalid {what} message"),
     ))
-}
-
-/// A Parse body: statement name, query text and parameter types.
-struct ParseBody<'a> {
-    name: &'a [u8],
-    query: &'a [u8],
-    types: Vec<u32>,
-}
-
-fn read_parse(body: &[u8]) -> Result<ParseBody<'_>, SessionError> {
-    let bad = || malformed("Parse");
-    let (name, rest) = split_cstr(body).ok_or_else(bad)?;
-    let (query, rest) = split_cstr(rest).ok_or_else(bad)?;
-    let count = rest.get(..2).ok_or_else(bad)?;
-    let count = i16::from_be_bytes([count[0], count[1]]);
-    let types = rest.get(2..).ok_or_else(bad)?;
-    if count < 0 || types.len() != count as usize * 4 {
-        return Err(bad());
-    }
-    let types = types
-        .chunks_exact(4)
-        .map(|c| u32::from_be_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    Ok(ParseBody { name, query, types })
-}
-
-/// A Bind body: where the portal name ends (with its NUL), the statement name, and the
-/// rest of the body after the statement name's NUL.
-fn read_bind(body: &[u8]) -> Result<(usize, &[u8], &[u8]), SessionError> {
-    let (portal, rest) = split_cstr(body).ok_or_else(|| malformed("Bind"))?;
-    let (statement, rest) = split_cstr(rest).ok_or_else(|| malformed("Bind"))?;
-    Ok((portal.len() + 1, statement, rest))
-}
-
-/// A Describe or Close body: the kind ('S' or 'P') and the name.
-fn read_target(body: &[u8]) -> Result<(u8, &[u8]), SessionError> {
-    let (&kind, rest) = body
-        .split_first()
-        .ok_or_else(|| malformed("Describe or Close"))?;
-    let (name, _) = split_cstr(rest).ok_or_else(|| malformed("Describe or Close"))?;
-    if kind != b'S' && kind != b'P' {
-        return Err(malformed("Describe or Close"));
-    }
-    Ok((kind, name))
 }
 
 fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {

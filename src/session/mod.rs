@@ -31,7 +31,7 @@ use crate::policy::Governance;
 use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
 use crate::server::{Expected, Route, ServerError};
-use crate::wire::{sqlstate, ErrorResponse, TxStatus};
+use crate::wire::{self, backend, frontend, sqlstate, ErrorResponse, FrameSpan, TxStatus};
 use link::Link;
 use messages::{learn, server_message, ClientSide, MessageContext};
 use prepared::ClientStatements;
@@ -542,22 +542,24 @@ impl Session {
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
-        while let Some((tag, len)) = frame_at(chunk, offset) {
-            let end = offset + 1 + len;
-            let body = &chunk[offset + 5..end];
-            if tag == b'P' && capacity.is_some() && ctx.link.waits_for_parse(body) {
+        while let Some(span) = frame_at(chunk, offset) {
+            let body = &chunk[span.body()];
+            if span.tag == frontend::tag::PARSE
+                && capacity.is_some()
+                && ctx.link.waits_for_parse(body)
+            {
                 // Whether this name is free depends on how an earlier Parse of it fares:
                 // hold the rest until the server has answered that one.
                 self.held = true;
                 break;
             }
-            if let Some(replacement) = ctx.client_message(tag, body)? {
+            if let Some(replacement) = ctx.client_message(span.tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);
-                out.extend_from_slice(&chunk[run_start..offset]);
+                out.extend_from_slice(&chunk[run_start..span.start]);
                 out.extend_from_slice(&replacement);
-                run_start = end;
+                run_start = span.end;
             }
-            offset = end;
+            offset = span.end;
         }
         let len = offset;
         self.hooks.received(len);
@@ -691,18 +693,18 @@ impl Session {
         let max = link.server.max_message();
         let mut opened_block = false;
         let mut last_ready = None;
-        while let Some((tag, len)) = server_frame_at(&mut link.server, offset, max)? {
-            let end = offset + 1 + len;
-            if tag == b'Z'
+        while let Some(span) = server_frame_at(&mut link.server, offset, max)? {
+            let (tag, end) = (span.tag, span.end);
+            if tag == backend::tag::READY_FOR_QUERY
                 && self.mode == PoolMode::Statement
-                && link.server.rbuf.get(offset + 5) != Some(&TxStatus::Idle.as_byte())
+                && link.server.rbuf.get(span.body().start) != Some(&TxStatus::Idle.as_byte())
             {
                 // Statement pooling: the client never sees the ReadyForQuery that would open
                 // a transaction block; what came before it still goes through.
                 opened_block = true;
                 break;
             }
-            let ready_at = (tag == b'Z').then(Instant::now);
+            let ready_at = (tag == backend::tag::READY_FOR_QUERY).then(Instant::now);
             let marks = ready_at.map(|at| (link.busy_since, link.tx_since, at));
             last_ready = ready_at.or(last_ready);
             let mut client = ClientSide {
@@ -710,12 +712,12 @@ impl Session {
                 params: &mut self.params,
                 tracked: &self.tracked,
             };
-            if tag == b'E' && self.gate.timed_out.is_some() {
+            if tag == backend::tag::ERROR_RESPONSE && self.gate.timed_out.is_some() {
                 if let Some(limit) =
-                    timed_out_error(&link.server.rbuf[offset..end], self.gate.timed_out)
+                    timed_out_error(&link.server.rbuf[span.body()], self.gate.timed_out)
                 {
                     // PostgreSQL's answer to pgward's cancel: say whose timeout it was.
-                    let route = server_message(link, &mut client, (tag, offset, end), None)?;
+                    let route = server_message(link, &mut client, span, None)?;
                     let out = kept.get_or_insert_with(BytesMut::new);
                     out.extend_from_slice(&link.server.rbuf[run_start..offset]);
                     if route == Route::Forward {
@@ -728,7 +730,7 @@ impl Session {
                     continue;
                 }
             }
-            let route = server_message(link, &mut client, (tag, offset, end), ready_at)?;
+            let route = server_message(link, &mut client, span, ready_at)?;
             if let Some((busy, tx, at)) = marks {
                 self.hooks.ready(link.server.tx, (busy, tx), at);
             }
@@ -876,14 +878,12 @@ fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<
     (mode != PoolMode::Session && capacity > 0).then_some(capacity)
 }
 
-/// The limit pgward cancelled at, when `frame` is PostgreSQL's 57014 after that cancel.
-fn timed_out_error(frame: &[u8], timed_out: Option<Duration>) -> Option<Duration> {
+/// The limit pgward cancelled at, when the ErrorResponse `body` is PostgreSQL's 57014 after
+/// that cancel.
+fn timed_out_error(body: &[u8], timed_out: Option<Duration>) -> Option<Duration> {
     let limit = timed_out?;
-    let fields = frame.get(5..)?;
-    let code = fields
-        .split(|b| *b == 0)
-        .find(|f| f.first() == Some(&b'C'))?;
-    (code.get(1..) == Some(sqlstate::QUERY_CANCELED.as_bytes())).then_some(limit)
+    let code = wire::ErrorFields::find(body, backend::field::CODE)?;
+    (code == sqlstate::QUERY_CANCELED.as_bytes()).then_some(limit)
 }
 
 /// The notice for a client that has waited query_wait_notify for a server.
@@ -917,11 +917,12 @@ fn flush<S: tokio::io::AsyncWrite + Unpin>(
 
 /// Makes room for the rest of the message at the front of `buf`, or a read's worth.
 fn reserve_for_frame(buf: &mut BytesMut) {
-    let want = if buf.len() >= 5 {
-        let len = u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize;
-        (len + 1).saturating_sub(buf.len()).clamp(8192, 1 << 20)
-    } else {
-        8192
+    let want = match wire::FrameHeader::at(buf, 0) {
+        // The length word read unsigned: a bad one is refused by the scan that follows.
+        Some(head) => (head.len as u32 as usize + 1)
+            .saturating_sub(buf.len())
+            .clamp(8192, 1 << 20),
+        None => 8192,
     };
     if buf.capacity() - buf.len() < want {
         buf.reserve(want);
@@ -946,61 +947,65 @@ fn take_front(dst: &mut BytesMut, src: &mut BytesMut, n: usize) {
 /// Runs at least this long move between buffers without a copy.
 const ZERO_COPY_FROM: usize = 64 * 1024;
 
-/// The tag and length of a complete message at `offset`, if one is there. Lengths are
-/// checked by the scanners before this is trusted.
-fn frame_at(buf: &[u8], offset: usize) -> Option<(u8, usize)> {
-    let head = buf.get(offset..offset + 5)?;
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if len < 4 || buf.len() < offset + 1 + len {
-        return None;
-    }
-    Some((head[0], len))
+/// The complete message at `offset` in a run of messages whose lengths were checked when it
+/// was scanned ([`scan_client`], [`server_frame_at`]), if one is there.
+fn frame_at(buf: &[u8], offset: usize) -> Option<FrameSpan> {
+    wire::scan_frame(buf, offset, usize::MAX).ok().flatten()
 }
 
-/// The tag and length of the complete server message at `offset`, if one is there; a length
-/// PostgreSQL never sends means the conversation is lost.
+/// The complete server message at `offset`, if one is there; a length PostgreSQL never sends
+/// means the conversation is lost.
 fn server_frame_at(
     server: &mut crate::server::ServerConn,
     offset: usize,
     max: usize,
-) -> Result<Option<(u8, usize)>, SessionError> {
-    let Some(head) = server.rbuf.get(offset..offset + 5) else {
-        return Ok(None);
-    };
-    let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-    if len < 4 || len > max {
+) -> Result<Option<FrameSpan>, SessionError> {
+    wire::scan_frame(&server.rbuf, offset, max).map_err(|bad| {
         server.poison();
-        return Err(SessionError::Fatal(ErrorResponse::fatal(
+        SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::PROTOCOL_VIOLATION,
-            format!("server sent a message with an invalid length ({len})"),
-        )));
-    }
-    Ok(frame_at(&server.rbuf, offset))
+            // The length word read unsigned, as it always was in this message.
+            format!(
+                "server sent a message with an invalid length ({})",
+                bad.len as u32
+            ),
+        ))
+    })
 }
 
 /// Reads the complete client messages at the front of `buf`: their size, and what they ask
 /// of the server. Unknown message types and oversized lengths are protocol violations.
 fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionError> {
+    use frontend::tag;
     let mut chunk = ClientChunk::default();
     let mut offset = 0;
-    while let Some(head) = buf.get(offset..offset + 5) {
-        let len = u32::from_be_bytes([head[1], head[2], head[3], head[4]]) as usize;
-        if len < 4 || len > max_message {
-            return Err(SessionError::Fatal(ErrorResponse::fatal(
-                sqlstate::PROTOCOL_VIOLATION,
-                format!("invalid message length {len}"),
-            )));
-        }
-        if buf.len() < offset + 1 + len {
-            break;
-        }
-        match head[0] {
-            b'X' => {
+    loop {
+        let span = match wire::scan_frame(buf, offset, max_message) {
+            Ok(Some(span)) => span,
+            Ok(None) => break,
+            Err(bad) => {
+                return Err(SessionError::Fatal(ErrorResponse::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    // The length word read unsigned, as it always was in this message.
+                    format!("invalid message length {}", bad.len as u32),
+                )));
+            }
+        };
+        match span.tag {
+            tag::TERMINATE => {
                 chunk.terminate = true;
                 break;
             }
-            b'Q' | b'F' | b'S' | b'P' | b'B' | b'D' | b'E' | b'C' | b'H' => chunk.asks = true,
-            b'd' | b'c' | b'f' => {}
+            tag::QUERY
+            | tag::FUNCTION_CALL
+            | tag::SYNC
+            | tag::PARSE
+            | tag::BIND
+            | tag::DESCRIBE
+            | tag::EXECUTE
+            | tag::CLOSE
+            | tag::FLUSH => chunk.asks = true,
+            tag::COPY_DATA | tag::COPY_DONE | tag::COPY_FAIL => {}
             other => {
                 return Err(SessionError::Fatal(ErrorResponse::fatal(
                     sqlstate::PROTOCOL_VIOLATION,
@@ -1008,7 +1013,7 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
                 )))
             }
         }
-        offset += 1 + len;
+        offset = span.end;
         chunk.len = offset;
     }
     Ok(chunk)
@@ -1017,6 +1022,7 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::frontend::tag;
 
     fn msg(tag: u8, body: &[u8]) -> Vec<u8> {
         let mut v = vec![tag];
@@ -1027,25 +1033,25 @@ mod tests {
 
     #[test]
     fn scan_finds_whole_messages_that_ask_something() {
-        let mut buf = msg(b'P', b"\0select 1\0\0\0");
-        buf.extend(msg(b'B', b"\0\0\0\0\0\0\0\0"));
-        buf.extend(msg(b'E', b"\0\0\0\0\0"));
+        let mut buf = msg(tag::PARSE, b"\0select 1\0\0\0");
+        buf.extend(msg(tag::BIND, b"\0\0\0\0\0\0\0\0"));
+        buf.extend(msg(tag::EXECUTE, b"\0\0\0\0\0"));
         let c = scan_client(&buf, 1 << 20).unwrap();
         assert_eq!((c.asks, c.len), (true, buf.len()));
-        let copy = msg(b'd', b"data");
+        let copy = msg(tag::COPY_DATA, b"data");
         let c = scan_client(&copy, 1 << 20).unwrap();
         assert!(c.asks_nothing());
     }
 
     #[test]
     fn scan_stops_at_partial_messages_and_terminate() {
-        let mut buf = msg(b'Q', b"select 1\0");
+        let mut buf = msg(tag::QUERY, b"select 1\0");
         let whole = buf.len();
-        buf.extend(&msg(b'Q', b"select 2\0")[..6]);
+        buf.extend(&msg(tag::QUERY, b"select 2\0")[..6]);
         let c = scan_client(&buf, 1 << 20).unwrap();
         assert_eq!(c.len, whole);
-        let mut buf = msg(b'X', b"");
-        buf.extend(msg(b'Q', b"select 1\0"));
+        let mut buf = msg(tag::TERMINATE, b"");
+        buf.extend(msg(tag::QUERY, b"select 1\0"));
         let c = scan_client(&buf, 1 << 20).unwrap();
         assert!(c.terminate);
         assert_eq!(c.len, 0);
@@ -1070,8 +1076,8 @@ mod tests {
 
     #[test]
     fn scan_refuses_bad_lengths_and_types() {
-        assert!(scan_client(&[b'Q', 0, 0, 0, 3], 1 << 20).is_err());
-        assert!(scan_client(&[b'Q', 0x7f, 0xff, 0xff, 0xff], 1 << 20).is_err());
+        assert!(scan_client(&[tag::QUERY, 0, 0, 0, 3], 1 << 20).is_err());
+        assert!(scan_client(&[tag::QUERY, 0x7f, 0xff, 0xff, 0xff], 1 << 20).is_err());
         assert!(scan_client(&msg(b'z', b""), 1 << 20).is_err());
     }
 }

@@ -170,15 +170,10 @@ pub fn raise_as_query(hit: &RuleHit) -> BytesMut {
 pub fn raise_in_batch(hit: &RuleHit) -> BytesMut {
     let mut out = BytesMut::new();
     wire::encode_parse(&mut out, b"", hit.raise_sql().as_bytes(), &[]);
-    // Bind: unnamed portal, unnamed statement, no formats, no parameters, no result formats.
-    let body: [u8; 8] = [0, 0, 0, 0, 0, 0, 0, 0];
-    out.extend_from_slice(b"B");
-    out.extend_from_slice(&((body.len() + 4) as u32).to_be_bytes());
-    out.extend_from_slice(&body);
+    // Bind: unnamed portal, unnamed statement, no parameters.
+    wire::encode_bind_text(&mut out, b"", b"", &[]);
     // Execute: unnamed portal, no row limit.
-    out.extend_from_slice(b"E");
-    out.extend_from_slice(&9u32.to_be_bytes());
-    out.extend_from_slice(&[0, 0, 0, 0, 0]);
+    wire::encode_execute(&mut out, b"", 0);
     out
 }
 
@@ -192,11 +187,21 @@ mod tests {
         let out = raise_in_batch(&hit);
         let mut tags = Vec::new();
         let mut at = 0;
-        while at < out.len() {
-            tags.push(out[at]);
-            let len = u32::from_be_bytes([out[at + 1], out[at + 2], out[at + 3], out[at + 4]]);
-            at += 1 + len as usize;
+        while let Some(span) = wire::scan_frame(&out, at, usize::MAX).unwrap() {
+            tags.push(span.tag);
+            at = span.end;
         }
-        assert_eq!(tags, b"PBE");
+        assert_eq!(at, out.len());
+        assert_eq!(
+            tags,
+            [
+                wire::frontend::tag::PARSE,
+                wire::frontend::tag::BIND,
+                wire::frontend::tag::EXECUTE
+            ]
+        );
+        // Bind and Execute of the unnamed statement and portal, nothing else.
+        let tail = &out[out.len() - 23..];
+        assert_eq!(tail, b"B\0\0\0\x0c\0\0\0\0\0\0\0\0E\0\0\0\x09\0\0\0\0\0");
     }
 }

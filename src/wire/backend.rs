@@ -10,7 +10,80 @@ use std::borrow::Cow;
 use super::codec::{len_i16, len_i32, put_cstr, put_message, Reader};
 use super::error::WireError;
 use super::frame::{Frame, PROTOCOL_3_0};
-use super::frontend::tags;
+
+/// Message type bytes a server sends. A client uses some of the same bytes for other
+/// messages (`E` is ErrorResponse here, Execute there): see [`super::frontend::tag`].
+pub mod tag {
+    /// Authentication* (Ok, the password and SASL requests).
+    pub const AUTHENTICATION: u8 = b'R';
+    /// ParameterStatus.
+    pub const PARAMETER_STATUS: u8 = b'S';
+    /// BackendKeyData.
+    pub const BACKEND_KEY_DATA: u8 = b'K';
+    /// ReadyForQuery.
+    pub const READY_FOR_QUERY: u8 = b'Z';
+    /// ErrorResponse.
+    pub const ERROR_RESPONSE: u8 = b'E';
+    /// NoticeResponse.
+    pub const NOTICE_RESPONSE: u8 = b'N';
+    /// CommandComplete.
+    pub const COMMAND_COMPLETE: u8 = b'C';
+    /// ParseComplete.
+    pub const PARSE_COMPLETE: u8 = b'1';
+    /// BindComplete.
+    pub const BIND_COMPLETE: u8 = b'2';
+    /// CloseComplete.
+    pub const CLOSE_COMPLETE: u8 = b'3';
+    /// NoData.
+    pub const NO_DATA: u8 = b'n';
+    /// EmptyQueryResponse.
+    pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
+    /// PortalSuspended.
+    pub const PORTAL_SUSPENDED: u8 = b's';
+    /// CopyInResponse.
+    pub const COPY_IN_RESPONSE: u8 = b'G';
+    /// CopyOutResponse.
+    pub const COPY_OUT_RESPONSE: u8 = b'H';
+    /// CopyBothResponse.
+    pub const COPY_BOTH_RESPONSE: u8 = b'W';
+    /// CopyData (a client sends it with the same byte).
+    pub const COPY_DATA: u8 = b'd';
+    /// CopyDone (a client sends it with the same byte).
+    pub const COPY_DONE: u8 = b'c';
+    /// DataRow.
+    pub const DATA_ROW: u8 = b'D';
+    /// RowDescription.
+    pub const ROW_DESCRIPTION: u8 = b'T';
+    /// ParameterDescription.
+    pub const PARAMETER_DESCRIPTION: u8 = b't';
+    /// NotificationResponse.
+    pub const NOTIFICATION_RESPONSE: u8 = b'A';
+    /// NegotiateProtocolVersion.
+    pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
+    /// FunctionCallResponse.
+    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
+}
+
+/// A whole ParseComplete message, for an answer pgward gives without encoding one.
+pub const PARSE_COMPLETE_MESSAGE: &[u8] = &[tag::PARSE_COMPLETE, 0, 0, 0, 4];
+/// A whole CloseComplete message, for an answer pgward gives without encoding one.
+pub const CLOSE_COMPLETE_MESSAGE: &[u8] = &[tag::CLOSE_COMPLETE, 0, 0, 0, 4];
+
+/// Field type bytes of an ErrorResponse or NoticeResponse.
+pub mod field {
+    /// Severity, possibly localized.
+    pub const SEVERITY: u8 = b'S';
+    /// Severity, never localized.
+    pub const SEVERITY_NONLOCALIZED: u8 = b'V';
+    /// SQLSTATE code.
+    pub const CODE: u8 = b'C';
+    /// Primary message.
+    pub const MESSAGE: u8 = b'M';
+    /// Detail.
+    pub const DETAIL: u8 = b'D';
+    /// Hint.
+    pub const HINT: u8 = b'H';
+}
 
 const AUTH_OK: i32 = 0;
 const AUTH_CLEARTEXT: i32 = 3;
@@ -178,6 +251,14 @@ impl ErrorFields {
         Ok(Self { fields })
     }
 
+    /// The value of the first field of type `kind` in an ErrorResponse or NoticeResponse
+    /// `body`, read in place: no allocation, and nothing else of the body is checked.
+    pub fn find(body: &[u8], kind: u8) -> Option<&[u8]> {
+        body.split(|b| *b == 0)
+            .find(|f| f.first() == Some(&kind))
+            .and_then(|f| f.get(1..))
+    }
+
     /// First value of the given field type.
     pub fn get(&self, kind: u8) -> Option<&str> {
         self.fields
@@ -188,17 +269,18 @@ impl ErrorFields {
 
     /// Non-localized severity (`V`), else the possibly localized one (`S`).
     pub fn severity(&self) -> Option<&str> {
-        self.get(b'V').or_else(|| self.get(b'S'))
+        self.get(field::SEVERITY_NONLOCALIZED)
+            .or_else(|| self.get(field::SEVERITY))
     }
 
     /// SQLSTATE code (`C`).
     pub fn code(&self) -> Option<&str> {
-        self.get(b'C')
+        self.get(field::CODE)
     }
 
     /// Primary message (`M`).
     pub fn message(&self) -> Option<&str> {
-        self.get(b'M')
+        self.get(field::MESSAGE)
     }
 
     /// The SQLSTATE, or XX000 when the server sent none.
@@ -214,8 +296,8 @@ impl ErrorFields {
     /// The same error as a FATAL of pgward's own, keeping code, message, detail and hint.
     pub fn to_fatal(&self) -> ErrorResponse {
         let mut e = ErrorResponse::fatal(self.sqlstate().to_string(), self.text());
-        e.detail = self.get(b'D').map(str::to_string);
-        e.hint = self.get(b'H').map(str::to_string);
+        e.detail = self.get(field::DETAIL).map(str::to_string);
+        e.hint = self.get(field::HINT).map(str::to_string);
         e
     }
 }
@@ -223,13 +305,13 @@ impl ErrorFields {
 /// Decodes a server message.
 pub fn decode_backend(frame: &Frame) -> Result<Backend, WireError> {
     let msg = match frame.tag() {
-        tags::AUTHENTICATION => Backend::Auth(decode_auth(frame.body())?),
-        tags::PARAMETER_STATUS => decode_parameter_status(frame.body())?,
-        tags::BACKEND_KEY_DATA => decode_key_data(frame.body())?,
-        tags::READY_FOR_QUERY => decode_ready(frame.body())?,
-        tags::ERROR_RESPONSE => Backend::ErrorResponse(ErrorFields::parse(&frame.body())?),
-        tags::NOTICE_RESPONSE => Backend::NoticeResponse(ErrorFields::parse(&frame.body())?),
-        tags::COMMAND_COMPLETE => Backend::CommandComplete {
+        tag::AUTHENTICATION => Backend::Auth(decode_auth(frame.body())?),
+        tag::PARAMETER_STATUS => decode_parameter_status(frame.body())?,
+        tag::BACKEND_KEY_DATA => decode_key_data(frame.body())?,
+        tag::READY_FOR_QUERY => decode_ready(frame.body())?,
+        tag::ERROR_RESPONSE => Backend::ErrorResponse(ErrorFields::parse(&frame.body())?),
+        tag::NOTICE_RESPONSE => Backend::NoticeResponse(ErrorFields::parse(&frame.body())?),
+        tag::COMMAND_COMPLETE => Backend::CommandComplete {
             tag: Reader::new(frame.body()).cstr("invalid CommandComplete message")?,
         },
         other => decode_by_tag(other),
@@ -240,23 +322,23 @@ pub fn decode_backend(frame: &Frame) -> Result<Backend, WireError> {
 /// Messages recognised by tag alone.
 fn decode_by_tag(tag: u8) -> Backend {
     match tag {
-        tags::PARSE_COMPLETE => Backend::ParseComplete,
-        tags::BIND_COMPLETE => Backend::BindComplete,
-        tags::CLOSE_COMPLETE => Backend::CloseComplete,
-        tags::NO_DATA => Backend::NoData,
-        tags::EMPTY_QUERY_RESPONSE => Backend::EmptyQueryResponse,
-        tags::PORTAL_SUSPENDED => Backend::PortalSuspended,
-        tags::COPY_IN_RESPONSE => Backend::CopyInResponse,
-        tags::COPY_OUT_RESPONSE => Backend::CopyOutResponse,
-        tags::COPY_BOTH_RESPONSE => Backend::CopyBothResponse,
-        tags::COPY_DATA => Backend::CopyData,
-        tags::COPY_DONE => Backend::CopyDone,
-        tags::DATA_ROW => Backend::DataRow,
-        tags::ROW_DESCRIPTION => Backend::RowDescription,
-        tags::PARAMETER_DESCRIPTION => Backend::ParameterDescription,
-        tags::NOTIFICATION_RESPONSE => Backend::NotificationResponse,
-        tags::NEGOTIATE_PROTOCOL_VERSION => Backend::NegotiateProtocolVersion,
-        tags::FUNCTION_CALL_RESPONSE => Backend::FunctionCallResponse,
+        tag::PARSE_COMPLETE => Backend::ParseComplete,
+        tag::BIND_COMPLETE => Backend::BindComplete,
+        tag::CLOSE_COMPLETE => Backend::CloseComplete,
+        tag::NO_DATA => Backend::NoData,
+        tag::EMPTY_QUERY_RESPONSE => Backend::EmptyQueryResponse,
+        tag::PORTAL_SUSPENDED => Backend::PortalSuspended,
+        tag::COPY_IN_RESPONSE => Backend::CopyInResponse,
+        tag::COPY_OUT_RESPONSE => Backend::CopyOutResponse,
+        tag::COPY_BOTH_RESPONSE => Backend::CopyBothResponse,
+        tag::COPY_DATA => Backend::CopyData,
+        tag::COPY_DONE => Backend::CopyDone,
+        tag::DATA_ROW => Backend::DataRow,
+        tag::ROW_DESCRIPTION => Backend::RowDescription,
+        tag::PARAMETER_DESCRIPTION => Backend::ParameterDescription,
+        tag::NOTIFICATION_RESPONSE => Backend::NotificationResponse,
+        tag::NEGOTIATE_PROTOCOL_VERSION => Backend::NegotiateProtocolVersion,
+        tag::FUNCTION_CALL_RESPONSE => Backend::FunctionCallResponse,
         other => Backend::Unknown(other),
     }
 }
@@ -418,15 +500,15 @@ impl ErrorResponse {
 
     fn write_fields(&self, b: &mut BytesMut) {
         let severity = self.severity.as_str().as_bytes();
-        let optional = [(b'D', &self.detail), (b'H', &self.hint)];
+        let optional = [(field::DETAIL, &self.detail), (field::HINT, &self.hint)];
         let present = optional
             .iter()
             .filter_map(|(k, v)| v.as_ref().map(|v| (*k, v.as_bytes())));
         let fields = [
-            (b'S', severity),
-            (b'V', severity),
-            (b'C', self.code.as_bytes()),
-            (b'M', self.message.as_bytes()),
+            (field::SEVERITY, severity),
+            (field::SEVERITY_NONLOCALIZED, severity),
+            (field::CODE, self.code.as_bytes()),
+            (field::MESSAGE, self.message.as_bytes()),
         ];
         for (kind, value) in fields.into_iter().chain(present) {
             b.put_u8(kind);
@@ -438,22 +520,22 @@ impl ErrorResponse {
 
 /// ErrorResponse.
 pub fn encode_error(buf: &mut BytesMut, err: &ErrorResponse) {
-    put_message(buf, tags::ERROR_RESPONSE, |b| err.write_fields(b));
+    put_message(buf, tag::ERROR_RESPONSE, |b| err.write_fields(b));
 }
 
 /// NoticeResponse.
 pub fn encode_notice(buf: &mut BytesMut, notice: &ErrorResponse) {
-    put_message(buf, tags::NOTICE_RESPONSE, |b| notice.write_fields(b));
+    put_message(buf, tag::NOTICE_RESPONSE, |b| notice.write_fields(b));
 }
 
 /// ReadyForQuery.
 pub fn encode_ready_for_query(buf: &mut BytesMut, status: TxStatus) {
-    put_message(buf, tags::READY_FOR_QUERY, |b| b.put_u8(status.as_byte()));
+    put_message(buf, tag::READY_FOR_QUERY, |b| b.put_u8(status.as_byte()));
 }
 
 /// ParameterStatus.
 pub fn encode_parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
-    put_message(buf, tags::PARAMETER_STATUS, |b| {
+    put_message(buf, tag::PARAMETER_STATUS, |b| {
         put_cstr(b, name.as_bytes());
         put_cstr(b, value.as_bytes());
     });
@@ -461,14 +543,14 @@ pub fn encode_parameter_status(buf: &mut BytesMut, name: &str, value: &str) {
 
 /// BackendKeyData.
 pub fn encode_backend_key_data(buf: &mut BytesMut, pid: u32, secret: &[u8]) {
-    put_message(buf, tags::BACKEND_KEY_DATA, |b| {
+    put_message(buf, tag::BACKEND_KEY_DATA, |b| {
         b.put_u32(pid);
         b.put_slice(secret);
     });
 }
 
 fn put_auth(buf: &mut BytesMut, code: i32, rest: impl FnOnce(&mut BytesMut)) {
-    put_message(buf, tags::AUTHENTICATION, |b| {
+    put_message(buf, tag::AUTHENTICATION, |b| {
         b.put_i32(code);
         rest(b);
     });
@@ -517,7 +599,7 @@ pub fn encode_negotiate_protocol_version(
     newest_minor: u32,
     unrecognized_options: &[String],
 ) {
-    put_message(buf, tags::NEGOTIATE_PROTOCOL_VERSION, |b| {
+    put_message(buf, tag::NEGOTIATE_PROTOCOL_VERSION, |b| {
         b.put_u32(PROTOCOL_3_0 | (newest_minor & 0xffff));
         b.put_i32(len_i32(unrecognized_options.len()));
         for opt in unrecognized_options {
@@ -528,19 +610,28 @@ pub fn encode_negotiate_protocol_version(
 
 /// CommandComplete with a command tag such as `SHOW` or `SELECT 3`.
 pub fn encode_command_complete(buf: &mut BytesMut, tag: &str) {
-    put_message(buf, tags::COMMAND_COMPLETE, |b| put_cstr(b, tag.as_bytes()));
+    put_message(buf, tag::COMMAND_COMPLETE, |b| put_cstr(b, tag.as_bytes()));
 }
 
 /// RowDescription where every column is of type `text` in text format.
 pub fn encode_row_description_text(buf: &mut BytesMut, columns: &[&str]) {
-    put_message(buf, tags::ROW_DESCRIPTION, |b| {
+    encode_row_description(buf, columns.iter().map(|name| (*name, TEXT_OID, -1)));
+}
+
+/// RowDescription of columns given as (name, type OID, type size: -1 when variable), each
+/// in text format and of no table.
+pub fn encode_row_description<'a>(
+    buf: &mut BytesMut,
+    columns: impl ExactSizeIterator<Item = (&'a str, u32, i16)>,
+) {
+    put_message(buf, tag::ROW_DESCRIPTION, |b| {
         b.put_i16(len_i16(columns.len()));
-        for name in columns.iter().take(i16::MAX as usize) {
+        for (name, oid, size) in columns.take(i16::MAX as usize) {
             put_cstr(b, name.as_bytes());
             b.put_u32(0); // table OID
             b.put_i16(0); // column number
-            b.put_u32(TEXT_OID);
-            b.put_i16(-1); // type size: variable
+            b.put_u32(oid);
+            b.put_i16(size);
             b.put_i32(-1); // type modifier
             b.put_i16(0); // text format
         }
@@ -549,7 +640,7 @@ pub fn encode_row_description_text(buf: &mut BytesMut, columns: &[&str]) {
 
 /// DataRow; `None` is SQL NULL.
 pub fn encode_data_row(buf: &mut BytesMut, values: &[Option<&[u8]>]) {
-    put_message(buf, tags::DATA_ROW, |b| {
+    put_message(buf, tag::DATA_ROW, |b| {
         b.put_i16(len_i16(values.len()));
         for value in values.iter().take(i16::MAX as usize) {
             match value {
@@ -565,7 +656,7 @@ pub fn encode_data_row(buf: &mut BytesMut, values: &[Option<&[u8]>]) {
 
 /// EmptyQueryResponse.
 pub fn encode_empty_query_response(buf: &mut BytesMut) {
-    put_message(buf, tags::EMPTY_QUERY_RESPONSE, |_| {});
+    put_message(buf, tag::EMPTY_QUERY_RESPONSE, |_| {});
 }
 
 #[cfg(test)]
@@ -679,6 +770,18 @@ mod tests {
     }
 
     #[test]
+    fn error_fields_found_in_place() {
+        let mut b = BytesMut::new();
+        encode_error(&mut b, &ErrorResponse::error(sqlstate::QUERY_CANCELED, "x"));
+        let f = decode_frame(&mut b, 1 << 20).unwrap().unwrap();
+        let body = f.body();
+        assert_eq!(ErrorFields::find(&body, field::CODE), Some(&b"57014"[..]));
+        assert_eq!(ErrorFields::find(&body, field::MESSAGE), Some(&b"x"[..]));
+        assert_eq!(ErrorFields::find(&body, field::HINT), None);
+        assert_eq!(ErrorFields::find(b"", field::CODE), None);
+    }
+
+    #[test]
     fn error_fields_rejections() {
         assert!(ErrorFields::parse(b"").is_err());
         assert!(ErrorFields::parse(b"Mabc").is_err());
@@ -741,6 +844,27 @@ mod tests {
         assert_eq!(
             read_data_row(f.body()),
             vec![Some(b"x".to_vec()), None, Some(vec![])]
+        );
+    }
+
+    #[test]
+    fn whole_messages_are_framed() {
+        for (message, tag) in [
+            (PARSE_COMPLETE_MESSAGE, tag::PARSE_COMPLETE),
+            (CLOSE_COMPLETE_MESSAGE, tag::CLOSE_COMPLETE),
+        ] {
+            let mut b = BytesMut::new();
+            put_message(&mut b, tag, |_| {});
+            assert_eq!(message, &b[..]);
+        }
+    }
+
+    #[test]
+    fn row_description_with_types() {
+        let f = frame_of(|b| encode_row_description(b, [("n", 23, 4)].into_iter()));
+        assert_eq!(
+            &f.raw()[..],
+            b"T\0\0\0\x1a\0\x01n\0\0\0\0\0\0\0\0\0\0\x17\0\x04\xff\xff\xff\xff\0\0"
         );
     }
 

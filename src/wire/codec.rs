@@ -19,10 +19,6 @@ impl Reader {
         Self::new(Bytes::copy_from_slice(body))
     }
 
-    pub(crate) fn remaining(&self) -> usize {
-        self.rest.len()
-    }
-
     pub(crate) fn take(&mut self, n: usize, what: &'static str) -> Result<Bytes, WireError> {
         if n > self.rest.len() {
             return Err(WireError::Malformed(what));
@@ -40,6 +36,7 @@ impl Reader {
         Ok(self.array::<1>(what)?[0])
     }
 
+    #[cfg(test)]
     pub(crate) fn i16(&mut self, what: &'static str) -> Result<i16, WireError> {
         self.array(what).map(i16::from_be_bytes)
     }

@@ -22,6 +22,10 @@ pub const SSL_REQUEST_CODE: u32 = 80_877_103;
 pub const GSSENC_REQUEST_CODE: u32 = 80_877_104;
 /// Request code of a CancelRequest packet.
 pub const CANCEL_REQUEST_CODE: u32 = 80_877_102;
+/// The one-byte answer to an SSLRequest that accepts it (a TLS handshake follows).
+pub const ENCRYPTION_ACCEPTED: u8 = b'S';
+/// The one-byte answer to an SSLRequest or GSSENCRequest that refuses it.
+pub const ENCRYPTION_REFUSED: u8 = b'N';
 /// Protocol version 3.0 as sent in a StartupMessage.
 pub const PROTOCOL_3_0: u32 = 3 << 16;
 /// Longest cancel secret accepted (protocol 3.2 allows up to 256 bytes).
@@ -94,6 +98,110 @@ fn check_len(len: i32, min: usize, max: usize) -> Result<usize, WireError> {
     Ok(as_usize)
 }
 
+/// The header of a tagged message: its type byte and its length word (which counts itself
+/// but not the tag), as sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameHeader {
+    /// The message type byte.
+    pub tag: u8,
+    /// The length word, unchecked.
+    pub len: i32,
+}
+
+impl FrameHeader {
+    /// The header of the message at `offset` in `buf`, once its five bytes are there.
+    #[inline]
+    pub fn at(buf: &[u8], offset: usize) -> Option<Self> {
+        let head: &[u8; HEADER_LEN] = buf.get(offset..)?.first_chunk()?;
+        let [tag, len @ ..] = *head;
+        Some(Self {
+            tag,
+            len: i32::from_be_bytes(len),
+        })
+    }
+}
+
+/// Where one whole tagged message lies in a buffer, as [`scan_frame`] found it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FrameSpan {
+    /// The message type byte.
+    pub tag: u8,
+    /// Offset of the tag byte.
+    pub start: usize,
+    /// Offset just past the message.
+    pub end: usize,
+}
+
+impl FrameSpan {
+    /// Where the body lies (after the length word).
+    #[inline]
+    pub fn body(&self) -> std::ops::Range<usize> {
+        self.start + HEADER_LEN..self.end
+    }
+
+    /// Size of the whole message in bytes, tag included.
+    #[inline]
+    pub fn total_len(&self) -> usize {
+        self.end - self.start
+    }
+}
+
+/// A length word no message can have: below 4 (it counts itself), negative, or above the
+/// maximum the reader accepts. Nothing after it in the stream can be framed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BadFrameLength {
+    /// The message type byte.
+    pub tag: u8,
+    /// The length word as sent.
+    pub len: i32,
+    /// The largest length word the reader accepts.
+    pub max: usize,
+}
+
+impl From<BadFrameLength> for WireError {
+    fn from(bad: BadFrameLength) -> Self {
+        match usize::try_from(bad.len) {
+            Ok(len) if len >= 4 => WireError::TooLarge { len, max: bad.max },
+            _ => WireError::BadLength(bad.len.into()),
+        }
+    }
+}
+
+/// Finds the tagged message at `offset` in `buf`: its place, once the whole of it is there.
+///
+/// `Ok(None)` while the header or the body is incomplete. The length word is checked as soon
+/// as the header is in, before waiting for the body: below 4 or above `max_len` (which bounds
+/// the length word, as in [`decode_frame`]) is an error. Nothing is copied or consumed.
+#[inline]
+pub fn scan_frame(
+    buf: &[u8],
+    offset: usize,
+    max_len: usize,
+) -> Result<Option<FrameSpan>, BadFrameLength> {
+    let Some(FrameHeader { tag, len }) = FrameHeader::at(buf, offset) else {
+        return Ok(None);
+    };
+    let body_and_word = match usize::try_from(len) {
+        Ok(n) if (4..=max_len).contains(&n) => n,
+        _ => {
+            return Err(BadFrameLength {
+                tag,
+                len,
+                max: max_len,
+            })
+        }
+    };
+    let end = offset.saturating_add(1 + body_and_word);
+    if buf.len() < end {
+        return Ok(None);
+    }
+    Ok(Some(FrameSpan {
+        tag,
+        start: offset,
+        end,
+    }))
+}
+
 /// Splits one tagged message off the front of `buf`.
 ///
 /// Returns `Ok(None)` without consuming anything while the message is incomplete. The length
@@ -101,16 +209,11 @@ fn check_len(len: i32, min: usize, max: usize) -> Result<usize, WireError> {
 /// or negative length fails immediately. `max_len` bounds the length word (which counts itself).
 /// On success the message is split off without copying.
 pub fn decode_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>, WireError> {
-    let Some(len) = buf.get(1..).and_then(peek_len) else {
+    let Some(span) = scan_frame(buf, 0, max_len)? else {
         return Ok(None);
     };
-    let len = check_len(len, 4, max_len)?;
-    let total = len + 1;
-    if buf.len() < total {
-        return Ok(None);
-    }
     Ok(Some(Frame {
-        raw: buf.split_to(total).freeze(),
+        raw: buf.split_to(span.end).freeze(),
     }))
 }
 

@@ -6,83 +6,50 @@ use super::codec::{len_i16, len_i32, put_cstr, put_message, put_untagged, Reader
 use super::error::WireError;
 use super::frame::{Frame, CANCEL_REQUEST_CODE, PROTOCOL_3_0, SSL_REQUEST_CODE};
 
-/// Message type bytes of both directions. Names are unique across directions; CopyData and
-/// CopyDone use the same byte both ways.
-pub mod tags {
-    /// Query (F).
+/// Message type bytes a client sends. A server uses some of the same bytes for other
+/// messages (`E` is Execute here, ErrorResponse there): see [`super::backend::tag`].
+pub mod tag {
+    /// Query.
     pub const QUERY: u8 = b'Q';
-    /// Parse (F).
+    /// Parse.
     pub const PARSE: u8 = b'P';
-    /// Bind (F).
+    /// Bind.
     pub const BIND: u8 = b'B';
-    /// Describe (F).
+    /// Describe.
     pub const DESCRIBE: u8 = b'D';
-    /// Execute (F).
+    /// Execute.
     pub const EXECUTE: u8 = b'E';
-    /// Close (F).
+    /// Close.
     pub const CLOSE: u8 = b'C';
-    /// Sync (F).
+    /// Sync.
     pub const SYNC: u8 = b'S';
-    /// Flush (F).
+    /// Flush.
     pub const FLUSH: u8 = b'H';
-    /// Terminate (F).
+    /// Terminate.
     pub const TERMINATE: u8 = b'X';
-    /// CopyData (F and B).
+    /// CopyData (a server sends it with the same byte).
     pub const COPY_DATA: u8 = b'd';
-    /// CopyDone (F and B).
+    /// CopyDone (a server sends it with the same byte).
     pub const COPY_DONE: u8 = b'c';
-    /// CopyFail (F).
+    /// CopyFail.
     pub const COPY_FAIL: u8 = b'f';
-    /// FunctionCall (F).
+    /// FunctionCall.
     pub const FUNCTION_CALL: u8 = b'F';
-    /// PasswordMessage, SASLInitialResponse, SASLResponse, GSSResponse (F).
+    /// PasswordMessage, SASLInitialResponse, SASLResponse, GSSResponse.
     pub const PASSWORD: u8 = b'p';
-
-    /// Authentication* (B).
-    pub const AUTHENTICATION: u8 = b'R';
-    /// ParameterStatus (B).
-    pub const PARAMETER_STATUS: u8 = b'S';
-    /// BackendKeyData (B).
-    pub const BACKEND_KEY_DATA: u8 = b'K';
-    /// ReadyForQuery (B).
-    pub const READY_FOR_QUERY: u8 = b'Z';
-    /// ErrorResponse (B).
-    pub const ERROR_RESPONSE: u8 = b'E';
-    /// NoticeResponse (B).
-    pub const NOTICE_RESPONSE: u8 = b'N';
-    /// CommandComplete (B).
-    pub const COMMAND_COMPLETE: u8 = b'C';
-    /// ParseComplete (B).
-    pub const PARSE_COMPLETE: u8 = b'1';
-    /// BindComplete (B).
-    pub const BIND_COMPLETE: u8 = b'2';
-    /// CloseComplete (B).
-    pub const CLOSE_COMPLETE: u8 = b'3';
-    /// NoData (B).
-    pub const NO_DATA: u8 = b'n';
-    /// EmptyQueryResponse (B).
-    pub const EMPTY_QUERY_RESPONSE: u8 = b'I';
-    /// PortalSuspended (B).
-    pub const PORTAL_SUSPENDED: u8 = b's';
-    /// CopyInResponse (B).
-    pub const COPY_IN_RESPONSE: u8 = b'G';
-    /// CopyOutResponse (B).
-    pub const COPY_OUT_RESPONSE: u8 = b'H';
-    /// CopyBothResponse (B).
-    pub const COPY_BOTH_RESPONSE: u8 = b'W';
-    /// DataRow (B).
-    pub const DATA_ROW: u8 = b'D';
-    /// RowDescription (B).
-    pub const ROW_DESCRIPTION: u8 = b'T';
-    /// ParameterDescription (B).
-    pub const PARAMETER_DESCRIPTION: u8 = b't';
-    /// NotificationResponse (B).
-    pub const NOTIFICATION_RESPONSE: u8 = b'A';
-    /// NegotiateProtocolVersion (B).
-    pub const NEGOTIATE_PROTOCOL_VERSION: u8 = b'v';
-    /// FunctionCallResponse (B).
-    pub const FUNCTION_CALL_RESPONSE: u8 = b'V';
 }
+
+/// What a Describe or Close names: the byte after its tag.
+pub mod target {
+    /// A prepared statement.
+    pub const STATEMENT: u8 = b'S';
+    /// A portal.
+    pub const PORTAL: u8 = b'P';
+}
+
+mod views;
+
+pub use views::{BindView, CloseView, DescribeView, ParamTypes, ParseView, QueryView};
 
 /// A client message, decoded only as far as a pooler needs. The full bytes stay in the
 /// [`Frame`] for forwarding.
@@ -109,9 +76,9 @@ pub enum Frontend {
         /// Source statement name.
         statement: Bytes,
     },
-    /// Describe a statement (`b'S'`) or portal (`b'P'`).
+    /// Describe a statement or portal.
     Describe {
-        /// `b'S'` or `b'P'`.
+        /// [`target::STATEMENT`] or [`target::PORTAL`].
         kind: u8,
         /// Object name.
         name: Bytes,
@@ -124,9 +91,9 @@ pub enum Frontend {
         /// here as large numbers, as no limit).
         max_rows: u32,
     },
-    /// Close a statement (`b'S'`) or portal (`b'P'`).
+    /// Close a statement or portal.
     Close {
-        /// `b'S'` or `b'P'`.
+        /// [`target::STATEMENT`] or [`target::PORTAL`].
         kind: u8,
         /// Object name.
         name: Bytes,
@@ -157,33 +124,44 @@ pub enum Frontend {
 
 /// Decodes a client message.
 pub fn decode_frontend(frame: &Frame) -> Result<Frontend, WireError> {
-    let mut r = Reader::new(frame.body());
+    let body = frame.body();
+    let mut r = Reader::new(body.clone());
     let msg = match frame.tag() {
-        tags::QUERY => decode_query(&mut r)?,
-        tags::PARSE => decode_parse(&mut r)?,
-        tags::BIND => Frontend::Bind {
-            portal: r.cstr("invalid Bind message: missing portal name")?,
-            statement: r.cstr("invalid Bind message: missing statement name")?,
-        },
-        tags::DESCRIBE => {
-            let (kind, name) = decode_target(&mut r, "invalid DESCRIBE message subtype")?;
+        tag::QUERY => decode_query(&body)?,
+        tag::PARSE => {
+            let view = ParseView::new(&body)?;
+            Frontend::Parse {
+                name: body.slice_ref(view.name),
+                query: body.slice_ref(view.query),
+                param_types: view.param_types()?.iter().collect(),
+            }
+        }
+        tag::BIND => {
+            let view = BindView::new(&body)?;
+            Frontend::Bind {
+                portal: body.slice_ref(view.portal),
+                statement: body.slice_ref(view.statement),
+            }
+        }
+        tag::DESCRIBE => {
+            let (kind, name) = decode_target(&body, "invalid DESCRIBE message subtype")?;
             Frontend::Describe { kind, name }
         }
-        tags::EXECUTE => decode_execute(&mut r)?,
-        tags::CLOSE => {
-            let (kind, name) = decode_target(&mut r, "invalid CLOSE message subtype")?;
+        tag::EXECUTE => decode_execute(&mut r)?,
+        tag::CLOSE => {
+            let (kind, name) = decode_target(&body, "invalid CLOSE message subtype")?;
             Frontend::Close { kind, name }
         }
-        tags::SYNC => empty(&r, Frontend::Sync, "invalid Sync message format")?,
-        tags::FLUSH => empty(&r, Frontend::Flush, "invalid Flush message format")?,
-        tags::TERMINATE => Frontend::Terminate,
-        tags::COPY_DATA => Frontend::CopyData,
-        tags::COPY_DONE => Frontend::CopyDone,
-        tags::COPY_FAIL => Frontend::CopyFail {
+        tag::SYNC => empty(&r, Frontend::Sync, "invalid Sync message format")?,
+        tag::FLUSH => empty(&r, Frontend::Flush, "invalid Flush message format")?,
+        tag::TERMINATE => Frontend::Terminate,
+        tag::COPY_DATA => Frontend::CopyData,
+        tag::COPY_DONE => Frontend::CopyDone,
+        tag::COPY_FAIL => Frontend::CopyFail {
             message: r.cstr("invalid CopyFail message: missing terminator")?,
         },
-        tags::FUNCTION_CALL => Frontend::FunctionCall,
-        tags::PASSWORD => Frontend::Password,
+        tag::FUNCTION_CALL => Frontend::FunctionCall,
+        tag::PASSWORD => Frontend::Password,
         other => Frontend::Unknown(other),
     };
     Ok(msg)
@@ -194,40 +172,25 @@ fn empty(r: &Reader, msg: Frontend, what: &'static str) -> Result<Frontend, Wire
     Ok(msg)
 }
 
-fn decode_query(r: &mut Reader) -> Result<Frontend, WireError> {
+/// The text of a Query whose only NUL ends it.
+fn decode_query(body: &Bytes) -> Result<Frontend, WireError> {
     const WHAT: &str = "invalid Query message: text must end with its only NUL byte";
-    let sql = r.cstr(WHAT)?;
-    r.finish(WHAT)?;
-    Ok(Frontend::Query { sql })
-}
-
-fn decode_parse(r: &mut Reader) -> Result<Frontend, WireError> {
-    const WHAT: &str = "invalid Parse message format";
-    let name = r.cstr(WHAT)?;
-    let query = r.cstr(WHAT)?;
-    let count = usize::try_from(r.i16(WHAT)?).map_err(|_| WireError::Malformed(WHAT))?;
-    if r.remaining() != count * 4 {
+    let view = QueryView::new(body);
+    if body.last() != Some(&0) || memchr::memchr(0, view.text).is_some() {
         return Err(WireError::Malformed(WHAT));
     }
-    let mut param_types = Vec::with_capacity(count);
-    for _ in 0..count {
-        param_types.push(r.u32(WHAT)?);
-    }
-    Ok(Frontend::Parse {
-        name,
-        query,
-        param_types,
+    Ok(Frontend::Query {
+        sql: body.slice_ref(view.text),
     })
 }
 
-fn decode_target(r: &mut Reader, what: &'static str) -> Result<(u8, Bytes), WireError> {
-    let kind = r.u8(what)?;
-    if kind != b'S' && kind != b'P' {
+/// The target of a Describe or Close whose name's NUL ends it.
+fn decode_target(body: &Bytes, what: &'static str) -> Result<(u8, Bytes), WireError> {
+    let view = CloseView::new(body).map_err(|_| WireError::Malformed(what))?;
+    if body.len() != 1 + view.name.len() + 1 {
         return Err(WireError::Malformed(what));
     }
-    let name = r.cstr(what)?;
-    r.finish(what)?;
-    Ok((kind, name))
+    Ok((view.kind, body.slice_ref(view.name)))
 }
 
 fn decode_execute(r: &mut Reader) -> Result<Frontend, WireError> {
@@ -266,27 +229,27 @@ pub fn parse_sasl_initial(body: &[u8]) -> Result<(String, Bytes), WireError> {
 
 /// Query: simple-protocol query text.
 pub fn encode_query(buf: &mut BytesMut, sql: &str) {
-    put_message(buf, tags::QUERY, |b| put_cstr(b, sql.as_bytes()));
+    put_message(buf, tag::QUERY, |b| put_cstr(b, sql.as_bytes()));
 }
 
 /// Sync.
 pub fn encode_sync(buf: &mut BytesMut) {
-    put_message(buf, tags::SYNC, |_| {});
+    put_message(buf, tag::SYNC, |_| {});
 }
 
 /// Flush.
 pub fn encode_flush(buf: &mut BytesMut) {
-    put_message(buf, tags::FLUSH, |_| {});
+    put_message(buf, tag::FLUSH, |_| {});
 }
 
 /// Terminate.
 pub fn encode_terminate(buf: &mut BytesMut) {
-    put_message(buf, tags::TERMINATE, |_| {});
+    put_message(buf, tag::TERMINATE, |_| {});
 }
 
 /// Parse: prepare `query` as statement `name` with the given parameter type OIDs.
 pub fn encode_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: &[u32]) {
-    put_message(buf, tags::PARSE, |b| {
+    put_message(buf, tag::PARSE, |b| {
         put_cstr(b, name);
         put_cstr(b, query);
         b.put_i16(len_i16(param_types.len()));
@@ -296,20 +259,101 @@ pub fn encode_parse(buf: &mut BytesMut, name: &[u8], query: &[u8], param_types: 
     });
 }
 
-/// Close a statement (`b'S'`) or portal (`b'P'`).
+/// Close a statement or portal ([`target::STATEMENT`] or [`target::PORTAL`]).
 pub fn encode_close(buf: &mut BytesMut, kind: u8, name: &[u8]) {
-    put_message(buf, tags::CLOSE, |b| {
+    put_message(buf, tag::CLOSE, |b| {
         b.put_u8(kind);
         put_cstr(b, name);
     });
 }
 
-/// Describe a statement (`b'S'`) or portal (`b'P'`).
+/// Describe a statement or portal ([`target::STATEMENT`] or [`target::PORTAL`]).
 pub fn encode_describe(buf: &mut BytesMut, kind: u8, name: &[u8]) {
-    put_message(buf, tags::DESCRIBE, |b| {
+    put_message(buf, tag::DESCRIBE, |b| {
         b.put_u8(kind);
         put_cstr(b, name);
     });
+}
+
+/// Parse with the parameter types written as given: `raw_types` is the Int16 count and the
+/// OIDs, as a client's Parse carries them after the query text.
+pub fn encode_parse_raw(buf: &mut BytesMut, name: &[u8], query: &[u8], raw_types: &[u8]) {
+    put_message(buf, tag::PARSE, |b| {
+        put_cstr(b, name);
+        put_cstr(b, query);
+        b.put_slice(raw_types);
+    });
+}
+
+/// Bind `statement` to `portal`. `params` are the parameter format codes and values as a
+/// Bind carries them (see [`bind_params`]); `result_formats` the format code of each result
+/// column (none: all text).
+pub fn encode_bind(
+    buf: &mut BytesMut,
+    portal: &[u8],
+    statement: &[u8],
+    params: &[u8],
+    result_formats: &[i16],
+) {
+    put_message(buf, tag::BIND, |b| {
+        put_cstr(b, portal);
+        put_cstr(b, statement);
+        b.put_slice(params);
+        put_formats(b, result_formats);
+    });
+}
+
+/// Bind `statement` to `portal` with every parameter and every result column in text
+/// format.
+pub fn encode_bind_text(buf: &mut BytesMut, portal: &[u8], statement: &[u8], values: &[&[u8]]) {
+    put_message(buf, tag::BIND, |b| {
+        put_cstr(b, portal);
+        put_cstr(b, statement);
+        put_formats(b, &[]);
+        b.put_i16(len_i16(values.len()));
+        for v in values.iter().take(i16::MAX as usize) {
+            b.put_i32(len_i32(v.len()));
+            b.put_slice(v);
+        }
+        put_formats(b, &[]);
+    });
+}
+
+/// A list of format codes: its Int16 count, then the codes.
+fn put_formats(b: &mut BytesMut, formats: &[i16]) {
+    b.put_i16(len_i16(formats.len()));
+    for f in formats.iter().take(i16::MAX as usize) {
+        b.put_i16(*f);
+    }
+}
+
+/// Execute `portal`, returning at most `max_rows` rows (0: all of them).
+pub fn encode_execute(buf: &mut BytesMut, portal: &[u8], max_rows: u32) {
+    put_message(buf, tag::EXECUTE, |b| {
+        put_cstr(b, portal);
+        b.put_u32(max_rows);
+    });
+}
+
+/// The parameter format codes and values at the front of `rest`, what follows the statement
+/// name in a Bind, without the result format codes that end it: an error when `rest` is
+/// shorter than its counts say.
+pub fn bind_params(rest: &[u8]) -> Result<&[u8], WireError> {
+    const WHAT: &str = "invalid Bind message: parameters cut short";
+    let bad = || WireError::Malformed(WHAT);
+    let (formats, after) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+    let after = after
+        .get(usize::from(u16::from_be_bytes(*formats)) * 2..)
+        .ok_or_else(bad)?;
+    let (count, mut values) = after.split_first_chunk::<2>().ok_or_else(bad)?;
+    for _ in 0..u16::from_be_bytes(*count) {
+        let (len, after) = values.split_first_chunk::<4>().ok_or_else(bad)?;
+        values = match usize::try_from(i32::from_be_bytes(*len)) {
+            Ok(n) => after.get(n..).ok_or_else(bad)?,
+            Err(_) => after, // NULL
+        };
+    }
+    Ok(&rest[..rest.len() - values.len()])
 }
 
 /// StartupMessage for protocol 3.0 with the given parameters.
@@ -340,12 +384,12 @@ pub fn encode_ssl_request(buf: &mut BytesMut) {
 
 /// PasswordMessage (cleartext or MD5 response), NUL-terminated.
 pub fn encode_password(buf: &mut BytesMut, password: &[u8]) {
-    put_message(buf, tags::PASSWORD, |b| put_cstr(b, password));
+    put_message(buf, tag::PASSWORD, |b| put_cstr(b, password));
 }
 
 /// SASLInitialResponse: chosen mechanism and the client-first-message.
 pub fn encode_sasl_initial(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
-    put_message(buf, tags::PASSWORD, |b| {
+    put_message(buf, tag::PASSWORD, |b| {
         put_cstr(b, mechanism.as_bytes());
         b.put_i32(len_i32(data.len()));
         b.put_slice(data);
@@ -354,7 +398,7 @@ pub fn encode_sasl_initial(buf: &mut BytesMut, mechanism: &str, data: &[u8]) {
 
 /// SASLResponse: a continuation message of the SASL exchange.
 pub fn encode_sasl_response(buf: &mut BytesMut, data: &[u8]) {
-    put_message(buf, tags::PASSWORD, |b| b.put_slice(data));
+    put_message(buf, tag::PASSWORD, |b| b.put_slice(data));
 }
 
 #[cfg(test)]
@@ -407,6 +451,46 @@ mod tests {
                 name: Bytes::new()
             }
         );
+    }
+
+    #[test]
+    fn extended_encoders() {
+        assert_eq!(
+            roundtrip(|b| encode_bind(b, b"p", b"s", b"\0\0\0\0", &[1])),
+            Frontend::Bind {
+                portal: Bytes::from_static(b"p"),
+                statement: Bytes::from_static(b"s")
+            }
+        );
+        assert_eq!(
+            roundtrip(|b| encode_execute(b, b"p", 7)),
+            Frontend::Execute {
+                portal: Bytes::from_static(b"p"),
+                max_rows: 7
+            }
+        );
+        let mut b = BytesMut::new();
+        encode_bind(&mut b, b"p", b"s", b"\0\0\0\0", &[1]);
+        assert_eq!(&b[..], b"B\0\0\0\x10p\0s\0\0\0\0\0\0\x01\0\x01");
+        let mut b = BytesMut::new();
+        encode_bind_text(&mut b, b"", b"", &[b"bob"]);
+        assert_eq!(&b[..], b"B\0\0\0\x13\0\0\0\0\0\x01\0\0\0\x03bob\0\0");
+        let (mut raw, mut typed) = (BytesMut::new(), BytesMut::new());
+        encode_parse_raw(&mut raw, b"s", b"q", b"\0\x02\0\0\0\x17\0\0\0\0");
+        encode_parse(&mut typed, b"s", b"q", &[23, 0]);
+        assert_eq!(raw, typed);
+    }
+
+    #[test]
+    fn bind_params_stop_before_result_formats() {
+        // One format (text), two values ("ab", NULL), one result format (binary).
+        let rest = [
+            0, 1, 0, 0, 0, 2, 0, 0, 0, 2, b'a', b'b', 0xff, 0xff, 0xff, 0xff, 0, 1, 0, 1,
+        ];
+        assert_eq!(bind_params(&rest), Ok(&rest[..16]));
+        assert!(bind_params(&rest[..11]).is_err());
+        assert!(bind_params(&[0, 5]).is_err());
+        assert!(bind_params(&[]).is_err());
     }
 
     #[test]

@@ -1,5 +1,10 @@
 //! The sans-IO wire codec: framing, typed decoding and encoding of PostgreSQL protocol 3
 //! messages, SQLSTATE codes, and the password authentication math. Nothing here does I/O.
+//!
+//! Everything else reads and writes protocol bytes through here: message types by direction
+//! ([`frontend::tag`], [`backend::tag`]), headers through [`scan_frame`], the client messages
+//! the relay reads through borrowed views ([`ParseView`], [`BindView`], [`CloseView`],
+//! [`QueryView`]).
 
 pub mod auth;
 pub mod backend;
@@ -22,20 +27,22 @@ pub use backend::{
     encode_auth_sasl_continue, encode_auth_sasl_final, encode_backend_key_data,
     encode_command_complete, encode_data_row, encode_empty_query_response, encode_error,
     encode_negotiate_protocol_version, encode_notice, encode_parameter_status,
-    encode_ready_for_query, encode_row_description_text, AuthRequest, Backend, ErrorFields,
-    ErrorResponse, Severity, TxStatus,
+    encode_ready_for_query, encode_row_description, encode_row_description_text, AuthRequest,
+    Backend, ErrorFields, ErrorResponse, Severity, TxStatus,
 };
 pub use error::WireError;
 pub use frame::{
-    decode_frame, decode_startup, encode_startup_packet, Frame, StartupPacket, CANCEL_REQUEST_CODE,
-    DEFAULT_MAX_MESSAGE_LEN, GSSENC_REQUEST_CODE, HEADER_LEN, MAX_CANCEL_SECRET_LEN,
-    MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
+    decode_frame, decode_startup, encode_startup_packet, scan_frame, BadFrameLength, Frame,
+    FrameHeader, FrameSpan, StartupPacket, CANCEL_REQUEST_CODE, DEFAULT_MAX_MESSAGE_LEN,
+    ENCRYPTION_ACCEPTED, ENCRYPTION_REFUSED, GSSENC_REQUEST_CODE, HEADER_LEN,
+    MAX_CANCEL_SECRET_LEN, MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
 };
 pub use frontend::{
-    decode_frontend, encode_cancel_request, encode_close, encode_describe, encode_flush,
-    encode_parse, encode_password, encode_query, encode_sasl_initial, encode_sasl_response,
-    encode_ssl_request, encode_startup, encode_sync, encode_terminate, parse_password,
-    parse_sasl_initial, tags, Frontend,
+    bind_params, decode_frontend, encode_bind, encode_bind_text, encode_cancel_request,
+    encode_close, encode_describe, encode_execute, encode_flush, encode_parse, encode_parse_raw,
+    encode_password, encode_query, encode_sasl_initial, encode_sasl_response, encode_ssl_request,
+    encode_startup, encode_sync, encode_terminate, parse_password, parse_sasl_initial, BindView,
+    CloseView, DescribeView, Frontend, ParamTypes, ParseView, QueryView,
 };
 
 /// Splits a NUL-terminated string off the front of `buf`: the string without its NUL, and
