@@ -49,7 +49,10 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
     let _count = ClientCount(&rt);
     let id = rt.next_client_id();
     // Declared after `io`, so the client leaves the registry before its socket closes.
-    let registration = rt.ops.clients.register(id, &io.stream);
+    let Some(registration) = rt.ops.clients.register(id, &io.stream) else {
+        tracing::warn!(%peer, "out of file descriptors: connection closed");
+        return;
+    };
     let entry = registration.entry.clone();
     let limits = Admit {
         over_limit,

@@ -307,7 +307,11 @@ pub fn pool_settings(
     let limits = Limits {
         pool_size,
         min_pool_size: db.min_pool_size.unwrap_or(s.min_pool_size) as usize,
-        reserve_pool_size: db.reserve_pool.unwrap_or(s.reserve_pool_size) as usize,
+        // The server user's [users] value, else the database's, else the global one.
+        reserve_pool_size: user_def
+            .and_then(|u| u.reserve_pool_size)
+            .or(db.reserve_pool)
+            .unwrap_or(s.reserve_pool_size) as usize,
         reserve_pool_timeout: s.reserve_pool_timeout.unwrap_or(Duration::ZERO),
         max_db_connections: db.max_db_connections.unwrap_or(s.max_db_connections) as usize,
         max_user_connections: user_def
@@ -431,5 +435,33 @@ fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
             crate::policy::GatePolicy::default().settings,
             std::iter::empty(),
         ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::Path;
+
+    fn settings_of(ini: &str, db: &str, user: &str) -> PoolSettings {
+        let config = crate::config::parse_str(ini, "t.ini", Path::new(".")).unwrap();
+        let def = config.database(db).unwrap();
+        let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        pool_settings(&config, &def, user, tracked, ServerTls::disabled())
+    }
+
+    #[test]
+    fn reserve_pool_size_from_the_server_user_then_the_database_then_global() {
+        let ini = "[databases]\nd = host=h reserve_pool=3\nforced = host=h user=owner\n\
+                   [users]\nalice = reserve_pool_size=5\nowner = reserve_pool_size=7\n\
+                   [pgbouncer]\nreserve_pool_size = 1\n";
+        assert_eq!(settings_of(ini, "d", "alice").limits.reserve_pool_size, 5);
+        assert_eq!(settings_of(ini, "d", "bob").limits.reserve_pool_size, 3);
+        assert_eq!(
+            settings_of(ini, "forced", "alice").limits.reserve_pool_size,
+            7
+        );
+        let ini = "[databases]\nd = host=h\n[pgbouncer]\nreserve_pool_size = 1\n";
+        assert_eq!(settings_of(ini, "d", "bob").limits.reserve_pool_size, 1);
     }
 }

@@ -130,7 +130,7 @@ pub struct ClientEntry {
     /// A second descriptor of the client's socket, to end the connection from outside
     /// (KILL). It keeps the socket open as long as the entry lives, which ends with the
     /// connection's task.
-    fd: Option<OwnedFd>,
+    fd: OwnedFd,
     state: AtomicU8,
     /// When the last request began waiting for a server, in nanoseconds after `connected`,
     /// plus one; zero before the first request.
@@ -232,9 +232,7 @@ impl ClientEntry {
     /// Ends the connection: both directions are shut down, so the session sees the client
     /// leave and closes (or returns) its server as it would for any client that left.
     fn shut_down(&self) {
-        if let Some(fd) = &self.fd {
-            let _ = socket2::SockRef::from(fd).shutdown(std::net::Shutdown::Both);
-        }
+        let _ = socket2::SockRef::from(&self.fd).shutdown(std::net::Shutdown::Both);
     }
 }
 
@@ -258,8 +256,11 @@ impl Drop for Registration<'_> {
 }
 
 impl ClientRegistry {
-    /// Registers a client that just connected on `stream`.
-    pub fn register<'a>(&'a self, id: u64, stream: &Stream) -> Registration<'a> {
+    /// Registers a client that just connected on `stream`; `None` when the socket's second
+    /// descriptor cannot be had (the process is out of descriptors): such a client could not
+    /// be killed, so it must not be served.
+    pub fn register<'a>(&'a self, id: u64, stream: &Stream) -> Option<Registration<'a>> {
+        let fd = stream.clone_fd()?;
         let ((addr, port), (local_addr, local_port)) = stream_addresses(stream);
         let entry = Arc::new(ClientEntry {
             id,
@@ -269,16 +270,16 @@ impl ClientRegistry {
             local_port,
             connect_time: SystemTime::now(),
             connected: Instant::now(),
-            fd: stream.clone_fd(),
+            fd,
             state: AtomicU8::new(ClientState::Login as u8),
             request: AtomicU64::new(0),
             identity: Mutex::new(Identity::default()),
         });
         lock(&self.clients).insert(id, entry.clone());
-        Registration {
+        Some(Registration {
             registry: self,
             entry,
-        }
+        })
     }
 
     /// Every client, by id.
@@ -333,5 +334,32 @@ fn stream_addresses(stream: &Stream) -> (Endpoint, Endpoint) {
             (split(s.peer_addr()), split(s.local_addr()))
         }
         None => (("unix".into(), 0), ("unix".into(), 0)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Read;
+
+    #[tokio::test]
+    async fn kill_ends_a_registered_connection_and_a_socketless_one_is_not_registered() {
+        let registry = ClientRegistry::default();
+        assert!(registry.register(1, &Stream::Detached).is_none());
+        assert!(registry.all().is_empty());
+
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        let stream = Stream::client_tcp(tokio::net::TcpStream::from_std(accepted).unwrap());
+        let registration = registry.register(2, &stream).expect("registered");
+        assert_eq!(registry.all().len(), 1);
+        assert!(registry.kill(2));
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut byte = [0u8; 1];
+        assert_eq!(peer.read(&mut byte).unwrap(), 0, "the peer saw no end");
+        drop(registration);
+        assert!(!registry.kill(2));
     }
 }
