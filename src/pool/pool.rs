@@ -11,8 +11,7 @@ use std::time::{Duration, Instant};
 use arc_swap::ArcSwap;
 use tokio::sync::oneshot;
 
-use super::{Growth, Usage};
-use super::{PoolError, PoolKey, PoolSettings, ServerGuard};
+use super::{Growth, PoolError, PoolKey, PoolSettings, ServerGuard, Usage};
 use crate::gate::{Ticket, WaitQueue};
 use crate::server::{self, Credential, ServerConn, ServerError};
 use crate::sync::lock;
@@ -372,8 +371,9 @@ impl Pool {
         let now = Instant::now();
         let mut inner = lock(&self.inner);
         let keep = conn.is_clean()
-            && (fresh || !expired(&conn, inner.settings.lifetime, now))
-            && (fresh || !self.closing.must_close(&conn));
+            && (fresh
+                || !(expired(&conn, inner.settings.lifetime, now)
+                    || self.closing.must_close(&conn)));
         inner.active = inner.active.saturating_sub(1);
         if !keep {
             self.uncount_servers(1);
