@@ -188,7 +188,7 @@ async fn deliver(target: &CancelTarget, limit: Duration) {
     }
 }
 
-async fn send_cancel(target: &CancelTarget) -> std::io::Result<()> {
+async fn send_cancel(target: &CancelTarget) -> Result<(), crate::server::ServerError> {
     let mut stream = target.addr.connect().await?;
     let mut out = BytesMut::new();
     wire::encode_cancel_request(&mut out, target.key.pid, &target.key.secret);

@@ -100,7 +100,14 @@ enum Opened {
         crate::pool::Welcome,
         crate::edge::caps::CapGuard,
     ),
-    Console(StartupRequest, crate::admin::Role),
+    /// The guard counts a stats user against its caps until the console session ends.
+    Console(
+        StartupRequest,
+        crate::admin::Role,
+        Option<crate::edge::caps::CapGuard>,
+    ),
+    /// A replication client, which gets a server of its own (and its greeting from it).
+    Replication(StartupRequest, Arc<Pool>, crate::edge::caps::CapGuard),
 }
 
 /// A client logged in to a pool and greeted, ready for its relay.
@@ -133,13 +140,16 @@ async fn open(
             )));
         }
         if crate::admin::is_console(&req.database) {
-            let role = crate::admin::login(rt, io, &req.user).await?;
-            return Ok(Some(Opened::Console(req, role)));
+            let (role, cap) = crate::admin::login(rt, io, &req.user).await?;
+            return Ok(Some(Opened::Console(req, role, cap)));
         }
         check_accepts(rt, &req.database, admit.accepts)?;
         let (authed, cap) = client::login(io, rt, &req).await?;
         check_startup_search_path(rt, &req, io.stream.peer_ip())?;
         let pool = open_pool(rt, &req, authed.credential)?;
+        if req.replication != client::Replication::None {
+            return Ok(Some(Opened::Replication(req, pool, cap)));
+        }
         let welcome = welcome(rt, &pool).await?;
         Ok(Some(Opened::Pool(req, pool, welcome, cap)))
     };
@@ -155,19 +165,18 @@ async fn open(
     io.max_message = admit.max_message;
     let (req, pool, welcome, cap) = match opened {
         None => return Ok(None),
-        Some(Opened::Console(req, role)) => {
+        Some(Opened::Console(req, role, _cap)) => {
             crate::admin::serve(rt, io, entry, &req, role).await?;
+            return Ok(None);
+        }
+        Some(Opened::Replication(req, pool, _cap)) => {
+            logged_in(rt, entry, &req, &pool);
+            crate::session::replication::serve(rt, io, entry, &req, pool).await?;
             return Ok(None);
         }
         Some(Opened::Pool(req, pool, welcome, cap)) => (req, pool, welcome, cap),
     };
-    let app_name = req
-        .params
-        .iter()
-        .find(|(n, _)| n == "application_name")
-        .map_or("", |(_, v)| v.as_str());
-    entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
-    rt.ops.stats.for_pool(&pool.key).add_login();
+    logged_in(rt, entry, &req, &pool);
     let handle = rt.cancels.register(id);
     let hooks = crate::ops::SessionHooks::new(rt.ops.clone(), entry.clone(), &pool);
     match greet(rt, io, req, pool, &welcome, &handle, hooks).await {
@@ -181,6 +190,17 @@ async fn open(
             Err(e)
         }
     }
+}
+
+/// Records a completed login for the console and the pool's statistics.
+fn logged_in(rt: &Runtime, entry: &crate::ops::ClientEntry, req: &StartupRequest, pool: &Pool) {
+    let app_name = req
+        .params
+        .iter()
+        .find(|(n, _)| n == "application_name")
+        .map_or("", |(_, v)| v.as_str());
+    entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
+    rt.ops.stats.for_pool(&pool.key).add_login();
 }
 
 /// A search_path set at startup (options -c) is judged by the schema rules like a SET.
@@ -260,8 +280,7 @@ async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome,
     rt.ops.control.wait_open(&pool.key.db).await;
     let wait = pool.settings().query_wait;
     let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
-    let server = pool.checkout(ticket, wait).await?;
-    drop(server);
+    pool.checkout(ticket, wait).await?.give_back_unused();
     pool.welcome().ok_or_else(|| {
         SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::CONNECTION_FAILURE,

@@ -13,6 +13,7 @@ use crate::admin::Role;
 use crate::config::{self, Config};
 use crate::listener::Listeners;
 use crate::ops::Shutdown;
+use crate::pool::PoolError;
 use crate::runtime::Runtime;
 
 /// Serves `config` until a signal or the console stops pgward; the process's exit code.
@@ -116,8 +117,11 @@ pub async fn maintenance(rt: Arc<Runtime>) {
                 pool.maintain(now);
             }
         }
-        let period = rt.config.load().settings.stats_period;
-        rt.ops.stats.tick(now, period);
+        let settings = &rt.config.load().settings;
+        if let Some(after) = settings.pool_idle_timeout {
+            rt.pools.free_idle(after, now);
+        }
+        rt.ops.stats.tick(now, settings.stats_period);
         if now.saturating_duration_since(minute) >= Duration::from_secs(60) {
             minute = now;
             crate::admin::gate_minute(&rt, now);
@@ -154,10 +158,18 @@ pub async fn run_until_stopped(rt: &Arc<Runtime>, stop: &tokio::sync::watch::Sen
         return;
     };
     let mut changes = rt.ops.control.subscribe();
+    let mut refused_waiters = false;
     loop {
         let mode = rt.ops.control.shutdown();
         if mode != Shutdown::No {
             let _ = stop.send(true);
+        }
+        if mode == Shutdown::WaitForServers && !refused_waiters {
+            // Clients already queued for a server get none, as new requests get none.
+            refused_waiters = true;
+            for pool in rt.pools.all() {
+                pool.refuse_waiters(PoolError::ShuttingDown);
+            }
         }
         if done(rt, mode) {
             return;

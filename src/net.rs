@@ -150,6 +150,25 @@ impl Stream {
         }
     }
 
+    /// The OS user id of the process at the other end of a Unix socket.
+    pub fn peer_uid(&self) -> Option<u32> {
+        match self {
+            Stream::Unix(s) => s.get_ref().peer_cred().ok().map(|c| c.uid()),
+            _ => None,
+        }
+    }
+
+    /// This end's address, for logs ("unix" for a Unix socket).
+    pub fn local_label(&self) -> String {
+        match self.tcp() {
+            Some(s) => s
+                .local_addr()
+                .map(|a| a.to_string())
+                .unwrap_or_else(|_| "?".into()),
+            None => "unix".into(),
+        }
+    }
+
     /// The peer's IP address, if any.
     pub fn peer_ip(&self) -> Option<std::net::IpAddr> {
         self.tcp()?.peer_addr().ok().map(|a| a.ip())

@@ -2,7 +2,7 @@
 //! snapshot, the auth file, the pools and the cancel keys. No global statics.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,6 @@ pub struct Runtime {
     pub pools: Pools,
     pub cancels: CancelRegistry,
     pub clients: AtomicUsize,
-    next_client: AtomicU64,
     /// Seeds the fake SCRAM secrets shown to unknown users, so a probe cannot tell them apart.
     pub mock_key: [u8; 32],
     /// Clients, counters, pause state and runtime limits.
@@ -85,7 +84,6 @@ impl Runtime {
             pools: Pools::default(),
             cancels: CancelRegistry::default(),
             clients: AtomicUsize::new(0),
-            next_client: AtomicU64::new(1),
             mock_key,
             ops: Arc::new(Ops::default()),
             started: Instant::now(),
@@ -95,8 +93,10 @@ impl Runtime {
         })
     }
 
+    /// An id for a new client, from the counter servers take theirs from too: as in
+    /// PgBouncer, every socket has its own number.
     pub fn next_client_id(&self) -> u64 {
-        self.next_client.fetch_add(1, Ordering::Relaxed)
+        self.pools.next_socket_id()
     }
 
     /// Re-reads the configuration file and the auth file. Everything is read and checked
@@ -160,7 +160,7 @@ impl Runtime {
             let Some(db) = db else {
                 // Removed: clients still on it finish, its servers close as they come back.
                 pool.closing.retire();
-                pool.close_idle();
+                pool.close_idle("database removed");
                 continue;
             };
             if tls_changed
@@ -174,7 +174,7 @@ impl Runtime {
                     pool.key.user
                 );
                 pool.closing.reconnect(now);
-                pool.close_idle();
+                pool.close_idle("database configuration changed");
             }
             let settings = pool_settings(
                 &config,
@@ -269,6 +269,10 @@ impl Runtime {
         self.pools.get_or_create(
             &key,
             || {
+                if !config.databases.iter().any(|d| d.name == db.name) {
+                    // PgBouncer's words for a name served by the `*` entry.
+                    tracing::info!(user = %key.user, "registered new auto-database: {}", db.name);
+                }
                 let server_tls = ServerTls::clone(&self.edge.server_tls.load());
                 pool_settings(&config, db, user, self.tracked.load_full(), server_tls)
             },
@@ -331,6 +335,11 @@ pub fn pool_settings(
             Some(d) => Some(d),
             None => s.query_wait_timeout,
         },
+        // The server user's own query_timeout when it sets one, as a session takes it.
+        query_timeout: user_def
+            .and_then(|u| u.query_timeout)
+            .filter(|t| !t.is_zero())
+            .or(s.query_timeout),
         login_retry: s.server_login_retry,
         lifetime: Some(db.server_lifetime_or(s.server_lifetime)),
         idle_timeout: s.server_idle_timeout,
@@ -347,21 +356,32 @@ pub fn pool_settings(
     }
 }
 
-fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> ServerTarget {
-    let host = db.host.clone().unwrap_or_default();
-    let addr = if host.is_empty() || host.starts_with('/') {
+/// One `host` entry: a TCP host, or a Unix socket directory (a path, or nothing for the
+/// default directory).
+fn server_addr(host: String, port: u16) -> ServerAddr {
+    if host.is_empty() || host.starts_with('/') {
         let dir = if host.is_empty() {
             "/var/run/postgresql".to_string()
         } else {
             host
         };
-        ServerAddr::Unix { dir, port: db.port }
+        ServerAddr::Unix { dir, port }
     } else {
-        ServerAddr::Tcp {
-            host,
-            port: db.port,
-        }
+        ServerAddr::Tcp { host, port }
+    }
+}
+
+fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> ServerTarget {
+    let addrs = match db.hosts.is_empty() {
+        true => vec![server_addr(String::new(), db.port)],
+        false => db
+            .hosts
+            .iter()
+            .map(|host| server_addr(host.clone(), db.port))
+            .collect(),
     };
+    let round_robin =
+        db.load_balance_hosts == crate::config::databases::LoadBalanceHosts::RoundRobin;
     let mut startup_params = Vec::new();
     for (name, value) in [
         ("client_encoding", &db.client_encoding),
@@ -374,7 +394,7 @@ fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> Serve
         }
     }
     ServerTarget {
-        addr: Arc::new(addr),
+        hosts: Arc::new(crate::server::Hosts::new(addrs, round_robin)),
         database: db.dbname.clone().unwrap_or_else(|| db.name.clone()),
         user: server_user,
         startup_params,
@@ -401,14 +421,16 @@ pub enum LimitTarget {
 /// differently), so that servers opened under the old entry must go.
 fn connection_changed(old: &DatabaseDef, new: &DatabaseDef) -> bool {
     (
-        &old.host,
+        &old.hosts,
+        old.load_balance_hosts,
         old.port,
         &old.dbname,
         &old.user,
         &old.password,
         &old.connect_query,
     ) != (
-        &new.host,
+        &new.hosts,
+        new.load_balance_hosts,
         new.port,
         &new.dbname,
         &new.user,

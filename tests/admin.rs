@@ -523,3 +523,47 @@ async fn shutdown_exits() {
         pw.log()
     );
 }
+
+#[tokio::test]
+async fn stats_users_count_against_the_client_caps_and_admins_do_not() {
+    let (_pg, pw) = start("max_db_client_connections = 1\nmax_user_client_connections = 5\n");
+    let first = connect(&pw, "watcher", "pgbouncer").await;
+    let refused = tokio_postgres::connect(&pw.connstr("watcher", None, "pgbouncer"), NoTls).await;
+    let err = refused.err().expect("the console's database cap is 1");
+    assert_eq!(sqlstate(&err), "53300", "{err}");
+    assert_eq!(
+        msg(&err),
+        "client connections exceeded (max_db_client_connections)"
+    );
+    // Admins are never refused by the caps, as in PgBouncer.
+    let a = connect(&pw, "admin", "pgbouncer").await;
+    let b = connect(&pw, "admin", "pgbouncer").await;
+    show(&a, "SHOW VERSION").await;
+    show(&b, "SHOW VERSION").await;
+    drop(first);
+    // The slot is given back when the session ends.
+    let again = common::eventually(5 * common::SECOND, || {
+        std::net::TcpStream::connect(("127.0.0.1", pw.port)).is_ok()
+    });
+    assert!(again);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let watcher = connect(&pw, "watcher", "pgbouncer").await;
+    show(&watcher, "SHOW POOLS").await;
+}
+
+#[tokio::test]
+async fn show_stats_counts_parses_and_binds_of_mapped_statements() {
+    let (_pg, pw) = start("max_prepared_statements = 10\n");
+    let client = connect(&pw, "postgres", "app").await;
+    let statement = client.prepare("SELECT $1::int").await.expect("prepare");
+    for i in 0..3 {
+        let row = client.query_one(&statement, &[&i]).await.expect("query");
+        assert_eq!(row.get::<_, i32>(0), i);
+    }
+    let admin = connect(&pw, "admin", "pgbouncer").await;
+    let (cols, rows) = show(&admin, "SHOW STATS").await;
+    let stat = |col| cell(&cols, &rows, ("database", "app"), col);
+    assert_eq!(stat("total_client_parse_count"), ["1"]);
+    assert_eq!(stat("total_server_parse_count"), ["1"]);
+    assert_eq!(stat("total_bind_count"), ["3"]);
+}

@@ -592,3 +592,63 @@ fn metrics_endpoint_is_scraped_and_parsed() {
         assert!(all.iter().any(|(n, _, _)| n == name), "{name} missing");
     }
 }
+
+#[test]
+fn shutdown_wait_for_servers_refuses_a_client_already_queued() {
+    let pg = Postgres::start();
+    let settings = format!("{SETTINGS}default_pool_size = 1\n");
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let port = pw.port;
+    // One client holds the only server in a transaction; a second waits in the queue.
+    let mut holder = Raw::login(port, "postgres", None, "app");
+    holder.query("BEGIN").expect("begin");
+    let waiter = thread::spawn(move || common::psql_at(port, "postgres", None, "app", "SELECT 1"));
+    assert!(
+        eventually(5 * SECOND, || {
+            stdout_of(&console(port, "SHOW POOLS"))
+                .lines()
+                .any(|l| l.starts_with("app|postgres|") && l.split('|').nth(3) == Some("1"))
+        }),
+        "{}",
+        stdout_of(&console(port, "SHOW POOLS"))
+    );
+    let out = console(port, "SHUTDOWN WAIT_FOR_SERVERS");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = waiter.join().expect("waiter");
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("server shutting down"),
+        "{}",
+        stderr_of(&out)
+    );
+    // The transaction in progress still finishes.
+    holder.query("COMMIT").expect("the transaction goes on");
+    assert!(
+        pw.log().contains("closing because: server shutting down"),
+        "{}",
+        pw.log()
+    );
+}
+
+#[test]
+fn server_fast_close_ends_a_session_whose_server_was_marked() {
+    let pg = Postgres::start();
+    let settings =
+        "auth_type = trust\nadmin_users = admin\npool_mode = session\nserver_fast_close = 1\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, ""));
+    let mut client = Raw::login(pw.port, "postgres", None, "app");
+    client.query("SELECT 1").expect("first query");
+    let out = console(pw.port, "RECONNECT app");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let err = client.query("SELECT 1").expect_err("the session ends");
+    assert_eq!(err.message(), "database configuration changed");
+    assert!(
+        pw.log()
+            .contains("closing because: database configuration changed"),
+        "{}",
+        pw.log()
+    );
+    assert!(eventually(5 * SECOND, || server_count(
+        &pg, "postgres", "app"
+    ) == 0));
+}

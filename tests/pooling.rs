@@ -133,7 +133,7 @@ async fn pool_mode_global_per_database_and_per_user() {
             .batch_execute("BEGIN")
             .await
             .expect_err("statement mode: BEGIN succeeded");
-        assert_eq!(code(&err), "0A000", "{user}@{db}: {err:?}");
+        assert_eq!(code(&err), "08P01", "{user}@{db}: {err:?}");
     }
 }
 
@@ -161,7 +161,7 @@ fn statement_pooling_refuses_begin_before_the_client_sees_a_block() {
     let fields = first_error(&seen).unwrap_or_else(|| panic!("[{}]", describe(&seen)));
     assert_eq!(
         (fields.severity(), fields.code()),
-        ("FATAL", "0A000"),
+        ("FATAL", "08P01"),
         "{fields:?}"
     );
     let after = pw.psql("trustuser", None, "app", "SELECT 1");
@@ -696,4 +696,71 @@ fn many_clients_through_psql_share_two_servers() {
     });
     assert_eq!(count.load(Ordering::Acquire), 6);
     assert!(server_count(&pg, "trustuser", "app") <= 2);
+}
+
+#[test]
+fn a_host_list_falls_through_an_unresolvable_first_host() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "listed = host=unresolvable.invalid,127.0.0.1 port={} dbname=app load_balance_hosts=disable\n\
+         rotated = host=127.0.0.1,localhost port={} dbname=app",
+        pg.port, pg.port
+    );
+    let pw = Pgward::trusting(
+        &pg,
+        "server_login_retry = 1\nquery_wait_timeout = 10\n",
+        &dbs,
+    );
+    // The first connection tries the first host, fails to resolve it, and the retry goes to
+    // the next; later connections stay there.
+    let out = pw.psql("postgres", None, "listed", "SELECT 1");
+    assert_eq!(stdout_of(&out), "1", "{}\n{}", stderr_of(&out), pw.log());
+    let log = pw.log();
+    assert!(
+        log.contains("closing because: server DNS lookup failed"),
+        "{log}"
+    );
+    assert!(log.contains("127.0.0.1:"), "{log}");
+    assert!(log.contains("new connection to server"), "{log}");
+    // Round-robin: two servers opened at once take the two entries in turn.
+    thread::scope(|scope| {
+        let sleepers: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| pw.psql("postgres", None, "rotated", "SELECT pg_sleep(0.5)")))
+            .collect();
+        for s in sleepers {
+            let out = s.join().expect("sleeper");
+            assert!(out.status.success(), "{}", stderr_of(&out));
+        }
+    });
+    let log = pw.log();
+    assert!(log.contains("app@localhost:"), "{log}");
+    assert!(log.contains("app@127.0.0.1:"), "{log}");
+}
+
+#[test]
+fn pool_idle_timeout_frees_a_pool_with_no_client_and_no_server() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(
+        &pg,
+        "admin_users = admin\npool_idle_timeout = 1\nserver_idle_timeout = 1\n",
+        "",
+    );
+    let out = pw.psql("postgres", None, "app", "SELECT 1");
+    assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
+    let pools = || stdout_of(&pw.psql("admin", None, "pgbouncer", "SHOW POOLS"));
+    assert!(pools().contains("app|postgres|"), "{}", pools());
+    assert!(
+        eventually(10 * SECOND, || !pools().contains("app|postgres|")),
+        "{}\n{}",
+        pools(),
+        pw.log()
+    );
+    assert!(
+        pw.log().contains("app/postgres: cleaning up idle pool"),
+        "{}",
+        pw.log()
+    );
+    // A new client makes the pool again.
+    let out = pw.psql("postgres", None, "app", "SELECT 1");
+    assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
 }

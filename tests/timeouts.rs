@@ -60,7 +60,7 @@ fn query_timeout_cancels_a_long_query_with_57014() {
     assert_fatal(
         &mut client,
         &fields,
-        ("57014", "query_timeout"),
+        ("57014", "query timeout"),
         since,
         Duration::from_millis(2500),
     );
@@ -126,7 +126,7 @@ fn idle_transaction_timeout_closes_with_25p03_and_the_server() {
     let mut client = pw.client();
     client.value("BEGIN");
     // Activity inside the transaction restarts the idle clock.
-    let expected = ("25P03", "idle_transaction_timeout");
+    let expected = ("25P03", "idle transaction timeout");
     active_then_idle(&mut client, Duration::from_millis(500), 3, expected);
     let gone = eventually(3 * SECOND, || {
         pg.sql_in(
@@ -164,7 +164,7 @@ fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
     assert_fatal(
         &mut client,
         &fields,
-        ("25P04", "transaction_timeout"),
+        ("25P04", "transaction timeout"),
         since,
         Duration::from_millis(2000),
     );
@@ -424,7 +424,7 @@ fn users_section_timeouts_apply_to_their_user() {
     let since = Instant::now();
     limited.send(&raw::query_message("SELECT pg_sleep(5)"));
     let fields = limited.expect_error_within(4 * SECOND);
-    let expected = ("57014", "query_timeout");
+    let expected = ("57014", "query timeout");
     assert_fatal(
         &mut limited,
         &fields,
@@ -441,7 +441,7 @@ fn users_section_timeouts_apply_to_their_user() {
     free.value("BEGIN");
     let since = Instant::now();
     let fields = free.expect_error_within(3 * SECOND);
-    let expected = ("25P03", "idle_transaction_timeout");
+    let expected = ("25P03", "idle transaction timeout");
     assert_fatal(&mut free, &fields, expected, since, 2 * SECOND);
     let mut idle = login_as("trustuser");
     active_then_idle(
@@ -449,5 +449,32 @@ fn users_section_timeouts_apply_to_their_user() {
         Duration::from_millis(500),
         3,
         ("57P05", "client_idle_timeout"),
+    );
+}
+
+#[test]
+fn query_timeout_bounds_a_wait_for_a_server_that_cannot_be_reached() {
+    let pg = Postgres::start();
+    let dead = format!(
+        "dead = host=127.0.0.1 port={} dbname=app",
+        common::free_port()
+    );
+    let pw = Pgward::trusting(
+        &pg,
+        "query_timeout = 2\nquery_wait_timeout = 60\nserver_login_retry = 1\n",
+        &dead,
+    );
+    let out = pw.psql("postgres", None, "dead", "SELECT 1");
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("query_timeout"),
+        "{}\n{}",
+        stderr_of(&out),
+        pw.log()
+    );
+    assert!(
+        pw.log().contains("closing because: connect failed"),
+        "{}",
+        pw.log()
     );
 }

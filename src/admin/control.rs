@@ -85,7 +85,7 @@ async fn pause(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
         let pools = pools_of(rt, db);
         let mut busy = 0;
         for pool in &pools {
-            pool.close_idle();
+            pool.close_idle("pause mode");
             let s = pool.stats();
             busy += s.active + s.connecting;
         }
@@ -163,7 +163,7 @@ fn reconnect(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     let now = Instant::now();
     for pool in pools_of(rt, db) {
         pool.closing.reconnect(now);
-        pool.close_idle();
+        pool.close_idle("obsolete connection");
     }
     tracing::info!("RECONNECT {}", db.unwrap_or("(all)"));
     Ok(())
@@ -193,7 +193,7 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     let now = Instant::now();
     for pool in pools_of(rt, db) {
         pool.closing.reconnect(now);
-        pool.close_idle();
+        pool.close_idle("database killed");
     }
     tracing::info!("KILL {}: {killed} clients", db.unwrap_or("(all)"));
     Ok(())

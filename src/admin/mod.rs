@@ -23,6 +23,8 @@ pub use show_gate::gate_minute;
 use std::sync::Arc;
 
 use bytes::BytesMut;
+
+use crate::edge::caps::CapGuard;
 use rand::RngCore;
 
 use crate::client::{ClientIo, SessionError, StartupRequest};
@@ -78,8 +80,14 @@ impl AdminError {
     }
 }
 
-/// Authenticates a console login and decides its role; refuses users that have none.
-pub async fn login(rt: &Arc<Runtime>, io: &mut ClientIo, user: &str) -> Result<Role, SessionError> {
+/// Authenticates a console login and decides its role; refuses users that have none. A
+/// stats user is counted against the client caps (the guard holds the slot), as in
+/// PgBouncer; admin users are not.
+pub async fn login(
+    rt: &Arc<Runtime>,
+    io: &mut ClientIo,
+    user: &str,
+) -> Result<(Role, Option<CapGuard>), SessionError> {
     let role = if local_os_user(rt, &io.stream, user) {
         Some(Role::Admin)
     } else {
@@ -95,7 +103,15 @@ pub async fn login(rt: &Arc<Runtime>, io: &mut ClientIo, user: &str) -> Result<R
     let mut out = BytesMut::new();
     wire::encode_auth_ok(&mut out);
     io.send(&out).await?;
-    Ok(role)
+    let cap = match role {
+        Role::Admin => None,
+        Role::Stats => Some(crate::client::admit_to_caps(
+            rt,
+            user,
+            crate::config::databases::ADMIN_DB,
+        )?),
+    };
+    Ok((role, cap))
 }
 
 /// The role `admin_users` / `stats_users` give `user` (with auth_type any, everyone may SHOW).
@@ -114,14 +130,9 @@ fn configured_role(rt: &Runtime, user: &str) -> Option<Role> {
 /// A Unix-socket peer running as pgward's own OS user, logging in under a console name or
 /// that user's name.
 fn local_os_user(rt: &Runtime, stream: &Stream, user: &str) -> bool {
-    let Stream::Unix(s) = stream else {
-        return false;
-    };
-    let Ok(cred) = s.get_ref().peer_cred() else {
-        return false;
-    };
     let ops = &rt.ops;
-    cred.uid() == ops.os_uid && (is_console(user) || ops.os_user.as_deref() == Some(user))
+    stream.peer_uid() == Some(ops.os_uid)
+        && (is_console(user) || ops.os_user.as_deref() == Some(user))
 }
 
 /// Serves a logged-in console session until the client leaves.
@@ -161,8 +172,9 @@ pub async fn serve(
                 let body = frame.body();
                 let sql = String::from_utf8_lossy(wire::QueryView::new(&body).text).into_owned();
                 let started = std::time::Instant::now();
+                counters.count_query(true);
                 run_query(rt, role, &sql, &mut out).await;
-                counters.add_query(started.elapsed(), Some(started.elapsed()));
+                counters.add_query_time(started.elapsed(), Some(started.elapsed()));
             }
             tag::TERMINATE => return Ok(()),
             tag::SYNC => {

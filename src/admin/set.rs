@@ -53,13 +53,13 @@ fn reload(rt: &Runtime, out: &mut BytesMut) -> Result<(), AdminError> {
             wire::encode_command_complete(out, "RELOAD");
             Ok(())
         }
-        Err(e) => {
-            tracing::error!("reload failed, keeping the running configuration: {e}");
-            Err(AdminError {
-                code: sqlstate::CONFIG_FILE_ERROR,
-                message: format!("RELOAD failed, see logs for additional details: {e}"),
-            })
-        }
+        // The console logs the refusal once, reason included (see `run_query`).
+        Err(e) => Err(AdminError {
+            code: sqlstate::CONFIG_FILE_ERROR,
+            message: format!(
+                "RELOAD failed, see logs for additional details: keeping the running configuration: {e}"
+            ),
+        }),
     }
 }
 

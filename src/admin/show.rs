@@ -141,6 +141,7 @@ const CONFIG_KEYS: &[(&str, &str)] = &[
     ("min_pool_size", "0"),
     ("pidfile", ""),
     ("pkt_buf", "4096"),
+    ("pool_idle_timeout", "0"),
     ("pool_mode", "session"),
     ("prometheus_listen", ""),
     ("query_timeout", "0"),

@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use rand::RngCore;
 
 use super::secrets::{self, Origin};
-use super::{ClientIo, SessionError, StartupRequest};
+use super::{ClientIo, Replication, SessionError, StartupRequest};
 use crate::config::{AuthType, Secret};
 use crate::edge::caps::{CapGuard, CapRefusal};
 use crate::edge::hba::{HbaMethod, HbaPeer};
@@ -39,23 +39,25 @@ pub async fn login(
     let mut out = BytesMut::new();
     wire::encode_auth_ok(&mut out);
     io.send(&out).await?;
-    let limits = crate::edge::cap_limits(&rt.config.load(), &req.database, &req.user);
-    // PgBouncer's words, which scripts match on; PostgreSQL's SQLSTATE.
-    let cap = rt
-        .edge
-        .caps
-        .admit(&req.user, &req.database, limits)
-        .map_err(|over| {
-            let setting = match over {
-                CapRefusal::Role => "max_user_client_connections",
-                CapRefusal::Database => "max_db_client_connections",
-            };
-            SessionError::Fatal(ErrorResponse::fatal(
-                sqlstate::TOO_MANY_CONNECTIONS,
-                format!("client connections exceeded ({setting})"),
-            ))
-        })?;
+    let cap = admit_to_caps(rt, &req.user, &req.database)?;
     Ok((authed, cap))
+}
+
+/// Counts an authenticated client of `database` against its caps (max_user_client_connections,
+/// max_db_client_connections); over one, PgBouncer's words, which scripts match on, with
+/// PostgreSQL's SQLSTATE. The console's logins count too, under the global database cap.
+pub fn admit_to_caps(rt: &Runtime, user: &str, database: &str) -> Result<CapGuard, SessionError> {
+    let limits = crate::edge::cap_limits(&rt.config.load(), database, user);
+    rt.edge.caps.admit(user, database, limits).map_err(|over| {
+        let setting = match over {
+            CapRefusal::Role => "max_user_client_connections",
+            CapRefusal::Database => "max_db_client_connections",
+        };
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::TOO_MANY_CONNECTIONS,
+            format!("client connections exceeded ({setting})"),
+        ))
+    })
 }
 
 /// Authenticates `user` for the admin console (no AuthenticationOk is sent), through the
@@ -69,6 +71,8 @@ pub async fn authenticate(
         user: user.to_string(),
         database: crate::config::databases::ADMIN_DB.to_string(),
         params: Vec::new(),
+        replication: Default::default(),
+        options: None,
     };
     throttled(io, rt, &req).await
 }
@@ -167,24 +171,34 @@ fn is_auth_failure(e: &ErrorResponse) -> bool {
     e.code == sqlstate::INVALID_PASSWORD || e.code == sqlstate::INVALID_AUTHORIZATION
 }
 
-/// Runs the exchange the method asks for. Unknown users go through the same exchange as
-/// known ones and fail at the end, so a probe learns nothing.
+/// Runs the exchange the method asks for. Users unknown to the auth file go through the
+/// same exchange as known ones and fail at the end, so a probe learns nothing; one that
+/// auth_query does not find is refused at once, as in PgBouncer.
 async fn authenticate_for(
     io: &mut ClientIo,
     rt: &Arc<Runtime>,
     req: &StartupRequest,
 ) -> Result<Authenticated, SessionError> {
     let user = req.user.as_str();
-    let method = method_for(io, rt, req)?;
+    let (method, map) = method_for(io, rt, req)?;
     match method {
         HbaMethod::Trust => return trust(rt, req).await,
-        HbaMethod::Cert => return cert(io, rt, req).await,
+        HbaMethod::Cert => return cert(io, rt, req, map.as_deref()).await,
+        HbaMethod::Peer => return peer(io, rt, req, map.as_deref()).await,
         HbaMethod::Reject => return Err(hba_refusal(io, req, "pg_hba.conf rejects connection")),
         _ => {}
     }
     let (secret, origin) = secrets::find_secret(rt, &req.database, user)
         .await
         .map_err(lookup_failed(user))?;
+    if origin == Origin::NoRow {
+        // As PgBouncer does: an auth_query that finds no one ends the login before any
+        // exchange (PgBouncer has no mock exchange for auth_query users).
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            "no such user",
+        )));
+    }
     let from_query = origin == Origin::AuthQuery;
     match (method, &secret) {
         (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
@@ -232,25 +246,35 @@ async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated,
     }
 }
 
-/// The refusal when the secret lookup itself failed (auth_query's server unreachable).
+/// The refusal when the secret lookup itself failed, in PgBouncer's words: a client of a
+/// database whose auth_query cannot run sees "bouncer config error" (the log says why); one
+/// whose auth_user pool has no server sees why, as any client of a pool would.
 fn lookup_failed(user: &str) -> impl FnOnce(secrets::LookupError) -> SessionError + '_ {
+    use secrets::LookupError;
     move |e| {
-        tracing::warn!(user, "{e}");
-        SessionError::Fatal(ErrorResponse::fatal(
-            sqlstate::CONNECTION_FAILURE,
-            "authentication lookup failed".to_string(),
-        ))
+        tracing::error!(user, "{e}");
+        let refusal = match e {
+            LookupError::Disabled(_) => {
+                ErrorResponse::fatal(sqlstate::CANNOT_CONNECT_NOW, e.to_string())
+            }
+            LookupError::Pool(pool) => crate::client::pool_error_response(&pool),
+            LookupError::NoDatabase(_) | LookupError::Reserved(_) | LookupError::Server(_) => {
+                ErrorResponse::fatal(sqlstate::CONFIG_FILE_ERROR, "bouncer config error")
+            }
+        };
+        SessionError::Fatal(refusal)
     }
 }
 
-/// The method for this connection: from `auth_type`, or the first hba line that matches.
+/// The method for this connection, with its ident map: from `auth_type`, or the first hba
+/// line that matches.
 fn method_for(
     io: &ClientIo,
     rt: &Runtime,
     req: &StartupRequest,
-) -> Result<HbaMethod, SessionError> {
+) -> Result<(HbaMethod, Option<String>), SessionError> {
     let auth_type = rt.config.load().settings.auth_type;
-    Ok(match auth_type {
+    let method = match auth_type {
         AuthType::Trust | AuthType::Any => HbaMethod::Trust,
         AuthType::Plain => HbaMethod::Password,
         AuthType::Md5 => HbaMethod::Md5,
@@ -263,9 +287,10 @@ fn method_for(
                 tls: io.stream.is_tls(),
                 database: &req.database,
                 user: &req.user,
+                physical_replication: req.replication == Replication::Physical,
             };
             match hba.as_ref().as_ref().and_then(|h| h.find(&peer)) {
-                Some(rule) => rule.method,
+                Some(rule) => return Ok((rule.method, rule.map.clone())),
                 None => return Err(hba_refusal(io, req, "no pg_hba.conf entry")),
             }
         }
@@ -275,7 +300,8 @@ fn method_for(
                 format!("auth_type {other:?} is not supported by this pgward build"),
             )))
         }
-    })
+    };
+    Ok((method, None))
 }
 
 /// PostgreSQL's refusal by its hba rules: `what for host "...", user "...", database "...",
@@ -306,9 +332,13 @@ async fn cert(
     io: &ClientIo,
     rt: &Arc<Runtime>,
     req: &StartupRequest,
+    map: Option<&str>,
 ) -> Result<Authenticated, SessionError> {
     let user = req.user.as_str();
-    let named = io.stream.peer_cert_name().is_some_and(|name| name == user);
+    let named = io
+        .stream
+        .peer_cert_name()
+        .is_some_and(|name| maps_to(rt, map, &name, user));
     match (named, known(rt, req).await?) {
         (true, Known::Yes(_)) => Ok(Authenticated { credential: None }),
         _ => Err(SessionError::Fatal(ErrorResponse::fatal(
@@ -316,6 +346,50 @@ async fn cert(
             format!("certificate authentication failed for user \"{user}\""),
         ))),
     }
+}
+
+/// Peer authentication (hba `peer`, Unix sockets only): the OS user at the other end of the
+/// socket must be the user logging in, or be mapped to it by the line's ident map; and the
+/// user must be one pgward knows, as under trust.
+async fn peer(
+    io: &ClientIo,
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+    map: Option<&str>,
+) -> Result<Authenticated, SessionError> {
+    let user = req.user.as_str();
+    let system = io.stream.peer_uid().and_then(crate::ops::user_name);
+    let matched = system
+        .as_deref()
+        .is_some_and(|name| maps_to(rt, map, name, user));
+    if !matched {
+        if let Some(map) = map {
+            tracing::warn!(user, system = ?system, "ident map {map} cannot be matched");
+        }
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            format!("peer authentication failed for user \"{user}\""),
+        )));
+    }
+    match known(rt, req).await? {
+        Known::Yes(credential) => Ok(Authenticated { credential }),
+        Known::No(message) => Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_AUTHORIZATION,
+            message.to_string(),
+        ))),
+    }
+}
+
+/// Whether `system` (an OS user, or a certificate's name) may log in as `user`: through the
+/// hba line's ident map, or without one by being the same name.
+fn maps_to(rt: &Runtime, map: Option<&str>, system: &str, user: &str) -> bool {
+    let Some(map) = map else {
+        return system == user;
+    };
+    let hba = rt.edge.hba.load();
+    hba.as_ref()
+        .as_ref()
+        .is_some_and(|h| h.ident_permits(map, system, user))
 }
 
 /// What pgward may log in to the server with after a password check against `secret`: the
@@ -333,6 +407,15 @@ fn failed(user: &str) -> SessionError {
     SessionError::Fatal(ErrorResponse::fatal(
         sqlstate::INVALID_PASSWORD,
         format!("password authentication failed for user \"{user}\""),
+    ))
+}
+
+/// A SCRAM exchange that failed, in PgBouncer's words (PostgreSQL says "password
+/// authentication failed" here too; scripts written against PgBouncer match these).
+fn sasl_failed() -> SessionError {
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::INVALID_PASSWORD,
+        "SASL authentication failed",
     ))
 }
 
@@ -449,15 +532,15 @@ async fn scram(
             "client selected an invalid SASL authentication mechanism".to_string(),
         )));
     }
-    let first = server.first(&data).map_err(|_| failed(user))?;
+    let first = server.first(&data).map_err(|_| sasl_failed())?;
     out.clear();
     wire::encode_auth_sasl_continue(&mut out, &first);
     io.send(&out).await?;
 
     let body = read_password_message(io).await?;
-    let outcome = server.finish(&body).map_err(|_| failed(user))?;
+    let outcome = server.finish(&body).map_err(|_| sasl_failed())?;
     if !known {
-        return Err(failed(user));
+        return Err(sasl_failed());
     }
     out.clear();
     wire::encode_auth_sasl_final(&mut out, &outcome.server_final);

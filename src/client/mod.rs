@@ -9,9 +9,9 @@ mod tls;
 
 use std::time::Duration;
 
-pub use auth::{authenticate, login, Authenticated};
+pub use auth::{admit_to_caps, authenticate, login, Authenticated};
 pub use io::ClientIo;
-pub use startup::{parse_options, read_opening, read_params, Opening, StartupRequest};
+pub use startup::{parse_options, read_opening, read_params, Opening, Replication, StartupRequest};
 
 use crate::pool::PoolError;
 use crate::wire::{sqlstate, ErrorResponse, WireError};
@@ -44,11 +44,11 @@ impl From<PoolError> for SessionError {
 /// The error a client sees when it could not get a server.
 pub fn pool_error_response(e: &PoolError) -> ErrorResponse {
     match e {
-        PoolError::WaitTimeout => {
-            ErrorResponse::fatal(sqlstate::QUERY_CANCELED, "query_wait_timeout".to_string())
+        PoolError::WaitTimeout | PoolError::QueryTimeout => {
+            ErrorResponse::fatal(sqlstate::QUERY_CANCELED, e.to_string())
         }
-        PoolError::Closed => {
-            ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, "the pool is closed".to_string())
+        PoolError::Closed | PoolError::ShuttingDown => {
+            ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, e.to_string())
         }
         PoolError::Login(err) => match err.as_ref() {
             crate::server::ServerError::Refused(fields) => fields.to_fatal(),

@@ -14,8 +14,12 @@ use crate::server::ServerError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum LookupError {
-    #[error("auth_query: auth_dbname {0:?} is not in [databases]")]
+    #[error("authentication database \"{0}\" is not configured")]
     NoDatabase(String),
+    #[error("cannot use the reserved \"{0}\" database as an auth_dbname")]
+    Reserved(String),
+    #[error("authentication database \"{0}\" is disabled")]
+    Disabled(String),
     #[error("auth_query: no server for auth_user: {0}")]
     Pool(#[from] PoolError),
     #[error("auth_query failed: {0}")]
@@ -90,11 +94,18 @@ async fn fetch(
     source: &AuthSource,
     user: &str,
 ) -> Result<Option<Option<Secret>>, LookupError> {
+    let name = &source.auth_database;
+    if name == crate::config::databases::ADMIN_DB {
+        return Err(LookupError::Reserved(name.clone()));
+    }
     let db = rt
         .config
         .load()
-        .database(&source.auth_database)
-        .ok_or_else(|| LookupError::NoDatabase(source.auth_database.clone()))?;
+        .database(name)
+        .ok_or_else(|| LookupError::NoDatabase(name.clone()))?;
+    if rt.ops.control.get().is_disabled(name) {
+        return Err(LookupError::Disabled(name.clone()));
+    }
     let pool = rt.pool_for(&db, &source.auth_user);
     let wait = pool.settings().query_wait;
     let ticket = crate::gate::Ticket::new(0, Instant::now());

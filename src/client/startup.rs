@@ -18,6 +18,57 @@ pub struct StartupRequest {
     pub database: String,
     /// Tracked parameters the client set, by canonical name.
     pub params: Vec<(String, String)>,
+    /// The `replication` parameter: such a client gets a server of its own.
+    pub replication: Replication,
+    /// A replication client's `options`, passed to its server as they came: a server of its
+    /// own can take any setting, even one that is not reported back.
+    pub options: Option<String>,
+}
+
+/// What the `replication` startup parameter asks for, as PostgreSQL reads it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Replication {
+    #[default]
+    None,
+    /// `replication=database`: a walsender connected to one database (SQL allowed).
+    Logical,
+    /// `replication=true` (or any other true boolean): a physical walsender.
+    Physical,
+}
+
+impl Replication {
+    /// Reads the parameter's value as PostgreSQL does: `database`, or a boolean.
+    pub fn parse(value: &str) -> Result<Self, SessionError> {
+        if value == "database" {
+            return Ok(Replication::Logical);
+        }
+        match pg_bool(value) {
+            Some(true) => Ok(Replication::Physical),
+            Some(false) => Ok(Replication::None),
+            None => Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::INVALID_PARAMETER_VALUE,
+                format!("invalid value for parameter \"replication\": \"{value}\""),
+            ))),
+        }
+    }
+
+    /// The value sent to the server, as PgBouncer sends it; `None` for a normal client.
+    pub fn startup_value(self) -> Option<&'static str> {
+        match self {
+            Replication::None => None,
+            Replication::Logical => Some("database"),
+            Replication::Physical => Some("yes"),
+        }
+    }
+
+    /// The name SHOW CLIENTS and SHOW SOCKETS give it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Replication::None => "none",
+            Replication::Logical => "logical",
+            Replication::Physical => "physical",
+        }
+    }
 }
 
 pub enum Opening {
@@ -91,10 +142,18 @@ pub fn read_params(
     let mut user = None;
     let mut database = None;
     let mut set = Vec::new();
+    let mut options = None;
+    // Read first: it decides how `options` is read, wherever it stands in the packet.
+    let replication = match params.iter().find(|(k, _)| k == "replication") {
+        Some((_, value)) => Replication::parse(value)?,
+        None => Replication::None,
+    };
     for (key, value) in params {
         match key.as_str() {
             "user" => user = Some(value),
             "database" => database = Some(value),
+            "replication" => {}
+            "options" if replication != Replication::None => options = Some(value),
             "options" => {
                 for (k, v) in parse_options(&value)? {
                     accept(&k, v, tracked, ignored, &mut set, true)?;
@@ -114,6 +173,8 @@ pub fn read_params(
         user,
         database,
         params: set,
+        replication,
+        options,
     })
 }
 
@@ -199,6 +260,20 @@ fn split_words(s: &str) -> Vec<String> {
     words
 }
 
+/// A boolean as PostgreSQL's `parse_bool` reads one: any case, a unique prefix of true,
+/// false, yes or no, on, off (from "of"), 1 or 0.
+fn pg_bool(value: &str) -> Option<bool> {
+    let v = value.to_ascii_lowercase();
+    let prefix_of = |word: &str, min: usize| v.len() >= min && word.starts_with(v.as_str());
+    if prefix_of("true", 1) || prefix_of("yes", 1) || v == "on" || v == "1" {
+        Some(true)
+    } else if prefix_of("false", 1) || prefix_of("no", 1) || prefix_of("off", 2) || v == "0" {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 fn protocol(msg: &str) -> SessionError {
     SessionError::Fatal(ErrorResponse::fatal(
         sqlstate::PROTOCOL_VIOLATION,
@@ -264,5 +339,53 @@ mod tests {
         );
         assert!(ok.is_ok());
         assert!(read_params(params(&[("database", "d")]), &tracked, &[]).is_err());
+    }
+
+    #[test]
+    fn replication_is_read_as_postgresql_reads_it() {
+        for (value, want) in [
+            ("database", Replication::Logical),
+            ("true", Replication::Physical),
+            ("YES", Replication::Physical),
+            ("on", Replication::Physical),
+            ("1", Replication::Physical),
+            ("t", Replication::Physical),
+            ("off", Replication::None),
+            ("of", Replication::None),
+            ("no", Replication::None),
+            ("0", Replication::None),
+        ] {
+            assert_eq!(Replication::parse(value).unwrap(), want, "{value}");
+        }
+        for bad in ["", "o", "Database", "2", "yess"] {
+            assert!(Replication::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_replication_client_keeps_its_options_as_they_came() {
+        let tracked = Tracked::new::<&str>(&[]);
+        let options = "-c extra_float_digits=3 -c enable_seqscan=off";
+        let req = read_params(
+            params(&[
+                ("options", options),
+                ("user", "u"),
+                ("replication", "database"),
+            ]),
+            &tracked,
+            &[],
+        )
+        .unwrap();
+        assert_eq!(req.replication, Replication::Logical);
+        assert_eq!(req.options.as_deref(), Some(options));
+        let normal = read_params(
+            params(&[("user", "u"), ("options", options)]),
+            &tracked,
+            &[],
+        );
+        assert!(
+            normal.is_err(),
+            "a normal client cannot set what is not tracked"
+        );
     }
 }

@@ -95,8 +95,8 @@ impl DatabaseDef {
         self.user.is_some()
     }
 
-    /// Parses the connection string `value` of entry `name`. Also returns warnings.
-    pub fn parse(name: &str, value: &str) -> Result<(DatabaseDef, Vec<String>), String> {
+    /// Parses the connection string `value` of entry `name`.
+    pub fn parse(name: &str, value: &str) -> Result<DatabaseDef, String> {
         if name == ADMIN_DB {
             return Err(format!("database name \"{name}\" is reserved"));
         }
@@ -105,16 +105,15 @@ impl DatabaseDef {
             port: 5432,
             ..DatabaseDef::default()
         };
-        let mut warnings = Vec::new();
         for (key, val) in connstr::parse(value)? {
-            db.set(&key, val, &mut warnings)?;
+            db.set(&key, val)?;
         }
-        Ok((db, warnings))
+        Ok(db)
     }
 
-    fn set(&mut self, key: &str, val: String, warnings: &mut Vec<String>) -> Result<(), String> {
+    fn set(&mut self, key: &str, val: String) -> Result<(), String> {
         match key {
-            "host" => self.set_host(val, warnings),
+            "host" => self.set_host(val),
             "port" => self.port = port(&val)?,
             "dbname" => self.dbname = Some(val),
             "user" => self.user = Some(val),
@@ -141,14 +140,8 @@ impl DatabaseDef {
         Ok(())
     }
 
-    fn set_host(&mut self, val: String, warnings: &mut Vec<String>) {
+    fn set_host(&mut self, val: String) {
         self.hosts = val.split(',').map(str::trim).map(str::to_string).collect();
-        if self.hosts.len() > 1 {
-            warnings.push(format!(
-                "database \"{}\": host list \"{val}\": only the first host is used",
-                self.name
-            ));
-        }
         self.host = self.hosts.first().cloned();
     }
 }
@@ -220,7 +213,7 @@ mod tests {
 
     #[test]
     fn full_entry() {
-        let (db, warnings) = DatabaseDef::parse(
+        let db = DatabaseDef::parse(
             "App",
             "host=10.0.0.5 port=5433 dbname=app_prod user=app password='p''w d' \
              pool_size=30 min_pool_size=2 reserve_pool=5 pool_mode=transaction \
@@ -229,7 +222,6 @@ mod tests {
              query_wait_timeout=0 auth_user=auth load_balance_hosts=disable",
         )
         .unwrap();
-        assert!(warnings.is_empty());
         assert_eq!(db.name, "App");
         assert_eq!(db.host.as_deref(), Some("10.0.0.5"));
         assert_eq!(db.port, 5433);
@@ -249,7 +241,7 @@ mod tests {
 
     #[test]
     fn empty_entry_is_unix_socket_same_name() {
-        let (db, _) = DatabaseDef::parse("foodb", "").unwrap();
+        let db = DatabaseDef::parse("foodb", "").unwrap();
         assert_eq!(db.host, None);
         assert_eq!(db.port, 5432);
         assert_eq!(db.target_dbname(), "foodb");
@@ -257,11 +249,10 @@ mod tests {
 
     #[test]
     fn host_list_and_socket_dir() {
-        let (db, warnings) = DatabaseDef::parse("d", "host=a,b,c").unwrap();
+        let db = DatabaseDef::parse("d", "host=a,b,c").unwrap();
         assert_eq!(db.host.as_deref(), Some("a"));
         assert_eq!(db.hosts, vec!["a", "b", "c"]);
-        assert_eq!(warnings.len(), 1);
-        let (db, _) = DatabaseDef::parse("d", "host=/var/run/postgresql").unwrap();
+        let db = DatabaseDef::parse("d", "host=/var/run/postgresql").unwrap();
         assert_eq!(db.host.as_deref(), Some("/var/run/postgresql"));
     }
 

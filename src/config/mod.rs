@@ -224,11 +224,7 @@ impl Builder {
     }
 
     fn database_entry(&mut self, e: ini::Entry) -> Result<(), ConfigError> {
-        let (db, warnings) = DatabaseDef::parse(&e.key, &e.value).map_err(|m| e.loc.error(m))?;
-        let loc = &e.loc;
-        self.config
-            .warnings
-            .extend(warnings.into_iter().map(|w| format!("{loc}: {w}")));
+        let db = DatabaseDef::parse(&e.key, &e.value).map_err(|m| e.loc.error(m))?;
         if db.name == AUTODB {
             self.config.autodb = Some(db);
         } else {

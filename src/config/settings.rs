@@ -182,11 +182,15 @@ pub struct Settings {
     pub max_prepared_statements: u32,
     pub scram_iterations: u32,
     pub autodb_idle_timeout: Option<Duration>,
+    /// A pool with no client and no server for this long is freed (off by default).
+    pub pool_idle_timeout: Option<Duration>,
     // Authentication.
     pub auth_type: AuthType,
     /// Kept as written; a relative path is relative to the working directory, as in PgBouncer.
     pub auth_file: Option<PathBuf>,
     pub auth_hba_file: Option<PathBuf>,
+    /// Ident maps for `map=` in `auth_hba_file`.
+    pub auth_ident_file: Option<PathBuf>,
     pub auth_user: Option<String>,
     pub auth_query: String,
     pub auth_dbname: Option<String>,
@@ -303,9 +307,11 @@ impl Default for Settings {
             max_prepared_statements: 200,
             scram_iterations: 4096,
             autodb_idle_timeout: Some(secs(3600)),
+            pool_idle_timeout: None,
             auth_type: AuthType::Md5,
             auth_file: None,
             auth_hba_file: None,
+            auth_ident_file: None,
             auth_user: None,
             auth_query: DEFAULT_AUTH_QUERY.into(),
             auth_dbname: None,
@@ -377,23 +383,15 @@ impl Default for Settings {
     }
 }
 
-/// Value kinds of keys PgBouncer knows but pgward does not use; values are still checked.
-#[derive(Clone, Copy)]
-enum Kind {
-    Str,
-    Time,
-}
-
-/// Keys PgBouncer accepts that have no typed field here.
-const NOT_IMPLEMENTED: &[(&str, Kind)] = &[
-    ("auth_ident_file", Kind::Str),
-    ("auth_ldap_options", Kind::Str),
-    ("conffile", Kind::Str),
-    ("job_name", Kind::Str),
-    ("pool_idle_timeout", Kind::Time),
-    ("resolv_conf", Kind::Str),
-    ("service_name", Kind::Str),
-    ("user", Kind::Str),
+/// Keys PgBouncer accepts that have no typed field here (their values are text: nothing to
+/// check).
+const NOT_IMPLEMENTED: &[&str] = &[
+    "auth_ldap_options",
+    "conffile",
+    "job_name",
+    "resolv_conf",
+    "service_name",
+    "user",
 ];
 
 /// Keys whose change only takes effect on restart (PgBouncer ignores them on reload).
@@ -513,9 +511,9 @@ impl Settings {
                 return Ok(SetOutcome::Applied);
             }
         }
-        match NOT_IMPLEMENTED.iter().find(|(k, _)| *k == key) {
-            Some((_, kind)) => check_kind(*kind, v).map(|()| SetOutcome::NotImplemented),
-            None => Ok(SetOutcome::Unknown),
+        match NOT_IMPLEMENTED.contains(&key) {
+            true => Ok(SetOutcome::NotImplemented),
+            false => Ok(SetOutcome::Unknown),
         }
     }
 
@@ -558,6 +556,7 @@ impl Settings {
             "max_prepared_statements" => self.max_prepared_statements = values::count(v)?,
             "scram_iterations" => self.scram_iterations = values::count(v)?,
             "autodb_idle_timeout" => self.autodb_idle_timeout = values::timeout(v)?,
+            "pool_idle_timeout" => self.pool_idle_timeout = values::timeout(v)?,
             _ => return Ok(false),
         }
         Ok(true)
@@ -568,6 +567,7 @@ impl Settings {
             "auth_type" => self.auth_type = AuthType::parse(v).ok_or("unknown auth_type")?,
             "auth_file" => self.auth_file = values::optional(v).map(PathBuf::from),
             "auth_hba_file" => self.auth_hba_file = values::optional(v).map(PathBuf::from),
+            "auth_ident_file" => self.auth_ident_file = values::optional(v).map(PathBuf::from),
             "auth_user" => self.auth_user = values::optional(v),
             "auth_query" => self.auth_query = v.into(),
             "auth_dbname" => self.auth_dbname = auth_dbname(v)?,
@@ -674,13 +674,6 @@ impl Settings {
     }
 }
 
-fn check_kind(kind: Kind, v: &str) -> Result<(), String> {
-    match kind {
-        Kind::Str => Ok(()),
-        Kind::Time => values::seconds(v).map(drop),
-    }
-}
-
 fn port(v: &str) -> Result<u16, String> {
     let n = values::int(v)?;
     u16::try_from(n)
@@ -715,7 +708,9 @@ fn worker_threads(v: &str) -> Result<usize, String> {
 
 fn auth_dbname(v: &str) -> Result<Option<String>, String> {
     if v == "pgbouncer" {
-        return Err("the admin console database cannot be an auth_dbname".into());
+        return Err(format!(
+            "cannot use the reserved \"{v}\" database as an auth_dbname"
+        ));
     }
     Ok(values::optional(v))
 }
@@ -817,7 +812,7 @@ mod tests {
     fn unknown_and_unimplemented_keys() {
         let mut s = Settings::default();
         assert_eq!(
-            s.set("auth_ident_file", "/x"),
+            s.set("auth_ldap_options", "/x"),
             Ok(SetOutcome::NotImplemented)
         );
         assert_eq!(s.set("frobnicate", "1"), Ok(SetOutcome::Unknown));

@@ -44,13 +44,14 @@ impl ClientCaps {
         limits: CapLimits,
     ) -> Result<CapGuard, CapRefusal> {
         let mut counts = lock(&self.counts);
-        let role_now = counts.roles.get(role).copied().unwrap_or(0);
-        if limits.per_role > 0 && role_now >= limits.per_role {
-            return Err(CapRefusal::Role);
-        }
+        // The database's cap first, as PgBouncer checks them.
         let db_now = counts.databases.get(database).copied().unwrap_or(0);
         if limits.per_database > 0 && db_now >= limits.per_database {
             return Err(CapRefusal::Database);
+        }
+        let role_now = counts.roles.get(role).copied().unwrap_or(0);
+        if limits.per_role > 0 && role_now >= limits.per_role {
+            return Err(CapRefusal::Role);
         }
         *counts.roles.entry(role.to_string()).or_insert(0) += 1;
         *counts.databases.entry(database.to_string()).or_insert(0) += 1;

@@ -1,8 +1,9 @@
 //! `auth_hba_file`: the subset of pg_hba.conf that PgBouncer reads. Connection types `local`,
 //! `host`, `hostssl`, `hostnossl`; database and user lists (`all`, `sameuser`, names, quoted
 //! names, comma-separated); addresses as CIDR, address and mask, or `all`; methods `trust`,
-//! `reject`, `md5`, `scram-sha-256`, `password` and `cert`. The first matching line decides;
-//! no match refuses. Anything else is a load error naming the file and line.
+//! `reject`, `md5`, `scram-sha-256`, `password`, `cert` and `peer` (Unix sockets), the last
+//! two with an optional `map=` naming a map of `auth_ident_file`. The first matching line
+//! decides; no match refuses. Anything else is a load error naming the file and line.
 
 use std::net::IpAddr;
 use std::path::Path;
@@ -34,6 +35,9 @@ pub enum HbaMethod {
     ScramSha256,
     Password,
     Cert,
+    /// The client's OS user, read from its Unix socket, must be the user it logs in as (or
+    /// be mapped to it).
+    Peer,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +54,8 @@ enum Name {
     All,
     /// Database list only: the database named like the user.
     SameUser,
+    /// Database list only: a physical replication connection (nothing else matches one).
+    Replication,
     Literal(String),
 }
 
@@ -67,8 +73,19 @@ pub struct HbaRule {
     users: Vec<Name>,
     addr: AddrMatch,
     pub method: HbaMethod,
+    /// The ident map (`map=`) of a `cert` or `peer` line.
+    pub map: Option<String>,
     /// Line number in the file, for logs.
     pub line: usize,
+}
+
+/// One line of `auth_ident_file`: in map `map`, the system name `system` may log in as
+/// `user` (`None`: as anyone).
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct IdentLine {
+    map: String,
+    system: String,
+    user: Option<String>,
 }
 
 /// The connection being judged.
@@ -79,23 +96,47 @@ pub struct HbaPeer<'a> {
     pub tls: bool,
     pub database: &'a str,
     pub user: &'a str,
+    /// A physical replication connection, which only the `replication` keyword matches.
+    pub physical_replication: bool,
 }
 
 /// A parsed hba file.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Hba {
     rules: Vec<HbaRule>,
+    idents: Vec<IdentLine>,
 }
 
 impl Hba {
-    /// Reads and parses `path`.
-    pub fn load(path: &Path) -> Result<Hba, HbaError> {
-        let file = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| HbaError::Io {
-            file: file.clone(),
-            source,
-        })?;
-        Hba::parse(&text, &file)
+    /// Reads and parses `path`, and the ident map file `ident` if there is one. A `map=`
+    /// that names no map of it is an error on its line.
+    pub fn load(path: &Path, ident: Option<&Path>) -> Result<Hba, HbaError> {
+        let mut hba = Hba::parse(&read(path)?, &path.display().to_string())?;
+        if let Some(ident) = ident {
+            hba.idents = parse_idents(&read(ident)?, &ident.display().to_string())?;
+        }
+        if let Some(rule) = hba.rules.iter().find(|r| {
+            r.map
+                .as_ref()
+                .is_some_and(|m| !hba.idents.iter().any(|i| &i.map == m))
+        }) {
+            return Err(HbaError::Line {
+                file: path.display().to_string(),
+                line: rule.line,
+                msg: format!(
+                    "ident map \"{}\" is not in auth_ident_file",
+                    rule.map.as_deref().unwrap_or_default()
+                ),
+            });
+        }
+        Ok(hba)
+    }
+
+    /// Whether ident map `map` lets system name `system` log in as `user`.
+    pub fn ident_permits(&self, map: &str, system: &str, user: &str) -> bool {
+        self.idents.iter().any(|i| {
+            i.map == map && i.system == system && i.user.as_deref().is_none_or(|u| u == user)
+        })
     }
 
     /// Parses hba text; `file` names it in errors.
@@ -114,7 +155,10 @@ impl Hba {
             }
             rules.push(parse_rule(fields, line).map_err(err)?);
         }
-        Ok(Hba { rules })
+        Ok(Hba {
+            rules,
+            idents: Vec::new(),
+        })
     }
 
     /// The first rule that matches, if any.
@@ -139,14 +183,19 @@ impl HbaRule {
         };
         conn_ok
             && addr_ok
-            && self.databases.iter().any(|d| match d {
-                Name::All => true,
-                Name::SameUser => peer.database == peer.user,
-                Name::Literal(name) => name == peer.database,
-            })
+            && self
+                .databases
+                .iter()
+                .any(|d| match (d, peer.physical_replication) {
+                    (Name::Replication, physical) => physical,
+                    (_, true) => false,
+                    (Name::All, false) => true,
+                    (Name::SameUser, false) => peer.database == peer.user,
+                    (Name::Literal(name), false) => name == peer.database,
+                })
             && self.users.iter().any(|u| match u {
                 Name::All => true,
-                Name::SameUser => false,
+                Name::SameUser | Name::Replication => false,
                 Name::Literal(name) => name == peer.user,
             })
     }
@@ -266,15 +315,22 @@ fn parse_rule(fields: Vec<Vec<Item>>, line: usize) -> Result<HbaRule, String> {
         next("authentication method")?,
         "authentication method",
     )?)?;
-    if let Some(option) = fields.next() {
+    let mut map = None;
+    for option in fields {
         let text: Vec<String> = option.into_iter().map(|i| i.text).collect();
-        return Err(format!(
-            "authentication option \"{}\" is not supported",
-            text.join(",")
-        ));
+        let text = text.join(",");
+        match text.split_once('=') {
+            Some(("map", name)) if matches!(method, HbaMethod::Cert | HbaMethod::Peer) => {
+                map = Some(name.to_string());
+            }
+            _ => return Err(format!("authentication option \"{text}\" is not supported")),
+        }
     }
     if method == HbaMethod::Cert && conn != ConnType::HostSsl {
         return Err("cert authentication is only supported on hostssl connections".into());
+    }
+    if method == HbaMethod::Peer && conn != ConnType::Local {
+        return Err("peer authentication is only supported on local sockets".into());
     }
     Ok(HbaRule {
         conn,
@@ -282,7 +338,54 @@ fn parse_rule(fields: Vec<Vec<Item>>, line: usize) -> Result<HbaRule, String> {
         users,
         addr,
         method,
+        map,
         line,
+    })
+}
+
+fn read(path: &Path) -> Result<String, HbaError> {
+    std::fs::read_to_string(path).map_err(|source| HbaError::Io {
+        file: path.display().to_string(),
+        source,
+    })
+}
+
+/// Parses an ident map file (PostgreSQL's pg_ident.conf): `map system-name user` per line,
+/// where `user` may be `all`. Regular expressions and groups are not supported.
+fn parse_idents(text: &str, file: &str) -> Result<Vec<IdentLine>, HbaError> {
+    let mut idents = Vec::new();
+    for (index, raw) in logical_lines(text) {
+        let err = |msg: String| HbaError::Line {
+            file: file.to_string(),
+            line: index + 1,
+            msg,
+        };
+        let fields = tokenize(&raw).map_err(err)?;
+        if fields.is_empty() {
+            continue;
+        }
+        idents.push(ident_line(fields).map_err(err)?);
+    }
+    Ok(idents)
+}
+
+fn ident_line(fields: Vec<Vec<Item>>) -> Result<IdentLine, String> {
+    let Ok([map, system, user]) = <[Vec<Item>; 3]>::try_from(fields) else {
+        return Err("an ident map line has three fields: map, system user, user".into());
+    };
+    let single_item = |items: Vec<Item>, what: &str| match <[Item; 1]>::try_from(items) {
+        Ok([item]) => Ok(item),
+        Err(_) => Err(format!("multiple values in {what} field")),
+    };
+    let system = single_item(system, "system user")?;
+    if !system.quoted && (system.text.starts_with('/') || system.text.starts_with('+')) {
+        return Err("regular expressions and groups are not supported".into());
+    }
+    let user = single_item(user, "user")?;
+    Ok(IdentLine {
+        map: single_item(map, "map")?.text,
+        system: system.text,
+        user: (user.quoted || user.text != "all").then_some(user.text),
     })
 }
 
@@ -299,9 +402,7 @@ fn names(items: Vec<Item>, database: bool) -> Result<Vec<Name>, String> {
         .map(|item| match (item.quoted, item.text.as_str()) {
             (false, "all") => Ok(Name::All),
             (false, "sameuser") if database => Ok(Name::SameUser),
-            (false, "replication") if database => {
-                Err("replication connections are not supported".into())
-            }
+            (false, "replication") if database => Ok(Name::Replication),
             (false, t) if t.starts_with('@') || t.starts_with('+') => Err(format!(
                 "\"{t}\": files and group membership are not supported"
             )),
@@ -359,6 +460,7 @@ fn method(name: &str) -> Result<HbaMethod, String> {
         "scram-sha-256" => HbaMethod::ScramSha256,
         "password" => HbaMethod::Password,
         "cert" => HbaMethod::Cert,
+        "peer" => HbaMethod::Peer,
         other => {
             return Err(format!(
                 "invalid or unsupported authentication method \"{other}\""
@@ -377,6 +479,7 @@ mod tests {
             tls,
             database,
             user,
+            physical_replication: false,
         }
     }
 
@@ -433,6 +536,27 @@ host    all         all       all               password
     }
 
     #[test]
+    fn only_the_replication_keyword_matches_physical_replication() {
+        let hba = Hba::parse(
+            "host replication rep all md5\nhost all all all trust\n",
+            "hba.conf",
+        )
+        .unwrap();
+        let physical = |user| HbaPeer {
+            physical_replication: true,
+            ..peer(Some("10.0.0.1"), false, "app", user)
+        };
+        assert_eq!(method_for(&hba, physical("rep")), Some(HbaMethod::Md5));
+        assert_eq!(
+            method_for(&hba, physical("other")),
+            None,
+            "all is not replication"
+        );
+        let logical = peer(Some("10.0.0.1"), false, "replication", "rep");
+        assert_eq!(method_for(&hba, logical), Some(HbaMethod::Trust));
+    }
+
+    #[test]
     fn no_match_is_none() {
         let hba = Hba::parse("host app alice 10.0.0.0/8 trust\n", "f").unwrap();
         assert_eq!(
@@ -468,9 +592,10 @@ host    all         all       all               password
             ),
             ("host all +admins all trust", "group membership"),
             ("host all all all trust map=x", "option"),
+            ("host all all all peer", "local sockets"),
+            ("local all all peer opt=1", "option"),
             ("host all all all cert", "hostssl"),
             ("host \"app all all all trust", "unterminated"),
-            ("host replication all all trust", "replication"),
         ];
         for (line, want) in cases {
             let text = format!("# first\n{line}\n");
@@ -478,6 +603,40 @@ host    all         all       all               password
             assert!(err.starts_with("hba.conf:2: "), "{line}: {err}");
             assert!(err.contains(want), "{line}: {err}");
         }
+    }
+
+    #[test]
+    fn peer_and_cert_lines_name_ident_maps() {
+        let dir = std::env::temp_dir().join(format!("pgward-hba-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (hba_path, ident_path) = (dir.join("hba.conf"), dir.join("ident.conf"));
+        std::fs::write(
+            &hba_path,
+            "local all all peer map=mymap\nhostssl all all all cert map=certs\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &ident_path,
+            "# map system user\nmymap alice postgres\nmymap alice \"bob\"\ncerts \"host.example\" all\n",
+        )
+        .unwrap();
+        let hba = Hba::load(&hba_path, Some(&ident_path)).unwrap();
+        let local = peer(None, false, "app", "postgres");
+        assert_eq!(method_for(&hba, local), Some(HbaMethod::Peer));
+        assert_eq!(hba.find(&local).unwrap().map.as_deref(), Some("mymap"));
+        assert!(hba.ident_permits("mymap", "alice", "postgres"));
+        assert!(hba.ident_permits("mymap", "alice", "bob"));
+        assert!(!hba.ident_permits("mymap", "alice", "carol"));
+        assert!(!hba.ident_permits("mymap", "mallory", "postgres"));
+        assert!(hba.ident_permits("certs", "host.example", "anyone"), "all");
+        // A map the ident file does not have is an error on its line.
+        std::fs::write(&ident_path, "other alice postgres\n").unwrap();
+        let err = Hba::load(&hba_path, Some(&ident_path))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("hba.conf:1: "), "{err}");
+        assert!(err.contains("mymap"), "{err}");
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl Edge {
                     .map(|e| e.to_string())
                     .collect();
                 return Err(format!(
-                    "TLS settings not applied, keeping the running certificates and modes \
+                    "TLS setup failed: TLS settings not applied, keeping the running certificates and modes \
                      (client_tls_sslmode = {}, server_tls_sslmode = {}): {}",
                     tls::mode_name(self.client_tls.load().mode),
                     tls::mode_name(self.server_tls.load().mode),
@@ -113,7 +113,7 @@ pub struct EdgeReload {
 
 fn load_hba(s: &Settings) -> Result<Option<Hba>, HbaError> {
     match (&s.auth_hba_file, s.auth_type) {
-        (Some(path), AuthType::Hba) => Hba::load(path).map(Some),
+        (Some(path), AuthType::Hba) => Hba::load(path, s.auth_ident_file.as_deref()).map(Some),
         _ => Ok(None),
     }
 }
@@ -125,8 +125,12 @@ pub fn cap_limits(config: &Config, database: &str, user: &str) -> CapLimits {
         .user(user)
         .and_then(|u| u.max_user_client_connections)
         .unwrap_or(s.max_user_client_connections);
-    let per_database = config
-        .database(database)
+    // The console has no entry of its own (a `*` entry is not it): the global cap.
+    let entry = match database == crate::config::databases::ADMIN_DB {
+        true => None,
+        false => config.database(database),
+    };
+    let per_database = entry
         .and_then(|d| d.max_db_client_connections)
         .unwrap_or(s.max_db_client_connections);
     CapLimits {

@@ -118,9 +118,20 @@ impl SessionHooks {
     /// New work is refused while the pooler shuts down waiting for servers.
     fn refuse_if_stopping(&self) -> Result<(), PoolError> {
         match self.ops.control.shutdown() {
-            Shutdown::WaitForServers => Err(PoolError::Closed),
+            Shutdown::WaitForServers => Err(PoolError::ShuttingDown),
             _ => Ok(()),
         }
+    }
+
+    /// How long the client has been connected.
+    pub fn age(&self) -> std::time::Duration {
+        self.entry.age()
+    }
+
+    /// The pool's counters (the prepared-statement counts are bumped where messages are
+    /// mapped).
+    pub fn counters(&self) -> &PoolCounters {
+        &self.counters
     }
 
     pub fn received(&self, n: usize) {

@@ -43,13 +43,8 @@ impl Default for Ops {
     }
 }
 
-/// The name of OS user `uid`, from /etc/passwd.
-fn user_name(uid: u32) -> Option<String> {
-    let passwd = std::fs::read_to_string("/etc/passwd").ok()?;
-    passwd.lines().find_map(|line| {
-        let mut fields = line.split(':');
-        let name = fields.next()?;
-        let id = fields.nth(1)?.parse::<u32>().ok()?;
-        (id == uid).then(|| name.to_string())
-    })
+/// The name of OS user `uid` (from the password database).
+pub fn user_name(uid: u32) -> Option<String> {
+    let user = nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)).ok()??;
+    Some(user.name)
 }

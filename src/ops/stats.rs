@@ -21,6 +21,12 @@ pub struct PoolCounters {
     pub query_time: AtomicU64,
     pub wait_time: AtomicU64,
     pub client_logins: AtomicU64,
+    /// Named Parse messages of clients whose statements pgward maps (transaction pooling
+    /// with max_prepared_statements), Parse messages pgward sent to servers for them, and
+    /// Bind messages of such statements.
+    pub client_parses: AtomicU64,
+    pub server_parses: AtomicU64,
+    pub binds: AtomicU64,
 }
 
 /// A reading of [`PoolCounters`] (or a sum, a difference or an average of readings), in the
@@ -67,12 +73,37 @@ impl PoolCounters {
     /// A request was answered (one ReadyForQuery) after `query`; `xact` is the length of the
     /// transaction it ended, if it ended one.
     pub fn add_query(&self, query: Duration, xact: Option<Duration>) {
+        self.count_query(xact.is_some());
+        self.add_query_time(query, xact);
+    }
+
+    /// Counts a query (and a transaction) before it runs, as the console's own commands
+    /// are: SHOW TOTALS includes itself, as in PgBouncer.
+    pub fn count_query(&self, xact: bool) {
         add(&self.queries, 1);
+        if xact {
+            add(&self.xacts, 1);
+        }
+    }
+
+    /// Adds the time of a query [`Self::count_query`] counted.
+    pub fn add_query_time(&self, query: Duration, xact: Option<Duration>) {
         add(&self.query_time, micros(query));
         if let Some(x) = xact {
-            add(&self.xacts, 1);
             add(&self.xact_time, micros(x));
         }
+    }
+
+    pub fn add_client_parse(&self) {
+        add(&self.client_parses, 1);
+    }
+
+    pub fn add_server_parse(&self) {
+        add(&self.server_parses, 1);
+    }
+
+    pub fn add_bind(&self) {
+        add(&self.binds, 1);
     }
 
     pub fn read(&self) -> StatValues {
@@ -87,7 +118,9 @@ impl PoolCounters {
             query_time: r(&self.query_time),
             wait_time: r(&self.wait_time),
             client_logins: r(&self.client_logins),
-            ..StatValues::default()
+            client_parses: r(&self.client_parses),
+            server_parses: r(&self.server_parses),
+            binds: r(&self.binds),
         }
     }
 }

@@ -25,6 +25,22 @@ impl ServerGuard {
     pub fn pool(&self) -> &Arc<Pool> {
         &self.pool
     }
+
+    /// Closes the server now, logging `reason`, instead of giving it back.
+    pub fn close(mut self, reason: &str) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.discard(conn, reason);
+        }
+    }
+
+    /// Returns a server no client has used (the login that only learned a pool's
+    /// parameters): it counts as just opened, so a server_lifetime of 0 still gives it its
+    /// one use.
+    pub fn give_back_unused(mut self) {
+        if let Some(conn) = self.conn.take() {
+            self.pool.place(conn, true);
+        }
+    }
 }
 
 impl Deref for ServerGuard {

@@ -2,6 +2,7 @@
 //! queue, check-in through a guard's Drop, sizes, growth, lifetimes and the maintenance pass.
 
 mod closing;
+mod dedicated;
 mod growth;
 mod guard;
 #[allow(clippy::module_inception)]
@@ -13,6 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 pub use closing::Closing;
+pub use dedicated::Dedicated;
 pub use growth::{Growth, Limits, Usage};
 pub use guard::ServerGuard;
 pub use pool::{
@@ -40,6 +42,8 @@ pub struct PoolSettings {
     pub connect_timeout: Duration,
     /// query_wait_timeout: how long a ticket may wait for a server.
     pub query_wait: Option<Duration>,
+    /// The global query_timeout, which bounds a wait for a server too (as in PgBouncer).
+    pub query_timeout: Option<Duration>,
     pub login_retry: Duration,
     pub lifetime: Option<Duration>,
     pub idle_timeout: Option<Duration>,
@@ -54,12 +58,16 @@ pub struct PoolSettings {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PoolError {
-    #[error("query_wait_timeout: no server connection became free in time")]
+    #[error("query_wait_timeout")]
     WaitTimeout,
     #[error("{0}")]
     Login(Arc<ServerError>),
     #[error("the pool is closed")]
     Closed,
+    #[error("server shutting down")]
+    ShuttingDown,
+    #[error("query_timeout")]
+    QueryTimeout,
 }
 
 /// Every pool, plus the counters shared by the pools of one database or one user.
@@ -97,6 +105,22 @@ impl Pools {
         ));
         map.insert(key.clone(), pool.clone());
         pool
+    }
+
+    /// Frees the pools that have had no client and no server for `after` (pool_idle_timeout).
+    pub fn free_idle(&self, after: Duration, now: std::time::Instant) {
+        lock(&self.map).retain(|key, pool| {
+            let idle = pool.idle_for(after, now);
+            if idle {
+                tracing::info!("{}/{}: cleaning up idle pool", key.db, key.user);
+            }
+            !idle
+        });
+    }
+
+    /// A new socket id (clients and servers share the counter), from 1.
+    pub fn next_socket_id(&self) -> u64 {
+        self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
     pub fn get(&self, key: &PoolKey) -> Option<Arc<Pool>> {

@@ -22,6 +22,9 @@ type ServerAnswer = Result<Handout, PoolError>;
 /// The ParameterStatus list of a server login.
 pub type Welcome = Arc<Vec<(String, String)>>;
 
+/// Slack in comparing a pool's idle time with pool_idle_timeout (see `Pool::idle_for`).
+const IDLE_SLACK: Duration = Duration::from_millis(50);
+
 /// How long a pool waits before opening again after the server could not be reached.
 const TRANSIENT_RETRY: Duration = Duration::from_millis(500);
 
@@ -41,6 +44,11 @@ struct Inner {
     idle: Vec<Box<ServerConn>>,
     active: usize,
     connecting: usize,
+    /// Servers opened for one replication client each: counted in the pool's size, never
+    /// idle, never lent to anyone else.
+    dedicated: usize,
+    /// Replication clients waiting for room in the pool.
+    room_waiters: usize,
     waiters: WaitQueue<ServerWaiter>,
     /// The last login failure the server itself reported, and when.
     failure: Option<(Instant, Arc<ServerError>)>,
@@ -57,6 +65,8 @@ impl Inner {
             idle: Vec::new(),
             active: 0,
             connecting: 0,
+            dedicated: 0,
+            room_waiters: 0,
             waiters: WaitQueue::default(),
             failure: None,
             alarm: None,
@@ -65,7 +75,7 @@ impl Inner {
     }
 
     fn total(&self) -> usize {
-        self.idle.len() + self.active + self.connecting
+        self.idle.len() + self.active + self.connecting + self.dedicated
     }
 }
 
@@ -94,6 +104,10 @@ pub struct Pool {
     siblings: Weak<Mutex<PoolMap>>,
     /// Servers to close at check-in (RECONNECT, eviction).
     pub closing: super::Closing,
+    /// Wakes replication clients waiting for room (see `room_waiters`).
+    room: tokio::sync::Notify,
+    /// Since when the maintenance pass has seen the pool without clients or servers.
+    empty_since: Mutex<Option<Instant>>,
 }
 
 /// Pools by key.
@@ -122,6 +136,8 @@ impl Pool {
             ids,
             siblings,
             closing: Default::default(),
+            room: tokio::sync::Notify::new(),
+            empty_since: Mutex::new(None),
         }
     }
 
@@ -178,7 +194,7 @@ impl Pool {
         inner.waiters.prune(ServerWaiter::live);
         PoolStats {
             idle: inner.idle.len(),
-            active: inner.active,
+            active: inner.active + inner.dedicated,
             connecting: inner.connecting,
             waiting: inner.waiters.len(),
         }
@@ -214,7 +230,12 @@ impl Pool {
         limits: WaitLimits,
     ) -> Result<Handout, PoolError> {
         loop {
-            let (taken, blocked) = self.take_idle_or_enqueue(&ticket, limits)?;
+            let mut dead = Vec::new();
+            let taken = self.take_idle_or_enqueue(&ticket, limits, &mut dead);
+            for (conn, reason) in dead {
+                self.close(conn, reason);
+            }
+            let (taken, blocked) = taken?;
             if let Some(growth) = blocked {
                 self.relieve(growth);
             }
@@ -232,23 +253,30 @@ impl Pool {
     /// Under one lock: take an idle server that is still alive, or join the queue. Doing
     /// both under the same lock means a server checked in meanwhile cannot be missed. Also
     /// says when the pool could not grow because a limit shared with other pools is reached.
+    /// Idle servers found dead or too old are left in `dead`, uncounted, for the caller to
+    /// close outside the lock (boxed, as they lie in the idle list).
+    #[allow(clippy::vec_box)]
     fn take_idle_or_enqueue(
         self: &Arc<Self>,
         ticket: &Ticket,
         limits: WaitLimits,
+        dead: &mut Vec<(Box<ServerConn>, &'static str)>,
     ) -> Result<(Taken, Option<Growth>), PoolError> {
         let now = Instant::now();
-        let mut dead = Vec::new();
         let mut inner = lock(&self.inner);
         let settings = inner.settings.clone();
         while let Some(conn) = inner.idle.pop() {
-            if conn.is_alive() && !idle_expired(&conn, settings.lifetime, now) {
+            let reason = if !conn.is_alive() {
+                "server conn crashed?"
+            } else if idle_expired(&conn, settings.lifetime, now) {
+                "server lifetime over"
+            } else {
                 inner.active += 1;
                 drop(inner);
                 self.uncount_servers(dead.len());
                 return Ok((Taken::Idle(ServerGuard::new(self.clone(), conn)), None));
-            }
-            dead.push(conn);
+            };
+            dead.push((conn, reason));
         }
         self.uncount_servers(dead.len());
         if let Some(err) = recent_failure(&inner, settings.login_retry, now) {
@@ -258,7 +286,16 @@ impl Pool {
             WaitTimeout::Pool => settings.query_wait,
             WaitTimeout::Given(t) => t,
         };
-        let (waiter, queued) = ServerWaiter::new(ticket, (timeout, limits.notify), now);
+        // As PgBouncer does, the global query_timeout also bounds a wait for a server (one
+        // whose connects keep failing, say), when it comes before query_wait_timeout.
+        let by_query = settings
+            .query_timeout
+            .filter(|q| timeout.is_none_or(|w| *q <= w));
+        let (mut waiter, queued) =
+            ServerWaiter::new(ticket, (by_query.or(timeout), limits.notify), now);
+        if by_query.is_some() {
+            waiter.expiry = PoolError::QueryTimeout;
+        }
         if let Some(at) = waiter.alarm() {
             self.arm(&mut inner, at);
         }
@@ -353,7 +390,7 @@ impl Pool {
             inner.idle.remove(0)
         };
         self.uncount_servers(1);
-        close_in_background(conn);
+        self.close(conn, "evicted");
         true
     }
 
@@ -363,26 +400,43 @@ impl Pool {
         self.place(conn, false);
     }
 
+    /// Takes back a server that is to close now, not to be kept.
+    pub(super) fn discard(self: &Arc<Self>, conn: Box<ServerConn>, reason: &str) {
+        {
+            let mut inner = lock(&self.inner);
+            inner.active = inner.active.saturating_sub(1);
+            self.uncount_servers(1);
+            let settings = inner.settings.clone();
+            self.grow(&settings, &mut inner);
+        }
+        self.close(conn, reason);
+    }
+
     /// Checks in a server, or (`fresh`) places one just opened for the pool's waiters: a
     /// fresh server serves a waiter even in a pool that closes its servers as they come back
     /// (or whose server_lifetime is 0, where each server serves once, as in PgBouncer), and
     /// closes at once if no one waits there.
-    fn place(self: &Arc<Self>, mut conn: Box<ServerConn>, fresh: bool) {
+    pub(super) fn place(self: &Arc<Self>, mut conn: Box<ServerConn>, fresh: bool) {
         let now = Instant::now();
         let mut inner = lock(&self.inner);
-        let keep = conn.is_clean()
-            && (fresh
-                || !(expired(&conn, inner.settings.lifetime, now)
-                    || self.closing.must_close(&conn)));
-        inner.active = inner.active.saturating_sub(1);
-        if !keep {
-            self.uncount_servers(1);
-            let settings = inner.settings.clone();
-            self.grow(&settings, &mut inner);
+        // In this order: `must_close` forgets an eviction as it answers.
+        let close = if !conn.is_clean() {
+            Some("server not clean at check-in")
+        } else if fresh {
+            None
+        } else if expired(&conn, inner.settings.lifetime, now) {
+            Some("server lifetime over")
+        } else if self.closing.must_close(&conn) {
+            Some("obsolete connection")
+        } else {
+            None
+        };
+        if let Some(reason) = close {
             drop(inner);
-            close_in_background(conn);
+            self.discard(conn, reason);
             return;
         }
+        inner.active = inner.active.saturating_sub(1);
         conn.last_used = now;
         match inner.waiters.pop_next(ServerWaiter::live) {
             Some((_, waiter)) => {
@@ -394,9 +448,15 @@ impl Pool {
             None if fresh && self.closing.must_close(&conn) => {
                 self.uncount_servers(1);
                 drop(inner);
-                close_in_background(conn);
+                self.close(conn, "obsolete connection");
             }
-            None => inner.idle.push(conn),
+            None => {
+                inner.idle.push(conn);
+                // An idle server can be evicted to make room for a replication client.
+                if inner.room_waiters > 0 {
+                    self.room.notify_waiters();
+                }
+            }
         }
     }
 
@@ -420,6 +480,10 @@ impl Pool {
             }
             if let Err(full) = self.count_server(&settings.limits) {
                 return full;
+            }
+            if growth == Growth::Reserve {
+                // PgBouncer's words (a warning there too), which operators grep for.
+                tracing::warn!(pool = %self.key.db, user = %self.key.user, "taking connection from reserve_pool");
             }
             inner.connecting += 1;
             let pool = self.clone();
@@ -466,22 +530,24 @@ impl Pool {
         if n > 0 {
             self.db_count.fetch_sub(n, Ordering::AcqRel);
             self.user_count.fetch_sub(n, Ordering::AcqRel);
+            // Not the hot path (a server closes): replication clients may be waiting for room.
+            self.room.notify_waiters();
+        }
+    }
+
+    /// Closes a server that is no longer counted, with PgBouncer's log line for it.
+    pub(super) fn close(&self, conn: Box<ServerConn>, reason: &str) {
+        let age = conn.created.elapsed().as_secs();
+        tracing::info!(server = conn.id, pool = %self.key.db, user = %self.key.user, "closing because: {reason} (age={age}s)");
+        if tokio::runtime::Handle::try_current().is_ok() {
+            tokio::spawn(conn.terminate());
         }
     }
 
     async fn open_one(self: Arc<Self>) {
         let settings = self.settings.load_full();
-        let credential = lock(&self.credential).clone();
-        let id = self.ids.fetch_add(1, Ordering::Relaxed) + 1;
-        let result = server::connect(
-            &settings.target,
-            &credential,
-            &settings.tracked,
-            settings.connect_timeout,
-            id,
-            settings.max_message,
-        )
-        .await;
+        let id = self.next_server_id();
+        let result = self.connect(&settings.target, &settings, id).await;
         match result {
             Ok(conn) => self.opened(Box::new(conn)),
             Err(err) => self.open_failed(err, &settings).await,
@@ -501,7 +567,8 @@ impl Pool {
     }
 
     async fn open_failed(self: &Arc<Self>, err: ServerError, settings: &PoolSettings) {
-        tracing::warn!(pool = %self.key.db, user = %self.key.user, server = %settings.target.addr, "server login failed: {err}");
+        tracing::warn!(pool = %self.key.db, user = %self.key.user, server = %settings.target.hosts.first(), "server login failed: {err}");
+        tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {} (age=0s)", err.closing_reason());
         let err = Arc::new(err);
         if err.is_transient() {
             tokio::time::sleep(TRANSIENT_RETRY.min(settings.login_retry)).await;
@@ -540,10 +607,18 @@ impl Pool {
                     .idle_timeout
                     .is_some_and(|t| now.saturating_duration_since(conn.last_used) >= t)
                     && inner.total() > min;
-                if !conn.is_alive() || idle_expired(conn, settings.lifetime, now) || idle_too_long {
-                    closing.push(inner.idle.remove(i));
+                let reason = if !conn.is_alive() {
+                    Some("server conn crashed?")
+                } else if idle_expired(conn, settings.lifetime, now) {
+                    Some("server lifetime over")
+                } else if idle_too_long {
+                    Some("server idle timeout")
                 } else {
-                    i += 1;
+                    None
+                };
+                match reason {
+                    Some(reason) => closing.push((inner.idle.remove(i), reason)),
+                    None => i += 1,
                 }
             }
             self.uncount_servers(closing.len());
@@ -555,21 +630,150 @@ impl Pool {
                 shared_limit(self.grow(&settings, &mut inner))
             };
         }
-        for conn in closing {
-            close_in_background(conn);
+        for (conn, reason) in closing {
+            self.close(conn, reason);
         }
         if let Some(growth) = blocked {
             self.relieve(growth);
         }
     }
 
-    /// Closes every idle server (a restart of the server was seen, or the pool is going away).
-    pub fn close_idle(&self) {
+    /// Refuses every client queued for a server now (the pooler shuts down).
+    pub fn refuse_waiters(&self, err: PoolError) {
+        let waiters: Vec<ServerWaiter> =
+            lock(&self.inner).waiters.drain().map(|(_, w)| w).collect();
+        for w in waiters {
+            w.refuse(err.clone());
+        }
+    }
+
+    /// Closes every idle server (a restart of the server was seen, the configuration
+    /// changed, or the pool is going away); `reason` is logged for each.
+    pub fn close_idle(&self, reason: &str) {
         let idle: Vec<Box<ServerConn>> = std::mem::take(&mut lock(&self.inner).idle);
         self.uncount_servers(idle.len());
         for conn in idle {
-            close_in_background(conn);
+            self.close(conn, reason);
         }
+    }
+}
+
+/// What [`Pool::reserve_dedicated`] found.
+pub(super) enum Room {
+    /// One more server is counted for the caller.
+    Reserved,
+    /// An idle server was evicted to make room: ask again.
+    Evicted,
+    /// No room: the pool or a limit it shares is full.
+    Full(Growth),
+}
+
+/// Servers of their own for replication clients: counted in the pool's size and in the
+/// limits it shares, never idle, never lent to anyone else.
+impl Pool {
+    /// Counts one dedicated server if there is room. Without room, the pool's least recently
+    /// used idle server is evicted first, as PgBouncer does.
+    pub(super) fn reserve_dedicated(self: &Arc<Self>) -> Room {
+        let mut inner = lock(&self.inner);
+        let limits = &inner.settings.limits;
+        let full = if inner.total() >= limits.pool_size {
+            Some(Growth::PoolFull)
+        } else {
+            self.count_server(limits).err()
+        };
+        let Some(full) = full else {
+            inner.dedicated += 1;
+            return Room::Reserved;
+        };
+        if inner.idle.is_empty() {
+            return Room::Full(full);
+        }
+        let conn = inner.idle.remove(0);
+        drop(inner);
+        self.uncount_servers(1);
+        self.close(conn, "evicted");
+        Room::Evicted
+    }
+
+    /// Resolves when the room may have changed (a server closed or went idle). Taken before
+    /// [`Self::reserve_dedicated`] looks, so no change after that look is missed.
+    pub(super) fn room_changed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.room.notified()
+    }
+
+    /// Counts a replication client that waits for room (`true`) or no longer does: a
+    /// server going idle wakes them only while there are some.
+    pub(super) fn count_room_waiter(&self, waits: bool) {
+        let mut inner = lock(&self.inner);
+        inner.room_waiters = match waits {
+            true => inner.room_waiters + 1,
+            false => inner.room_waiters.saturating_sub(1),
+        };
+    }
+
+    /// Gives back a dedicated server's place; its connection is closed by the caller.
+    pub(super) fn release_dedicated(self: &Arc<Self>) {
+        let mut inner = lock(&self.inner);
+        inner.dedicated = inner.dedicated.saturating_sub(1);
+        self.uncount_servers(1);
+        let settings = inner.settings.clone();
+        self.grow(&settings, &mut inner);
+    }
+
+    /// Frees a limit shared with other pools by evicting one of their idle servers.
+    pub(super) fn make_room_elsewhere(self: &Arc<Self>, blocked: Growth) {
+        if matches!(blocked, Growth::DbFull | Growth::UserFull) {
+            self.relieve(blocked);
+        }
+    }
+
+    /// Opens and logs in one server for this pool, to `target`.
+    pub(super) async fn connect(
+        &self,
+        target: &crate::server::ServerTarget,
+        settings: &PoolSettings,
+        id: u64,
+    ) -> Result<ServerConn, ServerError> {
+        let credential = self.credential();
+        server::connect(
+            target,
+            &credential,
+            &settings.tracked,
+            settings.connect_timeout,
+            id,
+            settings.max_message,
+        )
+        .await
+    }
+
+    /// A new server id, from the ids all pools share.
+    pub(super) fn next_server_id(&self) -> u64 {
+        self.ids.fetch_add(1, Ordering::Relaxed) + 1
+    }
+}
+
+impl Pool {
+    /// Whether the pool has had no client and no server for `after` (pool_idle_timeout),
+    /// as the maintenance passes saw it. `self` is the pool map's own reference, looked at
+    /// under the map's lock, so a session's reference is another count and no client can
+    /// pick the pool meanwhile. A pool kept at min_pool_size is never idle.
+    pub(super) fn idle_for(self: &Arc<Self>, after: Duration, now: Instant) -> bool {
+        let empty = {
+            let inner = lock(&self.inner);
+            Arc::strong_count(self) == 1
+                && inner.total() == 0
+                && inner.waiters.is_empty()
+                && inner.settings.limits.min_pool_size == 0
+        };
+        let mut since = lock(&self.empty_since);
+        if !empty {
+            *since = None;
+            return false;
+        }
+        let since = *since.get_or_insert(now);
+        // The passes come about a second apart, not exactly: a little slack keeps a timeout
+        // of N seconds from taking N + 1 passes.
+        now.saturating_duration_since(since) + IDLE_SLACK >= after
     }
 }
 
@@ -659,8 +863,10 @@ impl Future for Queued {
 #[derive(Debug)]
 struct ServerWaiter {
     tx: oneshot::Sender<ServerAnswer>,
-    /// query_wait_timeout runs out.
+    /// query_wait_timeout (or the global query_timeout) runs out.
     deadline: Option<Instant>,
+    /// What the client is told at the deadline.
+    expiry: PoolError,
     /// query_wait_notify is due (once).
     notify_at: Option<Instant>,
 }
@@ -676,6 +882,7 @@ impl ServerWaiter {
         let waiter = ServerWaiter {
             tx,
             deadline: timeout.and_then(|t| now.checked_add(t)),
+            expiry: PoolError::WaitTimeout,
             notify_at: notify.and_then(|t| ticket.enqueued_at.checked_add(t)),
         };
         (waiter, Queued { rx })
@@ -707,7 +914,8 @@ impl ServerWaiter {
             return None;
         }
         if self.deadline.is_some_and(|d| d <= now) {
-            self.refuse(PoolError::WaitTimeout);
+            let err = self.expiry.clone();
+            self.refuse(err);
             return None;
         }
         if self.notify_at.is_none_or(|n| n > now) {
@@ -720,6 +928,7 @@ impl ServerWaiter {
             .map(|()| ServerWaiter {
                 tx,
                 deadline: self.deadline,
+                expiry: self.expiry,
                 notify_at: None,
             })
     }
@@ -779,12 +988,6 @@ fn try_increment(counter: &AtomicUsize, max: usize) -> bool {
             (max == 0 || n < max).then_some(n + 1)
         })
         .is_ok()
-}
-
-fn close_in_background(conn: Box<ServerConn>) {
-    if tokio::runtime::Handle::try_current().is_ok() {
-        tokio::spawn(conn.terminate());
-    }
 }
 
 #[cfg(test)]

@@ -21,8 +21,9 @@ pub async fn connect(
     id: u64,
     max_message: usize,
 ) -> Result<ServerConn, ServerError> {
+    let (entry, addr) = target.hosts.pick();
     let attempt = async {
-        let stream = negotiate_tls(target.addr.connect().await?, target).await?;
+        let stream = negotiate_tls(addr.connect().await?, &addr, target).await?;
         let now = Instant::now();
         let mut conn = ServerConn {
             id,
@@ -34,7 +35,7 @@ pub async fn connect(
                 pid: 0,
                 secret: Bytes::new(),
             },
-            addr: target.addr.clone(),
+            addr: addr.clone(),
             created: now,
             last_used: now,
             tx: TxStatus::Idle,
@@ -49,16 +50,31 @@ pub async fn connect(
         }
         Ok(conn)
     };
-    tokio::time::timeout(timeout, attempt)
+    let result = tokio::time::timeout(timeout, attempt)
         .await
-        .map_err(|_| ServerError::Timeout)?
+        .map_err(|_| ServerError::Timeout)
+        .and_then(|r| r);
+    match &result {
+        Ok(conn) => tracing::info!(
+            server = id,
+            "{}@{addr} new connection to server (from {})",
+            target.database,
+            conn.stream.local_label()
+        ),
+        Err(_) => target.hosts.failed(entry),
+    }
+    result
 }
 
 /// Asks a TCP server for TLS when `server_tls_sslmode` says so: SSLRequest, then a handshake
 /// on 'S'; on 'N' plain text goes on unless TLS is required. Exactly one byte is read
 /// before the handshake, so nothing sent in the clear can pass for encrypted data.
-async fn negotiate_tls(stream: Stream, target: &ServerTarget) -> Result<Stream, ServerError> {
-    let (Some(config), ServerAddr::Tcp { host, .. }) = (&target.tls.config, &*target.addr) else {
+async fn negotiate_tls(
+    stream: Stream,
+    addr: &ServerAddr,
+    target: &ServerTarget,
+) -> Result<Stream, ServerError> {
+    let (Some(config), ServerAddr::Tcp { host, .. }) = (&target.tls.config, addr) else {
         return Ok(stream);
     };
     let Stream::Tcp(plain) = stream else {
@@ -209,7 +225,7 @@ async fn answer_auth(
 
 fn no_password(target: &ServerTarget, what: &str) -> ServerError {
     ServerError::Auth(format!(
-        "server asks for {what} for user \"{}\" and pgward has none (set password= in [databases] or add the user to auth_file)",
+        "wrong password type: server asks for {what} for user \"{}\" and pgward has none usable (set password= in [databases] or add the user to auth_file)",
         target.user
     ))
 }

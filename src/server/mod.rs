@@ -37,10 +37,15 @@ pub enum ServerAddr {
 }
 
 impl ServerAddr {
-    pub async fn connect(&self) -> io::Result<Stream> {
+    pub async fn connect(&self) -> Result<Stream, ServerError> {
         match self {
             ServerAddr::Tcp { host, port } => {
-                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                let addrs: Vec<std::net::SocketAddr> =
+                    tokio::net::lookup_host((host.as_str(), *port))
+                        .await
+                        .map_err(ServerError::Dns)?
+                        .collect();
+                let s = tokio::net::TcpStream::connect(&addrs[..]).await?;
                 s.set_nodelay(true)?;
                 Ok(Stream::from(s))
             }
@@ -89,10 +94,61 @@ impl std::fmt::Debug for Credential {
     }
 }
 
+/// The servers a pool logs in to: one address, or a `host` list walked as
+/// `load_balance_hosts` says (round-robin: each new connection takes the next; disable: the
+/// same one until a connection to it fails).
+#[derive(Debug)]
+pub struct Hosts {
+    addrs: Vec<Arc<ServerAddr>>,
+    round_robin: bool,
+    /// The next entry (round-robin, modulo the list's length) or the current one (disable).
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Hosts {
+    /// A list of at least one address.
+    pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> Hosts {
+        assert!(!addrs.is_empty(), "a host list has at least one entry");
+        Hosts {
+            addrs: addrs.into_iter().map(Arc::new).collect(),
+            round_robin,
+            next: Default::default(),
+        }
+    }
+
+    /// The first entry, which names the pool's server in logs and the console.
+    pub fn first(&self) -> &Arc<ServerAddr> {
+        &self.addrs[0]
+    }
+
+    /// The address for a new connection, with its place in the list.
+    pub fn pick(&self) -> (usize, Arc<ServerAddr>) {
+        use std::sync::atomic::Ordering;
+        let n = self.addrs.len();
+        let i = match self.round_robin {
+            true => self.next.fetch_add(1, Ordering::Relaxed) % n,
+            false => self.next.load(Ordering::Relaxed) % n,
+        };
+        (i, self.addrs[i].clone())
+    }
+
+    /// A connection to entry `i` failed: without round-robin, the next one is used from now
+    /// on (unless another failure moved on already).
+    pub fn failed(&self, i: usize) {
+        use std::sync::atomic::Ordering;
+        if !self.round_robin {
+            let next = (i + 1) % self.addrs.len();
+            let _ = self
+                .next
+                .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+        }
+    }
+}
+
 /// Everything needed to open a server connection for one pool.
 #[derive(Debug, Clone)]
 pub struct ServerTarget {
-    pub addr: Arc<ServerAddr>,
+    pub hosts: Arc<Hosts>,
     pub database: String,
     pub user: String,
     /// Startup parameters sent at login (client_encoding, DateStyle, TimeZone,
@@ -114,13 +170,15 @@ pub struct BackendKey {
 pub enum ServerError {
     #[error("server connection failed: {0}")]
     Io(#[from] io::Error),
+    #[error("server DNS lookup failed: {0}")]
+    Dns(io::Error),
     #[error("server sent a malformed message: {0}")]
     Wire(#[from] WireError),
     #[error("server did not answer within server_connect_timeout")]
     Timeout,
     #[error("server closed the connection")]
     Closed,
-    #[error("server error: {}", .0.text())]
+    #[error("{} {}", .0.severity().unwrap_or("ERROR"), .0.text())]
     Refused(ErrorFields),
     #[error("server login failed: {0}")]
     Auth(String),
@@ -134,11 +192,26 @@ impl ServerError {
     /// database).
     pub fn is_transient(&self) -> bool {
         match self {
-            ServerError::Io(_) | ServerError::Timeout | ServerError::Closed => true,
+            ServerError::Io(_)
+            | ServerError::Dns(_)
+            | ServerError::Timeout
+            | ServerError::Closed => true,
             ServerError::Refused(fields) => {
                 matches!(fields.sqlstate(), "57P03" | "57P01" | "57P02" | "53300")
             }
             _ => false,
+        }
+    }
+
+    /// PgBouncer's words for a server connection that could not be opened: the server's own
+    /// message when it refused the login.
+    pub fn closing_reason(&self) -> &str {
+        match self {
+            ServerError::Dns(_) => "server DNS lookup failed",
+            ServerError::Io(_) => "connect failed",
+            ServerError::Timeout => "connect timeout",
+            ServerError::Refused(fields) => fields.text(),
+            _ => "login failed",
         }
     }
 }
@@ -235,7 +308,14 @@ impl ServerConn {
         self.send(&out).await?;
         let mut failure = None;
         loop {
-            let frame = self.read_frame().await?;
+            let frame = match self.read_frame().await {
+                Ok(frame) => frame,
+                // A server that went away may have said why first (FATAL 57P01, ...).
+                Err(e) => {
+                    self.reusable = false;
+                    return Err(failure.map_or(e, ServerError::Refused));
+                }
+            };
             match wire::decode_backend(&frame)? {
                 Backend::ReadyForQuery(status) => {
                     self.tx = status;
@@ -283,5 +363,53 @@ impl ServerConn {
         wire::encode_terminate(&mut out);
         let _ = self.stream.write_all(&out).await;
         let _ = self.stream.shutdown().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn hosts(round_robin: bool) -> Hosts {
+        let addr = |host: &str| ServerAddr::Tcp {
+            host: host.into(),
+            port: 5432,
+        };
+        Hosts::new(vec![addr("a"), addr("b"), addr("c")], round_robin)
+    }
+
+    fn host_of(pick: (usize, Arc<ServerAddr>)) -> String {
+        match &*pick.1 {
+            ServerAddr::Tcp { host, .. } => host.clone(),
+            ServerAddr::Unix { dir, .. } => dir.clone(),
+        }
+    }
+
+    #[test]
+    fn round_robin_takes_the_next_host_for_each_connection() {
+        let h = hosts(true);
+        let got: Vec<String> = (0..4).map(|_| host_of(h.pick())).collect();
+        assert_eq!(got, ["a", "b", "c", "a"]);
+        h.failed(0);
+        assert_eq!(
+            host_of(h.pick()),
+            "b",
+            "a failure does not move round-robin"
+        );
+    }
+
+    #[test]
+    fn disable_stays_on_one_host_until_it_fails() {
+        let h = hosts(false);
+        assert_eq!(host_of(h.pick()), "a");
+        assert_eq!(host_of(h.pick()), "a");
+        h.failed(0);
+        assert_eq!(host_of(h.pick()), "b");
+        // A second failure of the host already left behind changes nothing.
+        h.failed(0);
+        assert_eq!(host_of(h.pick()), "b");
+        h.failed(1);
+        h.failed(2);
+        assert_eq!(host_of(h.pick()), "a", "the list wraps around");
     }
 }

@@ -699,7 +699,7 @@ fn evict_runaways(rt: &Runtime, upstream: &str, over: &[Runaway]) {
         let tenant = governance.policy.identify(&who, &no_tags).tenant;
         if let Some(r) = over.iter().find(|r| r.tenant == tenant) {
             tracing::info!(tenant = %r.tenant, servers = r.servers, fair = r.fair, pool = %pool.key.user, "tenant over its share while others wait: its idle servers are closed");
-            pool.close_idle();
+            pool.close_idle("evicted");
         }
     }
 }

@@ -164,6 +164,8 @@ pub(super) struct MessageContext<'a> {
     /// The admission gate's verdicts on the Query, Bind and FunctionCall messages to come,
     /// in order (empty without a policy).
     pub verdicts: &'a mut std::collections::VecDeque<Option<RuleHit>>,
+    /// SHOW STATS' parse and bind counts.
+    pub counters: &'a crate::ops::PoolCounters,
 }
 
 impl MessageContext<'_> {
@@ -322,11 +324,17 @@ impl MessageContext<'_> {
             });
             return Ok(None);
         };
+        self.counters.add_client_parse();
         let mut out = BytesMut::new();
         if let Some(existing) = self.statements.get(name).cloned() {
             // PostgreSQL refuses a second statement of the same name: let the server say so,
             // by preparing pgward's name for it twice.
+            tracing::warn!(
+                "prepared statement '{}' was already prepared",
+                String::from_utf8_lossy(name)
+            );
             self.ensure(&existing, capacity, &mut out);
+            self.counters.add_server_parse();
             out.extend_from_slice(&existing.parse);
             self.link.expected.push(Owed::Parse {
                 client: true,
@@ -361,6 +369,7 @@ impl MessageContext<'_> {
                 .statements
                 .use_in_batch(&statement.server_name);
         }
+        self.counters.add_server_parse();
         out.extend_from_slice(&statement.parse);
         self.link.expected.push(Owed::Parse {
             client: true,
@@ -418,6 +427,7 @@ impl MessageContext<'_> {
                 out
             }));
         };
+        self.counters.add_bind();
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
         bind.encode_renamed(&mut out, &stmt.server_name);
@@ -502,6 +512,7 @@ impl MessageContext<'_> {
             return;
         }
         self.evict_for_one(capacity, out);
+        self.counters.add_server_parse();
         out.extend_from_slice(&stmt.parse);
         self.link.server.statements.use_in_batch(&stmt.server_name);
         self.link.expected.push(Owed::Parse {

@@ -19,6 +19,7 @@ mod admit;
 mod link;
 mod messages;
 mod prepared;
+pub mod replication;
 mod rules;
 
 use crate::cancel::{CancelTarget, ClientHandle};
@@ -87,12 +88,13 @@ enum Timer {
 impl Timer {
     fn error(self) -> ErrorResponse {
         let (code, msg) = match self {
-            Timer::TenantStatement | Timer::Query => (sqlstate::QUERY_CANCELED, "query_timeout"),
+            // PgBouncer's words; PostgreSQL's SQLSTATEs.
+            Timer::TenantStatement | Timer::Query => (sqlstate::QUERY_CANCELED, "query timeout"),
             Timer::IdleTransaction => (
                 sqlstate::IDLE_IN_TRANSACTION_TIMEOUT,
-                "idle_transaction_timeout",
+                "idle transaction timeout",
             ),
-            Timer::Transaction => (sqlstate::TRANSACTION_TIMEOUT, "transaction_timeout"),
+            Timer::Transaction => (sqlstate::TRANSACTION_TIMEOUT, "transaction timeout"),
             Timer::ClientIdle => (sqlstate::IDLE_SESSION_TIMEOUT, "client_idle_timeout"),
         };
         ErrorResponse::fatal(code, msg.to_string())
@@ -207,6 +209,9 @@ impl Session {
     pub async fn run(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let result = self.relay(io).await;
         if let Err(SessionError::Fatal(err)) = &result {
+            // PgBouncer's words, which operators grep for.
+            let age = self.hooks.age().as_secs();
+            tracing::info!(client = self.hooks.client_id(), code = %err.code, "closing because: {} (age={age}s)", err.message);
             let pending = std::mem::take(&mut self.to_client);
             io.send_error(&pending, err).await;
         }
@@ -243,22 +248,7 @@ impl Session {
                 }
                 Event::ServerClosed => return Err(self.server_lost()),
                 Event::Timer(Timer::TenantStatement) => self.cancel_for_tenant(),
-                Event::Timer(t) => {
-                    if let Some(link) = &mut self.link {
-                        if !link.expected.is_empty() {
-                            // Stop what the server is running before closing it.
-                            crate::cancel::cancel_in_background(
-                                &link.server.addr,
-                                &link.server.key,
-                            );
-                        }
-                        // An idle client's clean server (session pooling) goes back.
-                        if !(t == Timer::ClientIdle && link.quiet(&self.to_server)) {
-                            link.server.poison();
-                        }
-                    }
-                    return Err(SessionError::Fatal(t.error()));
-                }
+                Event::Timer(t) => return Err(self.timed_out(t)),
             }
         }
     }
@@ -445,6 +435,9 @@ impl Session {
             if self.handle.cancels_in_flight() {
                 self.handle.wait_cancels().await;
             }
+            if self.mode == PoolMode::Session && self.fast_close_due() {
+                return Err(self.fast_close());
+            }
             let before = io.rbuf.len();
             self.forward_client(&mut io.rbuf, ready)?;
             self.gate.consumed(before - io.rbuf.len());
@@ -538,6 +531,7 @@ impl Session {
             rules,
             skip_to_sync: &mut self.skip_to_sync,
             verdicts: &mut self.gate.verdicts,
+            counters: self.hooks.counters(),
         };
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
@@ -637,6 +631,11 @@ impl Session {
             .params
             .differences(&server.params)
             .into_iter()
+            // A parameter the server never reported and pgward never set there is still at
+            // its default: nothing to set (PgBouncer skips it too).
+            .filter(|(n, v)| {
+                !(*v == crate::params::DEFAULT_VALUE && server.params.get(n).is_none())
+            })
             .map(|(n, v)| (n.to_string(), v.to_string()))
             .collect();
         if diffs.is_empty() {
@@ -759,10 +758,7 @@ impl Session {
         }
         if opened_block {
             link.server.poison();
-            return Err(SessionError::Fatal(ErrorResponse::fatal(
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                "transaction blocks not allowed in statement pooling mode".to_string(),
-            )));
+            return Err(statement_mode_refusal());
         }
         if link.expected.is_empty() {
             link.busy_since = None;
@@ -795,10 +791,7 @@ impl Session {
         };
         if link.server.tx != TxStatus::Idle {
             if self.mode == PoolMode::Statement {
-                return Err(SessionError::Fatal(ErrorResponse::fatal(
-                    sqlstate::FEATURE_NOT_SUPPORTED,
-                    "transaction blocks not allowed in statement pooling mode".to_string(),
-                )));
+                return Err(statement_mode_refusal());
             }
             return Ok(());
         }
@@ -829,6 +822,52 @@ impl Session {
                 link.server.poison();
             }
         }
+    }
+
+    /// A session timeout fired: the server goes with the client, closed with the same reason
+    /// in the log, after what it runs is cancelled; an idle client's clean server (session
+    /// pooling) goes back.
+    fn timed_out(&mut self, t: Timer) -> SessionError {
+        let err = t.error();
+        let keeps =
+            t == Timer::ClientIdle && self.link.as_ref().is_some_and(|l| l.quiet(&self.to_server));
+        if !keeps {
+            if let Some(link) = self.link.take() {
+                if !link.expected.is_empty() {
+                    // Stop what the server is running before closing it.
+                    crate::cancel::cancel_in_background(&link.server.addr, &link.server.key);
+                }
+                self.gate.slot = None;
+                self.gate.abandon_deferred(&self.rt.gatekeeper);
+                self.handle.detach();
+                link.server.close(&err.message);
+            }
+        }
+        SessionError::Fatal(err)
+    }
+
+    /// server_fast_close: a session's server that RECONNECT (or a reload) marked is closed
+    /// before the client's next request outside a transaction, and the client with it.
+    fn fast_close_due(&self) -> bool {
+        let Some(link) = &self.link else {
+            return false;
+        };
+        link.quiet(&self.to_server)
+            && link.server.tx == TxStatus::Idle
+            && self
+                .pool
+                .closing
+                .close_needed(link.server.id, link.server.created)
+            && self.rt.config.load().settings.server_fast_close
+    }
+
+    fn fast_close(&mut self) -> SessionError {
+        const REASON: &str = "database configuration changed";
+        if let Some(link) = self.link.take() {
+            self.handle.detach();
+            link.server.close(REASON);
+        }
+        SessionError::Fatal(ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, REASON))
     }
 
     /// The server went away while this client was using it.
@@ -870,6 +909,15 @@ impl Session {
 /// `max_prepared_statements` as it is set now (the console can change it). Under a policy
 /// they are always mapped, so no client can reach a statement another client prepared (and
 /// that was judged for that client alone).
+/// A transaction block under statement pooling ends the session, as in PgBouncer (08P01:
+/// the connection is gone, which is how drivers must read it).
+fn statement_mode_refusal() -> SessionError {
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::PROTOCOL_VIOLATION,
+        "transaction blocks not allowed in statement pooling mode",
+    ))
+}
+
 fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<usize> {
     let capacity = match configured as usize {
         0 if governed => DEFAULT_MAX_PREPARED,

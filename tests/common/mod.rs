@@ -528,7 +528,10 @@ fn initdb(bindir: &Path, data_dir: &Path, cwd: &Path) {
 
 /// One line per authentication method the tests use; the last line catches everyone else.
 fn write_hba(data_dir: &Path) {
-    let mut hba = String::from("local all all trust\nhost all postgres 127.0.0.1/32 trust\n");
+    let mut hba = String::from(
+        "local all all trust\nhost all postgres 127.0.0.1/32 trust\n\
+         host replication postgres 127.0.0.1/32 trust\n",
+    );
     for role in &ROLES {
         hba.push_str(&format!(
             "host all {} 127.0.0.1/32 {}\n",
