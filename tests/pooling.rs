@@ -764,3 +764,32 @@ fn pool_idle_timeout_frees_a_pool_with_no_client_and_no_server() {
     let out = pw.psql("postgres", None, "app", "SELECT 1");
     assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
 }
+
+#[test]
+fn a_reload_that_changes_the_host_list_replaces_the_servers() {
+    let pg = Postgres::start();
+    let db = |hosts: &str| {
+        format!(
+            "listed = host={hosts} port={} dbname=app load_balance_hosts=disable",
+            pg.port
+        )
+    };
+    // The first host stays; another entry of the list changes.
+    let (old, new) = (db("127.0.0.1,localhost"), db("127.0.0.1,127.0.0.2"));
+    let pw = Pgward::trusting(&pg, "", &old);
+    let out = pw.psql("postgres", None, "listed", "SELECT 1");
+    assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    assert!(ini.contains(&old), "{ini}");
+    std::fs::write(&pw.ini_path, ini.replace(&old, &new)).expect("ini");
+    pw.reload_and_wait();
+    assert!(
+        eventually(5 * SECOND, || pw
+            .log()
+            .contains("closing because: database configuration changed")),
+        "{}",
+        pw.log()
+    );
+    let out = pw.psql("postgres", None, "listed", "SELECT 1");
+    assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
+}

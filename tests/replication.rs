@@ -182,3 +182,44 @@ fn pg_basebackup_and_pg_receivewal_work_through_pgward() {
     assert!(received, "no WAL file: {}\n{}", stderr_of(&out), pw.log());
     assert!(out.status.success(), "{}\n{}", stderr_of(&out), pw.log());
 }
+
+#[test]
+fn a_replication_client_that_leaves_while_waiting_gives_up_its_turn() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\nquery_wait_timeout = 0\n");
+    let opened = || pw.log().matches("new connection to server").count();
+    thread::scope(|scope| {
+        let holder = scope.spawn(|| {
+            replication_psql(
+                &pw,
+                "postgres",
+                "replication=database",
+                "SELECT pg_sleep(2)",
+            )
+        });
+        assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 1));
+        // A second one waits for the only place, then leaves.
+        let mut waiting = common::raw::Raw::connect(pw.port);
+        waiting.send(&common::raw::startup_packet(
+            common::raw::PROTOCOL_3_0,
+            &[
+                ("user", "postgres"),
+                ("database", "app"),
+                ("replication", "database"),
+            ],
+        ));
+        thread::sleep(std::time::Duration::from_millis(300));
+        drop(waiting);
+        let out = holder.join().expect("holder");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    });
+    let before = opened();
+    thread::sleep(std::time::Duration::from_millis(1500));
+    assert_eq!(
+        opened(),
+        before,
+        "a server was opened for a client that left:\n{}",
+        pw.log()
+    );
+    assert_eq!(walsenders(&pg, "postgres"), 0);
+}

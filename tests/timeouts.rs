@@ -478,3 +478,26 @@ fn query_timeout_bounds_a_wait_for_a_server_that_cannot_be_reached() {
         pw.log()
     );
 }
+
+#[test]
+fn the_server_users_query_timeout_bounds_its_wait_for_a_server() {
+    let pg = Postgres::start();
+    let dead = format!(
+        "dead = host=127.0.0.1 port={} dbname=app",
+        common::free_port()
+    );
+    let ini = Pgward::ini(
+        &pg,
+        "auth_type = trust\nquery_timeout = 600\nquery_wait_timeout = 600\nserver_login_retry = 1\n",
+        &dead,
+    );
+    let pw = Pgward::start(&format!("{ini}\n[users]\npostgres = query_timeout=2\n"));
+    let out = pw.psql("postgres", None, "dead", "SELECT 1");
+    assert!(!out.status.success());
+    assert!(
+        stderr_of(&out).contains("query_timeout"),
+        "{}\n{}",
+        stderr_of(&out),
+        pw.log()
+    );
+}
