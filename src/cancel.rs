@@ -92,25 +92,33 @@ impl ClientHandle {
     }
 }
 
-/// Every live client's cancel key.
+/// The two bits of a key's last byte that count how many more times a peer may forward a
+/// cancel for it (PgBouncer's layout, so peers of either kind understand each other).
+const TTL_MASK: u8 = 0x03;
+
+/// Every live client's cancel key, by the key's first four bytes (the "process id").
 #[derive(Debug, Default)]
 pub struct CancelRegistry {
-    clients: Mutex<HashMap<u32, Arc<ClientHandle>>>,
+    clients: Mutex<HashMap<u32, Vec<Arc<ClientHandle>>>>,
 }
 
 impl CancelRegistry {
-    /// Gives a client an unguessable key. The handle is removed by [`CancelRegistry::remove`].
-    pub fn register(&self, client_id: u64) -> Arc<ClientHandle> {
+    /// Gives a client an unguessable key. Under peering (`peer_id` > 0) the key carries the
+    /// instance's id in its second and third bytes and a forwarding budget in the last
+    /// byte's low bits, as in PgBouncer, which leaves 45 random bits. The handle is removed
+    /// by [`CancelRegistry::remove`].
+    pub fn register(&self, client_id: u64, peer_id: u16) -> Arc<ClientHandle> {
         let mut rng = rand::thread_rng();
         let mut clients = lock(&self.clients);
-        let pid = loop {
-            let pid = rng.next_u32() & 0x7fff_ffff;
-            if pid != 0 && !clients.contains_key(&pid) {
-                break pid;
+        let (pid, secret) = loop {
+            let (pid, secret) = new_key(&mut rng, peer_id);
+            let taken = clients
+                .get(&pid)
+                .is_some_and(|same| peer_id == 0 || same.iter().any(|h| h.secret == secret));
+            if pid != 0 && !taken {
+                break (pid, secret);
             }
         };
-        let mut secret = [0u8; 4];
-        rng.fill_bytes(&mut secret);
         let handle = Arc::new(ClientHandle {
             client_id,
             pid,
@@ -119,17 +127,27 @@ impl CancelRegistry {
             in_flight: AtomicUsize::new(0),
             done: Notify::new(),
         });
-        clients.insert(pid, handle.clone());
+        clients.entry(pid).or_default().push(handle.clone());
         handle
     }
 
-    pub fn remove(&self, pid: u32) {
-        lock(&self.clients).remove(&pid);
+    pub fn remove(&self, handle: &ClientHandle) {
+        let mut clients = lock(&self.clients);
+        if let Some(same) = clients.get_mut(&handle.pid) {
+            same.retain(|h| h.client_id != handle.client_id);
+            if same.is_empty() {
+                clients.remove(&handle.pid);
+            }
+        }
     }
 
     fn find(&self, pid: u32, secret: &[u8]) -> Option<Arc<ClientHandle>> {
-        let handle = lock(&self.clients).get(&pid).cloned()?;
-        wire::ct_eq(&handle.secret, secret).then_some(handle)
+        let clients = lock(&self.clients);
+        clients
+            .get(&pid)?
+            .iter()
+            .find(|h| wire::ct_eq(&h.secret, secret))
+            .cloned()
     }
 
     /// Handles a CancelRequest: unknown keys are ignored; a known key sends a cancel to the
@@ -169,6 +187,63 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         self.0.end_cancel();
     }
+}
+
+/// A new key: 31 random bits of "process id" and 32 of secret, or under peering the
+/// instance's id in the id's middle bytes and the forwarding budget set.
+fn new_key(rng: &mut impl RngCore, peer_id: u16) -> (u32, [u8; 4]) {
+    let mut key = [0u8; 8];
+    rng.fill_bytes(&mut key);
+    if peer_id > 0 {
+        let [low, high] = peer_id.to_le_bytes();
+        key[1] = low;
+        key[2] = high;
+        key[7] |= TTL_MASK;
+    }
+    // Always a positive process id: some clients mishandle a negative one.
+    key[0] &= 0x7f;
+    let pid = u32::from_be_bytes([key[0], key[1], key[2], key[3]]);
+    (pid, [key[4], key[5], key[6], key[7]])
+}
+
+/// Where a cancel request goes under peering.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PeerRoute {
+    /// The key is this instance's: look it up here.
+    Here,
+    /// The key is instance `id`'s: forward it there (its budget was lowered by one).
+    Peer(u16),
+    /// The key's forwarding budget is spent: drop it.
+    Spent,
+}
+
+/// Reads the instance id a key carries (as PgBouncer lays it out) and says where the cancel
+/// goes; adjusts `secret` for that place: the budget bits set to compare with this instance's
+/// keys, or lowered by one before forwarding.
+pub fn peer_route(own: u16, pid: u32, secret: &mut [u8; 4]) -> PeerRoute {
+    let [_, low, high, _] = pid.to_be_bytes();
+    let owner = u16::from_le_bytes([low, high]);
+    if owner == own {
+        secret[3] |= TTL_MASK;
+        return PeerRoute::Here;
+    }
+    if secret[3] & TTL_MASK == 0 {
+        return PeerRoute::Spent;
+    }
+    secret[3] -= 1;
+    PeerRoute::Peer(owner)
+}
+
+/// Forwards a cancel request to another pooler (a peer) as it came, within `limit`.
+pub fn forward(addr: ServerAddr, pid: u32, secret: [u8; 4], limit: Duration) {
+    let target = CancelTarget {
+        addr: Arc::new(addr),
+        key: BackendKey {
+            pid,
+            secret: bytes::Bytes::copy_from_slice(&secret),
+        },
+    };
+    tokio::spawn(async move { deliver(&target, limit).await });
 }
 
 /// Cancels what a server runs, without waiting: pgward's own timeouts use it before they
@@ -220,21 +295,51 @@ mod tests {
     #[test]
     fn keys_are_unique_and_checked() {
         let reg = CancelRegistry::default();
-        let a = reg.register(1);
-        let b = reg.register(2);
+        let a = reg.register(1, 0);
+        let b = reg.register(2, 0);
         assert_ne!(a.pid, b.pid);
         assert!(reg.find(a.pid, &a.secret()).is_some());
         let mut wrong = a.secret();
         wrong[0] ^= 1;
         assert!(reg.find(a.pid, &wrong).is_none());
-        reg.remove(a.pid);
+        reg.remove(&a);
         assert!(reg.find(a.pid, &a.secret()).is_none());
+    }
+
+    #[test]
+    fn peered_keys_carry_the_instance_and_a_forwarding_budget() {
+        let reg = CancelRegistry::default();
+        // Many clients share the few random bits of the process id; keys stay distinct.
+        let handles: Vec<_> = (0..2000).map(|i| reg.register(i, 0x0203)).collect();
+        for h in &handles {
+            let [b0, low, high, _] = h.pid.to_be_bytes();
+            assert_eq!((low, high), (0x03, 0x02));
+            assert!(b0 < 0x80, "a positive process id");
+            assert_eq!(h.secret()[3] & TTL_MASK, TTL_MASK);
+            assert_eq!(reg.find(h.pid, &h.secret()).unwrap().client_id, h.client_id);
+        }
+        let h = &handles[7];
+        // Here: found again even after a peer spent some of its budget.
+        let mut secret = h.secret();
+        secret[3] &= !TTL_MASK;
+        assert_eq!(peer_route(0x0203, h.pid, &mut secret), PeerRoute::Here);
+        assert_eq!(reg.find(h.pid, &secret).unwrap().client_id, h.client_id);
+        // Elsewhere: forwarded with one less, until the budget is spent.
+        let mut secret = h.secret();
+        for left in (0..3).rev() {
+            assert_eq!(peer_route(9, h.pid, &mut secret), PeerRoute::Peer(0x0203));
+            assert_eq!(secret[3] & TTL_MASK, left);
+        }
+        assert_eq!(peer_route(9, h.pid, &mut secret), PeerRoute::Spent);
+        reg.remove(h);
+        assert!(reg.find(h.pid, &h.secret()).is_none());
+        assert!(reg.find(handles[8].pid, &handles[8].secret()).is_some());
     }
 
     #[test]
     fn a_detached_client_cannot_be_cancelled() {
         let reg = CancelRegistry::default();
-        let h = reg.register(1);
+        let h = reg.register(1, 0);
         assert!(h.begin_cancel().is_none());
         h.attach(target());
         assert!(h.begin_cancel().is_some());

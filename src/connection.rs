@@ -64,7 +64,7 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
     let result = match open(&rt, &mut io, &entry, limits).await {
         Ok(Some(mut relay)) => {
             let result = relay.session.run(&mut io).await;
-            rt.cancels.remove(relay.handle.pid);
+            rt.cancels.remove(&relay.handle);
             result
         }
         Ok(None) => Ok(()),
@@ -177,7 +177,9 @@ async fn open(
         Some(Opened::Pool(req, pool, welcome, cap)) => (req, pool, welcome, cap),
     };
     logged_in(rt, entry, &req, &pool);
-    let handle = rt.cancels.register(id);
+    let handle = rt
+        .cancels
+        .register(id, rt.config.load().settings.peer_id as u16);
     let hooks = crate::ops::SessionHooks::new(rt.ops.clone(), entry.clone(), &pool);
     match greet(rt, io, req, pool, &welcome, &handle, hooks).await {
         Ok(session) => Ok(Some(Relay {
@@ -186,7 +188,7 @@ async fn open(
             _cap: cap,
         })),
         Err(e) => {
-            rt.cancels.remove(handle.pid);
+            rt.cancels.remove(&handle);
             Err(e)
         }
     }

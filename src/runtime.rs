@@ -358,7 +358,7 @@ pub fn pool_settings(
 
 /// One `host` entry: a TCP host, or a Unix socket directory (a path, or nothing for the
 /// default directory).
-fn server_addr(host: String, port: u16) -> ServerAddr {
+pub fn server_addr(host: String, port: u16) -> ServerAddr {
     if host.is_empty() || host.starts_with('/') {
         let dir = if host.is_empty() {
             "/var/run/postgresql".to_string()

@@ -365,3 +365,44 @@ fn server_message_length_below_four_is_a_protocol_violation() {
     assert_eq!(fields.code(), "08P01", "{fields:?}");
     assert!(client.closes_within(2 * SECOND));
 }
+
+#[test]
+fn a_cancel_sent_to_a_peer_is_forwarded_to_the_instance_that_owns_the_key() {
+    let pg = Postgres::start();
+    let start =
+        |id: u16| Pgward::transaction_pool(&pg, &format!("peer_id = {id}\nadmin_users = admin\n"));
+    let (a, b) = (start(1), start(2));
+    // Each lists the other in [peers] (ports are known only once both listen).
+    for (me, other, other_id) in [(&a, &b, 2), (&b, &a, 1)] {
+        let ini = std::fs::read_to_string(&me.ini_path).expect("ini");
+        let peers = format!("\n[peers]\n{other_id} = host={HOST} port={}\n", other.port);
+        std::fs::write(&me.ini_path, format!("{ini}{peers}")).expect("ini");
+        me.reload_and_wait();
+    }
+    let (mut client, (pid, secret)) = login(&a);
+    let [_, low, high, _] = pid.to_be_bytes();
+    assert_eq!(
+        u16::from_le_bytes([low, high]),
+        1,
+        "the key names its instance"
+    );
+    client.send(&raw::query_message("SELECT pg_sleep(10)"));
+    thread::sleep(Duration::from_millis(300));
+    // Sent to B, which does not know the key: B forwards it to A.
+    raw::send_cancel(b.port, pid, &secret);
+    let err = client
+        .read_result(Duration::from_secs(5))
+        .expect_err("the statement was not cancelled");
+    assert_eq!(err.code(), "57014", "{err:?}\n{}", b.log());
+    // A key whose forwarding budget is spent is dropped, not bounced between peers.
+    client.send(&raw::query_message("SELECT pg_sleep(1)"));
+    thread::sleep(Duration::from_millis(200));
+    let mut spent = secret.clone();
+    spent[3] &= !0x03;
+    raw::send_cancel(b.port, pid, &spent);
+    assert!(
+        client.read_result(Duration::from_secs(5)).is_ok(),
+        "a spent key cancelled"
+    );
+    client.terminate();
+}

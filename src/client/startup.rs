@@ -99,13 +99,7 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 }
             }
             StartupPacket::Cancel { pid, secret } => {
-                let limit = rt
-                    .config
-                    .load()
-                    .settings
-                    .cancel_wait_timeout
-                    .unwrap_or(Duration::from_secs(10));
-                rt.cancels.cancel(pid, &secret, limit);
+                cancel_request(rt, pid, &secret);
                 return Ok(Opening::Cancel);
             }
             StartupPacket::Startup { minor, params, .. } => {
@@ -129,6 +123,35 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 return Ok(Opening::Login(req));
             }
         }
+    }
+}
+
+/// A CancelRequest: for a client of this instance, or under peering (`peer_id`) for one of
+/// another, where it is forwarded (as PgBouncer does), so a cancel works through any
+/// instance behind the same address.
+fn cancel_request(rt: &Runtime, pid: u32, secret: &[u8]) {
+    use crate::cancel::PeerRoute;
+    let config = rt.config.load();
+    let limit = config
+        .settings
+        .cancel_wait_timeout
+        .unwrap_or(Duration::from_secs(10));
+    let own = config.settings.peer_id as u16;
+    let Some(mut key) = <[u8; 4]>::try_from(secret).ok().filter(|_| own > 0) else {
+        rt.cancels.cancel(pid, secret, limit);
+        return;
+    };
+    match crate::cancel::peer_route(own, pid, &mut key) {
+        PeerRoute::Here => rt.cancels.cancel(pid, &key, limit),
+        PeerRoute::Spent => tracing::debug!("cancel request dropped: forwarded too often"),
+        PeerRoute::Peer(id) => match config.peers.iter().find(|p| p.id == id) {
+            Some(peer) => {
+                tracing::debug!(peer = id, "forwarding cancel request to peer");
+                let addr = crate::runtime::server_addr(peer.host.clone(), peer.port);
+                crate::cancel::forward(addr, pid, key, limit);
+            }
+            None => tracing::debug!(peer = id, "cancel request for an unknown peer dropped"),
+        },
     }
 }
 

@@ -32,13 +32,15 @@ pub async fn serve(
     }
     let mut server = open_watching_client(io, req, &pool, rt).await?;
     entry.set_active(ServerLink::of(&server));
-    let handle = rt.cancels.register(entry.id);
+    let handle = rt
+        .cancels
+        .register(entry.id, rt.config.load().settings.peer_id as u16);
     handle.attach(CancelTarget {
         addr: server.addr.clone(),
         key: server.key.clone(),
     });
     let result = greet_and_relay(io, &mut server, handle.pid, &handle.secret()).await;
-    rt.cancels.remove(handle.pid);
+    rt.cancels.remove(&handle);
     result
 }
 
