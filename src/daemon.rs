@@ -182,7 +182,8 @@ pub async fn run_until_stopped(rt: &Arc<Runtime>, stop: &tokio::sync::watch::Sen
             _ = hup.recv() => reload(rt),
             _ = usr1.recv() => console(rt, Console::Pause(None), "SIGUSR1"),
             _ = usr2.recv() => {
-                if stopping {
+                // Read now: a SHUTDOWN may have come since this turn of the loop began.
+                if rt.ops.control.shutdown() != Shutdown::No {
                     tracing::info!("got SIGUSR2 while shutting down, ignoring");
                 } else {
                     console(rt, Console::Resume(None), "SIGUSR2");

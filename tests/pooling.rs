@@ -793,3 +793,36 @@ fn a_reload_that_changes_the_host_list_replaces_the_servers() {
     let out = pw.psql("postgres", None, "listed", "SELECT 1");
     assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
 }
+
+#[test]
+fn a_host_list_without_round_robin_probes_its_host_with_one_attempt() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "probed = host=unresolvable.invalid,127.0.0.1 port={} dbname=app load_balance_hosts=disable",
+        pg.port
+    );
+    let pw = Pgward::trusting(&pg, "server_login_retry = 1\nadmin_users = admin\n", &dbs);
+    let console = |sql| pw.psql("admin", None, "pgbouncer", sql);
+    // Two clients at once need two servers: the bad first host costs one attempt, not two.
+    // Both wait behind a PAUSE first, so their requests reach the pool together.
+    assert!(console("PAUSE probed").status.success());
+    thread::scope(|scope| {
+        let sleepers: Vec<_> = (0..2)
+            .map(|_| scope.spawn(|| pw.psql("postgres", None, "probed", "SELECT pg_sleep(0.5)")))
+            .collect();
+        // Both logins wait in the pause hold (they cannot be seen there by name).
+        thread::sleep(Duration::from_millis(1000));
+        assert!(console("RESUME probed").status.success());
+        for s in sleepers {
+            let out = s.join().expect("sleeper");
+            assert!(out.status.success(), "{}\n{}", stderr_of(&out), pw.log());
+        }
+    });
+    let log = pw.log();
+    let failures = log
+        .lines()
+        .filter(|l| l.contains("closing because: server DNS lookup failed"))
+        .count();
+    assert_eq!(failures, 1, "{log}");
+    assert_eq!(log.matches("new connection to server").count(), 2, "{log}");
+}

@@ -223,3 +223,31 @@ fn a_replication_client_that_leaves_while_waiting_gives_up_its_turn() {
     );
     assert_eq!(walsenders(&pg, "postgres"), 0);
 }
+
+#[test]
+fn reconnect_closes_a_replication_client_and_its_server_at_once() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = admin\n", "");
+    thread::scope(|scope| {
+        let streaming = scope.spawn(|| {
+            replication_psql(
+                &pw,
+                "postgres",
+                "replication=database",
+                "SELECT pg_sleep(30)",
+            )
+        });
+        assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 1));
+        let out = pw.psql("admin", None, "pgbouncer", "RECONNECT app");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        let out = streaming.join().expect("streaming client");
+        assert!(!out.status.success());
+        assert!(
+            stderr_of(&out).contains("database configuration changed"),
+            "{}\n{}",
+            stderr_of(&out),
+            pw.log()
+        );
+    });
+    assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 0));
+}

@@ -63,8 +63,12 @@ impl DerefMut for Dedicated {
 }
 
 impl Drop for Dedicated {
+    /// What the server may still run (a walsender's command, a SQL statement on a logical
+    /// replication connection) is cancelled first: its client is gone, and a backend busy
+    /// running would not notice the closed socket until it finishes.
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
+            crate::cancel::cancel_in_background(&conn.addr, &conn.key);
             self.place.0.close(conn, "replication client was closed");
         }
     }

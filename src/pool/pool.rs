@@ -478,6 +478,10 @@ impl Pool {
             if !matches!(growth, Growth::Open | Growth::Reserve) {
                 return growth;
             }
+            if inner.connecting > 0 && settings.target.hosts.probing() {
+                // One attempt at a time until the current host of the list answers.
+                return Growth::NotNeeded;
+            }
             if let Err(full) = self.count_server(&settings.limits) {
                 return full;
             }
@@ -564,6 +568,12 @@ impl Pool {
             inner.failure = None;
         }
         self.place(conn, true);
+        // Opening may have waited for this one (a host list being probed).
+        let mut inner = lock(&self.inner);
+        let settings = inner.settings.clone();
+        if settings.target.hosts.is_list() {
+            self.grow(&settings, &mut inner);
+        }
     }
 
     async fn open_failed(self: &Arc<Self>, err: ServerError, settings: &PoolSettings) {

@@ -55,12 +55,15 @@ pub async fn connect(
         .map_err(|_| ServerError::Timeout)
         .and_then(|r| r);
     match &result {
-        Ok(conn) => tracing::info!(
-            server = id,
-            "{}@{addr} new connection to server (from {})",
-            target.database,
-            conn.stream.local_label()
-        ),
+        Ok(conn) => {
+            target.hosts.succeeded(entry);
+            tracing::info!(
+                server = id,
+                "{}@{addr} new connection to server (from {})",
+                target.database,
+                conn.stream.local_label()
+            );
+        }
         Err(_) => target.hosts.failed(entry),
     }
     result

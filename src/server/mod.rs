@@ -103,6 +103,9 @@ pub struct Hosts {
     round_robin: bool,
     /// The next entry (round-robin, modulo the list's length) or the current one (disable).
     next: std::sync::atomic::AtomicUsize,
+    /// Without round-robin: a connection to the current entry has succeeded since it became
+    /// current.
+    proven: std::sync::atomic::AtomicBool,
 }
 
 impl Hosts {
@@ -113,7 +116,13 @@ impl Hosts {
             addrs: addrs.into_iter().map(Arc::new).collect(),
             round_robin,
             next: Default::default(),
+            proven: Default::default(),
         }
+    }
+
+    /// Whether there is more than one entry.
+    pub fn is_list(&self) -> bool {
+        self.addrs.len() > 1
     }
 
     /// The first entry, which names the pool's server in logs and the console.
@@ -138,10 +147,30 @@ impl Hosts {
         use std::sync::atomic::Ordering;
         if !self.round_robin {
             let next = (i + 1) % self.addrs.len();
-            let _ = self
+            let moved = self
                 .next
-                .compare_exchange(i, next, Ordering::Relaxed, Ordering::Relaxed);
+                .compare_exchange(i, next, Ordering::AcqRel, Ordering::Relaxed);
+            if moved.is_ok() {
+                self.proven.store(false, Ordering::Release);
+            }
         }
+    }
+
+    /// A connection to entry `i` succeeded.
+    pub fn succeeded(&self, i: usize) {
+        use std::sync::atomic::Ordering;
+        if !self.round_robin && self.next.load(Ordering::Acquire) % self.addrs.len() == i {
+            self.proven.store(true, Ordering::Release);
+        }
+    }
+
+    /// Whether a pool should open one server at a time for now: a list walked without
+    /// round-robin whose current entry has not been reached yet (as PgBouncer, which opens
+    /// one at a time always, each failure then costs one attempt, not one per waiter).
+    pub fn probing(&self) -> bool {
+        !self.round_robin
+            && self.is_list()
+            && !self.proven.load(std::sync::atomic::Ordering::Acquire)
     }
 }
 
@@ -411,5 +440,18 @@ mod tests {
         h.failed(1);
         h.failed(2);
         assert_eq!(host_of(h.pick()), "a", "the list wraps around");
+    }
+
+    #[test]
+    fn a_list_without_round_robin_probes_until_its_current_host_answers() {
+        let h = hosts(false);
+        assert!(h.probing());
+        h.succeeded(1);
+        assert!(h.probing(), "a success on another entry proves nothing");
+        h.succeeded(0);
+        assert!(!h.probing());
+        h.failed(0);
+        assert!(h.probing(), "a new current host is unproven");
+        assert!(!hosts(true).probing());
     }
 }

@@ -4,6 +4,7 @@
 //! walsender's commands, COPY BOTH streams). Nothing is pooled, reset or governed.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::BytesMut;
 use tokio::io::AsyncWriteExt;
@@ -39,7 +40,7 @@ pub async fn serve(
         addr: server.addr.clone(),
         key: server.key.clone(),
     });
-    let result = greet_and_relay(io, &mut server, handle.pid, &handle.secret()).await;
+    let result = greet_and_relay(io, &mut server, handle.pid, &handle.secret(), &pool).await;
     rt.cancels.remove(&handle);
     result
 }
@@ -80,6 +81,7 @@ async fn greet_and_relay(
     server: &mut Dedicated,
     pid: u32,
     secret: &[u8],
+    pool: &Pool,
 ) -> Result<(), SessionError> {
     let mut out = BytesMut::new();
     for (name, value) in &server.welcome {
@@ -88,7 +90,7 @@ async fn greet_and_relay(
     wire::encode_backend_key_data(&mut out, pid, secret);
     wire::encode_ready_for_query(&mut out, server.tx);
     io.send(&out).await?;
-    relay(io, server).await
+    relay(io, server, pool).await
 }
 
 /// What the server is asked for at login: the replication mode, the client's tracked
@@ -122,8 +124,14 @@ fn refusal(err: PoolError) -> SessionError {
     SessionError::Fatal(ErrorResponse::fatal(code, "login failed").with_detail(detail))
 }
 
-/// Relays bytes both ways, those already read on either side first, until both ends close.
-async fn relay(io: &mut ClientIo, server: &mut Dedicated) -> Result<(), SessionError> {
+/// How often a relay looks whether RECONNECT (or a reload) marked its server.
+const MARK_CHECK: Duration = Duration::from_secs(1);
+
+/// Relays bytes both ways, those already read on either side first, until either end closes
+/// (the other is then closed too: a walsender that ended leaves nothing to wait for). A
+/// server that RECONNECT or a reload marked is closed at once, with its client, as PgBouncer
+/// does for replication servers: they may live for ever.
+async fn relay(io: &mut ClientIo, server: &mut Dedicated, pool: &Pool) -> Result<(), SessionError> {
     if !io.rbuf.is_empty() {
         let pending = io.rbuf.split();
         server.stream.write_all(&pending).await?;
@@ -132,6 +140,25 @@ async fn relay(io: &mut ClientIo, server: &mut Dedicated) -> Result<(), SessionE
         let pending = server.rbuf.split();
         io.stream.write_all(&pending).await?;
     }
-    tokio::io::copy_bidirectional(&mut io.stream, &mut server.stream).await?;
-    Ok(())
+    let (id, created) = (server.id, server.created);
+    let (mut client_read, mut client_write) = tokio::io::split(&mut io.stream);
+    let (mut server_read, mut server_write) = tokio::io::split(&mut server.stream);
+    let up = tokio::io::copy(&mut client_read, &mut server_write);
+    let down = tokio::io::copy(&mut server_read, &mut client_write);
+    tokio::pin!(up, down);
+    let mut marks = tokio::time::interval(MARK_CHECK);
+    loop {
+        tokio::select! {
+            copied = &mut up => return copied.map(drop).map_err(SessionError::from),
+            copied = &mut down => return copied.map(drop).map_err(SessionError::from),
+            _ = marks.tick() => {
+                if pool.closing.close_needed(id, created) {
+                    return Err(SessionError::Fatal(ErrorResponse::fatal(
+                        wire::sqlstate::ADMIN_SHUTDOWN,
+                        "database configuration changed",
+                    )));
+                }
+            }
+        }
+    }
 }
