@@ -234,8 +234,11 @@ pub fn peer_route(own: u16, pid: u32, secret: &mut [u8; 4]) -> PeerRoute {
     PeerRoute::Peer(owner)
 }
 
-/// Forwards a cancel request to another pooler (a peer) as it came, within `limit`.
-pub fn forward(addr: ServerAddr, pid: u32, secret: [u8; 4], limit: Duration) {
+/// Forwards a cancel request to another pooler (a peer) as it came, and waits, within
+/// `limit`, until the peer has closed that connection: the client's own cancel connection
+/// stays open until then, as for a local cancel, so its next statement cannot be sent before
+/// the cancel is delivered.
+pub async fn forward(addr: ServerAddr, pid: u32, secret: [u8; 4], limit: Duration) {
     let target = CancelTarget {
         addr: Arc::new(addr),
         key: BackendKey {
@@ -243,7 +246,7 @@ pub fn forward(addr: ServerAddr, pid: u32, secret: [u8; 4], limit: Duration) {
             secret: bytes::Bytes::copy_from_slice(&secret),
         },
     };
-    tokio::spawn(async move { deliver(&target, limit).await });
+    deliver(&target, limit).await;
 }
 
 /// Cancels what a server runs, without waiting: pgward's own timeouts use it before they

@@ -240,14 +240,40 @@ fn reconnect_closes_a_replication_client_and_its_server_at_once() {
         assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 1));
         let out = pw.psql("admin", None, "pgbouncer", "RECONNECT app");
         assert!(out.status.success(), "{}", stderr_of(&out));
+        // The connection just ends: an error in the middle of a stream would corrupt it.
         let out = streaming.join().expect("streaming client");
         assert!(!out.status.success());
         assert!(
-            stderr_of(&out).contains("database configuration changed"),
+            pw.log()
+                .contains("closing because: database configuration changed"),
             "{}\n{}",
             stderr_of(&out),
             pw.log()
         );
+    });
+    assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 0));
+}
+
+#[test]
+fn removing_its_database_closes_a_replication_client() {
+    let pg = Postgres::start();
+    let gone = format!("gone = {}", pg.db_connstr("app"));
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &gone);
+    thread::scope(|scope| {
+        let streaming = scope.spawn(|| {
+            pw.psql(
+                "postgres",
+                None,
+                "dbname=gone replication=database",
+                "SELECT pg_sleep(30)",
+            )
+        });
+        assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 1));
+        let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+        std::fs::write(&pw.ini_path, ini.replace(&gone, "")).expect("ini");
+        pw.reload_and_wait();
+        let out = streaming.join().expect("streaming client");
+        assert!(!out.status.success(), "{}", pw.log());
     });
     assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 0));
 }

@@ -99,7 +99,7 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                 }
             }
             StartupPacket::Cancel { pid, secret } => {
-                cancel_request(rt, pid, &secret);
+                cancel_request(rt, pid, &secret).await;
                 return Ok(Opening::Cancel);
             }
             StartupPacket::Startup { minor, params, .. } => {
@@ -129,7 +129,7 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
 /// A CancelRequest: for a client of this instance, or under peering (`peer_id`) for one of
 /// another, where it is forwarded (as PgBouncer does), so a cancel works through any
 /// instance behind the same address.
-fn cancel_request(rt: &Runtime, pid: u32, secret: &[u8]) {
+async fn cancel_request(rt: &Runtime, pid: u32, secret: &[u8]) {
     use crate::cancel::PeerRoute;
     let config = rt.config.load();
     let limit = config
@@ -144,14 +144,18 @@ fn cancel_request(rt: &Runtime, pid: u32, secret: &[u8]) {
     match crate::cancel::peer_route(own, pid, &mut key) {
         PeerRoute::Here => rt.cancels.cancel(pid, &key, limit),
         PeerRoute::Spent => tracing::debug!("cancel request dropped: forwarded too often"),
-        PeerRoute::Peer(id) => match config.peers.iter().find(|p| p.id == id) {
-            Some(peer) => {
-                tracing::debug!(peer = id, "forwarding cancel request to peer");
-                let addr = crate::runtime::server_addr(peer.host.clone(), peer.port);
-                crate::cancel::forward(addr, pid, key, limit);
+        PeerRoute::Peer(id) => {
+            let peer = config.peers.iter().find(|p| p.id == id);
+            let addr = peer.map(|p| crate::runtime::server_addr(p.host.clone(), p.port));
+            drop(config);
+            match addr {
+                Some(addr) => {
+                    tracing::debug!(peer = id, "forwarding cancel request to peer");
+                    crate::cancel::forward(addr, pid, key, limit).await;
+                }
+                None => tracing::debug!(peer = id, "cancel request for an unknown peer dropped"),
             }
-            None => tracing::debug!(peer = id, "cancel request for an unknown peer dropped"),
-        },
+        }
     }
 }
 

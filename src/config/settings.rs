@@ -401,6 +401,8 @@ const RESTART_ONLY: &[&str] = &[
     "listen_addr",
     "listen_backlog",
     "listen_port",
+    // Every client's cancel key carries it: a change would misroute their cancels.
+    "peer_id",
     "pidfile",
     "pkt_buf",
     "resolv_conf",

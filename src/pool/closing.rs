@@ -46,6 +46,11 @@ impl Closing {
         self.armed.store(true, Ordering::Release);
     }
 
+    /// Whether the pool's configuration is gone (see [`Self::retire`]).
+    pub fn retired(&self) -> bool {
+        self.armed.load(Ordering::Acquire) && lock(&self.rules).retired
+    }
+
     /// Servers opened before `now` close at their next release (RECONNECT).
     pub fn reconnect(&self, now: Instant) {
         lock(&self.rules).before = Some(now);

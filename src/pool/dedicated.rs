@@ -68,7 +68,9 @@ impl Drop for Dedicated {
     /// running would not notice the closed socket until it finishes.
     fn drop(&mut self) {
         if let Some(conn) = self.conn.take() {
-            crate::cancel::cancel_in_background(&conn.addr, &conn.key);
+            if tokio::runtime::Handle::try_current().is_ok() {
+                crate::cancel::cancel_in_background(&conn.addr, &conn.key);
+            }
             self.place.0.close(conn, "replication client was closed");
         }
     }

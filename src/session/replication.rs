@@ -40,7 +40,8 @@ pub async fn serve(
         addr: server.addr.clone(),
         key: server.key.clone(),
     });
-    let result = greet_and_relay(io, &mut server, handle.pid, &handle.secret(), &pool).await;
+    let key = (handle.pid, handle.secret());
+    let result = greet_and_relay(io, &mut server, key, &pool, entry.id).await;
     rt.cancels.remove(&handle);
     result
 }
@@ -79,18 +80,18 @@ async fn open_watching_client(
 async fn greet_and_relay(
     io: &mut ClientIo,
     server: &mut Dedicated,
-    pid: u32,
-    secret: &[u8],
+    (pid, secret): (u32, [u8; 4]),
     pool: &Pool,
+    client_id: u64,
 ) -> Result<(), SessionError> {
     let mut out = BytesMut::new();
     for (name, value) in &server.welcome {
         wire::encode_parameter_status(&mut out, name, value);
     }
-    wire::encode_backend_key_data(&mut out, pid, secret);
+    wire::encode_backend_key_data(&mut out, pid, &secret);
     wire::encode_ready_for_query(&mut out, server.tx);
     io.send(&out).await?;
-    relay(io, server, pool).await
+    relay(io, server, pool, client_id).await
 }
 
 /// What the server is asked for at login: the replication mode, the client's tracked
@@ -131,7 +132,12 @@ const MARK_CHECK: Duration = Duration::from_secs(1);
 /// (the other is then closed too: a walsender that ended leaves nothing to wait for). A
 /// server that RECONNECT or a reload marked is closed at once, with its client, as PgBouncer
 /// does for replication servers: they may live for ever.
-async fn relay(io: &mut ClientIo, server: &mut Dedicated, pool: &Pool) -> Result<(), SessionError> {
+async fn relay(
+    io: &mut ClientIo,
+    server: &mut Dedicated,
+    pool: &Pool,
+    client_id: u64,
+) -> Result<(), SessionError> {
     if !io.rbuf.is_empty() {
         let pending = io.rbuf.split();
         server.stream.write_all(&pending).await?;
@@ -143,22 +149,27 @@ async fn relay(io: &mut ClientIo, server: &mut Dedicated, pool: &Pool) -> Result
     let (id, created) = (server.id, server.created);
     let (mut client_read, mut client_write) = tokio::io::split(&mut io.stream);
     let (mut server_read, mut server_write) = tokio::io::split(&mut server.stream);
-    let up = tokio::io::copy(&mut client_read, &mut server_write);
-    let down = tokio::io::copy(&mut server_read, &mut client_write);
-    tokio::pin!(up, down);
-    let mut marks = tokio::time::interval(MARK_CHECK);
-    loop {
-        tokio::select! {
-            copied = &mut up => return copied.map(drop).map_err(SessionError::from),
-            copied = &mut down => return copied.map(drop).map_err(SessionError::from),
-            _ = marks.tick() => {
-                if pool.closing.close_needed(id, created) {
-                    return Err(SessionError::Fatal(ErrorResponse::fatal(
-                        wire::sqlstate::ADMIN_SHUTDOWN,
-                        "database configuration changed",
-                    )));
+    let ended = {
+        let up = tokio::io::copy(&mut client_read, &mut server_write);
+        let down = tokio::io::copy(&mut server_read, &mut client_write);
+        tokio::pin!(up, down);
+        let mut marks = tokio::time::interval(MARK_CHECK);
+        loop {
+            tokio::select! {
+                copied = &mut up => break copied.map(drop),
+                copied = &mut down => break copied.map(drop),
+                _ = marks.tick() => {
+                    if pool.closing.close_needed(id, created) || pool.closing.retired() {
+                        // No ErrorResponse: the client may be in the middle of a message
+                        // of the stream, which one would corrupt. The connection just ends.
+                        tracing::info!(client = client_id, "closing because: database configuration changed");
+                        break Ok(());
+                    }
                 }
             }
         }
-    }
+    };
+    // A TLS client gets its close_notify; either way the client sees the end now.
+    let _ = tokio::time::timeout(crate::client::CLOSE_GRACE, client_write.shutdown()).await;
+    ended.map_err(SessionError::from)
 }
