@@ -541,13 +541,21 @@ async fn stats_users_count_against_the_client_caps_and_admins_do_not() {
     show(&a, "SHOW VERSION").await;
     show(&b, "SHOW VERSION").await;
     drop(first);
-    // The slot is given back when the session ends.
-    let again = common::eventually(5 * common::SECOND, || {
-        std::net::TcpStream::connect(("127.0.0.1", pw.port)).is_ok()
-    });
-    assert!(again);
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    let watcher = connect(&pw, "watcher", "pgbouncer").await;
+    // The slot is given back when the session ends (pgward sees the close a moment later).
+    let deadline = std::time::Instant::now() + 5 * common::SECOND;
+    let watcher = loop {
+        match tokio_postgres::connect(&pw.connstr("watcher", None, "pgbouncer"), NoTls).await {
+            Ok((client, conn)) => {
+                tokio::spawn(conn);
+                break client;
+            }
+            Err(e) if std::time::Instant::now() < deadline => {
+                assert_eq!(sqlstate(&e), "53300", "{e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("the slot was not given back: {e}"),
+        }
+    };
     show(&watcher, "SHOW POOLS").await;
 }
 
