@@ -452,13 +452,18 @@ fn users_section_timeouts_apply_to_their_user() {
     );
 }
 
+/// A `[databases]` entry `dead` whose server port nobody listens on.
+fn unreachable_database() -> String {
+    format!(
+        "dead = host=127.0.0.1 port={} dbname=app",
+        common::free_port()
+    )
+}
+
 #[test]
 fn query_timeout_bounds_a_wait_for_a_server_that_cannot_be_reached() {
     let pg = Postgres::start();
-    let dead = format!(
-        "dead = host=127.0.0.1 port={} dbname=app",
-        common::free_port()
-    );
+    let dead = unreachable_database();
     let pw = Pgward::trusting(
         &pg,
         "query_timeout = 2\nquery_wait_timeout = 60\nserver_login_retry = 1\n",
@@ -482,10 +487,7 @@ fn query_timeout_bounds_a_wait_for_a_server_that_cannot_be_reached() {
 #[test]
 fn the_server_users_query_timeout_bounds_its_wait_for_a_server() {
     let pg = Postgres::start();
-    let dead = format!(
-        "dead = host=127.0.0.1 port={} dbname=app",
-        common::free_port()
-    );
+    let dead = unreachable_database();
     let ini = Pgward::ini(
         &pg,
         "auth_type = trust\nquery_timeout = 600\nquery_wait_timeout = 600\nserver_login_retry = 1\n",

@@ -237,6 +237,15 @@ async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated,
     if rt.config.load().settings.auth_type == AuthType::Any {
         return Ok(Authenticated { credential: None });
     }
+    admit_known(rt, req).await
+}
+
+/// Admits a user pgward knows (trust, peer), with what the server login may reuse; refuses
+/// anyone else with PgBouncer's words for why.
+async fn admit_known(
+    rt: &Arc<Runtime>,
+    req: &StartupRequest,
+) -> Result<Authenticated, SessionError> {
     match known(rt, req).await? {
         Known::Yes(credential) => Ok(Authenticated { credential }),
         Known::No(message) => Err(SessionError::Fatal(ErrorResponse::fatal(
@@ -371,13 +380,7 @@ async fn peer(
             format!("peer authentication failed for user \"{user}\""),
         )));
     }
-    match known(rt, req).await? {
-        Known::Yes(credential) => Ok(Authenticated { credential }),
-        Known::No(message) => Err(SessionError::Fatal(ErrorResponse::fatal(
-            sqlstate::INVALID_AUTHORIZATION,
-            message.to_string(),
-        ))),
-    }
+    admit_known(rt, req).await
 }
 
 /// Whether `system` (an OS user, or a certificate's name) may log in as `user`: through the
