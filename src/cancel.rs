@@ -27,6 +27,10 @@ pub struct CancelTarget {
 #[derive(Debug, Default)]
 struct CancelState {
     target: Option<CancelTarget>,
+    /// Whose work the client sends its server: the tenant, and the fingerprint of the
+    /// statement last let through (for KILL TENANT and KILL STATEMENT).
+    tenant: String,
+    fingerprint: Option<u64>,
 }
 
 /// The part of a client session a cancel request can reach.
@@ -57,6 +61,23 @@ impl ClientHandle {
     pub fn detach(&self) -> bool {
         lock(&self.state).target = None;
         self.in_flight.load(Ordering::Acquire) == 0
+    }
+
+    /// Whose work the client sends its server now: a kill of that tenant or statement
+    /// cancels it.
+    pub fn set_work(&self, tenant: &str, fingerprint: Option<u64>) {
+        let mut state = lock(&self.state);
+        if state.tenant != tenant {
+            state.tenant.clear();
+            state.tenant.push_str(tenant);
+        }
+        state.fingerprint = fingerprint;
+    }
+
+    /// Whether the client holds a server and its work matches `hit` (tenant, fingerprint).
+    fn works_for(&self, hit: &impl Fn(&str, Option<u64>) -> bool) -> bool {
+        let state = lock(&self.state);
+        state.target.is_some() && hit(&state.tenant, state.fingerprint)
     }
 
     pub fn cancels_in_flight(&self) -> bool {
@@ -129,6 +150,18 @@ impl CancelRegistry {
         });
         clients.entry(pid).or_default().push(handle.clone());
         handle
+    }
+
+    /// Cancels what runs now for every client holding a server whose work matches `hit`
+    /// (tenant, fingerprint), as its own cancel would; how many were cancelled.
+    pub fn cancel_where(&self, hit: impl Fn(&str, Option<u64>) -> bool, limit: Duration) -> usize {
+        let handles: Vec<Arc<ClientHandle>> =
+            lock(&self.clients).values().flatten().cloned().collect();
+        handles
+            .into_iter()
+            .filter(|h| h.works_for(&hit))
+            .filter(|h| h.clone().cancel_now(limit))
+            .count()
     }
 
     pub fn remove(&self, handle: &ClientHandle) {
@@ -257,6 +290,16 @@ pub fn cancel_in_background(addr: &Arc<ServerAddr>, key: &BackendKey) {
         key: key.clone(),
     };
     tokio::spawn(async move { deliver(&target, Duration::from_secs(10)).await });
+}
+
+/// Cancels what a server runs, and waits (within `limit`) until the cancel is delivered: a
+/// session whose client vanished uses it before it closes the server.
+pub async fn cancel_and_wait(addr: &Arc<ServerAddr>, key: &BackendKey, limit: Duration) {
+    let target = CancelTarget {
+        addr: addr.clone(),
+        key: key.clone(),
+    };
+    deliver(&target, limit).await;
 }
 
 async fn deliver(target: &CancelTarget, limit: Duration) {

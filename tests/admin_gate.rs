@@ -136,6 +136,7 @@ async fn show_tenants_counts_refusals_and_set_tenant_changes_the_budget() {
             "refused_too_slow",
             "refused_cost",
             "refused_rule",
+            "warned_cost",
         ]
     );
     let row = tenant_row(&admin.client, "acme").await;

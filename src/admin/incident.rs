@@ -10,12 +10,17 @@ use super::parse::{Command, Target};
 use super::AdminError;
 use crate::gate::{parse_duration, KillTarget};
 use crate::runtime::Runtime;
+use crate::sql::Fingerprint;
 use crate::wire::{self, sqlstate};
 
 pub fn run(rt: &Runtime, cmd: Command, out: &mut BytesMut) -> Result<(), AdminError> {
     let tag = match cmd {
         Command::SetTenant { name, value } => set_tenant(rt, &name, &value).map(|()| "SET"),
-        Command::KillFor { target, duration } => kill(rt, &target, &duration).map(|()| "KILL"),
+        Command::KillFor {
+            target,
+            duration,
+            soft,
+        } => kill(rt, &target, &duration, soft).map(|()| "KILL"),
         Command::Unkill(target) => unkill(rt, &target).map(|()| "UNKILL"),
         _ => Err(AdminError::protocol("not a gate command")),
     }?;
@@ -37,23 +42,44 @@ fn set_tenant(rt: &Runtime, tenant: &str, words: &str) -> Result<(), AdminError>
     Ok(())
 }
 
-fn kill(rt: &Runtime, target: &Target, duration: &str) -> Result<(), AdminError> {
+/// How long a kill's cancel of a running statement may take to reach its server.
+const CANCEL_LIMIT: Duration = Duration::from_secs(5);
+
+/// A kill refuses what comes; unless `soft`, it also refuses what waits and cancels what
+/// runs. Without a policy a tenant is its role, and a statement kill cannot take effect
+/// (statements are not read), so it is refused.
+fn kill(rt: &Runtime, target: &Target, duration: &str, soft: bool) -> Result<(), AdminError> {
     let target = kill_target(target)?;
     let now = Instant::now();
     let length = kill_duration(duration, now)?;
-    rt.gatekeeper.lock().kill(target.clone(), length, now);
-    tracing::info!("KILL {} for {} s", target.describe(), length.as_secs_f64());
+    if matches!(target, KillTarget::Statement(_)) && rt.governance.load().is_none() {
+        return Err(AdminError {
+            code: sqlstate::FEATURE_NOT_SUPPORTED,
+            message: "KILL STATEMENT needs a policy: without policy_file pgward does not read statements, so it cannot tell one from another".to_string(),
+        });
+    }
+    let queued = rt.gatekeeper.kill(target.clone(), length, soft);
+    let running = match soft {
+        true => 0,
+        false => rt.cancels.cancel_where(
+            |tenant, fp| target.stops(tenant, fp.map(Fingerprint)),
+            CANCEL_LIMIT,
+        ),
+    };
+    tracing::info!(
+        queued,
+        running,
+        soft,
+        "KILL {} for {} s",
+        target.describe(),
+        length.as_secs_f64()
+    );
     Ok(())
 }
 
 fn unkill(rt: &Runtime, target: &Target) -> Result<(), AdminError> {
     let target = kill_target(target)?;
-    let lifted = {
-        let mut gate = rt.gatekeeper.lock();
-        // Listing forgets the kills that expired, so only one in force is lifted.
-        gate.kills(Instant::now());
-        gate.unkill(&target)
-    };
+    let lifted = rt.gatekeeper.unkill(&target);
     if !lifted {
         return Err(AdminError {
             code: sqlstate::UNDEFINED_OBJECT,

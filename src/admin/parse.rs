@@ -35,11 +35,13 @@ pub enum Command {
         name: String,
         value: String,
     },
-    /// `KILL TENANT name FOR 'duration'` or `KILL STATEMENT fingerprint FOR 'duration'`, the
-    /// duration as written.
+    /// `KILL TENANT name FOR 'duration' [SOFT]` or `KILL STATEMENT fingerprint FOR
+    /// 'duration' [SOFT]`, the duration as written. `SOFT` refuses only new requests; without
+    /// it, what waits is refused and what runs is cancelled as well.
     KillFor {
         target: Target,
         duration: String,
+        soft: bool,
     },
     /// `UNKILL TENANT name` or `UNKILL STATEMENT fingerprint`.
     Unkill(Target),
@@ -217,6 +219,10 @@ fn shutdown_kind(args: &[Token]) -> Option<ShutdownKind> {
 /// `KILL TENANT name FOR duration` / `KILL STATEMENT fingerprint FOR duration`; any other
 /// KILL is the PgBouncer command (`KILL [db]`).
 fn kill(args: &[Token]) -> Option<Command> {
+    let (soft, args) = match args {
+        [rest @ .., last] if last.keyword().as_deref() == Some("soft") => (true, rest),
+        _ => (false, args),
+    };
     let [kind, name, word, duration] = args else {
         return None;
     };
@@ -226,6 +232,7 @@ fn kill(args: &[Token]) -> Option<Command> {
     Some(Command::KillFor {
         target: Target::of(kind, name)?,
         duration: duration.text().to_string(),
+        soft,
     })
 }
 
@@ -346,14 +353,24 @@ mod tests {
             parse("kill tenant acme for '10m'").unwrap(),
             Command::KillFor {
                 target: Target::Tenant("acme".into()),
-                duration: "10m".into()
+                duration: "10m".into(),
+                soft: false,
+            }
+        );
+        assert_eq!(
+            parse("kill tenant acme for '10m' soft").unwrap(),
+            Command::KillFor {
+                target: Target::Tenant("acme".into()),
+                duration: "10m".into(),
+                soft: true,
             }
         );
         assert_eq!(
             parse("KILL STATEMENT 00ab12cd34ef5678 FOR 30s").unwrap(),
             Command::KillFor {
                 target: Target::Statement("00ab12cd34ef5678".into()),
-                duration: "30s".into()
+                duration: "30s".into(),
+                soft: false,
             }
         );
         assert_eq!(
@@ -372,6 +389,8 @@ mod tests {
             "kill tenant acme",
             "kill tenant acme for",
             "kill tenant acme until '10m'",
+            "kill tenant acme for '10m' hard",
+            "kill tenant acme soft",
             "kill user acme for '10m'",
             "kill tenant = for '10m'",
             "unkill acme",

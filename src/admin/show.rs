@@ -39,6 +39,7 @@ pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), Adm
         "totals" => show_stats::overall(rt),
         "tenants" => show_gate::tenants(rt),
         "kills" => show_gate::kills(rt),
+        "lanes" => show_gate::lanes(rt),
         "plans" | "plan_cache" => show_gate::plans(rt),
         other => {
             return Err(AdminError::protocol(format!(
@@ -60,7 +61,7 @@ const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|V
 \tSHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE\n\
 \tSHOW DNS_HOSTS|DNS_ZONES\n\
 \tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS\n\
-\tSHOW TENANTS|KILLS|PLANS\n\
+\tSHOW TENANTS|KILLS|PLANS|LANES\n\
 \tSET key = arg\n\
 \tSET USER name = 'max_user_connections=N pool_size=N pool_mode=M'\n\
 \tSET POOL user.db = 'pool_size=N'\n\
@@ -73,8 +74,8 @@ const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|V
 \tRECONNECT [<db>]\n\
 \tKILL [<db>]\n\
 \tKILL_CLIENT <client_id>\n\
-\tKILL TENANT <name> FOR '<duration>'\n\
-\tKILL STATEMENT <fingerprint> FOR '<duration>'\n\
+\tKILL TENANT <name> FOR '<duration>' [SOFT]\n\
+\tKILL STATEMENT <fingerprint> FOR '<duration>' [SOFT]\n\
 \tUNKILL TENANT <name>\n\
 \tUNKILL STATEMENT <fingerprint>\n\
 \tSUSPEND\n\

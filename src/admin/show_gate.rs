@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::result::format_time;
 use super::result::{Cell, Table, Ty};
 use crate::cost::CacheStats;
-use crate::gate::{KillRow, KillTarget, RefusalReason, TenantStats};
+use crate::gate::{KillRow, KillTarget, Lane, RefusalReason, TenantStats};
 use crate::runtime::Runtime;
 
 const N: Ty = Ty::Numeric;
@@ -30,6 +30,7 @@ const TENANTS: &[(&str, Ty)] = &[
     ("refused_too_slow", Ty::Int8),
     ("refused_cost", Ty::Int8),
     ("refused_rule", Ty::Int8),
+    ("warned_cost", Ty::Int8),
 ];
 
 /// The column counting refusals for `reason` (every reason has one).
@@ -43,6 +44,7 @@ fn refusal_column(reason: RefusalReason) -> usize {
             RefusalReason::TooSlow => 4,
             RefusalReason::Cost => 5,
             RefusalReason::Rule => 6,
+            RefusalReason::CostWarned => 7,
         }
 }
 
@@ -74,6 +76,40 @@ fn tenant_row(s: TenantStats) -> Vec<Cell> {
         }
     }
     row
+}
+
+const LANES: &[(&str, Ty)] = &[
+    ("upstream", Ty::Text),
+    ("lane", Ty::Text),
+    ("limit", Ty::Int4),
+    ("running", Ty::Int4),
+    ("waiting", Ty::Int4),
+];
+
+/// Each PostgreSQL server's two lanes: the slots each may hand out now (its own limit,
+/// within the servers the pools pooled onto it may open), held, and waited for.
+pub fn lanes(rt: &Runtime) -> Table {
+    let rows = rt.gatekeeper.lock().lanes();
+    let mut t = Table::new(LANES);
+    for r in rows {
+        let lane = match r.lane {
+            Lane::Fast => "fast",
+            Lane::Slow => "slow",
+        };
+        // No limit of its own and no pool counted yet: shown as NULL, not a huge number.
+        let limit = match i32::try_from(r.limit) {
+            Ok(n) => Cell::from(n as usize),
+            Err(_) => Cell::Null,
+        };
+        t.push(vec![
+            r.upstream.into(),
+            lane.into(),
+            limit,
+            r.running.into(),
+            r.waiting.into(),
+        ]);
+    }
+    t
 }
 
 const KILLS: &[(&str, Ty)] = &[
@@ -180,7 +216,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::UNIX_EPOCH;
 
-    const REASONS: [RefusalReason; 7] = [
+    const REASONS: [RefusalReason; 8] = [
         RefusalReason::Budget,
         RefusalReason::Killed,
         RefusalReason::QueueTimeout,
@@ -188,6 +224,7 @@ mod tests {
         RefusalReason::TooSlow,
         RefusalReason::Cost,
         RefusalReason::Rule,
+        RefusalReason::CostWarned,
     ];
 
     #[test]
@@ -195,7 +232,11 @@ mod tests {
         assert_eq!(TENANTS.len(), FIRST_REFUSAL + REASONS.len());
         for r in REASONS {
             let (name, _) = TENANTS[refusal_column(r)];
-            assert_eq!(name, format!("refused_{}", r.as_str()));
+            let expected = match r {
+                RefusalReason::CostWarned => "warned_cost".to_string(),
+                _ => format!("refused_{}", r.as_str()),
+            };
+            assert_eq!(name, expected);
         }
     }
 

@@ -16,7 +16,7 @@ use super::tenant::{TenantConfig, TenantConfigError, TenantTimeouts, WhenOver};
 use crate::sql::Fingerprint;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
 /// Slots per lane of an upstream.
@@ -157,6 +157,19 @@ struct Upstream<W> {
     slow: LaneState<W>,
     /// Slots held per tenant.
     holding: BTreeMap<String, usize>,
+    /// Tickets waiting per tenant, in either lane.
+    waiting: BTreeMap<String, usize>,
+    /// The pools pooled onto this server and the servers each may open.
+    pools: BTreeMap<String, usize>,
+    /// Their sum: slots of both lanes together never exceed it, so a slot is a server.
+    capacity: usize,
+    /// Idle servers of runaway tenants that may still be closed (refilled per second).
+    evict_tokens: f64,
+    /// When the tokens were last counted (none yet: a whole burst).
+    evicted_at: Option<Instant>,
+    /// Idle servers each tenant was told to close since the queue was last empty: a
+    /// tenant's excess is closed once, not again at every ticket that waits.
+    evicted: BTreeMap<String, usize>,
 }
 
 impl<W> Upstream<W> {
@@ -166,22 +179,55 @@ impl<W> Upstream<W> {
             fast: LaneState::default(),
             slow: LaneState::default(),
             holding: BTreeMap::new(),
+            waiting: BTreeMap::new(),
+            pools: BTreeMap::new(),
+            capacity: usize::MAX,
+            evict_tokens: 0.0,
+            evicted_at: None,
+            evicted: BTreeMap::new(),
         }
     }
 
     fn lane(&mut self, lane: Lane) -> (&mut LaneState<W>, usize) {
+        let limit = self.limit(lane);
         match lane {
-            Lane::Fast => (&mut self.fast, self.limits.fast),
-            Lane::Slow => (&mut self.slow, self.limits.slow),
+            Lane::Fast => (&mut self.fast, limit),
+            Lane::Slow => (&mut self.slow, limit),
         }
+    }
+
+    fn lane_ref(&self, lane: Lane) -> &LaneState<W> {
+        match lane {
+            Lane::Fast => &self.fast,
+            Lane::Slow => &self.slow,
+        }
+    }
+
+    /// A lane's own limit, within the servers the pools may open.
+    fn limit(&self, lane: Lane) -> usize {
+        let own = match lane {
+            Lane::Fast => self.limits.fast,
+            Lane::Slow => self.limits.slow,
+        };
+        own.min(self.capacity)
+    }
+
+    /// Slots there are in all.
+    fn slots(&self) -> usize {
+        self.limits
+            .fast
+            .saturating_add(self.limits.slow)
+            .min(self.capacity)
+    }
+
+    /// Whether `lane` may hand out a slot now.
+    fn room(&self, lane: Lane) -> bool {
+        let total = self.fast.active + self.slow.active;
+        self.lane_ref(lane).active < self.limit(lane) && total < self.capacity
     }
 
     fn queues(&self) -> impl Iterator<Item = &FairQueue<W>> {
         [&self.fast.queue, &self.slow.queue].into_iter()
-    }
-
-    fn queues_mut(&mut self) -> impl Iterator<Item = &mut FairQueue<W>> {
-        [&mut self.fast.queue, &mut self.slow.queue].into_iter()
     }
 }
 
@@ -194,6 +240,10 @@ pub struct Gate<W> {
     kills: Kills,
     rng: StdRng,
     next_id: u64,
+    /// When each waiting ticket's wait ends (deadline or queue timeout), soonest first.
+    ends: BTreeSet<(Instant, TicketId)>,
+    /// Where each waiting ticket waits.
+    located: HashMap<TicketId, (String, Lane)>,
 }
 
 impl<W> Gate<W> {
@@ -206,12 +256,30 @@ impl<W> Gate<W> {
             kills: Kills::default(),
             rng: StdRng::seed_from_u64(seed),
             next_id: 0,
+            ends: BTreeSet::new(),
+            located: HashMap::new(),
         }
     }
 
     /// Replaces the gate-wide settings (a reload).
     pub fn set_settings(&mut self, settings: GateSettings) {
+        let retime = settings.queue_timeout != self.settings.queue_timeout;
         self.settings = settings;
+        if retime {
+            self.recompute_ends();
+        }
+    }
+
+    /// Records that the pool `pool` (database/user) is pooled onto `upstream` and may open
+    /// `servers` servers there: the upstream's slots never exceed the servers of its pools,
+    /// so a client holding a slot finds a server, and one waiting for a slot holds none.
+    pub fn note_pool(&mut self, upstream: &str, pool: &str, servers: usize) {
+        let up = self.upstream_mut(upstream);
+        if up.pools.get(pool) == Some(&servers) {
+            return;
+        }
+        up.pools.insert(pool.to_string(), servers.max(1));
+        up.capacity = up.pools.values().fold(0usize, |a, n| a.saturating_add(*n));
     }
 
     /// Sets a tenant's settings (from the policy file). Its balance is kept, within the new
@@ -290,4 +358,5 @@ impl<W> Gate<W> {
 
 mod flow;
 mod queueing;
+pub use queueing::LaneRow;
 mod report;

@@ -1,11 +1,15 @@
 //! The order in which waiting tickets get a slot: the highest priority class first, then the
 //! waiting tenant with the lowest rank (recent use over share, a runaway tenant last), first
 //! come first served within a tenant. Never simply whoever came first.
+//!
+//! Every operation costs the same whatever the number of tickets in a tenant's line: a
+//! choice looks at the head of each tenant's line only, and a ticket is found through an
+//! index, never by a walk over the queue.
 
 use super::pass::{Pass, TicketId};
 use crate::sql::Priority;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 
 /// Where a waiting tenant stands: lower goes first.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -28,6 +32,13 @@ impl Rank {
 struct Waiting<W> {
     pass: Pass,
     waiter: W,
+}
+
+/// Where a ticket waits: its class, its tenant's line, its place in that line.
+#[derive(Debug, Clone)]
+struct Place {
+    class: usize,
+    tenant: String,
     seq: u64,
 }
 
@@ -35,17 +46,17 @@ struct Waiting<W> {
 #[derive(Debug)]
 pub struct FairQueue<W> {
     /// Per priority class (critical, normal, best effort): per tenant, in arrival order.
-    classes: [BTreeMap<String, VecDeque<Waiting<W>>>; 3],
+    classes: [BTreeMap<String, BTreeMap<u64, Waiting<W>>>; 3],
+    places: HashMap<TicketId, Place>,
     next_seq: u64,
-    len: usize,
 }
 
 impl<W> Default for FairQueue<W> {
     fn default() -> Self {
         FairQueue {
             classes: Default::default(),
+            places: HashMap::new(),
             next_seq: 0,
-            len: 0,
         }
     }
 }
@@ -62,22 +73,26 @@ impl<W> FairQueue<W> {
     /// Adds a ticket at the end of its tenant's line.
     pub fn push(&mut self, pass: Pass, waiter: W) {
         self.next_seq += 1;
-        let seq = self.next_seq;
-        let line = self.classes[class(pass.priority)]
-            .entry(pass.tenant.clone())
-            .or_default();
-        line.push_back(Waiting { pass, waiter, seq });
-        self.len += 1;
+        let place = Place {
+            class: class(pass.priority),
+            tenant: pass.tenant.clone(),
+            seq: self.next_seq,
+        };
+        self.places.insert(pass.id, place.clone());
+        self.classes[place.class]
+            .entry(place.tenant)
+            .or_default()
+            .insert(place.seq, Waiting { pass, waiter });
     }
 
     /// How many tickets wait.
     pub fn len(&self) -> usize {
-        self.len
+        self.places.len()
     }
 
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.places.is_empty()
     }
 
     /// The ticket to serve next: in the highest class that has one, the head of the tenant
@@ -87,8 +102,8 @@ impl<W> FairQueue<W> {
         self.classes.iter().find_map(|lines| {
             lines
                 .values()
-                .filter_map(|line| line.front())
-                .filter_map(|w| rank(&w.pass).map(|r| (r, w.seq, w.pass.id)))
+                .filter_map(|line| line.iter().next())
+                .filter_map(|(seq, w)| rank(&w.pass).map(|r| (r, *seq, w.pass.id)))
                 .min_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)))
                 .map(|(_, _, id)| id)
         })
@@ -96,23 +111,32 @@ impl<W> FairQueue<W> {
 
     /// Removes the ticket `id`, wherever it waits.
     pub fn remove(&mut self, id: TicketId) -> Option<(Pass, W)> {
-        for lines in &mut self.classes {
-            let found = lines.iter_mut().find_map(|(tenant, line)| {
-                let at = line.iter().position(|w| w.pass.id == id)?;
-                Some((tenant.clone(), line.remove(at)?))
-            });
-            if let Some((tenant, w)) = found {
-                if lines.get(&tenant).is_some_and(VecDeque::is_empty) {
-                    lines.remove(&tenant);
-                }
-                self.len -= 1;
-                return Some((w.pass, w.waiter));
-            }
+        let place = self.places.remove(&id)?;
+        let lines = &mut self.classes[place.class];
+        let line = lines.get_mut(&place.tenant)?;
+        let w = line.remove(&place.seq)?;
+        if line.is_empty() {
+            lines.remove(&place.tenant);
         }
-        None
+        Some((w.pass, w.waiter))
     }
 
-    /// Removes and returns every ticket for which `drop` is true.
+    /// Whether the ticket `id` waits here.
+    pub fn contains(&self, id: TicketId) -> bool {
+        self.places.contains_key(&id)
+    }
+
+    /// The waiting ticket `id`.
+    pub fn get(&self, id: TicketId) -> Option<&Pass> {
+        let place = self.places.get(&id)?;
+        let w = self.classes[place.class]
+            .get(&place.tenant)?
+            .get(&place.seq)?;
+        Some(&w.pass)
+    }
+
+    /// Removes and returns every ticket for which `drop` is true (a walk over the queue:
+    /// for rare events such as a kill, never for a decision).
     pub fn take_where(&mut self, mut drop: impl FnMut(&Pass, &W) -> bool) -> Vec<(Pass, W)> {
         let ids: Vec<TicketId> = self
             .iter()
@@ -127,7 +151,7 @@ impl<W> FairQueue<W> {
         self.classes
             .iter()
             .flat_map(|lines| lines.values())
-            .flatten()
+            .flat_map(|line| line.values())
             .map(|w| (&w.pass, &w.waiter))
     }
 
@@ -136,7 +160,7 @@ impl<W> FairQueue<W> {
         self.classes
             .iter()
             .flat_map(|lines| lines.values())
-            .filter_map(|line| line.front())
+            .filter_map(|line| line.values().next())
             .map(|w| &w.pass)
     }
 }

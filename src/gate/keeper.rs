@@ -2,14 +2,16 @@
 //! one sync mutex, the plan cache, the slots sessions hold, and the clock that ends waits and
 //! hands out slots when a debt is paid back. Kept across reloads: a reload only changes tenants' settings and the lanes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
 use crate::cost::{PlanCache, PlanKey, Relation, PLAN_CAPACITY, PLAN_TTL};
-use crate::gate::{Gate, GateSettings, Granted, Pass, Refusal, Runaway, Slot, TenantConfig};
+use crate::gate::TenantConfig;
+use crate::gate::{Expired, Gate, GateSettings, Granted, KillTarget, Pass, Refusal, Slot};
 
 /// How a waiting ticket hears the end of its wait.
 pub type SlotWaiter = oneshot::Sender<SlotAnswer>;
@@ -60,6 +62,8 @@ pub struct Gatekeeper {
     /// Each statement's usual run time (a moving average), by plan key.
     times: Mutex<HashMap<PlanKey, Duration>>,
     wake: Notify,
+    /// A kill was made and not lifted (sessions without a policy look at kills only then).
+    kills: AtomicBool,
     /// pgward's own names on servers.
     pub own: Arc<OwnNames>,
 }
@@ -80,6 +84,7 @@ impl Gatekeeper {
             sizes: Mutex::new(HashMap::new()),
             times: Mutex::new(HashMap::new()),
             wake: Notify::new(),
+            kills: AtomicBool::new(false),
             own: Arc::new(OwnNames::new()),
         })
     }
@@ -95,11 +100,45 @@ impl Gatekeeper {
         let mut gate = self.lock();
         gate.set_settings(settings);
         gate.set_all_lanes(settings.lanes);
+        let mut listed = BTreeSet::new();
         for (tenant, config) in tenants {
             gate.configure_tenant(tenant, config.clone(), now);
+            listed.insert(tenant);
         }
+        gate.reset_others(&listed);
         drop(gate);
         self.wake.notify_one();
+    }
+
+    /// `KILL`: refuses what comes and, unless `soft`, what waits now (answered here); how
+    /// many waiting requests it refused.
+    pub fn kill(&self, target: KillTarget, duration: Duration, soft: bool) -> usize {
+        let refused = self.lock().kill(target, duration, soft, Instant::now());
+        self.kills.store(true, Ordering::Release);
+        let n = refused.len();
+        self.answer(refused);
+        n
+    }
+
+    /// `UNKILL`; whether such a kill was in force.
+    pub fn unkill(&self, target: &KillTarget) -> bool {
+        let mut gate = self.lock();
+        // Listing forgets the kills that expired, so only one in force is lifted.
+        gate.kills(Instant::now());
+        let lifted = gate.unkill(target);
+        self.kills.store(gate.has_kills(), Ordering::Release);
+        lifted
+    }
+
+    /// Whether a kill may be in force (one atomic load).
+    pub fn may_have_kills(&self) -> bool {
+        self.kills.load(Ordering::Acquire)
+    }
+
+    fn answer(&self, expired: Vec<Expired<SlotWaiter>>) {
+        for e in expired {
+            let _ = e.waiter.send(SlotAnswer::Refused(Some(e.pass), e.refusal));
+        }
     }
 
     /// Asks the clock to look at the queues now (settings changed).
@@ -155,12 +194,12 @@ impl Gatekeeper {
 
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
     /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
-    /// When the ticket has to wait, `runaways` is told which tenants of its upstream hold
-    /// more than their share of the slots while others wait (their idle servers go first).
+    /// When the ticket has to wait, `evict` is told how many idle servers of which tenants
+    /// holding more than their share while others wait may be closed now (a few a second).
     pub async fn acquire(
         self: &Arc<Self>,
         pass: Pass,
-        runaways: impl FnOnce(Vec<Runaway>),
+        evict: impl FnOnce(Vec<(String, usize)>),
     ) -> SlotAnswer {
         let now = Instant::now();
         let (id, rx, over) = {
@@ -172,10 +211,10 @@ impl Gatekeeper {
             let id = pass.id;
             let upstream = pass.upstream.clone();
             gate.enqueue(pass, tx, now);
-            (id, rx, gate.runaways(&upstream))
+            (id, rx, gate.evictions(&upstream, now))
         };
         if !over.is_empty() {
-            runaways(over);
+            evict(over);
         }
         self.wake.notify_one();
         let mut withdraw = Withdraw {
@@ -200,11 +239,12 @@ impl Gatekeeper {
         let now = Instant::now();
         let granted = {
             let mut gate = self.lock();
+            let upstream = slot.upstream().to_string();
             gate.release(slot, now);
             if !gate.has_waiters() {
                 return;
             }
-            gate.dispatch(now, |w| !w.is_closed())
+            gate.dispatch_upstream(&upstream, now, |w| !w.is_closed())
         };
         self.deliver(granted);
     }
@@ -232,9 +272,7 @@ impl Gatekeeper {
                 let granted = gate.dispatch(now, |w| !w.is_closed());
                 (expired, granted, gate.next_wake(now))
             };
-            for e in expired {
-                let _ = e.waiter.send(SlotAnswer::Refused(Some(e.pass), e.refusal));
-            }
+            self.answer(expired);
             self.deliver(granted);
             // Never spin: at least a millisecond between rounds.
             let at = next.map(|t| t.max(now + Duration::from_millis(1)));

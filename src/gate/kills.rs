@@ -26,6 +26,14 @@ impl KillTarget {
             .map(|v| KillTarget::Statement(Fingerprint(v)))
     }
 
+    /// Whether it stops a statement of `tenant` with `fingerprint`.
+    pub fn stops(&self, tenant: &str, fingerprint: Option<Fingerprint>) -> bool {
+        match self {
+            KillTarget::Tenant(name) => name == tenant,
+            KillTarget::Statement(f) => Some(*f) == fingerprint,
+        }
+    }
+
     /// How it is named in messages and SHOW KILLS.
     pub fn describe(&self) -> String {
         match self {
@@ -83,10 +91,12 @@ impl Kills {
             .iter()
             .filter(|k| k.until > now)
             .map(|k| &k.target)
-            .find(|t| match t {
-                KillTarget::Tenant(name) => name == tenant,
-                KillTarget::Statement(f) => Some(*f) == fingerprint,
-            })
+            .find(|t| t.stops(tenant, fingerprint))
+    }
+
+    /// Whether any kill may be in force (expired ones count until listed or replaced).
+    pub fn any(&self) -> bool {
+        !self.kills.is_empty()
     }
 
     /// The kills in force, soonest to expire first; expired ones are forgotten.

@@ -39,7 +39,7 @@ mod refusal;
 mod tenant;
 
 pub use bucket::{charge_of, Budget, DecayingUse, TokenBucket, USE_HALF_LIFE};
-pub use decide::{Gate, GateSettings, LaneLimits, TenantStats};
+pub use decide::{Gate, GateSettings, LaneLimits, LaneRow, TenantStats};
 pub use evict::{runaway, runaways, Runaway, TenantLoad};
 pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};

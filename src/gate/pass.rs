@@ -31,8 +31,13 @@ pub struct Request<'a> {
     pub kind: RequestKind,
     /// The statement's fingerprint, for statement kills.
     pub fingerprint: Option<Fingerprint>,
-    /// The upstream (server) it runs on.
+    /// The upstream (the PostgreSQL server, host:port) it runs on.
     pub upstream: &'a str,
+    /// The pool (database/user) it takes a server from, and how many servers that pool
+    /// may open: the upstream's slots are the servers of its pools.
+    pub pool: &'a str,
+    /// See `pool`.
+    pub pool_size: usize,
     /// When the client sent it: deadlines count from here.
     pub sent_at: Instant,
     /// The client's own `statement_timeout`, if not zero.
@@ -66,6 +71,8 @@ pub struct Pass {
     pub priority: Priority,
     /// What kind of request.
     pub kind: RequestKind,
+    /// The statement's fingerprint (statement kills refuse it while it waits).
+    pub fingerprint: Option<Fingerprint>,
     /// The upstream.
     pub upstream: String,
     /// The lane it waits in.

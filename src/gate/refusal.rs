@@ -24,6 +24,8 @@ pub enum RefusalReason {
     Cost,
     /// A policy rule, refused by the caller.
     Rule,
+    /// Not a refusal: a cost rule in warn mode would have refused the statement, which ran.
+    CostWarned,
 }
 
 impl RefusalReason {
@@ -37,6 +39,7 @@ impl RefusalReason {
             RefusalReason::TooSlow => "too_slow",
             RefusalReason::Cost => "cost",
             RefusalReason::Rule => "rule",
+            RefusalReason::CostWarned => "cost_warned",
         }
     }
 }
@@ -86,7 +89,7 @@ impl Refusal {
         }
     }
 
-    pub(super) fn killed(what: &str) -> Refusal {
+    pub fn killed(what: &str) -> Refusal {
         Refusal::new(
             RefusalReason::Killed,
             SQLSTATE_RESOURCES,

@@ -33,6 +33,8 @@ fn req(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         kind: RequestKind::Statement,
         fingerprint: Some(Fingerprint(0xabc)),
         upstream: UP,
+        pool: "db1/app",
+        pool_size: 100,
         sent_at: now,
         statement_timeout: None,
         deadline: None,
@@ -572,9 +574,14 @@ fn tenant_statement_timeout_is_a_deadline_and_plain_data() {
 fn kills_refuse_until_they_expire() {
     let t0 = Instant::now();
     let mut g = gate();
-    g.kill(KillTarget::Tenant("a".into()), Duration::from_secs(600), t0);
+    g.kill(
+        KillTarget::Tenant("a".into()),
+        Duration::from_secs(600),
+        false,
+        t0,
+    );
     let fp = KillTarget::statement("'0000000000000abc'").expect("hex");
-    g.kill(fp.clone(), Duration::from_secs(60), t0);
+    g.kill(fp.clone(), Duration::from_secs(60), false, t0);
     let r = refused(g.admit(&req("a", 1, t0), t0));
     assert_eq!((r.sqlstate, r.reason), ("53000", RefusalReason::Killed));
     assert_eq!(r.message, "pgward: tenant \"a\" is killed");
@@ -710,4 +717,139 @@ fn idle_unconfigured_tenants_are_forgotten() {
     g.forget_idle(t0 + secs(600.0));
     let names: Vec<String> = g.tenant_stats(t0).into_iter().map(|s| s.tenant).collect();
     assert_eq!(names, ["kept"]);
+}
+
+#[test]
+fn the_servers_of_the_pools_cap_the_slots_of_an_upstream() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_all_lanes(LaneLimits {
+        fast: usize::MAX,
+        slow: 1,
+    });
+    // Two pools onto the upstream, two servers each: four slots in all, whatever the lane.
+    let mut r = req("a", 1, t0);
+    r.pool_size = 2;
+    let mut slots = Vec::new();
+    for pool in ["db1/app", "db2/app"] {
+        r.pool = pool;
+        for _ in 0..2 {
+            let pass = admitted(g.admit(&r, t0));
+            slots.push(g.try_acquire(&pass, t0).expect("a slot"));
+        }
+    }
+    let pass = admitted(g.admit(&r, t0));
+    assert!(g.try_acquire(&pass, t0).is_none(), "a fifth slot");
+    let mut slow = admitted(g.admit(&r, t0));
+    slow.lane = Lane::Slow;
+    assert!(g.try_acquire(&slow, t0).is_none(), "the slow lane too");
+    let row = g
+        .lanes()
+        .into_iter()
+        .find(|l| l.lane == Lane::Fast)
+        .expect("a fast lane");
+    assert_eq!((row.limit, row.running), (4, 4));
+    g.release(slots.pop().expect("a slot"), t0);
+    assert!(g.try_acquire(&pass, t0).is_some());
+}
+
+/// Queues a statement of `tenant`; its ticket.
+fn queued(g: &mut Gate<u64>, tenant: &str, client: u64, now: Instant) -> TicketId {
+    let pass = admitted(g.admit(&req(tenant, client, now), now));
+    let id = pass.id;
+    g.enqueue(pass, client, now);
+    id
+}
+
+#[test]
+fn eviction_closes_the_excess_once_and_a_few_a_second() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_lanes(UP, LaneLimits { fast: 8, slow: 0 });
+    let _rogue: Vec<Slot> = (0..8)
+        .map(|_| run(&mut g, "rogue", 1.0, t0).expect("runs").1)
+        .collect();
+    let first = queued(&mut g, "innocent", 1, t0);
+    // Fair part 4 of 8: an excess of 4, closed at once (a burst of 4).
+    let rogue = |n| vec![("rogue".to_string(), n)];
+    assert_eq!(g.evictions(UP, t0), rogue(4));
+    // Told once: more waiters do not close more.
+    let second = queued(&mut g, "innocent", 2, t0);
+    assert_eq!(g.evictions(UP, t0), []);
+    // The pressure ends; the next starts anew, within the rate: two a second.
+    g.withdraw(first, t0);
+    g.withdraw(second, t0);
+    queued(&mut g, "innocent", 3, t0);
+    assert_eq!(g.evictions(UP, t0), []);
+    assert_eq!(g.evictions(UP, t0 + secs(1.0)), rogue(2));
+    assert_eq!(g.evictions(UP, t0 + secs(2.0)), rogue(2));
+    assert_eq!(g.evictions(UP, t0 + secs(9.0)), []);
+}
+
+#[test]
+fn a_kill_refuses_what_waits_unless_soft() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let _slots = fill(&mut g, "holder", t0);
+    queue(&mut g, "a", Priority::Normal, 1, t0);
+    queue(&mut g, "b", Priority::Normal, 2, t0);
+    let soft = g.kill(
+        KillTarget::Tenant("b".into()),
+        Duration::from_secs(60),
+        true,
+        t0,
+    );
+    assert!(soft.is_empty());
+    let hard = g.kill(
+        KillTarget::Tenant("a".into()),
+        Duration::from_secs(60),
+        false,
+        t0,
+    );
+    let refused: Vec<(u64, &str)> = hard
+        .iter()
+        .map(|e| (e.waiter, e.refusal.sqlstate))
+        .collect();
+    assert_eq!(refused, [(1, "53000")]);
+    assert_eq!(stats(&g, "a", t0).waiting, 0);
+    assert_eq!(stats(&g, "b", t0).waiting, 1);
+    // A statement kill stops waiting tickets with that fingerprint, of any tenant.
+    let hard = g.kill(
+        KillTarget::Statement(Fingerprint(0xabc)),
+        Duration::from_secs(60),
+        false,
+        t0,
+    );
+    assert_eq!(hard.len(), 1);
+    assert!(!g.has_waiters());
+}
+
+#[test]
+fn a_reload_resets_tenants_it_no_longer_names() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "kept", "rate=5", t0);
+    budget(&mut g, "gone", "rate=5 statement_timeout=1s", t0);
+    g.reset_others(&["kept"].into_iter().collect());
+    assert!(stats(&g, "kept", t0).settings.contains("rate=5"));
+    let gone = stats(&g, "gone", t0);
+    assert_eq!((gone.settings.as_str(), gone.balance), ("", None));
+    assert_eq!(g.timeouts("gone"), TenantTimeouts::default());
+}
+
+#[test]
+fn waits_end_in_order_of_their_deadlines() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let _slots = fill(&mut g, "holder", t0);
+    for (client, deadline) in [(1, 3.0), (2, 1.0), (3, 2.0)] {
+        let mut r = req("a", client, t0);
+        r.deadline = Some(secs(deadline));
+        let pass = admitted(g.admit(&r, t0));
+        g.enqueue(pass, client, t0);
+    }
+    assert_eq!(g.next_wake(t0), Some(t0 + secs(1.0)));
+    let ended: Vec<u64> = g.expire(t0 + secs(2.5)).iter().map(|e| e.waiter).collect();
+    assert_eq!(ended, [2, 3]);
+    assert_eq!(g.next_wake(t0), Some(t0 + secs(3.0)));
 }

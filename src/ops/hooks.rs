@@ -123,6 +123,20 @@ impl SessionHooks {
         }
     }
 
+    /// The client waits in the admission gate's queue: SHOW CLIENTS and SHOW POOLS count it
+    /// as waiting, as for the pool's queue.
+    pub fn gate_wait_starts(&self) {
+        self.entry.set_waiting(Instant::now());
+    }
+
+    /// The wait in the gate is over: back to active on the server it holds, or idle.
+    pub fn gate_wait_ends(&self, server: Option<&crate::server::ServerConn>) {
+        match server {
+            Some(server) => self.entry.set_active(ServerLink::of(server)),
+            None => self.entry.set_idle(),
+        }
+    }
+
     /// How long the client has been connected.
     pub fn age(&self) -> std::time::Duration {
         self.entry.age()

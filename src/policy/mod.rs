@@ -220,6 +220,8 @@ struct Tenant {
     priority: Priority,
     gate: TenantConfig,
     cost_limits: CostLimits,
+    /// `cost_mode`: whether its cost rules refuse or only warn (else the `[gate]` table's).
+    cost_mode: Option<Mode>,
 }
 
 /// The `[gate]` table: the admission gate's settings and the default cost rules.
@@ -229,6 +231,8 @@ pub struct GatePolicy {
     pub settings: GateSettings,
     /// Cost rules of tenants that set none of their own.
     pub cost_limits: CostLimits,
+    /// `cost_mode`: `warn` logs and counts a statement over a cost rule and lets it run.
+    pub cost_mode: Mode,
 }
 
 #[derive(Clone, Debug)]
@@ -345,6 +349,16 @@ impl Policy {
             },
             None => default,
         }
+    }
+
+    /// Whether `tenant`'s cost rules only warn: its own `cost_mode`, else the `[gate]`
+    /// table's; a tenant in `mode = "warn"` warns for every rule.
+    pub fn cost_warns(&self, tenant: &str) -> bool {
+        let own = self.tenants.get(tenant);
+        if own.is_some_and(|t| t.mode == Mode::Warn) {
+            return true;
+        }
+        own.and_then(|t| t.cost_mode).unwrap_or(self.gate.cost_mode) == Mode::Warn
     }
 
     /// How deep statements must be read for this policy's rules.
@@ -548,6 +562,7 @@ fn build_tenants(
                 max_cost: t.max_cost,
                 max_scan_rows: t.max_scan_rows,
             },
+            cost_mode: t.cost_mode,
         };
         tenants.insert(name, tenant);
     }
@@ -565,6 +580,7 @@ impl Default for GatePolicy {
         GatePolicy {
             settings,
             cost_limits: CostLimits::default(),
+            cost_mode: Mode::Enforce,
         }
     }
 }
@@ -590,6 +606,7 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
             max_cost: raw.max_cost,
             max_scan_rows: raw.max_scan_rows,
         },
+        cost_mode: raw.cost_mode.unwrap_or_default(),
     })
 }
 

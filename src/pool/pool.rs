@@ -657,6 +657,36 @@ impl Pool {
         }
     }
 
+    /// Closes at most `n` idle servers whose last tenant `belongs` says is the one to evict,
+    /// the least recently used first; how many it closed.
+    pub fn close_idle_of(
+        &self,
+        n: usize,
+        belongs: impl Fn(Option<&str>) -> bool,
+        reason: &str,
+    ) -> usize {
+        let picked: Vec<Box<ServerConn>> = {
+            let mut inner = lock(&self.inner);
+            let mut picked = Vec::new();
+            let mut i = 0;
+            // The idle list is kept most recently used last.
+            while i < inner.idle.len() && picked.len() < n {
+                if belongs(inner.idle[i].last_tenant.as_deref()) {
+                    picked.push(inner.idle.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            picked
+        };
+        self.uncount_servers(picked.len());
+        let closed = picked.len();
+        for conn in picked {
+            self.close(conn, reason);
+        }
+        closed
+    }
+
     /// Closes every idle server (a restart of the server was seen, the configuration
     /// changed, or the pool is going away); `reason` is logged for each.
     pub fn close_idle(&self, reason: &str) {

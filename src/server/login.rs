@@ -42,6 +42,7 @@ pub async fn connect(
             reusable: true,
             statements: Default::default(),
             internal_busy: false,
+            last_tenant: None,
             max_message,
         };
         login(&mut conn, target, credential, tracked).await?;

@@ -106,18 +106,33 @@ pub struct Hosts {
     /// Without round-robin: a connection to the current entry has succeeded since it became
     /// current.
     proven: std::sync::atomic::AtomicBool,
+    /// The PostgreSQL server(s) as the admission gate names them: `host:port`, a list's
+    /// entries joined by commas.
+    label: String,
 }
 
 impl Hosts {
     /// A list of at least one address.
     pub fn new(addrs: Vec<ServerAddr>, round_robin: bool) -> Hosts {
         assert!(!addrs.is_empty(), "a host list has at least one entry");
+        let label = addrs
+            .iter()
+            .map(|a| a.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
         Hosts {
+            label,
             addrs: addrs.into_iter().map(Arc::new).collect(),
             round_robin,
             next: Default::default(),
             proven: Default::default(),
         }
+    }
+
+    /// The upstream these servers are, for the admission gate's lanes: every pool pooled
+    /// onto the same PostgreSQL server shares them.
+    pub fn label(&self) -> &str {
+        &self.label
     }
 
     /// Whether there is more than one entry.
@@ -268,6 +283,9 @@ pub struct ServerConn {
     /// A statement pgward sent on its own is still running: the connection is not clean
     /// until it has been answered, even if whoever waited for it went away.
     pub internal_busy: bool,
+    /// The tenant whose work it last ran (under a policy): runaway eviction closes the
+    /// idle servers of a tenant over its share.
+    pub last_tenant: Option<Arc<str>>,
     max_message: usize,
 }
 

@@ -28,8 +28,8 @@ use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, PlanKey, PlanSummary, Relation,
 };
 use crate::gate::keeper::{SlotAnswer, SlotGuard};
+use crate::gate::RefusalReason;
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
-use crate::gate::{RefusalReason, Runaway};
 use crate::policy::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::runtime::Runtime;
@@ -166,6 +166,8 @@ enum Work {
         parsed: Option<Arc<Parsed>>,
         /// The Bind body after the statement name.
         tail: Bytes,
+        /// Its statement's Parse has not gone out yet.
+        fresh: bool,
     },
     Function,
 }
@@ -306,6 +308,7 @@ impl Session {
         Work::Bind {
             parsed: self.statement_of(bind.statement),
             tail: body.slice_ref(bind.rest),
+            fresh: self.gate.pending.contains_key(bind.statement),
         }
     }
 
@@ -373,41 +376,37 @@ impl Session {
         let tags = analysis.as_ref().map_or(&no_tags, |a| &a.tags);
         let identity = governance.policy.identify(&who, tags);
         let tenant = identity.tenant.to_string();
+        if let Some(hit) = self.rules_refuse(governance, &work, analysis.as_deref(), &who) {
+            // Refused by a rule: neither priced nor charged (the rules raise it again as the
+            // message goes out, and log it there).
+            return Ok(Step::Verdict(Some(hit)));
+        }
+        let upstream = self.upstream();
         let request = Request {
-            client_id: self.id,
-            tenant: &tenant,
             priority: identity.priority,
             kind,
             fingerprint,
-            upstream: &self.pool.key.db,
-            sent_at: self.last_client_activity,
-            // The client's own limit, when pgward follows it (track_extra_parameters).
-            statement_timeout: self
-                .params
-                .get("statement_timeout")
-                .and_then(crate::gate::parse_duration)
-                .filter(|d| !d.is_zero()),
             deadline: identity.deadline,
+            ..self.request(&tenant, &upstream)
         };
-        let decision = {
+        let (limits, decision) = {
             let mut gate = keeper.lock();
-            self.gate.limits = gate.timeouts(&tenant);
-            gate.admit(&request, now)
+            (gate.timeouts(&tenant), gate.admit(&request, now))
         };
+        self.gate.limits = limits;
         self.gate.tenant.clone_from(&tenant);
-        let mut pass = match decision {
+        let (mut pass, bypass) = match decision {
             Decision::Refuse(r) => return Ok(refused(&r)),
-            Decision::Bypass(_) => return Ok(Step::Verdict(None)),
-            Decision::Admit(pass) => pass,
+            Decision::Bypass(pass) => (pass, true),
+            Decision::Admit(pass) => (pass, false),
         };
         let mut plan = cached;
         loop {
-            // The server first, then the slot: a slot is never held by a client waiting for
-            // a server (one that holds its server, in a transaction, may wait for a slot).
-            if self.link.is_none() {
-                self.attach(io).await?;
-            }
-            if self.gate.slot.is_none() {
+            // The slot first, then the server: a client waiting for a slot holds no server
+            // (in session pooling it keeps its own). A client inside a transaction keeps
+            // its slot and its server to the end of it, and never waits for a slot: it may
+            // hold locks that the statements ahead of it in the queue wait for.
+            if self.gate.slot.is_none() && !self.in_transaction() {
                 match self.wait_for_slot(io, pass).await? {
                     SlotAnswer::Granted(p, guard) => {
                         pass = p;
@@ -415,6 +414,13 @@ impl Session {
                     }
                     SlotAnswer::Refused(_, r) => return Ok(refused(&r)),
                 }
+            }
+            if self.link.is_none() {
+                self.attach(io).await?;
+            }
+            if bypass {
+                self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
+                return Ok(Step::Verdict(None));
             }
             if let (None, Some(sql), Some(key), false) = (&plan, &sql, &key, deferred) {
                 let sizes = governance
@@ -445,19 +451,24 @@ impl Session {
             match spent {
                 Ok(Spent::Run { .. }) => {}
                 Err(r) => return Ok(refused(&r)),
-                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) if first => {
-                    // Wait again, in the slow lane or until the debt is paid back; a server
-                    // that owes nothing goes back to the pool meanwhile.
+                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
+                    if first && !self.in_transaction() =>
+                {
+                    // Wait again, in the slow lane or until the debt is paid back, holding
+                    // nothing: the server owes nothing and goes back to the pool meanwhile.
                     self.gate.slot = None;
                     self.maybe_release().await?;
                     continue;
                 }
-                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) if !self.gate.batch_open => {
+                Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
+                    if !self.gate.batch_open && !self.in_transaction() =>
+                {
                     // Earlier requests still run in this slot: wait until they are answered.
                     return Ok(Step::Hold);
                 }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
-                    // Inside an open batch on the server: it runs now, and pays in full.
+                    // Inside a transaction, or a batch already open on the server: it runs
+                    // now, and pays in full (into debt).
                     keeper.lock().force_spend(&mut pass, units, Instant::now());
                 }
             }
@@ -466,11 +477,183 @@ impl Session {
                     sql,
                     work,
                     key,
-                    tenant,
+                    tenant: tenant.clone(),
                 });
             }
+            self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
             self.start_timing(key);
             return Ok(Step::Verdict(None));
+        }
+    }
+
+    /// The PostgreSQL server this session's pool takes servers from, as the gate names it.
+    fn upstream(&self) -> String {
+        self.pool.settings_now().target.hosts.label().to_string()
+    }
+
+    /// A request of this session for the gate: a statement of normal priority with no
+    /// fingerprint or deadline tag, which the caller fills in.
+    fn request<'a>(&'a self, tenant: &'a str, upstream: &'a str) -> Request<'a> {
+        Request {
+            client_id: self.id,
+            tenant,
+            priority: crate::sql::Priority::Normal,
+            kind: RequestKind::Statement,
+            fingerprint: None,
+            upstream,
+            pool: &self.pool_label,
+            pool_size: self.pool_servers(),
+            sent_at: self.last_client_activity,
+            // The client's own limit, when pgward follows it (track_extra_parameters).
+            statement_timeout: self
+                .params
+                .get("statement_timeout")
+                .and_then(crate::gate::parse_duration)
+                .filter(|d| !d.is_zero()),
+            deadline: None,
+        }
+    }
+
+    /// Under a policy, a server is taken with a slot: messages that carry no request of
+    /// their own (a Parse, a Describe, a Sync alone) wait for one for the tenant of the
+    /// client's role, charged nothing. A wait that ends without one ends the session.
+    pub(super) async fn slot_for_server(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        let governance = self.governance.load().as_ref().clone();
+        let Some(governance) = governance else {
+            return Ok(());
+        };
+        let who = Who {
+            role: &self.user,
+            application_name: self.params.get("application_name").unwrap_or(""),
+            client_addr: self.client_addr,
+        };
+        let tenant = governance
+            .policy
+            .identify(&who, &crate::sql::Tags::default())
+            .tenant
+            .to_string();
+        let upstream = self.upstream();
+        let pass = {
+            let request = self.request(&tenant, &upstream);
+            self.rt
+                .gatekeeper
+                .lock()
+                .server_pass(&request, Instant::now())
+        };
+        match self.wait_for_slot(io, pass).await? {
+            SlotAnswer::Granted(_, guard) => {
+                self.gate.slot = Some(guard);
+                self.gate.tenant = tenant;
+                Ok(())
+            }
+            SlotAnswer::Refused(_, r) => Err(SessionError::Fatal(ErrorResponse::fatal(
+                r.sqlstate,
+                r.message.clone(),
+            ))),
+        }
+    }
+
+    /// With no server and no slot: if the first `len` bytes of `rbuf` (all gated) are simple
+    /// Queries the gate refused, each is answered here as PostgreSQL would outside a
+    /// transaction (the ErrorResponse, then ReadyForQuery), and consumed; true if so.
+    pub(super) fn answer_refusals_alone(&mut self, rbuf: &mut bytes::BytesMut, len: usize) -> bool {
+        if self.gate.verdicts.is_empty() || self.skip_to_sync {
+            return false;
+        }
+        let mut at = 0;
+        let mut n = 0;
+        while let Some(span) = frame_at(&rbuf[..len], at) {
+            if span.tag != tag::QUERY || !matches!(self.gate.verdicts.get(n), Some(Some(_))) {
+                return false;
+            }
+            at = span.end;
+            n += 1;
+        }
+        if n == 0 || at != len {
+            return false;
+        }
+        for hit in self.gate.verdicts.drain(..n).flatten() {
+            self.to_client
+                .extend_from_slice(&super::rules::error_message(&hit));
+            wire::encode_ready_for_query(&mut self.to_client, TxStatus::Idle);
+        }
+        self.hooks.received(len);
+        bytes::Buf::advance(rbuf, len);
+        self.gate.consumed(len);
+        true
+    }
+
+    /// Without a policy, while a kill may be in force: each request in the first `len`
+    /// bytes of `rbuf` not looked at yet is refused if its tenant (the client's role) is
+    /// killed. Returns how many bytes may go.
+    pub(super) fn kill_chunk(&mut self, rbuf: &[u8], len: usize) -> usize {
+        let now = Instant::now();
+        let mut gate = self.rt.gatekeeper.lock();
+        while let Some(span) = frame_at(&rbuf[..len], self.gate.gated) {
+            let kind = match span.tag {
+                tag::QUERY => {
+                    let text = QueryView::new(&rbuf[span.body()]).text;
+                    Some(
+                        std::str::from_utf8(text)
+                            .map_or(RequestKind::Statement, RequestKind::of_sql),
+                    )
+                }
+                tag::BIND | tag::FUNCTION_CALL => Some(RequestKind::Statement),
+                _ => None,
+            };
+            if let Some(kind) = kind {
+                let killed = match kind.killable() {
+                    true => gate.is_killed(&self.user, None, now).map(|t| t.describe()),
+                    false => None,
+                };
+                let hit = killed.map(|what| {
+                    gate.note_refusal(&self.user, RefusalReason::Killed, now);
+                    Refusal::killed(&what)
+                });
+                self.gate.verdicts.push_back(hit.as_ref().map(refusal_hit));
+            }
+            self.gate.gated = span.end;
+        }
+        self.gate.gated
+    }
+
+    /// Whether the client is inside a transaction block on its server (the last
+    /// ReadyForQuery said so).
+    fn in_transaction(&self) -> bool {
+        self.link
+            .as_ref()
+            .is_some_and(|l| l.server.tx != TxStatus::Idle)
+    }
+
+    /// The servers this session's pool may open, as the gate counts the upstream's slots.
+    fn pool_servers(&self) -> usize {
+        let settings = self.pool.settings_now();
+        let limits = &settings.limits;
+        match limits.max_db_connections {
+            0 => limits.pool_size,
+            cap => limits.pool_size.min(cap),
+        }
+    }
+
+    /// The rules' refusal of a request's text, read before the gate so that a refused
+    /// statement is neither priced nor charged: a Query, or the Bind of a statement whose
+    /// Parse has not gone out yet (the rules judge that Parse as it goes). A Bind of a
+    /// statement the server already has was judged when it was parsed.
+    fn rules_refuse(
+        &self,
+        governance: &Governance,
+        work: &Work,
+        analysis: Option<&crate::sql::Analysis>,
+        who: &Who,
+    ) -> Option<RuleHit> {
+        let judged = match work {
+            Work::Query(_) => true,
+            Work::Bind { fresh, .. } => *fresh,
+            Work::Function => false,
+        };
+        match governance.policy.judge(analysis.filter(|_| judged)?, who) {
+            crate::policy::Verdict::Reject(hit) => Some(hit),
+            _ => None,
         }
     }
 
@@ -527,16 +710,25 @@ impl Session {
     ) -> Result<SlotAnswer, SessionError> {
         let keeper = self.rt.gatekeeper.clone();
         let rt = self.rt.clone();
-        let upstream = self.pool.key.db.clone();
+        let upstream = pass.upstream.clone();
         let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, &over));
         tokio::pin!(acquire);
-        loop {
+        self.hooks.gate_wait_starts();
+        let answer = loop {
             tokio::select! {
                 biased;
-                answer = &mut acquire => return Ok(answer),
-                more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+                answer = &mut acquire => break answer,
+                more = io.fill(), if io.rbuf.len() < HIGH_WATER => {
+                    if let Err(e) = more {
+                        self.hooks.gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
+                        return Err(e);
+                    }
+                }
             }
-        }
+        };
+        self.hooks
+            .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
+        Ok(answer)
     }
 
     /// The plan of the request, from an EXPLAIN on the checked-out server (which owes the
@@ -569,6 +761,7 @@ impl Session {
             Work::Bind {
                 parsed: Some(p),
                 tail,
+                ..
             } => (&p.types, tail),
             _ => (&[0, 0], &[0, 0, 0, 0]),
         };
@@ -648,6 +841,20 @@ impl Session {
             .cost_limits(tenant)
             .check(plan, |r| self.rt.gatekeeper.size_of(&self.pool.key.db, r))?;
         let tables: Vec<String> = violation.tables.iter().map(|t| t.to_string()).collect();
+        if governance.policy.cost_warns(tenant) {
+            // Warn mode: logged and counted, and the statement runs.
+            tracing::info!(
+                client = self.id,
+                tenant,
+                rule = violation.rule.as_str(),
+                tables = %tables.join(", "),
+                "cost rule in warn mode: the statement would be refused"
+            );
+            let now = Instant::now();
+            let mut gate = self.rt.gatekeeper.lock();
+            gate.note_refusal(tenant, RefusalReason::CostWarned, now);
+            return None;
+        }
         tracing::warn!(
             client = self.id,
             tenant,
@@ -678,28 +885,41 @@ pub(super) fn statement_timeout_error(tenant: &str, limit: Duration) -> ErrorRes
     ))
 }
 
-/// Runaway eviction: the idle servers of the pools of `upstream` whose role belongs to a
-/// tenant holding more than its share while others wait are closed, so the servers it
-/// leaves go to the others (its new work already waits behind theirs in the gate).
-fn evict_runaways(rt: &Runtime, upstream: &str, over: &[Runaway]) {
+/// Runaway eviction: of the pools pooled onto `upstream`, idle servers that last ran the
+/// work of a tenant holding more than its share while others wait are closed, as many as
+/// the gate says (its excess, a few a second), so the servers it leaves go to the others
+/// (its new work already waits behind theirs in the gate). A server that has not run
+/// governed work yet belongs to the tenant of its pool's role.
+fn evict_runaways(rt: &Runtime, upstream: &str, over: &[(String, usize)]) {
     let governance = rt.governance.load();
     let Some(governance) = governance.as_ref() else {
         return;
     };
     let no_tags = crate::sql::Tags::default();
-    for pool in rt.pools.all() {
-        if pool.key.db != upstream {
-            continue;
-        }
-        let who = Who {
-            role: &pool.key.user,
-            application_name: "",
-            client_addr: None,
-        };
-        let tenant = governance.policy.identify(&who, &no_tags).tenant;
-        if let Some(r) = over.iter().find(|r| r.tenant == tenant) {
-            tracing::info!(tenant = %r.tenant, servers = r.servers, fair = r.fair, pool = %pool.key.user, "tenant over its share while others wait: its idle servers are closed");
-            pool.close_idle("evicted");
+    for (tenant, wanted) in over {
+        let mut left = *wanted;
+        for pool in rt.pools.all() {
+            if left == 0 {
+                break;
+            }
+            if pool.settings_now().target.hosts.label() != upstream {
+                continue;
+            }
+            let who = Who {
+                role: &pool.key.user,
+                application_name: "",
+                client_addr: None,
+            };
+            let of_role = governance.policy.identify(&who, &no_tags).tenant == tenant.as_str();
+            let closed = pool.close_idle_of(
+                left,
+                |last| last.map_or(of_role, |t| t == tenant.as_str()),
+                "evicted",
+            );
+            if closed > 0 {
+                tracing::info!(tenant = %tenant, closed, pool = %pool.key.user, "tenant over its share while others wait: idle servers it used are closed");
+            }
+            left -= closed;
         }
     }
 }
@@ -717,13 +937,18 @@ fn cancelled() -> RuleHit {
 
 /// A refusal by the gate as the request's verdict.
 fn refused(r: &Refusal) -> Step {
-    Step::Verdict(Some(RuleHit::refusal(
+    Step::Verdict(Some(refusal_hit(r)))
+}
+
+/// A refusal by the gate as a message's refusal.
+fn refusal_hit(r: &Refusal) -> RuleHit {
+    RuleHit::refusal(
         r.reason.as_str(),
         r.sqlstate,
         r.message.clone(),
         r.detail.clone(),
         r.hint.clone(),
-    )))
+    )
 }
 
 /// The row counts of the tables `plan` reads in full (`pg_class.reltuples`; -1 when never

@@ -142,6 +142,8 @@ pub struct Session {
     client_addr: Option<IpAddr>,
     rule_state: RuleState,
     pool: Arc<Pool>,
+    /// The pool as the gate counts it: `database/user`.
+    pool_label: String,
     mode: PoolMode,
     handle: Arc<ClientHandle>,
     params: ParamSet,
@@ -179,6 +181,8 @@ impl Session {
         hooks: SessionHooks,
     ) -> Self {
         let mode = pool.settings().mode;
+        // Without a policy a tenant is its role: KILL TENANT names it.
+        handle.set_work(&user, None);
         Session {
             id: hooks.client_id(),
             config: Cache::new(rt.config.clone()),
@@ -187,6 +191,7 @@ impl Session {
             user,
             client_addr,
             rule_state: RuleState::default(),
+            pool_label: format!("{}/{}", pool.key.db, pool.key.user),
             pool,
             mode,
             handle,
@@ -419,8 +424,11 @@ impl Session {
             // The admission gate (under a policy) may wait, and may read more messages. Each
             // async call costs even when it returns at once, so the common cases are checked
             // here.
-            let ready = match self.governance.load().as_ref().clone() {
+            let governance = self.governance.load().as_ref().clone();
+            let governed = governance.is_some();
+            let ready = match governance {
                 Some(governance) => self.gate_chunk(io, chunk.len, governance).await?,
+                None if self.rt.gatekeeper.may_have_kills() => self.kill_chunk(&io.rbuf, chunk.len),
                 None => chunk.len,
             };
             if ready == 0 {
@@ -428,6 +436,16 @@ impl Session {
                 return Ok(false);
             }
             if self.link.is_none() {
+                // Under a policy a server is taken only with a slot (messages that carry
+                // no request, such as a Parse alone, take one for their tenant too).
+                // Refusals of simple Queries are answered without one; other refused work
+                // borrows a server to fail on without a slot (it runs nothing).
+                if self.answer_refusals_alone(&mut io.rbuf, ready) {
+                    continue;
+                }
+                if governed && self.gate.slot.is_none() && self.gate.verdicts.is_empty() {
+                    self.slot_for_server(io).await?;
+                }
                 // Waiting may read more messages; scan again once attached.
                 self.attach(io).await?;
                 continue;
@@ -777,18 +795,21 @@ impl Session {
             return Ok(());
         }
         // PostgreSQL owes this client nothing: what ran unpriced in a batch is priced, and
-        // the gate's slot goes back.
+        // the gate's slot goes back, unless a transaction is open (it keeps its slot, as it
+        // keeps its server, to its end).
         if self.gate.has_deferred() {
             self.price_deferred().await?;
         }
-        self.gate.slot = None;
         self.gate.end_timing(&self.rt.gatekeeper);
-        if self.mode == PoolMode::Session {
-            return Ok(());
-        }
         let Some(link) = &self.link else {
             return Ok(());
         };
+        if self.mode == PoolMode::Session {
+            if link.server.tx == TxStatus::Idle {
+                self.gate.slot = None;
+            }
+            return Ok(());
+        }
         if link.server.tx != TxStatus::Idle {
             if self.mode == PoolMode::Statement {
                 return Err(statement_mode_refusal());
@@ -799,13 +820,19 @@ impl Session {
         Ok(())
     }
 
-    /// Gives the server back, once no cancel for it is still on its way.
+    /// Gives the server back, once no cancel for it is still on its way, then the slot.
     async fn release(&mut self) {
-        self.gate.slot = None;
         self.gate.abandon_deferred(&self.rt.gatekeeper);
         let Some(mut link) = self.link.take() else {
+            self.gate.slot = None;
             return;
         };
+        if !self.gate.tenant.is_empty() {
+            // Runaway eviction knows whose work an idle server last ran.
+            if link.server.last_tenant.as_deref() != Some(self.gate.tenant.as_str()) {
+                link.server.last_tenant = Some(Arc::from(self.gate.tenant.as_str()));
+            }
+        }
         self.hooks.released();
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
@@ -822,6 +849,10 @@ impl Session {
                 link.server.poison();
             }
         }
+        // The server is back in the pool before the slot goes to the next waiter, who
+        // then finds it idle.
+        drop(link);
+        self.gate.slot = None;
     }
 
     /// A session timeout fired: the server goes with the client, closed with the same reason
@@ -891,7 +922,13 @@ impl Session {
         let Some(link) = &mut self.link else {
             return;
         };
-        let clean = link.quiet(&self.to_server) && link.server.is_clean();
+        let quiet = link.quiet(&self.to_server);
+        let clean = quiet && link.server.is_clean();
+        if !quiet && !link.expected.is_empty() {
+            // What the client left running is cancelled on PostgreSQL before its server
+            // is closed: a vanished client's statement must not run on.
+            crate::cancel::cancel_and_wait(&link.server.addr, &link.server.key, CLOSE_GRACE).await;
+        }
         if !clean {
             link.server.poison();
         } else if self.mode == PoolMode::Session {

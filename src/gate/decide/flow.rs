@@ -12,6 +12,7 @@ impl<W> Gate<W> {
     /// budget check (reserve): if the tenant already owes units, there is no point paying
     /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
     pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
+        self.note_pool(req.upstream, req.pool, req.pool_size);
         if req.kind.killable() {
             if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
                 let refusal = Refusal::killed(&target.describe());
@@ -26,6 +27,16 @@ impl<W> Gate<W> {
             return Decision::Refuse(self.refused(req.tenant, Refusal::deadline(), now));
         }
         self.reserve(pass, now)
+    }
+
+    /// A pass for a client that needs a server for messages carrying no request of their
+    /// own (a Parse, a Describe, a Sync): no budget is looked at and nothing is charged, but
+    /// the server is taken with a slot like any other.
+    pub fn server_pass(&mut self, req: &Request, now: Instant) -> Pass {
+        self.note_pool(req.upstream, req.pool, req.pool_size);
+        let mut pass = self.new_pass(req, now);
+        pass.payment = Payment::Paid(0.0);
+        pass
     }
 
     fn new_pass(&mut self, req: &Request, now: Instant) -> Pass {
@@ -43,6 +54,7 @@ impl<W> Gate<W> {
             tenant: req.tenant.to_string(),
             priority: config.priority.unwrap_or(req.priority),
             kind: req.kind,
+            fingerprint: req.fingerprint,
             upstream: req.upstream.to_string(),
             lane: Lane::Fast,
             sent_at: req.sent_at,
@@ -198,9 +210,31 @@ impl<W> Gate<W> {
         amount
     }
 
-    /// `KILL TENANT` / `KILL STATEMENT`: 53000 for `duration`.
-    pub fn kill(&mut self, target: KillTarget, duration: Duration, now: Instant) {
-        self.kills.kill(target, duration, now);
+    /// `KILL TENANT` / `KILL STATEMENT`: 53000 for `duration`, for what comes and (unless
+    /// `soft`) for what waits now: the waiting tickets it stops are handed back, refused and
+    /// refunded, for the caller to answer.
+    pub fn kill(
+        &mut self,
+        target: KillTarget,
+        duration: Duration,
+        soft: bool,
+        now: Instant,
+    ) -> Vec<Expired<W>> {
+        self.kills.kill(target.clone(), duration, now);
+        if soft {
+            return Vec::new();
+        }
+        let refusal = Refusal::killed(&target.describe());
+        self.refuse_waiting(
+            |p| p.kind.killable() && target.stops(&p.tenant, p.fingerprint),
+            &refusal,
+            now,
+        )
+    }
+
+    /// Whether any kill may be in force.
+    pub fn has_kills(&self) -> bool {
+        self.kills.any()
     }
 
     /// `UNKILL`; whether there was such a kill.

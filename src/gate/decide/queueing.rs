@@ -1,4 +1,6 @@
-//! Slots and the wait for them.
+//! Slots and the wait for them. A decision (take a slot, serve the next waiter, give one
+//! back, withdraw a ticket) looks at the heads of the tenants' lines and at counts kept as
+//! tickets come and go, never at every waiting ticket.
 
 use super::*;
 
@@ -18,31 +20,79 @@ fn rank(
     })
 }
 
+/// One lane of one upstream, as SHOW LANES lists it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LaneRow {
+    /// The PostgreSQL server (host:port).
+    pub upstream: String,
+    /// The lane.
+    pub lane: Lane,
+    /// Slots the lane may hand out now: its own limit, within the servers its pools may
+    /// open.
+    pub limit: usize,
+    /// Slots held.
+    pub running: usize,
+    /// Tickets waiting.
+    pub waiting: usize,
+}
+
+/// Idle servers of runaway tenants that may be closed per second, per upstream.
+const EVICTIONS_PER_SECOND: f64 = 2.0;
+/// At most this many at once.
+const EVICTION_BURST: f64 = 4.0;
+
 impl<W> Gate<W> {
     /// Tenants of `upstream` holding more than their share while others wait there.
     pub fn runaways(&self, upstream: &str) -> Vec<Runaway> {
         let Some(up) = self.upstreams.get(upstream) else {
             return Vec::new();
         };
-        let mut waiting: BTreeMap<&str, usize> = BTreeMap::new();
-        for pass in up.queues().flat_map(|q| q.iter().map(|(p, _)| p)) {
-            *waiting.entry(pass.tenant.as_str()).or_default() += 1;
-        }
-        let names: BTreeSet<&str> = waiting
+        let names: BTreeSet<&str> = up
+            .waiting
             .keys()
-            .copied()
-            .chain(up.holding.keys().map(String::as_str))
+            .chain(up.holding.keys())
+            .map(String::as_str)
             .collect();
         let loads: Vec<TenantLoad> = names
             .into_iter()
             .map(|tenant| TenantLoad {
                 tenant,
                 servers: up.holding.get(tenant).copied().unwrap_or(0),
-                waiting: waiting.get(tenant).copied().unwrap_or(0),
+                waiting: up.waiting.get(tenant).copied().unwrap_or(0),
                 share: self.tenants.get(tenant).map_or(1.0, |t| t.config.share()),
             })
             .collect();
-        runaways(&loads, up.limits.fast + up.limits.slow)
+        runaways(&loads, up.slots())
+    }
+
+    /// How many idle servers of each runaway tenant of `upstream` to close now: each its
+    /// excess (rounded up), within a small budget per second, so that sustained pressure
+    /// closes a few servers a second and never all of them at every wait.
+    pub fn evictions(&mut self, upstream: &str, now: Instant) -> Vec<(String, usize)> {
+        let over = self.runaways(upstream);
+        if over.is_empty() {
+            return Vec::new();
+        }
+        let up = self.upstream_mut(upstream);
+        let refill = match up.evicted_at {
+            Some(at) => now.saturating_duration_since(at).as_secs_f64() * EVICTIONS_PER_SECOND,
+            None => EVICTION_BURST,
+        };
+        up.evict_tokens = (up.evict_tokens + refill).min(EVICTION_BURST);
+        up.evicted_at = Some(now);
+        let mut out = Vec::new();
+        for r in over {
+            let done = up.evicted.get(&r.tenant).copied().unwrap_or(0);
+            let excess = (r.excess().ceil().max(0.0) as usize).saturating_sub(done);
+            let n = excess.min(up.evict_tokens.floor() as usize);
+            if n == 0 {
+                continue;
+            }
+            up.evict_tokens -= n as f64;
+            *up.evicted.entry(r.tenant.clone()).or_default() += n;
+            out.push((r.tenant, n));
+        }
+        out
     }
 
     fn demoted(&self, upstream: &str) -> BTreeSet<String> {
@@ -50,7 +100,7 @@ impl<W> Gate<W> {
         let waiting = self
             .upstreams
             .get(upstream)
-            .is_some_and(|u| u.queues().any(|q| q.iter().next().is_some()));
+            .is_some_and(|u| !u.waiting.is_empty());
         if !waiting {
             return BTreeSet::new();
         }
@@ -69,13 +119,19 @@ impl<W> Gate<W> {
         let Gate {
             upstreams, tenants, ..
         } = self;
-        let up = upstreams.get_mut(&pass.upstream)?;
-        let (lane, limit) = up.lane(pass.lane);
-        let someone_first = lane
-            .queue
-            .best(|p| rank(tenants, &demoted, p, now))
-            .is_some();
-        if lane.active >= limit || someone_first {
+        let up = upstreams.get(&pass.upstream)?;
+        if !up.room(pass.lane) {
+            return None;
+        }
+        let someone_first = [Lane::Fast, Lane::Slow].into_iter().any(|lane| {
+            up.room(lane)
+                && up
+                    .lane_ref(lane)
+                    .queue
+                    .best(|p| rank(tenants, &demoted, p, now))
+                    .is_some()
+        });
+        if someone_first {
             return None;
         }
         Some(self.take_slot(pass, now))
@@ -99,11 +155,38 @@ impl<W> Gate<W> {
     pub fn enqueue(&mut self, mut pass: Pass, waiter: W, now: Instant) {
         pass.enqueued_at = Some(now);
         self.tenant_mut(&pass.tenant, now).waiting += 1;
-        self.upstream_mut(&pass.upstream)
-            .lane(pass.lane)
-            .0
-            .queue
-            .push(pass, waiter);
+        if let Some(end) = wait_end(&pass, self.settings.queue_timeout) {
+            self.ends.insert((end, pass.id));
+        }
+        self.located
+            .insert(pass.id, (pass.upstream.clone(), pass.lane));
+        let up = self.upstream_mut(&pass.upstream);
+        *up.waiting.entry(pass.tenant.clone()).or_default() += 1;
+        up.lane(pass.lane).0.queue.push(pass, waiter);
+    }
+
+    /// Takes the ticket `id` out of the queue it waits in, with every count that knows it.
+    fn take_waiting(&mut self, id: TicketId, now: Instant) -> Option<(Pass, W)> {
+        let (upstream, lane) = self.located.remove(&id)?;
+        let timeout = self.settings.queue_timeout;
+        let up = self.upstreams.get_mut(&upstream)?;
+        let (pass, waiter) = up.lane(lane).0.queue.remove(id)?;
+        if let Some(n) = up.waiting.get_mut(&pass.tenant) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                up.waiting.remove(&pass.tenant);
+            }
+        }
+        if up.waiting.is_empty() {
+            // The pressure is over: a tenant over its share next time is evicted anew.
+            up.evicted.clear();
+        }
+        if let Some(end) = wait_end(&pass, timeout) {
+            self.ends.remove(&(end, id));
+        }
+        let state = self.tenant_mut(&pass.tenant, now);
+        state.waiting = state.waiting.saturating_sub(1);
+        Some((pass, waiter))
     }
 
     /// Gives a free slot of the lane to the waiting ticket the gate chooses, if there is a
@@ -120,14 +203,16 @@ impl<W> Gate<W> {
         loop {
             let Gate {
                 upstreams, tenants, ..
-            } = &mut *self;
-            let (state, limit) = upstreams.get_mut(upstream)?.lane(lane);
-            if state.active >= limit {
+            } = &*self;
+            let up = upstreams.get(upstream)?;
+            if !up.room(lane) {
                 return None;
             }
-            let id = state.queue.best(|p| rank(tenants, &demoted, p, now))?;
-            let (pass, waiter) = state.queue.remove(id)?;
-            let pass = self.left_queue(pass, now);
+            let id = up
+                .lane_ref(lane)
+                .queue
+                .best(|p| rank(tenants, &demoted, p, now))?;
+            let (pass, waiter) = self.take_waiting(id, now)?;
             if live(&waiter) {
                 let slot = self.take_slot(&pass, now);
                 return Some(Granted { pass, slot, waiter });
@@ -138,24 +223,37 @@ impl<W> Gate<W> {
 
     /// Whether any ticket waits, in any lane.
     pub fn has_waiters(&self) -> bool {
-        self.upstreams
-            .values()
-            .any(|u| u.queues().any(|q| q.iter().next().is_some()))
+        !self.located.is_empty()
+    }
+
+    /// Hands out every slot of `upstream` that can be given now (after a release).
+    pub fn dispatch_upstream(
+        &mut self,
+        upstream: &str,
+        now: Instant,
+        live: impl Fn(&W) -> bool,
+    ) -> Vec<Granted<W>> {
+        let mut granted = Vec::new();
+        for lane in [Lane::Fast, Lane::Slow] {
+            while let Some(g) = self.next_waiter(upstream, lane, now, &live) {
+                granted.push(g);
+            }
+        }
+        granted
     }
 
     /// Hands out every slot that can be given now, in every lane (after a debt is paid back,
-    /// a release, or a change of limits).
+    /// or a change of limits).
     pub fn dispatch(&mut self, now: Instant, live: impl Fn(&W) -> bool) -> Vec<Granted<W>> {
-        let lanes: Vec<(String, Lane)> = self
+        let waiting: Vec<String> = self
             .upstreams
-            .keys()
-            .flat_map(|u| [(u.clone(), Lane::Fast), (u.clone(), Lane::Slow)])
+            .iter()
+            .filter(|(_, u)| !u.waiting.is_empty())
+            .map(|(name, _)| name.clone())
             .collect();
         let mut granted = Vec::new();
-        for (upstream, lane) in lanes {
-            while let Some(g) = self.next_waiter(&upstream, lane, now, &live) {
-                granted.push(g);
-            }
+        for upstream in waiting {
+            granted.extend(self.dispatch_upstream(&upstream, now, &live));
         }
         granted
     }
@@ -178,61 +276,111 @@ impl<W> Gate<W> {
 
     /// Takes a waiting ticket out (its client gave up or timed out on its own clock), refunded.
     pub fn withdraw(&mut self, id: TicketId, now: Instant) -> Option<(Pass, W)> {
-        let found = self
-            .upstreams
-            .values_mut()
-            .flat_map(|u| u.queues_mut())
-            .find_map(|q| q.remove(id));
-        let (pass, waiter) = found?;
-        let mut pass = self.left_queue(pass, now);
+        let (mut pass, waiter) = self.take_waiting(id, now)?;
         self.refund(&mut pass, now);
         Some((pass, waiter))
     }
 
     /// Ends the waits whose deadline (57014) or queue timeout (53000) has come, refunded.
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<W>> {
-        let timeout = self.settings.queue_timeout;
         let mut ended = Vec::new();
-        for up in self.upstreams.values_mut() {
-            for q in up.queues_mut() {
-                ended.extend(q.take_where(|p, _| wait_refusal(p, timeout, now).is_some()));
+        while let Some(&(end, id)) = self.ends.first() {
+            if end > now {
+                break;
             }
+            self.ends.pop_first();
+            let Some((mut pass, waiter)) = self.take_waiting(id, now) else {
+                continue;
+            };
+            let timeout = self.settings.queue_timeout;
+            let refusal = wait_refusal(&pass, timeout, now).unwrap_or_else(Refusal::deadline);
+            self.refund(&mut pass, now);
+            let refusal = self.refused(&pass.tenant, refusal, now);
+            ended.push(Expired {
+                pass,
+                waiter,
+                refusal,
+            });
         }
         ended
-            .into_iter()
-            .map(|(pass, waiter)| {
-                let refusal = wait_refusal(&pass, timeout, now).unwrap_or_else(Refusal::deadline);
-                let mut pass = self.left_queue(pass, now);
-                self.refund(&mut pass, now);
-                let refusal = self.refused(&pass.tenant, refusal, now);
-                Expired {
-                    pass,
-                    waiter,
-                    refusal,
-                }
-            })
-            .collect()
+    }
+
+    /// Answers every waiting ticket for which `hit` is true with `refusal` (refunded): a
+    /// kill refuses what is queued as well as what comes.
+    pub(super) fn refuse_waiting(
+        &mut self,
+        hit: impl Fn(&Pass) -> bool,
+        refusal: &Refusal,
+        now: Instant,
+    ) -> Vec<Expired<W>> {
+        let ids: Vec<TicketId> = self
+            .upstreams
+            .values()
+            .flat_map(|u| u.queues())
+            .flat_map(|q| q.iter())
+            .filter(|(p, _)| hit(p))
+            .map(|(p, _)| p.id)
+            .collect();
+        let mut out = Vec::new();
+        for id in ids {
+            let Some((mut pass, waiter)) = self.take_waiting(id, now) else {
+                continue;
+            };
+            self.refund(&mut pass, now);
+            let refusal = self.refused(&pass.tenant, refusal.clone(), now);
+            out.push(Expired {
+                pass,
+                waiter,
+                refusal,
+            });
+        }
+        out
     }
 
     /// When [`expire`](Self::expire) or [`dispatch`](Self::dispatch) next has work: the
     /// earliest deadline or queue timeout of a waiting ticket, or pay-back of a waiting debt.
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
-        let timeout = self.settings.queue_timeout;
-        let queues = || self.upstreams.values().flat_map(|u| u.queues());
-        let ends = queues()
-            .flat_map(|q| q.iter().map(|(p, _)| p))
-            .filter_map(|p| wait_end(p, timeout));
-        let paid = queues()
+        let end = self.ends.first().map(|(at, _)| *at);
+        let paid = self
+            .upstreams
+            .values()
+            .filter(|u| !u.waiting.is_empty())
+            .flat_map(|u| u.queues())
             .flat_map(|q| q.heads())
             .filter(|p| p.payment == Payment::AwaitingPayBack)
             .filter_map(|p| self.tenants.get(&p.tenant)?.paid_back_at(now));
-        ends.chain(paid).min()
+        end.into_iter().chain(paid).min()
     }
 
-    fn left_queue(&mut self, pass: Pass, now: Instant) -> Pass {
-        let state = self.tenant_mut(&pass.tenant, now);
-        state.waiting = state.waiting.saturating_sub(1);
-        pass
+    /// The queue timeout changed: every waiting ticket's end moves with it.
+    pub(super) fn recompute_ends(&mut self) {
+        let timeout = self.settings.queue_timeout;
+        self.ends = self
+            .upstreams
+            .values()
+            .flat_map(|u| u.queues())
+            .flat_map(|q| q.iter())
+            .filter_map(|(p, _)| Some((wait_end(p, timeout)?, p.id)))
+            .collect();
+    }
+
+    /// Every lane of every upstream, for SHOW LANES.
+    pub fn lanes(&self) -> Vec<LaneRow> {
+        self.upstreams
+            .iter()
+            .flat_map(|(name, up)| {
+                [Lane::Fast, Lane::Slow].map(|lane| {
+                    let state = up.lane_ref(lane);
+                    LaneRow {
+                        upstream: name.clone(),
+                        lane,
+                        limit: up.limit(lane),
+                        running: state.active,
+                        waiting: state.queue.len(),
+                    }
+                })
+            })
+            .collect()
     }
 
     fn drop_pass(&mut self, mut pass: Pass, now: Instant) {

@@ -32,4 +32,17 @@ impl<W> Gate<W> {
     pub fn forget_idle(&mut self, now: Instant) {
         self.tenants.retain(|_, t| !t.idle(now));
     }
+
+    /// A reload: every tenant with settings of its own that `keep` does not name (gone from
+    /// the policy, or set only with SET TENANT) is back to the defaults, budget and time
+    /// limits included.
+    pub fn reset_others(&mut self, keep: &BTreeSet<&str>) {
+        for (name, t) in self.tenants.iter_mut() {
+            if t.configured && !keep.contains(name.as_str()) {
+                t.config = TenantConfig::default();
+                t.bucket = None;
+                t.configured = false;
+            }
+        }
+    }
 }
