@@ -24,6 +24,7 @@ fn request(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         upstream: "127.0.0.1:5432",
         pool: "app/app",
         pool_size: SLOTS,
+        database: "app",
         sent_at: now,
         statement_timeout: None,
         deadline: None,
@@ -47,6 +48,7 @@ fn loaded(waiting: usize, now: Instant) -> (Gate<u64>, VecDeque<Slot>) {
             slow: 1,
         },
         jitter: 0.0,
+        per_database: None,
     };
     let mut gate = Gate::new(settings, 1);
     let mut held = VecDeque::new();

@@ -38,6 +38,9 @@ pub struct GateSettings {
     /// The random part of a budget refusal's retry time, as a fraction of the pay-back time
     /// (at least 50 ms), so refused clients do not all come back at once.
     pub jitter: f64,
+    /// `max_active_per_database`: slots one pgward database may hold on an upstream, beside
+    /// the lanes' limits (`None`: no cap of its own).
+    pub per_database: Option<usize>,
 }
 
 impl Default for GateSettings {
@@ -46,6 +49,7 @@ impl Default for GateSettings {
             queue_timeout: Some(Duration::from_secs(120)),
             lanes: LaneLimits { fast: 20, slow: 2 },
             jitter: 0.2,
+            per_database: None,
         }
     }
 }
@@ -157,6 +161,8 @@ struct Upstream<W> {
     slow: LaneState<W>,
     /// Slots held per tenant.
     holding: BTreeMap<String, usize>,
+    /// Slots held per pgward database.
+    by_database: BTreeMap<String, usize>,
     /// Tickets waiting per tenant, in either lane.
     waiting: BTreeMap<String, usize>,
     /// The pools pooled onto this server and the servers each may open.
@@ -179,6 +185,7 @@ impl<W> Upstream<W> {
             fast: LaneState::default(),
             slow: LaneState::default(),
             holding: BTreeMap::new(),
+            by_database: BTreeMap::new(),
             waiting: BTreeMap::new(),
             pools: BTreeMap::new(),
             capacity: usize::MAX,

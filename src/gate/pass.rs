@@ -38,6 +38,8 @@ pub struct Request<'a> {
     pub pool: &'a str,
     /// See `pool`.
     pub pool_size: usize,
+    /// The pgward database it runs in (`max_active_per_database`).
+    pub database: &'a str,
     /// When the client sent it: deadlines count from here.
     pub sent_at: Instant,
     /// The client's own `statement_timeout`, if not zero.
@@ -75,6 +77,8 @@ pub struct Pass {
     pub fingerprint: Option<Fingerprint>,
     /// The upstream.
     pub upstream: String,
+    /// The pgward database.
+    pub database: String,
     /// The lane it waits in.
     pub lane: Lane,
     /// When the client sent it.
@@ -107,6 +111,7 @@ impl Pass {
 pub struct Slot {
     pub(super) id: TicketId,
     pub(super) upstream: String,
+    pub(super) database: String,
     pub(super) lane: Lane,
     pub(super) tenant: String,
 }

@@ -16,6 +16,7 @@ fn gate() -> Gate<u64> {
             queue_timeout: Some(Duration::from_secs(5)),
             lanes: LaneLimits { fast: 2, slow: 1 },
             jitter: 0.2,
+            per_database: None,
         },
         7,
     )
@@ -35,6 +36,7 @@ fn req(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         upstream: UP,
         pool: "db1/app",
         pool_size: 100,
+        database: "db1",
         sent_at: now,
         statement_timeout: None,
         deadline: None,
@@ -852,4 +854,27 @@ fn waits_end_in_order_of_their_deadlines() {
     let ended: Vec<u64> = g.expire(t0 + secs(2.5)).iter().map(|e| e.waiter).collect();
     assert_eq!(ended, [2, 3]);
     assert_eq!(g.next_wake(t0), Some(t0 + secs(3.0)));
+}
+
+#[test]
+fn a_database_cap_holds_beside_the_lanes() {
+    let t0 = Instant::now();
+    let mut g: Gate<u64> = Gate::new(
+        GateSettings {
+            queue_timeout: None,
+            lanes: LaneLimits { fast: 4, slow: 1 },
+            jitter: 0.0,
+            per_database: Some(1),
+        },
+        7,
+    );
+    let one = admitted(g.admit(&req("a", 1, t0), t0));
+    let _held = g.try_acquire(&one, t0).expect("the database's one slot");
+    let two = admitted(g.admit(&req("a", 2, t0), t0));
+    assert!(g.try_acquire(&two, t0).is_none(), "a second slot for db1");
+    let mut r = req("a", 3, t0);
+    r.database = "db2";
+    r.pool = "db2/app";
+    let other = admitted(g.admit(&r, t0));
+    assert!(g.try_acquire(&other, t0).is_some(), "db2 has its own cap");
 }

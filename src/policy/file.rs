@@ -153,10 +153,12 @@ impl TenantFile {
 pub(super) struct GateFile {
     /// Longest wait for a slot or a budget ("0": until the statement's deadline).
     pub queue_timeout: Option<String>,
-    /// Statements running at once in the fast lane of each database.
+    /// Statements running at once in the fast lane of each PostgreSQL server.
     pub max_active: Option<u32>,
     /// The slow lane's limit.
     pub slow_active: Option<u32>,
+    /// Slots one pgward database may hold on a PostgreSQL server, beside `max_active`.
+    pub max_active_per_database: Option<u32>,
     /// Cost rules for every tenant that sets none of its own.
     pub max_cost: Option<f64>,
     pub max_scan_rows: Option<f64>,

@@ -600,6 +600,7 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
     if let Some(n) = raw.slow_active {
         lanes.slow = (n as usize).max(1);
     }
+    settings.per_database = raw.max_active_per_database.map(|n| (n as usize).max(1));
     Ok(GatePolicy {
         settings,
         cost_limits: CostLimits {

@@ -503,6 +503,7 @@ impl Session {
             upstream,
             pool: &self.pool_label,
             pool_size: self.pool_servers(),
+            database: &self.pool.key.db,
             sent_at: self.last_client_activity,
             // The client's own limit, when pgward follows it (track_extra_parameters).
             statement_timeout: self

@@ -56,6 +56,7 @@ impl<W> Gate<W> {
             kind: req.kind,
             fingerprint: req.fingerprint,
             upstream: req.upstream.to_string(),
+            database: req.database.to_string(),
             lane: Lane::Fast,
             sent_at: req.sent_at,
             deadline: within.and_then(|d| req.sent_at.checked_add(d)),

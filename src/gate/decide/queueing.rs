@@ -4,17 +4,38 @@
 
 use super::*;
 
+/// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
+/// of its databases holds there against `max_active_per_database`.
+struct Room<'a> {
+    demoted: BTreeSet<String>,
+    by_database: Option<&'a BTreeMap<String, usize>>,
+    per_database: Option<usize>,
+}
+
+impl Room<'_> {
+    fn database_ok(&self, database: &str) -> bool {
+        let held = self
+            .by_database
+            .and_then(|m| m.get(database))
+            .copied()
+            .unwrap_or(0);
+        self.per_database.is_none_or(|cap| held < cap)
+    }
+}
+
 /// Whether `pass` may take a slot now, and its tenant's rank.
 fn rank(
     tenants: &BTreeMap<String, TenantState>,
-    demoted: &BTreeSet<String>,
+    room: &Room,
     pass: &Pass,
     now: Instant,
 ) -> Option<Rank> {
     let state = tenants.get(&pass.tenant)?;
     let budget_ok = pass.payment != Payment::AwaitingPayBack || !state.owes(now);
     let in_time = pass.deadline.is_none_or(|d| d > now);
-    (budget_ok && in_time && state.has_room()).then(|| Rank {
+    let demoted = &room.demoted;
+    let may = budget_ok && in_time && state.has_room() && room.database_ok(&pass.database);
+    may.then(|| Rank {
         demoted: demoted.contains(&pass.tenant),
         score: state.recent.value(now) / state.config.share(),
     })
@@ -95,6 +116,14 @@ impl<W> Gate<W> {
         out
     }
 
+    fn room(&self, upstream: &str) -> Room<'_> {
+        Room {
+            demoted: self.demoted(upstream),
+            by_database: self.upstreams.get(upstream).map(|u| &u.by_database),
+            per_database: self.settings.per_database,
+        }
+    }
+
     fn demoted(&self, upstream: &str) -> BTreeSet<String> {
         // Nobody waits: nobody is a runaway (and nothing is allocated).
         let waiting = self
@@ -113,13 +142,10 @@ impl<W> Gate<W> {
     /// Takes a slot at once if the lane has one free and no waiting ticket may take it
     /// first; otherwise the caller queues the pass with [`enqueue`](Self::enqueue).
     pub fn try_acquire(&mut self, pass: &Pass, now: Instant) -> Option<Slot> {
-        let demoted = self.demoted(&pass.upstream);
-        rank(&self.tenants, &demoted, pass, now)?;
         self.upstream_mut(&pass.upstream);
-        let Gate {
-            upstreams, tenants, ..
-        } = self;
-        let up = upstreams.get(&pass.upstream)?;
+        let room = self.room(&pass.upstream);
+        rank(&self.tenants, &room, pass, now)?;
+        let up = self.upstreams.get(&pass.upstream)?;
         if !up.room(pass.lane) {
             return None;
         }
@@ -128,7 +154,7 @@ impl<W> Gate<W> {
                 && up
                     .lane_ref(lane)
                     .queue
-                    .best(|p| rank(tenants, &demoted, p, now))
+                    .best(|p| rank(&self.tenants, &room, p, now))
                     .is_some()
         });
         if someone_first {
@@ -141,10 +167,12 @@ impl<W> Gate<W> {
         let up = self.upstream_mut(&pass.upstream);
         up.lane(pass.lane).0.active += 1;
         *up.holding.entry(pass.tenant.clone()).or_default() += 1;
+        *up.by_database.entry(pass.database.clone()).or_default() += 1;
         self.tenant_mut(&pass.tenant, now).running += 1;
         Slot {
             id: pass.id,
             upstream: pass.upstream.clone(),
+            database: pass.database.clone(),
             lane: pass.lane,
             tenant: pass.tenant.clone(),
         }
@@ -171,12 +199,7 @@ impl<W> Gate<W> {
         let timeout = self.settings.queue_timeout;
         let up = self.upstreams.get_mut(&upstream)?;
         let (pass, waiter) = up.lane(lane).0.queue.remove(id)?;
-        if let Some(n) = up.waiting.get_mut(&pass.tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                up.waiting.remove(&pass.tenant);
-            }
-        }
+        uncount(&mut up.waiting, &pass.tenant);
         if up.waiting.is_empty() {
             // The pressure is over: a tenant over its share next time is evicted anew.
             up.evicted.clear();
@@ -199,19 +222,16 @@ impl<W> Gate<W> {
         now: Instant,
         live: impl Fn(&W) -> bool,
     ) -> Option<Granted<W>> {
-        let demoted = self.demoted(upstream);
         loop {
-            let Gate {
-                upstreams, tenants, ..
-            } = &*self;
-            let up = upstreams.get(upstream)?;
+            let room = self.room(upstream);
+            let up = self.upstreams.get(upstream)?;
             if !up.room(lane) {
                 return None;
             }
             let id = up
                 .lane_ref(lane)
                 .queue
-                .best(|p| rank(tenants, &demoted, p, now))?;
+                .best(|p| rank(&self.tenants, &room, p, now))?;
             let (pass, waiter) = self.take_waiting(id, now)?;
             if live(&waiter) {
                 let slot = self.take_slot(&pass, now);
@@ -264,12 +284,8 @@ impl<W> Gate<W> {
         let up = self.upstream_mut(&slot.upstream);
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
-        if let Some(n) = up.holding.get_mut(&slot.tenant) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                up.holding.remove(&slot.tenant);
-            }
-        }
+        uncount(&mut up.holding, &slot.tenant);
+        uncount(&mut up.by_database, &slot.database);
         let state = self.tenant_mut(&slot.tenant, now);
         state.running = state.running.saturating_sub(1);
     }
@@ -385,6 +401,16 @@ impl<W> Gate<W> {
 
     fn drop_pass(&mut self, mut pass: Pass, now: Instant) {
         self.refund(&mut pass, now);
+    }
+}
+
+/// One less for `key`; a count that reaches zero is dropped.
+fn uncount(counts: &mut BTreeMap<String, usize>, key: &str) {
+    if let Some(n) = counts.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            counts.remove(key);
+        }
     }
 }
 
