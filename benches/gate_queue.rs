@@ -24,6 +24,7 @@ fn request(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         upstream: "127.0.0.1:5432",
         pool: "app/app",
         pool_size: SLOTS,
+        database_cap: 0,
         database: "app",
         sent_at: now,
         statement_timeout: None,

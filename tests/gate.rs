@@ -898,3 +898,107 @@ mod dodges {
         );
     }
 }
+
+/// A console command, as `admin`, with psql.
+fn console_command(f: &Policed, sql: &str) -> Output {
+    common::psql_at(f.pw.port, "admin", None, "pgward", sql)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn session_pooling_takes_the_server_before_the_slot() {
+    // One server. A client holding it (session pooling) must get a slot for its next
+    // statement while a newcomer waits for the server: the newcomer must not hold the only
+    // slot while it waits.
+    let f = gated(
+        "[gate]\nqueue_timeout = \"20s\"\n",
+        "pool_mode = session\ndefault_pool_size = 1\nquery_wait_timeout = 20\n",
+    );
+    let owner = common::driver::must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    assert_eq!(
+        common::driver::must_value(&owner.client, "SELECT 1").await,
+        "1"
+    );
+    let newcomer = {
+        let connstr = f.pw.connstr("trustuser", None, "app");
+        tokio::spawn(async move {
+            let c = common::driver::must_connect(&connstr).await;
+            common::driver::value(&c.client, "SELECT 'newcomer'").await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let again = tokio::time::timeout(
+        Duration::from_secs(5),
+        common::driver::value(&owner.client, "SELECT 2"),
+    )
+    .await;
+    assert!(
+        matches!(again, Ok(Ok(ref v)) if v == "2"),
+        "the server's owner waited for a slot the newcomer held: {again:?} after {:?}",
+        started.elapsed()
+    );
+    drop(owner);
+    let got = tokio::time::timeout(Duration::from_secs(10), newcomer).await;
+    assert!(
+        matches!(got, Ok(Ok(Ok(ref v))) if v == "newcomer"),
+        "{got:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kill_while_a_prepare_waits_refuses_the_statement_not_the_session() {
+    let f = Fixture(gated(
+        "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n",
+        "default_pool_size = 4\nadmin_users = admin\n",
+    ));
+    // Another tenant holds the only slot.
+    let sleeper = psql_in_background(f.conn("postgres"), "SELECT pg_sleep(1.5)");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let c = common::driver::must_connect(&f.conn("trustuser")).await;
+    // The kill comes while the prepare waits for the slot.
+    let port = f.pw.port;
+    let kill = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        common::psql_at(
+            port,
+            "admin",
+            None,
+            "pgward",
+            "KILL TENANT trustuser FOR '1m'",
+        )
+    });
+    // The Parse carries no request: it waits for the slot and is prepared.
+    let statement = c
+        .client
+        .prepare("SELECT 41 + 1")
+        .await
+        .expect("a prepare is not refused by a kill");
+    let out = kill.join().expect("thread");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let err = c
+        .client
+        .query(&statement, &[])
+        .await
+        .expect_err("the killed tenant's statement runs");
+    assert_eq!(err.code().map(|c| c.code()), Some("53000"), "{err:?}");
+    let out = console_command(&f, "UNKILL TENANT trustuser");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let rows = c.client.query(&statement, &[]).await.expect("runs again");
+    assert_eq!(rows[0].get::<_, i32>(0), 42);
+    assert!(sleeper.join().expect("thread").status.success());
+}
+
+#[test]
+fn a_statement_refused_by_a_rule_with_no_server_is_logged() {
+    let f = Fixture::start("[[rules]]\nrule = \"deny_ddl\"\n");
+    let out = f.psql("trustuser", &["CREATE TABLE refused_here (a int)"]);
+    assert!(stderr_of(&out).contains("42501"), "{}", stderr_of(&out));
+    assert!(
+        common::eventually(Duration::from_secs(2), || f
+            .pw
+            .log()
+            .contains("statement refused")),
+        "{}",
+        f.pw.log()
+    );
+}

@@ -193,3 +193,38 @@ fn query_sent_with_terminate_still_runs() {
         count()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// A kill without a policy: a tenant is its role.
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_role_can_still_commit_with_a_prepared_statement() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "admin_users = admin\n");
+    let c = common::driver::must_connect(&pw.connstr("trustuser", None, "app")).await;
+    c.client.batch_execute("BEGIN").await.expect("begin");
+    let out = common::psql_at(
+        pw.port,
+        "admin",
+        None,
+        "pgward",
+        "KILL TENANT trustuser FOR '1m'",
+    );
+    assert!(out.status.success(), "{}", common::stderr_of(&out));
+    let err = c
+        .client
+        .query("SELECT 1", &[])
+        .await
+        .expect_err("a killed role's statement runs");
+    assert_eq!(err.code().map(|c| c.code()), Some("53000"), "{err:?}");
+    // The refusal failed the transaction; a prepared ROLLBACK still ends it.
+    let rollback = c.client.prepare("ROLLBACK").await.expect("prepare");
+    c.client
+        .execute(&rollback, &[])
+        .await
+        .expect("rollback goes through");
+    c.client
+        .batch_execute("BEGIN")
+        .await
+        .expect_err("BEGIN is refused");
+}

@@ -165,8 +165,10 @@ struct Upstream<W> {
     by_database: BTreeMap<String, usize>,
     /// Tickets waiting per tenant, in either lane.
     waiting: BTreeMap<String, usize>,
-    /// The pools pooled onto this server and the servers each may open.
-    pools: BTreeMap<String, usize>,
+    /// The pools pooled onto this server: each one's database and the servers it may open.
+    pools: BTreeMap<String, (String, usize)>,
+    /// Each database's `max_db_connections` (0: none).
+    database_caps: BTreeMap<String, usize>,
     /// Their sum: slots of both lanes together never exceed it, so a slot is a server.
     capacity: usize,
     /// Idle servers of runaway tenants that may still be closed (refilled per second).
@@ -188,6 +190,7 @@ impl<W> Upstream<W> {
             by_database: BTreeMap::new(),
             waiting: BTreeMap::new(),
             pools: BTreeMap::new(),
+            database_caps: BTreeMap::new(),
             capacity: usize::MAX,
             evict_tokens: 0.0,
             evicted_at: None,
@@ -277,16 +280,36 @@ impl<W> Gate<W> {
         }
     }
 
-    /// Records that the pool `pool` (database/user) is pooled onto `upstream` and may open
-    /// `servers` servers there: the upstream's slots never exceed the servers of its pools,
-    /// so a client holding a slot finds a server, and one waiting for a slot holds none.
-    pub fn note_pool(&mut self, upstream: &str, pool: &str, servers: usize) {
-        let up = self.upstream_mut(upstream);
-        if up.pools.get(pool) == Some(&servers) {
+    /// Records that the pool `pool` (database/user) of pgward database `database` is pooled
+    /// onto `upstream` and may open `servers` servers there, within `database_cap`
+    /// (`max_db_connections`, shared by the database's pools; 0: none): the upstream's slots
+    /// never exceed the servers its pools may open, so a client holding a slot finds a
+    /// server, and one waiting for a slot holds none.
+    pub fn note_pool(&mut self, req: &Request) {
+        let up = self.upstream_mut(req.upstream);
+        let entry = (req.database.to_string(), req.pool_size.max(1));
+        let same_pool = up.pools.get(req.pool) == Some(&entry);
+        let same_cap = up.database_caps.get(req.database) == Some(&req.database_cap);
+        if same_pool && same_cap {
             return;
         }
-        up.pools.insert(pool.to_string(), servers.max(1));
-        up.capacity = up.pools.values().fold(0usize, |a, n| a.saturating_add(*n));
+        up.pools.insert(req.pool.to_string(), entry);
+        up.database_caps
+            .insert(req.database.to_string(), req.database_cap);
+        let mut per_database: BTreeMap<&str, usize> = BTreeMap::new();
+        for (database, servers) in up.pools.values() {
+            let n = per_database.entry(database).or_default();
+            *n = n.saturating_add(*servers);
+        }
+        up.capacity = per_database
+            .into_iter()
+            .map(
+                |(db, n)| match up.database_caps.get(db).copied().unwrap_or(0) {
+                    0 => n,
+                    cap => n.min(cap),
+                },
+            )
+            .fold(0usize, usize::saturating_add);
     }
 
     /// Sets a tenant's settings (from the policy file). Its balance is kept, within the new

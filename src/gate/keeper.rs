@@ -195,11 +195,12 @@ impl Gatekeeper {
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
     /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
     /// When the ticket has to wait, `evict` is told how many idle servers of which tenants
-    /// holding more than their share while others wait may be closed now (a few a second).
+    /// holding more than their share while others wait may be closed now (a few a second),
+    /// and answers how many of each it closed.
     pub async fn acquire(
         self: &Arc<Self>,
         pass: Pass,
-        evict: impl FnOnce(Vec<(String, usize)>),
+        evict: impl FnOnce(&[(String, usize)]) -> Vec<usize>,
     ) -> SlotAnswer {
         let now = Instant::now();
         let (id, rx, over) = {
@@ -211,10 +212,16 @@ impl Gatekeeper {
             let id = pass.id;
             let upstream = pass.upstream.clone();
             gate.enqueue(pass, tx, now);
-            (id, rx, gate.evictions(&upstream, now))
+            let over = gate.evictions(&upstream, now);
+            (id, rx, (upstream, over))
         };
+        let (upstream, over) = over;
         if !over.is_empty() {
-            evict(over);
+            let closed = evict(&over);
+            let mut gate = self.lock();
+            for ((tenant, asked), closed) in over.iter().zip(closed) {
+                gate.evicted_fewer(&upstream, tenant, *asked, closed);
+            }
         }
         self.wake.notify_one();
         let mut withdraw = Withdraw {
@@ -240,9 +247,13 @@ impl Gatekeeper {
         let granted = {
             let mut gate = self.lock();
             let upstream = slot.upstream().to_string();
-            gate.release(slot, now);
+            let elsewhere = gate.release(slot, now);
             if !gate.has_waiters() {
                 return;
+            }
+            if elsewhere {
+                // Its tickets on other upstreams may take a slot now: the clock looks.
+                self.wake.notify_one();
             }
             gate.dispatch_upstream(&upstream, now, |w| !w.is_closed())
         };

@@ -22,6 +22,9 @@ pub enum RequestKind {
     Statement,
     /// Transaction control: never waits for a slot or a budget, charged `min_charge`.
     Transaction(TxControl),
+    /// Messages that carry no request of their own (a Parse, a Describe, a Sync alone): they
+    /// take a server with a slot, for nothing, and no kill or deadline refuses them.
+    Carrier,
 }
 
 impl RequestKind {

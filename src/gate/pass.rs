@@ -38,6 +38,8 @@ pub struct Request<'a> {
     pub pool: &'a str,
     /// See `pool`.
     pub pool_size: usize,
+    /// `max_db_connections` of its database, shared by the database's pools (0: none).
+    pub database_cap: usize,
     /// The pgward database it runs in (`max_active_per_database`).
     pub database: &'a str,
     /// When the client sent it: deadlines count from here.

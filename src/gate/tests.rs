@@ -36,6 +36,7 @@ fn req(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         upstream: UP,
         pool: "db1/app",
         pool_size: 100,
+        database_cap: 0,
         database: "db1",
         sent_at: now,
         statement_timeout: None,
@@ -877,4 +878,54 @@ fn a_database_cap_holds_beside_the_lanes() {
     r.pool = "db2/app";
     let other = admitted(g.admit(&r, t0));
     assert!(g.try_acquire(&other, t0).is_some(), "db2 has its own cap");
+}
+
+#[test]
+fn a_database_cap_shared_by_its_pools_bounds_the_slots() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_all_lanes(LaneLimits {
+        fast: usize::MAX,
+        slow: 1,
+    });
+    // Two users' pools of one database, 20 servers each, within max_db_connections = 20.
+    for pool in ["db1/alice", "db1/bob"] {
+        let mut r = req("a", 1, t0);
+        (r.pool, r.pool_size, r.database_cap) = (pool, 20, 20);
+        g.admit(&r, t0);
+    }
+    let fast = g.lanes().into_iter().find(|l| l.lane == Lane::Fast);
+    assert_eq!(fast.map(|l| l.limit), Some(20));
+}
+
+#[test]
+fn a_release_says_when_the_tenant_waits_on_another_upstream() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "max_active=1", t0);
+    let (_, slot) = run(&mut g, "a", 1.0, t0).expect("runs");
+    let mut r = req("a", 2, t0);
+    r.upstream = "other:5432";
+    let pass = admitted(g.admit(&r, t0));
+    assert!(g.try_acquire(&pass, t0).is_none(), "its max_active is full");
+    g.enqueue(pass, 2, t0);
+    assert!(g.release(slot, t0), "the other upstream must be looked at");
+    let granted = g.dispatch(t0, |_| true);
+    assert_eq!(granted.iter().map(|x| x.waiter).collect::<Vec<_>>(), [2]);
+}
+
+#[test]
+fn an_eviction_that_found_nothing_to_close_is_not_counted() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_lanes(UP, LaneLimits { fast: 8, slow: 0 });
+    let _rogue: Vec<Slot> = (0..8)
+        .map(|_| run(&mut g, "rogue", 1.0, t0).expect("runs").1)
+        .collect();
+    queued(&mut g, "innocent", 1, t0);
+    assert_eq!(g.evictions(UP, t0), [("rogue".to_string(), 4)]);
+    // Only one idle server was there to close: the other three are still owed.
+    g.evicted_fewer(UP, "rogue", 4, 1);
+    queued(&mut g, "innocent", 2, t0);
+    assert_eq!(g.evictions(UP, t0), [("rogue".to_string(), 3)]);
 }

@@ -402,10 +402,16 @@ impl Session {
         };
         let mut plan = cached;
         loop {
-            // The slot first, then the server: a client waiting for a slot holds no server
-            // (in session pooling it keeps its own). A client inside a transaction keeps
-            // its slot and its server to the end of it, and never waits for a slot: it may
-            // hold locks that the statements ahead of it in the queue wait for.
+            // The slot first, then the server: a client waiting for a slot holds no server.
+            // In session pooling the server is the client's own for the whole session: it
+            // is taken first (never while holding a slot, which a client holding its server
+            // may be waiting for), and each request waits for its slot holding it. A client
+            // inside a transaction keeps its slot and its server to the end of it, and never
+            // waits for a slot: it may hold locks that the statements ahead of it in the
+            // queue wait for.
+            if self.link.is_none() && self.mode == crate::config::PoolMode::Session {
+                self.attach(io).await?;
+            }
             if self.gate.slot.is_none() && !self.in_transaction() {
                 match self.wait_for_slot(io, pass).await? {
                     SlotAnswer::Granted(p, guard) => {
@@ -455,9 +461,10 @@ impl Session {
                     if first && !self.in_transaction() =>
                 {
                     // Wait again, in the slow lane or until the debt is paid back, holding
-                    // nothing: the server owes nothing and goes back to the pool meanwhile.
-                    self.gate.slot = None;
+                    // nothing: the server owes nothing and goes back to the pool meanwhile
+                    // (before the slot, so the next holder finds it).
                     self.maybe_release().await?;
+                    self.gate.slot = None;
                     continue;
                 }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
@@ -494,6 +501,7 @@ impl Session {
     /// A request of this session for the gate: a statement of normal priority with no
     /// fingerprint or deadline tag, which the caller fills in.
     fn request<'a>(&'a self, tenant: &'a str, upstream: &'a str) -> Request<'a> {
+        let limits = self.pool.settings_now().limits.clone();
         Request {
             client_id: self.id,
             tenant,
@@ -502,7 +510,8 @@ impl Session {
             fingerprint: None,
             upstream,
             pool: &self.pool_label,
-            pool_size: self.pool_servers(),
+            pool_size: limits.pool_size,
+            database_cap: limits.max_db_connections,
             database: &self.pool.key.db,
             sent_at: self.last_client_activity,
             // The client's own limit, when pgward follows it (track_extra_parameters).
@@ -574,6 +583,7 @@ impl Session {
             return false;
         }
         for hit in self.gate.verdicts.drain(..n).flatten() {
+            tracing::warn!(client = self.id, rule = %hit.rule, fingerprint = %hit.fingerprint, "statement refused");
             self.to_client
                 .extend_from_slice(&super::rules::error_message(&hit));
             wire::encode_ready_for_query(&mut self.to_client, TxStatus::Idle);
@@ -589,33 +599,45 @@ impl Session {
     /// killed. Returns how many bytes may go.
     pub(super) fn kill_chunk(&mut self, rbuf: &[u8], len: usize) -> usize {
         let now = Instant::now();
-        let mut gate = self.rt.gatekeeper.lock();
         while let Some(span) = frame_at(&rbuf[..len], self.gate.gated) {
+            let body = &rbuf[span.body()];
             let kind = match span.tag {
-                tag::QUERY => {
-                    let text = QueryView::new(&rbuf[span.body()]).text;
-                    Some(
-                        std::str::from_utf8(text)
-                            .map_or(RequestKind::Statement, RequestKind::of_sql),
-                    )
+                tag::QUERY => Some(kind_of(QueryView::new(body).text)),
+                // A Bind is what its statement is: a prepared COMMIT or ROLLBACK still ends
+                // the client's transaction.
+                tag::BIND => Some(
+                    BindView::new(body)
+                        .ok()
+                        .and_then(|b| self.statement_of(b.statement))
+                        .map_or(RequestKind::Statement, |p| RequestKind::of_sql(&p.text)),
+                ),
+                tag::FUNCTION_CALL => Some(RequestKind::Statement),
+                tag::PARSE => {
+                    self.note_parse(body);
+                    None
                 }
-                tag::BIND | tag::FUNCTION_CALL => Some(RequestKind::Statement),
+                tag::CLOSE => {
+                    self.note_close(body);
+                    None
+                }
                 _ => None,
             };
             if let Some(kind) = kind {
-                let killed = match kind.killable() {
-                    true => gate.is_killed(&self.user, None, now).map(|t| t.describe()),
-                    false => None,
-                };
-                let hit = killed.map(|what| {
-                    gate.note_refusal(&self.user, RefusalReason::Killed, now);
-                    Refusal::killed(&what)
-                });
+                let hit = kind.killable().then(|| self.killed_role(now)).flatten();
                 self.gate.verdicts.push_back(hit.as_ref().map(refusal_hit));
             }
             self.gate.gated = span.end;
         }
         self.gate.gated
+    }
+
+    /// The refusal of a request of the client's role, if a kill of it is in force (and then
+    /// counted).
+    fn killed_role(&self, now: Instant) -> Option<Refusal> {
+        let mut gate = self.rt.gatekeeper.lock();
+        let what = gate.is_killed(&self.user, None, now)?.describe();
+        gate.note_refusal(&self.user, RefusalReason::Killed, now);
+        Some(Refusal::killed(&what))
     }
 
     /// Whether the client is inside a transaction block on its server (the last
@@ -624,16 +646,6 @@ impl Session {
         self.link
             .as_ref()
             .is_some_and(|l| l.server.tx != TxStatus::Idle)
-    }
-
-    /// The servers this session's pool may open, as the gate counts the upstream's slots.
-    fn pool_servers(&self) -> usize {
-        let settings = self.pool.settings_now();
-        let limits = &settings.limits;
-        match limits.max_db_connections {
-            0 => limits.pool_size,
-            cap => limits.pool_size.min(cap),
-        }
     }
 
     /// The rules' refusal of a request's text, read before the gate so that a refused
@@ -712,7 +724,7 @@ impl Session {
         let keeper = self.rt.gatekeeper.clone();
         let rt = self.rt.clone();
         let upstream = pass.upstream.clone();
-        let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, &over));
+        let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, over));
         tokio::pin!(acquire);
         self.hooks.gate_wait_starts();
         let answer = loop {
@@ -891,12 +903,13 @@ pub(super) fn statement_timeout_error(tenant: &str, limit: Duration) -> ErrorRes
 /// the gate says (its excess, a few a second), so the servers it leaves go to the others
 /// (its new work already waits behind theirs in the gate). A server that has not run
 /// governed work yet belongs to the tenant of its pool's role.
-fn evict_runaways(rt: &Runtime, upstream: &str, over: &[(String, usize)]) {
+fn evict_runaways(rt: &Runtime, upstream: &str, over: &[(String, usize)]) -> Vec<usize> {
     let governance = rt.governance.load();
     let Some(governance) = governance.as_ref() else {
-        return;
+        return vec![0; over.len()];
     };
     let no_tags = crate::sql::Tags::default();
+    let mut done = Vec::with_capacity(over.len());
     for (tenant, wanted) in over {
         let mut left = *wanted;
         for pool in rt.pools.all() {
@@ -922,7 +935,9 @@ fn evict_runaways(rt: &Runtime, upstream: &str, over: &[(String, usize)]) {
             }
             left -= closed;
         }
+        done.push(wanted - left);
     }
+    done
 }
 
 /// The answer to a request whose pricing the client's own cancel stopped.
@@ -993,6 +1008,11 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
         sqlstate::CONNECTION_FAILURE,
         format!("server connection failed while pricing a statement: {e}"),
     ))
+}
+
+/// The kind of a statement text (not UTF-8: work).
+fn kind_of(text: &[u8]) -> RequestKind {
+    std::str::from_utf8(text).map_or(RequestKind::Statement, RequestKind::of_sql)
 }
 
 /// The text of a Query body.

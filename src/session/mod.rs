@@ -438,12 +438,13 @@ impl Session {
             if self.link.is_none() {
                 // Under a policy a server is taken only with a slot (messages that carry
                 // no request, such as a Parse alone, take one for their tenant too).
-                // Refusals of simple Queries are answered without one; other refused work
-                // borrows a server to fail on without a slot (it runs nothing).
+                // Refusals of simple Queries are answered without one. Anything else takes a
+                // slot first (pooled modes: in session pooling the server is the client's own,
+                // taken once, and each request waits for its slot holding it).
                 if self.answer_refusals_alone(&mut io.rbuf, ready) {
                     continue;
                 }
-                if governed && self.gate.slot.is_none() && self.gate.verdicts.is_empty() {
+                if governed && self.gate.slot.is_none() && self.mode != PoolMode::Session {
                     self.slot_for_server(io).await?;
                 }
                 // Waiting may read more messages; scan again once attached.
@@ -868,10 +869,10 @@ impl Session {
                     // Stop what the server is running before closing it.
                     crate::cancel::cancel_in_background(&link.server.addr, &link.server.key);
                 }
-                self.gate.slot = None;
                 self.gate.abandon_deferred(&self.rt.gatekeeper);
                 self.handle.detach();
                 link.server.close(&err.message);
+                self.gate.slot = None;
             }
         }
         SessionError::Fatal(err)
@@ -903,13 +904,13 @@ impl Session {
 
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
-        self.gate.slot = None;
         self.gate.abandon_deferred(&self.rt.gatekeeper);
         self.gate.timing = admit::Timing::Idle;
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();
         }
+        self.gate.slot = None;
         SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::CONNECTION_FAILURE,
             "server closed the connection unexpectedly".to_string(),

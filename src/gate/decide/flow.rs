@@ -1,6 +1,7 @@
 //! Admission, spending and refunds; kills.
 
 use super::*;
+use crate::gate::RequestKind;
 
 impl<W> Gate<W> {
     fn next_ticket(&mut self) -> TicketId {
@@ -12,7 +13,7 @@ impl<W> Gate<W> {
     /// budget check (reserve): if the tenant already owes units, there is no point paying
     /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
     pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
-        self.note_pool(req.upstream, req.pool, req.pool_size);
+        self.note_pool(req);
         if req.kind.killable() {
             if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
                 let refusal = Refusal::killed(&target.describe());
@@ -33,8 +34,10 @@ impl<W> Gate<W> {
     /// own (a Parse, a Describe, a Sync): no budget is looked at and nothing is charged, but
     /// the server is taken with a slot like any other.
     pub fn server_pass(&mut self, req: &Request, now: Instant) -> Pass {
-        self.note_pool(req.upstream, req.pool, req.pool_size);
+        self.note_pool(req);
         let mut pass = self.new_pass(req, now);
+        pass.kind = RequestKind::Carrier;
+        pass.deadline = None;
         pass.payment = Payment::Paid(0.0);
         pass
     }

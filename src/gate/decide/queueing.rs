@@ -124,6 +124,20 @@ impl<W> Gate<W> {
         }
     }
 
+    /// Of `asked` idle servers of `tenant` that [`evictions`](Self::evictions) said to close,
+    /// only `closed` were there: the rest is not counted as done, and its tokens come back.
+    pub fn evicted_fewer(&mut self, upstream: &str, tenant: &str, asked: usize, closed: usize) {
+        let missing = asked.saturating_sub(closed);
+        if missing == 0 {
+            return;
+        }
+        let up = self.upstream_mut(upstream);
+        if let Some(done) = up.evicted.get_mut(tenant) {
+            *done = done.saturating_sub(missing);
+        }
+        up.evict_tokens = (up.evict_tokens + missing as f64).min(EVICTION_BURST);
+    }
+
     fn demoted(&self, upstream: &str) -> BTreeSet<String> {
         // Nobody waits: nobody is a runaway (and nothing is allocated).
         let waiting = self
@@ -279,8 +293,10 @@ impl<W> Gate<W> {
     }
 
     /// A slot comes back: PostgreSQL owes its client nothing more. The caller then offers it
-    /// with [`next_waiter`](Self::next_waiter).
-    pub fn release(&mut self, slot: Slot, now: Instant) {
+    /// with [`next_waiter`](Self::next_waiter). True when the tenant's own `max_active` may
+    /// have held back its tickets on other upstreams too: then every upstream is looked at
+    /// ([`dispatch`](Self::dispatch)).
+    pub fn release(&mut self, slot: Slot, now: Instant) -> bool {
         let up = self.upstream_mut(&slot.upstream);
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
@@ -288,6 +304,7 @@ impl<W> Gate<W> {
         uncount(&mut up.by_database, &slot.database);
         let state = self.tenant_mut(&slot.tenant, now);
         state.running = state.running.saturating_sub(1);
+        state.config.max_active.is_some() && state.waiting > 0
     }
 
     /// Takes a waiting ticket out (its client gave up or timed out on its own clock), refunded.
