@@ -756,6 +756,16 @@ fn the_servers_of_the_pools_cap_the_slots_of_an_upstream() {
     assert!(g.try_acquire(&pass, t0).is_some());
 }
 
+/// A gate whose upstream has eight fast slots, every one held by the tenant `rogue`.
+fn rogue_holds_eight(t0: Instant) -> (Gate<u64>, Vec<Slot>) {
+    let mut g = gate();
+    g.set_lanes(UP, LaneLimits { fast: 8, slow: 0 });
+    let slots = (0..8)
+        .map(|_| run(&mut g, "rogue", 1.0, t0).expect("runs").1)
+        .collect();
+    (g, slots)
+}
+
 /// Queues a statement of `tenant`; its ticket.
 fn queued(g: &mut Gate<u64>, tenant: &str, client: u64, now: Instant) -> TicketId {
     let pass = admitted(g.admit(&req(tenant, client, now), now));
@@ -767,11 +777,7 @@ fn queued(g: &mut Gate<u64>, tenant: &str, client: u64, now: Instant) -> TicketI
 #[test]
 fn eviction_closes_the_excess_once_and_a_few_a_second() {
     let t0 = Instant::now();
-    let mut g = gate();
-    g.set_lanes(UP, LaneLimits { fast: 8, slow: 0 });
-    let _rogue: Vec<Slot> = (0..8)
-        .map(|_| run(&mut g, "rogue", 1.0, t0).expect("runs").1)
-        .collect();
+    let (mut g, _rogue) = rogue_holds_eight(t0);
     let first = queued(&mut g, "innocent", 1, t0);
     // Fair part 4 of 8: an excess of 4, closed at once (a burst of 4).
     let rogue = |n| vec![("rogue".to_string(), n)];
@@ -917,11 +923,7 @@ fn a_release_says_when_the_tenant_waits_on_another_upstream() {
 #[test]
 fn an_eviction_that_found_nothing_to_close_is_not_counted() {
     let t0 = Instant::now();
-    let mut g = gate();
-    g.set_lanes(UP, LaneLimits { fast: 8, slow: 0 });
-    let _rogue: Vec<Slot> = (0..8)
-        .map(|_| run(&mut g, "rogue", 1.0, t0).expect("runs").1)
-        .collect();
+    let (mut g, _rogue) = rogue_holds_eight(t0);
     queued(&mut g, "innocent", 1, t0);
     assert_eq!(g.evictions(UP, t0), [("rogue".to_string(), 4)]);
     // Only one idle server was there to close: the other three are still owed.
