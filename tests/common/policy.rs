@@ -19,6 +19,17 @@ impl Policed {
     /// PostgreSQL with `schema`, and pgward in transaction mode (trust) with `policy` as its
     /// policy file and `settings` (one `key = value` per line) added to its ini.
     pub fn start(schema: &str, policy: &str, settings: &str) -> Policed {
+        Policed::start_with_databases(schema, policy, settings, "")
+    }
+
+    /// Like [`Policed::start`], with the extra `[databases]` lines `databases` (see
+    /// [`Pgward::ini`]); `{pg}` in them stands for the new server's `host=... port=...`.
+    pub fn start_with_databases(
+        schema: &str,
+        policy: &str,
+        settings: &str,
+        databases: &str,
+    ) -> Policed {
         let pg = Postgres::start();
         pg.sql(schema);
         let dir = shared_tempdir("pgward-policy-");
@@ -28,7 +39,8 @@ impl Policed {
             "auth_type = trust\npool_mode = transaction\n{settings}policy_file = {}\n",
             path.display()
         );
-        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        let databases = databases.replace("{pg}", &format!("host={} port={}", pg.host, pg.port));
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, &databases));
         Policed {
             pg,
             pw,
