@@ -86,6 +86,10 @@ struct TenantState {
     charged: f64,
     waiting: usize,
     running: usize,
+    /// Slots held by its requests that have not paid yet (priced, or waiting for pay-back):
+    /// a tenant with a budget has at most one, so its waiting requests do not all take
+    /// slots (and servers) at once only to find, one by one, that it owes.
+    unpaid: BTreeSet<TicketId>,
     refusals: BTreeMap<RefusalReason, u64>,
 }
 
@@ -99,6 +103,7 @@ impl TenantState {
             charged: 0.0,
             waiting: 0,
             running: 0,
+            unpaid: BTreeSet::new(),
             refusals: BTreeMap::new(),
         }
     }
@@ -132,6 +137,12 @@ impl TenantState {
 
     fn has_room(&self) -> bool {
         self.config.max_active.is_none_or(|m| self.running < m)
+    }
+
+    /// Whether `pass` may take a slot as far as paying goes: a paid pass always; an unpaid
+    /// one of a tenant with a budget only while no other unpaid one holds a slot.
+    fn may_pay(&self, pass: &Pass) -> bool {
+        matches!(pass.payment, Payment::Paid(_)) || self.bucket.is_none() || self.unpaid.is_empty()
     }
 
     fn idle(&self, now: Instant) -> bool {

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use crate::cost::{PlanCache, PlanKey, Relation, PLAN_CAPACITY, PLAN_TTL};
+use crate::gate::Spent;
 use crate::gate::TenantConfig;
-use crate::gate::{Expired, Gate, GateSettings, Granted, KillTarget, Pass, Refusal, Slot};
+use crate::gate::{Cost, Expired, Gate, GateSettings, Granted, KillTarget, Pass, Refusal, Slot};
 
 /// How a waiting ticket hears the end of its wait.
 pub type SlotWaiter = oneshot::Sender<SlotAnswer>;
@@ -238,6 +239,44 @@ impl Gatekeeper {
                 let pass = self.lock().withdraw(id, Instant::now()).map(|(p, _)| p);
                 SlotAnswer::Refused(pass, Refusal::queue_timeout(now.elapsed()))
             }
+        }
+    }
+
+    /// [`Gate::spend`]; a priced request lets its tenant's next unpaid one take a slot, so
+    /// the slots that can be given now are handed out.
+    pub fn spend(self: &Arc<Self>, pass: &mut Pass, cost: Cost) -> Result<Spent, Refusal> {
+        let now = Instant::now();
+        let (spent, granted) = {
+            let mut gate = self.lock();
+            let spent = gate.spend(pass, cost, now);
+            (spent, self.offer(&mut gate, &pass.upstream, now))
+        };
+        self.deliver(granted);
+        spent
+    }
+
+    /// [`Gate::force_spend`], then as [`spend`](Self::spend).
+    pub fn force_spend(self: &Arc<Self>, pass: &mut Pass, units: f64) -> f64 {
+        let now = Instant::now();
+        let (charged, granted) = {
+            let mut gate = self.lock();
+            let charged = gate.force_spend(pass, units, now);
+            (charged, self.offer(&mut gate, &pass.upstream, now))
+        };
+        self.deliver(granted);
+        charged
+    }
+
+    /// The slots of `upstream` that can be given now, if anyone waits.
+    fn offer(
+        &self,
+        gate: &mut Gate<SlotWaiter>,
+        upstream: &str,
+        now: Instant,
+    ) -> Vec<Granted<SlotWaiter>> {
+        match gate.has_waiters() {
+            true => gate.dispatch_upstream(upstream, now, |w| !w.is_closed()),
+            false => Vec::new(),
         }
     }
 

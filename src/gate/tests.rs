@@ -931,3 +931,27 @@ fn an_eviction_that_found_nothing_to_close_is_not_counted() {
     queued(&mut g, "innocent", 2, t0);
     assert_eq!(g.evictions(UP, t0), [("rogue".to_string(), 3)]);
 }
+
+#[test]
+fn a_budgeted_tenant_has_one_unpaid_request_in_a_slot_at_a_time() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_lanes(UP, LaneLimits { fast: 8, slow: 1 });
+    budget(&mut g, "rogue", "rate=1 burst=100 when_over=wait", t0);
+    let mut first = admitted(g.admit(&req("rogue", 1, t0), t0));
+    let slot = g.try_acquire(&first, t0).expect("a slot to be priced in");
+    // Its other requests do not take slots (and servers) to learn, one by one, that it owes.
+    let second = admitted(g.admit(&req("rogue", 2, t0), t0));
+    assert!(g.try_acquire(&second, t0).is_none());
+    g.enqueue(second, 2, t0);
+    // Another tenant is not held back.
+    let other = admitted(g.admit(&req("other", 3, t0), t0));
+    assert!(g.try_acquire(&other, t0).is_some());
+    // Priced and charged into debt: the next may take a slot, and learns it owes.
+    g.spend(&mut first, cost(500.0), t0).expect("runs");
+    let next = g
+        .next_waiter(UP, Lane::Fast, t0, |_| true)
+        .expect("the next unpaid request");
+    assert_eq!(next.waiter, 2);
+    g.release(slot, t0);
+}

@@ -401,6 +401,23 @@ impl Session {
             Decision::Admit(pass) => (pass, false),
         };
         let mut plan = cached;
+        // A price already known is charged before any wait: a request its tenant cannot pay
+        // for waits for pay-back holding no slot, and one refused by a cost rule is refused
+        // before it takes anything.
+        let mut ruled = false;
+        if let (Some(known), false, false) = (&plan, deferred, bypass) {
+            if let Some(hit) = self.cost_rules(governance, &tenant, Some(known)) {
+                keeper
+                    .lock()
+                    .note_refusal(&tenant, RefusalReason::Cost, now);
+                return Ok(Step::Verdict(Some(hit)));
+            }
+            ruled = true;
+            let cost = self.cost_of(Some(known), key.as_ref());
+            if let Err(r) = keeper.spend(&mut pass, cost) {
+                return Ok(refused(&r));
+            }
+        }
         loop {
             // The slot first, then the server: a client waiting for a slot holds no server.
             // In session pooling the server is the client's own for the whole session: it
@@ -439,21 +456,19 @@ impl Session {
                     Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
                 }
             }
-            if let Some(hit) = self.cost_rules(governance, &tenant, plan.as_deref()) {
+            let verdict = match ruled {
+                true => None,
+                false => self.cost_rules(governance, &tenant, plan.as_deref()),
+            };
+            if let Some(hit) = verdict {
                 keeper
                     .lock()
                     .note_refusal(&tenant, RefusalReason::Cost, Instant::now());
                 return Ok(Step::Verdict(Some(hit)));
             }
             let units = plan.as_ref().map_or(0.0, |p| p.total_cost);
-            // What the statement usually takes, as a rate, so the gate can tell whether it
-            // can still finish before its deadline.
-            let usual = key.as_ref().and_then(|k| keeper.usual_time(k));
-            let cost = Cost {
-                units,
-                seconds_per_unit: usual.map(|d| d.as_secs_f64() / units.max(f64::MIN_POSITIVE)),
-            };
-            let spent = keeper.lock().spend(&mut pass, cost, Instant::now());
+            let cost = self.cost_of(plan.as_deref(), key.as_ref());
+            let spent = keeper.spend(&mut pass, cost);
             match spent {
                 Ok(Spent::Run { .. }) => {}
                 Err(r) => return Ok(refused(&r)),
@@ -476,7 +491,7 @@ impl Session {
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
                     // Inside a transaction, or a batch already open on the server: it runs
                     // now, and pays in full (into debt).
-                    keeper.lock().force_spend(&mut pass, units, Instant::now());
+                    keeper.force_spend(&mut pass, units);
                 }
             }
             if let (true, Some(sql), Some(key)) = (deferred, sql, key.clone()) {
@@ -490,6 +505,18 @@ impl Session {
             self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
             self.start_timing(key);
             return Ok(Step::Verdict(None));
+        }
+    }
+
+    /// The price of a request from its plan (none: nothing, min_charge applies), with what
+    /// its statement usually takes as a rate, so the gate can tell whether it can still
+    /// finish before its deadline.
+    fn cost_of(&self, plan: Option<&PlanSummary>, key: Option<&PlanKey>) -> Cost {
+        let units = plan.map_or(0.0, |p| p.total_cost);
+        let usual = key.and_then(|k| self.rt.gatekeeper.usual_time(k));
+        Cost {
+            units,
+            seconds_per_unit: usual.map(|d| d.as_secs_f64() / units.max(f64::MIN_POSITIVE)),
         }
     }
 

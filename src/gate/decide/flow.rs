@@ -122,6 +122,8 @@ impl<W> Gate<W> {
         if let Payment::Paid(charged) = pass.payment {
             return Ok(Spent::Run { charged });
         }
+        // Priced: its tenant's next unpaid request may take a slot (the caller offers it).
+        self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
         if let Some(refusal) = deadline_check(pass, &cost, now) {
             return Err(self.refused(&pass.tenant, refusal, now));
         }
@@ -148,6 +150,7 @@ impl<W> Gate<W> {
         if let Payment::Paid(charged) = pass.payment {
             return charged;
         }
+        self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
         let charged = self.charge_after(&pass.tenant, units, now);
         pass.payment = Payment::Paid(charged);
         charged

@@ -34,7 +34,11 @@ fn rank(
     let budget_ok = pass.payment != Payment::AwaitingPayBack || !state.owes(now);
     let in_time = pass.deadline.is_none_or(|d| d > now);
     let demoted = &room.demoted;
-    let may = budget_ok && in_time && state.has_room() && room.database_ok(&pass.database);
+    let may = budget_ok
+        && in_time
+        && state.has_room()
+        && state.may_pay(pass)
+        && room.database_ok(&pass.database);
     may.then(|| Rank {
         demoted: demoted.contains(&pass.tenant),
         score: state.recent.value(now) / state.config.share(),
@@ -182,7 +186,11 @@ impl<W> Gate<W> {
         up.lane(pass.lane).0.active += 1;
         *up.holding.entry(pass.tenant.clone()).or_default() += 1;
         *up.by_database.entry(pass.database.clone()).or_default() += 1;
-        self.tenant_mut(&pass.tenant, now).running += 1;
+        let state = self.tenant_mut(&pass.tenant, now);
+        state.running += 1;
+        if !matches!(pass.payment, Payment::Paid(_)) && state.bucket.is_some() {
+            state.unpaid.insert(pass.id);
+        }
         Slot {
             id: pass.id,
             upstream: pass.upstream.clone(),
@@ -304,6 +312,7 @@ impl<W> Gate<W> {
         uncount(&mut up.by_database, &slot.database);
         let state = self.tenant_mut(&slot.tenant, now);
         state.running = state.running.saturating_sub(1);
+        state.unpaid.remove(&slot.id);
         state.config.max_active.is_some() && state.waiting > 0
     }
 
