@@ -10,8 +10,8 @@ mod common;
 use std::collections::HashMap;
 use std::future::Future;
 use std::process::{Child, Output};
-use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
+use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use common::driver::{code, must_connect, must_value, Conn};
 use common::gate::{gated, FULL_READ, SCHEMA};
