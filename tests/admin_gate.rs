@@ -7,11 +7,11 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::driver::{code, message, must_connect, must_value, Conn};
+use common::driver::{code, columns, message, must_connect, must_value, show, Conn};
 use common::gate::{gated, FULL_READ, REJECT_POLICY};
 use common::policy::Policed;
 use pgward::sql::{Analyzer, Depth, ParseContext};
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
 /// A tenant without a budget.
 const TENANT_POLICY: &str = r#"
@@ -40,41 +40,6 @@ impl Fixture {
     async fn console(&self, user: &str) -> Conn {
         must_connect(&self.0.pw.connstr(user, None, "pgward")).await
     }
-}
-
-/// The rows of a console SHOW, each as column name -> value (NULL as `None`).
-async fn show(c: &Client, sql: &str) -> Vec<HashMap<String, Option<String>>> {
-    let mut cols: Vec<String> = Vec::new();
-    let mut rows = Vec::new();
-    for m in c
-        .simple_query(sql)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
-    {
-        match m {
-            SimpleQueryMessage::RowDescription(d) => {
-                cols = d.iter().map(|c| c.name().to_string()).collect()
-            }
-            SimpleQueryMessage::Row(r) => rows.push(
-                cols.iter()
-                    .enumerate()
-                    .map(|(i, name)| (name.clone(), r.get(i).map(str::to_string)))
-                    .collect(),
-            ),
-            _ => {}
-        }
-    }
-    rows
-}
-
-/// The columns of a console SHOW, in order.
-async fn columns(c: &Client, sql: &str) -> Vec<String> {
-    for m in c.simple_query(sql).await.expect(sql) {
-        if let SimpleQueryMessage::RowDescription(d) = m {
-            return d.iter().map(|c| c.name().to_string()).collect();
-        }
-    }
-    panic!("{sql}: no row description");
 }
 
 /// `tenant`'s row of SHOW TENANTS, NULLs as empty strings.

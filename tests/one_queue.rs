@@ -13,12 +13,12 @@ use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use common::driver::{code, must_connect, must_value, Conn};
+use common::driver::{code, columns, must_connect, must_value, Conn};
 use common::gate::{gated, FULL_READ, SCHEMA};
 use common::policy::Policed;
 use common::{client_command, stderr_of, stdout_of, Pgward, Postgres};
 use tokio::task::JoinHandle;
-use tokio_postgres::{Client, SimpleQueryMessage};
+use tokio_postgres::Client;
 
 // ---------------------------------------------------------------------------------------
 // Fixtures and helpers
@@ -54,37 +54,15 @@ type Row = HashMap<String, String>;
 
 /// The rows of a console SHOW.
 async fn show(c: &Client, sql: &str) -> Vec<Row> {
-    let mut cols: Vec<String> = Vec::new();
-    let mut rows = Vec::new();
-    let answer = c
-        .simple_query(sql)
+    common::driver::show(c, sql)
         .await
-        .unwrap_or_else(|e| panic!("{sql}: {e:?}"));
-    for m in answer {
-        match m {
-            SimpleQueryMessage::RowDescription(d) => {
-                cols = d.iter().map(|c| c.name().to_string()).collect()
-            }
-            SimpleQueryMessage::Row(r) => rows.push(
-                cols.iter()
-                    .enumerate()
-                    .map(|(i, name)| (name.clone(), r.get(i).unwrap_or("").to_string()))
-                    .collect(),
-            ),
-            _ => {}
-        }
-    }
-    rows
-}
-
-/// The columns of a console SHOW, in order.
-async fn columns(c: &Client, sql: &str) -> Vec<String> {
-    for m in c.simple_query(sql).await.expect(sql) {
-        if let SimpleQueryMessage::RowDescription(d) = m {
-            return d.iter().map(|c| c.name().to_string()).collect();
-        }
-    }
-    panic!("{sql}: no row description");
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|(name, value)| (name, value.unwrap_or_default()))
+                .collect()
+        })
+        .collect()
 }
 
 /// `tenant`'s row of SHOW TENANTS, if the gate knows it.

@@ -245,39 +245,33 @@ impl Gatekeeper {
     /// [`Gate::spend`]; a priced request lets its tenant's next unpaid one take a slot, so
     /// the slots that can be given now are handed out.
     pub fn spend(self: &Arc<Self>, pass: &mut Pass, cost: Cost) -> Result<Spent, Refusal> {
-        let now = Instant::now();
-        let (spent, granted) = {
-            let mut gate = self.lock();
-            let spent = gate.spend(pass, cost, now);
-            (spent, self.offer(&mut gate, &pass.upstream, now))
-        };
-        self.deliver(granted);
-        spent
+        self.pay(pass, |gate, pass, now| gate.spend(pass, cost, now))
     }
 
     /// [`Gate::force_spend`], then as [`spend`](Self::spend).
     pub fn force_spend(self: &Arc<Self>, pass: &mut Pass, units: f64) -> f64 {
-        let now = Instant::now();
-        let (charged, granted) = {
-            let mut gate = self.lock();
-            let charged = gate.force_spend(pass, units, now);
-            (charged, self.offer(&mut gate, &pass.upstream, now))
-        };
-        self.deliver(granted);
-        charged
+        self.pay(pass, |gate, pass, now| gate.force_spend(pass, units, now))
     }
 
-    /// The slots of `upstream` that can be given now, if anyone waits.
-    fn offer(
-        &self,
-        gate: &mut Gate<SlotWaiter>,
-        upstream: &str,
-        now: Instant,
-    ) -> Vec<Granted<SlotWaiter>> {
-        match gate.has_waiters() {
-            true => gate.dispatch_upstream(upstream, now, |w| !w.is_closed()),
-            false => Vec::new(),
-        }
+    /// Charges `pass` with `charge` under the lock, then hands out the slots of its upstream
+    /// that can be given now, if anyone waits.
+    fn pay<T>(
+        self: &Arc<Self>,
+        pass: &mut Pass,
+        charge: impl FnOnce(&mut Gate<SlotWaiter>, &mut Pass, Instant) -> T,
+    ) -> T {
+        let now = Instant::now();
+        let (paid, granted) = {
+            let mut gate = self.lock();
+            let paid = charge(&mut gate, pass, now);
+            let granted = match gate.has_waiters() {
+                true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
+                false => Vec::new(),
+            };
+            (paid, granted)
+        };
+        self.deliver(granted);
+        paid
     }
 
     /// Gives a slot back and hands out what can be handed out now.

@@ -936,15 +936,18 @@ fn evict_runaways(rt: &Runtime, upstream: &str, over: &[(String, usize)]) -> Vec
         return vec![0; over.len()];
     };
     let no_tags = crate::sql::Tags::default();
+    let pools: Vec<_> = rt
+        .pools
+        .all()
+        .into_iter()
+        .filter(|p| p.settings_now().target.hosts.label() == upstream)
+        .collect();
     let mut done = Vec::with_capacity(over.len());
     for (tenant, wanted) in over {
         let mut left = *wanted;
-        for pool in rt.pools.all() {
+        for pool in &pools {
             if left == 0 {
                 break;
-            }
-            if pool.settings_now().target.hosts.label() != upstream {
-                continue;
             }
             let who = Who {
                 role: &pool.key.user,

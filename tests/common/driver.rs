@@ -71,3 +71,39 @@ pub async fn end_of(conn: Conn, wait: Duration) -> Option<String> {
         Err(_) => None,
     }
 }
+
+/// The rows of a console SHOW, each as column name -> value (NULL as `None`).
+pub async fn show(c: &Client, sql: &str) -> Vec<std::collections::HashMap<String, Option<String>>> {
+    use tokio_postgres::SimpleQueryMessage;
+    let mut cols: Vec<String> = Vec::new();
+    let mut rows = Vec::new();
+    for m in c
+        .simple_query(sql)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e:?}"))
+    {
+        match m {
+            SimpleQueryMessage::RowDescription(d) => {
+                cols = d.iter().map(|c| c.name().to_string()).collect()
+            }
+            SimpleQueryMessage::Row(r) => rows.push(
+                cols.iter()
+                    .enumerate()
+                    .map(|(i, name)| (name.clone(), r.get(i).map(str::to_string)))
+                    .collect(),
+            ),
+            _ => {}
+        }
+    }
+    rows
+}
+
+/// The columns of a console SHOW, in order.
+pub async fn columns(c: &Client, sql: &str) -> Vec<String> {
+    for m in c.simple_query(sql).await.expect(sql) {
+        if let tokio_postgres::SimpleQueryMessage::RowDescription(d) = m {
+            return d.iter().map(|c| c.name().to_string()).collect();
+        }
+    }
+    panic!("{sql}: no row description");
+}
