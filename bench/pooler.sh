@@ -11,6 +11,7 @@
 #   POOL_SIZE             default_pool_size of both poolers, default 8
 #   SCALE                 pgbench -i scale, default 10
 #   AUTH_TYPE             auth_type of both poolers: md5 (default) or trust
+#   PGWARD_BIN            the pgward to run (default: built with cargo build --release)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -39,9 +40,11 @@ has_target() {
 
 ensure_postgres
 if has_target pgbouncer; then ensure_pgbouncer; fi
-if has_target pgward; then
+pgward_bin=${PGWARD_BIN:-}
+if has_target pgward && [ -z "$pgward_bin" ]; then
     echo "building pgward (cargo build --release)"
     cargo build --release --quiet
+    pgward_bin=$repo/target/release/pgward
 fi
 
 # The poolers that pooler_start runs (stopped when the script exits).
@@ -71,7 +74,7 @@ start_pooler() {
 if has_target pgbouncer; then start_pooler pgbouncer "$(command -v pgbouncer)"; fi
 if has_target pgward; then
     # A copy, since the postgres OS user may not reach the source tree (under /root, say).
-    install -m 755 "$repo/target/release/pgward" "$work/pgward-bin"
+    install -m 755 "$pgward_bin" "$work/pgward-bin"
     start_pooler pgward "$work/pgward-bin"
 fi
 
