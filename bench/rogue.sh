@@ -133,13 +133,15 @@ big_mb=$(sql "SELECT round(pg_table_size('big') / 1048576.0)")
 read_cost=$(sql "EXPLAIN (FORMAT JSON) $rogue_sql" | grep -o '"Total Cost": [0-9.]*' | head -n 1 |
     awk '{print $3}')
 [ -n "$read_cost" ] || die "no cost in EXPLAIN's answer for the rogue's read"
-# The rogue's budget: one read saved up, and one more paid back over a run.
-burst=$read_cost
-rate=$(awk -v c="$read_cost" -v s="$seconds" 'BEGIN {printf "%.3f", c / s}')
-pays_for=$(awk -v b="$burst" -v r="$rate" -v s="$seconds" -v c="$read_cost" \
-    'BEGIN {printf "%.2f", (b + r * s) / c}')
+# The rogue's budget in seconds of server time: one read (as long as it takes alone) saved up,
+# and one more paid back over a run.
+read_s=$(awk -v ms="$one_read_ms" 'BEGIN {printf "%.4f", ms / 1000}')
+burst=$read_s
+rate=$(awk -v b="$read_s" -v s="$seconds" 'BEGIN {printf "%.6f", b / s}')
+pays_for=$(awk -v b="$burst" -v r="$rate" -v s="$seconds" -v t="$read_s" \
+    'BEGIN {printf "%.2f", (b + r * s) / t}')
 echo "large table: $big_rows rows, $big_mb MB; one read alone: $one_read_ms ms; cost $read_cost"
-echo "rogue budget in pgward: burst $burst, rate $rate per s: pays for $pays_for reads in ${seconds}s"
+echo "rogue budget in pgward: burst $burst s, rate $rate s per s: pays for $pays_for reads in ${seconds}s"
 
 # --- pgbench scripts --------------------------------------------------------------------------
 # role_of IDENTITY TENANT: the role a tenant logs in as.
@@ -411,7 +413,7 @@ summarize() {
         "default_pool_size $pool_size; PostgreSQL $(sql 'SHOW server_version'), $(nproc) cores," \
         "max_parallel_workers_per_gather $(sql 'SHOW max_parallel_workers_per_gather')."
     echo
-    echo "pgward's rogue budget: burst $burst, rate $rate per second, \`when_over = \"wait\"\`:" \
+    echo "pgward's rogue budget in seconds of server time: burst $burst s, rate $rate s per second, \`when_over = \"wait\"\`:" \
         "it pays for $pays_for reads in ${seconds}s. Innocents have no budget. Identity: roles =" \
         "one role per tenant; tags = one shared role \`app\` (trusted) with \`/*tenant='...'*/\`" \
         "tags. Quiet = the innocents alone. Checks (pgward, every round): innocent p99 <= 1.5 x" \

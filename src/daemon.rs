@@ -51,6 +51,7 @@ pub async fn serve(config: Config) -> ExitCode {
     });
     let metrics_addr = config.settings.prometheus_listen.clone();
     let rt = Runtime::new(config, userlist, governance, edge);
+    load_state(&rt);
     let mut tasks = Vec::new();
     if let Some(addr) = metrics_addr {
         match crate::metrics::bind(&addr).await {
@@ -73,9 +74,61 @@ pub async fn serve(config: Config) -> ExitCode {
     if let Some(g) = rt.governance.load().as_ref() {
         g.save_allowlist();
     }
+    save_state(&rt);
     cleanup(pidfile.as_deref(), socket.as_ref());
     tracing::info!("pgward stopped");
     ExitCode::SUCCESS
+}
+
+/// Restores what the gate learned from `state_file`, if one is named: a missing file is a
+/// first start; one that cannot be read is a warning, never a failed start.
+fn load_state(rt: &Runtime) {
+    let Some(path) = rt.config.load().settings.state_file.clone() else {
+        return;
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return,
+        Err(e) => {
+            tracing::warn!("state file {}: {e}; starting without it", path.display());
+            return;
+        }
+    };
+    match crate::cost::Calibration::from_json(&text) {
+        Ok(c) => {
+            tracing::info!(factors = c.len(), "state file {} read", path.display());
+            rt.gatekeeper.restore_calibration(c);
+        }
+        Err(e) => tracing::warn!("state file {}: {e}; starting without it", path.display()),
+    }
+}
+
+/// Writes what the gate learned to `state_file`, if one is named and something was learned
+/// since the last write: a new file renamed over the old one, so a crash leaves one or the
+/// other whole; one pgward could not read is replaced only once something new was learned. A
+/// failed write is tried again next time.
+fn save_state(rt: &Runtime) {
+    let Some(path) = rt.config.load().settings.state_file.clone() else {
+        return;
+    };
+    let Some(text) = rt.gatekeeper.calibration_to_save() else {
+        return;
+    };
+    if let Err(e) = write_atomically(&path, text.as_bytes()) {
+        tracing::warn!("cannot write state file {}: {e}", path.display());
+        rt.gatekeeper.calibration().mark_dirty();
+    }
+}
+
+fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut file = std::fs::File::create(&tmp)?;
+    file.write_all(bytes)?;
+    file.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// A start-up failure: said in the log and on stderr.
@@ -125,6 +178,9 @@ pub async fn maintenance(rt: Arc<Runtime>) {
         if now.saturating_duration_since(minute) >= Duration::from_secs(60) {
             minute = now;
             crate::admin::gate_minute(&rt, now);
+            // A disk write, off the threads that serve clients.
+            let saving = rt.clone();
+            tokio::task::spawn_blocking(move || save_state(&saving));
         }
     }
 }

@@ -1,5 +1,5 @@
-//! SHOW TENANTS, SHOW KILLS and SHOW PLANS (alias PLAN_CACHE): the admission gate and its plan
-//! cache; and the plan cache's line in the log once a minute.
+//! SHOW TENANTS, SHOW KILLS, SHOW PLANS (alias PLAN_CACHE) and SHOW CALIBRATION: the admission
+//! gate, its plan cache and what it learned of run times; and the plan cache's line in the log once a minute.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -48,7 +48,8 @@ fn refusal_column(reason: RefusalReason) -> usize {
         }
 }
 
-/// One row per tenant the gate knows: budget, use, slots and refusals by reason.
+/// One row per tenant the gate knows: budget, use (seconds of server time), slots and
+/// refusals by reason.
 pub fn tenants(rt: &Runtime) -> Table {
     let stats = rt.gatekeeper.lock().tenant_stats(Instant::now());
     let mut t = Table::new(TENANTS);
@@ -62,10 +63,11 @@ fn tenant_row(s: TenantStats) -> Vec<Cell> {
     let mut row = vec![
         s.tenant.into(),
         s.settings.into(),
-        s.balance.map_or(Cell::Null, |b| Cell::decimal(b, 2)),
-        Cell::decimal(s.debt, 2),
-        Cell::decimal(s.recent_use, 2),
-        Cell::decimal(s.charged, 2),
+        // Seconds of server time, to a tenth of a millisecond.
+        s.balance.map_or(Cell::Null, |b| Cell::decimal(b, 4)),
+        Cell::decimal(s.debt, 4),
+        Cell::decimal(s.recent_use, 4),
+        Cell::decimal(s.charged, 4),
         s.waiting.into(),
         s.running.into(),
     ];
@@ -174,6 +176,39 @@ pub fn plans(rt: &Runtime) -> Table {
     t
 }
 
+const CALIBRATION: &[(&str, Ty)] = &[
+    ("database", Ty::Text),
+    ("fingerprint", Ty::Text),
+    ("shape", Ty::Text),
+    ("us_per_unit", N),
+    ("usual_ms", N),
+    ("runs", Ty::Int8),
+];
+
+/// What the gate learned, the most recently used first: per plan shape of a statement, the
+/// microseconds one cost unit takes; per statement without a plan, its usual time.
+pub fn calibration(rt: &Runtime) -> Table {
+    let rows = rt.gatekeeper.calibration().rows();
+    let mut t = Table::new(CALIBRATION);
+    for r in rows {
+        let (per_unit, usual) = match r.key.shape {
+            Some(_) => (Cell::decimal(r.value * 1e6, 6), Cell::Null),
+            None => (Cell::Null, Cell::decimal(r.value * 1000.0, 3)),
+        };
+        t.push(vec![
+            r.key.database.into(),
+            format!("{:016x}", r.key.fingerprint).into(),
+            r.key
+                .shape
+                .map_or(Cell::Null, |s| format!("{s:016x}").into()),
+            per_unit,
+            usual,
+            i64::from(r.runs).into(),
+        ]);
+    }
+    t
+}
+
 fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -254,8 +289,8 @@ mod tests {
             refusals: BTreeMap::from([(RefusalReason::Budget, 3), (RefusalReason::Killed, 1)]),
         });
         assert_eq!(row.len(), TENANTS.len());
-        assert_eq!(row[2], Cell::Text("-42.13".into()));
-        assert_eq!(row[3], Cell::Text("42.13".into()));
+        assert_eq!(row[2], Cell::Text("-42.1260".into()));
+        assert_eq!(row[3], Cell::Text("42.1260".into()));
         assert_eq!(row[6], Cell::Int(2));
         assert_eq!(row[refusal_column(RefusalReason::Budget)], Cell::Int(3));
         assert_eq!(row[refusal_column(RefusalReason::Killed)], Cell::Int(1));

@@ -270,6 +270,9 @@ pub struct Settings {
     pub tcp_user_timeout: u32,
     // pgward.
     pub policy_file: Option<PathBuf>,
+    /// Where the gate keeps what it learned across restarts (written now and then, and at
+    /// shutdown; read at start).
+    pub state_file: Option<PathBuf>,
     pub prometheus_listen: Option<String>,
     pub worker_threads: usize,
     /// Every key set in the section, lowercased, with its last raw value.
@@ -376,6 +379,7 @@ impl Default for Settings {
             tcp_keepintvl: 0,
             tcp_user_timeout: 0,
             policy_file: None,
+            state_file: None,
             prometheus_listen: None,
             worker_threads: 1,
             raw: BTreeMap::new(),
@@ -425,6 +429,7 @@ const KEPT_ON_RESET: &[&str] = &[
     "client_tls13_ciphers",
     "server_tls13_ciphers",
     "policy_file",
+    "state_file",
     "prometheus_listen",
     "worker_threads",
     "auth_ident_file",
@@ -462,6 +467,7 @@ impl Settings {
             client_tls13_ciphers: std::mem::take(&mut self.client_tls13_ciphers),
             server_tls13_ciphers: std::mem::take(&mut self.server_tls13_ciphers),
             policy_file: self.policy_file.take(),
+            state_file: self.state_file.take(),
             prometheus_listen: self.prometheus_listen.take(),
             worker_threads: self.worker_threads,
             ..Settings::default()
@@ -529,6 +535,7 @@ impl Settings {
             "unix_socket_group" => self.unix_socket_group = values::optional(v),
             "so_reuseport" => self.so_reuseport = values::boolean(v)?,
             "policy_file" => self.policy_file = values::optional(v).map(PathBuf::from),
+            "state_file" => self.state_file = values::optional(v).map(PathBuf::from),
             "prometheus_listen" => self.prometheus_listen = values::optional(v),
             "worker_threads" => self.worker_threads = worker_threads(v)?,
             _ => return Ok(false),

@@ -14,14 +14,20 @@ pub const PLAN_TTL: Duration = Duration::from_secs(60);
 /// How many plans are kept.
 pub const PLAN_CAPACITY: usize = 10_000;
 
-/// What a plan is cached under. The role counts because of row-level security; a generic
-/// plan (a prepared statement explained without its values) is kept apart from custom ones.
+/// What a plan is cached under. The role counts because of row-level security, the
+/// `search_path` because it chooses the tables, the tenant so that tenants sharing a role
+/// never price each other's statements; a generic plan (a prepared statement explained
+/// without its values) is kept apart from custom ones.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PlanKey {
     /// The database.
     pub database: String,
     /// The role the statement runs as.
     pub role: String,
+    /// The tenant it is charged to.
+    pub tenant: String,
+    /// The session's `search_path` as pgward knows it (empty: the server's default).
+    pub search_path: String,
     /// pg_query's fingerprint of the statement.
     pub fingerprint: u64,
     /// Whether the plan is generic.
@@ -141,6 +147,11 @@ impl PlanCache {
             seq,
         };
         self.entries.insert(key, entry);
+    }
+
+    /// Forgets the plan of `key` (it priced a run far from what it took).
+    pub fn remove(&mut self, key: &PlanKey) {
+        self.entries.remove(key);
     }
 
     /// Records a failed EXPLAIN (nothing is cached) that took `took`.

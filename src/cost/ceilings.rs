@@ -1,4 +1,4 @@
-//! The two cost rules: `max_cost` and `max_scan_rows`.
+//! The cost rules: `max_cost`, `max_scan_rows` and `max_time`.
 
 use super::plan::{PlanSummary, Relation};
 
@@ -12,6 +12,8 @@ pub struct CostLimits {
     pub max_cost: Option<f64>,
     /// Largest sum of the sizes (rows) of the tables the plan reads in full.
     pub max_scan_rows: Option<f64>,
+    /// Longest predicted run time, in seconds (the plan's cost times its learned factor).
+    pub max_time: Option<f64>,
 }
 
 /// Which rule a plan broke.
@@ -21,6 +23,8 @@ pub enum CostRule {
     MaxCost,
     /// `max_scan_rows`.
     MaxScanRows,
+    /// `max_time`.
+    MaxTime,
 }
 
 impl CostRule {
@@ -29,6 +33,7 @@ impl CostRule {
         match self {
             CostRule::MaxCost => "max_cost",
             CostRule::MaxScanRows => "max_scan_rows",
+            CostRule::MaxTime => "max_time",
         }
     }
 }
@@ -39,7 +44,7 @@ impl CostRule {
 pub struct CostViolation {
     /// The rule.
     pub rule: CostRule,
-    /// The planned cost, or the rows read in full.
+    /// The planned cost, the rows read in full, or the predicted seconds.
     pub value: f64,
     /// The limit.
     pub limit: f64,
@@ -63,6 +68,12 @@ impl CostViolation {
         let what = match self.rule {
             CostRule::MaxCost => "planned cost",
             CostRule::MaxScanRows => "rows read in full",
+            CostRule::MaxTime => {
+                return format!(
+                    "predicted time {:.3} s is over the limit {} s",
+                    self.value, self.limit
+                )
+            }
         };
         format!(
             "{what} {:.0} is over the limit {:.0}",
@@ -73,11 +84,17 @@ impl CostViolation {
 }
 
 impl CostLimits {
+    /// Whether any limit is set.
+    pub fn any(&self) -> bool {
+        self.max_cost.is_some() || self.max_scan_rows.is_some() || self.max_time.is_some()
+    }
+
     /// The first limit `plan` is over, if any. `size` gives a table's row count, as for
-    /// [`PlanSummary::scan_rows`].
+    /// [`PlanSummary::scan_rows`]; `seconds` is the plan's predicted run time.
     pub fn check(
         &self,
         plan: &PlanSummary,
+        seconds: f64,
         size: impl Fn(&Relation) -> Option<f64>,
     ) -> Option<CostViolation> {
         let tables = || plan.full_scans.iter().map(|s| s.relation.clone()).collect();
@@ -85,6 +102,14 @@ impl CostLimits {
             return Some(CostViolation {
                 rule: CostRule::MaxCost,
                 value: plan.total_cost,
+                limit,
+                tables: tables(),
+            });
+        }
+        if let Some(limit) = self.max_time.filter(|l| seconds > *l) {
+            return Some(CostViolation {
+                rule: CostRule::MaxTime,
+                value: seconds,
                 limit,
                 tables: tables(),
             });

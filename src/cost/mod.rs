@@ -1,16 +1,19 @@
 //! Prices from the planner: `EXPLAIN (FORMAT JSON, VERBOSE)` plans, the cost rules
-//! (`max_cost`, `max_scan_rows`), which statement of a text to judge, and the plan cache.
+//! (`max_cost`, `max_scan_rows`, `max_time`), which statement of a text to judge, the plan
+//! cache, and the calibration that turns a plan's cost into seconds ([`calibrate`]).
 //!
 //! Pure: it reads text the server returned and is handed the time; the session runs the
 //! EXPLAIN on the server the statement will run on (same role, settings and search_path; see
 //! [`target`] for the simple and the extended protocol).
 
 mod cache;
+pub mod calibrate;
 mod ceilings;
 mod plan;
 pub mod target;
 
 pub use cache::{CacheStats, PlanCache, PlanKey, PLAN_CAPACITY, PLAN_TTL};
+pub use calibrate::{Basis, Calibration, FactorRow, PlanFactorKey, Prediction};
 pub use ceilings::{CostLimits, CostRule, CostViolation, SQLSTATE_COST};
 pub use plan::{FullScan, PlanShape, PlanSummary, Relation, ShapeNode, MAX_PLAN_BYTES};
 pub use target::{explain_sql, judged_statement, relation_sizes_sql, Judged};

@@ -157,8 +157,9 @@ fn max_cost_detail_has_numbers_only() {
     let limits = CostLimits {
         max_cost: Some(1000.0),
         max_scan_rows: None,
+        max_time: None,
     };
-    let v = limits.check(&plan, sizes).expect("over max_cost");
+    let v = limits.check(&plan, 0.0, sizes).expect("over max_cost");
     assert_eq!(v.rule, CostRule::MaxCost);
     assert_eq!(v.sqlstate(), "54000");
     assert_eq!(v.detail(), "planned cost 2617 is over the limit 1000");
@@ -168,7 +169,23 @@ fn max_cost_detail_has_numbers_only() {
         max_cost: Some(3000.0),
         ..limits
     };
-    assert_eq!(relaxed.check(&plan, sizes), None);
+    assert_eq!(relaxed.check(&plan, 0.0, sizes), None);
+}
+
+#[test]
+fn max_time_judges_the_predicted_seconds() {
+    let plan = fixture("parallel_seq_scan");
+    let limits = CostLimits {
+        max_time: Some(0.5),
+        ..CostLimits::default()
+    };
+    assert!(limits.any());
+    assert_eq!(limits.check(&plan, 0.4, sizes), None);
+    let v = limits.check(&plan, 0.75, sizes).expect("over max_time");
+    assert_eq!(v.rule, CostRule::MaxTime);
+    assert_eq!(v.sqlstate(), "54000");
+    assert_eq!(v.detail(), "predicted time 0.750 s is over the limit 0.5 s");
+    assert!(!CostLimits::default().any());
 }
 
 #[test]
@@ -176,17 +193,18 @@ fn max_scan_rows_sums_table_sizes() {
     let limits = CostLimits {
         max_cost: None,
         max_scan_rows: Some(50_500.0),
+        max_time: None,
     };
     let v = limits
-        .check(&fixture("subplan"), sizes)
+        .check(&fixture("subplan"), 0.0, sizes)
         .expect("over max_scan_rows");
     assert_eq!(v.rule, CostRule::MaxScanRows);
     assert_eq!(
         v.detail(),
         "rows read in full 51000 is over the limit 50500"
     );
-    assert_eq!(limits.check(&fixture("index_scan"), sizes), None);
-    assert_eq!(limits.check(&fixture("join_three"), sizes), None);
+    assert_eq!(limits.check(&fixture("index_scan"), 0.0, sizes), None);
+    assert_eq!(limits.check(&fixture("join_three"), 0.0, sizes), None);
 }
 
 #[test]
@@ -253,6 +271,8 @@ fn key(fp: u64) -> PlanKey {
         database: "db".into(),
         role: "app".into(),
         fingerprint: fp,
+        tenant: "t".to_string(),
+        search_path: String::new(),
         generic: false,
     }
 }

@@ -1,4 +1,4 @@
-//! Budgets in cost units: a token bucket per tenant that may go into debt, and recent use
+//! Budgets in seconds of server time: a token bucket per tenant that may go into debt, and recent use
 //! that decays.
 
 use std::time::{Duration, Instant};
@@ -9,9 +9,9 @@ pub const USE_HALF_LIFE: Duration = Duration::from_secs(10);
 /// A tenant's budget settings.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Budget {
-    /// Cost units added per second.
+    /// Server-seconds added per second (0.5: half of one backend's time).
     pub rate: f64,
-    /// Most units the bucket holds.
+    /// Most seconds the bucket holds.
     pub burst: f64,
     /// Least a statement is charged.
     pub min_charge: f64,
@@ -47,7 +47,7 @@ impl TokenBucket {
         }
     }
 
-    /// Whether the tenant owes units at `now`.
+    /// Whether the tenant owes time at `now`.
     pub fn owes(&self, budget: &Budget, now: Instant) -> bool {
         self.balance(budget, now) < 0.0
     }
@@ -99,7 +99,7 @@ pub fn charge_of(cost: f64, min_charge: f64) -> f64 {
     cost.max(min_charge).max(0.0)
 }
 
-/// Recent use in cost units, halving every [`USE_HALF_LIFE`].
+/// Recent use in seconds, halving every [`USE_HALF_LIFE`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecayingUse {
     value: f64,

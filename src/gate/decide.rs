@@ -61,13 +61,13 @@ pub struct TenantStats {
     pub tenant: String,
     /// Its settings as words.
     pub settings: String,
-    /// Units in the bucket (`None`: no budget).
+    /// Seconds in the bucket (`None`: no budget).
     pub balance: Option<f64>,
-    /// Units owed (0 when the balance is not negative).
+    /// Seconds owed (0 when the balance is not negative).
     pub debt: f64,
     /// Recent use (decaying).
     pub recent_use: f64,
-    /// Units charged since the start.
+    /// Seconds charged since the start.
     pub charged: f64,
     /// Tickets waiting.
     pub waiting: usize,
@@ -90,6 +90,10 @@ struct TenantState {
     /// a tenant with a budget has at most one, so its waiting requests do not all take
     /// slots (and servers) at once only to find, one by one, that it owes.
     unpaid: BTreeSet<TicketId>,
+    /// Runs of work nobody knows the price of yet (no plan, never run), by the ticket that
+    /// started each: while one runs, the tenant's unpaid requests wait, so unknown work does
+    /// not start on every connection at once.
+    unknown: BTreeSet<TicketId>,
     refusals: BTreeMap<RefusalReason, u64>,
 }
 
@@ -104,6 +108,7 @@ impl TenantState {
             waiting: 0,
             running: 0,
             unpaid: BTreeSet::new(),
+            unknown: BTreeSet::new(),
             refusals: BTreeMap::new(),
         }
     }
@@ -142,7 +147,9 @@ impl TenantState {
     /// Whether `pass` may take a slot as far as paying goes: a paid pass always; an unpaid
     /// one of a tenant with a budget only while no other unpaid one holds a slot.
     fn may_pay(&self, pass: &Pass) -> bool {
-        matches!(pass.payment, Payment::Paid(_)) || self.bucket.is_none() || self.unpaid.is_empty()
+        matches!(pass.payment, Payment::Paid(_))
+            || self.bucket.is_none()
+            || (self.unpaid.is_empty() && self.unknown.is_empty())
     }
 
     fn idle(&self, now: Instant) -> bool {

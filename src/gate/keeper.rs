@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::cost::{PlanCache, PlanKey, Relation, PLAN_CAPACITY, PLAN_TTL};
+use crate::cost::{Calibration, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{Cost, Expired, Gate, GateSettings, Granted, KillTarget, Pass, Refusal, Slot};
@@ -60,17 +60,15 @@ pub struct Gatekeeper {
     plans: Mutex<PlanCache>,
     /// Row counts of tables plans read in full, by database (for `max_scan_rows`).
     sizes: Mutex<HashMap<(String, Relation), f64>>,
-    /// Each statement's usual run time (a moving average), by plan key.
-    times: Mutex<HashMap<PlanKey, Duration>>,
+    /// Seconds per cost unit learned per plan, and the usual times of statements without
+    /// one (see [`crate::cost::calibrate`]).
+    calibration: Mutex<Calibration>,
     wake: Notify,
     /// A kill was made and not lifted (sessions without a policy look at kills only then).
     kills: AtomicBool,
     /// pgward's own names on servers.
     pub own: Arc<OwnNames>,
 }
-
-/// Weight of the newest run in a statement's usual time.
-const TIME_WEIGHT: f64 = 0.3;
 
 /// Table sizes kept at most.
 const MAX_SIZES: usize = 10_000;
@@ -83,7 +81,7 @@ impl Gatekeeper {
             gate: Mutex::new(Gate::new(GateSettings::default(), seed)),
             plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
             sizes: Mutex::new(HashMap::new()),
-            times: Mutex::new(HashMap::new()),
+            calibration: Mutex::new(Calibration::new()),
             wake: Notify::new(),
             kills: AtomicBool::new(false),
             own: Arc::new(OwnNames::new()),
@@ -176,21 +174,47 @@ impl Gatekeeper {
             .copied()
     }
 
-    /// Records a run of the statement `key` that took `took` alone on its server.
-    pub fn learn_time(&self, key: PlanKey, took: Duration) {
-        let mut times = crate::sync::lock(&self.times);
-        if times.len() >= MAX_SIZES && !times.contains_key(&key) {
-            times.clear();
-        }
-        let usual = times.entry(key).or_insert(took);
-        let mixed = usual.as_secs_f64() * (1.0 - TIME_WEIGHT) + took.as_secs_f64() * TIME_WEIGHT;
-        *usual = Duration::try_from_secs_f64(mixed).unwrap_or(took);
+    /// The calibration: predictions and what runs teach.
+    pub fn calibration(&self) -> MutexGuard<'_, Calibration> {
+        crate::sync::lock(&self.calibration)
     }
 
-    /// The usual run time of the statement `key`, once it has run.
-    pub fn usual_time(&self, key: &PlanKey) -> Option<Duration> {
-        let times = crate::sync::lock(&self.times);
-        times.get(key).copied()
+    /// Replaces what was learned with what a state file held (at start).
+    pub fn restore_calibration(&self, calibration: Calibration) {
+        *self.calibration() = calibration;
+    }
+
+    /// What was learned, as the state file's text, if anything was learned since the last
+    /// call.
+    pub fn calibration_to_save(&self) -> Option<String> {
+        let mut c = self.calibration();
+        c.dirty().then(|| c.to_json())
+    }
+
+    /// `tenant` runs work of unknown price as `id` (see [`Gate::hold_unknown`]); whether it
+    /// holds the tenant's other unpriced requests.
+    pub fn hold_unknown(&self, tenant: &str, id: crate::gate::TicketId) -> bool {
+        self.lock().hold_unknown(tenant, id, Instant::now())
+    }
+
+    /// The unknown work `id` of `tenant` has run, or never will: its tenant's waiting unpriced
+    /// requests may go, on any upstream, so the clock looks.
+    pub fn end_unknown(&self, tenant: &str, id: crate::gate::TicketId) {
+        self.lock().end_unknown(tenant, id);
+        self.wake.notify_one();
+    }
+
+    /// Work of `tenant` charged `charged` seconds before it ran took `took`: the difference is
+    /// charged or given back; a refund may let a request waiting for pay-back go sooner, so
+    /// the clock looks again.
+    pub fn settle(&self, tenant: &str, charged: f64, took: Duration) {
+        let mut gate = self.lock();
+        let added = gate.settle(tenant, charged, took.as_secs_f64(), Instant::now());
+        let look = added < 0.0 && gate.has_waiters();
+        drop(gate);
+        if look {
+            self.wake.notify_one();
+        }
     }
 
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
@@ -249,8 +273,8 @@ impl Gatekeeper {
     }
 
     /// [`Gate::force_spend`], then as [`spend`](Self::spend).
-    pub fn force_spend(self: &Arc<Self>, pass: &mut Pass, units: f64) -> f64 {
-        self.pay(pass, |gate, pass, now| gate.force_spend(pass, units, now))
+    pub fn force_spend(self: &Arc<Self>, pass: &mut Pass, seconds: f64) -> f64 {
+        self.pay(pass, |gate, pass, now| gate.force_spend(pass, seconds, now))
     }
 
     /// Charges `pass` with `charge` under the lock, then hands out the slots of its upstream

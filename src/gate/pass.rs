@@ -57,7 +57,7 @@ pub enum Payment {
     Unpaid,
     /// Waits in the queue until its tenant's debt is paid back (`when_over = wait`).
     AwaitingPayBack,
-    /// Charged this many units (refunded if it never runs).
+    /// Charged this many seconds (refunded if it never runs, settled once it has).
     Paid(f64),
 }
 
@@ -98,7 +98,7 @@ impl Pass {
         self.payment
     }
 
-    /// Units charged so far.
+    /// Seconds charged so far.
     pub fn charged(&self) -> f64 {
         match self.payment {
             Payment::Paid(c) => c,
@@ -140,14 +140,20 @@ impl Slot {
     }
 }
 
-/// The price of a statement, from its plan.
+/// The predicted price of a statement: seconds of server time (from its plan and the
+/// factor learned for it, or its usual time), settled against what it really took once it
+/// has run.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Cost {
-    /// Cost units (the plan's total cost; `min_charge` applies).
-    pub units: f64,
-    /// Seconds one unit takes on this server (calibration), if known: then a statement that
-    /// cannot finish before its deadline is refused without running.
-    pub seconds_per_unit: Option<f64>,
+    /// Predicted seconds (`min_charge` applies).
+    pub seconds: f64,
+    /// Whether anything backs the prediction (a plan, or a time learned from earlier runs);
+    /// work whose price is unknown holds its tenant's unknown-work hold until it has run.
+    pub known: bool,
+    /// Whether the prediction rests on this statement's own runs (not on a median or a
+    /// default): only then is a statement that cannot finish before its deadline refused
+    /// without running, so a guess never refuses anything for good.
+    pub learned: bool,
 }
 
 /// The answer to [`Gate::admit`](super::Gate::admit).
@@ -164,15 +170,15 @@ pub enum Decision {
 /// The answer to [`Gate::spend`](super::Gate::spend) when nothing refuses.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Spent {
-    /// Run it; this many units were charged.
+    /// Run it; this many seconds were charged.
     Run {
-        /// Units charged.
+        /// Seconds charged.
         charged: f64,
     },
-    /// The tenant owes units and `when_over = slow`: the pass is now in the slow lane. Give
+    /// The tenant owes time and `when_over = slow`: the pass is now in the slow lane. Give
     /// back a fast slot if one is held, and wait for a slow one; spend again there.
     MovedToSlow,
-    /// The tenant owes units and `when_over = wait`: give back the slot if one is held and
+    /// The tenant owes time and `when_over = wait`: give back the slot if one is held and
     /// queue the pass again; it gets a slot once the debt is paid back (about `until`);
     /// spend again then.
     WaitForBudget {

@@ -10,7 +10,7 @@ pub const SQLSTATE_CANCELED: &str = "57014";
 /// Why a request was refused (SHOW TENANTS counts refusals by reason).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum RefusalReason {
-    /// The tenant owes units and `when_over = reject`.
+    /// The tenant owes time and `when_over = reject`.
     Budget,
     /// A kill of the tenant or the statement.
     Killed,
@@ -75,7 +75,7 @@ impl Refusal {
 
     pub(super) fn budget(tenant: &str, owed: f64, retry_after: Duration) -> Refusal {
         Refusal {
-            detail: Some(format!("{:.0} cost units owed", owed.max(0.0).ceil())),
+            detail: Some(format!("{:.3} s of server time owed", owed.max(0.0))),
             hint: Some(format!(
                 "retry in {:.3} s, when the budget is paid back",
                 retry_after.as_secs_f64()

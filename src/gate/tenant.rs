@@ -1,12 +1,12 @@
 //! A tenant's settings in the gate, read from `key=value` words: the same words serve the
 //! policy file's tenant tables and the admin console's
-//! `SET TENANT acme = 'rate=50000 burst=200000 max_active=4 priority=critical'`.
+//! `SET TENANT acme = 'rate=0.5 burst=2 max_active=4 priority=critical'`.
 //!
 //! | key | value |
 //! | --- | --- |
-//! | `rate` | cost units per second (turns the budget on) |
-//! | `burst` | most units saved up (default: one second of `rate`) |
-//! | `min_charge` | least a statement costs (default 1) |
+//! | `rate` | server-seconds per second: 0.5 is half of one backend's time (turns the budget on) |
+//! | `burst` | most seconds saved up (default: one second of `rate`) |
+//! | `min_charge` | least seconds a statement is predicted to cost (default 0.0001) |
 //! | `when_over` | `reject`, `wait` or `slow` |
 //! | `max_active` | most slots the tenant holds at once (0: no limit) |
 //! | `priority` | `critical`, `normal` or `best_effort` |
@@ -17,10 +17,11 @@ use super::bucket::Budget;
 use crate::sql::Priority;
 use std::time::Duration;
 
-/// Default `min_charge`: about one page read in order.
-pub const DEFAULT_MIN_CHARGE: f64 = 1.0;
+/// Default `min_charge`: 100 microseconds, about what the cheapest statement costs a server
+/// with its round trip.
+pub const DEFAULT_MIN_CHARGE: f64 = 0.0001;
 
-/// What happens to a statement whose tenant owes units.
+/// What happens to a statement whose tenant owes time.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum WhenOver {
     /// Refuse it with 53000 and a hint saying when to come back.
@@ -47,13 +48,13 @@ pub struct TenantTimeouts {
 /// slot limit of its own, a share of 1 and its statements' priority.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct TenantConfig {
-    /// Cost units per second; `None`: no budget.
+    /// Server-seconds per second; `None`: no budget.
     pub rate: Option<f64>,
-    /// Most units saved up.
+    /// Most seconds saved up.
     pub burst: Option<f64>,
     /// Least a statement is charged.
     pub min_charge: Option<f64>,
-    /// What happens while the tenant owes units.
+    /// What happens while the tenant owes time.
     pub when_over: WhenOver,
     /// Most slots held at once.
     pub max_active: Option<usize>,

@@ -58,10 +58,11 @@ fn refused(d: Decision) -> Refusal {
     }
 }
 
-fn cost(units: f64) -> Cost {
+fn cost(seconds: f64) -> Cost {
     Cost {
-        units,
-        seconds_per_unit: None,
+        seconds,
+        known: true,
+        learned: true,
     }
 }
 
@@ -185,8 +186,8 @@ fn work_in_a_pipeline_pays_in_full_whatever_is_owed() {
     let mut pass = admitted_or_awaiting(g.admit(&req("a", 1, t0), t0));
     assert_eq!(g.force_spend(&mut pass, 50.0, t0), 50.0);
     assert_eq!(g.force_spend(&mut pass, 50.0, t0), 50.0, "charged once");
-    // ...and a request priced after it ran pays its cost, with no minimum.
-    assert_eq!(g.charge_after("a", 0.5, t0), 0.5);
+    // ...and a request that took more than it was charged pays the rest, with no minimum.
+    assert_eq!(g.settle("a", 50.0, 50.5, t0), 0.5);
     g.release(slot, t0);
     assert_eq!(balance(&g, "a", t0), -350.5);
 }
@@ -223,7 +224,7 @@ fn reject_hint_says_when_to_come_back_with_jitter() {
         .hint
         .as_deref()
         .is_some_and(|h| h.starts_with("retry in 2.")));
-    assert_eq!(r.detail.as_deref(), Some("200 cost units owed"));
+    assert_eq!(r.detail.as_deref(), Some("200.000 s of server time owed"));
     // Another refusal draws another jitter; the same seed draws the same ones.
     let again = refused(g.admit(&req("a", 2, t0), t0)).retry_after;
     assert_ne!(again, Some(retry));
@@ -443,7 +444,7 @@ fn begin_and_commit_never_wait_for_a_slot() {
         let mut r = req("a", 1, t0);
         r.kind = RequestKind::of_sql(sql);
         match g.admit(&r, t0) {
-            Decision::Bypass(pass) => assert_eq!(pass.charged(), 1.0, "{sql}"),
+            Decision::Bypass(pass) => assert_eq!(pass.charged(), DEFAULT_MIN_CHARGE, "{sql}"),
             other => panic!("{sql}: {other:?}"),
         }
     }
@@ -532,14 +533,21 @@ fn deadlines_end_waits_and_refuse_too_long_statements() {
     let mut late = req("a", 2, t0);
     late.statement_timeout = Some(Duration::from_millis(100));
     assert_eq!(refused(g.admit(&late, t0 + secs(0.2))).sqlstate, "57014");
-    // 1000 units at 1 ms each need 1 s; only 0.5 s are left.
+    // A statement predicted to take 1 s; only 0.5 s are left.
     let mut r = req("a", 3, t0);
     r.deadline = Some(Duration::from_secs(1));
     let mut pass = admitted(g.admit(&r, t0 + secs(0.5)));
-    let slow = Cost {
-        units: 1000.0,
-        seconds_per_unit: Some(0.001),
+    let guess = Cost {
+        seconds: 1.0,
+        known: true,
+        learned: false,
     };
+    let mut guessed = admitted(g.admit(&r, t0 + secs(0.5)));
+    assert!(
+        g.spend(&mut guessed, guess, t0 + secs(0.5)).is_ok(),
+        "a prediction not learned from the statement's own runs refuses nothing"
+    );
+    let slow = cost(1.0);
     let refusal = g
         .spend(&mut pass, slow, t0 + secs(0.5))
         .expect_err("too slow");
@@ -547,10 +555,7 @@ fn deadlines_end_waits_and_refuse_too_long_statements() {
         (refusal.sqlstate, refusal.reason),
         ("57014", RefusalReason::TooSlow)
     );
-    let quick = Cost {
-        units: 100.0,
-        seconds_per_unit: Some(0.001),
-    };
+    let quick = cost(0.1);
     assert!(g.spend(&mut pass, quick, t0 + secs(0.5)).is_ok());
 }
 
@@ -954,4 +959,66 @@ fn a_budgeted_tenant_has_one_unpaid_request_in_a_slot_at_a_time() {
         .expect("the next unpaid request");
     assert_eq!(next.waiter, 2);
     g.release(slot, t0);
+}
+
+#[test]
+fn settling_charges_what_ran_and_gives_back_within_the_burst() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=0.5 burst=2 min_charge=0.001", t0);
+    let (mut pass, slot) = run(&mut g, "a", 0.1, t0).expect("owes nothing");
+    assert_eq!(pass.charged(), 0.1);
+    // Predicted 0.1 s, took 1.5 s: the rest is charged, into debt if need be.
+    assert!((g.settle("a", pass.charged(), 1.5, t0) - 1.4).abs() < 1e-12);
+    assert!((balance(&g, "a", t0) - 0.5).abs() < 1e-12);
+    assert!((stats(&g, "a", t0).charged - 1.5).abs() < 1e-12);
+    // Predicted 1 s, took 0.25 s: 0.75 s back, never above the burst.
+    assert!((g.settle("a", 1.0, 0.25, t0) + 0.75).abs() < 1e-12);
+    assert!((balance(&g, "a", t0) - 1.25).abs() < 1e-12);
+    g.settle("a", 10.0, 0.0, t0);
+    assert_eq!(balance(&g, "a", t0), 2.0);
+    // A run that went far over its prediction leaves the tenant owing: the next waits.
+    g.settle("a", 0.0, 5.0, t0);
+    assert!(g.refund(&mut pass, t0) > 0.0);
+    g.release(slot, t0);
+    assert!(matches!(
+        g.admit(&req("a", 9, t0), t0),
+        Decision::Refuse(r) if r.reason == RefusalReason::Budget
+    ));
+    // Nonsense times are read as nothing.
+    assert!(g.settle("a", 0.0, f64::NAN, t0).abs() < 1e-12);
+}
+
+#[test]
+fn unknown_work_holds_its_tenants_unpriced_requests_until_it_has_run() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_lanes(UP, LaneLimits { fast: 8, slow: 1 });
+    budget(&mut g, "rogue", "rate=1 burst=100 when_over=wait", t0);
+    let mut first = admitted(g.admit(&req("rogue", 1, t0), t0));
+    let slot = g.try_acquire(&first, t0).expect("a slot");
+    let unknown = Cost {
+        seconds: 0.0,
+        known: false,
+        learned: false,
+    };
+    assert!(g.hold_unknown("rogue", first.id, t0));
+    g.spend(&mut first, unknown, t0).expect("runs");
+    // Charged almost nothing, so the tenant owes nothing; still its next unpriced request
+    // waits until the first has run and taught its time.
+    let second = admitted(g.admit(&req("rogue", 2, t0), t0));
+    assert!(g.try_acquire(&second, t0).is_none());
+    g.enqueue(second, 2, t0);
+    assert!(g.next_waiter(UP, Lane::Fast, t0, |_| true).is_none());
+    // A request whose price is known and paid is not held back.
+    let mut paid = admitted(g.admit(&req("rogue", 3, t0), t0));
+    g.spend(&mut paid, cost(0.5), t0).expect("runs");
+    assert!(g.try_acquire(&paid, t0).is_some());
+    // The hold lasts as long as the run, not as long as the slot (a transaction keeps it).
+    g.end_unknown("rogue", first.id);
+    let next = g
+        .next_waiter(UP, Lane::Fast, t0, |_| true)
+        .expect("the unknown work ended");
+    g.release(slot, t0);
+    assert_eq!(next.waiter, 2);
 }

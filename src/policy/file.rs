@@ -107,6 +107,8 @@ pub(super) struct TenantFile {
     pub transaction_timeout: Option<String>,
     pub max_cost: Option<f64>,
     pub max_scan_rows: Option<f64>,
+    /// Longest predicted run time, in seconds.
+    pub max_time: Option<f64>,
     /// Whether the cost rules refuse (`enforce`) or only warn.
     pub cost_mode: Option<Mode>,
 }
@@ -162,6 +164,8 @@ pub(super) struct GateFile {
     /// Cost rules for every tenant that sets none of its own.
     pub max_cost: Option<f64>,
     pub max_scan_rows: Option<f64>,
+    /// Longest predicted run time, in seconds.
+    pub max_time: Option<f64>,
     /// Whether the cost rules refuse (`enforce`, the default) or only warn.
     pub cost_mode: Option<Mode>,
 }

@@ -346,6 +346,7 @@ impl Policy {
             Some(c) => CostLimits {
                 max_cost: c.max_cost.or(default.max_cost),
                 max_scan_rows: c.max_scan_rows.or(default.max_scan_rows),
+                max_time: c.max_time.or(default.max_time),
             },
             None => default,
         }
@@ -561,6 +562,7 @@ fn build_tenants(
             cost_limits: CostLimits {
                 max_cost: t.max_cost,
                 max_scan_rows: t.max_scan_rows,
+                max_time: t.max_time,
             },
             cost_mode: t.cost_mode,
         };
@@ -606,6 +608,7 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
         cost_limits: CostLimits {
             max_cost: raw.max_cost,
             max_scan_rows: raw.max_scan_rows,
+            max_time: raw.max_time,
         },
         cost_mode: raw.cost_mode.unwrap_or_default(),
     })

@@ -25,7 +25,8 @@ use super::rules::{parse_context, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
-    explain_sql, judged_statement, relation_sizes_sql, PlanKey, PlanSummary, Relation,
+    explain_sql, judged_statement, relation_sizes_sql, PlanFactorKey, PlanKey, PlanSummary,
+    Relation,
 };
 use crate::gate::keeper::{SlotAnswer, SlotGuard};
 use crate::gate::RefusalReason;
@@ -34,6 +35,7 @@ use crate::policy::Governance;
 use crate::policy::{RuleHit, Who};
 use crate::runtime::Runtime;
 use crate::server::{OwnStatement, ServerError};
+use crate::sql::Fingerprint;
 use crate::wire::frontend::{tag, target};
 use crate::wire::{
     self, sqlstate, BindView, CloseView, ErrorResponse, ParseView, QueryView, TxStatus,
@@ -65,8 +67,8 @@ pub(in crate::session) struct GateState {
     /// pgward cancelled the running request at the tenant's statement timeout: its 57014
     /// says so.
     pub timed_out: Option<Duration>,
-    /// The run time being measured.
-    pub timing: Timing,
+    /// The work the server does for this client now, timed as one.
+    pub run: Run,
     /// The last Query text read, for the rules.
     pub analyzed: Option<Analyzed>,
     /// The client's stream is inside an extended-protocol batch (a message since its last
@@ -76,7 +78,8 @@ pub(in crate::session) struct GateState {
     deferred: Vec<Deferred>,
 }
 
-/// A request priced after it ran.
+/// A request that ran unpriced inside a batch: its plan is read once the batch is answered,
+/// so its next run is priced before it starts (what it took is charged with its run).
 #[derive(Debug)]
 struct Deferred {
     sql: String,
@@ -93,29 +96,126 @@ enum Priced {
     Cancelled,
 }
 
-/// The run time of the requests in flight, to learn each statement's usual time.
+/// The work a server does for one client from the moment it owed that client nothing until
+/// it owes nothing again, timed as one (PostgreSQL runs a session's statements one after
+/// another, and in a pipeline answers them only at the Sync). Each request in it was charged
+/// its predicted time when it was admitted; when the run ends, the time it really took is
+/// shared among them in proportion to their predictions and settled with their tenants. A
+/// run of one request that ended normally teaches the calibration.
 #[derive(Debug, Default)]
-pub(in crate::session) enum Timing {
-    /// Nothing measured.
-    #[default]
-    Idle,
-    /// One priced request runs alone since then.
-    One(PlanKey, Instant),
-    /// Several requests share the time: nothing is learned.
-    Mixed,
+pub(in crate::session) struct Run {
+    /// When its first request went to the server.
+    started: Option<Instant>,
+    parts: Vec<Part>,
+    /// An error (a failure, a cancel), a suspended portal or a run cut short: nothing is
+    /// learned from it.
+    pub failed: bool,
+    /// Unknown work it holds its tenants' unpriced requests for (see `Gate::hold_unknown`).
+    held: Vec<(String, crate::gate::TicketId)>,
+}
+
+/// What one request that ran alone and ended normally teaches: its factor or usual time;
+/// but a run far from what a cached plan predicted drops that plan and teaches nothing.
+fn learn(keeper: &crate::gate::keeper::Gatekeeper, part: &Part, took: Duration) {
+    let Some((key, cost)) = &part.learn else {
+        return;
+    };
+    let seconds = took.as_secs_f64();
+    if let Some(cached) = &part.cached {
+        let ratio = seconds / part.predicted.max(f64::MIN_POSITIVE);
+        let long = seconds.max(part.predicted) >= 0.1;
+        if long && !(1.0 / FLIP_RATIO..=FLIP_RATIO).contains(&ratio) {
+            keeper.plans().remove(cached);
+            return;
+        }
+    }
+    keeper.calibration().learn(key.clone(), *cost, seconds);
+}
+
+/// One admitted request of a [`Run`].
+#[derive(Debug)]
+struct Part {
+    tenant: String,
+    /// Seconds charged before it ran.
+    charged: f64,
+    /// Seconds predicted (its share of the run's time follows it).
+    predicted: f64,
+    /// What its run teaches, and the plan's cost (none for a statement without a plan).
+    learn: Option<(PlanFactorKey, Option<f64>)>,
+    /// The plan cache entry that priced it, if the plan was not read for it: a run far from
+    /// its prediction drops it (the constants chose another plan) and teaches nothing.
+    cached: Option<PlanKey>,
+}
+
+/// Requests kept apart in one run; past this, a tenant's requests are counted together (a
+/// client that pipelines without pause never lets its run end).
+const MAX_PARTS: usize = 64;
+
+/// A run this much faster or slower than its cached plan predicted was not that plan's.
+const FLIP_RATIO: f64 = 10.0;
+
+impl Run {
+    fn add(&mut self, part: Part, now: Instant) {
+        self.started.get_or_insert(now);
+        if self.parts.len() < MAX_PARTS {
+            self.parts.push(part);
+            return;
+        }
+        match self.parts.iter_mut().find(|p| p.tenant == part.tenant) {
+            Some(same) => {
+                same.charged += part.charged;
+                same.predicted += part.predicted;
+                same.learn = None;
+                same.cached = None;
+            }
+            None => self.parts.push(part),
+        }
+    }
+
+    /// Something went to the server: the run's time counts from now if it is not counting
+    /// already (a portal's later Executes, messages that carry no request).
+    pub fn touch(&mut self, now: Instant) {
+        self.started.get_or_insert(now);
+    }
 }
 
 impl GateState {
-    /// The session ends (or loses its server) with requests still unpriced: each pays as
-    /// much as its tenant may save up.
-    pub fn abandon_deferred(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
-        if self.deferred.is_empty() {
+    /// The server owes this client nothing (or the session lost its server): the run's time
+    /// is settled with the tenants of its requests, and a request that ran alone and ended
+    /// normally teaches its time.
+    pub fn end_run(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
+        let run = std::mem::take(&mut self.run);
+        for (tenant, id) in &run.held {
+            keeper.end_unknown(tenant, *id);
+        }
+        let Some(started) = run.started else {
+            return;
+        };
+        let took = started.elapsed();
+        if run.parts.is_empty() {
+            // Server work no request was admitted for (a portal's later Executes): the
+            // tenant last admitted pays it.
+            if !self.tenant.is_empty() {
+                keeper.settle(&self.tenant, 0.0, took);
+            }
             return;
         }
-        let mut gate = keeper.lock();
-        for d in self.deferred.drain(..) {
-            let units = gate.unknown_price(&d.tenant);
-            gate.charge_after(&d.tenant, units, Instant::now());
+        let weight = |p: &Part| match p.predicted.is_finite() {
+            true => p.predicted.max(0.0),
+            false => 0.0,
+        };
+        let total: f64 = run.parts.iter().map(weight).sum();
+        let n = run.parts.len() as f64;
+        for part in &run.parts {
+            let share = match total > 0.0 {
+                true => weight(part) / total,
+                false => 1.0 / n,
+            };
+            let own = Duration::try_from_secs_f64(took.as_secs_f64() * share).unwrap_or_default();
+            keeper.settle(&part.tenant, part.charged, own);
+        }
+        if let ([part], false) = (run.parts.as_slice(), run.failed) {
+            learn(keeper, part, took);
         }
     }
 
@@ -124,11 +224,9 @@ impl GateState {
         !self.deferred.is_empty()
     }
 
-    /// PostgreSQL owes this client nothing: a request that ran alone taught its usual time.
-    pub fn end_timing(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
-        if let Timing::One(key, started) = std::mem::take(&mut self.timing) {
-            keeper.learn_time(key, started.elapsed());
-        }
+    /// The session lost its server before those requests were priced: they are not.
+    pub fn forget_deferred(&mut self) {
+        self.deferred.clear();
     }
 
     /// `n` gated bytes went to the server.
@@ -180,6 +278,26 @@ impl Work {
                 parsed: Some(p), ..
             } => Some(&p.text),
             _ => None,
+        }
+    }
+}
+
+/// A request's predicted time, and what its run teaches.
+struct Estimate {
+    cost: Cost,
+    learn: Option<(PlanFactorKey, Option<f64>)>,
+}
+
+impl Estimate {
+    /// Nothing predicts it: it is charged `min_charge` before it runs.
+    fn unknown(learn: Option<(PlanFactorKey, Option<f64>)>) -> Estimate {
+        Estimate {
+            cost: Cost {
+                seconds: 0.0,
+                known: false,
+                learned: false,
+            },
+            learn,
         }
     }
 }
@@ -344,11 +462,22 @@ impl Session {
         }
         let kind = text.map_or(RequestKind::Statement, RequestKind::of_sql);
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
+        let who = Who {
+            role: &self.user,
+            application_name: self.params.get("application_name").unwrap_or(""),
+            client_addr: self.client_addr,
+        };
+        let no_tags = crate::sql::Tags::default();
+        let tags = analysis.as_ref().map_or(&no_tags, |a| &a.tags);
+        let identity = governance.policy.identify(&who, tags);
+        let tenant = identity.tenant.to_string();
         let key = fingerprint
             .filter(|_| kind.waits_for_slot())
             .map(|f| PlanKey {
                 database: self.pool.key.db.clone(),
                 role: self.user.clone(),
+                tenant: tenant.clone(),
+                search_path: self.params.get("search_path").unwrap_or("").to_string(),
                 fingerprint: f.0,
                 generic: false,
             });
@@ -367,15 +496,6 @@ impl Session {
         if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
         }
-        let who = Who {
-            role: &self.user,
-            application_name: self.params.get("application_name").unwrap_or(""),
-            client_addr: self.client_addr,
-        };
-        let no_tags = crate::sql::Tags::default();
-        let tags = analysis.as_ref().map_or(&no_tags, |a| &a.tags);
-        let identity = governance.policy.identify(&who, tags);
-        let tenant = identity.tenant.to_string();
         if let Some(hit) = self.rules_refuse(governance, &work, analysis.as_deref(), &who) {
             // Refused by a rule: neither priced nor charged (the rules raise it again as the
             // message goes out, and log it there).
@@ -401,19 +521,22 @@ impl Session {
             Decision::Admit(pass) => (pass, false),
         };
         let mut plan = cached;
+        // Whether the plan came from the cache rather than from this request's EXPLAIN.
+        let mut from_cache = plan.is_some();
         // A price already known is charged before any wait: a request its tenant cannot pay
         // for waits for pay-back holding no slot, and one refused by a cost rule is refused
         // before it takes anything.
         let mut ruled = false;
         if let (Some(known), false, false) = (&plan, deferred, bypass) {
-            if let Some(hit) = self.cost_rules(governance, &tenant, Some(known)) {
+            let seconds = self.estimate(Some(known), fingerprint).cost.seconds;
+            if let Some(hit) = self.cost_rules(governance, &tenant, Some(known), seconds) {
                 keeper
                     .lock()
                     .note_refusal(&tenant, RefusalReason::Cost, now);
                 return Ok(Step::Verdict(Some(hit)));
             }
             ruled = true;
-            let cost = self.cost_of(Some(known), key.as_ref());
+            let cost = self.estimate(Some(known), fingerprint).cost;
             if let Err(r) = keeper.spend(&mut pass, cost) {
                 return Ok(refused(&r));
             }
@@ -443,6 +566,17 @@ impl Session {
             }
             if bypass {
                 self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
+                let charged = pass.charged();
+                self.gate.run.add(
+                    Part {
+                        tenant,
+                        charged,
+                        predicted: charged,
+                        learn: None,
+                        cached: None,
+                    },
+                    Instant::now(),
+                );
                 return Ok(Step::Verdict(None));
             }
             if let (None, Some(sql), Some(key), false) = (&plan, &sql, &key, deferred) {
@@ -455,10 +589,15 @@ impl Session {
                     Priced::Plan(p) => plan = p,
                     Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
                 }
+                from_cache = false;
             }
+            let estimate = self.estimate(plan.as_deref(), fingerprint);
             let verdict = match ruled {
                 true => None,
-                false => self.cost_rules(governance, &tenant, plan.as_deref()),
+                false => {
+                    let seconds = estimate.cost.seconds;
+                    self.cost_rules(governance, &tenant, plan.as_deref(), seconds)
+                }
             };
             if let Some(hit) = verdict {
                 keeper
@@ -466,15 +605,28 @@ impl Session {
                     .note_refusal(&tenant, RefusalReason::Cost, Instant::now());
                 return Ok(Step::Verdict(Some(hit)));
             }
-            let units = plan.as_ref().map_or(0.0, |p| p.total_cost);
-            let cost = self.cost_of(plan.as_deref(), key.as_ref());
+            let cost = estimate.cost;
+            // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
+            let learn = estimate.learn.filter(|_| !declares_cursor(work.text()));
+            // Nobody knows yet what this takes: the tenant's other unpriced work waits until
+            // it has run (held before the charge, which offers freed slots to the waiting).
+            let held = !cost.known && keeper.hold_unknown(&tenant, pass.id);
             let spent = keeper.spend(&mut pass, cost);
+            let end_hold = || {
+                if held {
+                    keeper.end_unknown(&tenant, pass.id);
+                }
+            };
             match spent {
                 Ok(Spent::Run { .. }) => {}
-                Err(r) => return Ok(refused(&r)),
+                Err(r) => {
+                    end_hold();
+                    return Ok(refused(&r));
+                }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
                     if first && !self.in_transaction() =>
                 {
+                    end_hold();
                     // Wait again, in the slow lane or until the debt is paid back, holding
                     // nothing: the server owes nothing and goes back to the pool meanwhile
                     // (before the slot, so the next holder finds it).
@@ -486,12 +638,13 @@ impl Session {
                     if !self.gate.batch_open && !self.in_transaction() =>
                 {
                     // Earlier requests still run in this slot: wait until they are answered.
+                    end_hold();
                     return Ok(Step::Hold);
                 }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
                     // Inside a transaction, or a batch already open on the server: it runs
                     // now, and pays in full (into debt).
-                    keeper.force_spend(&mut pass, units);
+                    keeper.force_spend(&mut pass, cost.seconds);
                 }
             }
             if let (true, Some(sql), Some(key)) = (deferred, sql, key.clone()) {
@@ -503,20 +656,61 @@ impl Session {
                 });
             }
             self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
-            self.start_timing(key);
+            if held {
+                self.gate.run.held.push((tenant.clone(), pass.id));
+            }
+            let part = Part {
+                tenant,
+                charged: pass.charged(),
+                predicted: cost.seconds,
+                learn,
+                cached: key.filter(|_| from_cache),
+            };
+            self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
         }
     }
 
-    /// The price of a request from its plan (none: nothing, min_charge applies), with what
-    /// its statement usually takes as a rate, so the gate can tell whether it can still
-    /// finish before its deadline.
-    fn cost_of(&self, plan: Option<&PlanSummary>, key: Option<&PlanKey>) -> Cost {
-        let units = plan.map_or(0.0, |p| p.total_cost);
-        let usual = key.and_then(|k| self.rt.gatekeeper.usual_time(k));
-        Cost {
-            units,
-            seconds_per_unit: usual.map(|d| d.as_secs_f64() / units.max(f64::MIN_POSITIVE)),
+    /// The predicted time of a request: its plan's cost times the factor learned for that
+    /// plan (or the database's median factor), or, without a plan, the usual time of its
+    /// statement once it has run; and what its run will teach.
+    fn estimate(&self, plan: Option<&PlanSummary>, fingerprint: Option<Fingerprint>) -> Estimate {
+        let database = &self.pool.key.db;
+        let mut calibration = self.rt.gatekeeper.calibration();
+        if let (Some(plan), Some(fp)) = (plan, fingerprint) {
+            let key = PlanFactorKey {
+                database: database.clone(),
+                fingerprint: fp.0,
+                shape: Some(plan.shape.fingerprint()),
+            };
+            let p = calibration.predict_plan(&key, plan.total_cost);
+            return Estimate {
+                cost: Cost {
+                    seconds: p.seconds,
+                    known: true,
+                    learned: p.learned(),
+                },
+                learn: Some((key, Some(plan.total_cost))),
+            };
+        }
+        let Some(fp) = fingerprint else {
+            return Estimate::unknown(None);
+        };
+        let key = PlanFactorKey {
+            database: database.clone(),
+            fingerprint: fp.0,
+            shape: None,
+        };
+        match calibration.predict_unplanned(database, fp.0) {
+            Some(p) => Estimate {
+                cost: Cost {
+                    seconds: p.seconds,
+                    known: true,
+                    learned: true,
+                },
+                learn: Some((key, None)),
+            },
+            None => Estimate::unknown(Some((key, None))),
         }
     }
 
@@ -712,33 +906,21 @@ impl Session {
                 .cost_limits(&d.tenant)
                 .max_scan_rows
                 .is_some();
+            // Its price cannot be read any more (a failed transaction, an object it read is
+            // gone): its next run is priced before it starts, or is unknown.
             let Priced::Plan(Some(plan)) = self.explain(&d.sql, &d.work, &d.key, sizes).await?
             else {
-                // Its price cannot be read any more (a failed transaction, an object it read
-                // is gone): it pays as much as its tenant may save up.
-                let keeper = &self.rt.gatekeeper;
-                let mut gate = keeper.lock();
-                let units = gate.unknown_price(&d.tenant);
-                gate.charge_after(&d.tenant, units, Instant::now());
                 continue;
             };
-            if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan)) {
+            let seconds = self
+                .estimate(Some(&plan), Some(Fingerprint(d.key.fingerprint)))
+                .cost
+                .seconds;
+            if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan), seconds) {
                 tracing::warn!(client = self.id, tenant = %d.tenant, rule = %hit.rule, "a statement priced after it ran in a batch broke a cost rule");
             }
-            // Its whole cost now, on top of the min_charge it paid when it started.
-            let units = plan.total_cost.max(0.0);
-            let keeper = &self.rt.gatekeeper;
-            keeper.lock().charge_after(&d.tenant, units, Instant::now());
         }
         Ok(())
-    }
-
-    /// A request goes to the server: its run time is learned if it runs alone.
-    fn start_timing(&mut self, key: Option<PlanKey>) {
-        self.gate.timing = match (&self.gate.timing, key) {
-            (Timing::Idle, Some(key)) if self.link_quiet() => Timing::One(key, Instant::now()),
-            _ => Timing::Mixed,
-        };
     }
 
     /// Waits in the gate's queue, reading what the client sends meanwhile (a client that
@@ -874,12 +1056,15 @@ impl Session {
         governance: &Governance,
         tenant: &str,
         plan: Option<&PlanSummary>,
+        seconds: f64,
     ) -> Option<RuleHit> {
         let plan = plan?;
         let violation = governance
             .policy
             .cost_limits(tenant)
-            .check(plan, |r| self.rt.gatekeeper.size_of(&self.pool.key.db, r))?;
+            .check(plan, seconds, |r| {
+                self.rt.gatekeeper.size_of(&self.pool.key.db, r)
+            })?;
         let tables: Vec<String> = violation.tables.iter().map(|t| t.to_string()).collect();
         if governance.policy.cost_warns(tenant) {
             // Warn mode: logged and counted, and the statement runs.
@@ -1038,6 +1223,19 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
         sqlstate::CONNECTION_FAILURE,
         format!("server connection failed while pricing a statement: {e}"),
     ))
+}
+
+/// Whether `text` declares a cursor (its first word is DECLARE).
+fn declares_cursor(text: Option<&str>) -> bool {
+    let Some(text) = text else {
+        return false;
+    };
+    let word = text
+        .trim_start()
+        .split(|c: char| !c.is_ascii_alphabetic())
+        .next()
+        .unwrap_or("");
+    word.eq_ignore_ascii_case("declare")
 }
 
 /// The kind of a statement text (not UTF-8: work).

@@ -587,6 +587,10 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
+        if governance.is_some() && len > 0 {
+            // Under a policy every moment the server works for this client is some tenant's.
+            self.gate.run.touch(Instant::now());
+        }
         link.emit_synthetic(&mut self.to_client);
         Ok(())
     }
@@ -730,6 +734,11 @@ impl Session {
                 params: &mut self.params,
                 tracked: &self.tracked,
             };
+            if tag == backend::tag::ERROR_RESPONSE || tag == backend::tag::PORTAL_SUSPENDED {
+                // A failed or cancelled run, or a portal that stops with rows left, teaches
+                // nothing (it is still charged).
+                self.gate.run.failed = true;
+            }
             if tag == backend::tag::ERROR_RESPONSE && self.gate.timed_out.is_some() {
                 if let Some(limit) =
                     timed_out_error(&link.server.rbuf[span.body()], self.gate.timed_out)
@@ -795,13 +804,13 @@ impl Session {
         if !link.quiet(&self.to_server) {
             return Ok(());
         }
-        // PostgreSQL owes this client nothing: what ran unpriced in a batch is priced, and
-        // the gate's slot goes back, unless a transaction is open (it keeps its slot, as it
-        // keeps its server, to its end).
+        // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
+        // in a batch is priced for its next run, and the gate's slot goes back, unless a
+        // transaction is open (it keeps its slot, as it keeps its server, to its end).
+        self.gate.end_run(&self.rt.gatekeeper);
         if self.gate.has_deferred() {
             self.price_deferred().await?;
         }
-        self.gate.end_timing(&self.rt.gatekeeper);
         let Some(link) = &self.link else {
             return Ok(());
         };
@@ -823,7 +832,8 @@ impl Session {
 
     /// Gives the server back, once no cancel for it is still on its way, then the slot.
     async fn release(&mut self) {
-        self.gate.abandon_deferred(&self.rt.gatekeeper);
+        self.gate.end_run(&self.rt.gatekeeper);
+        self.gate.forget_deferred();
         let Some(mut link) = self.link.take() else {
             self.gate.slot = None;
             return;
@@ -869,7 +879,10 @@ impl Session {
                     // Stop what the server is running before closing it.
                     crate::cancel::cancel_in_background(&link.server.addr, &link.server.key);
                 }
-                self.gate.abandon_deferred(&self.rt.gatekeeper);
+                // Cut short: charged what it took, and teaches nothing.
+                self.gate.run.failed = true;
+                self.gate.end_run(&self.rt.gatekeeper);
+                self.gate.forget_deferred();
                 self.handle.detach();
                 link.server.close(&err.message);
                 self.gate.slot = None;
@@ -904,8 +917,9 @@ impl Session {
 
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
-        self.gate.abandon_deferred(&self.rt.gatekeeper);
-        self.gate.timing = admit::Timing::Idle;
+        self.gate.run.failed = true;
+        self.gate.end_run(&self.rt.gatekeeper);
+        self.gate.forget_deferred();
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();
@@ -925,6 +939,10 @@ impl Session {
         };
         let quiet = link.quiet(&self.to_server);
         let clean = quiet && link.server.is_clean();
+        if !quiet {
+            // Cut short: what ran is charged, and teaches nothing.
+            self.gate.run.failed = true;
+        }
         if !quiet && !link.expected.is_empty() {
             // What the client left running is cancelled on PostgreSQL before its server
             // is closed: a vanished client's statement must not run on.

@@ -10,7 +10,7 @@ impl<W> Gate<W> {
     }
 
     /// The first decision on a request, before it is priced: kills, deadline, and the cheap
-    /// budget check (reserve): if the tenant already owes units, there is no point paying
+    /// budget check (reserve): if the tenant already owes time, there is no point paying
     /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
     pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
         self.note_pool(req);
@@ -113,11 +113,12 @@ impl<W> Gate<W> {
         self.refused(tenant, refusal, now)
     }
 
-    /// The real budget decision, once the cost is known: check and charge in one step, so
-    /// a second statement of the tenant sees what the first spent. A statement whose tenant
-    /// owes nothing is charged its whole cost, even into debt. Refused, as well, when its
-    /// expected run time does not fit before its deadline (57014, nothing charged).
-    /// A pass that has paid already is not charged again.
+    /// The real budget decision, once the predicted time is known: check and charge in one
+    /// step, so a second statement of the tenant sees what the first spent. A statement
+    /// whose tenant owes nothing is charged its whole predicted time, even into debt; once it
+    /// has run, [`settle`](Self::settle) charges what it really took instead. Refused, as
+    /// well, when its predicted time does not fit before its deadline (57014, nothing
+    /// charged). A pass that has paid already is not charged again.
     pub fn spend(&mut self, pass: &mut Pass, cost: Cost, now: Instant) -> Result<Spent, Refusal> {
         if let Payment::Paid(charged) = pass.payment {
             return Ok(Spent::Run { charged });
@@ -131,10 +132,10 @@ impl<W> Gate<W> {
         let min = state.config.min_charge();
         let charged = match (&mut state.bucket, state.config.budget()) {
             (Some(bucket), Some(b)) if pass.lane == Lane::Slow => {
-                Some(bucket.force_charge(&b, cost.units, now))
+                Some(bucket.force_charge(&b, cost.seconds, now))
             }
-            (Some(bucket), Some(b)) => bucket.try_charge(&b, cost.units, now),
-            _ => Some(charge_of(cost.units, min)),
+            (Some(bucket), Some(b)) => bucket.try_charge(&b, cost.seconds, now),
+            _ => Some(charge_of(cost.seconds, min)),
         };
         let Some(charged) = charged else {
             return self.over_budget(pass, now);
@@ -144,44 +145,63 @@ impl<W> Gate<W> {
         Ok(Spent::Run { charged })
     }
 
-    /// Charges `pass` its whole cost whatever its tenant owes: a request that must run now
-    /// because its pipeline is already on the server (it cannot wait or change lanes there).
-    pub fn force_spend(&mut self, pass: &mut Pass, units: f64, now: Instant) -> f64 {
+    /// Charges `pass` its whole predicted time whatever its tenant owes: a request that must
+    /// run now because its pipeline is already on the server (it cannot wait or change lanes
+    /// there).
+    pub fn force_spend(&mut self, pass: &mut Pass, seconds: f64, now: Instant) -> f64 {
         if let Payment::Paid(charged) = pass.payment {
             return charged;
         }
-        self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
-        let charged = self.charge_after(&pass.tenant, units, now);
+        let state = self.tenant_mut(&pass.tenant, now);
+        state.unpaid.remove(&pass.id);
+        let min = state.config.min_charge();
+        let charged = match (&mut state.bucket, state.config.budget()) {
+            (Some(bucket), Some(b)) => bucket.force_charge(&b, seconds, now),
+            _ => charge_of(seconds, min),
+        };
+        state.record_charge(charged, now);
         pass.payment = Payment::Paid(charged);
         charged
     }
 
-    /// Charges `tenant` for work that already ran (priced once its pipeline was answered),
-    /// even into debt; returns the units taken.
-    pub fn charge_after(&mut self, tenant: &str, units: f64, now: Instant) -> f64 {
+    /// Work of `tenant` that was charged `charged` seconds before it ran took `took`: the
+    /// difference is charged (even into debt) or given back (within the burst). Returns the
+    /// seconds added (negative when given back).
+    pub fn settle(&mut self, tenant: &str, charged: f64, took: f64, now: Instant) -> f64 {
+        let took = if took.is_finite() { took.max(0.0) } else { 0.0 };
+        let delta = took - charged.max(0.0);
         let state = self.tenant_mut(tenant, now);
-        let charged = match (&mut state.bucket, state.config.budget()) {
-            (Some(bucket), Some(b)) => bucket.force_charge(
-                &Budget {
-                    min_charge: 0.0,
-                    ..b
-                },
-                units,
-                now,
-            ),
-            _ => charge_of(units, 0.0),
-        };
-        state.record_charge(charged, now);
-        charged
+        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
+            match delta >= 0.0 {
+                true => {
+                    let exact = Budget {
+                        min_charge: 0.0,
+                        ..b
+                    };
+                    bucket.force_charge(&exact, delta, now);
+                }
+                false => bucket.refund(&b, -delta, now),
+            }
+        }
+        state.recent.add(delta, now);
+        state.charged = (state.charged + delta).max(0.0);
+        delta
     }
 
-    /// What a request that ran but could not be priced afterwards is charged: a whole burst
-    /// of its tenant's budget (nothing without a budget), so that hiding a price never pays.
-    pub fn unknown_price(&self, tenant: &str) -> f64 {
-        self.tenants
-            .get(tenant)
-            .and_then(|t| t.config.budget())
-            .map_or(0.0, |b| b.burst)
+    /// `tenant` is about to run work whose price nobody knows yet (no plan, never run), as
+    /// `id`: its other unpriced requests wait until [`end_unknown`](Self::end_unknown), once
+    /// the work has run and taught its time, so a tenant cannot start the same unknown work
+    /// on every connection at once. Whether it held (a tenant without a budget is not held).
+    pub fn hold_unknown(&mut self, tenant: &str, id: TicketId, now: Instant) -> bool {
+        let state = self.tenant_mut(tenant, now);
+        state.bucket.is_some() && state.unknown.insert(id)
+    }
+
+    /// The unknown work `id` of `tenant` has run (or never will).
+    pub fn end_unknown(&mut self, tenant: &str, id: TicketId) {
+        if let Some(state) = self.tenants.get_mut(tenant) {
+            state.unknown.remove(&id);
+        }
     }
 
     fn over_budget(&mut self, pass: &mut Pass, now: Instant) -> Result<Spent, Refusal> {
@@ -202,7 +222,7 @@ impl<W> Gate<W> {
     }
 
     /// Gives back what `pass` was charged (its statement never ran: a refused or timed-out
-    /// wait, a client that left); returns the units refunded.
+    /// wait, a client that left); returns the seconds refunded.
     pub fn refund(&mut self, pass: &mut Pass, now: Instant) -> f64 {
         let Payment::Paid(amount) = pass.payment else {
             return 0.0;
@@ -265,7 +285,7 @@ impl<W> Gate<W> {
     }
 }
 
-/// 57014 when the deadline has passed, or the expected run time does not fit before it.
+/// 57014 when the deadline has passed, or the predicted run time does not fit before it.
 fn deadline_check(pass: &Pass, cost: &Cost, now: Instant) -> Option<Refusal> {
     let deadline = pass.deadline?;
     let Some(left) = deadline
@@ -274,7 +294,9 @@ fn deadline_check(pass: &Pass, cost: &Cost, now: Instant) -> Option<Refusal> {
     else {
         return Some(Refusal::deadline());
     };
-    let seconds = cost.units.max(0.0) * cost.seconds_per_unit?;
-    let expected = Duration::try_from_secs_f64(seconds).unwrap_or(Duration::MAX);
+    if !cost.learned {
+        return None;
+    }
+    let expected = Duration::try_from_secs_f64(cost.seconds.max(0.0)).unwrap_or(Duration::MAX);
     (expected > left).then(|| Refusal::too_slow(expected, left))
 }

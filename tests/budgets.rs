@@ -1,0 +1,344 @@
+//! Budgets in seconds of server time, end to end against a real PostgreSQL: a tenant whose
+//! budget pays for about two full reads gets no more than that plus one batch, however the
+//! reads are dressed (behind a cheap statement in one text, three in one pipeline, a plan
+//! primed by a cheap constant, a DO block, a function, eight connections at once), because
+//! whatever runs is charged what it took; and what pgward learned of run times survives a
+//! restart.
+
+mod common;
+
+use std::time::Duration;
+
+use common::driver::{code, must_connect, show};
+use common::gate::{full_read_seconds, gated, FULL_READ};
+use common::policy::Policed;
+use common::raw::{named_extended_query, sync_message};
+use common::Pgward;
+
+/// A budget that pays for about two full reads (`read` seconds each) and pays back almost
+/// nothing while a test runs; over it, refused.
+fn two_reads(read: f64) -> String {
+    format!(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nrate = {}\nburst = {}\nwhen_over = \"reject\"\n",
+        read / 100.0,
+        2.0 * read
+    )
+}
+
+/// PostgreSQL with the gate's tables and pgward with a two-read budget for `trustuser`.
+fn start() -> Policed {
+    let f = gated("", "default_pool_size = 10\nadmin_users = admin\n");
+    let read = full_read_seconds(&f.pg);
+    f.reload_with(&two_reads(read));
+    std::thread::sleep(Duration::from_millis(300));
+    f
+}
+
+/// Runs `sql` as `trustuser` `tries` times, one after another; how many ran.
+async fn ran(f: &Policed, sql: &str, tries: usize) -> usize {
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    let mut ran = 0;
+    for _ in 0..tries {
+        match conn.client.simple_query(sql).await {
+            Ok(_) => ran += 1,
+            Err(e) => assert_eq!(code(&e), "53000", "{sql}: {e:?}"),
+        }
+    }
+    ran
+}
+
+/// At most what the budget pays for (two reads), plus one batch.
+const MOST: usize = 3;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_hidden_behind_a_cheap_statement_in_one_text_pays_what_it_took() {
+    let f = start();
+    let n = ran(&f, &format!("SELECT 1; {FULL_READ}"), 8).await;
+    assert!(n <= MOST, "{n} multi-statement reads ran");
+    assert!(n >= 1, "the first one owes nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_do_block_and_a_function_pay_what_they_took() {
+    let f = start();
+    let n = ran(
+        &f,
+        "DO $$ BEGIN PERFORM count(*) FROM big; PERFORM count(*) FROM big; END $$",
+        8,
+    )
+    .await;
+    // Each DO block reads twice: the budget pays for one of them.
+    assert!(n <= 2, "{n} DO blocks ran");
+    f.pg.sql(
+        "CREATE FUNCTION big_count() RETURNS bigint LANGUAGE sql AS \
+         'SELECT count(*) FROM big'; GRANT EXECUTE ON FUNCTION big_count() TO PUBLIC",
+    );
+    // A fresh budget.
+    f.reload_with("");
+    std::thread::sleep(Duration::from_millis(300));
+    f.reload_with(&two_reads(full_read_seconds(&f.pg)));
+    std::thread::sleep(Duration::from_millis(300));
+    let n = ran(&f, "SELECT big_count()", 8).await;
+    assert!(n <= MOST, "{n} function calls ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_primed_by_a_cheap_constant_does_not_price_a_full_read() {
+    let f = start();
+    // The tenant of another role primes the plan of the same shape with cheap constants.
+    let postgres = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    for id in 2..6 {
+        let sql = format!("SELECT count(*) FROM big WHERE id < {id}");
+        postgres.client.simple_query(&sql).await.expect("cheap");
+    }
+    let n = ran(&f, "SELECT count(*) FROM big WHERE id < 2000000", 8).await;
+    assert!(n <= MOST, "{n} reads primed cheap ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_reads_in_one_pipeline_pay_for_three() {
+    let f = start();
+    let mut ran = 0;
+    for _ in 0..4 {
+        let mut r = f.pw.client_as("trustuser", "app");
+        let mut m = Vec::new();
+        for _ in 0..3 {
+            m.extend(named_extended_query("", FULL_READ));
+        }
+        m.extend(sync_message());
+        r.send(&m);
+        let messages = r
+            .until_ready_within(Duration::from_secs(20))
+            .expect("ready");
+        ran += messages.iter().filter(|m| m.tag == b'D').count();
+        let refused = messages.iter().any(|m| m.tag == b'E');
+        if refused {
+            break;
+        }
+    }
+    assert!(ran <= MOST, "{ran} reads ran in pipelines");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_connections_starting_the_read_at_once_get_what_the_budget_pays_for() {
+    let f = start();
+    // The statement has run before (another tenant's): its time is known.
+    let postgres = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    postgres.client.simple_query(FULL_READ).await.expect("read");
+    let mut tasks = Vec::new();
+    for _ in 0..8 {
+        let connstr = f.pw.connstr("trustuser", None, "app");
+        tasks.push(tokio::spawn(async move {
+            let conn = must_connect(&connstr).await;
+            match conn.client.simple_query(FULL_READ).await {
+                Ok(_) => 1,
+                Err(e) => {
+                    assert_eq!(code(&e), "53000", "{e:?}");
+                    0
+                }
+            }
+        }));
+    }
+    let mut n = 0;
+    for t in tasks {
+        n += t.await.expect("task");
+    }
+    assert!(n <= MOST, "{n} of eight reads at once ran");
+    assert!(n >= 1);
+}
+
+/// What pgward learned per plan, from SHOW CALIBRATION: fingerprint and shape -> (microseconds
+/// per unit, runs).
+async fn factors(pw: &Pgward) -> Vec<(String, f64, i64)> {
+    let admin = must_connect(&pw.connstr("admin", None, "pgward")).await;
+    show(&admin.client, "SHOW CALIBRATION")
+        .await
+        .into_iter()
+        .filter_map(|row| {
+            let get = |c: &str| row.get(c).cloned().flatten();
+            let key = format!("{}/{}", get("fingerprint")?, get("shape")?);
+            let k: f64 = get("us_per_unit")?.parse().ok()?;
+            let runs: i64 = get("runs")?.parse().ok()?;
+            Some((key, k, runs))
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_was_learned_survives_a_restart() {
+    let f = gated("", "admin_users = admin\n");
+    let state = f.policy.with_file_name("state.json");
+    let ini = Pgward::ini(
+        &f.pg,
+        &format!(
+            "auth_type = trust\npool_mode = transaction\nadmin_users = admin\n\
+             policy_file = {}\nstate_file = {}\n",
+            f.policy.display(),
+            state.display()
+        ),
+        "",
+    );
+    let mut pw = Pgward::start(&ini);
+    let conn = must_connect(&pw.connstr("trustuser", None, "app")).await;
+    for _ in 0..3 {
+        conn.client.simple_query(FULL_READ).await.expect("read");
+    }
+    drop(conn);
+    let before = factors(&pw).await;
+    assert!(
+        before.iter().any(|(_, _, runs)| *runs >= 3),
+        "the read was learned: {before:?}"
+    );
+    pw.signal(libc::SIGTERM);
+    pw.wait_exit(Duration::from_secs(10)).expect("pgward stops");
+    assert!(state.exists(), "no state file written at shutdown");
+
+    let pw = Pgward::start(&ini);
+    let after = factors(&pw).await;
+    assert_eq!(after, before, "what was learned came back as it was");
+    // A state file that is not ours is a warning, never a failed start.
+    drop(pw);
+    std::fs::write(&state, "not json").expect("write");
+    let pw = Pgward::start(&ini);
+    assert!(factors(&pw).await.is_empty());
+    assert!(pw.log().contains("state file"), "{}", pw.log());
+}
+
+/// pgward with a policy that names `trustuser`'s tenant (a large budget) and a console.
+fn learning() -> Policed {
+    gated(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nrate = 1000\nburst = 1000\n",
+        "default_pool_size = 4\nadmin_users = admin\n",
+    )
+}
+
+/// SHOW CALIBRATION's rows for statements whose plan shape is known.
+async fn learned(f: &Policed) -> Vec<(String, f64, i64)> {
+    factors(&f.pw).await
+}
+
+/// `tenant`'s `charged` column of SHOW TENANTS.
+async fn charged(f: &Policed, tenant: &str) -> f64 {
+    let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
+    show(&admin.client, "SHOW TENANTS")
+        .await
+        .into_iter()
+        .find(|r| r.get("tenant").cloned().flatten().as_deref() == Some(tenant))
+        .and_then(|r| r.get("charged").cloned().flatten())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no charged for {tenant}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portal_read_a_few_rows_at_a_time_teaches_nothing_and_pays_for_every_part() {
+    use common::raw::Batch;
+    let f = learning();
+    let mut r = f.pw.client_as("trustuser", "app");
+    r.send(&Batch::new().query("BEGIN"));
+    r.until_ready_within(Duration::from_secs(10))
+        .expect("BEGIN");
+    let first = Batch::new()
+        .parse("", "SELECT * FROM big", &[])
+        .bind("", "", &[])
+        .execute("", 10)
+        .sync();
+    r.send(&first);
+    let got = r.until_ready_within(Duration::from_secs(10)).expect("rows");
+    assert!(
+        got.iter().any(|m| m.tag == b's'),
+        "the portal stopped with rows left"
+    );
+    assert!(
+        learned(&f).await.is_empty(),
+        "ten rows of a full read taught a factor"
+    );
+    let before = charged(&f, "acme").await;
+    // The rest of the portal: no request passes the gate, yet the server works for acme.
+    r.send(&Batch::new().execute("", 0).sync());
+    let got = r
+        .until_ready_within(Duration::from_secs(10))
+        .expect("the rest");
+    assert!(got.iter().any(|m| m.tag == b'C'), "the portal completed");
+    assert!(
+        charged(&f, "acme").await > before,
+        "the rest of the portal was never charged"
+    );
+    r.send(&Batch::new().query("COMMIT"));
+    r.until_ready_within(Duration::from_secs(10))
+        .expect("COMMIT");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_cut_short_by_a_leaving_client_teaches_nothing() {
+    let f = learning();
+    let mut r = f.pw.client_as("trustuser", "app");
+    r.send(&common::raw::query_message("SELECT pg_sleep(1)"));
+    std::thread::sleep(Duration::from_millis(300));
+    drop(r);
+    // The cancel lands and the session ends (within the close grace) before we look.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        learned(&f).await.is_empty(),
+        "a third of a pg_sleep was learned"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cached_plan_far_from_what_its_run_took_is_dropped_and_teaches_nothing() {
+    let f = learning();
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    for _ in 0..3 {
+        conn.client
+            .simple_query("SELECT pg_sleep(0.001)")
+            .await
+            .expect("short");
+    }
+    let before = learned(&f).await;
+    assert_eq!(before.len(), 1, "{before:?}");
+    // Same fingerprint, same cached plan, five hundred times longer.
+    conn.client
+        .simple_query("SELECT pg_sleep(0.5)")
+        .await
+        .expect("long");
+    let after = learned(&f).await;
+    assert_eq!(after[0].1, before[0].1, "the long run moved the factor");
+    assert_eq!(after[0].2, before[0].2, "the long run was learned");
+    // Its plan is read again next time, and that run is learned.
+    conn.client
+        .simple_query("SELECT pg_sleep(0.002)")
+        .await
+        .expect("short again");
+    assert_eq!(learned(&f).await[0].2, before[0].2 + 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declaring_a_cursor_teaches_nothing() {
+    let f = learning();
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    conn.client.batch_execute("BEGIN").await.expect("BEGIN");
+    conn.client
+        .simple_query("DECLARE c CURSOR FOR SELECT * FROM big")
+        .await
+        .expect("DECLARE");
+    conn.client.batch_execute("COMMIT").await.expect("COMMIT");
+    assert!(learned(&f).await.is_empty(), "a DECLARE taught a factor");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_work_in_an_idle_transaction_does_not_hold_its_tenant_back() {
+    let f = learning();
+    let holder = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    holder.client.batch_execute("BEGIN").await.expect("BEGIN");
+    holder
+        .client
+        .batch_execute("DO $$ BEGIN PERFORM 1; END $$")
+        .await
+        .expect("DO");
+    // The DO block has run; the transaction stays open, idle.
+    let other = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    let read = tokio::time::timeout(Duration::from_secs(3), other.client.simple_query(FULL_READ));
+    read.await
+        .expect("the tenant's other work waited for an idle transaction")
+        .expect("read");
+    holder.client.batch_execute("COMMIT").await.expect("COMMIT");
+}
