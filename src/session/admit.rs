@@ -121,6 +121,16 @@ fn learn(keeper: &crate::gate::keeper::Gatekeeper, part: &Part, took: Duration) 
         return;
     };
     let seconds = took.as_secs_f64();
+    // One line per run that could teach, for the accuracy benchmark (bench/tpch.sh) and for
+    // anyone checking the predictions: fingerprint, shape, predicted and measured seconds.
+    tracing::debug!(
+        target: "pgward::calibration",
+        fingerprint = %format!("{:016x}", key.fingerprint),
+        shape = %key.shape.map_or_else(|| "none".to_string(), |s| format!("{s:016x}")),
+        predicted_s = part.predicted,
+        took_s = seconds,
+        "run measured"
+    );
     if let Some(cached) = &part.cached {
         let ratio = seconds / part.predicted.max(f64::MIN_POSITIVE);
         let long = seconds.max(part.predicted) >= 0.1;
