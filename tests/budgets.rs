@@ -10,7 +10,7 @@ mod common;
 use std::time::Duration;
 
 use common::driver::{code, must_connect, show};
-use common::gate::{full_read_seconds, gated, FULL_READ};
+use common::gate::{gated, FULL_READ};
 use common::policy::Policed;
 use common::raw::{named_extended_query, sync_message};
 use common::Pgward;
@@ -25,13 +25,31 @@ fn two_reads(read: f64) -> String {
     )
 }
 
-/// PostgreSQL with the gate's tables and pgward with a two-read budget for `trustuser`.
-fn start() -> Policed {
+/// PostgreSQL with the gate's tables (and `setup` run on them), and pgward with a budget for
+/// `trustuser` that pays for two runs of `sql` as pgward measures them (run by another tenant
+/// first; what a client sees straight on the server is a little more).
+async fn start_for(setup: &str, sql: &str) -> Policed {
     let f = gated("", "default_pool_size = 10\nadmin_users = admin\n");
-    let read = full_read_seconds(&f.pg);
-    f.reload_with(&two_reads(read));
-    std::thread::sleep(Duration::from_millis(300));
+    if !setup.is_empty() {
+        f.pg.sql(setup);
+    }
+    let seconds = measured(&f, sql).await;
+    f.reload_with(&two_reads(seconds));
+    tokio::time::sleep(Duration::from_millis(300)).await;
     f
+}
+
+/// Seconds one run of `sql` takes as pgward charges it: three runs by the role `postgres` (a
+/// tenant of its own, with no budget) after one to warm up, from SHOW TENANTS.
+async fn measured(f: &Policed, sql: &str) -> f64 {
+    let conn = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    // The first run of a session also loads catalogs: warm up first.
+    conn.client.simple_query(sql).await.expect("warm-up");
+    let before = charged(f, "postgres").await;
+    for _ in 0..3 {
+        conn.client.simple_query(sql).await.expect("run");
+    }
+    (charged(f, "postgres").await - before) / 3.0
 }
 
 /// Runs `sql` as `trustuser` `tries` times, one after another; how many ran.
@@ -47,57 +65,60 @@ async fn ran(f: &Policed, sql: &str, tries: usize) -> usize {
     ran
 }
 
+/// The tests time reads against each other: they run one at a time.
+static MACHINE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// At most what the budget pays for (two reads), plus one batch.
 const MOST: usize = 3;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_read_hidden_behind_a_cheap_statement_in_one_text_pays_what_it_took() {
-    let f = start();
-    let n = ran(&f, &format!("SELECT 1; {FULL_READ}"), 8).await;
+    let _alone = MACHINE.lock().await;
+    let hidden = format!("SELECT 1; {FULL_READ}");
+    let f = start_for("", &hidden).await;
+    let n = ran(&f, &hidden, 8).await;
     assert!(n <= MOST, "{n} multi-statement reads ran");
     assert!(n >= 1, "the first one owes nothing");
 }
 
+/// A DO block that reads the table.
+const DO_READ: &str = "DO $$ BEGIN PERFORM count(*) FROM big; END $$";
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_do_block_and_a_function_pay_what_they_took() {
-    let f = start();
-    let n = ran(
-        &f,
-        "DO $$ BEGIN PERFORM count(*) FROM big; PERFORM count(*) FROM big; END $$",
-        8,
-    )
-    .await;
-    // Each DO block reads twice: the budget pays for one of them.
-    assert!(n <= 2, "{n} DO blocks ran");
-    f.pg.sql(
-        "CREATE FUNCTION big_count() RETURNS bigint LANGUAGE sql AS \
-         'SELECT count(*) FROM big'; GRANT EXECUTE ON FUNCTION big_count() TO PUBLIC",
-    );
-    // A fresh budget.
-    f.reload_with("");
-    std::thread::sleep(Duration::from_millis(300));
-    f.reload_with(&two_reads(full_read_seconds(&f.pg)));
-    std::thread::sleep(Duration::from_millis(300));
+async fn a_do_block_pays_what_it_took() {
+    let _alone = MACHINE.lock().await;
+    let f = start_for("", DO_READ).await;
+    let n = ran(&f, DO_READ, 8).await;
+    assert!(n <= MOST, "{n} DO blocks ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_function_that_reads_pays_what_it_took() {
+    let _alone = MACHINE.lock().await;
+    let function = "CREATE FUNCTION big_count() RETURNS bigint LANGUAGE sql AS \
+                    'SELECT count(*) FROM big'; GRANT EXECUTE ON FUNCTION big_count() TO PUBLIC";
+    let f = start_for(function, "SELECT big_count()").await;
     let n = ran(&f, "SELECT big_count()", 8).await;
     assert!(n <= MOST, "{n} function calls ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_plan_primed_by_a_cheap_constant_does_not_price_a_full_read() {
-    let f = start();
-    // The tenant of another role primes the plan of the same shape with cheap constants.
-    let postgres = must_connect(&f.pw.connstr("postgres", None, "app")).await;
-    for id in 2..6 {
-        let sql = format!("SELECT count(*) FROM big WHERE id < {id}");
-        postgres.client.simple_query(&sql).await.expect("cheap");
-    }
-    let n = ran(&f, "SELECT count(*) FROM big WHERE id < 2000000", 8).await;
+    let _alone = MACHINE.lock().await;
+    let big = "SELECT count(*) FROM big WHERE id < 2000000";
+    let f = start_for("", big).await;
+    // The tenant primes the plan of the same statement with cheap constants first.
+    let n = ran(&f, "SELECT count(*) FROM big WHERE id < 2", 1).await;
+    assert_eq!(n, 1);
+    ran(&f, "SELECT count(*) FROM big WHERE id < 3", 1).await;
+    let n = ran(&f, big, 8).await;
     assert!(n <= MOST, "{n} reads primed cheap ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_reads_in_one_pipeline_pay_for_three() {
-    let f = start();
+    let _alone = MACHINE.lock().await;
+    let f = start_for("", FULL_READ).await;
     let mut ran = 0;
     for _ in 0..4 {
         let mut r = f.pw.client_as("trustuser", "app");
@@ -121,7 +142,8 @@ async fn three_reads_in_one_pipeline_pay_for_three() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn eight_connections_starting_the_read_at_once_get_what_the_budget_pays_for() {
-    let f = start();
+    let _alone = MACHINE.lock().await;
+    let f = start_for("", FULL_READ).await;
     // The statement has run before (another tenant's): its time is known.
     let postgres = must_connect(&f.pw.connstr("postgres", None, "app")).await;
     postgres.client.simple_query(FULL_READ).await.expect("read");
@@ -166,6 +188,7 @@ async fn factors(pw: &Pgward) -> Vec<(String, f64, i64)> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_was_learned_survives_a_restart() {
+    let _alone = MACHINE.lock().await;
     let f = gated("", "admin_users = admin\n");
     let state = f.policy.with_file_name("state.json");
     let ini = Pgward::ini(
@@ -231,6 +254,7 @@ async fn charged(f: &Policed, tenant: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_portal_read_a_few_rows_at_a_time_teaches_nothing_and_pays_for_every_part() {
+    let _alone = MACHINE.lock().await;
     use common::raw::Batch;
     let f = learning();
     let mut r = f.pw.client_as("trustuser", "app");
@@ -270,6 +294,7 @@ async fn a_portal_read_a_few_rows_at_a_time_teaches_nothing_and_pays_for_every_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_cut_short_by_a_leaving_client_teaches_nothing() {
+    let _alone = MACHINE.lock().await;
     let f = learning();
     let mut r = f.pw.client_as("trustuser", "app");
     r.send(&common::raw::query_message("SELECT pg_sleep(1)"));
@@ -285,6 +310,7 @@ async fn a_run_cut_short_by_a_leaving_client_teaches_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cached_plan_far_from_what_its_run_took_is_dropped_and_teaches_nothing() {
+    let _alone = MACHINE.lock().await;
     let f = learning();
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
     for _ in 0..3 {
@@ -303,6 +329,13 @@ async fn a_cached_plan_far_from_what_its_run_took_is_dropped_and_teaches_nothing
     let after = learned(&f).await;
     assert_eq!(after[0].1, before[0].1, "the long run moved the factor");
     assert_eq!(after[0].2, before[0].2, "the long run was learned");
+    let flips = console_rows(&f.pw, "SHOW FLIPS").await;
+    assert_eq!(flips.len(), 1, "{flips:?}");
+    assert_eq!(flips[0]["reason"], "slow_run", "{flips:?}");
+    assert!(
+        flips[0]["slow_lane_until"].is_empty(),
+        "no quarantine without the setting"
+    );
     // Its plan is read again next time, and that run is learned.
     conn.client
         .simple_query("SELECT pg_sleep(0.002)")
@@ -313,6 +346,7 @@ async fn a_cached_plan_far_from_what_its_run_took_is_dropped_and_teaches_nothing
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declaring_a_cursor_teaches_nothing() {
+    let _alone = MACHINE.lock().await;
     let f = learning();
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
     conn.client.batch_execute("BEGIN").await.expect("BEGIN");
@@ -326,6 +360,7 @@ async fn declaring_a_cursor_teaches_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_work_in_an_idle_transaction_does_not_hold_its_tenant_back() {
+    let _alone = MACHINE.lock().await;
     let f = learning();
     let holder = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
     holder.client.batch_execute("BEGIN").await.expect("BEGIN");
@@ -341,4 +376,62 @@ async fn unknown_work_in_an_idle_transaction_does_not_hold_its_tenant_back() {
         .expect("the tenant's other work waited for an idle transaction")
         .expect("read");
     holder.client.batch_execute("COMMIT").await.expect("COMMIT");
+}
+
+/// The rows of a console SHOW, column -> value (NULL as an empty string).
+async fn console_rows(pw: &Pgward, sql: &str) -> Vec<std::collections::HashMap<String, String>> {
+    let admin = must_connect(&pw.connstr("admin", None, "pgward")).await;
+    show(&admin.client, sql)
+        .await
+        .into_iter()
+        .map(|row| {
+            row.into_iter()
+                .map(|(k, v)| (k, v.unwrap_or_default()))
+                .collect()
+        })
+        .collect()
+}
+
+/// EXPLAINs run so far (SHOW PLANS).
+async fn explains(pw: &Pgward) -> u64 {
+    console_rows(pw, "SHOW PLANS").await[0]["explains"]
+        .parse()
+        .expect("a count")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ddl_drops_cached_plans_and_a_new_shape_is_a_flip_sent_to_the_slow_lane() {
+    let _alone = MACHINE.lock().await;
+    let f = gated(
+        "[gate]\nflip_quarantine = \"1m\"\n[tenants.acme]\nroles = [\"trustuser\"]\n",
+        "default_pool_size = 4\nadmin_users = admin\n",
+    );
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    for id in 1..=6 {
+        let sql = format!("SELECT v FROM small WHERE id = {id}");
+        conn.client.simple_query(&sql).await.expect("lookup");
+    }
+    let before = explains(&f.pw).await;
+    assert!(console_rows(&f.pw, "SHOW FLIPS").await.is_empty());
+    // The index goes, through pgward: the cached plan of the lookup is dropped.
+    let owner = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    owner
+        .client
+        .batch_execute("ALTER TABLE small DROP CONSTRAINT small_pkey")
+        .await
+        .expect("drop the index");
+    conn.client
+        .simple_query("SELECT v FROM small WHERE id = 7")
+        .await
+        .expect("lookup without its index");
+    assert_eq!(
+        explains(&f.pw).await,
+        before + 1,
+        "the lookup was priced from the plan cached before the DDL"
+    );
+    let flips = console_rows(&f.pw, "SHOW FLIPS").await;
+    assert_eq!(flips.len(), 1, "{flips:?}");
+    assert_eq!(flips[0]["reason"], "shape", "{flips:?}");
+    assert_ne!(flips[0]["usual_shape"], flips[0]["new_shape"]);
+    assert!(!flips[0]["slow_lane_until"].is_empty(), "{flips:?}");
 }

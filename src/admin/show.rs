@@ -42,6 +42,7 @@ pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), Adm
         "lanes" => show_gate::lanes(rt),
         "plans" | "plan_cache" => show_gate::plans(rt),
         "calibration" => show_gate::calibration(rt),
+        "flips" => show_gate::flips(rt),
         other => {
             return Err(AdminError::protocol(format!(
                 "invalid command 'SHOW {other}', use SHOW HELP;"

@@ -1,11 +1,11 @@
-//! SHOW TENANTS, SHOW KILLS, SHOW PLANS (alias PLAN_CACHE) and SHOW CALIBRATION: the admission
-//! gate, its plan cache and what it learned of run times; and the plan cache's line in the log once a minute.
+//! SHOW TENANTS, SHOW KILLS, SHOW PLANS (alias PLAN_CACHE), SHOW CALIBRATION and SHOW FLIPS:
+//! the admission gate, its plan cache, what it learned of run times and the plans that flipped; and the plan cache's line in the log once a minute.
 
 use std::time::{Duration, Instant, SystemTime};
 
 use super::result::format_time;
 use super::result::{Cell, Table, Ty};
-use crate::cost::CacheStats;
+use crate::cost::{CacheStats, FlipReason};
 use crate::gate::{KillRow, KillTarget, Lane, RefusalReason, TenantStats};
 use crate::runtime::Runtime;
 
@@ -204,6 +204,48 @@ pub fn calibration(rt: &Runtime) -> Table {
             per_unit,
             usual,
             i64::from(r.runs).into(),
+        ]);
+    }
+    t
+}
+
+const FLIPS: &[(&str, Ty)] = &[
+    ("at", Ty::Text),
+    ("database", Ty::Text),
+    ("fingerprint", Ty::Text),
+    ("reason", Ty::Text),
+    ("usual_shape", Ty::Text),
+    ("new_shape", Ty::Text),
+    ("predicted_ms", N),
+    ("took_ms", N),
+    ("slow_lane_until", Ty::Text),
+];
+
+/// The latest plan flips, newest first: a new plan shape of a statement that had a usual
+/// one, or a run over ten times its prediction; and until when it runs in the slow lane.
+pub fn flips(rt: &Runtime) -> Table {
+    let mut t = Table::new(FLIPS);
+    for f in rt.gatekeeper.flips().into_iter().rev() {
+        let hex = |v: u64| Cell::from(format!("{v:016x}"));
+        let (usual, new, predicted, took) = match f.reason {
+            FlipReason::Shape { usual, new } => (hex(usual), hex(new), Cell::Null, Cell::Null),
+            FlipReason::Slow { predicted, took } => (
+                Cell::Null,
+                Cell::Null,
+                Cell::decimal(predicted * 1000.0, 3),
+                Cell::decimal(took * 1000.0, 3),
+            ),
+        };
+        t.push(vec![
+            format_time(f.at),
+            f.database.into(),
+            hex(f.fingerprint),
+            f.reason.as_str().into(),
+            usual,
+            new,
+            predicted,
+            took,
+            f.quarantined_until.map_or(Cell::Null, format_time),
         ]);
     }
     t

@@ -149,6 +149,11 @@ impl PlanCache {
         self.entries.insert(key, entry);
     }
 
+    /// Forgets every plan of `database` (DDL or ANALYZE ran there: plans may have changed).
+    pub fn invalidate_database(&mut self, database: &str) {
+        self.entries.retain(|k, _| k.database != database);
+    }
+
     /// Forgets the plan of `key` (it priced a run far from what it took).
     pub fn remove(&mut self, key: &PlanKey) {
         self.entries.remove(key);

@@ -31,6 +31,11 @@ pub const ALPHA: f64 = 0.4;
 pub const MAX_FACTORS: usize = 10_000;
 /// Runs a plan needs before its factor counts in the database's median.
 const MEDIAN_MIN_RUNS: u32 = 1;
+/// A plan counts in the median once a run of it took this long: the time of a lookup is
+/// nearly all round trip and fixed work, and thousands of them would make every plan never
+/// seen look dear per unit (a `SELECT 1` planned at 0.01 units takes a tenth of a
+/// millisecond: 10 ms per unit).
+const MEDIAN_MIN_SECONDS: f64 = 0.005;
 /// Learns between two recomputations of the medians, once more than twice as many factors
 /// are known.
 const MEDIAN_EVERY: u32 = 32;
@@ -63,21 +68,27 @@ struct LogAverage {
     runs: u32,
     /// When it was last learned or used, in the caller's ticks (for eviction).
     used: u64,
+    /// A run of it took at least [`MEDIAN_MIN_SECONDS`]: its factor says something of the
+    /// plan, not only of a round trip, and counts in the database's median.
+    #[serde(default)]
+    significant: bool,
 }
 
 impl LogAverage {
-    fn new(x: f64, tick: u64) -> LogAverage {
+    fn new(x: f64, seconds: f64, tick: u64) -> LogAverage {
         LogAverage {
             ln: x.ln(),
             runs: 1,
             used: tick,
+            significant: seconds >= MEDIAN_MIN_SECONDS,
         }
     }
 
-    fn learn(&mut self, x: f64, tick: u64) {
+    fn learn(&mut self, x: f64, seconds: f64, tick: u64) {
         self.ln += ALPHA * (x.ln() - self.ln);
         self.runs = self.runs.saturating_add(1);
         self.used = tick;
+        self.significant |= seconds >= MEDIAN_MIN_SECONDS;
     }
 
     fn value(&self) -> f64 {
@@ -128,6 +139,51 @@ pub struct Calibration {
     tick: u64,
     /// Learned since the last save.
     dirty: bool,
+}
+
+/// A statement whose plan changed under it, for the console (SHOW FLIPS).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Flip {
+    /// When it was seen.
+    pub at: std::time::SystemTime,
+    /// The pgward database.
+    pub database: String,
+    /// The statement.
+    pub fingerprint: u64,
+    /// What was seen.
+    pub reason: FlipReason,
+    /// Until when it runs in the slow lane, if the policy quarantines flips.
+    pub quarantined_until: Option<std::time::SystemTime>,
+}
+
+/// How a plan flip showed.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum FlipReason {
+    /// EXPLAIN gave a shape the statement never ran with, where it has a usual one.
+    Shape {
+        /// The usual shape.
+        usual: u64,
+        /// The new one.
+        new: u64,
+    },
+    /// A run took over ten times its prediction (and over 100 ms): a plan no EXPLAIN shows,
+    /// such as a generic plan PostgreSQL switched to.
+    Slow {
+        /// Seconds predicted.
+        predicted: f64,
+        /// Seconds it took.
+        took: f64,
+    },
+}
+
+impl FlipReason {
+    /// The word for it.
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            FlipReason::Shape { .. } => "shape",
+            FlipReason::Slow { .. } => "slow_run",
+        }
+    }
 }
 
 /// One learned factor or usual time, for the console (SHOW CALIBRATION).
@@ -200,6 +256,24 @@ impl Calibration {
         })
     }
 
+    /// Runs a plan shape needs before a different shape of the same statement counts as a
+    /// flip.
+    pub const USUAL_RUNS: u32 = 5;
+
+    /// The usual plan shape of statement `fingerprint` in `database`: of its shapes that ran
+    /// at least [`USUAL_RUNS`](Self::USUAL_RUNS) times, the one used most recently. A new
+    /// shape (never run) of a statement that has a usual one is a plan flip. Looks at every
+    /// factor: call it only for a shape that has none of its own.
+    pub fn usual_shape(&self, database: &str, fingerprint: u64) -> Option<u64> {
+        self.factors
+            .iter()
+            .filter(|(k, f)| {
+                k.fingerprint == fingerprint && k.database == database && f.runs >= Self::USUAL_RUNS
+            })
+            .max_by_key(|(_, f)| f.used)
+            .and_then(|(k, _)| k.shape)
+    }
+
     /// The factor of a plan that has run, if it has.
     pub fn factor(&self, key: &PlanFactorKey) -> Option<f64> {
         self.factors
@@ -224,16 +298,20 @@ impl Calibration {
         self.tick += 1;
         let tick = self.tick;
         match self.factors.get_mut(&key) {
-            Some(f) => f.learn(x, tick),
+            Some(f) => f.learn(x, seconds, tick),
             None => {
                 self.make_room();
-                self.factors.insert(key, LogAverage::new(x, tick));
+                self.factors.insert(key, LogAverage::new(x, seconds, tick));
             }
         }
         self.dirty = true;
         self.since_median += 1;
         // While few plans are known every learn counts; later, every few dozen learns.
-        if self.since_median >= MEDIAN_EVERY || self.factors.len() <= 2 * MEDIAN_EVERY as usize {
+        let first_significant = seconds >= MEDIAN_MIN_SECONDS && self.median_all.is_none();
+        if self.since_median >= MEDIAN_EVERY
+            || self.factors.len() <= 2 * MEDIAN_EVERY as usize
+            || first_significant
+        {
             self.recompute_medians();
         }
     }
@@ -263,7 +341,7 @@ impl Calibration {
         let mut per: HashMap<&str, Vec<f64>> = HashMap::new();
         let mut all = Vec::new();
         for (key, f) in &self.factors {
-            if key.shape.is_none() || f.runs < MEDIAN_MIN_RUNS {
+            if key.shape.is_none() || f.runs < MEDIAN_MIN_RUNS || !f.significant {
                 continue;
             }
             per.entry(&key.database).or_default().push(f.ln);
@@ -426,7 +504,7 @@ mod tests {
     fn a_new_shape_starts_from_the_median_of_its_database() {
         let mut c = Calibration::new();
         for (fp, k) in [(1, 1e-6), (2, 2e-6), (3, 4e-6)] {
-            c.learn(key("app", fp, Some(fp)), Some(1000.0), 1000.0 * k);
+            c.learn(key("app", fp, Some(fp)), Some(10_000.0), 10_000.0 * k);
         }
         c.learn(key("other", 7, Some(7)), Some(1.0), 1.0);
         let p = c.predict_plan(&key("app", 1, Some(99)), 1000.0);
@@ -435,6 +513,22 @@ mod tests {
         // A database with nothing of its own uses the median of all.
         let p = c.predict_plan(&key("third", 1, Some(1)), 1000.0);
         assert_eq!(p.basis, Basis::Median);
+    }
+
+    #[test]
+    fn quick_runs_do_not_set_the_median() {
+        let mut c = Calibration::new();
+        // A thousand lookups of a tenth of a millisecond at 0.01 units each.
+        for fp in 0..1000 {
+            c.learn(key("app", fp, Some(1)), Some(0.01), 0.0001);
+        }
+        assert_eq!(c.median_k("app"), None);
+        let p = c.predict_plan(&key("app", 5000, Some(2)), 50_000.0);
+        assert_eq!(p.basis, Basis::Default);
+        // One plan that ran long enough to say something sets it.
+        c.learn(key("app", 9999, Some(3)), Some(50_000.0), 0.5);
+        let median = c.median_k("app").expect("a median");
+        assert!((median - 1e-5).abs() < 1e-12, "{median}");
     }
 
     #[test]

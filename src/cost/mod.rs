@@ -13,7 +13,7 @@ mod plan;
 pub mod target;
 
 pub use cache::{CacheStats, PlanCache, PlanKey, PLAN_CAPACITY, PLAN_TTL};
-pub use calibrate::{Basis, Calibration, FactorRow, PlanFactorKey, Prediction};
+pub use calibrate::{Basis, Calibration, FactorRow, Flip, FlipReason, PlanFactorKey, Prediction};
 pub use ceilings::{CostLimits, CostRule, CostViolation, SQLSTATE_COST};
 pub use plan::{FullScan, PlanShape, PlanSummary, Relation, ShapeNode, MAX_PLAN_BYTES};
 pub use target::{explain_sql, judged_statement, relation_sizes_sql, Judged};

@@ -41,6 +41,9 @@ pub struct GateSettings {
     /// `max_active_per_database`: slots one pgward database may hold on an upstream, beside
     /// the lanes' limits (`None`: no cap of its own).
     pub per_database: Option<usize>,
+    /// `flip_quarantine`: how long a statement whose plan flipped runs in the slow lane
+    /// (`None`: flips are only listed).
+    pub flip_quarantine: Option<Duration>,
 }
 
 impl Default for GateSettings {
@@ -50,6 +53,7 @@ impl Default for GateSettings {
             lanes: LaneLimits { fast: 20, slow: 2 },
             jitter: 0.2,
             per_database: None,
+            flip_quarantine: None,
         }
     }
 }
@@ -272,6 +276,8 @@ pub struct Gate<W> {
     ends: BTreeSet<(Instant, TicketId)>,
     /// Where each waiting ticket waits.
     located: HashMap<TicketId, (String, Lane)>,
+    /// Statements whose plan flipped, and until when they run in the slow lane.
+    quarantined: HashMap<Fingerprint, Instant>,
 }
 
 impl<W> Gate<W> {
@@ -286,6 +292,7 @@ impl<W> Gate<W> {
             next_id: 0,
             ends: BTreeSet::new(),
             located: HashMap::new(),
+            quarantined: HashMap::new(),
         }
     }
 

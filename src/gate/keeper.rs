@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::cost::{Calibration, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
+use crate::cost::{Calibration, Flip, FlipReason, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{Cost, Expired, Gate, GateSettings, Granted, KillTarget, Pass, Refusal, Slot};
@@ -63,12 +63,17 @@ pub struct Gatekeeper {
     /// Seconds per cost unit learned per plan, and the usual times of statements without
     /// one (see [`crate::cost::calibrate`]).
     calibration: Mutex<Calibration>,
+    /// The latest plan flips, newest last (SHOW FLIPS).
+    flips: Mutex<std::collections::VecDeque<Flip>>,
     wake: Notify,
     /// A kill was made and not lifted (sessions without a policy look at kills only then).
     kills: AtomicBool,
     /// pgward's own names on servers.
     pub own: Arc<OwnNames>,
 }
+
+/// Plan flips listed at most.
+pub const MAX_FLIPS: usize = 100;
 
 /// Table sizes kept at most.
 const MAX_SIZES: usize = 10_000;
@@ -82,6 +87,7 @@ impl Gatekeeper {
             plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
             sizes: Mutex::new(HashMap::new()),
             calibration: Mutex::new(Calibration::new()),
+            flips: Mutex::new(std::collections::VecDeque::new()),
             wake: Notify::new(),
             kills: AtomicBool::new(false),
             own: Arc::new(OwnNames::new()),
@@ -189,6 +195,41 @@ impl Gatekeeper {
     pub fn calibration_to_save(&self) -> Option<String> {
         let mut c = self.calibration();
         c.dirty().then(|| c.to_json())
+    }
+
+    /// The plan of statement `fingerprint` of `database` flipped: it is listed (the latest
+    /// [`MAX_FLIPS`]), logged, and quarantined in the slow lane if the policy says so.
+    pub fn note_flip(&self, database: &str, fingerprint: u64, reason: FlipReason) {
+        let now = Instant::now();
+        let until = self
+            .lock()
+            .quarantine(crate::sql::Fingerprint(fingerprint), now);
+        let wall = std::time::SystemTime::now();
+        let quarantined_until =
+            until.and_then(|u| wall.checked_add(u.saturating_duration_since(now)));
+        tracing::info!(
+            database,
+            fingerprint = %format!("{fingerprint:016x}"),
+            reason = reason.as_str(),
+            quarantined = quarantined_until.is_some(),
+            "plan flip"
+        );
+        let mut flips = crate::sync::lock(&self.flips);
+        if flips.len() >= MAX_FLIPS {
+            flips.pop_front();
+        }
+        flips.push_back(Flip {
+            at: wall,
+            database: database.to_string(),
+            fingerprint,
+            reason,
+            quarantined_until,
+        });
+    }
+
+    /// The latest plan flips, oldest first.
+    pub fn flips(&self) -> Vec<Flip> {
+        crate::sync::lock(&self.flips).iter().cloned().collect()
     }
 
     /// `tenant` runs work of unknown price as `id` (see [`Gate::hold_unknown`]); whether it

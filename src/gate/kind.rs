@@ -65,6 +65,11 @@ impl RequestKind {
     }
 }
 
+/// The first word of a statement text, after blanks and comments (letters and `_`).
+pub fn first_keyword(sql: &str) -> &str {
+    word(skip_blanks(sql)).0
+}
+
 /// `s` without leading whitespace and comments (`-- ...` and nested `/* ... */`).
 fn skip_blanks(mut s: &str) -> &str {
     loop {

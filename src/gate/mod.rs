@@ -43,7 +43,7 @@ pub use decide::{Gate, GateSettings, LaneLimits, LaneRow, TenantStats};
 pub use evict::{runaway, runaways, Runaway, TenantLoad};
 pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};
-pub use kind::{RequestKind, TxControl};
+pub use kind::{first_keyword, RequestKind, TxControl};
 pub use pass::{
     Cost, Decision, Expired, Granted, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
 };

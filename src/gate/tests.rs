@@ -17,6 +17,7 @@ fn gate() -> Gate<u64> {
             lanes: LaneLimits { fast: 2, slow: 1 },
             jitter: 0.2,
             per_database: None,
+            flip_quarantine: None,
         },
         7,
     )
@@ -877,6 +878,7 @@ fn a_database_cap_holds_beside_the_lanes() {
             lanes: LaneLimits { fast: 4, slow: 1 },
             jitter: 0.0,
             per_database: Some(1),
+            flip_quarantine: None,
         },
         7,
     );
@@ -1021,4 +1023,30 @@ fn unknown_work_holds_its_tenants_unpriced_requests_until_it_has_run() {
         .expect("the unknown work ended");
     g.release(slot, t0);
     assert_eq!(next.waiter, 2);
+}
+
+#[test]
+fn a_quarantined_statement_runs_in_the_slow_lane_for_a_while() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let fp = Fingerprint(0xabc);
+    assert_eq!(
+        g.quarantine(fp, t0),
+        None,
+        "no quarantine without the setting"
+    );
+    g.set_settings(GateSettings {
+        flip_quarantine: Some(Duration::from_secs(60)),
+        ..GateSettings::default()
+    });
+    assert_eq!(g.quarantine(fp, t0), Some(t0 + secs(60.0)));
+    assert_eq!(admitted(g.admit(&req("a", 1, t0), t0)).lane, Lane::Slow);
+    let mut other = req("a", 2, t0);
+    other.fingerprint = Some(Fingerprint(0xdef));
+    assert_eq!(admitted(g.admit(&other, t0)).lane, Lane::Fast);
+    let later = t0 + secs(61.0);
+    assert_eq!(
+        admitted(g.admit(&req("a", 3, later), later)).lane,
+        Lane::Fast
+    );
 }

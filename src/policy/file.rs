@@ -161,6 +161,9 @@ pub(super) struct GateFile {
     pub slow_active: Option<u32>,
     /// Slots one pgward database may hold on a PostgreSQL server, beside `max_active`.
     pub max_active_per_database: Option<u32>,
+    /// How long a statement whose plan flipped runs in the slow lane (a duration; none: flips
+    /// are only listed).
+    pub flip_quarantine: Option<String>,
     /// Cost rules for every tenant that sets none of its own.
     pub max_cost: Option<f64>,
     pub max_scan_rows: Option<f64>,

@@ -603,6 +603,11 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
         lanes.slow = (n as usize).max(1);
     }
     settings.per_database = raw.max_active_per_database.map(|n| (n as usize).max(1));
+    if let Some(t) = &raw.flip_quarantine {
+        let d = parse_duration(t)
+            .ok_or_else(|| format!("flip_quarantine {t:?}: a duration such as 30s or 10m"))?;
+        settings.flip_quarantine = (!d.is_zero()).then_some(d);
+    }
     Ok(GatePolicy {
         settings,
         cost_limits: CostLimits {

@@ -76,6 +76,9 @@ pub(in crate::session) struct GateState {
     batch_open: bool,
     /// Requests that ran unpriced inside a batch, to price once it is answered.
     deferred: Vec<Deferred>,
+    /// DDL or ANALYZE ran: the database's cached plans are dropped at the end of each run
+    /// until the transaction is over (its changes count only once it commits).
+    pub stale_plans: bool,
 }
 
 /// A request that ran unpriced inside a batch: its plan is read once the batch is answered,
@@ -112,6 +115,9 @@ pub(in crate::session) struct Run {
     pub failed: bool,
     /// Unknown work it holds its tenants' unpriced requests for (see `Gate::hold_unknown`).
     held: Vec<(String, crate::gate::TicketId)>,
+    /// It ran DDL, ANALYZE or VACUUM (or a DO block or a procedure that may): cached plans
+    /// of the database may be wrong once it has run.
+    changes_plans: bool,
 }
 
 /// What one request that ran alone and ended normally teaches: its factor or usual time;
@@ -131,13 +137,24 @@ fn learn(keeper: &crate::gate::keeper::Gatekeeper, part: &Part, took: Duration) 
         took_s = seconds,
         "run measured"
     );
-    if let Some(cached) = &part.cached {
-        let ratio = seconds / part.predicted.max(f64::MIN_POSITIVE);
-        let long = seconds.max(part.predicted) >= 0.1;
-        if long && !(1.0 / FLIP_RATIO..=FLIP_RATIO).contains(&ratio) {
-            keeper.plans().remove(cached);
-            return;
-        }
+    let ratio = seconds / part.predicted.max(f64::MIN_POSITIVE);
+    let long = seconds.max(part.predicted) >= FLIP_SECONDS;
+    let far = long && !(1.0 / FLIP_RATIO..=FLIP_RATIO).contains(&ratio);
+    if far && part.learned && ratio > FLIP_RATIO {
+        // Far slower than this plan usually is: a plan no EXPLAIN shows (a generic plan
+        // PostgreSQL switched to), or other constants that chose another plan.
+        let reason = crate::cost::FlipReason::Slow {
+            predicted: part.predicted,
+            took: seconds,
+        };
+        keeper.note_flip(&key.database, key.fingerprint, reason);
+    }
+    if let (true, Some(cached)) = (far, &part.cached) {
+        // Perhaps not this plan's time (other constants may have chosen another plan): it
+        // teaches nothing, and the plan is read again next time. A plan read for this very
+        // run teaches whatever it took, so a statement that really got slower is learned.
+        keeper.plans().remove(cached);
+        return;
     }
     keeper.calibration().learn(key.clone(), *cost, seconds);
 }
@@ -155,14 +172,20 @@ struct Part {
     /// The plan cache entry that priced it, if the plan was not read for it: a run far from
     /// its prediction drops it (the constants chose another plan) and teaches nothing.
     cached: Option<PlanKey>,
+    /// Whether its prediction rests on its own earlier runs (a run far from it is a flip).
+    learned: bool,
 }
 
 /// Requests kept apart in one run; past this, a tenant's requests are counted together (a
 /// client that pipelines without pause never lets its run end).
 const MAX_PARTS: usize = 64;
 
-/// A run this much faster or slower than its cached plan predicted was not that plan's.
+/// A run this much faster or slower than its prediction (learned, or from a cached plan),
+/// and at least [`FLIP_SECONDS`] long, was not that plan's.
 const FLIP_RATIO: f64 = 10.0;
+/// See [`FLIP_RATIO`]: shorter runs are too noisy to tell (a lookup slowed by a busy machine
+/// is no flip).
+const FLIP_SECONDS: f64 = 0.1;
 
 impl Run {
     fn add(&mut self, part: Part, now: Instant) {
@@ -182,8 +205,8 @@ impl Run {
         }
     }
 
-    /// Something went to the server: the run's time counts from now if it is not counting
-    /// already (a portal's later Executes, messages that carry no request).
+    /// An Execute went to the server: the run's time counts from now if it is not counting
+    /// already (a portal's later Executes).
     pub fn touch(&mut self, now: Instant) {
         self.started.get_or_insert(now);
     }
@@ -202,6 +225,9 @@ impl GateState {
             return;
         };
         let took = started.elapsed();
+        if run.changes_plans && !run.failed {
+            self.stale_plans = true;
+        }
         if run.parts.is_empty() {
             // Server work no request was admitted for (a portal's later Executes): the
             // tenant last admitted pays it.
@@ -584,6 +610,7 @@ impl Session {
                         predicted: charged,
                         learn: None,
                         cached: None,
+                        learned: false,
                     },
                     Instant::now(),
                 );
@@ -600,6 +627,7 @@ impl Session {
                     Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
                 }
                 from_cache = false;
+                self.check_shape(plan.as_deref(), fingerprint);
             }
             let estimate = self.estimate(plan.as_deref(), fingerprint);
             let verdict = match ruled {
@@ -618,6 +646,7 @@ impl Session {
             let cost = estimate.cost;
             // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
             let learn = estimate.learn.filter(|_| !declares_cursor(work.text()));
+            self.gate.run.changes_plans |= work.text().is_some_and(changes_plans);
             // Nobody knows yet what this takes: the tenant's other unpriced work waits until
             // it has run (held before the charge, which offers freed slots to the waiting).
             let held = !cost.known && keeper.hold_unknown(&tenant, pass.id);
@@ -675,9 +704,37 @@ impl Session {
                 predicted: cost.seconds,
                 learn,
                 cached: key.filter(|_| from_cache),
+                learned: cost.learned,
             };
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
+        }
+    }
+
+    /// A plan just read whose shape the statement never ran with, where it has a usual one,
+    /// is a plan flip (an index dropped, new statistics, a table grown past the point where a
+    /// full read looks cheaper).
+    fn check_shape(&self, plan: Option<&PlanSummary>, fingerprint: Option<Fingerprint>) {
+        let (Some(plan), Some(fp)) = (plan, fingerprint) else {
+            return;
+        };
+        let database = &self.pool.key.db;
+        let shape = plan.shape.fingerprint();
+        let usual = {
+            let calibration = self.rt.gatekeeper.calibration();
+            let key = PlanFactorKey {
+                database: database.clone(),
+                fingerprint: fp.0,
+                shape: Some(shape),
+            };
+            match calibration.factor(&key) {
+                Some(_) => None,
+                None => calibration.usual_shape(database, fp.0),
+            }
+        };
+        if let Some(usual) = usual.filter(|u| *u != shape) {
+            let reason = crate::cost::FlipReason::Shape { usual, new: shape };
+            self.rt.gatekeeper.note_flip(database, fp.0, reason);
         }
     }
 
@@ -1237,15 +1294,28 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
 
 /// Whether `text` declares a cursor (its first word is DECLARE).
 fn declares_cursor(text: Option<&str>) -> bool {
-    let Some(text) = text else {
-        return false;
+    text.is_some_and(|t| crate::gate::first_keyword(t).eq_ignore_ascii_case("declare"))
+}
+
+/// Whether running `text` may change the plans of other statements: DDL, ANALYZE, VACUUM, or a
+/// DO block or procedure that may run them (each statement of a text with several; one that
+/// cannot be split counts).
+fn changes_plans(text: &str) -> bool {
+    const WORDS: [&str; 11] = [
+        "create", "alter", "drop", "analyze", "analyse", "vacuum", "truncate", "reindex",
+        "cluster", "do", "call",
+    ];
+    let changes = |t: &str| {
+        let word = crate::gate::first_keyword(t);
+        WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
     };
-    let word = text
-        .trim_start()
-        .split(|c: char| !c.is_ascii_alphabetic())
-        .next()
-        .unwrap_or("");
-    word.eq_ignore_ascii_case("declare")
+    if !text.trim_end().trim_end_matches(';').contains(';') {
+        return changes(text);
+    }
+    match pg_query::split_with_scanner(text) {
+        Ok(parts) => parts.into_iter().any(changes),
+        Err(_) => true,
+    }
 }
 
 /// The kind of a statement text (not UTF-8: work).

@@ -555,7 +555,9 @@ impl Session {
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
         let mut offset = 0;
+        let mut executes = false;
         while let Some(span) = frame_at(chunk, offset) {
+            executes |= span.tag == frontend::tag::EXECUTE;
             let body = &chunk[span.body()];
             if span.tag == frontend::tag::PARSE
                 && capacity.is_some()
@@ -587,8 +589,9 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
-        if governance.is_some() && len > 0 {
-            // Under a policy every moment the server works for this client is some tenant's.
+        if governance.is_some() && executes {
+            // Under a policy an Execute no request passed the gate for (a suspended portal's
+            // next rows) is work too: the run counts from here if it does not already.
             self.gate.run.touch(Instant::now());
         }
         link.emit_synthetic(&mut self.to_client);
@@ -808,6 +811,14 @@ impl Session {
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
         self.gate.end_run(&self.rt.gatekeeper);
+        if self.gate.stale_plans {
+            let db = &self.pool.key.db;
+            self.rt.gatekeeper.plans().invalidate_database(db);
+            self.gate.stale_plans = self
+                .link
+                .as_ref()
+                .is_some_and(|l| l.server.tx != TxStatus::Idle);
+        }
         if self.gate.has_deferred() {
             self.price_deferred().await?;
         }

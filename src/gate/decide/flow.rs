@@ -3,6 +3,9 @@
 use super::*;
 use crate::gate::RequestKind;
 
+/// Statements kept in quarantine at most (a flood of flips cannot grow the map).
+const MAX_QUARANTINED: usize = 10_000;
+
 impl<W> Gate<W> {
     fn next_ticket(&mut self) -> TicketId {
         self.next_id += 1;
@@ -27,7 +30,38 @@ impl<W> Gate<W> {
         if pass.deadline.is_some_and(|d| d <= now) {
             return Decision::Refuse(self.refused(req.tenant, Refusal::deadline(), now));
         }
+        let mut pass = pass;
+        if self.is_quarantined(req.fingerprint, now) {
+            pass.lane = Lane::Slow;
+        }
         self.reserve(pass, now)
+    }
+
+    /// The plan of statement `fingerprint` flipped: for `flip_quarantine` (if set) it runs in
+    /// the slow lane, where it can only hurt other slow work. Whether it was quarantined.
+    pub fn quarantine(&mut self, fingerprint: Fingerprint, now: Instant) -> Option<Instant> {
+        let until = now.checked_add(self.settings.flip_quarantine?)?;
+        if self.quarantined.len() >= MAX_QUARANTINED {
+            self.quarantined.retain(|_, end| *end > now);
+        }
+        if self.quarantined.len() < MAX_QUARANTINED {
+            self.quarantined.insert(fingerprint, until);
+        }
+        Some(until)
+    }
+
+    fn is_quarantined(&mut self, fingerprint: Option<Fingerprint>, now: Instant) -> bool {
+        let Some(fp) = fingerprint.filter(|_| !self.quarantined.is_empty()) else {
+            return false;
+        };
+        match self.quarantined.get(&fp) {
+            Some(until) if *until > now => true,
+            Some(_) => {
+                self.quarantined.remove(&fp);
+                false
+            }
+            None => false,
+        }
     }
 
     /// A pass for a client that needs a server for messages carrying no request of their
