@@ -525,10 +525,15 @@ impl Session {
             _ => None,
         };
         let first = self.first_in_line();
+        // A simple Query of several statements under cost rules: each statement is judged
+        // before the text runs.
+        let parts_judged = matches!(work, Work::Query(_))
+            && text.is_some_and(several_statements)
+            && governance.policy.cost_limits(&tenant).any();
         // An unknown price is read by an EXPLAIN only for the first request in line; a later
         // one waits until the server owes nothing, or, inside a batch that is still open
         // (the server answers nothing before its Sync), is priced once it has run.
-        let deferred = sql.is_some() && cached.is_none() && !first;
+        let deferred = (sql.is_some() && cached.is_none() || parts_judged) && !first;
         if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
         }
@@ -629,6 +634,15 @@ impl Session {
                 from_cache = false;
                 self.check_shape(plan.as_deref(), fingerprint);
             }
+            if let (true, false, Some(text)) = (parts_judged, deferred, work.text()) {
+                let text = text.to_string();
+                if let Some(hit) = self.judge_parts(governance, &tenant, &text).await? {
+                    keeper
+                        .lock()
+                        .note_refusal(&tenant, RefusalReason::Cost, Instant::now());
+                    return Ok(Step::Verdict(Some(hit)));
+                }
+            }
             let estimate = self.estimate(plan.as_deref(), fingerprint);
             let verdict = match ruled {
                 true => None,
@@ -709,6 +723,70 @@ impl Session {
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
         }
+    }
+
+    /// The cost rules on each statement of a text of several, before it runs: each that
+    /// EXPLAIN can plan is read on the server (and its plan cached) and judged. A statement
+    /// after one that may change how the next are planned (DDL, SET, ANALYZE...) cannot be
+    /// read before the text runs: the text is refused (54000), as pgward refuses what it
+    /// cannot read with certainty. One whose EXPLAIN fails would fail the text by itself.
+    async fn judge_parts(
+        &mut self,
+        governance: &Governance,
+        tenant: &str,
+        text: &str,
+    ) -> Result<Option<RuleHit>, SessionError> {
+        let Ok(parts) = pg_query::split_with_scanner(text) else {
+            return Ok(None);
+        };
+        let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
+        let sizes = governance
+            .policy
+            .cost_limits(tenant)
+            .max_scan_rows
+            .is_some();
+        let mut changed = false;
+        for part in &parts {
+            let word = crate::gate::first_keyword(part);
+            if changes_plans(part)
+                || ["set", "reset"]
+                    .iter()
+                    .any(|w| word.eq_ignore_ascii_case(w))
+            {
+                changed = true;
+                continue;
+            }
+            let Some(sql) = explain_sql(&judged_statement(part)) else {
+                continue;
+            };
+            if changed {
+                return Ok(Some(unpriceable()));
+            }
+            let context = parse_context(&self.params, false);
+            let analysis = governance.analyzer.analyze(part.as_bytes(), &context);
+            let Some(fp) = analysis.fingerprint else {
+                continue;
+            };
+            let key = PlanKey {
+                database: self.pool.key.db.clone(),
+                role: self.user.clone(),
+                tenant: tenant.to_string(),
+                search_path: self.params.get("search_path").unwrap_or("").to_string(),
+                fingerprint: fp.0,
+                generic: false,
+            };
+            let work = Work::Query(part.clone());
+            let plan = match self.explain(&sql, &work, &key, sizes).await? {
+                Priced::Plan(Some(plan)) => plan,
+                Priced::Plan(None) => continue,
+                Priced::Cancelled => return Ok(Some(cancelled())),
+            };
+            let seconds = self.estimate(Some(&plan), Some(fp)).cost.seconds;
+            if let Some(hit) = self.cost_rules(governance, tenant, Some(&plan), seconds) {
+                return Ok(Some(hit));
+            }
+        }
+        Ok(None)
     }
 
     /// A plan just read whose shape the statement never ran with, where it has a usual one,
@@ -1290,6 +1368,24 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
         sqlstate::CONNECTION_FAILURE,
         format!("server connection failed while pricing a statement: {e}"),
     ))
+}
+
+/// Whether `text` holds more than one statement (a `;` before its end; the scanner then says
+/// how many).
+fn several_statements(text: &str) -> bool {
+    text.trim_end().trim_end_matches(';').contains(';')
+        && pg_query::split_with_scanner(text).map_or(true, |parts| parts.len() > 1)
+}
+
+/// The refusal of a text whose statements cannot all be priced before it runs.
+fn unpriceable() -> RuleHit {
+    RuleHit::refusal(
+        "max_cost",
+        crate::cost::SQLSTATE_COST,
+        "pgward: a statement of this text cannot be priced before it runs".to_string(),
+        Some("it follows a statement that may change how it is planned".to_string()),
+        Some("send the statements one at a time".to_string()),
+    )
 }
 
 /// Whether `text` declares a cursor (its first word is DECLARE).
