@@ -27,6 +27,9 @@ pub const DEFAULT_K: f64 = 1e-5;
 /// Weight of the newest run in a moving average (the factor follows a changed plan within a
 /// few runs).
 pub const ALPHA: f64 = 0.4;
+/// The most one run counts for, as a ratio to the average: a run three times slower than usual
+/// counts as three times, one a hundred times slower counts as three times too.
+pub const MAX_STEP: f64 = 3.0;
 /// Factors kept at most; the least recently used go first.
 pub const MAX_FACTORS: usize = 10_000;
 /// Runs a plan needs before its factor counts in the database's median.
@@ -85,7 +88,10 @@ impl LogAverage {
     }
 
     fn learn(&mut self, x: f64, seconds: f64, tick: u64) {
-        self.ln += ALPHA * (x.ln() - self.ln);
+        // One run moves the average by at most a factor of MAX_STEP^ALPHA: a run slowed ten
+        // times by a busy machine does not spoil the next few predictions.
+        let step = (x.ln() - self.ln).clamp(-MAX_STEP.ln(), MAX_STEP.ln());
+        self.ln += ALPHA * step;
         self.runs = self.runs.saturating_add(1);
         self.used = tick;
         self.significant |= seconds >= MEDIAN_MIN_SECONDS;
@@ -495,8 +501,8 @@ mod tests {
         }
         c.learn(k.clone(), Some(100.0), 10.0);
         let after = c.predict_plan(&k, 100.0).seconds;
-        // A hundred times slower once: the factor moves by 100^0.4, not by 100.
-        assert!(after < 0.1 * 100f64.powf(ALPHA) * 1.001, "{after}");
+        // A hundred times slower once: the factor moves by at most 3^0.4, not by 100.
+        assert!(after <= 0.1 * MAX_STEP.powf(ALPHA) * 1.000_001, "{after}");
         assert!(after > 0.1);
     }
 

@@ -265,6 +265,14 @@ impl GateState {
         self.deferred.clear();
     }
 
+    /// The run ends before the server answered (a timeout, the server gone): what it took so
+    /// far is charged, it teaches nothing, and what ran unpriced is not priced.
+    pub fn cut_short(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
+        self.run.failed = true;
+        self.end_run(keeper);
+        self.forget_deferred();
+    }
+
     /// `n` gated bytes went to the server.
     pub fn consumed(&mut self, n: usize) {
         self.gated = self.gated.saturating_sub(n);

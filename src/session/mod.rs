@@ -890,10 +890,7 @@ impl Session {
                     // Stop what the server is running before closing it.
                     crate::cancel::cancel_in_background(&link.server.addr, &link.server.key);
                 }
-                // Cut short: charged what it took, and teaches nothing.
-                self.gate.run.failed = true;
-                self.gate.end_run(&self.rt.gatekeeper);
-                self.gate.forget_deferred();
+                self.gate.cut_short(&self.rt.gatekeeper);
                 self.handle.detach();
                 link.server.close(&err.message);
                 self.gate.slot = None;
@@ -928,9 +925,7 @@ impl Session {
 
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
-        self.gate.run.failed = true;
-        self.gate.end_run(&self.rt.gatekeeper);
-        self.gate.forget_deferred();
+        self.gate.cut_short(&self.rt.gatekeeper);
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();
