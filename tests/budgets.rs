@@ -354,19 +354,27 @@ async fn a_cached_plan_far_from_what_its_run_took_is_dropped_and_teaches_nothing
     let _alone = MACHINE.lock().await;
     let f = learning();
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
-    for _ in 0..3 {
-        conn.client
-            .simple_query("SELECT pg_sleep(0.001)")
-            .await
-            .expect("short");
+    // Three different constants, one plan: the plan is proved to price any constants.
+    for sql in [
+        "SELECT pg_sleep(0.001)",
+        "SELECT pg_sleep(0.0011)",
+        "SELECT pg_sleep(0.0012)",
+    ] {
+        conn.client.simple_query(sql).await.expect("short");
     }
     let before = learned(&f).await;
     assert_eq!(before.len(), 1, "{before:?}");
-    // Same fingerprint, same cached plan, five hundred times longer.
+    let explained = explains(&f.pw).await;
+    // Same fingerprint, the proved plan, five hundred times longer.
     conn.client
         .simple_query("SELECT pg_sleep(0.5)")
         .await
         .expect("long");
+    assert_eq!(
+        explains(&f.pw).await,
+        explained,
+        "priced by the cached plan"
+    );
     let after = learned(&f).await;
     assert_eq!(after[0].1, before[0].1, "the long run moved the factor");
     assert_eq!(after[0].2, before[0].2, "the long run was learned");
@@ -382,6 +390,7 @@ async fn a_cached_plan_far_from_what_its_run_took_is_dropped_and_teaches_nothing
         .simple_query("SELECT pg_sleep(0.002)")
         .await
         .expect("short again");
+    assert_eq!(explains(&f.pw).await, explained + 1);
     assert_eq!(learned(&f).await[0].2, before[0].2 + 1);
 }
 
@@ -516,5 +525,27 @@ async fn cost_rules_judge_each_statement_of_a_text_before_it_runs() {
     assert_eq!(
         outcome("BEGIN; SET LOCAL work_mem = '8MB'; COMMIT").await,
         ""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plan_prices_other_constants_only_once_three_gave_it() {
+    let _alone = MACHINE.lock().await;
+    let f = learning();
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    let lookup = |id: u32| format!("SELECT v FROM small WHERE id = {id}");
+    let start = explains(&f.pw).await;
+    for id in 1..=3 {
+        conn.client.simple_query(&lookup(id)).await.expect("lookup");
+    }
+    assert_eq!(explains(&f.pw).await, start + 3, "each constant explained");
+    conn.client.simple_query(&lookup(1)).await.expect("again");
+    for id in 4..=9 {
+        conn.client.simple_query(&lookup(id)).await.expect("lookup");
+    }
+    assert_eq!(
+        explains(&f.pw).await,
+        start + 3,
+        "the proved plan priced the rest"
     );
 }

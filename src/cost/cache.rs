@@ -83,7 +83,18 @@ struct Entry {
     plan: Arc<PlanSummary>,
     stored: Instant,
     seq: u64,
+    /// The constants (a hash of a text, or of a Bind's values) EXPLAIN gave this plan for,
+    /// each different: once there are [`PROOF_RUNS`], the plan serves any constants.
+    proof: Vec<u64>,
 }
+
+/// Different constants that must give a statement the same plan shape, at costs within
+/// [`PROOF_TOLERANCE`] of each other, before its plan prices other constants: until then its
+/// constants may choose its plan (a range that reads a few rows through an index, or all of
+/// them), and each is explained.
+pub const PROOF_RUNS: usize = 3;
+/// See [`PROOF_RUNS`].
+pub const PROOF_TOLERANCE: f64 = 0.1;
 
 /// The plan cache.
 #[derive(Debug)]
@@ -120,10 +131,22 @@ impl PlanCache {
 
     /// The plan stored for `key` less than the TTL ago; counts a hit or a miss.
     pub fn get(&mut self, key: &PlanKey, now: Instant) -> Option<Arc<PlanSummary>> {
+        self.get_for(key, 0, now)
+    }
+
+    /// The plan stored for `key` less than the TTL ago that may price `constants`: one proved
+    /// for any constants, or one explained for these; counts a hit or a miss.
+    pub fn get_for(
+        &mut self,
+        key: &PlanKey,
+        constants: u64,
+        now: Instant,
+    ) -> Option<Arc<PlanSummary>> {
         let fresh = self
             .entries
             .get(key)
             .filter(|e| now.saturating_duration_since(e.stored) < self.ttl)
+            .filter(|e| e.proof.len() >= PROOF_RUNS || e.proof.contains(&constants))
             .map(|e| Arc::clone(&e.plan));
         let hit = fresh.is_some();
         for s in [&mut self.total, &mut self.window] {
@@ -135,7 +158,30 @@ impl PlanCache {
 
     /// Records a successful EXPLAIN that took `took`, and keeps its plan.
     pub fn insert(&mut self, key: PlanKey, plan: PlanSummary, took: Duration, now: Instant) {
+        self.insert_for(key, plan, 0, took, now)
+    }
+
+    /// Records a successful EXPLAIN of `constants` that took `took`: a plan of the same shape
+    /// and about the same cost as the one kept adds to its proof; any other replaces it.
+    pub fn insert_for(
+        &mut self,
+        key: PlanKey,
+        plan: PlanSummary,
+        constants: u64,
+        took: Duration,
+        now: Instant,
+    ) {
         self.record_explain(took, true);
+        let ttl = self.ttl;
+        if let Some(e) = self.entries.get_mut(&key) {
+            let fresh = now.saturating_duration_since(e.stored) < ttl;
+            if fresh && same_plan(&e.plan, &plan) {
+                if !e.proof.contains(&constants) && e.proof.len() < PROOF_RUNS {
+                    e.proof.push(constants);
+                }
+                return;
+            }
+        }
         self.entries.remove(&key);
         self.evict_for_one();
         self.next_seq += 1;
@@ -145,6 +191,7 @@ impl PlanCache {
             plan: Arc::new(plan),
             stored: now,
             seq,
+            proof: vec![constants],
         };
         self.entries.insert(key, entry);
     }
@@ -218,4 +265,11 @@ impl PlanCache {
     pub fn take_window(&mut self) -> CacheStats {
         std::mem::take(&mut self.window)
     }
+}
+
+/// Whether two plans of one statement are the same plan: the same shape, and costs within
+/// [`PROOF_TOLERANCE`] of each other.
+fn same_plan(a: &PlanSummary, b: &PlanSummary) -> bool {
+    let (x, y) = (a.total_cost.max(0.0), b.total_cost.max(0.0));
+    a.shape == b.shape && (x - y).abs() <= PROOF_TOLERANCE * x.max(y)
 }

@@ -315,6 +315,22 @@ enum Work {
 }
 
 impl Work {
+    /// What may choose its plan beyond its statement: a hash of a Query's text (its
+    /// constants), or of a Bind's statement text and values.
+    fn constants(&self) -> u64 {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        match self {
+            Work::Query(t) => t.hash(&mut h),
+            Work::Bind { parsed, tail, .. } => {
+                parsed.as_ref().map(|p| &p.text).hash(&mut h);
+                tail.hash(&mut h);
+            }
+            Work::Function => {}
+        }
+        h.finish()
+    }
+
     fn text(&self) -> Option<&str> {
         match self {
             Work::Query(t) => Some(t),
@@ -527,7 +543,10 @@ impl Session {
             });
         let now = Instant::now();
         // Only statements that were explained have plans cached: a hit needs no reading.
-        let cached = key.as_ref().and_then(|k| keeper.plans().get(k, now));
+        let constants = work.constants();
+        let cached = key
+            .as_ref()
+            .and_then(|k| keeper.plans().get_for(k, constants, now));
         let sql = match (text, &key, &cached) {
             (Some(t), Some(_), None) => explain_sql(&judged_statement(t)),
             _ => None,
@@ -1197,9 +1216,13 @@ impl Session {
             });
         };
         let plan = Arc::new(plan);
-        keeper
-            .plans()
-            .insert(key.clone(), (*plan).clone(), took, Instant::now());
+        keeper.plans().insert_for(
+            key.clone(),
+            (*plan).clone(),
+            work.constants(),
+            took,
+            Instant::now(),
+        );
         Ok(Priced::Plan(Some(plan)))
     }
 
