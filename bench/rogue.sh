@@ -21,7 +21,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 # shellcheck source=bench/throwaway-pg.sh
 . bench/throwaway-pg.sh
 
@@ -55,12 +54,7 @@ has_target() {
 
 ensure_postgres
 if has_target pgbouncer; then ensure_pgbouncer; fi
-pgward_bin=${PGWARD_BIN:-}
-if has_target pgward && [ -z "$pgward_bin" ]; then
-    echo "building pgward (cargo build --release)"
-    cargo build --release --quiet
-    pgward_bin=$repo/target/release/pgward
-fi
+if has_target pgward; then pgward_bin=$(pgward_binary); fi
 plotter=gnuplot
 if ! command -v gnuplot >/dev/null; then
     if is_root; then apt_install gnuplot-nox; else plotter=""; fi

@@ -14,7 +14,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 # shellcheck source=bench/throwaway-pg.sh
 . bench/throwaway-pg.sh
 
@@ -31,12 +30,7 @@ scale=${SCALE:-10}
 check_choices "pgbench protocol" "simple extended prepared" "${modes[@]}"
 
 ensure_postgres
-binary=${PGWARD_BIN:-}
-if [ -z "$binary" ]; then
-    echo "building pgward (cargo build --release)"
-    cargo build --release --quiet
-    binary=$repo/target/release/pgward
-fi
+binary=$(pgward_binary)
 
 # The poolers that pooler_start runs (stopped when the script exits).
 declare -A pooler_pid=() pooler_port=()

@@ -77,6 +77,18 @@ ensure_pgbouncer() {
     fi
 }
 
+# pgward_binary: prints the pgward to run: $PGWARD_BIN if set, else one built with
+# `cargo build --release` in the current directory (a checkout of pgward).
+pgward_binary() {
+    if [ -n "${PGWARD_BIN:-}" ]; then
+        echo "$PGWARD_BIN"
+        return
+    fi
+    echo "building pgward (cargo build --release)" >&2
+    cargo build --release --quiet >&2
+    echo "$(pwd)/target/release/pgward"
+}
+
 # pooler_ini DIR PG_PORT PORT POOL_SIZE AUTH_TYPE [AUTH_FILE]: the pgbouncer.ini the benchmarks
 # give PgBouncer and pgward alike: the database `bench` of the server on PG_PORT, transaction
 # pooling, listening on PORT, with its socket, log and pid file in DIR.

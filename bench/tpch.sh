@@ -16,7 +16,6 @@
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 # shellcheck source=bench/throwaway-pg.sh
 . bench/throwaway-pg.sh
 
@@ -43,12 +42,7 @@ if ! command -v tpchgen-cli >/dev/null; then
     echo "installing tpchgen-cli (cargo install)"
     cargo install tpchgen-cli --version 4.0.0 --locked --quiet
 fi
-pgward_bin=${PGWARD_BIN:-}
-if [ -z "$pgward_bin" ]; then
-    echo "building pgward (cargo build --release)"
-    cargo build --release --quiet
-    pgward_bin=$repo/target/release/pgward
-fi
+pgward_bin=$(pgward_binary)
 
 # The pooler that pooler_start runs (stopped when the script exits).
 # shellcheck disable=SC2034 # pooler_pid is for pooler_start and pooler_stop
