@@ -549,3 +549,58 @@ async fn a_plan_prices_other_constants_only_once_three_gave_it() {
         "the proved plan priced the rest"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_of_a_text_that_cannot_be_planned_before_it_runs_is_refused() {
+    let _alone = MACHINE.lock().await;
+    let f = gated(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nmax_cost = 500\n",
+        "admin_users = admin\n",
+    );
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    let outcome = |sql: &'static str| {
+        let client = &conn.client;
+        async move {
+            match client.simple_query(sql).await {
+                Ok(_) => String::new(),
+                Err(e) => code(&e),
+            }
+        }
+    };
+    // The second statement reads a table the first creates: no EXPLAIN can plan it first.
+    assert_eq!(
+        outcome("SELECT * INTO TEMP copied FROM small; SELECT count(*) FROM copied a, big b").await,
+        "54000"
+    );
+    // In a failed transaction nothing can be planned; after its ROLLBACK the read would run.
+    conn.client.batch_execute("BEGIN").await.expect("BEGIN");
+    assert_eq!(outcome("SELECT 1/0").await, "22012");
+    // Refused in the failed transaction (PostgreSQL raises the refusal there: 25P02), so
+    // neither the ROLLBACK nor the read ran.
+    assert_eq!(outcome("ROLLBACK; SELECT count(*) FROM big").await, "25P02");
+    assert_eq!(outcome("ROLLBACK").await, "");
+    // One statement whose body holds semicolons is one statement.
+    assert_eq!(
+        outcome("CREATE FUNCTION one() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END").await,
+        ""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn comments_are_no_constants_for_the_plan_cache() {
+    let _alone = MACHINE.lock().await;
+    let f = learning();
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    let start = explains(&f.pw).await;
+    for trace in 1..=3 {
+        let sql = format!("SELECT v FROM small WHERE id = 1 /*traceparent='{trace}'*/");
+        conn.client.simple_query(&sql).await.expect("lookup");
+    }
+    // One constant, three comments: one EXPLAIN, and the plan is not proved for others.
+    assert_eq!(explains(&f.pw).await, start + 1);
+    conn.client
+        .simple_query("SELECT v FROM small WHERE id = 2")
+        .await
+        .expect("lookup");
+    assert_eq!(explains(&f.pw).await, start + 2);
+}

@@ -303,6 +303,7 @@ impl Calibration {
         };
         self.tick += 1;
         let tick = self.tick;
+        let key_planned = key.shape.is_some();
         match self.factors.get_mut(&key) {
             Some(f) => f.learn(x, seconds, tick),
             None => {
@@ -313,7 +314,8 @@ impl Calibration {
         self.dirty = true;
         self.since_median += 1;
         // While few plans are known every learn counts; later, every few dozen learns.
-        let first_significant = seconds >= MEDIAN_MIN_SECONDS && self.median_all.is_none();
+        let first_significant =
+            key_planned && seconds >= MEDIAN_MIN_SECONDS && self.median_all.is_none();
         if self.since_median >= MEDIAN_EVERY
             || self.factors.len() <= 2 * MEDIAN_EVERY as usize
             || first_significant

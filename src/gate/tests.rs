@@ -1050,3 +1050,22 @@ fn a_quarantined_statement_runs_in_the_slow_lane_for_a_while() {
         Lane::Fast
     );
 }
+
+#[test]
+fn a_quarantined_statement_pays_as_any_other() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_settings(GateSettings {
+        flip_quarantine: Some(Duration::from_secs(60)),
+        ..GateSettings::default()
+    });
+    budget(&mut g, "a", "rate=0.001 burst=1 when_over=reject", t0);
+    g.quarantine(Fingerprint(0xabc), t0);
+    let mut first = admitted(g.admit(&req("a", 1, t0), t0));
+    assert_eq!(first.lane, Lane::Slow);
+    let mut second = admitted(g.admit(&req("a", 2, t0), t0));
+    g.spend(&mut first, cost(5.0), t0)
+        .expect("owes nothing yet");
+    // Its tenant now owes: the slow lane is no way around the budget.
+    assert!(g.spend(&mut second, cost(5.0), t0).is_err());
+}

@@ -140,7 +140,7 @@ fn learn(keeper: &crate::gate::keeper::Gatekeeper, part: &Part, took: Duration) 
     let ratio = seconds / part.predicted.max(f64::MIN_POSITIVE);
     let long = seconds.max(part.predicted) >= FLIP_SECONDS;
     let far = long && !(1.0 / FLIP_RATIO..=FLIP_RATIO).contains(&ratio);
-    if far && part.learned && ratio > FLIP_RATIO {
+    if far && part.learned && ratio > FLIP_RATIO && key.shape.is_some() {
         // Far slower than this plan usually is: a plan no EXPLAIN shows (a generic plan
         // PostgreSQL switched to), or other constants that chose another plan.
         let reason = crate::cost::FlipReason::Slow {
@@ -225,7 +225,8 @@ impl GateState {
             return;
         };
         let took = started.elapsed();
-        if run.changes_plans && !run.failed {
+        if run.changes_plans {
+            // Even if something in the run failed: the DDL may have taken effect.
             self.stale_plans = true;
         }
         if run.parts.is_empty() {
@@ -321,6 +322,11 @@ impl Work {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         match self {
+            Work::Query(t) if t.contains("/*") || t.contains("--") => {
+                // Comments (a sqlcommenter tag, a trace id) are no constants: the tokens
+                // without them, as PostgreSQL's scanner reads them.
+                hash_tokens(t, &mut h)
+            }
             Work::Query(t) => t.hash(&mut h),
             Work::Bind { parsed, tail, .. } => {
                 parsed.as_ref().map(|p| &p.text).hash(&mut h);
@@ -555,7 +561,7 @@ impl Session {
         // A simple Query of several statements under cost rules: each statement is judged
         // before the text runs.
         let parts_judged = matches!(work, Work::Query(_))
-            && text.is_some_and(several_statements)
+            && text.is_some_and(|t| several_statements(t, parser_options(&self.params)))
             && governance.policy.cost_limits(&tenant).any();
         // An unknown price is read by an EXPLAIN only for the first request in line; a later
         // one waits until the server owes nothing, or, inside a batch that is still open
@@ -563,6 +569,11 @@ impl Session {
         let deferred = (sql.is_some() && cached.is_none() || parts_judged) && !first;
         if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
+        }
+        if deferred && parts_judged {
+            // Behind an extended batch still open on the server (no Sync yet), nothing can be
+            // read before it runs.
+            return Ok(Step::Verdict(Some(unpriceable())));
         }
         if let Some(hit) = self.rules_refuse(governance, &work, analysis.as_deref(), &who) {
             // Refused by a rule: neither priced nor charged (the rules raise it again as the
@@ -754,19 +765,20 @@ impl Session {
 
     /// The cost rules on each statement of a text of several, before it runs: each that
     /// EXPLAIN can plan is read on the server (and its plan cached) and judged. A statement
-    /// after one that may change how the next are planned (DDL, SET, ANALYZE...) cannot be
-    /// read before the text runs: the text is refused (54000), as pgward refuses what it
-    /// cannot read with certainty. One whose EXPLAIN fails would fail the text by itself.
+    /// after one that may change how the next are planned (DDL, SET, PREPARE, ANALYZE...), or
+    /// one EXPLAIN cannot plan now (it uses what an earlier one creates; the transaction has
+    /// failed), cannot be read before the text runs: the text is refused (54000), as pgward
+    /// refuses what it cannot read with certainty.
     async fn judge_parts(
         &mut self,
         governance: &Governance,
         tenant: &str,
         text: &str,
     ) -> Result<Option<RuleHit>, SessionError> {
-        let Ok(parts) = pg_query::split_with_scanner(text) else {
+        let Some(parts) = statements_of(text, parser_options(&self.params)) else {
+            // Not a text PostgreSQL's parser reads: the server refuses it by itself.
             return Ok(None);
         };
-        let parts: Vec<String> = parts.into_iter().map(str::to_string).collect();
         let sizes = governance
             .policy
             .cost_limits(tenant)
@@ -775,11 +787,8 @@ impl Session {
         let mut changed = false;
         for part in &parts {
             let word = crate::gate::first_keyword(part);
-            if changes_plans(part)
-                || ["set", "reset"]
-                    .iter()
-                    .any(|w| word.eq_ignore_ascii_case(w))
-            {
+            let session = ["set", "reset", "prepare", "deallocate", "discard", "load"];
+            if changes_plans(part) || session.iter().any(|w| word.eq_ignore_ascii_case(w)) {
                 changed = true;
                 continue;
             }
@@ -792,7 +801,7 @@ impl Session {
             let context = parse_context(&self.params, false);
             let analysis = governance.analyzer.analyze(part.as_bytes(), &context);
             let Some(fp) = analysis.fingerprint else {
-                continue;
+                return Ok(Some(unpriceable()));
             };
             let key = PlanKey {
                 database: self.pool.key.db.clone(),
@@ -805,7 +814,9 @@ impl Session {
             let work = Work::Query(part.clone());
             let plan = match self.explain(&sql, &work, &key, sizes).await? {
                 Priced::Plan(Some(plan)) => plan,
-                Priced::Plan(None) => continue,
+                // Not plannable now (it uses what an earlier statement creates, the
+                // transaction has failed...): it cannot be judged before it runs.
+                Priced::Plan(None) => return Ok(Some(unpriceable())),
                 Priced::Cancelled => return Ok(Some(cancelled())),
             };
             let seconds = self.estimate(Some(&plan), Some(fp)).cost.seconds;
@@ -1401,11 +1412,60 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
     ))
 }
 
-/// Whether `text` holds more than one statement (a `;` before its end; the scanner then says
-/// how many).
-fn several_statements(text: &str) -> bool {
+/// Hashes the tokens of `text` but its comments (the whole text if the scanner refuses it).
+fn hash_tokens(text: &str, h: &mut impl std::hash::Hasher) {
+    use pg_query::protobuf::Token;
+    use std::hash::Hash;
+    let Ok(scanned) = pg_query::scan(text) else {
+        return text.hash(h);
+    };
+    let comments = [Token::SqlComment as i32, Token::CComment as i32];
+    for t in scanned
+        .tokens
+        .iter()
+        .filter(|t| !comments.contains(&t.token))
+    {
+        let span = usize::try_from(t.start)
+            .ok()
+            .zip(usize::try_from(t.end).ok());
+        span.and_then(|(a, b)| text.get(a..b)).hash(h);
+    }
+}
+
+/// Whether `text` holds more than one statement (a `;` before its end; the parser then says
+/// how many, so `BEGIN ATOMIC ... END` is one).
+fn several_statements(text: &str, options: pg_query::ParserOptions) -> bool {
     text.trim_end().trim_end_matches(';').contains(';')
-        && pg_query::split_with_scanner(text).map_or(true, |parts| parts.len() > 1)
+        && statements_of(text, options).is_none_or(|parts| parts.len() > 1)
+}
+
+/// How PostgreSQL's parser reads this session's texts: with `standard_conforming_strings`
+/// off, a backslash in a plain string escapes.
+fn parser_options(params: &crate::params::ParamSet) -> pg_query::ParserOptions {
+    let mut options = pg_query::ParserOptions::DISABLE_ESCAPE_STRING_WARNING;
+    if params.get("standard_conforming_strings") == Some("off") {
+        options |= pg_query::ParserOptions::DISABLE_STANDARD_CONFORMING_STRINGS;
+    }
+    options
+}
+
+/// The statements of `text` as PostgreSQL's parser splits it (by the statements' locations in
+/// its parse tree), or `None` when it does not parse.
+fn statements_of(text: &str, options: pg_query::ParserOptions) -> Option<Vec<String>> {
+    let parsed = pg_query::parse(text, options).ok()?;
+    parsed
+        .protobuf
+        .stmts
+        .iter()
+        .map(|st| {
+            let start = usize::try_from(st.stmt_location).ok()?;
+            let end = match st.stmt_len {
+                0 => text.len(),
+                n => start.checked_add(usize::try_from(n).ok()?)?,
+            };
+            text.get(start..end).map(|s| s.trim().to_string())
+        })
+        .collect()
 }
 
 /// The refusal of a text whose statements cannot all be priced before it runs.

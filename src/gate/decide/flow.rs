@@ -44,9 +44,10 @@ impl<W> Gate<W> {
         if self.quarantined.len() >= MAX_QUARANTINED {
             self.quarantined.retain(|_, end| *end > now);
         }
-        if self.quarantined.len() < MAX_QUARANTINED {
-            self.quarantined.insert(fingerprint, until);
+        if self.quarantined.len() >= MAX_QUARANTINED {
+            return None;
         }
+        self.quarantined.insert(fingerprint, until);
         Some(until)
     }
 
@@ -165,7 +166,11 @@ impl<W> Gate<W> {
         let state = self.tenant_mut(&pass.tenant, now);
         let min = state.config.min_charge();
         let charged = match (&mut state.bucket, state.config.budget()) {
-            (Some(bucket), Some(b)) if pass.lane == Lane::Slow => {
+            // Moved to the slow lane for being over budget: it runs there, into debt. (A pass
+            // in the slow lane for a plan flip pays as any other.)
+            (Some(bucket), Some(b))
+                if pass.lane == Lane::Slow && state.config.when_over == WhenOver::Slow =>
+            {
                 Some(bucket.force_charge(&b, cost.seconds, now))
             }
             (Some(bucket), Some(b)) => bucket.try_charge(&b, cost.seconds, now),
