@@ -604,3 +604,26 @@ async fn comments_are_no_constants_for_the_plan_cache() {
         .expect("lookup");
     assert_eq!(explains(&f.pw).await, start + 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_time_refuses_on_a_learned_prediction_never_on_a_guess() {
+    let _alone = MACHINE.lock().await;
+    let f = gated(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nmax_time = 0.001\n",
+        "admin_users = admin\n",
+    );
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    // Never run: its prediction is a guess, and a guess refuses nothing.
+    conn.client
+        .simple_query(FULL_READ)
+        .await
+        .expect("first read");
+    // It took more than a millisecond: now it is predicted to, and refused before it runs.
+    let err = conn
+        .client
+        .simple_query(FULL_READ)
+        .await
+        .expect_err("over max_time");
+    assert_eq!(code(&err), "54000", "{err:?}");
+    assert!(format!("{err:?}").contains("max_time"), "{err:?}");
+}

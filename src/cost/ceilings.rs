@@ -90,11 +90,12 @@ impl CostLimits {
     }
 
     /// The first limit `plan` is over, if any. `size` gives a table's row count, as for
-    /// [`PlanSummary::scan_rows`]; `seconds` is the plan's predicted run time.
+    /// [`PlanSummary::scan_rows`]; `seconds` is the plan's predicted run time, when one
+    /// learned from the statement's own runs is known (`max_time` judges nothing else).
     pub fn check(
         &self,
         plan: &PlanSummary,
-        seconds: f64,
+        seconds: Option<f64>,
         size: impl Fn(&Relation) -> Option<f64>,
     ) -> Option<CostViolation> {
         let tables = || plan.full_scans.iter().map(|s| s.relation.clone()).collect();
@@ -106,13 +107,15 @@ impl CostLimits {
                 tables: tables(),
             });
         }
-        if let Some(limit) = self.max_time.filter(|l| seconds > *l) {
-            return Some(CostViolation {
-                rule: CostRule::MaxTime,
-                value: seconds,
-                limit,
-                tables: tables(),
-            });
+        if let (Some(limit), Some(seconds)) = (self.max_time, seconds.filter(|s| *s > 0.0)) {
+            if seconds > limit {
+                return Some(CostViolation {
+                    rule: CostRule::MaxTime,
+                    value: seconds,
+                    limit,
+                    tables: tables(),
+                });
+            }
         }
         let limit = self.max_scan_rows?;
         let rows = plan.scan_rows(size);

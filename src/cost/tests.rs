@@ -159,7 +159,7 @@ fn max_cost_detail_has_numbers_only() {
         max_scan_rows: None,
         max_time: None,
     };
-    let v = limits.check(&plan, 0.0, sizes).expect("over max_cost");
+    let v = limits.check(&plan, None, sizes).expect("over max_cost");
     assert_eq!(v.rule, CostRule::MaxCost);
     assert_eq!(v.sqlstate(), "54000");
     assert_eq!(v.detail(), "planned cost 2617 is over the limit 1000");
@@ -169,7 +169,7 @@ fn max_cost_detail_has_numbers_only() {
         max_cost: Some(3000.0),
         ..limits
     };
-    assert_eq!(relaxed.check(&plan, 0.0, sizes), None);
+    assert_eq!(relaxed.check(&plan, None, sizes), None);
 }
 
 #[test]
@@ -180,8 +180,15 @@ fn max_time_judges_the_predicted_seconds() {
         ..CostLimits::default()
     };
     assert!(limits.any());
-    assert_eq!(limits.check(&plan, 0.4, sizes), None);
-    let v = limits.check(&plan, 0.75, sizes).expect("over max_time");
+    assert_eq!(limits.check(&plan, Some(0.4), sizes), None);
+    assert_eq!(
+        limits.check(&plan, None, sizes),
+        None,
+        "no learned prediction: no verdict"
+    );
+    let v = limits
+        .check(&plan, Some(0.75), sizes)
+        .expect("over max_time");
     assert_eq!(v.rule, CostRule::MaxTime);
     assert_eq!(v.sqlstate(), "54000");
     assert_eq!(v.detail(), "predicted time 0.750 s is over the limit 0.5 s");
@@ -196,15 +203,15 @@ fn max_scan_rows_sums_table_sizes() {
         max_time: None,
     };
     let v = limits
-        .check(&fixture("subplan"), 0.0, sizes)
+        .check(&fixture("subplan"), None, sizes)
         .expect("over max_scan_rows");
     assert_eq!(v.rule, CostRule::MaxScanRows);
     assert_eq!(
         v.detail(),
         "rows read in full 51000 is over the limit 50500"
     );
-    assert_eq!(limits.check(&fixture("index_scan"), 0.0, sizes), None);
-    assert_eq!(limits.check(&fixture("join_three"), 0.0, sizes), None);
+    assert_eq!(limits.check(&fixture("index_scan"), None, sizes), None);
+    assert_eq!(limits.check(&fixture("join_three"), None, sizes), None);
 }
 
 #[test]

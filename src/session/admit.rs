@@ -607,8 +607,8 @@ impl Session {
         // before it takes anything.
         let mut ruled = false;
         if let (Some(known), false, false) = (&plan, deferred, bypass) {
-            let seconds = self.estimate(Some(known), fingerprint).cost.seconds;
-            if let Some(hit) = self.cost_rules(governance, &tenant, Some(known), seconds) {
+            let predicted = self.estimate(Some(known), fingerprint).cost;
+            if let Some(hit) = self.cost_rules(governance, &tenant, Some(known), predicted) {
                 keeper
                     .lock()
                     .note_refusal(&tenant, RefusalReason::Cost, now);
@@ -684,10 +684,7 @@ impl Session {
             let estimate = self.estimate(plan.as_deref(), fingerprint);
             let verdict = match ruled {
                 true => None,
-                false => {
-                    let seconds = estimate.cost.seconds;
-                    self.cost_rules(governance, &tenant, plan.as_deref(), seconds)
-                }
+                false => self.cost_rules(governance, &tenant, plan.as_deref(), estimate.cost),
             };
             if let Some(hit) = verdict {
                 keeper
@@ -819,8 +816,8 @@ impl Session {
                 Priced::Plan(None) => return Ok(Some(unpriceable())),
                 Priced::Cancelled => return Ok(Some(cancelled())),
             };
-            let seconds = self.estimate(Some(&plan), Some(fp)).cost.seconds;
-            if let Some(hit) = self.cost_rules(governance, tenant, Some(&plan), seconds) {
+            let predicted = self.estimate(Some(&plan), Some(fp)).cost;
+            if let Some(hit) = self.cost_rules(governance, tenant, Some(&plan), predicted) {
                 return Ok(Some(hit));
             }
         }
@@ -1095,11 +1092,10 @@ impl Session {
             else {
                 continue;
             };
-            let seconds = self
+            let predicted = self
                 .estimate(Some(&plan), Some(Fingerprint(d.key.fingerprint)))
-                .cost
-                .seconds;
-            if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan), seconds) {
+                .cost;
+            if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan), predicted) {
                 tracing::warn!(client = self.id, tenant = %d.tenant, rule = %hit.rule, "a statement priced after it ran in a batch broke a cost rule");
             }
         }
@@ -1243,9 +1239,11 @@ impl Session {
         governance: &Governance,
         tenant: &str,
         plan: Option<&PlanSummary>,
-        seconds: f64,
+        predicted: Cost,
     ) -> Option<RuleHit> {
         let plan = plan?;
+        // max_time judges a prediction learned from the statement's own runs, never a guess.
+        let seconds = predicted.learned.then_some(predicted.seconds);
         let violation = governance
             .policy
             .cost_limits(tenant)
