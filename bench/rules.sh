@@ -80,7 +80,9 @@ start_pooler() {
     local name=$1 port dir="$work/$1"
     port=$(free_port)
     mkdir -p "$dir"
-    pooler_ini "$dir" "$pg_port" "$port" "$pool_size" trust >"$dir/pooler.ini"
+    # trust admits only users the auth file names, as in PgBouncer.
+    printf '"bench" ""\n' >"$dir/userlist.txt"
+    pooler_ini "$dir" "$pg_port" "$port" "$pool_size" trust "$dir/userlist.txt" >"$dir/pooler.ini"
     if [ "$name" = rules ]; then echo "policy_file = $dir/policy.toml" >>"$dir/pooler.ini"; fi
     policy >"$dir/policy.toml"
     pooler_start "$name" "$dir" "$port" "$work/pgward-bin" ||
