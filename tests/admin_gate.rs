@@ -7,7 +7,7 @@ mod common;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use common::driver::{code, columns, message, must_connect, must_value, show, Conn};
+use common::driver::{code, columns, message, must_connect, must_value, outcome, show, Conn};
 use common::gate::{gated, FULL_READ, REJECT_POLICY};
 use common::policy::Policed;
 use pgward::sql::{Analyzer, Depth, ParseContext};
@@ -58,14 +58,6 @@ fn number(row: &HashMap<String, String>, col: &str) -> f64 {
     row[col]
         .parse()
         .unwrap_or_else(|e| panic!("{col} = {:?}: {e}", row[col]))
-}
-
-/// The SQLSTATE a simple query answers (empty when it succeeds).
-async fn outcome(c: &Client, sql: &str) -> String {
-    match c.simple_query(sql).await {
-        Ok(_) => String::new(),
-        Err(e) => code(&e),
-    }
 }
 
 /// The fingerprint the gate computes for `sql` (16 hex digits).

@@ -9,7 +9,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::driver::{code, must_connect, show};
+use common::driver::{code, must_connect, outcome, show};
 use common::gate::{gated, FULL_READ};
 use common::policy::Policed;
 use common::raw::{named_extended_query, sync_message};
@@ -494,18 +494,13 @@ async fn cost_rules_judge_each_statement_of_a_text_before_it_runs() {
         "admin_users = admin\n",
     );
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
-    let outcome = |sql: &'static str| {
-        let client = &conn.client;
-        async move {
-            match client.simple_query(sql).await {
-                Ok(_) => String::new(),
-                Err(e) => code(&e),
-            }
-        }
-    };
     // The full read hides behind a cheap statement: refused before anything runs.
     assert_eq!(
-        outcome("INSERT INTO small VALUES (5000, 'x'); SELECT count(*) FROM big").await,
+        outcome(
+            &conn.client,
+            "INSERT INTO small VALUES (5000, 'x'); SELECT count(*) FROM big"
+        )
+        .await,
         "54000"
     );
     assert_eq!(
@@ -514,16 +509,20 @@ async fn cost_rules_judge_each_statement_of_a_text_before_it_runs() {
         "the cheap statement before the refused one ran"
     );
     assert_eq!(
-        outcome("SELECT 1; SELECT v FROM small WHERE id = 1").await,
+        outcome(&conn.client, "SELECT 1; SELECT v FROM small WHERE id = 1").await,
         ""
     );
     // What follows a statement that may change its plan cannot be priced before it runs.
     assert_eq!(
-        outcome("SET enable_indexscan = off; SELECT v FROM small WHERE id = 1").await,
+        outcome(
+            &conn.client,
+            "SET enable_indexscan = off; SELECT v FROM small WHERE id = 1"
+        )
+        .await,
         "54000"
     );
     assert_eq!(
-        outcome("BEGIN; SET LOCAL work_mem = '8MB'; COMMIT").await,
+        outcome(&conn.client, "BEGIN; SET LOCAL work_mem = '8MB'; COMMIT").await,
         ""
     );
 }
@@ -558,30 +557,32 @@ async fn a_statement_of_a_text_that_cannot_be_planned_before_it_runs_is_refused(
         "admin_users = admin\n",
     );
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
-    let outcome = |sql: &'static str| {
-        let client = &conn.client;
-        async move {
-            match client.simple_query(sql).await {
-                Ok(_) => String::new(),
-                Err(e) => code(&e),
-            }
-        }
-    };
     // The second statement reads a table the first creates: no EXPLAIN can plan it first.
     assert_eq!(
-        outcome("SELECT * INTO TEMP copied FROM small; SELECT count(*) FROM copied a, big b").await,
+        outcome(
+            &conn.client,
+            "SELECT * INTO TEMP copied FROM small; SELECT count(*) FROM copied a, big b"
+        )
+        .await,
         "54000"
     );
     // In a failed transaction nothing can be planned; after its ROLLBACK the read would run.
     conn.client.batch_execute("BEGIN").await.expect("BEGIN");
-    assert_eq!(outcome("SELECT 1/0").await, "22012");
+    assert_eq!(outcome(&conn.client, "SELECT 1/0").await, "22012");
     // Refused in the failed transaction (PostgreSQL raises the refusal there: 25P02), so
     // neither the ROLLBACK nor the read ran.
-    assert_eq!(outcome("ROLLBACK; SELECT count(*) FROM big").await, "25P02");
-    assert_eq!(outcome("ROLLBACK").await, "");
+    assert_eq!(
+        outcome(&conn.client, "ROLLBACK; SELECT count(*) FROM big").await,
+        "25P02"
+    );
+    assert_eq!(outcome(&conn.client, "ROLLBACK").await, "");
     // One statement whose body holds semicolons is one statement.
     assert_eq!(
-        outcome("CREATE FUNCTION one() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END").await,
+        outcome(
+            &conn.client,
+            "CREATE FUNCTION one() RETURNS int LANGUAGE sql BEGIN ATOMIC SELECT 1; END"
+        )
+        .await,
         ""
     );
 }

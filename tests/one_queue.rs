@@ -13,7 +13,7 @@ use std::process::{Child, Output};
 use std::time::{Duration, Instant};
 use tokio::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use common::driver::{code, columns, must_connect, must_value, Conn};
+use common::driver::{code, columns, must_connect, must_value, outcome, Conn};
 use common::gate::{full_read_seconds, gated, FULL_READ, SCHEMA};
 use common::policy::Policed;
 use common::{client_command, stderr_of, stdout_of, Pgward, Postgres};
@@ -97,14 +97,6 @@ async fn waiting_in_lanes(c: &Client) -> u32 {
         .iter()
         .map(|r| number(r, "waiting") as u32)
         .sum()
-}
-
-/// The SQLSTATE a simple query answers (empty when it succeeds).
-async fn outcome(c: &Client, sql: &str) -> String {
-    match c.simple_query(sql).await {
-        Ok(_) => String::new(),
-        Err(e) => code(&e),
-    }
 }
 
 /// A count from a query on the watching connection.

@@ -539,14 +539,7 @@ impl Session {
         let tenant = identity.tenant.to_string();
         let key = fingerprint
             .filter(|_| kind.waits_for_slot())
-            .map(|f| PlanKey {
-                database: self.pool.key.db.clone(),
-                role: self.user.clone(),
-                tenant: tenant.clone(),
-                search_path: self.params.get("search_path").unwrap_or("").to_string(),
-                fingerprint: f.0,
-                generic: false,
-            });
+            .map(|f| self.plan_key(&tenant, f));
         let now = Instant::now();
         // Only statements that were explained have plans cached: a hit needs no reading.
         let constants = work.constants();
@@ -800,14 +793,7 @@ impl Session {
             let Some(fp) = analysis.fingerprint else {
                 return Ok(Some(unpriceable()));
             };
-            let key = PlanKey {
-                database: self.pool.key.db.clone(),
-                role: self.user.clone(),
-                tenant: tenant.to_string(),
-                search_path: self.params.get("search_path").unwrap_or("").to_string(),
-                fingerprint: fp.0,
-                generic: false,
-            };
+            let key = self.plan_key(tenant, fp);
             let work = Work::Query(part.clone());
             let plan = match self.explain(&sql, &work, &key, sizes).await? {
                 Priced::Plan(Some(plan)) => plan,
@@ -822,6 +808,18 @@ impl Session {
             }
         }
         Ok(None)
+    }
+
+    /// What the plan of statement `fingerprint` of `tenant` is cached under in this session.
+    fn plan_key(&self, tenant: &str, fingerprint: Fingerprint) -> PlanKey {
+        PlanKey {
+            database: self.pool.key.db.clone(),
+            role: self.user.clone(),
+            tenant: tenant.to_string(),
+            search_path: self.params.get("search_path").unwrap_or("").to_string(),
+            fingerprint: fingerprint.0,
+            generic: false,
+        }
     }
 
     /// A plan just read whose shape the statement never ran with, where it has a usual one,

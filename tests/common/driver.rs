@@ -36,6 +36,14 @@ pub fn code(err: &Error) -> String {
 }
 
 /// The message of a server (or pooler) error, or the error's text.
+/// The SQLSTATE a simple query answers (empty when it succeeds).
+pub async fn outcome(c: &Client, sql: &str) -> String {
+    match c.simple_query(sql).await {
+        Ok(_) => String::new(),
+        Err(e) => code(&e),
+    }
+}
+
 pub fn message(err: &Error) -> String {
     match err.as_db_error() {
         Some(db) => db.message().to_string(),
