@@ -458,7 +458,7 @@ mod pipelines {
     use super::*;
     use common::raw::{
         bind_message, execute_message, extended_query, message, named_extended_query,
-        parse_message, query_message, sync_message, Raw,
+        parse_message, query_message, sync_message, Batch, Raw,
     };
 
     pub(super) fn raw(f: &Fixture, user: &str) -> Raw {
@@ -595,6 +595,90 @@ mod pipelines {
         o.send(&m);
         let got = read_to_ready_within(&mut o, Duration::from_secs(5)).unwrap();
         assert!(got.contains("54000"), "the full read ran unpriced: {got}");
+    }
+
+    /// A pipeline of an INSERT, `middle` and another INSERT, under `max_cost = 500`: what
+    /// the client read up to ReadyForQuery (within ten seconds), after checking that neither
+    /// INSERT stayed (the batch failed in the middle) and that the session goes on.
+    fn failing_pipeline(middle: Vec<u8>) -> String {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let table = "CREATE TABLE marks (n int); GRANT ALL ON marks TO PUBLIC";
+        f.pg.sql_in("app", table);
+        let mut r = raw(&f, "trustuser");
+        let mut m = extended_query("INSERT INTO marks VALUES (1)");
+        m.extend(middle);
+        m.extend(extended_query("INSERT INTO marks VALUES (2)"));
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("no answer in time");
+        let marks = f.pg.sql_in("app", "SELECT count(*) FROM marks");
+        assert_eq!(marks.trim(), "0", "the batch was not rolled back: {got}");
+        r.send(&query_message("SELECT 7"));
+        let next = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert!(next.contains("D[7]"), "{next}");
+        got
+    }
+
+    /// Cost rules judge a statement inside a pipeline before it runs: a read that would take
+    /// hours, behind a cheap statement in one batch, is refused in its place (54000), the
+    /// batch fails there and what ran before it is rolled back with its implicit transaction.
+    #[test]
+    fn a_pipelined_read_over_max_cost_is_refused_before_it_runs() {
+        let got = failing_pipeline(extended_query("SELECT count(*) FROM big a, big b"));
+        assert!(got.starts_with("12C1E[54000]"), "{got}");
+    }
+
+    /// A pipelined statement whose plan fails when it is bound (a bad parameter value) fails
+    /// in its place with PostgreSQL's own error, as it would without pgward: the batch
+    /// stops there, and what ran before it is rolled back.
+    #[test]
+    fn a_pipelined_statement_that_fails_when_bound_fails_in_its_place() {
+        let got = failing_pipeline(
+            Batch::new()
+                .parse("", "SELECT count(*) FROM small WHERE id > $1::int", &[])
+                .bind("", "", &[Some("x")])
+                .execute("", 0)
+                .bytes,
+        );
+        assert_eq!(got, "12C1E[22P02]Z", "{got}");
+    }
+
+    /// max_scan_rows judges a pipelined statement before it runs too (the table sizes are
+    /// read inside the batch), and a simple Query behind an open batch cannot be read before
+    /// it runs: refused.
+    #[test]
+    fn max_scan_rows_judges_a_pipelined_read_before_it_runs() {
+        let f = Fixture::start("[gate]\nmax_scan_rows = 50000\n");
+        let mut r = raw(&f, "trustuser");
+        let mut m = extended_query("SELECT 1");
+        m.extend(extended_query("SELECT count(*) FROM big a, big b"));
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("the read ran: no answer in time");
+        assert!(got.starts_with("12D[1]C1E[54000]"), "{got}");
+        let mut m = extended_query("SELECT 1");
+        m.extend(query_message("SELECT count(*) FROM big a, big b"));
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("the read ran: no answer in time");
+        assert!(got.contains("E[54000]"), "{got}");
+    }
+
+    /// A pipelined statement after one that failed is skipped by the server, and answered
+    /// nothing, as without pgward.
+    #[test]
+    fn a_pipelined_statement_after_a_failure_is_skipped() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut m = extended_query("SELECT 1/0");
+        m.extend(extended_query("SELECT count(*) FROM small"));
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();
+        assert_eq!(got, "1E[22012]Z", "{got}");
     }
 
     /// Pricing a Query leaves the client's unnamed statement alone: a Bind of it (prepared

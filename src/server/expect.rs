@@ -162,6 +162,14 @@ impl Expected {
         self.skipping
     }
 
+    /// One of pgward's own statements failed inside the client's open batch: the server
+    /// skips what the client sends until its Sync.
+    pub fn own_error_in_batch(&mut self) {
+        if self.batch_open {
+            self.skipping = true;
+        }
+    }
+
     /// The server is receiving COPY data: Syncs the client sends now are ignored by it.
     pub fn copy_in(&self) -> bool {
         self.copy_in

@@ -40,23 +40,63 @@ impl ServerConn {
         limit: usize,
         tracked: &Tracked,
     ) -> Result<Vec<TextRow>, ServerError> {
-        let mut out = BytesMut::new();
-        for st in statements {
-            st.encode(&mut out)?;
-        }
+        let mut out = encode_all(statements)?;
         wire::encode_sync(&mut out);
         let result = self.rows(&out, limit, tracked).await;
         if matches!(result, Ok(_) | Err(ServerError::Refused(_))) {
             let mut close = BytesMut::new();
-            for st in statements {
-                for kind in [target::PORTAL, target::STATEMENT] {
-                    wire::encode_close(&mut close, kind, st.name.as_bytes());
-                }
-            }
+            encode_closes(&mut close, statements);
             wire::encode_sync(&mut close);
             self.rows(&close, 0, tracked).await?;
         }
         result
+    }
+
+    /// Runs pgward's own statements inside a batch the client has open on this server (its
+    /// extended-protocol messages so far answered, no Sync yet): each under a name of its own,
+    /// closed in the same batch, ended by a Flush instead of a Sync, so the client's implicit
+    /// transaction goes on. Returns up to `limit` rows. An error is returned at once: the
+    /// server then skips the client's messages up to the client's Sync, as it would after an
+    /// error of the client's own.
+    pub async fn own_batch_in_open_batch(
+        &mut self,
+        statements: &[OwnStatement<'_>],
+        limit: usize,
+        tracked: &Tracked,
+    ) -> Result<Vec<TextRow>, ServerError> {
+        let mut out = encode_all(statements)?;
+        encode_closes(&mut out, statements);
+        wire::encode_flush(&mut out);
+        self.internal_busy = true;
+        self.send(&out).await?;
+        let mut closes = statements.len() * 2;
+        let mut rows = Vec::new();
+        while closes > 0 {
+            let frame = self.read_frame().await?;
+            if frame.tag() == wire::backend::tag::DATA_ROW {
+                keep_row(&mut rows, limit, &frame.body())?;
+                continue;
+            }
+            match wire::decode_backend(&frame)? {
+                Backend::CloseComplete => closes -= 1,
+                Backend::ErrorResponse(fields) => {
+                    self.internal_busy = false;
+                    return Err(ServerError::Refused(fields));
+                }
+                Backend::ParameterStatus { name, value } => {
+                    self.note_parameter(&name, &value, tracked);
+                }
+                Backend::ReadyForQuery(_) | Backend::CopyInResponse | Backend::CopyBothResponse => {
+                    self.reusable = false;
+                    return Err(ServerError::Protocol(
+                        "unexpected message in an internal query inside a batch",
+                    ));
+                }
+                _ => {}
+            }
+        }
+        self.internal_busy = false;
+        Ok(rows)
     }
 
     /// Sends `out` (ending with Sync) and reads its first DataRow, up to ReadyForQuery.
@@ -82,11 +122,7 @@ impl ServerConn {
         loop {
             let frame = self.read_frame().await?;
             if frame.tag() == wire::backend::tag::DATA_ROW {
-                if rows.len() < limit {
-                    rows.push(parse_data_row(&frame.body()).ok_or(ServerError::Protocol(
-                        "malformed DataRow in an internal query",
-                    ))?);
-                }
+                keep_row(&mut rows, limit, &frame.body())?;
                 continue;
             }
             match wire::decode_backend(&frame)? {
@@ -146,6 +182,35 @@ impl<'a> OwnStatement<'a> {
         wire::encode_execute(out, name, 0);
         Ok(())
     }
+}
+
+/// Parse, Bind and Execute of each statement.
+fn encode_all(statements: &[OwnStatement<'_>]) -> Result<BytesMut, ServerError> {
+    let mut out = BytesMut::new();
+    for st in statements {
+        st.encode(&mut out)?;
+    }
+    Ok(out)
+}
+
+/// Close of each statement's portal and statement.
+fn encode_closes(out: &mut BytesMut, statements: &[OwnStatement<'_>]) {
+    for st in statements {
+        for kind in [target::PORTAL, target::STATEMENT] {
+            wire::encode_close(out, kind, st.name.as_bytes());
+        }
+    }
+}
+
+/// Keeps the DataRow `body` in `rows` unless `limit` rows are there already.
+fn keep_row(rows: &mut Vec<TextRow>, limit: usize, body: &[u8]) -> Result<(), ServerError> {
+    if rows.len() < limit {
+        let row = parse_data_row(body);
+        rows.push(row.ok_or(ServerError::Protocol(
+            "malformed DataRow in an internal query",
+        ))?);
+    }
+    Ok(())
 }
 
 /// The values of a DataRow body, or `None` if it is malformed.

@@ -25,7 +25,7 @@ use super::rules::{parse_context, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
-    explain_sql, judged_statement, relation_sizes_sql, PlanFactorKey, PlanKey, PlanSummary,
+    explain_sql, judged_statement, relation_sizes_sql, Judged, PlanFactorKey, PlanKey, PlanSummary,
     Relation,
 };
 use crate::gate::keeper::{SlotAnswer, SlotGuard};
@@ -76,6 +76,11 @@ pub(in crate::session) struct GateState {
     batch_open: bool,
     /// Requests that ran unpriced inside a batch, to price once it is answered.
     deferred: Vec<Deferred>,
+    /// A request inside an open batch must be judged by cost rules before it runs: the
+    /// server is to be asked (a Flush) for the answers to what went before it.
+    flush_wanted: bool,
+    /// That Flush went out: the request waits for the answers.
+    flush_sent: bool,
     /// DDL or ANALYZE ran: the database's cached plans are dropped at the end of each run
     /// until the transaction is over (its changes count only once it commits).
     pub stale_plans: bool,
@@ -91,12 +96,29 @@ struct Deferred {
     tenant: String,
 }
 
+/// Where a request inside an open batch stands (see [`Session::in_batch_turn`]).
+#[derive(PartialEq, Eq)]
+enum InBatch {
+    /// Until what went before it is answered.
+    Wait,
+    /// The server skips it (an earlier message failed).
+    Skipped,
+    /// It cannot be explained as itself.
+    Unplannable,
+    /// It is explained now, inside the batch.
+    Explain,
+}
+
 /// What an EXPLAIN gave.
 enum Priced {
     /// The plan, or none (the EXPLAIN failed, or there was nothing to explain).
     Plan(Option<Arc<PlanSummary>>),
     /// The client's cancel stopped it.
     Cancelled,
+    /// Inside the client's open batch, the EXPLAIN failed: the statement fails there, with
+    /// this error (planning is part of running it), and the server skips the rest of the
+    /// batch.
+    FailedInBatch(crate::wire::ErrorFields),
 }
 
 /// The work a server does for one client from the moment it owed that client nothing until
@@ -413,7 +435,10 @@ impl Session {
                 }
             }
             match span.tag {
-                tag::SYNC => self.gate.batch_open = false,
+                tag::SYNC => {
+                    self.gate.batch_open = false;
+                    self.gate.flush_sent = false;
+                }
                 tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE => {
                     self.gate.batch_open = true
                 }
@@ -558,14 +583,34 @@ impl Session {
             && governance.policy.cost_limits(&tenant).any();
         // An unknown price is read by an EXPLAIN only for the first request in line; a later
         // one waits until the server owes nothing, or, inside a batch that is still open
-        // (the server answers nothing before its Sync), is priced once it has run.
-        let deferred = (sql.is_some() && cached.is_none() || parts_judged) && !first;
+        // (the server answers nothing before its Sync), is priced once it has run; under
+        // cost rules it is judged inside the batch before it runs.
+        let mut deferred = (sql.is_some() && cached.is_none() || parts_judged) && !first;
         if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
         }
-        if deferred && parts_judged {
-            // Behind an extended batch still open on the server (no Sync yet), nothing can be
-            // read before it runs.
+        if deferred
+            && matches!(work, Work::Bind { .. })
+            && governance.policy.cost_limits(&tenant).any()
+        {
+            // Cost rules judge a Bind inside an open batch before it runs: once the server
+            // has answered what went before it, it is explained in the batch.
+            let turn = self.in_batch_turn(text);
+            let gate = &mut self.gate;
+            if turn == InBatch::Wait {
+                gate.flush_wanted = !gate.flush_sent;
+                return Ok(Step::Hold);
+            }
+            gate.flush_sent = false;
+            match turn {
+                InBatch::Skipped => return Ok(Step::Verdict(None)),
+                InBatch::Unplannable => return Ok(Step::Verdict(Some(unpriceable()))),
+                _ => deferred = false,
+            }
+        }
+        if deferred && (parts_judged || governance.policy.cost_limits(&tenant).any()) {
+            // A simple Query behind an extended batch still open on the server (no Sync yet):
+            // nothing can be read before it runs.
             return Ok(Step::Verdict(Some(unpriceable())));
         }
         if let Some(hit) = self.rules_refuse(governance, &work, analysis.as_deref(), &who) {
@@ -661,6 +706,10 @@ impl Session {
                 match self.explain(sql, &work, key, sizes).await? {
                     Priced::Plan(p) => plan = p,
                     Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
+                    Priced::FailedInBatch(error) => {
+                        self.fail_in_batch(&error);
+                        return Ok(Step::Verdict(None));
+                    }
                 }
                 from_cache = false;
                 self.check_shape(plan.as_deref(), fingerprint);
@@ -801,6 +850,8 @@ impl Session {
                 // transaction has failed...): it cannot be judged before it runs.
                 Priced::Plan(None) => return Ok(Some(unpriceable())),
                 Priced::Cancelled => return Ok(Some(cancelled())),
+                // Not inside an open batch: a text of several is judged first in line.
+                Priced::FailedInBatch(_) => return Ok(Some(unpriceable())),
             };
             let predicted = self.estimate(Some(&plan), Some(fp)).cost;
             if let Some(hit) = self.cost_rules(governance, tenant, Some(&plan), predicted) {
@@ -1150,7 +1201,11 @@ impl Session {
         let Some(link) = self.link.as_mut() else {
             return Ok(Priced::Plan(None));
         };
+        // Inside the client's open batch (what it sent so far answered, no Sync yet): no
+        // savepoint can be taken there, and no Sync may be sent.
+        let open_batch = link.expected.batch_open();
         let in_block = match link.server.tx {
+            _ if open_batch => false,
             TxStatus::Failed => return Ok(Priced::Plan(None)),
             TxStatus::InTransaction => true,
             TxStatus::Idle => false,
@@ -1176,12 +1231,23 @@ impl Session {
             types,
             values,
         });
+        if open_batch && !self.to_server.is_empty() {
+            // Only messages that owe nothing wait there (a Flush): they go first.
+            let out = std::mem::take(&mut self.to_server);
+            server.send(&out).await.map_err(|e| lost(server, e))?;
+        }
         let started = Instant::now();
-        let answer = server.own_batch(&batch, 1, &tracked).await;
+        let answer = match open_batch {
+            true => server.own_batch_in_open_batch(&batch, 1, &tracked).await,
+            false => server.own_batch(&batch, 1, &tracked).await,
+        };
         let took = started.elapsed();
         let mut cancelled = false;
         let row = match answer {
             Ok(rows) => rows.into_iter().next(),
+            Err(ServerError::Refused(fields)) if open_batch => {
+                return Ok(Priced::FailedInBatch(fields));
+            }
             Err(ServerError::Refused(fields)) => {
                 // The client's cancel, sent while pgward was pricing its statement, stopped
                 // the EXPLAIN: it is the statement's answer.
@@ -1194,9 +1260,10 @@ impl Session {
         let plan = text.and_then(|t| PlanSummary::from_json(&t).ok());
         let mut failed = plan.is_none();
         if let (Some(plan), true) = (&plan, sizes) {
-            match read_sizes(server, plan, &own.sizes, &tracked).await? {
-                Some(sizes) => self.rt.gatekeeper.learn_sizes(&key.database, sizes),
-                None => failed = true,
+            match read_sizes(server, plan, &own.sizes, open_batch, &tracked).await? {
+                Sizes::Read(sizes) => self.rt.gatekeeper.learn_sizes(&key.database, sizes),
+                Sizes::Failed => failed = true,
+                Sizes::FailedInBatch(fields) => return Ok(Priced::FailedInBatch(fields)),
             }
         }
         if in_block {
@@ -1229,6 +1296,58 @@ impl Session {
             Instant::now(),
         );
         Ok(Priced::Plan(Some(plan)))
+    }
+
+    /// Where a Bind inside an open batch stands when cost rules must judge it before it
+    /// runs: it waits until everything before it went out and was answered (a Flush asks the
+    /// server for the answers), then is explained inside the batch.
+    fn in_batch_turn(&self, text: Option<&str>) -> InBatch {
+        if !text.is_some_and(|t| matches!(judged_statement(t), Judged::Plan(_))) {
+            // What an EXPLAIN of it would read is not the statement itself (EXECUTE, a
+            // whole table): a failed EXPLAIN would not tell that the statement fails.
+            return InBatch::Unplannable;
+        }
+        if self.link.as_ref().is_some_and(|l| l.expected.skipping()) {
+            // An earlier message failed: the server skips this one.
+            return InBatch::Skipped;
+        }
+        // What is still to be written to the server then owes nothing (a Flush): the
+        // EXPLAIN sends it first.
+        let answered = self.link.as_ref().is_some_and(|l| {
+            l.expected.is_empty() && l.expected.batch_open() && l.server.rbuf.is_empty()
+        });
+        match answered && self.gate.gated == 0 && self.gate.verdicts.is_empty() {
+            true => InBatch::Explain,
+            false => InBatch::Wait,
+        }
+    }
+
+    /// The Flush a request inside an open batch waits for, if it is wanted: queued for the
+    /// server (after what went before the request).
+    pub(super) fn flush_for_judging(&mut self) {
+        if !std::mem::take(&mut self.gate.flush_wanted) || self.link.is_none() {
+            return;
+        }
+        wire::encode_flush(&mut self.to_server);
+        self.gate.flush_sent = true;
+    }
+
+    /// The EXPLAIN of a request inside the client's open batch failed: that is the request's
+    /// own failure (PostgreSQL plans a statement when it is bound), answered with the error,
+    /// and the server now skips the client's messages up to its Sync.
+    fn fail_in_batch(&mut self, error: &crate::wire::ErrorFields) {
+        let Some(link) = self.link.as_mut() else {
+            return;
+        };
+        use crate::wire::backend::field;
+        // Positions point into the EXPLAIN's text, not the client's.
+        let positions = [
+            field::POSITION,
+            field::INTERNAL_POSITION,
+            field::INTERNAL_QUERY,
+        ];
+        wire::backend::encode_error_fields(&mut self.to_client, error, &positions);
+        link.expected.own_error_in_batch();
     }
 
     /// The verdict of the tenant's cost rules on `plan`.
@@ -1371,19 +1490,29 @@ async fn read_sizes(
     server: &mut crate::pool::ServerGuard,
     plan: &PlanSummary,
     name: &str,
+    open_batch: bool,
     tracked: &crate::params::Tracked,
-) -> Result<Option<Vec<(Relation, f64)>>, SessionError> {
+) -> Result<Sizes, SessionError> {
     let relations: Vec<Relation> = plan.full_scans.iter().map(|s| s.relation.clone()).collect();
     let Some(sql) = relation_sizes_sql(&relations) else {
-        return Ok(Some(Vec::new()));
+        return Ok(Sizes::Read(Vec::new()));
     };
     let own = [OwnStatement::plain(name, &sql)];
-    let rows = match server.own_batch(&own, relations.len(), tracked).await {
+    let answer = match open_batch {
+        true => {
+            server
+                .own_batch_in_open_batch(&own, relations.len(), tracked)
+                .await
+        }
+        false => server.own_batch(&own, relations.len(), tracked).await,
+    };
+    let rows = match answer {
         Ok(rows) => rows,
-        Err(ServerError::Refused(_)) => return Ok(None),
+        Err(ServerError::Refused(fields)) if open_batch => return Ok(Sizes::FailedInBatch(fields)),
+        Err(ServerError::Refused(_)) => return Ok(Sizes::Failed),
         Err(e) => return Err(lost(server, e)),
     };
-    Ok(Some(
+    Ok(Sizes::Read(
         rows.into_iter()
             .filter_map(|row| match row.as_slice() {
                 [Some(schema), Some(name), Some(n)] => Some((
@@ -1397,6 +1526,15 @@ async fn read_sizes(
             })
             .collect(),
     ))
+}
+
+/// What [`read_sizes`] found.
+enum Sizes {
+    Read(Vec<(Relation, f64)>),
+    /// The query failed (its transaction was put back as it was).
+    Failed,
+    /// It failed inside the client's open batch: see [`Priced::FailedInBatch`].
+    FailedInBatch(crate::wire::ErrorFields),
 }
 
 /// A failure while pricing: the connection cannot be trusted to be in step.

@@ -432,6 +432,9 @@ impl Session {
                 None => chunk.len,
             };
             if ready == 0 {
+                // A request inside an open batch may wait for the answers to what went
+                // before it, to be judged before it runs.
+                self.flush_for_judging();
                 self.held = true;
                 return Ok(false);
             }

@@ -83,6 +83,12 @@ pub mod field {
     pub const DETAIL: u8 = b'D';
     /// Hint.
     pub const HINT: u8 = b'H';
+    /// Cursor position in the query string.
+    pub const POSITION: u8 = b'P';
+    /// Cursor position in an internally generated query.
+    pub const INTERNAL_POSITION: u8 = b'p';
+    /// The internally generated query.
+    pub const INTERNAL_QUERY: u8 = b'q';
 }
 
 const AUTH_OK: i32 = 0;
@@ -521,6 +527,17 @@ impl ErrorResponse {
 /// ErrorResponse.
 pub fn encode_error(buf: &mut BytesMut, err: &ErrorResponse) {
     put_message(buf, tag::ERROR_RESPONSE, |b| err.write_fields(b));
+}
+
+/// An ErrorResponse of the fields read from another, less the field types in `without`.
+pub fn encode_error_fields(buf: &mut BytesMut, error: &ErrorFields, without: &[u8]) {
+    put_message(buf, tag::ERROR_RESPONSE, |b| {
+        for (kind, value) in error.fields.iter().filter(|(k, _)| !without.contains(k)) {
+            b.put_u8(*kind);
+            put_cstr(b, value.as_bytes());
+        }
+        b.put_u8(0);
+    });
 }
 
 /// NoticeResponse.
