@@ -457,8 +457,8 @@ trusted_roles = ["postgres"]
 mod pipelines {
     use super::*;
     use common::raw::{
-        bind_message, execute_message, extended_query, message, named_extended_query,
-        parse_message, query_message, sync_message, Batch, Raw,
+        bind_message, execute_message, extended_query, flush_message, message,
+        named_extended_query, parse_message, query_message, sync_message, Batch, Raw,
     };
 
     pub(super) fn raw(f: &Fixture, user: &str) -> Raw {
@@ -662,6 +662,115 @@ mod pipelines {
         m.extend(query_message("SELECT count(*) FROM big a, big b"));
         m.extend(sync_message());
         r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("the read ran: no answer in time");
+        assert!(got.contains("E[54000]"), "{got}");
+    }
+
+    /// A Sync that ends a failed batch, sent with the next batch, ends the server's skipping:
+    /// the next batch's statements are judged, not passed as skipped.
+    #[test]
+    fn a_sync_after_a_failed_batch_does_not_let_the_next_read_pass_unjudged() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut m = extended_query("SELECT 1/0");
+        m.extend(flush_message());
+        r.send(&m);
+        r.until_tag_within(b'E', Duration::from_secs(5))
+            .expect("the error");
+        let mut m = sync_message();
+        m.extend(extended_query("SELECT 1"));
+        m.extend(extended_query("SELECT count(*) FROM big a, big b"));
+        m.extend(sync_message());
+        r.send(&m);
+        read_to_ready_within(&mut r, Duration::from_secs(5)).expect("the first Sync's answer");
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("the read ran: no answer in time");
+        assert!(got.contains("E[54000]"), "{got}");
+    }
+
+    /// An EXPLAIN that fails inside a batch (its Close skipped by the server) leaves no
+    /// statement of pgward's behind: the next statement on that server is still priced.
+    #[test]
+    fn a_failed_explain_in_a_batch_leaves_nothing_behind() {
+        let policed = gated("[gate]\nmax_cost = 500\n", "default_pool_size = 1\n");
+        let mut r = policed.pw.client_as("trustuser", "app");
+        let mut m = extended_query("SELECT 1");
+        m.extend(
+            Batch::new()
+                .parse("", "SELECT count(*) FROM small WHERE id > $1::int", &[])
+                .bind("", "", &[Some("x")])
+                .execute("", 0)
+                .sync()
+                .bytes,
+        );
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();
+        assert!(got.contains("E[22P02]"), "{got}");
+        r.send(&query_message("SELECT count(*) FROM big a, big b"));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("the read ran: no answer in time");
+        assert!(got.contains("E[54000]"), "{got}");
+    }
+
+    /// A request that waited for its Flush and then found its plan cached (another session
+    /// priced it meanwhile) spends that Flush: the next request of the batch asks for its own.
+    #[test]
+    fn a_request_priced_meanwhile_does_not_keep_the_next_from_its_flush() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\n");
+        let mut r = raw(&f, "trustuser");
+        let mut m = extended_query("SELECT pg_sleep(1)");
+        m.extend(extended_query("SELECT count(*) FROM small"));
+        m.extend(extended_query("SELECT count(*) FROM small WHERE v IS NULL"));
+        m.extend(sync_message());
+        r.send(&m);
+        std::thread::sleep(Duration::from_millis(300));
+        // The same statement, bound alike, from another session: priced and cached.
+        let mut other = raw(&f, "trustuser");
+        let mut m = extended_query("SELECT count(*) FROM small");
+        m.extend(sync_message());
+        other.send(&m);
+        let theirs = read_to_ready_within(&mut other, Duration::from_secs(5)).unwrap();
+        assert!(theirs.contains("D[1000]"), "{theirs}");
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
+        let got = got.expect("the pipeline hangs");
+        assert!(got.ends_with("D[0]CZ"), "{got}");
+    }
+
+    /// In warn mode a statement that cannot be priced before it runs (a simple Query behind
+    /// an open batch) runs, as every cost rule in warn mode lets it.
+    #[test]
+    fn warn_mode_lets_an_unpriceable_statement_run() {
+        let f = Fixture::start("[gate]\nmax_cost = 500\ncost_mode = \"warn\"\n");
+        let mut r = raw(&f, "trustuser");
+        let mut m = extended_query("SELECT 1");
+        m.extend(query_message("SELECT 2"));
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();
+        assert!(got.contains("D[2]"), "{got}");
+    }
+
+    /// In session pooling a DEALLOCATE frees the name: the next Parse of it is priced as its
+    /// own text, not as the first one's.
+    #[test]
+    fn session_pooling_prices_a_name_reparsed_after_deallocate() {
+        let policed = gated("[gate]\nmax_cost = 500\n", "pool_mode = session\n");
+        let mut r = policed.pw.client_as("trustuser", "app");
+        let mut p = parse_message("a", "SELECT 1");
+        p.extend(sync_message());
+        r.send(&p);
+        read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        r.send(&query_message("DEALLOCATE a"));
+        read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        let mut p = parse_message("a", "SELECT count(*) FROM big a, big b");
+        p.extend(sync_message());
+        r.send(&p);
+        read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        let mut run = bind_message("a");
+        run.extend(execute_message());
+        run.extend(sync_message());
+        r.send(&run);
         let got = read_to_ready_within(&mut r, Duration::from_secs(10));
         let got = got.expect("the read ran: no answer in time");
         assert!(got.contains("E[54000]"), "{got}");

@@ -69,7 +69,8 @@ impl ServerConn {
         wire::encode_flush(&mut out);
         self.internal_busy = true;
         self.send(&out).await?;
-        let mut closes = statements.len() * 2;
+        // One Close before each statement and two after.
+        let mut closes = statements.len() * 3;
         let mut rows = Vec::new();
         while closes > 0 {
             let frame = self.read_frame().await?;
@@ -184,10 +185,13 @@ impl<'a> OwnStatement<'a> {
     }
 }
 
-/// Parse, Bind and Execute of each statement.
+/// Parse, Bind and Execute of each statement, each after a Close of its name: a statement of
+/// pgward's may be left on the server by a batch that failed before its Close (the server
+/// skipped it), and a Close of a name that does not exist is no error.
 fn encode_all(statements: &[OwnStatement<'_>]) -> Result<BytesMut, ServerError> {
     let mut out = BytesMut::new();
     for st in statements {
+        wire::encode_close(&mut out, target::STATEMENT, st.name.as_bytes());
         st.encode(&mut out)?;
     }
     Ok(out)

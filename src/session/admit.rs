@@ -81,6 +81,9 @@ pub(in crate::session) struct GateState {
     flush_wanted: bool,
     /// That Flush went out: the request waits for the answers.
     flush_sent: bool,
+    /// A message of the batch failed and no Sync has passed the gate since: the server skips
+    /// every request up to the next one.
+    skipping: bool,
     /// DDL or ANALYZE ran: the database's cached plans are dropped at the end of each run
     /// until the transaction is over (its changes count only once it commits).
     pub stale_plans: bool,
@@ -97,12 +100,9 @@ struct Deferred {
 }
 
 /// Where a request inside an open batch stands (see [`Session::in_batch_turn`]).
-#[derive(PartialEq, Eq)]
 enum InBatch {
     /// Until what went before it is answered.
     Wait,
-    /// The server skips it (an earlier message failed).
-    Skipped,
     /// It cannot be explained as itself.
     Unplannable,
     /// It is explained now, inside the batch.
@@ -410,7 +410,9 @@ impl Session {
     ) -> Result<usize, SessionError> {
         if self.gate.gated == 0 {
             // Everything gated so far has gone out: the server's view of the batch is exact.
-            self.gate.batch_open = self.link.as_ref().is_some_and(|l| l.expected.batch_open());
+            let link = self.link.as_ref();
+            self.gate.batch_open = link.is_some_and(|l| l.expected.batch_open());
+            self.gate.skipping = link.is_some_and(|l| l.expected.skipping());
         }
         while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
             let body = Bytes::copy_from_slice(&io.rbuf[span.body()]);
@@ -423,21 +425,28 @@ impl Session {
                     self.note_close(&body);
                     None
                 }
-                tag::QUERY => Some(Work::Query(text_of(&body))),
+                tag::QUERY => {
+                    self.note_deallocation(&body);
+                    Some(Work::Query(text_of(&body)))
+                }
                 tag::BIND => Some(self.bind_work(&body)),
                 tag::FUNCTION_CALL => Some(Work::Function),
                 _ => None,
             };
             if let Some(work) = work {
                 match self.admit_work(io, &governance, work).await? {
-                    Step::Verdict(v) => self.gate.verdicts.push_back(v),
+                    Step::Verdict(v) => {
+                        // The Flush it may have waited for is spent.
+                        self.gate.flush_sent = false;
+                        self.gate.verdicts.push_back(v);
+                    }
                     Step::Hold => return Ok(self.gate.gated),
                 }
             }
             match span.tag {
                 tag::SYNC => {
                     self.gate.batch_open = false;
-                    self.gate.flush_sent = false;
+                    self.gate.skipping = false;
                 }
                 tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE => {
                     self.gate.batch_open = true
@@ -473,6 +482,21 @@ impl Session {
                 .or_insert_with(|| Arc::clone(&parsed));
         }
         gate.pending.insert(Bytes::copy_from_slice(name), parsed);
+    }
+
+    /// A DEALLOCATE or DISCARD ALL frees names of the client's (session pooling keeps the
+    /// first text of each name until then; pooled modes follow the statement map).
+    fn note_deallocation(&mut self, body: &[u8]) {
+        if self.statements_mapped() {
+            return;
+        }
+        match super::prepared::deallocation(QueryView::new(body).text) {
+            super::prepared::Deallocation::All => self.gate.session_named.clear(),
+            super::prepared::Deallocation::One(name) => {
+                self.gate.session_named.remove(&name);
+            }
+            super::prepared::Deallocation::None => {}
+        }
     }
 
     /// Whether pgward maps this client's named statements (pooled modes).
@@ -539,6 +563,10 @@ impl Session {
         governance: &Governance,
         work: Work,
     ) -> Result<Step, SessionError> {
+        if self.gate.skipping {
+            // An earlier message of this batch failed: the server skips this one.
+            return Ok(Step::Verdict(None));
+        }
         let keeper = self.rt.gatekeeper.clone();
         let text = work.text();
         let context = parse_context(&self.params, !self.link_quiet());
@@ -589,29 +617,26 @@ impl Session {
         if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
         }
-        if deferred
-            && matches!(work, Work::Bind { .. })
-            && governance.policy.cost_limits(&tenant).any()
-        {
+        let ruled = governance.policy.cost_limits(&tenant).any();
+        if deferred && ruled && matches!(work, Work::Bind { .. }) {
             // Cost rules judge a Bind inside an open batch before it runs: once the server
             // has answered what went before it, it is explained in the batch.
-            let turn = self.in_batch_turn(text);
-            let gate = &mut self.gate;
-            if turn == InBatch::Wait {
-                gate.flush_wanted = !gate.flush_sent;
-                return Ok(Step::Hold);
-            }
-            gate.flush_sent = false;
-            match turn {
-                InBatch::Skipped => return Ok(Step::Verdict(None)),
-                InBatch::Unplannable => return Ok(Step::Verdict(Some(unpriceable()))),
-                _ => deferred = false,
+            match self.in_batch_turn(text) {
+                InBatch::Wait => {
+                    self.gate.flush_wanted = !self.gate.flush_sent;
+                    return Ok(Step::Hold);
+                }
+                InBatch::Explain => deferred = false,
+                InBatch::Unplannable => {}
             }
         }
-        if deferred && (parts_judged || governance.policy.cost_limits(&tenant).any()) {
-            // A simple Query behind an extended batch still open on the server (no Sync yet):
-            // nothing can be read before it runs.
-            return Ok(Step::Verdict(Some(unpriceable())));
+        if deferred && (parts_judged || ruled) {
+            // Behind an extended batch still open on the server (no Sync yet), a simple Query
+            // cannot be read before it runs, nor what an EXPLAIN cannot read as itself.
+            let hit = self.unpriceable(governance, &tenant, IN_OPEN_BATCH);
+            if hit.is_some() {
+                return Ok(Step::Verdict(hit));
+            }
         }
         if let Some(hit) = self.rules_refuse(governance, &work, analysis.as_deref(), &who) {
             // Refused by a rule: neither priced nor charged (the rules raise it again as the
@@ -835,12 +860,12 @@ impl Session {
                 continue;
             };
             if changed {
-                return Ok(Some(unpriceable()));
+                return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
             }
             let context = parse_context(&self.params, false);
             let analysis = governance.analyzer.analyze(part.as_bytes(), &context);
             let Some(fp) = analysis.fingerprint else {
-                return Ok(Some(unpriceable()));
+                return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
             };
             let key = self.plan_key(tenant, fp);
             let work = Work::Query(part.clone());
@@ -848,10 +873,14 @@ impl Session {
                 Priced::Plan(Some(plan)) => plan,
                 // Not plannable now (it uses what an earlier statement creates, the
                 // transaction has failed...): it cannot be judged before it runs.
-                Priced::Plan(None) => return Ok(Some(unpriceable())),
+                Priced::Plan(None) => {
+                    return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE))
+                }
                 Priced::Cancelled => return Ok(Some(cancelled())),
                 // Not inside an open batch: a text of several is judged first in line.
-                Priced::FailedInBatch(_) => return Ok(Some(unpriceable())),
+                Priced::FailedInBatch(_) => {
+                    return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE))
+                }
             };
             let predicted = self.estimate(Some(&plan), Some(fp)).cost;
             if let Some(hit) = self.cost_rules(governance, tenant, Some(&plan), predicted) {
@@ -1307,10 +1336,6 @@ impl Session {
             // whole table): a failed EXPLAIN would not tell that the statement fails.
             return InBatch::Unplannable;
         }
-        if self.link.as_ref().is_some_and(|l| l.expected.skipping()) {
-            // An earlier message failed: the server skips this one.
-            return InBatch::Skipped;
-        }
         // What is still to be written to the server then owes nothing (a Flush): the
         // EXPLAIN sends it first.
         let answered = self.link.as_ref().is_some_and(|l| {
@@ -1340,14 +1365,42 @@ impl Session {
             return;
         };
         use crate::wire::backend::field;
-        // Positions point into the EXPLAIN's text, not the client's.
-        let positions = [
-            field::POSITION,
-            field::INTERNAL_POSITION,
-            field::INTERNAL_QUERY,
-        ];
-        wire::backend::encode_error_fields(&mut self.to_client, error, &positions);
+        match self.gate.timed_out {
+            // pgward's statement timeout cancelled it: say whose timeout it was.
+            Some(limit) if error.code() == Some(sqlstate::QUERY_CANCELED) => {
+                let err = statement_timeout_error(&self.gate.tenant, limit);
+                wire::encode_error(&mut self.to_client, &err);
+            }
+            _ => {
+                // Positions point into the EXPLAIN's text, not the client's.
+                let positions = [
+                    field::POSITION,
+                    field::INTERNAL_POSITION,
+                    field::INTERNAL_QUERY,
+                ];
+                wire::backend::encode_error_fields(&mut self.to_client, error, &positions);
+            }
+        }
         link.expected.own_error_in_batch();
+        self.gate.skipping = true;
+    }
+
+    /// The refusal of a statement that cannot be priced before it runs (`why`: detail and
+    /// hint), or none where the tenant's cost rules only warn (logged and counted, and the
+    /// statement runs).
+    fn unpriceable(
+        &self,
+        governance: &Governance,
+        tenant: &str,
+        why: (&str, &str),
+    ) -> Option<RuleHit> {
+        if !governance.policy.cost_warns(tenant) {
+            return Some(unpriceable_hit(why));
+        }
+        tracing::info!(client = self.id, tenant, why = why.0, "cost rule in warn mode: a statement that cannot be priced before it runs would be refused");
+        let mut gate = self.rt.gatekeeper.lock();
+        gate.note_refusal(tenant, RefusalReason::CostWarned, Instant::now());
+        None
     }
 
     /// The verdict of the tenant's cost rules on `plan`.
@@ -1603,13 +1656,27 @@ fn statements_of(text: &str, options: pg_query::ParserOptions) -> Option<Vec<Str
 }
 
 /// The refusal of a text whose statements cannot all be priced before it runs.
-fn unpriceable() -> RuleHit {
+/// Why a statement could not be priced before it ran: after a statement that may change how
+/// it is planned, in a text of several.
+const AFTER_PLAN_CHANGE: (&str, &str) = (
+    "it follows a statement that may change how it is planned",
+    "send the statements one at a time",
+);
+
+/// ... inside an extended batch still open, where an EXPLAIN cannot read it as itself.
+const IN_OPEN_BATCH: (&str, &str) = (
+    "it is sent inside an extended-protocol batch still open on the server (no Sync yet) \
+     and cannot be explained there as itself",
+    "send it after a Sync",
+);
+
+fn unpriceable_hit((detail, hint): (&str, &str)) -> RuleHit {
     RuleHit::refusal(
         "max_cost",
         crate::cost::SQLSTATE_COST,
         "pgward: a statement of this text cannot be priced before it runs".to_string(),
-        Some("it follows a statement that may change how it is planned".to_string()),
-        Some("send the statements one at a time".to_string()),
+        Some(detail.to_string()),
+        Some(hint.to_string()),
     )
 }
 
