@@ -310,7 +310,10 @@ async fn deliver(target: &CancelTarget, limit: Duration) {
 }
 
 async fn send_cancel(target: &CancelTarget) -> Result<(), crate::server::ServerError> {
-    let mut stream = target.addr.connect().await?;
+    let mut stream = target
+        .addr
+        .connect(&crate::net::Keepalive::default())
+        .await?;
     let mut out = BytesMut::new();
     wire::encode_cancel_request(&mut out, target.key.pid, &target.key.secret);
     stream.write_all(&out).await?;

@@ -67,6 +67,10 @@ impl Listeners {
 
 fn serve_tcp(rt: &Arc<Runtime>, s: tokio::net::TcpStream) {
     let _ = s.set_nodelay(true);
+    let keepalive = crate::net::Keepalive::of(&rt.config.load().settings);
+    if let Err(e) = keepalive.apply(&s) {
+        tracing::warn!("could not set TCP keepalive on a client socket: {e}");
+    }
     tokio::spawn(connection::serve(
         rt.clone(),
         Stream::client_tcp(s),

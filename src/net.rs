@@ -14,6 +14,59 @@ pub type TlsFromClient = tokio_rustls::server::TlsStream<TcpStream>;
 /// TLS pgward opened to a server.
 pub type TlsToServer = tokio_rustls::client::TlsStream<TcpStream>;
 
+/// TCP keepalive and user timeout, as `tcp_keepalive`, `tcp_keepidle`, `tcp_keepintvl`,
+/// `tcp_keepcnt` and `tcp_user_timeout` set them on every client and server socket (a zero
+/// leaves the operating system's default), so a peer whose machine vanished (no FIN, no RST)
+/// is noticed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Keepalive {
+    pub enabled: bool,
+    /// Seconds idle before the first probe.
+    pub idle: u32,
+    /// Seconds between probes.
+    pub interval: u32,
+    /// Probes unanswered before the connection is dropped.
+    pub count: u32,
+    /// Milliseconds sent data may stay unacknowledged.
+    pub user_timeout: u32,
+}
+
+impl Keepalive {
+    pub fn of(settings: &crate::config::settings::Settings) -> Self {
+        Keepalive {
+            enabled: settings.tcp_keepalive,
+            idle: settings.tcp_keepidle,
+            interval: settings.tcp_keepintvl,
+            count: settings.tcp_keepcnt,
+            user_timeout: settings.tcp_user_timeout,
+        }
+    }
+
+    /// Sets the options on a TCP socket.
+    pub fn apply(&self, socket: &TcpStream) -> io::Result<()> {
+        let sock = socket2::SockRef::from(socket);
+        if self.user_timeout > 0 {
+            let timeout = std::time::Duration::from_millis(u64::from(self.user_timeout));
+            sock.set_tcp_user_timeout(Some(timeout))?;
+        }
+        if !self.enabled {
+            return sock.set_keepalive(false);
+        }
+        let seconds = |s: u32| std::time::Duration::from_secs(u64::from(s));
+        let mut params = socket2::TcpKeepalive::new();
+        if self.idle > 0 {
+            params = params.with_time(seconds(self.idle));
+        }
+        if self.interval > 0 {
+            params = params.with_interval(seconds(self.interval));
+        }
+        if self.count > 0 {
+            params = params.with_retries(self.count);
+        }
+        sock.set_tcp_keepalive(&params)
+    }
+}
+
 /// A connected socket, client or server side.
 #[derive(Debug)]
 pub enum Stream {

@@ -10,6 +10,9 @@ pub const DEFAULT_TRACKED: [&str; 6] = [
     "application_name",
 ];
 
+/// Tracked unless ignored (see [`Tracked::of`]).
+const EXTRA_FLOAT_DIGITS: &str = "extra_float_digits";
+
 /// The value of a tracked parameter a client never set and the server never reported: the
 /// server's default, set with `SET name TO DEFAULT`. It contains a NUL byte, which no value
 /// sent over the protocol can.
@@ -32,6 +35,23 @@ impl Tracked {
             }
         }
         Tracked { names }
+    }
+
+    /// What the settings track: the default list, `track_extra_parameters`, and
+    /// `extra_float_digits` (pgJDBC sends it at every login; it changes how floats are
+    /// printed) unless `ignore_startup_parameters` names it, where it is ignored as
+    /// PgBouncer ignores it. PostgreSQL never reports it: a server holds the value pgward
+    /// set there.
+    pub fn of(settings: &crate::config::settings::Settings) -> Self {
+        let mut extra = settings.track_extra_parameters.clone();
+        let ignored = settings.ignore_startup_parameters.iter();
+        if !ignored
+            .clone()
+            .any(|i| i.eq_ignore_ascii_case(EXTRA_FLOAT_DIGITS))
+        {
+            extra.push(EXTRA_FLOAT_DIGITS.to_string());
+        }
+        Tracked::new(&extra)
     }
 
     pub fn names(&self) -> impl Iterator<Item = &str> {

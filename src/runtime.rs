@@ -73,7 +73,7 @@ impl Runtime {
     ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
-        let tracked = Tracked::new(&config.settings.track_extra_parameters);
+        let tracked = Tracked::of(&config.settings);
         let gatekeeper = Gatekeeper::new();
         configure_gate(&gatekeeper, governance.as_deref());
         Arc::new(Runtime {
@@ -144,7 +144,7 @@ impl Runtime {
     /// pool in line with it.
     pub fn install(&self, config: Config, userlist: Option<HashMap<String, Secret>>) {
         let old_config = self.config.load_full();
-        let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        let tracked = Arc::new(Tracked::of(&config.settings));
         let old_userlist = self.userlist.load_full();
         if let Some(u) = userlist {
             self.userlist.store(Arc::new(u));
@@ -323,7 +323,10 @@ pub fn pool_settings(
             .unwrap_or(s.max_user_connections) as usize,
     };
     PoolSettings {
-        target: server_target(db, server_user.clone(), server_tls),
+        target: ServerTarget {
+            keepalive: crate::net::Keepalive::of(s),
+            ..server_target(db, server_user.clone(), server_tls)
+        },
         limits,
         mode: config.pool_mode_for(db, user),
         connect_timeout: s.server_connect_timeout.unwrap_or(Duration::from_secs(15)),
@@ -400,6 +403,7 @@ fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> Serve
         startup_params,
         connect_query: db.connect_query.clone(),
         tls,
+        keepalive: crate::net::Keepalive::default(),
     }
 }
 
@@ -468,7 +472,7 @@ mod tests {
     fn settings_of(ini: &str, db: &str, user: &str) -> PoolSettings {
         let config = crate::config::parse_str(ini, "t.ini", Path::new(".")).unwrap();
         let def = config.database(db).unwrap();
-        let tracked = Arc::new(Tracked::new(&config.settings.track_extra_parameters));
+        let tracked = Arc::new(Tracked::of(&config.settings));
         pool_settings(&config, &def, user, tracked, ServerTls::disabled())
     }
 

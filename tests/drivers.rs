@@ -53,7 +53,7 @@ impl Rig {
         let userlist = common::write_userlist(auth_dir.path(), &[(USER, &secret)]);
         let settings = format!(
             "pool_mode = {mode}\ndefault_pool_size = 2\nauth_type = md5\n\
-             auth_file = {}\nignore_startup_parameters = extra_float_digits\n{extra}",
+             auth_file = {}\n{extra}",
             userlist.display()
         );
         let pgward = Pgward::start(&Pgward::ini(&pg, &settings, ""));

@@ -23,7 +23,7 @@ pub async fn connect(
 ) -> Result<ServerConn, ServerError> {
     let (entry, addr) = target.hosts.pick();
     let attempt = async {
-        let stream = negotiate_tls(addr.connect().await?, &addr, target).await?;
+        let stream = negotiate_tls(addr.connect(&target.keepalive).await?, &addr, target).await?;
         let now = Instant::now();
         let mut conn = ServerConn {
             id,

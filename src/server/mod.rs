@@ -37,7 +37,8 @@ pub enum ServerAddr {
 }
 
 impl ServerAddr {
-    pub async fn connect(&self) -> Result<Stream, ServerError> {
+    /// Connects; a TCP socket gets `keepalive`'s options.
+    pub async fn connect(&self, keepalive: &crate::net::Keepalive) -> Result<Stream, ServerError> {
         match self {
             ServerAddr::Tcp { host, port } => {
                 let addrs: Vec<std::net::SocketAddr> =
@@ -47,6 +48,7 @@ impl ServerAddr {
                         .collect();
                 let s = tokio::net::TcpStream::connect(&addrs[..]).await?;
                 s.set_nodelay(true)?;
+                keepalive.apply(&s)?;
                 Ok(Stream::from(s))
             }
             ServerAddr::Unix { dir, port } => {
@@ -201,6 +203,8 @@ pub struct ServerTarget {
     pub connect_query: Option<String>,
     /// Whether and how TLS is asked for (TCP servers only).
     pub tls: crate::edge::tls::ServerTls,
+    /// TCP keepalive and user timeout of its sockets.
+    pub keepalive: crate::net::Keepalive,
 }
 
 /// The key the server gave at login, to cancel what it runs.

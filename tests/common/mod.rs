@@ -193,7 +193,7 @@ fn pg_config_bindir() -> Option<PathBuf> {
 
 /// A client program (`psql`, `pgbench`) from the server's directory when it is there, else
 /// from `PATH`.
-fn client_program(name: &str) -> PathBuf {
+pub fn client_program(name: &str) -> PathBuf {
     let beside_server = newest_debian_bindir().map(|dir| dir.join(name));
     match beside_server {
         Some(path) if path.is_file() => path,
@@ -676,11 +676,18 @@ impl Pgward {
     /// and waits until its TCP port accepts connections. Panics with pgward's log when it exits
     /// or is not listening within 10 seconds.
     pub fn start(ini_body: &str) -> Pgward {
+        Pgward::start_listening_on(ini_body, HOST)
+    }
+
+    /// [`Pgward::start`] with `listen_addr` (which must include 127.0.0.1, where the start is
+    /// awaited).
+    pub fn start_listening_on(ini_body: &str, listen_addr: &str) -> Pgward {
         let dir = shared_tempdir("pgward-");
         let paths = PgwardPaths::new(dir.path());
         for _ in 0..BIND_ATTEMPTS {
             let port = free_port();
-            write_file(&paths.ini, &paths.ini_with_listener(ini_body, port));
+            let ini = paths.ini_with_listener(ini_body, listen_addr, port);
+            write_file(&paths.ini, &ini);
             let mut child = paths.spawn();
             match wait_listening(&mut child, port, &paths) {
                 Ok(()) => return paths.into_pgward(port, child, dir),
@@ -799,9 +806,9 @@ impl PgwardPaths {
         }
     }
 
-    fn ini_with_listener(&self, body: &str, port: u16) -> String {
+    fn ini_with_listener(&self, body: &str, listen_addr: &str, port: u16) -> String {
         let lines = format!(
-            "listen_addr = {HOST}\nlisten_port = {port}\nunix_socket_dir = {}\n\
+            "listen_addr = {listen_addr}\nlisten_port = {port}\nunix_socket_dir = {}\n\
              logfile = {}\npidfile = {}\n",
             self.dir.display(),
             self.log.display(),

@@ -48,6 +48,16 @@ public class JdbcDriver {
         }
     }
 
+    /** pgJDBC logs in with extra_float_digits=3: whichever server runs the next statement has it. */
+    static void floatDigitsFollow(Connection conn) throws SQLException {
+        try (java.sql.Statement s = conn.createStatement();
+                java.sql.ResultSet rs = s.executeQuery("SHOW extra_float_digits")) {
+            check(rs.next(), "SHOW extra_float_digits: no row");
+            String digits = rs.getString(1);
+            check("3".equals(digits), "extra_float_digits is " + digits + ", not pgJDBC's 3");
+        }
+    }
+
     static int ident(int client, int round, int i) {
         return client * 10000 + round * 10 + i;
     }
@@ -188,6 +198,7 @@ public class JdbcDriver {
                     Set<Integer> servers = new HashSet<>();
                     for (int round = 0; round < ROUNDS; round++) {
                         servers.add(w.oneRound(client, round));
+                        floatDigitsFollow(conn);
                     }
                     most.accumulateAndGet(servers.size(), Math::max);
                 } catch (Throwable err) {
