@@ -24,6 +24,8 @@ ensure_drivers() {
     command -v node >/dev/null || missing+=(nodejs)
     command -v npm >/dev/null || missing+=(npm)
     command -v python3 >/dev/null || missing+=(python3 python3-venv)
+    # ip and ss, for tests/keepalive.rs (a network namespace whose link goes down).
+    { command -v ip && command -v ss; } >/dev/null || missing+=(iproute2)
     if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
     local venv=target/drivers-venv
     if ! "$venv/bin/python" -c 'import psycopg, asyncpg' 2>/dev/null; then
