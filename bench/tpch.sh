@@ -6,6 +6,8 @@
 # environment:
 #   SCALE        TPC-H scale factor, default 0.3 (0.3 to 1 fits a 2-core machine)
 #   RUNS         runs of each query through pgward, default 20 (each with fresh parameters)
+#   REPEATS      runs of each query afterwards with the same parameters (the last run's),
+#                default 5: how much the times of one statement move by themselves here
 #   SEED         seed of the parameters' random numbers, default 1
 #   QUERIES      the queries to run, default all: "q01 q02 ... q22 switch" (switch is the
 #                statement whose plan follows its parameters)
@@ -21,6 +23,7 @@ cd "$(dirname "$0")/.."
 
 scale=${SCALE:-0.3}
 runs=${RUNS:-20}
+repeats=${REPEATS:-5}
 seed=${SEED:-1}
 max_query_s=${MAX_QUERY_S:-20}
 pool_size=${POOL_SIZE:-4}
@@ -28,6 +31,7 @@ all_queries="q01 q02 q03 q04 q05 q06 q07 q08 q09 q10 q11 q12 q13 q14 q15 q16 q17
 read -r -a queries <<<"${QUERIES:-$all_queries}"
 check_choices query "$all_queries" "${queries[@]}"
 [[ $runs =~ ^[1-9][0-9]*$ ]] || die "RUNS must be a positive whole number"
+[[ $repeats =~ ^[0-9]+$ ]] || die "REPEATS must be a whole number"
 [[ $seed =~ ^[0-9]+$ ]] || die "SEED must be a whole number"
 awk -v s="$scale" 'BEGIN {exit !(s + 0 > 0)}' || die "SCALE must be a number above 0"
 # The late runs, whose errors make the headline figure: runs 11 to 20 of 20 (the second half).
@@ -385,6 +389,19 @@ echo "${#kept[@]} queries x $runs runs through pgward on port $port, interleaved
 for r in $(seq 1 "$runs"); do
     for q in "${kept[@]}"; do run_pgward "$q" "$r"; done
 done
+# The same parameters again (the last run's), into a file of their own: what is left of the
+# error when nothing changes but the machine.
+same_tsv="bench/results/tpch-$stamp-same.tsv"
+runs_tsv=$tsv
+tsv=$same_tsv
+head -n 1 "$runs_tsv" >"$tsv"
+if [ "$repeats" -gt 0 ]; then
+    echo "each query $repeats times more with the parameters of run $runs"
+fi
+for _ in $(seq 1 "$repeats"); do
+    for q in "${kept[@]}"; do run_pgward "$q" "$runs"; done
+done
+tsv=$runs_tsv
 pooler_stop pgward
 elapsed=$((SECONDS - started))
 
@@ -405,7 +422,14 @@ function median(list,    v, n, i, j, t) {
 }
 function pct(x) { return x == "" ? "-" : sprintf("%.1f %%", x * 100) }
 function num(x, f) { return x == "" ? "-" : sprintf(f, x) }
-NR == 1 { next }
+FNR == 1 { next }
+# The runs with the same parameters: their times, and pgward'"'"'s errors on them.
+FILENAME == same {
+    same_took[$1] = same_took[$1] " " $6
+    same_err[$1] = same_err[$1] " " $7
+    if ($1 != "switch") all_same_err = all_same_err " " $7
+    next
+}
 {
     q = $1
     if (!(q in seen)) { seen[q] = 1; order[++nq] = q }
@@ -462,21 +486,38 @@ END {
         }
     }
     m_late = median(all_late); m_first = median(firsts)
-    printf "| **all TPC-H queries** | | %s | %s of %d within 2x | **%s** | | %s | %s | | |\n", \
-        pct(m_first), within, nfirst, pct(m_late), pct(median(all_naive)), pct(median(all_sim))
+    for (i = 1; i <= nq; i++) {
+        q = order[i]
+        spread[q] = spread_of(same_took[q])
+        if (q != "switch" && spread[q] != "") all_spread = all_spread " " spread[q]
+    }
+    printf "| **all TPC-H queries** | | %s | %s of %d within 2x | **%s** | | %s | %s | %s | %s | | |\n", \
+        pct(m_first), within, nfirst, pct(m_late), pct(median(all_naive)), pct(median(all_sim)), \
+        pct(median(all_spread)), pct(median(all_same_err))
     if ("switch" in seen) row("switch")
     printf "\nSUMMARY\t%s\t%s\t%d\t%d\n", m_late, m_first, within, nfirst
 }
+# The median distance of the times in `list` from their median, relative to it.
+function spread_of(list,    v, n, i, m, d, e) {
+    n = split(list, v, " ")
+    if (n < 2) return ""
+    m = median(list)
+    if (m <= 0) return ""
+    d = ""
+    for (i = 1; i <= n; i++) { e = (v[i] - m) / m; if (e < 0) e = -e; d = d " " e }
+    return median(d)
+}
 function row(q) {
-    printf "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %d / %d |\n", q, runs_of[q], \
+    if (!(q in spread)) spread[q] = spread_of(same_took[q])
+    printf "| %s | %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d / %d |\n", q, runs_of[q], \
         pct(first_err[q]), (q in first_ratio ? sprintf("%.2f", first_ratio[q]) : "-"), \
         pct(median(late_errs[q])), pct(worst[q]), pct(median(naive[q])), pct(median(sim[q])), \
-        num(median(alls[q]), "%.3f"), n_shapes[q], n_fresh[q]
+        pct(spread[q]), pct(median(same_err[q])), num(median(alls[q]), "%.3f"), n_shapes[q], n_fresh[q]
 }'
 
 summarize() {
     local table summary m_late m_first within nfirst verdict_late verdict_first
-    table=$(awk -F'\t' -v late="$late_from" "$tables_awk" "$tsv")
+    table=$(awk -F'\t' -v late="$late_from" -v same="$same_tsv" "$tables_awk" "$same_tsv" "$tsv")
     summary=$(echo "$table" | awk -F'\t' '$1 == "SUMMARY"')
     IFS=$'\t' read -r _ m_late m_first within nfirst <<<"$summary"
     verdict_late=$(awk -v m="$m_late" 'BEGIN {print (m != "" && m <= 0.02) ? "met" : "**not met**"}')
@@ -505,7 +546,10 @@ summarize() {
         "with each run priced by its own plan (EXPLAIN of its own parameters, directly on" \
         "PostgreSQL after it ran) instead of the plan pgward priced it with (pgward caches a" \
         "plan per fingerprint, whatever its constants). Shapes = plan shapes pgward logged for" \
-        "the query (of the plan that priced each run) / shapes of the runs' own plans."
+        "the query (of the plan that priced each run) / shapes of the runs' own plans. Same" \
+        "parameters = $repeats more runs of each query with the parameters of run $runs, after" \
+        "the others: spread = the median distance of their times from their median (what the" \
+        "machine alone moves a time by), error = pgward's median error on them."
     if [ "${#skipped[@]}" -gt 0 ]; then
         echo
         echo "Left out, slower than ${max_query_s}s alone:$(for q in "${skipped[@]}"; do
@@ -513,8 +557,8 @@ summarize() {
     fi
     [ "$failures" = 0 ] || { echo; echo "**$failures run(s) failed or were not logged, and are left out.**"; }
     echo
-    echo "| query | runs | first run error | first run ratio | median error, late runs | worst error, late runs | previous run as prediction, late runs | own plan each run (simulated), late runs | median took s | shapes (pgward / own plans) |"
-    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    echo "| query | runs | first run error | first run ratio | median error, late runs | worst error, late runs | previous run as prediction, late runs | own plan each run (simulated), late runs | same parameters: spread | same parameters: error | median took s | shapes (pgward / own plans) |"
+    echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     echo "$table" | grep '^|'
     echo
     echo "Goals: overall median error of the late runs at most 2 %: $(awk -v m="$m_late" \
@@ -526,5 +570,5 @@ summarize() {
 }
 summarize | tee "$report"
 echo
-echo "results: $tsv, $report"
+echo "results: $tsv, $same_tsv, $report"
 [ "$failures" = 0 ]
