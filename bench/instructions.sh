@@ -64,15 +64,12 @@ pgbench_run() {
 # count TARGET MODE: starts the pooler under callgrind, warms it up, counts one run, and
 # prints the instructions per transaction of that run alone.
 count() {
-    local target=$1 mode=$2 dir port wrapper pid dump total
+    local target=$1 mode=$2 dir port wrapper pid
     dir="$work/$target-$mode"
     mkdir -p "$dir"
     port=$(free_port)
     pooler_ini "$dir" "$pg_port" "$port" "$pool_size" md5 "$work/userlist.txt" >"$dir/pooler.ini"
-    wrapper="$dir/under-callgrind"
-    printf '#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file=%s/callgrind.%%p %s "$@"\n' \
-        "$dir" "$(program_of "$target")" >"$wrapper"
-    chmod 755 "$wrapper"
+    wrapper=$(callgrind_wrapper "$dir" "$(program_of "$target")")
     pooler_start "$target" "$dir" "$port" "$wrapper" >/dev/null ||
         die "$target did not start under valgrind"
     pid=${pooler_pid[$target]}
@@ -81,10 +78,7 @@ count() {
     pgbench_run "$port" "$mode" "$per_client"
     as_postgres callgrind_control -d "$pid" >/dev/null 2>&1 || die "callgrind_control -d failed"
     pooler_stop "$target"
-    dump=$(find "$dir" -name "callgrind.$pid.*" | sort | tail -n 1)
-    [ -n "$dump" ] || die "no callgrind dump for $target"
-    total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
-    awk -v t="$total" -v n=$((per_client * clients)) 'BEGIN {printf "%.0f", t / n}'
+    callgrind_per_tx "$dir" "$pid" $((per_client * clients))
 }
 
 echo "pgbench -S -c $clients -j 2 -t $per_client; pool size $pool_size; instructions per" \

@@ -164,6 +164,25 @@ pooler_stop() {
     unset "pooler_pid[$1]"
 }
 
+# callgrind_wrapper DIR PROGRAM: writes DIR/under-callgrind, which runs PROGRAM (with its
+# arguments) under callgrind, its counts dumped to DIR/callgrind.<pid>.*; prints its path.
+callgrind_wrapper() {
+    printf '#!/bin/sh\nexec valgrind --tool=callgrind --callgrind-out-file=%s/callgrind.%%p %s "$@"\n' \
+        "$1" "$2" >"$1/under-callgrind"
+    chmod 755 "$1/under-callgrind"
+    echo "$1/under-callgrind"
+}
+
+# callgrind_per_tx DIR PID N: the instructions in the last dump of process PID in DIR, per
+# transaction of N.
+callgrind_per_tx() {
+    local dump total
+    dump=$(find "$1" -name "callgrind.$2.*" | sort | tail -n 1)
+    [ -n "$dump" ] || die "no callgrind dump of process $2 in $1"
+    total=$(awk '/^(summary|totals):/ {print $2; exit}' "$dump")
+    awk -v t="$total" -v n="$3" 'BEGIN {printf "%.0f", t / n}'
+}
+
 # pooler_stop_all: stops every pooler pooler_start recorded (done when the script exits).
 pooler_stop_all() {
     local name
