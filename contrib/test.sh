@@ -38,9 +38,39 @@ ensure_drivers() {
     fi
 }
 
+# PostgreSQL's own regression SQL (src/test/regress/sql), the real corpus the fast shape
+# reader is checked against (src/sql/fast_shape.rs), into target/sql-corpus/regress. The
+# files come from the source distribution of pglast 8.8 on PyPI (a binding of libpg_query,
+# which carries PostgreSQL's regression SQL for its own tests): a 4 MB download, checked
+# against its SHA-256, once.
+ensure_sql_corpus() {
+    local dir=target/sql-corpus
+    [ -f "$dir/regress/select.sql" ] && return 0
+    mkdir -p "$dir"
+    python3 - "$dir" <<'PY'
+import hashlib, io, os, sys, tarfile, urllib.request
+URL = ("https://files.pythonhosted.org/packages/62/b2/"
+       "fa8b837b58f352e5941ea7a8160121d32bad978a55538232d7890b8aaad5/pglast-8.8.tar.gz")
+SHA256 = "ff9998ec6bac4f30f84db6b6edb28a0fb03b1eda5c8ad211ab8362f5a08b833b"
+PREFIX = "pglast-8.8/libpg_query/test/sql/postgres_regress/"
+data = urllib.request.urlopen(URL, timeout=120).read()
+if hashlib.sha256(data).hexdigest() != SHA256:
+    sys.exit("the SQL corpus download does not match its SHA-256")
+out = os.path.join(sys.argv[1], "regress")
+os.makedirs(out, exist_ok=True)
+with tarfile.open(fileobj=io.BytesIO(data)) as tar:
+    for member in tar.getmembers():
+        name = member.name
+        if member.isfile() and name.startswith(PREFIX) and name.endswith(".sql"):
+            with open(os.path.join(out, os.path.basename(name)), "wb") as f:
+                f.write(tar.extractfile(member).read())
+PY
+}
+
 ensure_postgres
 echo "PostgreSQL server programs: $(pg_bindir)"
 ensure_drivers
+ensure_sql_corpus
 
 # pg_query (PostgreSQL's parser) generates its Rust bindings with bindgen, which needs libclang.
 ensure_libclang() {

@@ -114,7 +114,7 @@ fn may_deallocate(sql: &[u8]) -> bool {
 /// PostgreSQL's own scanner separates them.
 fn read_deallocation(text: &str) -> Option<Deallocation> {
     use pg_query::protobuf::Token;
-    let tokens = pg_query::scan_tokens(text).ok()?;
+    let tokens = crate::sql::scan_tokens(text)?;
     let mut words: Vec<Word> = tokens
         .iter()
         .map(|t| {

@@ -33,6 +33,7 @@ mod cache;
 pub mod classify;
 mod collect;
 mod facts;
+mod fast_shape;
 mod shape;
 mod tags;
 mod walk;
@@ -401,6 +402,17 @@ fn analyze_text(bytes: &[u8], mode: Mode, depth: Depth) -> (Analysis, Option<Con
     }
 }
 
+/// PostgreSQL's scanner over `text` (`None` when it refuses the text). A text of whitespace
+/// alone has no token: pg_query's `scan_tokens` builds its empty list from a null pointer
+/// there, which is undefined behaviour, so such a text never reaches it.
+pub(crate) fn scan_tokens(text: &str) -> Option<Vec<pg_query::protobuf::ScanToken>> {
+    // PostgreSQL's whitespace, vertical tab included.
+    if text.bytes().all(|b| b" \t\n\r\x0b\x0c".contains(&b)) {
+        return Some(Vec::new());
+    }
+    pg_query::scan_tokens(text).ok()
+}
+
 fn read(
     text: &str,
     mode: Mode,
@@ -410,7 +422,7 @@ fn read(
     let has_backslash = text.contains('\\');
     let scs_matters = has_backslash && mode.scs != Scs::On;
     let tokens = if wants_tags || scs_matters {
-        pg_query::scan_tokens(text).ok()
+        scan_tokens(text)
     } else {
         Some(Vec::new())
     };

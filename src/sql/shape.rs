@@ -15,10 +15,10 @@ use pg_query::protobuf::Token;
 
 /// One constant token: where it starts, and where a `-` right before it starts (PostgreSQL folds
 /// `-1` into one constant located at the `-`).
-#[derive(Debug)]
-struct Constant {
-    start: i32,
-    minus: Option<i32>,
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Constant {
+    pub(super) start: i32,
+    pub(super) minus: Option<i32>,
 }
 
 /// The shape of a text and where its constants are.
@@ -27,7 +27,7 @@ pub(crate) struct Shape {
     /// The text with each constant token replaced by a NUL and a letter for its kind (a text
     /// pgward reads never holds a NUL, so a key cannot be confused with a text).
     pub key: String,
-    constants: Vec<Constant>,
+    pub(super) constants: Vec<Constant>,
 }
 
 /// The kinds of constant tokens, with the letter each stands for in a key.
@@ -50,12 +50,18 @@ fn constant_letter(token: i32) -> Option<char> {
 impl Shape {
     /// The shape of `text` under PostgreSQL's default scanner; `None` when the scanner refuses
     /// it or it holds a NUL. Callers make sure the server reads it with the same scanner
-    /// (standard_conforming_strings on, or no backslash).
+    /// (standard_conforming_strings on, or no backslash). The common texts are read without
+    /// the scanner ([`super::fast_shape`]), the rest with it.
     pub(crate) fn of(text: &str) -> Option<Shape> {
+        super::fast_shape::shape(text).or_else(|| Shape::scanned(text))
+    }
+
+    /// [`Shape::of`], read by PostgreSQL's scanner.
+    pub(crate) fn scanned(text: &str) -> Option<Shape> {
         if text.contains('\0') {
             return None;
         }
-        let tokens = pg_query::scan_tokens(text).ok()?;
+        let tokens = super::scan_tokens(text)?;
         let mut key = String::with_capacity(text.len());
         let mut constants = Vec::new();
         let mut copied = 0;
@@ -109,6 +115,15 @@ mod tests {
         let e = Shape::of("SELECT a FROM t WHERE b = 'x' AND c = 1 /* other */").unwrap();
         assert_ne!(a.key, e.key);
         assert!(Shape::of("SELECT 'open").is_none());
+    }
+
+    #[test]
+    fn a_text_of_whitespace_alone_has_an_empty_shape() {
+        for text in ["", " ", "\n\t", "\u{b}", " \u{c}\r"] {
+            let s = Shape::scanned(text).unwrap();
+            assert_eq!(s.key, text);
+            assert!(s.constants.is_empty());
+        }
     }
 
     #[test]

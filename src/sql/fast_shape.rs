@@ -1,0 +1,420 @@
+//! A reader of statement shapes for the common subset of SQL texts, without PostgreSQL's
+//! scanner: it finds the same constant tokens the scanner finds, or declines.
+//!
+//! It declines on everything it is not sure to read as the scanner does: non-ASCII text,
+//! backslashes, NULs, dollar quotes, string prefixes (E'', B'', X'', N'', U&''), a string
+//! followed by another (PostgreSQL joins them across a newline), nested or unterminated
+//! comments, empty or unterminated quoted identifiers, numbers with an exponent or touching an
+//! identifier character, integers past 32 bits, parameters touching an identifier, operators of
+//! several characters ending in `+` or `-` or holding a comment start, and characters the
+//! scanner does not know. What it reads is checked against the scanner by a differential
+//! property test and by PostgreSQL's own regression SQL (`corpus` below).
+
+use super::shape::{Constant, Shape};
+
+/// Characters that make up operators (`op_chars` in PostgreSQL's scanner).
+const OP_CHARS: &[u8] = b"~!@#^&|`?+-*/%<>=";
+/// Characters that are tokens by themselves (`self` without `:`, `.`, and the op chars).
+const SELF_CHARS: &[u8] = b",()[];";
+/// Whitespace PostgreSQL's scanner skips (vertical tab left out: not in every version).
+const SPACE: &[u8] = b" \t\n\r\x0c";
+
+/// The shape of `text`, or `None` where this reader is not sure (the caller asks PostgreSQL's
+/// scanner then).
+pub(crate) fn shape(text: &str) -> Option<Shape> {
+    let b = text.as_bytes();
+    if !text.is_ascii() || b.contains(&b'\\') || b.contains(&0) {
+        return None;
+    }
+    let mut key = String::with_capacity(text.len());
+    let mut constants = Vec::new();
+    let mut copied = 0;
+    // The previous token's start and end (whitespace is no token; comments are).
+    let mut previous: Option<(usize, usize)> = None;
+    let mut at = 0;
+    while at < b.len() {
+        let c = b[at];
+        if SPACE.contains(&c) {
+            at += 1;
+            continue;
+        }
+        let (end, constant) = token(b, at)?;
+        if let Some(letter) = constant {
+            key.push_str(&text[copied..at]);
+            key.push('\0');
+            key.push(letter);
+            copied = end;
+            let minus = previous.filter(|&(s, e)| &b[s..e] == b"-").map(|(s, _)| s);
+            constants.push(Constant {
+                start: i32::try_from(at).ok()?,
+                minus: minus.and_then(|m| i32::try_from(m).ok()),
+            });
+        }
+        previous = Some((at, end));
+        at = end;
+    }
+    key.push_str(&text[copied..]);
+    Some(Shape { key, constants })
+}
+
+/// The token at `at` (not whitespace): where it ends, and its letter if it is a constant.
+fn token(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
+    let c = b[at];
+    let next = b.get(at + 1).copied();
+    match c {
+        b'-' if next == Some(b'-') => Some((line_end(b, at), None)),
+        b'/' if next == Some(b'*') => Some((comment_end(b, at)?, None)),
+        b'\'' => string(b, at).map(|end| (end, Some('s'))),
+        b'"' => quoted_identifier(b, at).map(|end| (end, None)),
+        b'0'..=b'9' => number(b, at),
+        b'.' if next.is_some_and(|n| n.is_ascii_digit()) => number(b, at),
+        b'.' if next == Some(b'.') => Some((at + 2, None)),
+        b':' if matches!(next, Some(b':') | Some(b'=')) => Some((at + 2, None)),
+        b'.' | b':' => Some((at + 1, None)),
+        b'$' => parameter(b, at).map(|end| (end, None)),
+        _ if SELF_CHARS.contains(&c) => Some((at + 1, None)),
+        _ if OP_CHARS.contains(&c) => operator(b, at).map(|end| (end, None)),
+        _ if c.is_ascii_alphabetic() || c == b'_' => identifier(b, at).map(|end| (end, None)),
+        _ => None,
+    }
+}
+
+fn ident_char(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
+}
+
+/// A `--` comment: up to the end of its line (the newline is not part of it).
+fn line_end(b: &[u8], at: usize) -> usize {
+    b[at..]
+        .iter()
+        .position(|&c| c == b'\n' || c == b'\r')
+        .map_or(b.len(), |p| at + p)
+}
+
+/// A `/* */` comment, not nested, terminated.
+fn comment_end(b: &[u8], at: usize) -> Option<usize> {
+    let body = &b[at + 2..];
+    let close = body.windows(2).position(|w| w == b"*/")?;
+    if body[..close].windows(2).any(|w| w == b"/*")
+        || body.get(close.wrapping_sub(1)) == Some(&b'/')
+    {
+        // Nested (or `/*/`, where a nested start and the end overlap): the scanner counts.
+        return None;
+    }
+    Some(at + 2 + close + 2)
+}
+
+/// A string constant `'...'` (`''` inside), not prefixed, not followed by another string
+/// (which the scanner may join to it), terminated.
+fn string(b: &[u8], at: usize) -> Option<usize> {
+    if at > 0 && (ident_char(b[at - 1]) || b[at - 1] == b'&') {
+        // E'', B'', X'', N'', U&'' and the like.
+        return None;
+    }
+    let end = closing(b, at)?;
+    if next_meaningful(b, end) == Some(b'\'') {
+        return None;
+    }
+    Some(end)
+}
+
+/// The first character after `from` that is neither whitespace nor in a comment.
+fn next_meaningful(b: &[u8], from: usize) -> Option<u8> {
+    let mut i = from;
+    loop {
+        let c = *b.get(i)?;
+        if SPACE.contains(&c) {
+            i += 1;
+        } else if c == b'-' && b.get(i + 1) == Some(&b'-') {
+            i = line_end(b, i);
+        } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
+            i = comment_end(b, i).unwrap_or(b.len());
+        } else {
+            return Some(c);
+        }
+    }
+}
+
+/// A quoted identifier `"..."` (`""` inside), not empty, terminated, not `U&"..."`.
+fn quoted_identifier(b: &[u8], at: usize) -> Option<usize> {
+    if at > 0 && (ident_char(b[at - 1]) || b[at - 1] == b'&') {
+        return None;
+    }
+    let end = closing(b, at)?;
+    (end > at + 2).then_some(end)
+}
+
+/// Where the quoted text starting at `at` (a `'` or a `"`, doubled inside) ends, past its
+/// closing quote; `None` when it is not closed.
+fn closing(b: &[u8], at: usize) -> Option<usize> {
+    let quote = b[at];
+    let mut i = at + 1;
+    loop {
+        match *b.get(i)? {
+            c if c == quote && b.get(i + 1) == Some(&quote) => i += 2,
+            c if c == quote => return Some(i + 1),
+            _ => i += 1,
+        }
+    }
+}
+
+/// A number: an integer that fits in 32 bits (Iconst) or a decimal (Fconst); none with an
+/// exponent, none touching an identifier character or another dot.
+fn number(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
+    let digits = |from: usize| from + b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let int_end = digits(at);
+    let (end, decimal) = match b.get(int_end) {
+        Some(b'.') if b.get(int_end + 1) == Some(&b'.') => return None,
+        Some(b'.') => (digits(int_end + 1), true),
+        _ => (int_end, false),
+    };
+    if b.get(end).is_some_and(|&c| ident_char(c) || c == b'.') {
+        return None;
+    }
+    if decimal {
+        return Some((end, Some('f')));
+    }
+    let value: u64 = std::str::from_utf8(&b[at..end]).ok()?.parse().ok()?;
+    (value <= i32::MAX as u64).then_some((end, Some('i')))
+}
+
+/// A parameter `$1`; a dollar quote or a parameter touching an identifier declines.
+fn parameter(b: &[u8], at: usize) -> Option<usize> {
+    let end = at
+        + 1
+        + b[at + 1..]
+            .iter()
+            .take_while(|c| c.is_ascii_digit())
+            .count();
+    if end == at + 1 || b.get(end).is_some_and(|&c| ident_char(c)) {
+        return None;
+    }
+    // A number past 32 bits is an error of the scanner's.
+    let number: u64 = std::str::from_utf8(&b[at + 1..end]).ok()?.parse().ok()?;
+    (number <= i32::MAX as u64).then_some(end)
+}
+
+/// An operator: a run of operator characters, taken whole unless the scanner would cut it
+/// (a comment start inside, or a trailing `+` or `-` it may split off).
+fn operator(b: &[u8], at: usize) -> Option<usize> {
+    let len = b[at..].iter().take_while(|c| OP_CHARS.contains(c)).count();
+    let run = &b[at..at + len];
+    if run.windows(2).any(|w| w == b"--" || w == b"/*") {
+        return None;
+    }
+    if len >= 2 && matches!(run[len - 1], b'+' | b'-') {
+        return None;
+    }
+    Some(at + len)
+}
+
+/// An identifier or keyword.
+fn identifier(b: &[u8], at: usize) -> Option<usize> {
+    let end = at + b[at..].iter().take_while(|&&c| ident_char(c)).count();
+    if matches!(b.get(end), Some(b'\'') | Some(b'"')) || (b.get(end) == Some(&b'&')) {
+        // A prefixed string or identifier (E'', U&'', U&"").
+        return None;
+    }
+    Some(end)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::shape::Shape;
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The fast reader agrees with PostgreSQL's scanner wherever it reads: same key, same
+    /// constants. Returns whether it read the text.
+    fn agrees(text: &str) -> bool {
+        let Some(fast) = shape(text) else {
+            return false;
+        };
+        let slow = Shape::scanned(text);
+        let slow = slow
+            .unwrap_or_else(|| panic!("the scanner refuses what the fast reader read: {text:?}"));
+        assert_eq!(fast.key, slow.key, "{text:?}");
+        assert_eq!(fast.constants, slow.constants, "{text:?}");
+        true
+    }
+
+    #[test]
+    fn common_texts_are_read_and_agree() {
+        for text in [
+            "SELECT 1",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 42",
+            "select * from t where a = 'it''s' and b = -1.5 /* c */ -- d",
+            "UPDATE t SET x = x + 1 WHERE id = $1",
+            "SELECT a::int, b FROM \"My \"\"T\"\"\" WHERE c <> 3 AND d >= .5",
+            "SELECT - 1, - /**/1, 2147483647",
+            "SELECT a FROM t WHERE b IN (1, 2, 3) ORDER BY 1 LIMIT 10",
+            "/* tenant='acme' */ SELECT 1",
+        ] {
+            assert!(agrees(text), "declined: {text:?}");
+        }
+    }
+
+    #[test]
+    fn declines_what_it_cannot_be_sure_of() {
+        for text in [
+            "SELECT E'a'",
+            "SELECT B'1'",
+            "SELECT X'1F'",
+            "SELECT U&'a'",
+            "SELECT 'a'\n'b'",
+            "SELECT $$a$$",
+            "SELECT 1e5",
+            "SELECT 2147483648",
+            "SELECT 123abc",
+            "SELECT 1_000",
+            "SELECT 0x1F",
+            "/* a /* b */ c */ SELECT 1",
+            "SELECT 'é'",
+            "SELECT 'a\\'",
+            "SELECT 1 =- 1",
+            "SELECT 'open",
+            "SELECT \"\"",
+            "SELECT {",
+        ] {
+            assert!(shape(text).is_none(), "read: {text:?}");
+            // Whatever the scanner makes of it, nothing to compare: declined.
+        }
+    }
+
+    /// Fragments that make up statement-like texts, the tricky ones included.
+    fn fragment() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![
+            "SELECT",
+            "select",
+            " ",
+            "\n",
+            "\t",
+            "a",
+            "t1",
+            "_x$",
+            "\"Q\"",
+            "\"q\"\"r\"",
+            "'s'",
+            "''",
+            "'it''s'",
+            "'a\nb'",
+            "1",
+            "42",
+            "2147483647",
+            "2147483648",
+            "9999999999",
+            "1.5",
+            ".5",
+            "5.",
+            "1e3",
+            "1..2",
+            "-",
+            "+",
+            "*",
+            "/",
+            "<",
+            ">",
+            "=",
+            "<>",
+            "!=",
+            "<=",
+            "||",
+            "::",
+            ":",
+            ":=",
+            "=>",
+            ".",
+            "..",
+            ",",
+            "(",
+            ")",
+            "[",
+            "]",
+            ";",
+            "$1",
+            "$",
+            "$$",
+            "$a$",
+            "--c\n",
+            "/* c */",
+            "/*",
+            "*/",
+            "E",
+            "B",
+            "X",
+            "N",
+            "U&",
+            "&",
+            "@",
+            "#",
+            "~",
+            "%",
+            "^",
+            "`",
+            "?",
+            "|",
+            "é",
+            "\\",
+            "{",
+            "\u{b}",
+            "0x1F",
+            "1_0",
+            "e",
+        ])
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(20_000))]
+        #[test]
+        fn agrees_with_the_scanner_on_generated_texts(parts in prop::collection::vec(fragment(), 0..24)) {
+            agrees(&parts.concat());
+        }
+    }
+
+    /// PostgreSQL's own regression SQL (`src/test/regress/sql`), fetched by contrib/test.sh
+    /// into target/sql-corpus (or PGWARD_SQL_CORPUS): every statement the fast reader reads,
+    /// it reads as the scanner does.
+    #[test]
+    fn agrees_with_the_scanner_on_postgresql_regression_sql() {
+        let dir = std::env::var_os("PGWARD_SQL_CORPUS").map_or_else(
+            || std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("target/sql-corpus/regress"),
+            std::path::PathBuf::from,
+        );
+        let files: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{}: {e}: run contrib/test.sh, which fetches PostgreSQL's regression SQL",
+                    dir.display()
+                )
+            })
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "sql"))
+            .collect();
+        assert!(
+            files.len() >= 100,
+            "{}: only {} files",
+            dir.display(),
+            files.len()
+        );
+        let (mut statements, mut read) = (0usize, 0usize);
+        for file in files {
+            let bytes = std::fs::read(&file).unwrap();
+            let text = String::from_utf8_lossy(&bytes);
+            // psql's meta-commands are not SQL.
+            let sql: String = text
+                .lines()
+                .filter(|l| !l.trim_start().starts_with('\\'))
+                .map(|l| format!("{l}\n"))
+                .collect();
+            let Ok(parts) = pg_query::split_with_scanner(&sql) else {
+                continue;
+            };
+            for part in parts {
+                statements += 1;
+                read += usize::from(agrees(part));
+            }
+        }
+        assert!(statements > 10_000, "{statements} statements");
+        eprintln!("fast shape reader: read {read} of {statements} regression statements");
+    }
+}
