@@ -5,13 +5,15 @@
 # usage: bench/instructions.sh [MODE...]   MODE is a pgbench protocol: simple (default),
 #                                          extended
 # environment:
-#   TARGETS       poolers to count, default "pgbouncer pgward"
+#   TARGETS       poolers to count, default "pgbouncer pgward"; pgward-rules is pgward with
+#                 the policy of bench/rules.sh (every rule applying to the bench role)
+#   PGWARD_BIN    the pgward to count (default: built with cargo build --release)
+#   CALLGRIND_KEEP  a directory to keep the callgrind dumps in (for callgrind_annotate)
 #   TRANSACTIONS  transactions per pgbench client in the counted run, default 500
 #   CLIENTS       pgbench -c, default 32 (with -j 2); POOL_SIZE default_pool_size, default 8
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
-repo=$(pwd)
 # shellcheck source=bench/throwaway-pg.sh
 . bench/throwaway-pg.sh
 
@@ -29,7 +31,7 @@ command -v valgrind >/dev/null || apt_install valgrind
 for target in "${targets[@]}"; do
     case $target in
     pgbouncer) ensure_pgbouncer ;;
-    pgward) cargo build --release --quiet ;;
+    pgward | pgward-rules) [ -n "${pgward_bin:-}" ] || pgward_bin=$(pgward_binary) ;;
     *) die "unknown target: $target" ;;
     esac
 done
@@ -49,7 +51,7 @@ program_of() {
     if [ "$1" = pgbouncer ]; then
         command -v pgbouncer
     else
-        install -m 755 "$repo/target/release/pgward" "$work/pgward-bin"
+        install -m 755 "$pgward_bin" "$work/pgward-bin"
         echo "$work/pgward-bin"
     fi
 }
@@ -69,6 +71,10 @@ count() {
     mkdir -p "$dir"
     port=$(free_port)
     pooler_ini "$dir" "$pg_port" "$port" "$pool_size" md5 "$work/userlist.txt" >"$dir/pooler.ini"
+    if [ "$target" = pgward-rules ]; then
+        rules_policy >"$dir/policy.toml"
+        echo "policy_file = $dir/policy.toml" >>"$dir/pooler.ini"
+    fi
     wrapper=$(callgrind_wrapper "$dir" "$(program_of "$target")")
     pooler_start "$target" "$dir" "$port" "$wrapper" >/dev/null ||
         die "$target did not start under valgrind"
@@ -78,6 +84,10 @@ count() {
     pgbench_run "$port" "$mode" "$per_client"
     as_postgres callgrind_control -d "$pid" >/dev/null 2>&1 || die "callgrind_control -d failed"
     pooler_stop "$target"
+    if [ -n "${CALLGRIND_KEEP:-}" ]; then
+        mkdir -p "$CALLGRIND_KEEP/$target-$mode"
+        cp "$dir"/callgrind.* "$CALLGRIND_KEEP/$target-$mode/"
+    fi
     callgrind_per_tx "$dir" "$pid" $((per_client * clients))
 }
 

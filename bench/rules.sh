@@ -44,36 +44,6 @@ pgbench -i -q -s "$scale" -h 127.0.0.1 -p "$pg_port" -U bench bench \
     >"$work/pgbench-init.log" 2>&1 || die "pgbench -i failed: $(tail "$work/pgbench-init.log")"
 
 # --- the two pgwards --------------------------------------------------------------------------
-# Every rule, applying to the bench role; the learned allowlist records what the role runs.
-policy() {
-    cat <<'EOF'
-unchecked = "reject"
-trusted_roles = []
-
-[[rules]]
-rule = "deny_ddl"
-
-[[rules]]
-rule = "require_where"
-
-[[rules]]
-rule = "index_concurrently"
-
-[[rules]]
-rule = "schema_allowlist"
-schemas = ["public"]
-
-[[rules]]
-rule = "deny_functions"
-
-[[rules]]
-rule = "read_only"
-
-[allowlist]
-file = "allowlist.json"
-roles = { bench = "learn" }
-EOF
-}
 
 # start_pooler NAME: starts a pgward, with the policy for `rules`; the same settings otherwise.
 start_pooler() {
@@ -84,7 +54,7 @@ start_pooler() {
     printf '"bench" ""\n' >"$dir/userlist.txt"
     pooler_ini "$dir" "$pg_port" "$port" "$pool_size" trust "$dir/userlist.txt" >"$dir/pooler.ini"
     if [ "$name" = rules ]; then echo "policy_file = $dir/policy.toml" >>"$dir/pooler.ini"; fi
-    policy >"$dir/policy.toml"
+    rules_policy >"$dir/policy.toml"
     pooler_start "$name" "$dir" "$port" "$work/pgward-bin" ||
         die "$name did not start listening on port $port"
 }

@@ -164,6 +164,38 @@ pooler_stop() {
     unset "pooler_pid[$1]"
 }
 
+# rules_policy: the policy of bench/rules.sh: every rule, applying to the bench role; the
+# learned allowlist records what the role runs.
+rules_policy() {
+    cat <<'EOF'
+unchecked = "reject"
+trusted_roles = []
+
+[[rules]]
+rule = "deny_ddl"
+
+[[rules]]
+rule = "require_where"
+
+[[rules]]
+rule = "index_concurrently"
+
+[[rules]]
+rule = "schema_allowlist"
+schemas = ["public"]
+
+[[rules]]
+rule = "deny_functions"
+
+[[rules]]
+rule = "read_only"
+
+[allowlist]
+file = "allowlist.json"
+roles = { bench = "learn" }
+EOF
+}
+
 # callgrind_wrapper DIR PROGRAM: writes DIR/under-callgrind, which runs PROGRAM (with its
 # arguments) under callgrind, its counts dumped to DIR/callgrind.<pid>.*; prints its path.
 callgrind_wrapper() {

@@ -72,6 +72,16 @@ impl<W> Gate<W> {
         let Some(up) = self.upstreams.get(upstream) else {
             return Vec::new();
         };
+        // A runaway needs another tenant waiting: with one tenant alone (the common case, and
+        // at every slot handed over) nothing is counted or allocated.
+        let mut waiting = up.waiting.iter().filter(|(_, n)| **n > 0).map(|(t, _)| t);
+        let Some(first) = waiting.next() else {
+            return Vec::new();
+        };
+        let alone = up.holding.iter().all(|(t, n)| *n == 0 || t == first);
+        if waiting.next().is_none() && alone {
+            return Vec::new();
+        }
         let names: BTreeSet<&str> = up
             .waiting
             .keys()
