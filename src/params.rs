@@ -10,8 +10,8 @@ pub const DEFAULT_TRACKED: [&str; 6] = [
     "application_name",
 ];
 
-/// Tracked unless ignored (see [`Tracked::of`]).
-const EXTRA_FLOAT_DIGITS: &str = "extra_float_digits";
+/// Tracked, never reported (see [`Tracked::of`]).
+pub const EXTRA_FLOAT_DIGITS: &str = "extra_float_digits";
 
 /// The value of a tracked parameter a client never set and the server never reported: the
 /// server's default, set with `SET name TO DEFAULT`. It contains a NUL byte, which no value
@@ -39,18 +39,12 @@ impl Tracked {
 
     /// What the settings track: the default list, `track_extra_parameters`, and
     /// `extra_float_digits` (pgJDBC sends it at every login; it changes how floats are
-    /// printed) unless `ignore_startup_parameters` names it, where it is ignored as
-    /// PgBouncer ignores it. PostgreSQL never reports it: a server holds the value pgward
-    /// set there.
+    /// printed; where `ignore_startup_parameters` names it, a client's value is ignored at
+    /// login as PgBouncer ignores it). PostgreSQL never reports it: a server holds the value
+    /// pgward set there, or its default after a reset.
     pub fn of(settings: &crate::config::settings::Settings) -> Self {
         let mut extra = settings.track_extra_parameters.clone();
-        let ignored = settings.ignore_startup_parameters.iter();
-        if !ignored
-            .clone()
-            .any(|i| i.eq_ignore_ascii_case(EXTRA_FLOAT_DIGITS))
-        {
-            extra.push(EXTRA_FLOAT_DIGITS.to_string());
-        }
+        extra.push(EXTRA_FLOAT_DIGITS.to_string());
         Tracked::new(&extra)
     }
 
@@ -101,6 +95,14 @@ impl ParamSet {
     }
 
     /// Sets a value; returns whether it changed.
+    /// A `DISCARD ALL` or `RESET ALL` ran: the settings PostgreSQL does not report
+    /// (`extra_float_digits`) are at the server's default, if they were followed at all.
+    pub fn reset_unreported(&mut self) {
+        if self.get(EXTRA_FLOAT_DIGITS).is_some() {
+            self.set(EXTRA_FLOAT_DIGITS, DEFAULT_VALUE);
+        }
+    }
+
     pub fn set(&mut self, name: &str, value: &str) -> bool {
         match self.entries.iter_mut().find(|(n, _)| n == name) {
             Some((_, v)) if v == value => return false,

@@ -176,6 +176,57 @@ fn ignored_startup_parameters_and_protocol_negotiation() {
     assert_eq!(client.value("SELECT 40 + 2"), "42");
 }
 
+/// SHOW extra_float_digits for a client that logs in to `port` with `value` in its startup
+/// packet, as pgJDBC does; the client then leaves.
+fn float_digits_seen(port: u16, value: &str) -> String {
+    let mut client = Raw::connect(port);
+    client.send(&raw::startup_packet(
+        PROTOCOL_3_0,
+        &[
+            ("user", "trustuser"),
+            ("database", "app"),
+            ("extra_float_digits", value),
+        ],
+    ));
+    client
+        .finish_login()
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    let seen = client.value("SHOW extra_float_digits");
+    client.terminate();
+    seen
+}
+
+/// In session pooling the server's reset (DISCARD ALL) puts extra_float_digits back at its
+/// default, though PostgreSQL does not say so: the next client's value is set again.
+#[test]
+fn extra_float_digits_is_set_again_after_a_reset() {
+    let pg = Postgres::start();
+    let settings = "auth_type = trust\npool_mode = session\ndefault_pool_size = 1\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, ""));
+    assert_eq!(float_digits_seen(pw.port, "0"), "0");
+    assert_eq!(float_digits_seen(pw.port, "0"), "0");
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+}
+
+/// Once the console's SET ignore_startup_parameters names extra_float_digits, a client's
+/// value is ignored, and a server another client left at its own value is set back.
+#[test]
+fn extra_float_digits_ignored_at_runtime_is_the_default() {
+    let pg = Postgres::start();
+    let settings = "default_pool_size = 1\nadmin_users = admin\n";
+    let pw = Pgward::transaction_pool(&pg, settings);
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+    let set = psql_at(
+        pw.port,
+        "admin",
+        None,
+        "pgward",
+        "SET ignore_startup_parameters = extra_float_digits",
+    );
+    assert!(set.status.success(), "{}", stderr_of(&set));
+    assert_eq!(float_digits_seen(pw.port, "2"), "1");
+}
+
 #[test]
 fn unknown_database_is_refused_with_3d000() {
     let pg = Postgres::start();

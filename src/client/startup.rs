@@ -213,6 +213,11 @@ fn accept(
     set: &mut Vec<(String, String)>,
     from_options: bool,
 ) -> Result<(), SessionError> {
+    let ignores = |name: &str| ignored.iter().any(|i| i.eq_ignore_ascii_case(name));
+    if key.eq_ignore_ascii_case(crate::params::EXTRA_FLOAT_DIGITS) && ignores(key) {
+        // Tracked, but listed: ignored as PgBouncer ignores it.
+        return Ok(());
+    }
     if let Some(name) = tracked.canonical(key) {
         set.retain(|(n, _)| n != name);
         set.push((name.to_string(), value));

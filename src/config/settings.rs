@@ -673,10 +673,13 @@ impl Settings {
             "tcp_defer_accept" => self.tcp_defer_accept = values::boolean(v)?,
             "tcp_socket_buffer" => self.tcp_socket_buffer = values::count(v)?,
             "tcp_keepalive" => self.tcp_keepalive = values::boolean(v)?,
-            "tcp_keepcnt" => self.tcp_keepcnt = values::count(v)?,
-            "tcp_keepidle" => self.tcp_keepidle = values::count(v)?,
-            "tcp_keepintvl" => self.tcp_keepintvl = values::count(v)?,
-            "tcp_user_timeout" => self.tcp_user_timeout = values::count(v)?,
+            // The largest values Linux takes (a larger one fails every socket).
+            "tcp_keepcnt" => self.tcp_keepcnt = values::count_at_most(v, 127)?,
+            "tcp_keepidle" => self.tcp_keepidle = values::count_at_most(v, 32767)?,
+            "tcp_keepintvl" => self.tcp_keepintvl = values::count_at_most(v, 32767)?,
+            "tcp_user_timeout" => {
+                self.tcp_user_timeout = values::count_at_most(v, i32::MAX as u32)?
+            }
             _ => return Ok(false),
         }
         Ok(true)

@@ -182,6 +182,11 @@ fn bad_values_name_file_and_line() {
         ("[pgbouncer]\n[nosuch]\n", 2),
         ("listen_port = 1\n[pgbouncer]\n", 1),
         ("[pgbouncer]\nlisten_port = 6432 ; trailing comment\n", 2),
+        // Values Linux refuses on a socket: every connection would fail.
+        ("[pgbouncer]\ntcp_keepidle = 40000\n", 2),
+        ("[pgbouncer]\ntcp_keepintvl = 32768\n", 2),
+        ("[pgbouncer]\ntcp_keepcnt = 128\n", 2),
+        ("[pgbouncer]\n\ntcp_user_timeout = 3000000000\n", 3),
     ] {
         let (file, l, msg) = at(parse(text).unwrap_err());
         assert_eq!(

@@ -46,6 +46,15 @@ pub fn count(s: &str) -> Result<u32, String> {
     u32::try_from(v).map_err(|_| "must not be negative".to_string())
 }
 
+/// A count of at most `max`.
+pub fn count_at_most(s: &str, max: u32) -> Result<u32, String> {
+    let v = count(s)?;
+    match v <= max {
+        true => Ok(v),
+        false => Err(format!("must be at most {max}")),
+    }
+}
+
 /// A boolean stored as an integer: 0 is false, anything else true.
 pub fn boolean(s: &str) -> Result<bool, String> {
     int(s).map(|v| v != 0)

@@ -376,6 +376,10 @@ impl ServerConn {
                 Backend::ErrorResponse(fields) => {
                     failure.get_or_insert(fields);
                 }
+                // The reset query: settings PostgreSQL does not report are at their defaults.
+                Backend::CommandComplete { tag } if tag == "DISCARD ALL" || tag == "RESET" => {
+                    self.params.reset_unreported();
+                }
                 Backend::ParameterStatus { name, value } => {
                     self.note_parameter(&name, &value, tracked);
                 }

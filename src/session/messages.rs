@@ -143,6 +143,11 @@ pub(super) fn learn(
         {
             server_statements.clear();
             client.statements.clear();
+            if body == b"DISCARD ALL\0" {
+                // Every setting is back at its default, those PostgreSQL does not report too.
+                server_params.reset_unreported();
+                client.params.reset_unreported();
+            }
         }
         _ => {}
     }

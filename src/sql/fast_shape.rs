@@ -205,7 +205,8 @@ fn operator(b: &[u8], at: usize) -> Option<usize> {
     if len >= 2 && matches!(run[len - 1], b'+' | b'-') {
         return None;
     }
-    Some(at + len)
+    // The scanner refuses an operator as long as a name may be (NAMEDATALEN).
+    (len < 64).then_some(at + len)
 }
 
 /// An identifier or keyword.
@@ -279,6 +280,11 @@ mod tests {
             assert!(shape(text).is_none(), "read: {text:?}");
             // Whatever the scanner makes of it, nothing to compare: declined.
         }
+        // An operator as long as a name: the scanner refuses it.
+        let long = format!("SELECT 1 {} 1", "<".repeat(64));
+        assert!(Shape::scanned(&long).is_none());
+        assert!(shape(&long).is_none());
+        assert!(agrees(&format!("SELECT 1 {} 1", "<".repeat(63))));
     }
 
     /// Fragments that make up statement-like texts, the tricky ones included.
