@@ -304,24 +304,61 @@ impl Calibration {
         self.tick += 1;
         let tick = self.tick;
         let key_planned = key.shape.is_some();
-        match self.factors.get_mut(&key) {
-            Some(f) => f.learn(x, seconds, tick),
-            None => {
-                self.make_room();
-                self.factors.insert(key, LogAverage::new(x, seconds, tick));
-            }
-        }
         self.dirty = true;
         self.since_median += 1;
         // While few plans are known every learn counts; later, every few dozen learns.
         let first_significant =
             key_planned && seconds >= MEDIAN_MIN_SECONDS && self.median_all.is_none();
-        if self.since_median >= MEDIAN_EVERY
-            || self.factors.len() <= 2 * MEDIAN_EVERY as usize
-            || first_significant
-        {
-            self.recompute_medians();
+        let now = self.since_median >= MEDIAN_EVERY || first_significant;
+        let few = self.factors.len() <= 2 * MEDIAN_EVERY as usize;
+        match self.factors.get_mut(&key) {
+            Some(f) => {
+                f.learn(x, seconds, tick);
+                if now {
+                    self.recompute_medians();
+                } else if few {
+                    // Only this database's median and the overall one can have moved.
+                    self.recompute_median_of(&key.database);
+                }
+            }
+            None => {
+                self.make_room();
+                self.factors.insert(key, LogAverage::new(x, seconds, tick));
+                if now || few {
+                    self.recompute_medians();
+                }
+            }
         }
+    }
+
+    /// The median factor of `database` and over all, as [`recompute_medians`] computes them,
+    /// after a learn that changed one factor of `database` (the other databases' medians
+    /// stay).
+    ///
+    /// [`recompute_medians`]: Self::recompute_medians
+    fn recompute_median_of(&mut self, database: &str) {
+        self.since_median = 0;
+        let mut all: Vec<f64> = Vec::new();
+        let mut own: Vec<f64> = Vec::new();
+        for (key, f) in &self.factors {
+            if key.shape.is_none() || f.runs < MEDIAN_MIN_RUNS || !f.significant {
+                continue;
+            }
+            all.push(f.ln);
+            if key.database == database {
+                own.push(f.ln);
+            }
+        }
+        match (median(&mut own), self.medians.get_mut(database)) {
+            (Some(m), Some(k)) => *k = m.exp(),
+            (Some(m), None) => {
+                self.medians.insert(database.to_string(), m.exp());
+            }
+            (None, _) => {
+                self.medians.remove(database);
+            }
+        }
+        self.median_all = median(&mut all).map(f64::exp);
     }
 
     fn make_room(&mut self) {
@@ -470,6 +507,23 @@ mod tests {
             database: db.to_string(),
             fingerprint: fp,
             shape,
+        }
+    }
+
+    /// The medians kept after each learn are those a full recompute finds.
+    #[test]
+    fn medians_after_each_learn_are_the_full_ones() {
+        let mut c = Calibration::new();
+        for i in 0..200u64 {
+            let db = ["a", "b", "c"][(i % 3) as usize];
+            let seconds = 0.001 + (i % 7) as f64 * 0.004;
+            // Few plans (at most 30): every learn moves the medians.
+            let plan = key(db, i % 5, Some(i % 2));
+            c.learn(plan, Some(100.0 + (i % 5) as f64 * 50.0), seconds);
+            let (kept, kept_all) = (c.medians.clone(), c.median_all);
+            c.recompute_medians();
+            assert_eq!(kept, c.medians, "after learn {i}");
+            assert_eq!(kept_all, c.median_all, "after learn {i}");
         }
     }
 
