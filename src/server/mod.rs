@@ -376,18 +376,23 @@ impl ServerConn {
                 Backend::ErrorResponse(fields) => {
                     failure.get_or_insert(fields);
                 }
-                // The reset query: settings PostgreSQL does not report are at their defaults.
-                Backend::CommandComplete { tag } if tag == "DISCARD ALL" || tag == "RESET" => {
-                    self.params.reset_unreported();
-                }
                 Backend::ParameterStatus { name, value } => {
                     self.note_parameter(&name, &value, tracked);
                 }
                 Backend::CommandComplete { tag }
                     if &tag[..] == b"DISCARD ALL" || &tag[..] == b"DEALLOCATE ALL" =>
                 {
-                    // The server's prepared statements are gone (server_reset_query).
+                    // The server's prepared statements are gone (server_reset_query), and
+                    // after DISCARD ALL the settings PostgreSQL does not report are at their
+                    // defaults.
                     self.statements.clear();
+                    if &tag[..] == b"DISCARD ALL" {
+                        self.params.reset_unreported();
+                    }
+                }
+                // RESET ALL as the reset query.
+                Backend::CommandComplete { tag } if &tag[..] == b"RESET" => {
+                    self.params.reset_unreported();
                 }
                 Backend::CopyInResponse | Backend::CopyBothResponse => {
                     self.reusable = false;
