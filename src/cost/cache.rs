@@ -5,7 +5,9 @@
 //! cached: only a [`PlanSummary`] can be put in.
 
 use super::PlanSummary;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
+use foldhash::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -119,7 +121,7 @@ impl PlanCache {
     /// A cache keeping `capacity` plans for `ttl` each.
     pub fn new(ttl: Duration, capacity: usize) -> PlanCache {
         PlanCache {
-            entries: HashMap::new(),
+            entries: HashMap::default(),
             order: VecDeque::new(),
             next_seq: 0,
             ttl,

@@ -17,7 +17,7 @@
 //! Pure: the caller hands in every run and the time; [`Calibration::to_json`] and
 //! [`Calibration::from_json`] keep the factors across restarts.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
 
@@ -383,7 +383,7 @@ impl Calibration {
     /// Recomputes the median factor of each database and of all plans.
     fn recompute_medians(&mut self) {
         self.since_median = 0;
-        let mut per: HashMap<&str, Vec<f64>> = HashMap::new();
+        let mut per: HashMap<&str, Vec<f64>> = HashMap::default();
         let mut all = Vec::new();
         for (key, f) in &self.factors {
             if key.shape.is_none() || f.runs < MEDIAN_MIN_RUNS || !f.significant {

@@ -4,7 +4,7 @@
 //! generation; when it holds half the capacity, it becomes the old one and the previous old one
 //! is dropped. A hit in the old generation moves the entry back to the young one.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::hash::Hash;
 use std::sync::Arc;
 
@@ -19,8 +19,8 @@ pub(crate) struct Generations<V> {
 impl<V> Generations<V> {
     pub(crate) fn new(capacity: usize) -> Self {
         Generations {
-            young: HashMap::new(),
-            old: HashMap::new(),
+            young: HashMap::default(),
+            old: HashMap::default(),
             half: (capacity / 2).max(1),
         }
     }
