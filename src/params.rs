@@ -94,7 +94,6 @@ impl ParamSet {
             .map(|(_, v)| v.as_str())
     }
 
-    /// Sets a value; returns whether it changed.
     /// A `DISCARD ALL` or `RESET ALL` ran: the settings PostgreSQL does not report
     /// (`extra_float_digits`) are at the server's default, if they were followed at all.
     pub fn reset_unreported(&mut self) {
@@ -103,6 +102,7 @@ impl ParamSet {
         }
     }
 
+    /// Sets a value; returns whether it changed.
     pub fn set(&mut self, name: &str, value: &str) -> bool {
         match self.entries.iter_mut().find(|(n, _)| n == name) {
             Some((_, v)) if v == value => return false,
