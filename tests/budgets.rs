@@ -276,6 +276,14 @@ fn learning() -> Policed {
     )
 }
 
+/// pgward with a policy whose tenant for `trustuser` has `max_cost = 500`, and a console.
+fn cost_ruled() -> Policed {
+    gated(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nmax_cost = 500\n",
+        "admin_users = admin\n",
+    )
+}
+
 /// SHOW CALIBRATION's rows for statements whose plan shape is known.
 async fn learned(f: &Policed) -> Vec<(String, f64, i64)> {
     factors(&f.pw).await
@@ -489,10 +497,7 @@ async fn ddl_drops_cached_plans_and_a_new_shape_is_a_flip_sent_to_the_slow_lane(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cost_rules_judge_each_statement_of_a_text_before_it_runs() {
     let _alone = MACHINE.lock().await;
-    let f = gated(
-        "[tenants.acme]\nroles = [\"trustuser\"]\nmax_cost = 500\n",
-        "admin_users = admin\n",
-    );
+    let f = cost_ruled();
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
     // The full read hides behind a cheap statement: refused before anything runs.
     assert_eq!(
@@ -552,10 +557,7 @@ async fn a_plan_prices_other_constants_only_once_three_gave_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_statement_of_a_text_that_cannot_be_planned_before_it_runs_is_refused() {
     let _alone = MACHINE.lock().await;
-    let f = gated(
-        "[tenants.acme]\nroles = [\"trustuser\"]\nmax_cost = 500\n",
-        "admin_users = admin\n",
-    );
+    let f = cost_ruled();
     let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
     // The second statement reads a table the first creates: no EXPLAIN can plan it first.
     assert_eq!(

@@ -52,13 +52,31 @@ impl ServerConn {
         result
     }
 
+    /// [`own_batch`](Self::own_batch), or [`own_batch_in_open_batch`](Self::own_batch_in_open_batch)
+    /// where the client has a batch open on this server.
+    pub async fn own_statements(
+        &mut self,
+        statements: &[OwnStatement<'_>],
+        limit: usize,
+        in_open_batch: bool,
+        tracked: &Tracked,
+    ) -> Result<Vec<TextRow>, ServerError> {
+        match in_open_batch {
+            true => {
+                self.own_batch_in_open_batch(statements, limit, tracked)
+                    .await
+            }
+            false => self.own_batch(statements, limit, tracked).await,
+        }
+    }
+
     /// Runs pgward's own statements inside a batch the client has open on this server (its
     /// extended-protocol messages so far answered, no Sync yet): each under a name of its own,
     /// closed in the same batch, ended by a Flush instead of a Sync, so the client's implicit
     /// transaction goes on. Returns up to `limit` rows. An error is returned at once: the
     /// server then skips the client's messages up to the client's Sync, as it would after an
     /// error of the client's own.
-    pub async fn own_batch_in_open_batch(
+    async fn own_batch_in_open_batch(
         &mut self,
         statements: &[OwnStatement<'_>],
         limit: usize,

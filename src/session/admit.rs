@@ -1266,10 +1266,7 @@ impl Session {
             server.send(&out).await.map_err(|e| lost(server, e))?;
         }
         let started = Instant::now();
-        let answer = match open_batch {
-            true => server.own_batch_in_open_batch(&batch, 1, &tracked).await,
-            false => server.own_batch(&batch, 1, &tracked).await,
-        };
+        let answer = server.own_statements(&batch, 1, open_batch, &tracked).await;
         let took = started.elapsed();
         let mut cancelled = false;
         let row = match answer {
@@ -1551,14 +1548,9 @@ async fn read_sizes(
         return Ok(Sizes::Read(Vec::new()));
     };
     let own = [OwnStatement::plain(name, &sql)];
-    let answer = match open_batch {
-        true => {
-            server
-                .own_batch_in_open_batch(&own, relations.len(), tracked)
-                .await
-        }
-        false => server.own_batch(&own, relations.len(), tracked).await,
-    };
+    let answer = server
+        .own_statements(&own, relations.len(), open_batch, tracked)
+        .await;
     let rows = match answer {
         Ok(rows) => rows,
         Err(ServerError::Refused(fields)) if open_batch => return Ok(Sizes::FailedInBatch(fields)),
