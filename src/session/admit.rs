@@ -599,10 +599,13 @@ impl Session {
         let cached = key
             .as_ref()
             .and_then(|k| keeper.plans().get_for(k, constants, now));
-        let sql = match (text, &key, &cached) {
-            (Some(t), Some(_), None) => explain_sql(&judged_statement(t)),
+        let judged = match (text, &key, &cached) {
+            (Some(t), Some(_), None) => Some(judged_statement(t)),
             _ => None,
         };
+        let sql = judged.as_ref().and_then(explain_sql);
+        // An EXPLAIN of it reads the statement itself (not EXECUTE's statement, a whole table).
+        let plannable = matches!(judged, Some(Judged::Plan(_)));
         let first = self.first_in_line();
         // A simple Query of several statements under cost rules: each statement is judged
         // before the text runs.
@@ -621,7 +624,7 @@ impl Session {
         if deferred && ruled && matches!(work, Work::Bind { .. }) {
             // Cost rules judge a Bind inside an open batch before it runs: once the server
             // has answered what went before it, it is explained in the batch.
-            match self.in_batch_turn(text) {
+            match self.in_batch_turn(plannable) {
                 InBatch::Wait => {
                     self.gate.flush_wanted = !self.gate.flush_sent;
                     return Ok(Step::Hold);
@@ -1327,8 +1330,8 @@ impl Session {
     /// Where a Bind inside an open batch stands when cost rules must judge it before it
     /// runs: it waits until everything before it went out and was answered (a Flush asks the
     /// server for the answers), then is explained inside the batch.
-    fn in_batch_turn(&self, text: Option<&str>) -> InBatch {
-        if !text.is_some_and(|t| matches!(judged_statement(t), Judged::Plan(_))) {
+    fn in_batch_turn(&self, plannable: bool) -> InBatch {
+        if !plannable {
             // What an EXPLAIN of it would read is not the statement itself (EXECUTE, a
             // whole table): a failed EXPLAIN would not tell that the statement fails.
             return InBatch::Unplannable;
