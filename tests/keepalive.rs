@@ -146,27 +146,43 @@ impl Drop for Netns {
 }
 
 /// psql from inside the namespace, logged in to pgward and idle (in a shell command) for a
-/// minute.
+/// minute, once it has printed its query's answer: nothing of pgward's is then left
+/// unacknowledged, which would leave the connection to retransmission rather than keepalive.
 fn idle_client(ns: &Netns, port: u16) -> Child {
-    Command::new("ip")
+    let mut child = Command::new("ip")
         .args(["netns", "exec", &ns.name])
         .arg(common::client_program("psql"))
         .args([
             "-X",
+            "-At",
             "-h",
             HOST_IP,
             "-p",
             &port.to_string(),
             "-U",
             "postgres",
-            "-d",
-            "app",
         ])
-        .args(["-c", "SELECT 1", "-c", "\\! sleep 60"])
-        .stdout(Stdio::null())
+        .args(["-d", "app", "-c", "SELECT 'answered'", "-c", "\\! sleep 60"])
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("psql in the namespace")
+        .expect("psql in the namespace");
+    let stdout = child.stdout.take().expect("psql's output");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut line = String::new();
+        let _ = std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line);
+        let _ = tx.send(line);
+    });
+    let line = rx.recv_timeout(Duration::from_secs(15)).unwrap_or_default();
+    assert_eq!(
+        line.trim(),
+        "answered",
+        "psql in the namespace got no answer"
+    );
+    // Its acknowledgement of the answer has left too.
+    std::thread::sleep(Duration::from_millis(500));
+    child
 }
 
 fn clients(pw: &Pgward) -> String {
