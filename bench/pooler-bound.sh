@@ -10,7 +10,10 @@
 # environment:
 #   TARGETS        default "pgbouncer pgward": pgbouncer (Debian's), pgbouncer-new (the binary
 #                  in PGBOUNCER_NEW_BIN, e.g. 1.25.2 from ../shared/tools/build-pgbouncer.sh),
-#                  pgward, pgward2 (pgward with worker_threads = 2 and POOLER_CPUS 2 cores)
+#                  pgward, pgward2 (pgward with worker_threads = 2 and 2 cores); the relay
+#                  prototypes of bench/harness/src/bin/relay-proto.rs: proto-mio (a loop over
+#                  state machines), proto-tokio (a task per client on a current-thread
+#                  runtime), proto-mio2 and proto-tokio2 (2 threads on 2 cores)
 #   ROUNDS         rounds, each running every target once in a rotated order; default 3
 #   RUN_SECONDS    length of one run, default 8
 #   CLIENTS        client connections, default 32; POOL_SIZE default_pool_size, default 8
@@ -38,7 +41,8 @@ count_instructions=${INSTRUCTIONS:-0}
 per_client=${TRANSACTIONS:-2000}
 
 check_choices "protocol" "simple extended prepared" "${modes[@]}"
-check_choices "target" "pgbouncer pgbouncer-new pgward pgward2" "${targets[@]}"
+check_choices "target" "pgbouncer pgbouncer-new pgward pgward2 proto-mio proto-tokio proto-mio2 proto-tokio2" \
+    "${targets[@]}"
 [ "$(nproc)" -ge 2 ] || die "the harness needs two cores: one for the pooler, one for itself"
 command -v taskset >/dev/null || apt_install util-linux
 if [ "$count_instructions" = 1 ]; then command -v valgrind >/dev/null || apt_install valgrind; fi
@@ -53,6 +57,7 @@ done
 echo "building the harness (bench/harness, cargo build --release)"
 cargo build --release --quiet --manifest-path bench/harness/Cargo.toml
 harness="$repo/bench/harness/target/release/pgward-harness"
+relay_proto="$repo/bench/harness/target/release/relay-proto"
 
 # shellcheck disable=SC2034 # pooler_pid and pooler_port are for pooler_start and pooler_stop
 declare -A pooler_pid=() pooler_port=()
@@ -65,6 +70,10 @@ program_of() {
     case $1 in
     pgbouncer) command -v pgbouncer ;;
     pgbouncer-new) echo "$PGBOUNCER_NEW_BIN" ;;
+    proto-*)
+        install -m 755 "$relay_proto" "$work/relay-proto"
+        echo "$work/relay-proto"
+        ;;
     *)
         install -m 755 "$pgward_bin" "$work/pgward-bin"
         echo "$work/pgward-bin"
@@ -76,16 +85,24 @@ program_of() {
 # pinned to its core(s); its port goes to started_port.
 started_port=""
 start() {
-    local target=$1 server_port=$2 program dir port cpus=$pooler_cpu
+    local target=$1 server_port=$2 program dir port design cpus=$pooler_cpu
     dir="$work/$target"
     rm -rf "$dir"
     mkdir -p "$dir"
     port=$(free_port)
     pooler_ini "$dir" "$server_port" "$port" "$pool_size" trust "$work/userlist.txt" >"$dir/pooler.ini"
-    if [ "$target" = pgward2 ]; then
+    case $target in
+    proto-mio* | proto-tokio*)
+        design=${target#proto-}
+        echo "relay_design = ${design%2}" >>"$dir/pooler.ini"
+        ;;
+    esac
+    case $target in
+    *2)
         echo "worker_threads = 2" >>"$dir/pooler.ini"
         cpus="$pooler_cpu,$harness_cpu"
-    fi
+        ;;
+    esac
     program=${3:-$(program_of "$target")}
     pooler_start "$target" "$dir" "$port" "$program" >/dev/null || die "$target did not start"
     taskset -apc "$cpus" "${pooler_pid[$target]}" >/dev/null
@@ -194,7 +211,7 @@ report="bench/results/pooler-bound-$stamp.md"
         echo "| --- | --- | ---: |"
         for mode in "${modes[@]}"; do
             for target in "${targets[@]}"; do
-                [ "$target" = pgward2 ] && continue
+                case $target in *2) continue ;; esac
                 echo "| $mode | $target | $(instructions "$target" "$mode") |"
             done
         done
