@@ -74,7 +74,7 @@ fn round(waiting: usize) -> Duration {
     let started = Instant::now();
     for i in 0..DECISIONS {
         let slot = held.pop_front().expect("a held slot");
-        gate.release(slot, now);
+        gate.release(&slot, now);
         let granted = gate
             .next_waiter("127.0.0.1:5432", Lane::Fast, now, |_| true)
             .expect("a waiter takes the slot");

@@ -9,7 +9,7 @@ use super::evict::{runaways, Runaway, TenantLoad};
 use super::fair::{FairQueue, Rank};
 use super::kills::{KillRow, KillTarget, Kills};
 use super::pass::{
-    Cost, Decision, Expired, Granted, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
+    Cost, Decision, Expired, Granted, Grants, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
 };
 use super::refusal::{Refusal, RefusalReason};
 use super::tenant::{TenantConfig, TenantConfigError, TenantTimeouts, WhenOver};

@@ -12,7 +12,9 @@ use tokio::sync::{oneshot, Notify};
 use crate::cost::{Calibration, Flip, FlipReason, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
-use crate::gate::{Cost, Expired, Gate, GateSettings, Granted, KillTarget, Pass, Refusal, Slot};
+use crate::gate::{
+    Cost, Expired, Gate, GateSettings, Granted, Grants, KillTarget, Pass, Refusal, Slot,
+};
 
 /// How a waiting ticket hears the end of its wait.
 pub type SlotWaiter = oneshot::Sender<SlotAnswer>;
@@ -331,7 +333,7 @@ impl Gatekeeper {
             let paid = charge(&mut gate, pass, now);
             let granted = match gate.has_waiters() {
                 true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
-                false => Vec::new(),
+                false => Grants::new(),
             };
             (paid, granted)
         };
@@ -344,8 +346,7 @@ impl Gatekeeper {
         let now = Instant::now();
         let granted = {
             let mut gate = self.lock();
-            let upstream = slot.upstream().to_string();
-            let elsewhere = gate.release(slot, now);
+            let elsewhere = gate.release(&slot, now);
             if !gate.has_waiters() {
                 return;
             }
@@ -353,12 +354,12 @@ impl Gatekeeper {
                 // Its tickets on other upstreams may take a slot now: the clock looks.
                 self.wake.notify_one();
             }
-            gate.dispatch_upstream(&upstream, now, |w| !w.is_closed())
+            gate.dispatch_upstream(slot.upstream(), now, |w| !w.is_closed())
         };
         self.deliver(granted);
     }
 
-    fn deliver(self: &Arc<Self>, granted: Vec<Granted<SlotWaiter>>) {
+    fn deliver(self: &Arc<Self>, granted: impl IntoIterator<Item = Granted<SlotWaiter>>) {
         for g in granted {
             // A client that left drops the guard, and with it the slot.
             let _ = g

@@ -45,7 +45,7 @@ pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};
 pub use kind::{first_keyword, RequestKind, TxControl};
 pub use pass::{
-    Cost, Decision, Expired, Granted, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
+    Cost, Decision, Expired, Granted, Grants, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
 };
 pub use queue::{Ticket, WaitQueue};
 pub use refusal::{Refusal, RefusalReason, SQLSTATE_CANCELED, SQLSTATE_RESOURCES};

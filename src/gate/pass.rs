@@ -198,6 +198,9 @@ pub struct Granted<W> {
     pub waiter: W,
 }
 
+/// The slots handed out at once: after a release nearly always one, so none is allocated.
+pub type Grants<W> = smallvec::SmallVec<[Granted<W>; 1]>;
+
 /// A waiting ticket whose wait ended without a slot (refunded already).
 #[derive(Debug)]
 pub struct Expired<W> {

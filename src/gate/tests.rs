@@ -160,14 +160,14 @@ fn debt_is_paid_back_at_rate() {
     let mut g = gate();
     budget(&mut g, "a", "rate=100 burst=200", t0);
     let (_, slot) = run(&mut g, "a", 500.0, t0).expect("owes nothing yet");
-    g.release(slot, t0);
+    g.release(&slot, t0);
     assert_eq!(balance(&g, "a", t0), -300.0);
     assert_eq!(stats(&g, "a", t0).debt, 300.0);
     let early = refused(g.admit(&req("a", 1, t0 + secs(2.9)), t0 + secs(2.9)));
     assert_eq!(early.reason, RefusalReason::Budget);
     let paid = t0 + secs(3.0);
     let (_, slot) = run(&mut g, "a", 1.0, paid).expect("the debt is paid back");
-    g.release(slot, paid);
+    g.release(&slot, paid);
     // The bucket refills only up to the burst.
     assert_eq!(balance(&g, "a", t0 + secs(1000.0)), 200.0);
 }
@@ -189,7 +189,7 @@ fn work_in_a_pipeline_pays_in_full_whatever_is_owed() {
     assert_eq!(g.force_spend(&mut pass, 50.0, t0), 50.0, "charged once");
     // ...and a request that took more than it was charged pays the rest, with no minimum.
     assert_eq!(g.settle("a", 50.0, 50.5, t0), 0.5);
-    g.release(slot, t0);
+    g.release(&slot, t0);
     assert_eq!(balance(&g, "a", t0), -350.5);
 }
 
@@ -276,7 +276,7 @@ fn wait_until_the_debt_is_paid_back() {
     let mut g = gate();
     budget(&mut g, "a", "rate=100 burst=100 when_over=wait", t0);
     let (_, slot) = run(&mut g, "a", 300.0, t0).expect("runs into debt");
-    g.release(slot, t0);
+    g.release(&slot, t0);
     let pass = admitted(g.admit(&req("a", 1, t0), t0));
     assert_eq!(pass.payment(), Payment::AwaitingPayBack);
     assert!(g.try_acquire(&pass, t0).is_none(), "free slot, but in debt");
@@ -335,7 +335,7 @@ fn over_budget_goes_to_the_slow_lane() {
     assert_eq!(s1.lane(), Lane::Slow);
     assert!(g.try_acquire(&late, t0).is_none(), "slow lane full");
     g.enqueue(late, 2, t0);
-    g.release(s1, t0);
+    g.release(&s1, t0);
     let next = g
         .next_waiter(UP, Lane::Slow, t0, |_| true)
         .expect("granted");
@@ -359,7 +359,7 @@ fn queue(g: &mut Gate<u64>, tenant: &str, priority: Priority, client: u64, now: 
 fn order(g: &mut Gate<u64>, mut slots: Vec<Slot>, now: Instant) -> Vec<u64> {
     let mut served = Vec::new();
     while let Some(slot) = slots.pop() {
-        g.release(slot, now);
+        g.release(&slot, now);
         if let Some(granted) = g.next_waiter(UP, Lane::Fast, now, |_| true) {
             served.push(granted.waiter);
             slots.push(granted.slot);
@@ -386,10 +386,10 @@ fn least_served_tenant_goes_first_and_fifo_within_a_tenant() {
     let mut g = gate();
     // The heavy tenant used 10,000 units recently; the light one 10.
     run(&mut g, "heavy", 10_000.0, t0)
-        .map(|(_, s)| g.release(s, t0))
+        .map(|(_, s)| g.release(&s, t0))
         .expect("runs");
     run(&mut g, "light", 10.0, t0)
-        .map(|(_, s)| g.release(s, t0))
+        .map(|(_, s)| g.release(&s, t0))
         .expect("runs");
     let slots = fill(&mut g, "holder", t0);
     for client in [1, 2, 3] {
@@ -408,10 +408,10 @@ fn recent_use_fades_and_share_weighs() {
     let mut g = gate();
     budget(&mut g, "big", "share=100", t0);
     run(&mut g, "big", 1000.0, t0)
-        .map(|(_, s)| g.release(s, t0))
+        .map(|(_, s)| g.release(&s, t0))
         .expect("runs");
     run(&mut g, "small", 50.0, t0)
-        .map(|(_, s)| g.release(s, t0))
+        .map(|(_, s)| g.release(&s, t0))
         .expect("runs");
     let slots = fill(&mut g, "holder", t0);
     queue(&mut g, "small", Priority::Normal, 1, t0);
@@ -487,7 +487,7 @@ fn slots_are_held_until_released() {
         .next_waiter(UP, Lane::Fast, t0 + secs(3.0), |_| true)
         .is_none());
     let mut slots = slots.into_iter();
-    g.release(slots.next().expect("a slot"), t0 + secs(3.0));
+    g.release(&slots.next().expect("a slot"), t0 + secs(3.0));
     let granted = g
         .next_waiter(UP, Lane::Fast, t0 + secs(3.0), |_| true)
         .expect("the freed slot");
@@ -506,7 +506,7 @@ fn dead_waiters_are_skipped_and_refunded() {
     g.enqueue(pass, 1, t0);
     queue(&mut g, "a", Priority::Normal, 2, t0);
     let mut slots = slots.into_iter();
-    g.release(slots.next().expect("a slot"), t0);
+    g.release(&slots.next().expect("a slot"), t0);
     let granted = g
         .next_waiter(UP, Lane::Fast, t0, |w| *w != 1)
         .expect("the live one");
@@ -661,7 +661,7 @@ fn a_runaway_tenant_waits_behind_the_others() {
         Some("rogue")
     );
     let mut slots = slots.into_iter();
-    g.release(slots.next().expect("a slot"), t0);
+    g.release(&slots.next().expect("a slot"), t0);
     let first = g.next_waiter(UP, Lane::Fast, t0, |_| true).expect("one");
     // The rogue holds 3 of 5 servers (fair: 5/3): it waits behind both.
     assert_eq!(first.waiter, 2);
@@ -721,7 +721,7 @@ fn idle_unconfigured_tenants_are_forgotten() {
     let mut g = gate();
     budget(&mut g, "kept", "rate=1", t0);
     run(&mut g, "passing", 1.0, t0)
-        .map(|(_, s)| g.release(s, t0))
+        .map(|(_, s)| g.release(&s, t0))
         .expect("runs");
     g.forget_idle(t0 + secs(600.0));
     let names: Vec<String> = g.tenant_stats(t0).into_iter().map(|s| s.tenant).collect();
@@ -758,7 +758,7 @@ fn the_servers_of_the_pools_cap_the_slots_of_an_upstream() {
         .find(|l| l.lane == Lane::Fast)
         .expect("a fast lane");
     assert_eq!((row.limit, row.running), (4, 4));
-    g.release(slots.pop().expect("a slot"), t0);
+    g.release(&slots.pop().expect("a slot"), t0);
     assert!(g.try_acquire(&pass, t0).is_some());
 }
 
@@ -922,7 +922,7 @@ fn a_release_says_when_the_tenant_waits_on_another_upstream() {
     let pass = admitted(g.admit(&r, t0));
     assert!(g.try_acquire(&pass, t0).is_none(), "its max_active is full");
     g.enqueue(pass, 2, t0);
-    assert!(g.release(slot, t0), "the other upstream must be looked at");
+    assert!(g.release(&slot, t0), "the other upstream must be looked at");
     let granted = g.dispatch(t0, |_| true);
     assert_eq!(granted.iter().map(|x| x.waiter).collect::<Vec<_>>(), [2]);
 }
@@ -960,7 +960,7 @@ fn a_budgeted_tenant_has_one_unpaid_request_in_a_slot_at_a_time() {
         .next_waiter(UP, Lane::Fast, t0, |_| true)
         .expect("the next unpaid request");
     assert_eq!(next.waiter, 2);
-    g.release(slot, t0);
+    g.release(&slot, t0);
 }
 
 #[test]
@@ -982,7 +982,7 @@ fn settling_charges_what_ran_and_gives_back_within_the_burst() {
     // A run that went far over its prediction leaves the tenant owing: the next waits.
     g.settle("a", 0.0, 5.0, t0);
     assert!(g.refund(&mut pass, t0) > 0.0);
-    g.release(slot, t0);
+    g.release(&slot, t0);
     assert!(matches!(
         g.admit(&req("a", 9, t0), t0),
         Decision::Refuse(r) if r.reason == RefusalReason::Budget
@@ -1021,7 +1021,7 @@ fn unknown_work_holds_its_tenants_unpriced_requests_until_it_has_run() {
     let next = g
         .next_waiter(UP, Lane::Fast, t0, |_| true)
         .expect("the unknown work ended");
-    g.release(slot, t0);
+    g.release(&slot, t0);
     assert_eq!(next.waiter, 2);
 }
 

@@ -170,13 +170,13 @@ impl<W> Gate<W> {
     /// Takes a slot at once if the lane has one free and no waiting ticket may take it
     /// first; otherwise the caller queues the pass with [`enqueue`](Self::enqueue).
     pub fn try_acquire(&mut self, pass: &Pass, now: Instant) -> Option<Slot> {
-        self.upstream_mut(&pass.upstream);
+        // A full lane first: it needs no look at who holds what.
+        if !self.upstream_mut(&pass.upstream).room(pass.lane) {
+            return None;
+        }
         let room = self.room(&pass.upstream);
         rank(&self.tenants, &room, pass, now)?;
         let up = self.upstreams.get(&pass.upstream)?;
-        if !up.room(pass.lane) {
-            return None;
-        }
         let someone_first = [Lane::Fast, Lane::Slow].into_iter().any(|lane| {
             up.room(lane)
                 && up
@@ -194,8 +194,8 @@ impl<W> Gate<W> {
     fn take_slot(&mut self, pass: &Pass, now: Instant) -> Slot {
         let up = self.upstream_mut(&pass.upstream);
         up.lane(pass.lane).0.active += 1;
-        *up.holding.entry(pass.tenant.clone()).or_default() += 1;
-        *up.by_database.entry(pass.database.clone()).or_default() += 1;
+        count(&mut up.holding, &pass.tenant);
+        count(&mut up.by_database, &pass.database);
         let state = self.tenant_mut(&pass.tenant, now);
         state.running += 1;
         if !matches!(pass.payment, Payment::Paid(_)) && state.bucket.is_some() {
@@ -221,7 +221,7 @@ impl<W> Gate<W> {
         self.located
             .insert(pass.id, (pass.upstream.clone(), pass.lane));
         let up = self.upstream_mut(&pass.upstream);
-        *up.waiting.entry(pass.tenant.clone()).or_default() += 1;
+        count(&mut up.waiting, &pass.tenant);
         up.lane(pass.lane).0.queue.push(pass, waiter);
     }
 
@@ -255,11 +255,12 @@ impl<W> Gate<W> {
         live: impl Fn(&W) -> bool,
     ) -> Option<Granted<W>> {
         loop {
-            let room = self.room(upstream);
+            // A full lane or an empty queue first: they need no look at who holds what.
             let up = self.upstreams.get(upstream)?;
-            if !up.room(lane) {
+            if !up.room(lane) || up.lane_ref(lane).queue.is_empty() {
                 return None;
             }
+            let room = self.room(upstream);
             let id = up
                 .lane_ref(lane)
                 .queue
@@ -284,8 +285,8 @@ impl<W> Gate<W> {
         upstream: &str,
         now: Instant,
         live: impl Fn(&W) -> bool,
-    ) -> Vec<Granted<W>> {
-        let mut granted = Vec::new();
+    ) -> Grants<W> {
+        let mut granted = Grants::new();
         for lane in [Lane::Fast, Lane::Slow] {
             while let Some(g) = self.next_waiter(upstream, lane, now, &live) {
                 granted.push(g);
@@ -314,7 +315,7 @@ impl<W> Gate<W> {
     /// with [`next_waiter`](Self::next_waiter). True when the tenant's own `max_active` may
     /// have held back its tickets on other upstreams too: then every upstream is looked at
     /// ([`dispatch`](Self::dispatch)).
-    pub fn release(&mut self, slot: Slot, now: Instant) -> bool {
+    pub fn release(&mut self, slot: &Slot, now: Instant) -> bool {
         let up = self.upstream_mut(&slot.upstream);
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
@@ -437,6 +438,16 @@ impl<W> Gate<W> {
 
     fn drop_pass(&mut self, mut pass: Pass, now: Instant) {
         self.refund(&mut pass, now);
+    }
+}
+
+/// Adds one to `key`'s count; the key is copied only when it is new.
+fn count(counts: &mut BTreeMap<String, usize>, key: &str) {
+    match counts.get_mut(key) {
+        Some(n) => *n += 1,
+        None => {
+            counts.insert(key.to_string(), 1);
+        }
     }
 }
 
