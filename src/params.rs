@@ -76,6 +76,8 @@ pub struct ParamSet {
     /// when their keys are. Comparing is one memcmp, which the session does at every
     /// checkout.
     key: Vec<u8>,
+    /// Changes made so far: a reading of the set stays true while this stays the same.
+    changes: u64,
 }
 
 impl PartialEq for ParamSet {
@@ -113,7 +115,13 @@ impl ParamSet {
         true
     }
 
+    /// How many changes the set has seen: equal counts of one set mean the same values.
+    pub fn changes(&self) -> u64 {
+        self.changes
+    }
+
     fn rekey(&mut self) {
+        self.changes += 1;
         let mut sorted: Vec<&(String, String)> = self.entries.iter().collect();
         sorted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         self.key.clear();

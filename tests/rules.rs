@@ -770,6 +770,25 @@ fn statement_pipelined_behind_commit_is_read_as_the_server_reads_it() {
     f.assert_rows_kept();
 }
 
+#[test]
+fn a_first_query_is_judged_with_the_application_name_the_server_made_of_it() {
+    // PostgreSQL keeps only printable ASCII in application_name: up to 15 each other byte
+    // becomes '?', from 16 on an escape. The rule names what the server makes of `café`.
+    let policy = r#"
+unchecked = "reject"
+
+[[rules]]
+rule = "require_where"
+when = { application_names = ["caf??", "caf\\xc3\\xa9"] }
+"#;
+    let f = Fixture::one_server(policy, "");
+    // The first Query of the session is admitted with the name the client sent, and runs
+    // once the server has been told it (and said what it made of it).
+    let out = f.psql("trustuser", "café", &["DELETE FROM t"]);
+    assert_psql_refused(&out, "require_where", "DELETE FROM t");
+    f.assert_rows_kept();
+}
+
 /// Client A (no rule) prepares `DELETE FROM t` as `name`; client B (require_where) then binds
 /// `bound` on the same server: B's answer.
 fn run_what_another_prepared(f: &Fixture, name: &str, bound: &dyn Fn(&mut Raw) -> String) {

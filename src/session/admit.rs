@@ -21,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::rules::{parse_context, Analyzed};
+use super::rules::{parse_context, Allowed, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
@@ -32,7 +32,7 @@ use crate::gate::keeper::{SlotAnswer, SlotGuard};
 use crate::gate::RefusalReason;
 use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
 use crate::policy::Governance;
-use crate::policy::{RuleHit, Who};
+use crate::policy::{RuleHit, Verdict, Who};
 use crate::runtime::Runtime;
 use crate::server::{OwnStatement, ServerError};
 use crate::sql::Fingerprint;
@@ -560,7 +560,7 @@ impl Session {
     async fn admit_work(
         &mut self,
         io: &mut ClientIo,
-        governance: &Governance,
+        governance: &Arc<Governance>,
         work: Work,
     ) -> Result<Step, SessionError> {
         if self.gate.skipping {
@@ -577,6 +577,7 @@ impl Session {
                 text: t.as_bytes().to_vec(),
                 context,
                 analysis: Arc::clone(a),
+                allowed: None,
             });
         }
         let kind = text.map_or(RequestKind::Statement, RequestKind::of_sql);
@@ -641,10 +642,22 @@ impl Session {
                 return Ok(Step::Verdict(hit));
             }
         }
-        if let Some(hit) = self.rules_refuse(governance, &work, analysis.as_deref(), &who) {
-            // Refused by a rule: neither priced nor charged (the rules raise it again as the
-            // message goes out, and log it there).
-            return Ok(Step::Verdict(Some(hit)));
+        match self.rules_verdict(governance, &work, analysis.as_deref(), &who) {
+            Some(Verdict::Reject(hit)) => {
+                // Refused by a rule: neither priced nor charged (the rules raise it again as
+                // the message goes out, and log it there).
+                return Ok(Step::Verdict(Some(hit)));
+            }
+            Some(Verdict::Allow) => {
+                // The rules at the message take this verdict for the same reading.
+                if let (Work::Query(_), Some(a)) = (&work, self.gate.analyzed.as_mut()) {
+                    a.allowed = Some(Allowed {
+                        policy: Arc::clone(governance),
+                        params: self.params.changes(),
+                    });
+                }
+            }
+            _ => {}
         }
         let upstream = self.upstream();
         let request = Request {
@@ -681,8 +694,7 @@ impl Session {
                 return Ok(Step::Verdict(Some(hit)));
             }
             ruled = true;
-            let cost = self.estimate(Some(known), fingerprint).cost;
-            if let Err(r) = keeper.spend(&mut pass, cost) {
+            if let Err(r) = keeper.spend(&mut pass, predicted) {
                 return Ok(refused(&r));
             }
         }
@@ -1134,22 +1146,19 @@ impl Session {
     /// statement is neither priced nor charged: a Query, or the Bind of a statement whose
     /// Parse has not gone out yet (the rules judge that Parse as it goes). A Bind of a
     /// statement the server already has was judged when it was parsed.
-    fn rules_refuse(
+    fn rules_verdict(
         &self,
         governance: &Governance,
         work: &Work,
         analysis: Option<&crate::sql::Analysis>,
         who: &Who,
-    ) -> Option<RuleHit> {
+    ) -> Option<Verdict> {
         let judged = match work {
             Work::Query(_) => true,
             Work::Bind { fresh, .. } => *fresh,
             Work::Function => false,
         };
-        match governance.policy.judge(analysis.filter(|_| judged)?, who) {
-            crate::policy::Verdict::Reject(hit) => Some(hit),
-            _ => None,
-        }
+        Some(governance.policy.judge(analysis.filter(|_| judged)?, who))
     }
 
     /// Prices the requests that ran unpriced inside a batch, now that the server owes the

@@ -536,6 +536,7 @@ impl Session {
         };
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
+        let allowed = self.gate.analyzed.as_mut().and_then(|a| a.allowed.take());
         let rules = governance.as_deref().map(|governance| RuleCheck {
             governance,
             client_id: self.id,
@@ -544,6 +545,7 @@ impl Session {
             params: &self.params,
             state: &mut self.rule_state,
             read_before: self.gate.analyzed.as_ref(),
+            allowed,
         });
         let mut ctx = MessageContext {
             link: &mut *link,

@@ -32,6 +32,8 @@ pub struct RuleCheck<'a> {
     /// The last text the admission gate read, how, and what it found: the same text read
     /// the same way is not read twice.
     pub read_before: Option<&'a Analyzed>,
+    /// [`Analyzed::allowed`] of `read_before`, taken out of it: good for one judgement.
+    pub allowed: Option<Allowed>,
 }
 
 /// A statement text read by the analyzer, with the context it was read in.
@@ -40,12 +42,33 @@ pub struct Analyzed {
     pub text: Vec<u8>,
     pub context: ParseContext,
     pub analysis: Arc<Analysis>,
+    /// The policy allowed this reading without a warning, for this session's role and
+    /// address: the rules need not judge it again while the policy and the session's
+    /// parameters (its application_name) stay the same.
+    pub allowed: Option<Allowed>,
+}
+
+/// What an earlier judgement that allowed a reading was made under.
+pub struct Allowed {
+    /// The policy (held, so no other policy can take its place at the same address).
+    pub policy: Arc<Governance>,
+    /// [`ParamSet::changes`] of the session's parameters then.
+    pub params: u64,
+}
+
+impl std::fmt::Debug for Allowed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allowed")
+            .field("policy", &Arc::as_ptr(&self.policy))
+            .field("params", &self.params)
+            .finish()
+    }
 }
 
 impl Analyzed {
     /// The analysis, if `text` was read in `context`.
-    fn of(&self, text: &[u8], context: &ParseContext) -> Option<Arc<Analysis>> {
-        (self.text == text && self.context == *context).then(|| Arc::clone(&self.analysis))
+    fn of(&self, text: &[u8], context: &ParseContext) -> Option<&Analyzed> {
+        (self.text == text && self.context == *context).then_some(self)
     }
 }
 
@@ -59,10 +82,16 @@ impl RuleCheck<'_> {
     /// this one, so it is refused.
     pub fn judge(&mut self, text: &[u8], in_flight: bool, pooled: bool) -> Option<RuleHit> {
         let context = self.context(in_flight);
-        let analysis = match self.read_before.and_then(|r| r.of(text, &context)) {
-            Some(analysis) => analysis,
+        let before = self.read_before.and_then(|r| r.of(text, &context));
+        let analysis = match before {
+            Some(before) => Arc::clone(&before.analysis),
             None => self.governance.analyzer.analyze(text, &context),
         };
+        let allowed = before.is_some()
+            && self.allowed.take().is_some_and(|a| {
+                std::ptr::eq(Arc::as_ptr(&a.policy), self.governance)
+                    && a.params == self.params.changes()
+            });
         if pooled && executes_prepared(&analysis) {
             let hit = RuleHit::unverifiable(
                 "EXECUTE of a SQL-level prepared statement under transaction pooling",
@@ -71,15 +100,17 @@ impl RuleCheck<'_> {
             tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
             return Some(hit);
         }
-        self.verdict(&analysis)
+        self.verdict(&analysis, allowed)
     }
 
     /// Judges a fast-path FunctionCall, which carries no SQL to read.
     pub fn judge_function_call(&mut self) -> Option<RuleHit> {
-        self.verdict(&Analysis::function_call())
+        self.verdict(&Analysis::function_call(), false)
     }
 
-    fn verdict(&mut self, analysis: &Analysis) -> Option<RuleHit> {
+    /// The policy's verdict on `analysis`; `allowed` says the same policy allowed the same
+    /// reading for the same client already (only the warning about ignored tags is left).
+    fn verdict(&mut self, analysis: &Analysis, allowed: bool) -> Option<RuleHit> {
         let policy = &self.governance.policy;
         let params: &ParamSet = self.params;
         let who = Who {
@@ -94,6 +125,9 @@ impl RuleCheck<'_> {
                 "tags from a role that is not in trusted_roles are ignored"
             );
             self.state.tags_logged = true;
+        }
+        if allowed {
+            return None;
         }
         match policy.judge(analysis, &who) {
             Verdict::Allow => None,
