@@ -274,6 +274,9 @@ pub struct Gate<W> {
     next_id: u64,
     /// When each waiting ticket's wait ends (deadline or queue timeout), soonest first.
     ends: BTreeSet<(Instant, TicketId)>,
+    /// Until when the clock sleeps, as it said last ([`clock_sleeps`](Self::clock_sleeps));
+    /// `None` before it has said, or while it sleeps until woken.
+    clock_until: Option<Instant>,
     /// Where each waiting ticket waits.
     located: HashMap<TicketId, (String, Lane)>,
     /// Statements whose plan flipped, and until when they run in the slow lane.
@@ -291,6 +294,7 @@ impl<W> Gate<W> {
             rng: StdRng::seed_from_u64(seed),
             next_id: 0,
             ends: BTreeSet::new(),
+            clock_until: None,
             located: HashMap::new(),
             quarantined: HashMap::new(),
         }

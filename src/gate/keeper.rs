@@ -271,7 +271,7 @@ impl Gatekeeper {
         evict: impl FnOnce(&[(String, usize)]) -> Vec<usize>,
     ) -> SlotAnswer {
         let now = Instant::now();
-        let (id, rx, over) = {
+        let (id, rx, over, look) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
                 return SlotAnswer::Granted(pass, SlotGuard::new(self, slot));
@@ -281,7 +281,7 @@ impl Gatekeeper {
             let upstream = pass.upstream.clone();
             gate.enqueue(pass, tx, now);
             let over = gate.evictions(&upstream, now);
-            (id, rx, (upstream, over))
+            (id, rx, (upstream, over), gate.clock_needed_for(id, now))
         };
         let (upstream, over) = over;
         if !over.is_empty() {
@@ -291,7 +291,10 @@ impl Gatekeeper {
                 gate.evicted_fewer(&upstream, tenant, *asked, closed);
             }
         }
-        self.wake.notify_one();
+        if look {
+            // The clock would sleep past this ticket's end: it looks again.
+            self.wake.notify_one();
+        }
         let mut withdraw = Withdraw {
             keeper: self,
             id: Some(id),
@@ -376,16 +379,19 @@ impl Gatekeeper {
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = Instant::now();
-            let (expired, granted, next) = {
+            let (expired, granted, at) = {
                 let mut gate = self.lock();
                 let expired = gate.expire(now);
                 let granted = gate.dispatch(now, |w| !w.is_closed());
-                (expired, granted, gate.next_wake(now))
+                // Never spin: at least a millisecond between rounds.
+                let at = gate
+                    .next_wake(now)
+                    .map(|t| t.max(now + Duration::from_millis(1)));
+                gate.clock_sleeps(at);
+                (expired, granted, at)
             };
             self.answer(expired);
             self.deliver(granted);
-            // Never spin: at least a millisecond between rounds.
-            let at = next.map(|t| t.max(now + Duration::from_millis(1)));
             match at {
                 Some(at) => {
                     tokio::select! {

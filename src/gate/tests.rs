@@ -271,6 +271,36 @@ fn refused_or_timed_out_waits_are_refunded() {
 }
 
 #[test]
+fn the_clock_is_woken_only_for_a_ticket_it_would_sleep_past() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=1000", t0);
+    budget(&mut g, "b", "rate=100 burst=1000", t0);
+    let _held: Vec<_> = (0..2).map(|_| run(&mut g, "b", 1.0, t0)).collect();
+    // Every lane full; each ticket's wait ends 5 s after it is queued.
+    let queue = |g: &mut Gate<u64>, n: u64, at: Instant| {
+        let pass = admitted(g.admit(&req("a", n, at), at));
+        let id = pass.id;
+        g.enqueue(pass, n, at);
+        g.clock_needed_for(id, at)
+    };
+    assert!(queue(&mut g, 1, t0), "the clock has not said when it looks");
+    g.clock_sleeps(Some(t0 + secs(5.0)));
+    assert!(!queue(&mut g, 2, t0), "ends with the clock's next look");
+    assert!(!queue(&mut g, 3, t0 + secs(1.0)), "ends after it");
+    g.clock_sleeps(Some(t0 + secs(10.0)));
+    assert!(
+        queue(&mut g, 4, t0 + secs(1.0)),
+        "ends before the clock looks"
+    );
+    g.clock_sleeps(None);
+    assert!(
+        queue(&mut g, 5, t0 + secs(1.0)),
+        "the clock sleeps until woken"
+    );
+}
+
+#[test]
 fn wait_until_the_debt_is_paid_back() {
     let t0 = Instant::now();
     let mut g = gate();
@@ -280,7 +310,10 @@ fn wait_until_the_debt_is_paid_back() {
     let pass = admitted(g.admit(&req("a", 1, t0), t0));
     assert_eq!(pass.payment(), Payment::AwaitingPayBack);
     assert!(g.try_acquire(&pass, t0).is_none(), "free slot, but in debt");
+    let id = pass.id;
+    g.clock_sleeps(Some(t0 + secs(60.0)));
     g.enqueue(pass, 1, t0);
+    assert!(g.clock_needed_for(id, t0), "a free slot: the clock looks");
     assert_eq!(g.next_wake(t0), Some(t0 + secs(2.0)));
     assert!(g.dispatch(t0 + secs(1.9), |_| true).is_empty());
     let mut granted = g.dispatch(t0 + secs(2.0), |_| true);

@@ -405,6 +405,42 @@ impl<W> Gate<W> {
         end.into_iter().chain(paid).min()
     }
 
+    /// The clock sleeps until `at` (`None`: until it is woken), having looked at everything
+    /// that waits now.
+    pub fn clock_sleeps(&mut self, at: Option<Instant>) {
+        self.clock_until = at;
+    }
+
+    /// Whether the clock must look again for ticket `id`, just queued: its lane has a free
+    /// slot (which a ticket waiting before it may take), or the ticket has a moment the
+    /// clock must act at (its wait ends, or its tenant's debt is paid back) before the
+    /// clock's next look.
+    pub fn clock_needed_for(&self, id: TicketId, now: Instant) -> bool {
+        let Some((up, lane)) = self
+            .located
+            .get(&id)
+            .and_then(|(upstream, lane)| Some((self.upstreams.get(upstream)?, *lane)))
+        else {
+            return false;
+        };
+        if up.room(lane) {
+            return true;
+        }
+        let Some(pass) = up.lane_ref(lane).queue.get(id) else {
+            return false;
+        };
+        let end = wait_end(pass, self.settings.queue_timeout);
+        let paid = match pass.payment {
+            Payment::AwaitingPayBack => self
+                .tenants
+                .get(&pass.tenant)
+                .and_then(|t| t.paid_back_at(now)),
+            _ => None,
+        };
+        let need = end.into_iter().chain(paid).min();
+        need.is_some_and(|t| self.clock_until.is_none_or(|at| t < at))
+    }
+
     /// The queue timeout changed: every waiting ticket's end moves with it.
     pub(super) fn recompute_ends(&mut self) {
         let timeout = self.settings.queue_timeout;
