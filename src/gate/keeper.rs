@@ -253,7 +253,7 @@ impl Gatekeeper {
     pub fn settle(&self, tenant: &str, charged: f64, took: Duration) {
         let mut gate = self.lock();
         let added = gate.settle(tenant, charged, took.as_secs_f64(), Instant::now());
-        let look = added < 0.0 && gate.has_waiters();
+        let look = added < 0.0 && gate.has_waiters() && gate.budgeted(tenant);
         drop(gate);
         if look {
             self.wake.notify_one();

@@ -227,6 +227,11 @@ impl<W> Gate<W> {
         delta
     }
 
+    /// Whether `tenant` has a budget: a refund to it may let its waiting requests go.
+    pub fn budgeted(&self, tenant: &str) -> bool {
+        self.tenants.get(tenant).is_some_and(|t| t.bucket.is_some())
+    }
+
     /// `tenant` is about to run work whose price nobody knows yet (no plan, never run), as
     /// `id`: its other unpriced requests wait until [`end_unknown`](Self::end_unknown), once
     /// the work has run and taught its time, so a tenant cannot start the same unknown work
