@@ -124,6 +124,10 @@ impl Gatekeeper {
         self.kills.store(true, Ordering::Release);
         let n = refused.len();
         self.answer(refused);
+        if n > 0 {
+            // The tickets behind the refused ones may go now, and refunds pay debts sooner.
+            self.wake.notify_one();
+        }
         n
     }
 
@@ -331,15 +335,23 @@ impl Gatekeeper {
         charge: impl FnOnce(&mut Gate<SlotWaiter>, &mut Pass, Instant) -> T,
     ) -> T {
         let now = Instant::now();
-        let (paid, granted) = {
+        let (paid, granted, elsewhere) = {
             let mut gate = self.lock();
             let paid = charge(&mut gate, pass, now);
             let granted = match gate.has_waiters() {
                 true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
                 false => Grants::new(),
             };
-            (paid, granted)
+            (
+                paid,
+                granted,
+                gate.waits_elsewhere(&pass.tenant, &pass.upstream),
+            )
         };
+        if elsewhere {
+            // A request priced: its tenant's tickets on other upstreams may go now.
+            self.wake.notify_one();
+        }
         self.deliver(granted);
         paid
     }

@@ -301,6 +301,30 @@ fn the_clock_is_woken_only_for_a_ticket_it_would_sleep_past() {
 }
 
 #[test]
+fn a_release_says_when_an_unpaid_request_held_its_tenant_on_another_upstream() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=1000", t0);
+    // A slot on UP taken before its price is known: the tenant's next unpaid request waits.
+    let first = admitted(g.admit(&req("a", 1, t0), t0));
+    let slot = g.try_acquire(&first, t0).expect("a free slot");
+    let elsewhere = Request {
+        upstream: "db2",
+        ..req("a", 2, t0)
+    };
+    let second = admitted(g.admit(&elsewhere, t0));
+    assert!(
+        g.try_acquire(&second, t0).is_none(),
+        "held by the unpaid first"
+    );
+    g.enqueue(second, 2, t0);
+    assert!(g.waits_elsewhere("a", UP));
+    assert!(!g.waits_elsewhere("a", "db2"));
+    assert!(g.release(&slot, t0), "its ticket on db2 may go now");
+    assert_eq!(g.dispatch(t0, |_| true).len(), 1);
+}
+
+#[test]
 fn wait_until_the_debt_is_paid_back() {
     let t0 = Instant::now();
     let mut g = gate();

@@ -312,8 +312,8 @@ impl<W> Gate<W> {
     }
 
     /// A slot comes back: PostgreSQL owes its client nothing more. The caller then offers it
-    /// with [`next_waiter`](Self::next_waiter). True when the tenant's own `max_active` may
-    /// have held back its tickets on other upstreams too: then every upstream is looked at
+    /// with [`next_waiter`](Self::next_waiter). True when the tenant waits on other upstreams
+    /// too ([`waits_elsewhere`](Self::waits_elsewhere)): then every upstream is looked at
     /// ([`dispatch`](Self::dispatch)).
     pub fn release(&mut self, slot: &Slot, now: Instant) -> bool {
         let up = self.upstream_mut(&slot.upstream);
@@ -324,7 +324,21 @@ impl<W> Gate<W> {
         let state = self.tenant_mut(&slot.tenant, now);
         state.running = state.running.saturating_sub(1);
         state.unpaid.remove(&slot.id);
-        state.config.max_active.is_some() && state.waiting > 0
+        self.waits_elsewhere(&slot.tenant, &slot.upstream)
+    }
+
+    /// Whether `tenant` has tickets waiting on another upstream than `upstream`: what holds
+    /// them (its `max_active`, its unpaid requests) may have let go of them, and only a look
+    /// at every upstream ([`dispatch`](Self::dispatch)) finds them.
+    pub fn waits_elsewhere(&self, tenant: &str, upstream: &str) -> bool {
+        let total = self.tenants.get(tenant).map_or(0, |t| t.waiting);
+        let here = self
+            .upstreams
+            .get(upstream)
+            .and_then(|u| u.waiting.get(tenant))
+            .copied()
+            .unwrap_or(0);
+        total > here
     }
 
     /// Takes a waiting ticket out (its client gave up or timed out on its own clock), refunded.
@@ -411,10 +425,9 @@ impl<W> Gate<W> {
         self.clock_until = at;
     }
 
-    /// Whether the clock must look again for ticket `id`, just queued: its lane has a free
-    /// slot (which a ticket waiting before it may take), or the ticket has a moment the
-    /// clock must act at (its wait ends, or its tenant's debt is paid back) before the
-    /// clock's next look.
+    /// Whether the clock must look again for ticket `id`, just queued: a lane of its upstream
+    /// has a free slot and tickets waiting, or the ticket has a moment the clock must act at
+    /// (its wait ends, or its tenant's debt is paid back) before the clock's next look.
     pub fn clock_needed_for(&self, id: TicketId, now: Instant) -> bool {
         let Some((up, lane)) = self
             .located
@@ -423,7 +436,12 @@ impl<W> Gate<W> {
         else {
             return false;
         };
-        if up.room(lane) {
+        // A lane with a free slot and tickets waiting (this one's, or the other lane's after
+        // the pools grew): the clock hands it out.
+        let free = [Lane::Fast, Lane::Slow]
+            .into_iter()
+            .any(|l| up.room(l) && !up.lane_ref(l).queue.is_empty());
+        if free {
             return true;
         }
         let Some(pass) = up.lane_ref(lane).queue.get(id) else {
