@@ -1142,7 +1142,7 @@ impl Session {
             .is_some_and(|l| l.server.tx != TxStatus::Idle)
     }
 
-    /// The rules' refusal of a request's text, read before the gate so that a refused
+    /// The rules' verdict on a request's text, read before the gate so that a refused
     /// statement is neither priced nor charged: a Query, or the Bind of a statement whose
     /// Parse has not gone out yet (the rules judge that Parse as it goes). A Bind of a
     /// statement the server already has was judged when it was parsed.
