@@ -325,6 +325,33 @@ fn a_release_says_when_an_unpaid_request_held_its_tenant_on_another_upstream() {
 }
 
 #[test]
+fn the_clock_is_woken_for_a_free_slot_in_the_other_lane() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    // The fast lane full (2), the slow lane's one slot free with a ticket waiting in it (the
+    // slot came back, and nothing handed it over yet).
+    let _fast: Vec<_> = (0..2).map(|_| run(&mut g, "b", 1.0, t0)).collect();
+    let mut slow = admitted(g.admit(&req("a", 1, t0), t0));
+    slow.lane = Lane::Slow;
+    let slot = g.try_acquire(&slow, t0).expect("the slow slot");
+    let mut waiting = admitted(g.admit(&req("a", 2, t0), t0));
+    waiting.lane = Lane::Slow;
+    assert!(g.try_acquire(&waiting, t0).is_none());
+    g.enqueue(waiting, 2, t0);
+    g.release(&slot, t0);
+    g.clock_sleeps(Some(t0 + secs(1.0)));
+    // A ticket for the full fast lane, whose wait ends after the clock's next look.
+    let pass = admitted(g.admit(&req("a", 3, t0), t0));
+    let id = pass.id;
+    assert!(g.try_acquire(&pass, t0).is_none());
+    g.enqueue(pass, 3, t0);
+    assert!(
+        g.clock_needed_for(id, t0),
+        "the slow lane's slot waits to be handed out"
+    );
+}
+
+#[test]
 fn wait_until_the_debt_is_paid_back() {
     let t0 = Instant::now();
     let mut g = gate();
