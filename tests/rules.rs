@@ -1072,3 +1072,32 @@ fn clients_share_servers_while_refused() {
     });
     assert_untouched(&f.pg);
 }
+
+#[test]
+fn the_gate_names_no_tenant_from_bytes_the_server_never_reads() {
+    // 0xe9 alone is no UTF-8: the gate cannot read the text, so it names no tenant from its
+    // tag (nor prices it). A copy with U+FFFD in its place would read tenant `a`, which is
+    // killed: the statement would be refused for a tenant it never named.
+    let policy = r#"
+unchecked = "allow"
+trusted_roles = ["trustuser"]
+[tenants.a]
+priority = "normal"
+"#;
+    let f = Fixture::one_server(policy, "admin_users = admin\n");
+    let mut console = client_command("psql", None);
+    console
+        .args(["-X", "-w", "-At", "-d"])
+        .arg(f.pw.connstr("admin", None, "pgward"))
+        .args(["-c", "KILL TENANT a FOR '1m'"]);
+    let out = run(&mut console);
+    assert!(out.status.success(), "KILL TENANT: {}", stderr_of(&out));
+    let mut raw = f.raw("trustuser", "bytes");
+    let text = b"SELECT 'caf\xe9' /*tenant='a'*/";
+    let body = [&text[..], b"\0"].concat();
+    let len = u32::try_from(body.len() + 4).unwrap();
+    let query = [&b"Q"[..], &len.to_be_bytes(), &body].concat();
+    let answer = raw.exchange_within(&query, 3 * SECOND, "a Query not in UTF-8");
+    // PostgreSQL's own answer to the bytes: invalid byte sequence for encoding "UTF8".
+    assert_eq!(error_code(&answer), "22021", "{}", describe(&answer));
+}

@@ -309,16 +309,18 @@ impl GateState {
 /// A client's Parse.
 #[derive(Debug)]
 struct Parsed {
-    text: String,
+    /// The statement text, the bytes the server reads.
+    text: Bytes,
     /// The parameter types as sent: count and OIDs.
     types: Bytes,
 }
 
 impl Parsed {
-    fn of(parse: &ParseView) -> Self {
+    /// The Parse `parse` read from `body` (its text a slice of it, not a copy).
+    fn of(body: &Bytes, parse: &ParseView) -> Self {
         Parsed {
-            text: String::from_utf8_lossy(parse.query).into_owned(),
-            types: Bytes::copy_from_slice(parse.raw_types()),
+            text: body.slice_ref(parse.query),
+            types: body.slice_ref(parse.raw_types()),
         }
     }
 }
@@ -326,7 +328,8 @@ impl Parsed {
 /// One request the gate judges.
 #[derive(Debug)]
 enum Work {
-    Query(String),
+    /// A Query's text, the bytes the server reads.
+    Query(Bytes),
     Bind {
         parsed: Option<Arc<Parsed>>,
         /// The Bind body after the statement name.
@@ -344,12 +347,12 @@ impl Work {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         match self {
-            Work::Query(t) if t.contains("/*") || t.contains("--") => {
+            Work::Query(t) => match std::str::from_utf8(t) {
                 // Comments (a sqlcommenter tag, a trace id) are no constants: the tokens
                 // without them, as PostgreSQL's scanner reads them.
-                hash_tokens(t, &mut h)
-            }
-            Work::Query(t) => t.hash(&mut h),
+                Ok(t) if t.contains("/*") || t.contains("--") => hash_tokens(t, &mut h),
+                _ => t.hash(&mut h),
+            },
             Work::Bind { parsed, tail, .. } => {
                 parsed.as_ref().map(|p| &p.text).hash(&mut h);
                 tail.hash(&mut h);
@@ -359,7 +362,8 @@ impl Work {
         h.finish()
     }
 
-    fn text(&self) -> Option<&str> {
+    /// The statement text as the server reads it.
+    fn text(&self) -> Option<&[u8]> {
         match self {
             Work::Query(t) => Some(t),
             Work::Bind {
@@ -367,6 +371,18 @@ impl Work {
             } => Some(&p.text),
             _ => None,
         }
+    }
+
+    /// The statement text, when it is UTF-8 (what pgward can hand to PostgreSQL's parser
+    /// and send again as it is, in an EXPLAIN).
+    fn sql(&self) -> Option<&str> {
+        self.text().and_then(|t| std::str::from_utf8(t).ok())
+    }
+
+    /// The statement text for its keywords alone (what kind of request it is, whether it
+    /// may change plans): not UTF-8, its other bytes read as U+FFFD.
+    fn words(&self) -> Option<std::borrow::Cow<'_, str>> {
+        self.text().map(String::from_utf8_lossy)
     }
 }
 
@@ -458,11 +474,11 @@ impl Session {
         Ok(self.gate.gated)
     }
 
-    fn note_parse(&mut self, body: &[u8]) {
+    fn note_parse(&mut self, body: &Bytes) {
         let Ok(parse) = ParseView::new(body) else {
             return;
         };
-        let (name, parsed) = (parse.name, Parsed::of(&parse));
+        let (name, parsed) = (parse.name, Parsed::of(body, &parse));
         let mapped = self.statements_mapped();
         let gate = &mut self.gate;
         if gate.pending.len() >= MAX_PARSED {
@@ -529,7 +545,7 @@ impl Session {
             let st = self.statements.get(name)?;
             let span = wire::scan_frame(&st.parse, 0, usize::MAX).ok().flatten()?;
             let parse = ParseView::new(&st.parse[span.body()]).ok()?;
-            return Some(Arc::new(Parsed::of(&parse)));
+            return Some(Arc::new(Parsed::of(&st.parse, &parse)));
         }
         self.gate.session_named.get(name).cloned()
     }
@@ -568,19 +584,21 @@ impl Session {
             return Ok(Step::Verdict(None));
         }
         let keeper = self.rt.gatekeeper.clone();
-        let text = work.text();
+        let text = work.sql();
         let context = parse_context(&self.params, !self.link_quiet());
-        let analysis = text.map(|t| governance.analyzer.analyze(t.as_bytes(), &context));
+        let analysis = work
+            .text()
+            .map(|t| governance.analyzer.analyze(t, &context));
         if let (Work::Query(t), Some(a)) = (&work, &analysis) {
             // The rules read the same Query next: they take this reading if nothing changed.
             self.gate.analyzed = Some(Analyzed {
-                text: t.as_bytes().to_vec(),
+                text: t.clone(),
                 context,
                 analysis: Arc::clone(a),
                 allowed: None,
             });
         }
-        let kind = text.map_or(RequestKind::Statement, RequestKind::of_sql);
+        let kind = work.text().map_or(RequestKind::Statement, kind_of);
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
         let who = Who {
             role: &self.user,
@@ -754,7 +772,7 @@ impl Session {
                 from_cache = false;
                 self.check_shape(plan.as_deref(), fingerprint);
             }
-            if let (true, false, Some(text)) = (parts_judged, deferred, work.text()) {
+            if let (true, false, Some(text)) = (parts_judged, deferred, work.sql()) {
                 let text = text.to_string();
                 if let Some(hit) = self.judge_parts(governance, &tenant, &text).await? {
                     keeper
@@ -776,8 +794,8 @@ impl Session {
             }
             let cost = estimate.cost;
             // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
-            let learn = estimate.learn.filter(|_| !declares_cursor(work.text()));
-            self.gate.run.changes_plans |= work.text().is_some_and(changes_plans);
+            let learn = estimate.learn.filter(|_| !declares_cursor(work.words()));
+            self.gate.run.changes_plans |= work.words().is_some_and(|t| changes_plans(&t));
             // Nobody knows yet what this takes: the tenant's other unpriced work waits until
             // it has run (held before the charge, which offers freed slots to the waiting).
             let held = !cost.known && keeper.hold_unknown(&tenant, pass.id);
@@ -883,7 +901,7 @@ impl Session {
                 return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
             };
             let key = self.plan_key(tenant, fp);
-            let work = Work::Query(part.clone());
+            let work = Work::Query(Bytes::from(part.clone()));
             let plan = match self.explain(&sql, &work, &key, sizes).await? {
                 Priced::Plan(Some(plan)) => plan,
                 // Not plannable now (it uses what an earlier statement creates, the
@@ -1103,11 +1121,11 @@ impl Session {
                     BindView::new(body)
                         .ok()
                         .and_then(|b| self.statement_of(b.statement))
-                        .map_or(RequestKind::Statement, |p| RequestKind::of_sql(&p.text)),
+                        .map_or(RequestKind::Statement, |p| kind_of(&p.text)),
                 ),
                 tag::FUNCTION_CALL => Some(RequestKind::Statement),
                 tag::PARSE => {
-                    self.note_parse(body);
+                    self.note_parse(&Bytes::copy_from_slice(body));
                     None
                 }
                 tag::CLOSE => {
@@ -1685,8 +1703,8 @@ fn unpriceable_hit((detail, hint): (&str, &str)) -> RuleHit {
 }
 
 /// Whether `text` declares a cursor (its first word is DECLARE).
-fn declares_cursor(text: Option<&str>) -> bool {
-    text.is_some_and(|t| crate::gate::first_keyword(t).eq_ignore_ascii_case("declare"))
+fn declares_cursor(text: Option<std::borrow::Cow<'_, str>>) -> bool {
+    text.is_some_and(|t| crate::gate::first_keyword(&t).eq_ignore_ascii_case("declare"))
 }
 
 /// Whether running `text` may change the plans of other statements: DDL, ANALYZE, VACUUM, or a
@@ -1715,7 +1733,7 @@ fn kind_of(text: &[u8]) -> RequestKind {
     std::str::from_utf8(text).map_or(RequestKind::Statement, RequestKind::of_sql)
 }
 
-/// The text of a Query body.
-fn text_of(body: &[u8]) -> String {
-    String::from_utf8_lossy(QueryView::new(body).text).into_owned()
+/// The text of a Query body (a slice of it).
+fn text_of(body: &Bytes) -> Bytes {
+    body.slice_ref(QueryView::new(body).text)
 }

@@ -39,7 +39,7 @@ pub struct RuleCheck<'a> {
 /// A statement text read by the analyzer, with the context it was read in.
 #[derive(Debug)]
 pub struct Analyzed {
-    pub text: Vec<u8>,
+    pub text: bytes::Bytes,
     pub context: ParseContext,
     pub analysis: Arc<Analysis>,
     /// The policy allowed this reading without a warning, for this session's role and
