@@ -52,14 +52,22 @@ impl RequestKind {
         }
         let (first, rest) = word(body);
         let (second, _) = word(skip_blanks(rest));
-        let tx = match first.to_ascii_uppercase().as_str() {
-            "BEGIN" | "START" => TxControl::Begin,
-            "COMMIT" | "END" => TxControl::Commit,
-            "PREPARE" if second.eq_ignore_ascii_case("TRANSACTION") => TxControl::Commit,
-            "ROLLBACK" | "ABORT" => TxControl::Rollback,
-            "SAVEPOINT" => TxControl::Savepoint,
-            "RELEASE" => TxControl::Release,
-            _ => return RequestKind::Statement,
+        let is = |w: &str| first.eq_ignore_ascii_case(w);
+        let tx = if is("BEGIN") || is("START") {
+            TxControl::Begin
+        } else if is("COMMIT")
+            || is("END")
+            || is("PREPARE") && second.eq_ignore_ascii_case("TRANSACTION")
+        {
+            TxControl::Commit
+        } else if is("ROLLBACK") || is("ABORT") {
+            TxControl::Rollback
+        } else if is("SAVEPOINT") {
+            TxControl::Savepoint
+        } else if is("RELEASE") {
+            TxControl::Release
+        } else {
+            return RequestKind::Statement;
         };
         RequestKind::Transaction(tx)
     }

@@ -382,7 +382,11 @@ impl Work {
     /// The statement text for its keywords alone (what kind of request it is, whether it
     /// may change plans): not UTF-8, its other bytes read as U+FFFD.
     fn words(&self) -> Option<std::borrow::Cow<'_, str>> {
-        self.text().map(String::from_utf8_lossy)
+        use std::borrow::Cow;
+        match self.sql() {
+            Some(sql) => Some(Cow::Borrowed(sql)),
+            None => self.text().map(String::from_utf8_lossy),
+        }
     }
 }
 
@@ -794,8 +798,11 @@ impl Session {
             }
             let cost = estimate.cost;
             // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
-            let learn = estimate.learn.filter(|_| !declares_cursor(work.words()));
-            self.gate.run.changes_plans |= work.words().is_some_and(|t| changes_plans(&t));
+            let words = work.words();
+            let learn = estimate
+                .learn
+                .filter(|_| !declares_cursor(words.as_deref()));
+            self.gate.run.changes_plans |= words.is_some_and(|t| changes_plans(&t));
             // Nobody knows yet what this takes: the tenant's other unpriced work waits until
             // it has run (held before the charge, which offers freed slots to the waiting).
             let held = !cost.known && keeper.hold_unknown(&tenant, pass.id);
@@ -1703,8 +1710,8 @@ fn unpriceable_hit((detail, hint): (&str, &str)) -> RuleHit {
 }
 
 /// Whether `text` declares a cursor (its first word is DECLARE).
-fn declares_cursor(text: Option<std::borrow::Cow<'_, str>>) -> bool {
-    text.is_some_and(|t| crate::gate::first_keyword(&t).eq_ignore_ascii_case("declare"))
+fn declares_cursor(text: Option<&str>) -> bool {
+    text.is_some_and(|t| crate::gate::first_keyword(t).eq_ignore_ascii_case("declare"))
 }
 
 /// Whether running `text` may change the plans of other statements: DDL, ANALYZE, VACUUM, or a
