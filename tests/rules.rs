@@ -1101,3 +1101,65 @@ priority = "normal"
     // PostgreSQL's own answer to the bytes: invalid byte sequence for encoding "UTF8".
     assert_eq!(error_code(&answer), "22021", "{}", describe(&answer));
 }
+
+/// The C functions of PostgreSQL 13 to 18 that hand an argument to SPI: SQL text given to
+/// them (`query_to_xml*`, `ts_stat`, `ts_rewrite(tsquery, text)`), or a query built from a
+/// table, schema or database (`table_to_xml*`, `schema_to_xml*`, `database_to_xml*`).
+const RUNS_SQL_OF_ITS_ARGUMENTS: &[&str] = &[
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "table_to_xml",
+    "table_to_xml_and_xmlschema",
+    "schema_to_xml",
+    "schema_to_xml_and_xmlschema",
+    "database_to_xml",
+    "database_to_xml_and_xmlschema",
+    "ts_stat1",
+    "ts_stat2",
+    "tsquery_rewrite_query",
+];
+
+#[test]
+fn the_agent_preset_refuses_every_built_in_that_runs_sql_of_its_arguments() {
+    // The preset with its agent role named trustuser (a login the test harness has).
+    let preset = std::fs::read_to_string("etc/presets/ai-agent.toml")
+        .expect("read the preset")
+        .replace("[\"agent\"]", "[\"trustuser\"]")
+        .replace("agent = \"learn\"", "trustuser = \"learn\"");
+    let f = Fixture(Policed::start(SCHEMA, &preset, "default_pool_size = 2\n"));
+    // Every catalog entry of the running server that calls one of them, as a call with
+    // NULLs of its argument types.
+    let symbols = RUNS_SQL_OF_ITS_ARGUMENTS
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let calls = f.pg.sql(&format!(
+        "SELECT string_agg(call, E'\\n' ORDER BY call) FROM ( \
+           SELECT format('SELECT %I(%s)', p.proname, ( \
+             SELECT string_agg(format('NULL::%s', format_type(a.t, NULL)), ', ' ORDER BY a.n) \
+             FROM unnest(p.proargtypes::oid[]) WITH ORDINALITY AS a(t, n))) AS call \
+           FROM pg_proc p WHERE p.prolang = 12 AND p.prosrc IN ({symbols})) c"
+    ));
+    let calls: Vec<&str> = calls.lines().collect();
+    assert_eq!(calls.len(), RUNS_SQL_OF_ITS_ARGUMENTS.len(), "{calls:?}");
+    let mut agent = f.raw("trustuser", "agent");
+    for call in &calls {
+        let answer = agent.exchange_within(&query_message(call), 3 * SECOND, call);
+        let error = first_error(&answer).unwrap_or_else(|| panic!("{call}: {}", describe(&answer)));
+        assert_eq!(error.code(), "42501", "{call}: {}", describe(&answer));
+        assert!(
+            error.hint().contains("deny_functions"),
+            "{call}: {}",
+            error.hint()
+        );
+    }
+    // They do run the SQL given to them: a role the rules leave alone runs ts_stat's query.
+    let out = f.psql(
+        "postgres",
+        "free",
+        &["SELECT count(*) FROM ts_stat('SELECT to_tsvector(''simple'', ''a b'')')"],
+    );
+    assert_eq!(stdout_of(&out).trim(), "2", "{}", stderr_of(&out));
+}

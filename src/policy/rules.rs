@@ -26,6 +26,28 @@ pub const DEFAULT_DENIED_FUNCTIONS: &[&str] = &[
     "lowrite",
     // Other servers.
     "dblink*",
+    // SQL the function runs that pgward never reads: a query given as text, or a query built
+    // from a table, schema or database it is given. PostgreSQL 13 to 18 have the same set
+    // (utils/adt/xml.c, tsvector_op.c, tsquery_rewrite.c; every pg_proc entry whose prosrc
+    // hands an argument to SPI), and tests/rules.rs derives it from the server's own catalog.
+    // `ts_rewrite(tsquery, tsquery, tsquery)` runs nothing, but shares its name with the
+    // form that runs its text argument.
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "table_to_xml",
+    "table_to_xml_and_xmlschema",
+    "schema_to_xml",
+    "schema_to_xml_and_xmlschema",
+    "database_to_xml",
+    "database_to_xml_and_xmlschema",
+    "ts_stat",
+    "ts_rewrite",
+    // The same from extensions shipped with PostgreSQL: tablefunc's crosstab (SQL text) and
+    // connectby (built from names, unquoted), xml2's xpath_table (built from its arguments).
+    "crosstab*",
+    "connectby",
+    "xpath_table",
     // Settings and the server's configuration.
     "set_config",
     "pg_reload_conf",

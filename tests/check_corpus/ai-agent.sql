@@ -202,6 +202,36 @@ SELECT * FROM dblink('host=elsewhere', 'SELECT 1') AS t(a int);
 -- reject deny_functions
 SELECT dblink_exec('host=elsewhere', 'DELETE FROM orders');
 -- reject deny_functions
+SELECT query_to_xml('SELECT * FROM secret.keys', true, false, '');
+-- reject deny_functions
+SELECT query_to_xml_and_xmlschema('SELECT * FROM secret.keys', true, false, '');
+-- reject deny_functions
+SELECT query_to_xmlschema('SELECT 1', true, false, '');
+-- reject deny_functions
+SELECT table_to_xml('secret.keys', true, false, '');
+-- reject deny_functions
+SELECT table_to_xml_and_xmlschema('secret.keys'::regclass, true, false, '');
+-- reject deny_functions
+SELECT schema_to_xml('secret', true, false, '');
+-- reject deny_functions
+SELECT schema_to_xml_and_xmlschema('secret', true, false, '');
+-- reject deny_functions
+SELECT database_to_xml(true, false, '');
+-- reject deny_functions
+SELECT database_to_xml_and_xmlschema(true, false, '');
+-- reject deny_functions
+SELECT * FROM ts_stat('SELECT to_tsvector(body) FROM secret.notes');
+-- reject deny_functions
+SELECT * FROM pg_catalog.ts_stat('SELECT to_tsvector(body) FROM secret.notes', 'ab');
+-- reject deny_functions
+SELECT ts_rewrite('a & b'::tsquery, 'SELECT target, sub FROM secret.aliases');
+-- reject deny_functions
+SELECT * FROM crosstab('SELECT a, b, c FROM secret.keys') AS t(a text, b text);
+-- reject deny_functions
+SELECT * FROM connectby('secret.tree', 'id', 'parent', '1', 0) AS t(id text, parent text, level int);
+-- reject deny_functions
+SELECT * FROM xpath_table('id', 'doc', 'secret.docs', '/a', 'true') AS t(id int, a text);
+-- reject deny_functions
 SELECT pg_reload_conf();
 -- reject deny_functions
 SELECT pg_switch_wal();
