@@ -1163,3 +1163,30 @@ fn the_agent_preset_refuses_every_built_in_that_runs_sql_of_its_arguments() {
     );
     assert_eq!(stdout_of(&out).trim(), "2", "{}", stderr_of(&out));
 }
+
+#[test]
+fn under_cost_rules_a_text_that_is_not_utf8_cannot_be_priced_and_is_refused() {
+    // LATIN1 bytes: pgward can neither parse nor EXPLAIN them as the server reads them, so
+    // even with unchecked = "allow" a cost rule cannot judge them: refused (54000), never run
+    // unpriced.
+    let policy = "unchecked = \"allow\"\n[gate]\nmax_cost = 1e9\n";
+    let f = Fixture::one_server(policy, "");
+    let mut raw = f.pw.client_with(&[
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("client_encoding", "LATIN1"),
+    ]);
+    let text = b"SELECT count(*) FROM t WHERE a::text <> 'caf\xe9'";
+    let body = [&text[..], b"\0"].concat();
+    let len = u32::try_from(body.len() + 4).unwrap();
+    let query = [&b"Q"[..], &len.to_be_bytes(), &body].concat();
+    let answer = raw.exchange_within(&query, 3 * SECOND, "a LATIN1 Query");
+    assert_eq!(error_code(&answer), "54000", "{}", describe(&answer));
+    // The same in UTF-8 runs.
+    let ok = raw.exchange_within(
+        &query_message("SELECT count(*) FROM t"),
+        3 * SECOND,
+        "ASCII",
+    );
+    assert_eq!(error_code(&ok), "", "{}", describe(&ok));
+}

@@ -603,6 +603,7 @@ impl Session {
             });
         }
         let kind = work.text().map_or(RequestKind::Statement, kind_of);
+
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
         let who = Who {
             role: &self.user,
@@ -644,6 +645,14 @@ impl Session {
             return Ok(Step::Hold);
         }
         let ruled = governance.policy.cost_limits(&tenant).any();
+        if ruled && work.text().is_some() && text.is_none() {
+            // Not UTF-8: neither PostgreSQL's parser nor an EXPLAIN of pgward's can read it
+            // as the server will, so its price cannot be known before it runs.
+            let hit = self.unpriceable(governance, &tenant, NOT_UTF8);
+            if hit.is_some() {
+                return Ok(Step::Verdict(hit));
+            }
+        }
         if deferred && ruled && matches!(work, Work::Bind { .. }) {
             // Cost rules judge a Bind inside an open batch before it runs: once the server
             // has answered what went before it, it is explained in the batch.
@@ -1692,6 +1701,12 @@ const AFTER_PLAN_CHANGE: (&str, &str) = (
     "send the statements one at a time",
 );
 
+/// ... a text that is not UTF-8 (another client_encoding's bytes).
+const NOT_UTF8: (&str, &str) = (
+    "its text is not UTF-8, which pgward can neither parse nor explain as the server reads it",
+    "send it with client_encoding UTF8",
+);
+
 /// ... inside an extended batch still open, where an EXPLAIN cannot read it as itself.
 const IN_OPEN_BATCH: (&str, &str) = (
     "it is sent inside an extended-protocol batch still open on the server (no Sync yet) \
@@ -1735,9 +1750,13 @@ fn changes_plans(text: &str) -> bool {
     }
 }
 
-/// The kind of a statement text (not UTF-8: work).
+/// The kind of a statement text, by its keywords (bytes not UTF-8 read as U+FFFD: a
+/// `SAVEPOINT` named in another client_encoding is still one).
 fn kind_of(text: &[u8]) -> RequestKind {
-    std::str::from_utf8(text).map_or(RequestKind::Statement, RequestKind::of_sql)
+    match std::str::from_utf8(text) {
+        Ok(text) => RequestKind::of_sql(text),
+        Err(_) => RequestKind::of_sql(&String::from_utf8_lossy(text)),
+    }
 }
 
 /// The text of a Query body (a slice of it).
