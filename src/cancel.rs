@@ -31,6 +31,63 @@ struct CancelState {
     /// statement last let through (for KILL TENANT and KILL STATEMENT).
     tenant: String,
     fingerprint: Option<u64>,
+    /// Requests (Execute, Query, FunctionCall) the session has sent to its servers so far
+    /// (kept only under a policy, for pgward's own cancels).
+    sent: u64,
+    /// Of those, the ones not answered yet.
+    owed: usize,
+    /// Why pgward itself cancels what the client runs, for the error the client gets, and
+    /// which request (by its number in `sent`) it cancels.
+    own_cancel: Option<(u64, OwnCancel)>,
+}
+
+/// A cancel pgward sends on its own account, not the client's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OwnCancel {
+    /// The lock-queue guard: a DDL statement waited for a lock `waited` long, with
+    /// `queued` sessions waiting behind it.
+    LockQueue { waited: Duration, queued: usize },
+}
+
+impl OwnCancel {
+    /// The error the client gets in place of PostgreSQL's 57014.
+    pub fn error(self) -> wire::ErrorResponse {
+        match self {
+            OwnCancel::LockQueue { waited, queued } => wire::ErrorResponse::error(
+                crate::wire::sqlstate::LOCK_NOT_AVAILABLE,
+                "canceling statement due to pgward lock-queue guard".to_string(),
+            )
+            .with_detail(format!(
+                "it waited {} ms for a lock, with {queued} other sessions waiting behind it",
+                waited.as_millis()
+            ))
+            .with_hint(
+                "retry when the transaction holding the lock has ended, or with a lock_timeout"
+                    .to_string(),
+            ),
+        }
+    }
+}
+
+/// What a session had sent when pgward's reading of its server was asked for.
+#[derive(Debug, Clone)]
+pub struct Seen {
+    pub handle: Arc<ClientHandle>,
+    /// [`CancelState::sent`] then.
+    pub sent: u64,
+    /// [`CancelState::owed`] then.
+    pub owed: usize,
+    pub tenant: String,
+}
+
+impl CancelState {
+    /// Forgets a reason whose request has been answered (a cancel that landed on nothing).
+    fn forget_answered(&mut self) {
+        let answered = self.sent.saturating_sub(self.owed as u64);
+        if self.own_cancel.is_some_and(|(n, _)| n <= answered) {
+            self.own_cancel = None;
+        }
+    }
 }
 
 /// The part of a client session a cancel request can reach.
@@ -59,7 +116,11 @@ impl ClientHandle {
     /// server is still being delivered: the caller must `wait_cancels` first, so the cancel
     /// cannot land on another client's statement.
     pub fn detach(&self) -> bool {
-        lock(&self.state).target = None;
+        let mut state = lock(&self.state);
+        state.target = None;
+        state.owed = 0;
+        state.own_cancel = None;
+        drop(state);
         self.in_flight.load(Ordering::Acquire) == 0
     }
 
@@ -72,6 +133,70 @@ impl ClientHandle {
             state.tenant.push_str(tenant);
         }
         state.fingerprint = fingerprint;
+    }
+
+    /// The session has sent `sent` requests (Execute, Query, FunctionCall) in all, of which
+    /// `owed` are not answered yet. Returns whether a cancel is on its way: the new requests
+    /// must wait until it has landed (it was meant for what ran before them).
+    pub fn note_sent(&self, sent: u64, owed: usize) -> bool {
+        let mut state = lock(&self.state);
+        state.sent = sent;
+        state.owed = owed;
+        state.forget_answered();
+        self.in_flight.load(Ordering::Acquire) > 0
+    }
+
+    /// Of the requests sent, `owed` are not answered yet.
+    pub fn note_owed(&self, owed: usize) {
+        let mut state = lock(&self.state);
+        state.owed = owed;
+        state.forget_answered();
+    }
+
+    /// Why pgward cancelled request number `request` (counted as in `note_sent`), if it
+    /// did: asked once, at that request's 57014.
+    pub fn take_own_cancel(&self, request: u64) -> Option<OwnCancel> {
+        let mut state = lock(&self.state);
+        match state.own_cancel {
+            Some((n, reason)) if n == request => {
+                state.own_cancel = None;
+                Some(reason)
+            }
+            _ => None,
+        }
+    }
+
+    /// Cancels what the client's server `pid` runs for pgward's `reason`, only if, when the
+    /// reading was asked for and now, one request was unanswered and none was sent since
+    /// (`seen`): then what runs is the request the reading saw, never a later one. Returns
+    /// whether the cancel went.
+    pub fn cancel_seen(
+        self: &Arc<Self>,
+        pid: u32,
+        seen: (u64, usize),
+        reason: OwnCancel,
+        limit: Duration,
+    ) -> bool {
+        let target = {
+            let mut state = lock(&self.state);
+            let same = state.target.as_ref().is_some_and(|t| t.key.pid == pid);
+            let busy = self.in_flight.load(Ordering::Acquire) > 0;
+            if !same || busy || seen != (state.sent, 1) || state.owed != 1 {
+                return false;
+            }
+            state.own_cancel = Some((state.sent, reason));
+            self.in_flight.fetch_add(1, Ordering::AcqRel);
+            state.target.clone()
+        };
+        let Some(target) = target else {
+            return false;
+        };
+        let in_flight = InFlight(Arc::clone(self));
+        tokio::spawn(async move {
+            deliver(&target, limit).await;
+            drop(in_flight);
+        });
+        true
     }
 
     /// Whether the client holds a server and its work matches `hit` (tenant, fingerprint).
@@ -162,6 +287,32 @@ impl CancelRegistry {
             .filter(|h| h.works_for(&hit))
             .filter(|h| h.clone().cancel_now(limit))
             .count()
+    }
+
+    /// Every client using a server at `addr`, by the server's process id, with what it had
+    /// sent by now.
+    pub fn seen_at(&self, addr: &ServerAddr) -> HashMap<u32, Seen> {
+        let handles: Vec<Arc<ClientHandle>> =
+            lock(&self.clients).values().flatten().cloned().collect();
+        handles
+            .into_iter()
+            .filter_map(|handle| {
+                let state = lock(&handle.state);
+                let target = state.target.as_ref().filter(|t| *t.addr == *addr)?;
+                let pid = target.key.pid;
+                let (sent, owed, tenant) = (state.sent, state.owed, state.tenant.clone());
+                drop(state);
+                Some((
+                    pid,
+                    Seen {
+                        handle,
+                        sent,
+                        owed,
+                        tenant,
+                    },
+                ))
+            })
+            .collect()
     }
 
     pub fn remove(&self, handle: &ClientHandle) {
@@ -396,5 +547,66 @@ mod tests {
         h.end_cancel();
         assert!(h.detach());
         assert!(h.begin_cancel().is_none());
+    }
+
+    const REASON: OwnCancel = OwnCancel::LockQueue {
+        waited: Duration::from_secs(3),
+        queued: 2,
+    };
+
+    const LIMIT: Duration = Duration::from_millis(100);
+
+    fn seen(reg: &CancelRegistry) -> (u64, usize) {
+        let s = &reg.seen_at(&target().addr)[&7];
+        (s.sent, s.owed)
+    }
+
+    #[tokio::test]
+    async fn pgward_cancels_only_the_request_its_reading_saw() {
+        let reg = CancelRegistry::default();
+        let h = reg.register(1, 0);
+        h.attach(target());
+        // Two requests pipelined: the first may end and the second start before the cancel
+        // lands, so neither is cancelled.
+        assert!(!h.note_sent(2, 2));
+        let two = seen(&reg);
+        assert!(!h.cancel_seen(7, two, REASON, LIMIT));
+        h.note_owed(1);
+        assert!(!h.cancel_seen(7, two, REASON, LIMIT), "the second runs now");
+        // One request, alone; then another sent after the reading was asked for.
+        h.note_owed(0);
+        assert!(!h.note_sent(3, 1));
+        let one = seen(&reg);
+        h.note_owed(0);
+        assert!(!h.note_sent(4, 1));
+        assert!(!h.cancel_seen(7, one, REASON, LIMIT), "a later request");
+        // Another server process: not this client.
+        let now = seen(&reg);
+        assert!(!h.cancel_seen(8, now, REASON, LIMIT));
+        // The request the reading saw, alone: cancelled once, and its 57014 says why.
+        assert!(h.cancel_seen(7, now, REASON, LIMIT));
+        assert!(h.cancels_in_flight());
+        assert!(!h.cancel_seen(7, now, REASON, LIMIT));
+        h.wait_cancels().await;
+        assert_eq!(h.take_own_cancel(3), None, "another request's error");
+        assert_eq!(h.take_own_cancel(4), Some(REASON));
+        assert_eq!(h.take_own_cancel(4), None);
+    }
+
+    #[tokio::test]
+    async fn a_cancel_that_found_its_request_answered_names_no_later_error() {
+        let reg = CancelRegistry::default();
+        let h = reg.register(1, 0);
+        h.attach(target());
+        assert!(!h.note_sent(1, 1));
+        assert!(h.cancel_seen(7, seen(&reg), REASON, LIMIT));
+        h.wait_cancels().await;
+        // The request was answered before the cancel landed: its reason is forgotten, and
+        // the next request's 57014 (the client's own cancel, a statement_timeout) is not
+        // pgward's.
+        h.note_owed(0);
+        assert!(!h.note_sent(2, 1));
+        assert_eq!(h.take_own_cancel(1), None);
+        assert_eq!(h.take_own_cancel(2), None);
     }
 }

@@ -50,5 +50,7 @@ pub mod runtime;
 pub mod sql;
 // The poison-tolerant lock helper.
 pub mod sync;
+// The reading of each PostgreSQL server and the lock-queue guard.
+pub mod watch;
 // The sans-IO protocol codec.
 pub mod wire;

@@ -62,6 +62,8 @@ pub struct Runtime {
     pub edge: Edge,
     /// The admission gate: tenants' budgets, slots and queues, and the plan cache.
     pub gatekeeper: Arc<Gatekeeper>,
+    /// The last reading of each PostgreSQL server (under a policy).
+    pub watch: crate::watch::Board,
 }
 
 impl Runtime {
@@ -90,6 +92,7 @@ impl Runtime {
             reconfiguring: Mutex::new(()),
             edge,
             gatekeeper,
+            watch: crate::watch::Board::default(),
         })
     }
 
@@ -461,6 +464,36 @@ fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
             crate::policy::GatePolicy::default().settings,
             std::iter::empty(),
         ),
+    }
+}
+
+impl crate::watch::Watched for Runtime {
+    fn watch_policy(&self) -> Option<crate::policy::WatchPolicy> {
+        self.governance
+            .load()
+            .as_ref()
+            .as_ref()
+            .map(|g| g.policy.gate().watch)
+    }
+
+    fn pools(&self) -> Vec<Arc<Pool>> {
+        self.pools.all()
+    }
+
+    fn cancels(&self) -> &CancelRegistry {
+        &self.cancels
+    }
+
+    fn board(&self) -> &crate::watch::Board {
+        &self.watch
+    }
+
+    fn cap_tenant(&self, tenant: &str, on: bool) {
+        self.gatekeeper
+            .lock()
+            .cap_tenant(tenant, on, Instant::now());
+        // A lifted cap may let waiting tickets run now.
+        self.gatekeeper.wake();
     }
 }
 

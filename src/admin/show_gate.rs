@@ -1,5 +1,7 @@
-//! SHOW TENANTS, SHOW KILLS, SHOW PLANS (alias PLAN_CACHE), SHOW CALIBRATION and SHOW FLIPS:
-//! the admission gate, its plan cache, what it learned of run times and the plans that flipped; and the plan cache's line in the log once a minute.
+//! SHOW TENANTS, SHOW KILLS, SHOW PLANS (alias PLAN_CACHE), SHOW CALIBRATION, SHOW FLIPS and
+//! SHOW READINGS: the admission gate, its plan cache, what it learned of run times, the plans
+//! that flipped and the last reading of each server; and the plan cache's line in the log
+//! once a minute.
 
 use std::time::{Duration, Instant, SystemTime};
 
@@ -284,6 +286,69 @@ fn minute_line(s: &CacheStats) -> Option<String> {
             millis(s.explain_max),
         )
     })
+}
+
+const READINGS: &[(&str, Ty)] = &[
+    ("upstream", Ty::Text),
+    ("state", Ty::Text),
+    ("read_ago", N),
+    ("failures", Ty::Int4),
+    ("error", Ty::Text),
+    ("backends", Ty::Int4),
+    ("ours", Ty::Int4),
+    ("lock_waiters", Ty::Int4),
+    ("oldest_xmin_age", Ty::Int8),
+    ("oldest_xmin_pid", Ty::Int4),
+    ("oldest_xmin_xact_seconds", N),
+    ("oldest_xmin_tenant", Ty::Text),
+    ("replication_lag", N),
+    ("guard_cancels", Ty::Int8),
+    ("dead_rows", Ty::Int8),
+    ("horizon_capped", Ty::Text),
+];
+
+/// The last reading of each PostgreSQL server: `reading`, `failing` (the last one failed),
+/// or `blind` (three in a row failed: pgward acts as if nothing happened there).
+pub fn readings(rt: &Runtime) -> Table {
+    let now = Instant::now();
+    let mut t = Table::new(READINGS);
+    for (upstream, v) in rt.watch.views() {
+        let state = match (v.blind(), v.failures) {
+            (true, _) => "blind",
+            (false, 0) => "reading",
+            (false, _) => "failing",
+        };
+        let seconds =
+            |d: Option<Duration>| d.map_or(Cell::Null, |d| Cell::decimal(d.as_secs_f64(), 3));
+        let (age, pid, xact, tenant) = match v.oldest_xmin {
+            Some((age, pid, xact, tenant)) => (
+                Cell::Int(age as i64),
+                Cell::Int(pid.into()),
+                seconds(xact),
+                Cell::from(tenant),
+            ),
+            None => (Cell::Null, Cell::Null, Cell::Null, Cell::Null),
+        };
+        t.push(vec![
+            upstream.into(),
+            state.into(),
+            seconds(v.read_at.map(|at| now.saturating_duration_since(at))),
+            (v.failures as usize).into(),
+            Cell::from(v.error),
+            v.backends.into(),
+            v.ours.into(),
+            v.lock_waiters.into(),
+            age,
+            pid,
+            xact,
+            tenant,
+            seconds(v.replication_lag),
+            Cell::Int(v.guard_cancels as i64),
+            Cell::Int(v.dead_rows as i64),
+            v.capped.join(",").into(),
+        ]);
+    }
+    t
 }
 
 #[cfg(test)]

@@ -99,6 +99,9 @@ struct TenantState {
     /// not start on every connection at once.
     unknown: BTreeSet<TicketId>,
     refusals: BTreeMap<RefusalReason, u64>,
+    /// Readers of servers that cap it to one slot whatever its settings say (the vacuum
+    /// horizon), counted so that one server's lift does not undo another's cap.
+    caps: usize,
 }
 
 impl TenantState {
@@ -114,6 +117,7 @@ impl TenantState {
             unpaid: BTreeSet::new(),
             unknown: BTreeSet::new(),
             refusals: BTreeMap::new(),
+            caps: 0,
         }
     }
 
@@ -145,7 +149,12 @@ impl TenantState {
     }
 
     fn has_room(&self) -> bool {
-        self.config.max_active.is_none_or(|m| self.running < m)
+        let cap = (self.caps > 0).then_some(1);
+        let limit = match (self.config.max_active, cap) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        limit.is_none_or(|m| self.running < m)
     }
 
     /// Whether `pass` may take a slot as far as paying goes: a paid pass always; an unpaid
@@ -157,7 +166,11 @@ impl TenantState {
     }
 
     fn idle(&self, now: Instant) -> bool {
-        !self.configured && self.waiting == 0 && self.running == 0 && self.recent.value(now) < 1e-3
+        !self.configured
+            && self.caps == 0
+            && self.waiting == 0
+            && self.running == 0
+            && self.recent.value(now) < 1e-3
     }
 }
 
@@ -358,6 +371,16 @@ impl<W> Gate<W> {
         let next = state.config.with_words(words)?;
         state.apply(next, now);
         Ok(())
+    }
+
+    /// One more (`on`) or one fewer reason to hold `tenant` to one slot at a time, whatever
+    /// its settings say.
+    pub fn cap_tenant(&mut self, tenant: &str, on: bool, now: Instant) {
+        let t = self.tenant_mut(tenant, now);
+        t.caps = match on {
+            true => t.caps + 1,
+            false => t.caps.saturating_sub(1),
+        };
     }
 
     /// Sets the lane limits of every upstream, and of those to come (a reload).

@@ -762,6 +762,28 @@ fn tenant_max_active_caps_its_slots() {
 }
 
 #[test]
+fn a_cap_holds_a_tenant_below_its_settings_until_lifted() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "max_active=4", t0);
+    // Two servers' readers cap it; one lifts its cap.
+    g.cap_tenant("a", true, t0);
+    g.cap_tenant("a", true, t0);
+    assert_eq!(stats(&g, "a", t0).settings, "max_active=4 cap=1");
+    let (_, _slot) = run(&mut g, "a", 1.0, t0).expect("first");
+    let pass = admitted(g.admit(&req("a", 1, t0), t0));
+    assert!(g.try_acquire(&pass, t0).is_none(), "capped at one");
+    g.cap_tenant("a", false, t0);
+    assert!(
+        g.try_acquire(&pass, t0).is_none(),
+        "still capped by the other"
+    );
+    g.cap_tenant("a", false, t0);
+    assert!(g.try_acquire(&pass, t0).is_some(), "lifted");
+    assert_eq!(stats(&g, "a", t0).settings, "max_active=4");
+}
+
+#[test]
 fn set_tenant_words() {
     let t0 = Instant::now();
     let mut g = gate();

@@ -171,6 +171,15 @@ pub(super) struct GateFile {
     pub max_time: Option<f64>,
     /// Whether the cost rules refuse (`enforce`, the default) or only warn.
     pub cost_mode: Option<Mode>,
+    /// Whether pgward reads each PostgreSQL server's activity once a second (default true).
+    pub server_reading: Option<bool>,
+    /// How long a DDL statement of a client may wait for a lock before the lock-queue guard
+    /// cancels it ("0": only when others queue behind it; "off": never).
+    pub lock_wait: Option<String>,
+    /// The vacuum horizon: how long a session may hold the oldest snapshot...
+    pub horizon_max_age: Option<String>,
+    /// ... while this many rows die in the database's tables, before its tenant is capped.
+    pub horizon_dead_rows: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -233,6 +233,42 @@ pub struct GatePolicy {
     pub cost_limits: CostLimits,
     /// `cost_mode`: `warn` logs and counts a statement over a cost rule and lets it run.
     pub cost_mode: Mode,
+    /// The reading of each server and the lock-queue guard.
+    pub watch: WatchPolicy,
+}
+
+/// `server_reading` and `lock_wait` of `[gate]`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchPolicy {
+    /// Read each PostgreSQL server's activity once a second.
+    pub reading: bool,
+    /// The lock-queue guard: how long a client's DDL statement may wait for a lock with no
+    /// one queued behind it (`None`: the guard is off).
+    pub lock_wait: Option<Duration>,
+    /// The vacuum horizon (`None`: off).
+    pub horizon: Option<HorizonPolicy>,
+}
+
+/// `horizon_max_age` and `horizon_dead_rows`: a tenant whose session has held the oldest
+/// snapshot longer than `max_age`, while the dead rows of the database's tables grew by
+/// `dead_rows`, runs one statement at a time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HorizonPolicy {
+    pub max_age: Duration,
+    pub dead_rows: u64,
+}
+
+/// `horizon_dead_rows` when the policy sets `horizon_max_age` alone.
+pub const DEFAULT_HORIZON_DEAD_ROWS: u64 = 10_000;
+
+impl Default for WatchPolicy {
+    fn default() -> Self {
+        WatchPolicy {
+            reading: true,
+            lock_wait: Some(Duration::from_secs(2)),
+            horizon: None,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -583,6 +619,7 @@ impl Default for GatePolicy {
             settings,
             cost_limits: CostLimits::default(),
             cost_mode: Mode::Enforce,
+            watch: WatchPolicy::default(),
         }
     }
 }
@@ -608,7 +645,31 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
             .ok_or_else(|| format!("flip_quarantine {t:?}: a duration such as 30s or 10m"))?;
         settings.flip_quarantine = (!d.is_zero()).then_some(d);
     }
+    let mut watch = WatchPolicy {
+        reading: raw.server_reading.unwrap_or(true),
+        ..WatchPolicy::default()
+    };
+    if let Some(t) = &raw.lock_wait {
+        watch.lock_wait = match t.as_str() {
+            "off" => None,
+            _ => Some(parse_duration(t).ok_or_else(|| {
+                format!("lock_wait {t:?}: a duration such as 2s or 500ms, or \"off\"")
+            })?),
+        };
+    }
+    if let Some(t) = &raw.horizon_max_age {
+        let max_age = parse_duration(t)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("horizon_max_age {t:?}: a duration such as 10m"))?;
+        watch.horizon = Some(HorizonPolicy {
+            max_age,
+            dead_rows: raw.horizon_dead_rows.unwrap_or(DEFAULT_HORIZON_DEAD_ROWS),
+        });
+    } else if raw.horizon_dead_rows.is_some() {
+        return Err("horizon_dead_rows needs horizon_max_age".to_string());
+    }
     Ok(GatePolicy {
+        watch,
         settings,
         cost_limits: CostLimits {
             max_cost: raw.max_cost,

@@ -430,3 +430,36 @@ fn the_shipped_policies_load() {
         assert_eq!(p.depth(), Depth::Tree);
     }
 }
+
+#[test]
+fn the_server_reading_keys() {
+    use std::time::Duration;
+    let watch = |text: &str| policy(text).gate().watch;
+    let default = watch("");
+    assert!(default.reading);
+    assert_eq!(default.lock_wait, Some(Duration::from_secs(2)));
+    assert_eq!(default.horizon, None);
+    let set =
+        watch("[gate]\nserver_reading = false\nlock_wait = \"off\"\nhorizon_max_age = \"10m\"\n");
+    assert!(!set.reading);
+    assert_eq!(set.lock_wait, None);
+    assert_eq!(
+        set.horizon,
+        Some(crate::policy::HorizonPolicy {
+            max_age: Duration::from_secs(600),
+            dead_rows: crate::policy::DEFAULT_HORIZON_DEAD_ROWS,
+        })
+    );
+    assert_eq!(
+        watch("[gate]\nlock_wait = \"0\"\n").lock_wait,
+        Some(Duration::ZERO)
+    );
+    for bad in [
+        "[gate]\nlock_wait = \"soon\"\n",
+        "[gate]\nhorizon_max_age = \"0\"\n",
+        "[gate]\nhorizon_dead_rows = 5\n",
+    ] {
+        let e = Policy::parse(bad, Path::new("p.toml"), Path::new("."));
+        assert!(e.is_err(), "{bad}");
+    }
+}

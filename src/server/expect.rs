@@ -199,6 +199,14 @@ impl Expected {
         self.syncs
     }
 
+    /// Requests the server runs (Execute, a simple Query, a FunctionCall) not answered yet.
+    pub fn requests_owed(&self) -> usize {
+        self.queue
+            .iter()
+            .filter(|o| matches!(o, Owed::Execute | Owed::InternalExecute | Owed::Query))
+            .count()
+    }
+
     pub fn len(&self) -> usize {
         self.queue.len()
     }

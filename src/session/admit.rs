@@ -87,6 +87,10 @@ pub(in crate::session) struct GateState {
     /// DDL or ANALYZE ran: the database's cached plans are dropped at the end of each run
     /// until the transaction is over (its changes count only once it commits).
     pub stale_plans: bool,
+    /// Requests (Execute, Query, FunctionCall) sent to servers under a policy, in all.
+    pub requests_sent: u64,
+    /// Of those, the unanswered ones the cancel handle was last told of.
+    pub published_owed: usize,
 }
 
 /// A request that ran unpriced inside a batch: its plan is read once the batch is answered,

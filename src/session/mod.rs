@@ -391,6 +391,21 @@ impl Session {
         next
     }
 
+    /// Requests the server has not answered yet (see [`Expected::requests_owed`]).
+    fn requests_owed(&self) -> usize {
+        self.link.as_ref().map_or(0, |l| l.expected.requests_owed())
+    }
+
+    /// Tells the client's cancel handle what went to the server (`owed` requests were
+    /// unanswered before): pgward cancels on its own account only the request its reading
+    /// of the server saw, never a later one. Returns whether a cancel is on its way.
+    fn note_sent(&mut self, owed: usize) -> bool {
+        let now_owed = self.requests_owed();
+        self.gate.requests_sent += now_owed.saturating_sub(owed) as u64;
+        self.gate.published_owed = now_owed;
+        self.handle.note_sent(self.gate.requests_sent, now_owed)
+    }
+
     /// The tenant's statement timeout passed: the request is cancelled as a client's
     /// CancelRequest would cancel it (its next message waits for the cancel to land), and
     /// PostgreSQL's 57014 will name pgward's timeout.
@@ -461,8 +476,16 @@ impl Session {
                 return Err(self.fast_close());
             }
             let before = io.rbuf.len();
+            let owed = match governed {
+                true => self.requests_owed(),
+                false => 0,
+            };
             self.forward_client(&mut io.rbuf, ready)?;
             self.gate.consumed(before - io.rbuf.len());
+            if governed && self.note_sent(owed) {
+                // A cancel of pgward's own for what ran before is on its way.
+                self.handle.wait_cancels().await;
+            }
             // pgward may have answered everything itself (a DEALLOCATE, a Close).
             if self.link.as_ref().is_some_and(|l| l.quiet(&self.to_server)) {
                 self.maybe_release().await?;
@@ -747,16 +770,17 @@ impl Session {
                 // nothing (it is still charged).
                 self.gate.run.failed = true;
             }
-            if tag == backend::tag::ERROR_RESPONSE && self.gate.timed_out.is_some() {
-                if let Some(limit) =
-                    timed_out_error(&link.server.rbuf[span.body()], self.gate.timed_out)
-                {
-                    // PostgreSQL's answer to pgward's cancel: say whose timeout it was.
+            if tag == backend::tag::ERROR_RESPONSE {
+                let body = &link.server.rbuf[span.body()];
+                // The number of the request this error answers (the first one unanswered).
+                let request = (self.gate.requests_sent + 1)
+                    .saturating_sub(link.expected.requests_owed() as u64);
+                if let Some(err) = own_cancel_error(body, &self.gate, &self.handle, request) {
+                    // PostgreSQL's answer to pgward's cancel: say why pgward cancelled.
                     let route = server_message(link, &mut client, span, None)?;
                     let out = kept.get_or_insert_with(BytesMut::new);
                     out.extend_from_slice(&link.server.rbuf[run_start..offset]);
                     if route == Route::Forward {
-                        let err = admit::statement_timeout_error(&self.gate.tenant, limit);
                         crate::wire::encode_error(out, &err);
                     }
                     link.emit_synthetic(out);
@@ -795,6 +819,12 @@ impl Session {
         if opened_block {
             link.server.poison();
             return Err(statement_mode_refusal());
+        }
+        let owed = link.expected.requests_owed();
+        if owed != self.gate.published_owed && self.governance.load().is_some() {
+            // What the server owes, for pgward's own cancels (see `note_sent`).
+            self.gate.published_owed = owed;
+            self.handle.note_owed(owed);
         }
         if link.expected.is_empty() {
             link.busy_since = None;
@@ -993,12 +1023,23 @@ fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<
     (mode != PoolMode::Session && capacity > 0).then_some(capacity)
 }
 
-/// The limit pgward cancelled at, when the ErrorResponse `body` is PostgreSQL's 57014 after
-/// that cancel.
-fn timed_out_error(body: &[u8], timed_out: Option<Duration>) -> Option<Duration> {
-    let limit = timed_out?;
+/// The error the client gets in place of the ErrorResponse `body`, when that is
+/// PostgreSQL's 57014 after a cancel pgward sent on its own account (the tenant's statement
+/// timeout, the lock-queue guard).
+fn own_cancel_error(
+    body: &[u8],
+    gate: &admit::GateState,
+    handle: &crate::cancel::ClientHandle,
+    request: u64,
+) -> Option<ErrorResponse> {
     let code = wire::ErrorFields::find(body, backend::field::CODE)?;
-    (code == sqlstate::QUERY_CANCELED.as_bytes()).then_some(limit)
+    if code != sqlstate::QUERY_CANCELED.as_bytes() {
+        return None;
+    }
+    if let Some(limit) = gate.timed_out {
+        return Some(admit::statement_timeout_error(&gate.tenant, limit));
+    }
+    handle.take_own_cancel(request).map(|c| c.error())
 }
 
 /// The notice for a client that has waited query_wait_notify for a server.

@@ -14,7 +14,10 @@ impl<W> Gate<W> {
                 };
                 TenantStats {
                     tenant: name.clone(),
-                    settings: t.config.words(),
+                    settings: match t.caps {
+                        0 => t.config.words(),
+                        _ => format!("{} cap=1", t.config.words()).trim().to_string(),
+                    },
                     balance,
                     debt: balance.map_or(0.0, |b| (-b).max(0.0)),
                     recent_use: t.recent.value(now),

@@ -1,0 +1,235 @@
+//! One reading of a PostgreSQL server: who runs, who waits on whose lock, the oldest
+//! snapshot, the standbys' lag. The query and the rows it gives, read into plain values.
+
+use std::time::Duration;
+
+use crate::server::TextRow;
+
+/// The reading's query. `pg_locks.waitstart` (when a lock wait began) exists from
+/// PostgreSQL 14 on; before, a wait counts from its statement's start.
+pub fn query(server_major: u32) -> String {
+    let wait_start = match server_major >= 14 {
+        true => WAIT_START_14,
+        false => "a.query_start",
+    };
+    QUERY.replace("{wait_start}", wait_start)
+}
+
+/// When a lock wait began, from PostgreSQL 14 on. A wait whose start is not recorded yet
+/// (waitstart is set a moment after the wait begins) counts as just begun.
+const WAIT_START_14: &str = "COALESCE((SELECT min(l.waitstart) FROM pg_catalog.pg_locks l \
+     WHERE l.pid = a.pid AND NOT l.granted), clock_timestamp())";
+
+// Columns: pid, waits on a lock, seconds waited, blocking pids, statement text (of lock
+// waiters only), age of backend_xmin in transactions, seconds since the transaction began,
+// state, the standbys' longest replay lag in seconds, backend_xmin, the dead rows of the
+// database's tables (pg_stat_user_tables.n_dead_tup, summed), and the kind of lock waited for
+// (`relation`, `object`, `transactionid`, `tuple`, `virtualxid`, `advisory`...).
+const QUERY: &str = "SELECT a.pid, a.wait_event_type = 'Lock', \
+     CASE WHEN a.wait_event_type = 'Lock' \
+       THEN extract(epoch FROM clock_timestamp() - {wait_start})::float8 END, \
+     CASE WHEN a.wait_event_type = 'Lock' \
+       THEN array_to_string(pg_catalog.pg_blocking_pids(a.pid), ',') END, \
+     CASE WHEN a.wait_event_type = 'Lock' THEN a.query END, \
+     pg_catalog.age(a.backend_xmin), \
+     extract(epoch FROM clock_timestamp() - a.xact_start)::float8, a.state, \
+     (SELECT extract(epoch FROM max(r.replay_lag))::float8 FROM pg_catalog.pg_stat_replication r), \
+     a.backend_xmin::text, \
+     (SELECT sum(s.n_dead_tup) FROM pg_catalog.pg_stat_user_tables s), \
+     a.wait_event \
+     FROM pg_catalog.pg_stat_activity a WHERE a.pid <> pg_catalog.pg_backend_pid()";
+
+/// One backend as the reading saw it.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Backend {
+    pub pid: u32,
+    /// It waits for a heavyweight lock.
+    pub waits_on_lock: bool,
+    /// How long it has waited for that lock.
+    pub waited: Option<Duration>,
+    /// The sessions it waits for: holders, and waiters ahead of it in the lock's queue.
+    pub blocked_by: Vec<u32>,
+    /// What it runs (lock waiters only).
+    pub query: Option<String>,
+    /// Transactions since its snapshot's xmin (`age(backend_xmin)`).
+    pub xmin_age: Option<u64>,
+    /// How long its transaction has been open.
+    pub in_transaction: Option<Duration>,
+    /// `pg_stat_activity.state`.
+    pub state: Option<String>,
+    /// Its snapshot's `backend_xmin`.
+    pub xmin: Option<String>,
+    /// What kind of lock it waits for (`wait_event`: `relation`, `tuple`...).
+    pub lock: Option<String>,
+}
+
+/// A whole reading.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reading {
+    pub backends: Vec<Backend>,
+    /// The longest replay lag of the standbys (none without standbys).
+    pub replication_lag: Option<Duration>,
+    /// The dead rows of the database's tables.
+    pub dead_rows: u64,
+}
+
+impl Reading {
+    /// The reading in the query's rows; a row that does not read is an error (the reading
+    /// failed), never a guess.
+    pub fn of_rows(rows: &[TextRow]) -> Result<Reading, String> {
+        let mut reading = Reading::default();
+        for row in rows {
+            let (backend, lag, dead) = backend_of(row)?;
+            reading.replication_lag = lag.or(reading.replication_lag);
+            reading.dead_rows = dead.unwrap_or(reading.dead_rows);
+            reading.backends.push(backend);
+        }
+        Ok(reading)
+    }
+
+    /// The sessions waiting behind `pid` (those it blocks, as holder or ahead in a queue).
+    pub fn queued_behind(&self, pid: u32) -> usize {
+        self.backends
+            .iter()
+            .filter(|b| b.pid != pid && b.blocked_by.contains(&pid))
+            .count()
+    }
+
+    /// The backend holding the oldest snapshot, by xmin age.
+    pub fn oldest_snapshot(&self) -> Option<&Backend> {
+        self.backends
+            .iter()
+            .filter(|b| b.xmin_age.is_some())
+            .max_by_key(|b| b.xmin_age)
+    }
+}
+
+fn backend_of(row: &TextRow) -> Result<(Backend, Option<Duration>, Option<u64>), String> {
+    let cell = |i: usize| row.get(i).and_then(|c| c.as_deref());
+    let pid = cell(0)
+        .and_then(|p| p.parse().ok())
+        .ok_or_else(|| format!("a pid that does not read: {:?}", cell(0)))?;
+    let seconds = |i: usize| -> Result<Option<Duration>, String> {
+        cell(i)
+            .map(|s| {
+                s.parse::<f64>()
+                    .ok()
+                    .filter(|v| v.is_finite())
+                    .map(|v| Duration::from_secs_f64(v.max(0.0)))
+                    .ok_or_else(|| format!("a number of seconds that does not read: {s:?}"))
+            })
+            .transpose()
+    };
+    let blocked_by = match cell(3) {
+        None | Some("") => Vec::new(),
+        Some(list) => list
+            .split(',')
+            .map(|p| {
+                p.parse()
+                    .map_err(|_| format!("a blocking pid list: {list:?}"))
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let xmin_age = cell(5)
+        .map(|a| a.parse().map_err(|_| format!("an xmin age: {a:?}")))
+        .transpose()?;
+    let backend = Backend {
+        pid,
+        waits_on_lock: cell(1) == Some("t"),
+        waited: seconds(2)?,
+        blocked_by,
+        query: cell(4).map(str::to_string),
+        xmin_age,
+        in_transaction: seconds(6)?,
+        state: cell(7).map(str::to_string),
+        xmin: cell(9).map(str::to_string),
+        lock: cell(11).map(str::to_string),
+    };
+    let dead = cell(10)
+        .map(|d| d.parse().map_err(|_| format!("dead rows: {d:?}")))
+        .transpose()?;
+    Ok((backend, seconds(8)?, dead))
+}
+
+/// The major version in a `server_version` such as `15.4 (Debian 15.4-1)` or `18beta1`.
+pub fn major_of(server_version: &str) -> Option<u32> {
+    let digits: String = server_version
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(cells: &[Option<&str>]) -> TextRow {
+        cells.iter().map(|c| c.map(str::to_string)).collect()
+    }
+
+    #[test]
+    fn rows_read_into_backends() {
+        let rows = [
+            row(&[
+                Some("10"),
+                Some("t"),
+                Some("2.5"),
+                Some("11,12"),
+                Some("ALTER TABLE t ADD c int"),
+                None,
+                Some("3"),
+                Some("active"),
+                None,
+                None,
+                Some("1234"),
+            ]),
+            row(&[
+                Some("11"),
+                Some("f"),
+                None,
+                None,
+                None,
+                Some("42"),
+                Some("60"),
+                Some("idle in transaction"),
+                Some("0.5"),
+                Some("731"),
+                Some("1234"),
+            ]),
+        ];
+        let reading = Reading::of_rows(&rows).unwrap();
+        assert_eq!(reading.backends[0].blocked_by, vec![11, 12]);
+        assert_eq!(
+            reading.backends[0].waited,
+            Some(Duration::from_millis(2500))
+        );
+        assert!(reading.backends[0].waits_on_lock);
+        assert_eq!(reading.oldest_snapshot().map(|b| b.pid), Some(11));
+        assert_eq!(reading.replication_lag, Some(Duration::from_millis(500)));
+        assert_eq!(reading.dead_rows, 1234);
+        assert_eq!(reading.backends[1].xmin.as_deref(), Some("731"));
+        assert_eq!(reading.queued_behind(11), 1);
+        assert_eq!(reading.queued_behind(10), 0);
+    }
+
+    #[test]
+    fn a_row_that_does_not_read_fails_the_reading() {
+        let bad = [row(&[Some("x"), Some("f")])];
+        assert!(Reading::of_rows(&bad).is_err());
+        let bad = [row(&[Some("1"), Some("t"), Some("NaN")])];
+        assert!(Reading::of_rows(&bad).is_err());
+        let bad = [row(&[Some("1"), Some("t"), None, Some("1,x")])];
+        assert!(Reading::of_rows(&bad).is_err());
+    }
+
+    #[test]
+    fn versions_read() {
+        assert_eq!(major_of("15.4 (Debian 15.4-1.pgdg120+1)"), Some(15));
+        assert_eq!(major_of("18beta1"), Some(18));
+        assert_eq!(major_of("x"), None);
+        assert!(query(13).contains("clock_timestamp() - a.query_start"));
+        assert!(query(14).contains("waitstart"));
+        assert!(!query(14).contains("{wait_start}"));
+    }
+}

@@ -1,0 +1,309 @@
+//! The gate watches the server: the reading of each PostgreSQL server once a second, shown
+//! by SHOW READINGS, the lock-queue guard that cancels a DDL statement stuck behind a long
+//! transaction with reads queued behind it (55P03), and a reading that cannot connect,
+//! which changes nothing for clients.
+
+mod common;
+
+use std::thread;
+use std::time::Instant;
+
+use common::policy::Policed;
+use common::raw::{describe, error_code, query_message, Raw};
+use common::{client_command, eventually, stderr_of, stdout_of, SECOND};
+
+const TABLE: &str = "CREATE TABLE t (a int); INSERT INTO t SELECT generate_series(1, 10); \
+     ALTER TABLE t OWNER TO trustuser";
+
+const SETTINGS: &str = "default_pool_size = 6\nadmin_users = admin\n";
+
+/// pgward with `policy`, table `t`, and the console.
+fn start(policy: &str) -> Policed {
+    Policed::start(TABLE, policy, SETTINGS)
+}
+
+/// A client of pgward's database `app` as trustuser.
+fn client(f: &Policed) -> Raw {
+    f.pw.client_with(&[("user", "trustuser"), ("database", "app")])
+}
+
+/// The rows of a console command, `|`-separated.
+fn console(f: &Policed, command: &str) -> String {
+    let mut cmd = client_command("psql", None);
+    cmd.args(["-X", "-w", "-At", "-d"])
+        .arg(f.pw.connstr("admin", None, "pgward"))
+        .args(["-c", command]);
+    let out = cmd.output().expect("run psql");
+    assert!(out.status.success(), "{command}: {}", stderr_of(&out));
+    stdout_of(&out)
+}
+
+/// The column `name` of SHOW READINGS' only row.
+fn reading(f: &Policed, name: &str) -> String {
+    let mut cmd = client_command("psql", None);
+    cmd.args(["-X", "-w", "-A", "-F", "|", "-d"])
+        .arg(f.pw.connstr("admin", None, "pgward"))
+        .args(["-c", "SHOW READINGS"]);
+    let out = cmd.output().expect("run psql");
+    let text = stdout_of(&out);
+    let mut lines = text.lines();
+    let columns: Vec<&str> = lines.next().unwrap_or("").split('|').collect();
+    let row: Vec<&str> = lines.next().unwrap_or("").split('|').collect();
+    let i = columns
+        .iter()
+        .position(|c| *c == name)
+        .unwrap_or_else(|| panic!("no column {name} in {columns:?}"));
+    row.get(i).map_or(String::new(), |v| v.to_string())
+}
+
+/// Whether a backend of PostgreSQL runs `like` and waits for a lock.
+fn waits_for_lock(f: &Policed, like: &str) -> bool {
+    f.pg.sql(&format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '{like}'"
+    )) != "0"
+}
+
+/// A transaction that read `t` and stays open: its lock on `t` holds every ALTER back.
+fn open_transaction(f: &Policed) -> Raw {
+    let mut holder = f.pg.client();
+    let answer = holder.exchange_within(
+        &query_message("BEGIN; SELECT count(*) FROM t"),
+        3 * SECOND,
+        "the long transaction",
+    );
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    holder
+}
+
+#[test]
+fn an_alter_behind_a_long_transaction_is_cancelled_once_reads_queue_behind_it() {
+    let f = start("[gate]\nlock_wait = \"30s\"\n");
+    let _holder = open_transaction(&f);
+    let alter = thread::scope(|scope| {
+        let migration = scope.spawn(|| {
+            let mut c = client(&f);
+            let started = Instant::now();
+            let answer = c.exchange_within(
+                &query_message("ALTER TABLE t ADD COLUMN c int"),
+                20 * SECOND,
+                "the ALTER",
+            );
+            (answer, started.elapsed())
+        });
+        assert!(
+            eventually(5 * SECOND, || waits_for_lock(&f, "ALTER TABLE%")),
+            "the ALTER does not wait"
+        );
+        // Reads of t now queue behind the ALTER: they run once it is cancelled.
+        let queued_at = Instant::now();
+        let readers: Vec<_> = (0..3)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut c = client(&f);
+                    let answer = c.exchange_within(
+                        &query_message("SELECT count(*) FROM t"),
+                        10 * SECOND,
+                        "a read queued behind the ALTER",
+                    );
+                    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+                })
+            })
+            .collect();
+        for r in readers {
+            r.join().expect("reader");
+        }
+        let reads_took = queued_at.elapsed();
+        assert!(reads_took < 5 * SECOND, "the reads took {reads_took:?}");
+        migration.join().expect("migration")
+    });
+    let (answer, took) = alter;
+    assert_eq!(error_code(&answer), "55P03", "{}", describe(&answer));
+    assert!(
+        describe(&answer).contains("lock-queue guard"),
+        "{}",
+        describe(&answer)
+    );
+    // Well before lock_wait: it was cancelled because the reads queued behind it.
+    assert!(took < 15 * SECOND, "the ALTER was cancelled after {took:?}");
+    assert_eq!(reading(&f, "guard_cancels"), "1");
+    assert_eq!(reading(&f, "state"), "reading");
+    // The transaction holding the lock was left alone.
+    assert_eq!(
+        f.pg.sql("SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'"),
+        "1"
+    );
+}
+
+#[test]
+fn an_alter_waiting_alone_is_cancelled_after_lock_wait() {
+    let f = start("[gate]\nlock_wait = \"1s\"\n");
+    let _holder = open_transaction(&f);
+    let mut c = client(&f);
+    let started = Instant::now();
+    let answer = c.exchange_within(
+        &query_message("ALTER TABLE t ADD COLUMN c int"),
+        15 * SECOND,
+        "the ALTER",
+    );
+    let took = started.elapsed();
+    assert_eq!(error_code(&answer), "55P03", "{}", describe(&answer));
+    // Read once a second: cancelled between one and about three seconds.
+    assert!(
+        took >= SECOND && took < 5 * SECOND,
+        "cancelled after {took:?}"
+    );
+    // The client's session goes on: the next statement runs.
+    let next = c.exchange_within(&query_message("SELECT 1"), 3 * SECOND, "the next statement");
+    assert_eq!(error_code(&next), "", "{}", describe(&next));
+}
+
+#[test]
+fn with_the_guard_off_an_alter_waits_as_it_would_on_postgresql() {
+    let f = start("[gate]\nlock_wait = \"off\"\n");
+    let mut holder = open_transaction(&f);
+    thread::scope(|scope| {
+        let migration = scope.spawn(|| {
+            let mut c = client(&f);
+            c.exchange_within(
+                &query_message("ALTER TABLE t ADD COLUMN c int"),
+                20 * SECOND,
+                "the ALTER",
+            )
+        });
+        assert!(
+            eventually(5 * SECOND, || waits_for_lock(&f, "ALTER TABLE%")),
+            "the ALTER does not wait"
+        );
+        thread::sleep(3 * SECOND);
+        assert!(
+            waits_for_lock(&f, "ALTER TABLE%"),
+            "the ALTER stopped waiting"
+        );
+        let done = holder.exchange_within(&query_message("COMMIT"), 3 * SECOND, "COMMIT");
+        assert_eq!(error_code(&done), "", "{}", describe(&done));
+        let answer = migration.join().expect("migration");
+        assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    });
+}
+
+#[test]
+fn a_reading_that_cannot_connect_changes_nothing_for_clients() {
+    // The reading logs in as the pools do, under its own application_name; this database's
+    // connect_query fails for that name alone.
+    // (21 is the length of that name.)
+    let databases = "watched = {pg} dbname=app connect_query='SELECT 1 / \
+         (length(current_setting($$application_name$$)) - 21)'";
+    let f =
+        Policed::start_with_databases(TABLE, "[gate]\nlock_wait = \"1s\"\n", SETTINGS, databases);
+    let _holder = open_transaction(&f);
+    let mut c =
+        f.pw.client_with(&[("user", "trustuser"), ("database", "watched")]);
+    let ok = c.exchange_within(
+        &query_message("SELECT count(*) FROM t"),
+        3 * SECOND,
+        "a read",
+    );
+    assert_eq!(error_code(&ok), "", "{}", describe(&ok));
+    assert!(
+        eventually(10 * SECOND, || reading(&f, "state") == "blind"),
+        "the reading is not blind: {}",
+        console(&f, "SHOW READINGS")
+    );
+    assert!(reading(&f, "error").contains("division by zero"));
+    // Acting as if nothing happened: no guard, so the ALTER waits for the transaction.
+    let answer = c.exchange_within(
+        &query_message("SET lock_timeout = '3s'; ALTER TABLE t ADD c int"),
+        10 * SECOND,
+        "the ALTER",
+    );
+    assert_eq!(error_code(&answer), "55P03", "{}", describe(&answer));
+    assert!(
+        !describe(&answer).contains("pgward"),
+        "{}",
+        describe(&answer)
+    );
+    let ok = c.exchange_within(
+        &query_message("SELECT count(*) FROM t"),
+        3 * SECOND,
+        "a read",
+    );
+    assert_eq!(error_code(&ok), "", "{}", describe(&ok));
+    assert!(f
+        .pw
+        .log()
+        .contains("server reading failed 3 times in a row"));
+}
+
+/// The `settings` of `tenant` in SHOW TENANTS.
+fn tenant_settings(f: &Policed, tenant: &str) -> String {
+    let mut cmd = client_command("psql", None);
+    cmd.args(["-X", "-w", "-At", "-F", "|", "-d"])
+        .arg(f.pw.connstr("admin", None, "pgward"))
+        .args(["-c", "SHOW TENANTS"]);
+    let out = cmd.output().expect("run psql");
+    stdout_of(&out)
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("{tenant}|")))
+        .and_then(|rest| rest.split('|').next())
+        .unwrap_or("")
+        .to_string()
+}
+
+#[test]
+fn a_tenant_holding_back_the_vacuum_horizon_runs_one_statement_at_a_time() {
+    let policy = "[gate]\nhorizon_max_age = \"2s\"\nhorizon_dead_rows = 500\n";
+    let table = "CREATE TABLE t (a int); INSERT INTO t SELECT generate_series(1, 2000); \
+         ALTER TABLE t OWNER TO trustuser";
+    let f = Policed::start(table, policy, SETTINGS);
+    let mut holder = client(&f);
+    let answer = holder.exchange_within(
+        &query_message("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM t"),
+        3 * SECOND,
+        "the snapshot",
+    );
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    assert!(
+        eventually(5 * SECOND, || reading(&f, "oldest_xmin_tenant")
+            == "trustuser"),
+        "{}",
+        console(&f, "SHOW READINGS")
+    );
+    assert_eq!(tenant_settings(&f, "trustuser"), "");
+    // Rows die behind the snapshot (another role, straight to PostgreSQL).
+    f.pg.sql("UPDATE t SET a = a + 1");
+    assert!(
+        eventually(10 * SECOND, || tenant_settings(&f, "trustuser") == "cap=1"),
+        "not capped: {}",
+        console(&f, "SHOW READINGS")
+    );
+    assert_eq!(reading(&f, "horizon_capped"), "trustuser");
+    // The tenant's one slot is the holder's: its other statements wait for it.
+    let (done_tx, done_rx) = std::sync::mpsc::channel();
+    thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut c = client(&f);
+            let answer = c.exchange_within(
+                &query_message("SELECT 1"),
+                20 * SECOND,
+                "a second statement",
+            );
+            done_tx.send(error_code(&answer)).expect("send");
+        });
+        assert!(
+            done_rx.recv_timeout(2 * SECOND).is_err(),
+            "a second statement ran beside the snapshot's holder"
+        );
+        let answer = holder.exchange_within(&query_message("COMMIT"), 3 * SECOND, "COMMIT");
+        assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+        let code = done_rx
+            .recv_timeout(5 * SECOND)
+            .expect("the second statement ran");
+        assert_eq!(code, "");
+    });
+    // Clear for twice horizon_max_age: the cap is lifted.
+    assert!(
+        eventually(10 * SECOND, || tenant_settings(&f, "trustuser").is_empty()),
+        "still capped: {}",
+        tenant_settings(&f, "trustuser")
+    );
+}
