@@ -737,6 +737,7 @@ impl Session {
     /// following ReadyForQuery and ParameterStatus, and gives the server back when the pool
     /// mode allows.
     async fn on_server_data(&mut self) -> Result<(), SessionError> {
+        let governed = self.governance.load().is_some();
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -775,7 +776,8 @@ impl Session {
                 // The number of the request this error answers (the first one unanswered).
                 let request = (self.gate.requests_sent + 1)
                     .saturating_sub(link.expected.requests_owed() as u64);
-                if let Some(err) = own_cancel_error(body, &self.gate, &self.handle, request) {
+                let own = (&self.gate, &*self.handle, governed);
+                if let Some(err) = own_cancel_error(body, own, request) {
                     // PostgreSQL's answer to pgward's cancel: say why pgward cancelled.
                     let route = server_message(link, &mut client, span, None)?;
                     let out = kept.get_or_insert_with(BytesMut::new);
@@ -820,11 +822,13 @@ impl Session {
             link.server.poison();
             return Err(statement_mode_refusal());
         }
-        let owed = link.expected.requests_owed();
-        if owed != self.gate.published_owed && self.governance.load().is_some() {
+        if governed {
             // What the server owes, for pgward's own cancels (see `note_sent`).
-            self.gate.published_owed = owed;
-            self.handle.note_owed(owed);
+            let owed = link.expected.requests_owed();
+            if owed != self.gate.published_owed {
+                self.gate.published_owed = owed;
+                self.handle.note_owed(owed);
+            }
         }
         if link.expected.is_empty() {
             link.busy_since = None;
@@ -1028,8 +1032,7 @@ fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<
 /// timeout, the lock-queue guard).
 fn own_cancel_error(
     body: &[u8],
-    gate: &admit::GateState,
-    handle: &crate::cancel::ClientHandle,
+    (gate, handle, governed): (&admit::GateState, &crate::cancel::ClientHandle, bool),
     request: u64,
 ) -> Option<ErrorResponse> {
     let code = wire::ErrorFields::find(body, backend::field::CODE)?;
@@ -1039,7 +1042,12 @@ fn own_cancel_error(
     if let Some(limit) = gate.timed_out {
         return Some(admit::statement_timeout_error(&gate.tenant, limit));
     }
-    handle.take_own_cancel(request).map(|c| c.error())
+    // Requests are counted under a policy only: without one, pgward cancels nothing of its
+    // own, and a reason left from before is not this error's.
+    governed
+        .then(|| handle.take_own_cancel(request))
+        .flatten()
+        .map(|c| c.error())
 }
 
 /// The notice for a client that has waited query_wait_notify for a server.

@@ -20,9 +20,9 @@ pub struct Victim {
 /// The statements to cancel: waits of pgward's sessions (`ours`) running DDL for the lock of
 /// a relation or another object, with sessions queued behind them, or waiting `lock_wait` or
 /// longer (`Duration::ZERO`: only the first). A row lock, a transaction id or an advisory
-/// lock is no DDL's wait (a text of several statements may wait so in its UPDATE). A
-/// statement that builds or drops something CONCURRENTLY waits for older transactions by
-/// design, and blocks no read: it is cancelled only when sessions queue behind it.
+/// lock is no DDL's wait. A statement that builds or drops something CONCURRENTLY waits for
+/// older transactions by design, and a LOCK may let reads through: those are cancelled only
+/// when sessions queue behind them.
 pub fn victims(reading: &Reading, ours: impl Fn(u32) -> bool, lock_wait: Duration) -> Vec<Victim> {
     reading
         .backends
@@ -49,8 +49,10 @@ pub fn victims(reading: &Reading, ours: impl Fn(u32) -> bool, lock_wait: Duratio
 enum Ddl {
     /// Takes a lock that reads of its object queue behind.
     Blocking,
-    /// `CONCURRENTLY`: waits for older transactions, blocks no read.
-    Concurrent,
+    /// Blocks reads only in some modes, or not at all: `CONCURRENTLY` waits for older
+    /// transactions by design, `LOCK` may take a mode that lets reads through. Cancelled
+    /// only when sessions queue behind it.
+    QueueOnly,
 }
 
 /// Statements whose first word makes them DDL for the guard (a utility statement that takes
@@ -61,32 +63,40 @@ const DDL_WORDS: [&str; 12] = [
 ];
 
 /// Whether `query` (what pg_stat_activity shows, perhaps cut at track_activity_query_size)
-/// holds a DDL statement, read with PostgreSQL's scanner; a text the scanner cannot split
-/// counts by its first statement's first word.
+/// is DDL, read with PostgreSQL's scanner; a text the scanner cannot split counts by its
+/// first statement's first word. In a text of several statements only what ends with DDL
+/// counts (a COMMIT or END may follow): a cancel landing after it would fail a statement
+/// that waits for nothing.
 fn ddl(query: &str) -> Option<Ddl> {
     let parts = pg_query::split_with_scanner(query).unwrap_or_else(|_| vec![query]);
-    let is_ddl = |part: &&str| {
-        let word = crate::gate::first_keyword(part);
-        DDL_WORDS.iter().any(|w| word.eq_ignore_ascii_case(w))
-    };
-    let ddl: Vec<&str> = parts.into_iter().filter(is_ddl).collect();
-    if ddl.is_empty() {
+    let word = |part: &str| crate::gate::first_keyword(part).to_ascii_lowercase();
+    let is_ddl = |part: &str| DDL_WORDS.contains(&word(part).as_str());
+    let last = parts.iter().rposition(|p| is_ddl(p))?;
+    let ends = ["commit", "end"];
+    if !parts[last + 1..]
+        .iter()
+        .all(|p| ends.contains(&word(p).as_str()))
+    {
         return None;
     }
-    let concurrent = |part: &&str| {
-        crate::sql::scan_tokens(part).is_some_and(|tokens| {
-            tokens.iter().any(|t| {
-                let text = usize::try_from(t.start)
-                    .ok()
-                    .zip(usize::try_from(t.end).ok())
-                    .and_then(|(a, b)| part.get(a..b));
-                text.is_some_and(|w| w.eq_ignore_ascii_case("concurrently"))
-            })
-        })
-    };
-    Some(match ddl.iter().all(concurrent) {
-        true => Ddl::Concurrent,
+    let ddl: Vec<&str> = parts.into_iter().filter(|p| is_ddl(p)).collect();
+    let queue_only = |part: &&str| word(part) == "lock" || concurrently(part);
+    Some(match ddl.iter().all(queue_only) {
+        true => Ddl::QueueOnly,
         false => Ddl::Blocking,
+    })
+}
+
+/// Whether `part` says CONCURRENTLY (as a word, read by PostgreSQL's scanner).
+fn concurrently(part: &str) -> bool {
+    crate::sql::scan_tokens(part).is_some_and(|tokens| {
+        tokens.iter().any(|t| {
+            let text = usize::try_from(t.start)
+                .ok()
+                .zip(usize::try_from(t.end).ok())
+                .and_then(|(a, b)| part.get(a..b));
+            text.is_some_and(|w| w.eq_ignore_ascii_case("concurrently"))
+        })
     })
 }
 
@@ -195,6 +205,38 @@ mod tests {
             dead_rows: 0,
         };
         assert!(victims(&reading, |_| true, TWO_S).is_empty());
+    }
+
+    #[test]
+    fn a_text_that_goes_on_after_its_ddl_and_a_lock_waiting_alone_are_left_alone() {
+        let reading = Reading {
+            backends: vec![
+                holder(1),
+                waiting(
+                    2,
+                    "ALTER TABLE t ADD c int; UPDATE t SET c = 1",
+                    9_000,
+                    &[1],
+                ),
+                waiting(
+                    3,
+                    "CREATE TEMP TABLE x (a int); SELECT * FROM t",
+                    9_000,
+                    &[1],
+                ),
+                waiting(4, "LOCK TABLE t IN SHARE ROW EXCLUSIVE MODE", 9_000, &[1]),
+            ],
+            replication_lag: None,
+            dead_rows: 0,
+        };
+        assert!(victims(&reading, |_| true, TWO_S).is_empty());
+        // A LOCK that reads queue behind is cancelled.
+        let mut queued = reading.clone();
+        queued
+            .backends
+            .push(waiting(5, "SELECT 1 FROM t", 10, &[4]));
+        let found = victims(&queued, |_| true, TWO_S);
+        assert_eq!(found.iter().map(|v| v.pid).collect::<Vec<_>>(), vec![4]);
     }
 
     #[test]

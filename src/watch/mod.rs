@@ -206,8 +206,9 @@ async fn read_server<R: Watched>(
                     if v.blind() {
                         tracing::info!(%upstream, "server reading works again");
                     }
+                    let capped = std::mem::take(&mut v.capped);
                     *v = view_of(&reading, &seen, v.guard_cancels + cancels);
-                    v.capped = horizon.capped().map(str::to_string).collect();
+                    v.capped = capped;
                 });
             }
             Err(e) => {
@@ -222,7 +223,6 @@ async fn read_server<R: Watched>(
                 });
                 if blind {
                     apply(rt.as_ref(), &upstream, &horizon.forget());
-                    rt.board().update(&upstream, |v| v.capped.clear());
                 }
             }
         }
@@ -240,19 +240,32 @@ fn oldest(reading: &Reading, seen: &HashMap<u32, Seen>) -> Option<horizon::Oldes
 }
 
 /// Sets and lifts the vacuum horizon's caps.
+/// Sets and lifts the vacuum horizon's caps, each recorded in the server's view in the same
+/// step (under the board's lock): a reader the supervisor forgot meanwhile caps nothing, and
+/// what it capped before is what the supervisor lifts.
 fn apply(rt: &impl Watched, upstream: &str, changes: &[horizon::Change]) {
-    for change in changes {
-        match change {
-            horizon::Change::Cap(tenant) => {
-                tracing::warn!(%upstream, %tenant, "vacuum horizon: a session of this tenant has held the oldest snapshot while dead rows piled up; it runs one statement at a time");
-                rt.cap_tenant(tenant, true);
-            }
-            horizon::Change::Lift(tenant) => {
-                tracing::info!(%upstream, %tenant, "vacuum horizon clear: the tenant's cap is lifted");
-                rt.cap_tenant(tenant, false);
+    if changes.is_empty() {
+        return;
+    }
+    rt.board().update(upstream, |v| {
+        for change in changes {
+            match change {
+                horizon::Change::Cap(tenant) if !v.capped.contains(tenant) => {
+                    tracing::warn!(%upstream, %tenant, "vacuum horizon: a session of this tenant has held the oldest snapshot while dead rows piled up; it runs one statement at a time");
+                    rt.cap_tenant(tenant, true);
+                    v.capped.push(tenant.clone());
+                }
+                horizon::Change::Lift(tenant) => {
+                    if let Some(i) = v.capped.iter().position(|t| t == tenant) {
+                        tracing::info!(%upstream, %tenant, "vacuum horizon clear: the tenant's cap is lifted");
+                        rt.cap_tenant(tenant, false);
+                        v.capped.remove(i);
+                    }
+                }
+                horizon::Change::Cap(_) => {}
             }
         }
-    }
+    });
 }
 
 /// One reading, on the reader's connection (opened first if needed). A connection whose

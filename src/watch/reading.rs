@@ -21,22 +21,30 @@ const WAIT_START_14: &str = "COALESCE((SELECT min(l.waitstart) FROM pg_catalog.p
      WHERE l.pid = a.pid AND NOT l.granted), clock_timestamp())";
 
 // Columns: pid, waits on a lock, seconds waited, blocking pids, statement text (of lock
-// waiters only), age of backend_xmin in transactions, seconds since the transaction began,
-// state, the standbys' longest replay lag in seconds, backend_xmin, the dead rows of the
-// database's tables (pg_stat_user_tables.n_dead_tup, summed), and the kind of lock waited for
-// (`relation`, `object`, `transactionid`, `tuple`, `virtualxid`, `advisory`...).
+// waiters only), the age in transactions of what the backend holds the horizon back with
+// (the older of its own xid and its snapshot's xmin), seconds since the transaction began,
+// state, the standbys' longest replay lag in seconds, that xid, the dead rows of the
+// database's tables (pg_stat_user_tables.n_dead_tup, summed), the kind of lock waited for
+// (`relation`, `object`, `transactionid`, `tuple`, `virtualxid`, `advisory`...), whether the
+// xid is the backend's own (a writer's transaction, which every later snapshot's xmin names
+// too), and whether the backend counts for this database's horizon (its own, or none: a
+// walsender).
 const QUERY: &str = "SELECT a.pid, a.wait_event_type = 'Lock', \
      CASE WHEN a.wait_event_type = 'Lock' \
        THEN extract(epoch FROM clock_timestamp() - {wait_start})::float8 END, \
      CASE WHEN a.wait_event_type = 'Lock' \
        THEN array_to_string(pg_catalog.pg_blocking_pids(a.pid), ',') END, \
      CASE WHEN a.wait_event_type = 'Lock' THEN a.query END, \
-     pg_catalog.age(a.backend_xmin), \
+     GREATEST(pg_catalog.age(a.backend_xid), pg_catalog.age(a.backend_xmin)), \
      extract(epoch FROM clock_timestamp() - a.xact_start)::float8, a.state, \
      (SELECT extract(epoch FROM max(r.replay_lag))::float8 FROM pg_catalog.pg_stat_replication r), \
-     a.backend_xmin::text, \
+     (CASE WHEN pg_catalog.age(a.backend_xid) >= COALESCE(pg_catalog.age(a.backend_xmin), 0) \
+       THEN a.backend_xid ELSE a.backend_xmin END)::text, \
      (SELECT sum(s.n_dead_tup) FROM pg_catalog.pg_stat_user_tables s), \
-     a.wait_event \
+     a.wait_event, \
+     COALESCE(pg_catalog.age(a.backend_xid) >= COALESCE(pg_catalog.age(a.backend_xmin), 0), \
+       false), \
+     a.datname IS NULL OR a.datname = pg_catalog.current_database() \
      FROM pg_catalog.pg_stat_activity a WHERE a.pid <> pg_catalog.pg_backend_pid()";
 
 /// One backend as the reading saw it.
@@ -51,14 +59,19 @@ pub struct Backend {
     pub blocked_by: Vec<u32>,
     /// What it runs (lock waiters only).
     pub query: Option<String>,
-    /// Transactions since its snapshot's xmin (`age(backend_xmin)`).
+    /// Transactions since the oldest xid it holds the horizon back with (its own
+    /// `backend_xid` or its snapshot's `backend_xmin`).
     pub xmin_age: Option<u64>,
     /// How long its transaction has been open.
     pub in_transaction: Option<Duration>,
     /// `pg_stat_activity.state`.
     pub state: Option<String>,
-    /// Its snapshot's `backend_xmin`.
+    /// That xid.
     pub xmin: Option<String>,
+    /// The xid is its own transaction's (the writer), not a snapshot's.
+    pub owns_xid: bool,
+    /// It counts for the horizon of the reader's database (connected to it, or to none).
+    pub this_database: bool,
     /// What kind of lock it waits for (`wait_event`: `relation`, `tuple`...).
     pub lock: Option<String>,
 }
@@ -95,12 +108,15 @@ impl Reading {
             .count()
     }
 
-    /// The backend holding the oldest snapshot, by xmin age.
+    /// The backend that holds this database's horizon back: the oldest xid of a backend of
+    /// this database (or of none), and of those holding the same, the one whose own
+    /// transaction it is (a writer idle in its transaction, whose xid every later snapshot
+    /// names as its xmin).
     pub fn oldest_snapshot(&self) -> Option<&Backend> {
         self.backends
             .iter()
-            .filter(|b| b.xmin_age.is_some())
-            .max_by_key(|b| b.xmin_age)
+            .filter(|b| b.xmin_age.is_some() && b.this_database)
+            .max_by_key(|b| (b.xmin_age, b.owns_xid))
     }
 }
 
@@ -144,6 +160,8 @@ fn backend_of(row: &TextRow) -> Result<(Backend, Option<Duration>, Option<u64>),
         state: cell(7).map(str::to_string),
         xmin: cell(9).map(str::to_string),
         lock: cell(11).map(str::to_string),
+        owns_xid: cell(12) == Some("t"),
+        this_database: cell(13) == Some("t"),
     };
     let dead = cell(10)
         .map(|d| d.parse().map_err(|_| format!("dead rows: {d:?}")))
@@ -183,6 +201,9 @@ mod tests {
                 None,
                 None,
                 Some("1234"),
+                Some("relation"),
+                Some("f"),
+                Some("t"),
             ]),
             row(&[
                 Some("11"),
@@ -196,6 +217,9 @@ mod tests {
                 Some("0.5"),
                 Some("731"),
                 Some("1234"),
+                None,
+                Some("f"),
+                Some("t"),
             ]),
         ];
         let reading = Reading::of_rows(&rows).unwrap();
@@ -211,6 +235,29 @@ mod tests {
         assert_eq!(reading.backends[1].xmin.as_deref(), Some("731"));
         assert_eq!(reading.queued_behind(11), 1);
         assert_eq!(reading.queued_behind(10), 0);
+    }
+
+    #[test]
+    fn the_horizon_is_held_by_the_writer_whose_xid_the_snapshots_name() {
+        let backend = |pid, age, owns, this_database| Backend {
+            pid,
+            xmin_age: Some(age),
+            owns_xid: owns,
+            this_database,
+            ..Backend::default()
+        };
+        let reading = Reading {
+            // A writer idle in its transaction (xid 500), two snapshots taken since (their
+            // xmin is 500 too), and an older snapshot in another database.
+            backends: vec![
+                backend(1, 80, false, true),
+                backend(2, 80, true, true),
+                backend(3, 80, false, true),
+                backend(4, 900, false, false),
+            ],
+            ..Reading::default()
+        };
+        assert_eq!(reading.oldest_snapshot().map(|b| b.pid), Some(2));
     }
 
     #[test]
