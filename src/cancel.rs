@@ -78,6 +78,8 @@ pub struct Seen {
     /// [`CancelState::owed`] then.
     pub owed: usize,
     pub tenant: String,
+    /// The fingerprint of the statement last let through.
+    pub fingerprint: Option<u64>,
 }
 
 impl CancelState {
@@ -301,6 +303,7 @@ impl CancelRegistry {
                 let target = state.target.as_ref().filter(|t| *t.addr == *addr)?;
                 let pid = target.key.pid;
                 let (sent, owed, tenant) = (state.sent, state.owed, state.tenant.clone());
+                let fingerprint = state.fingerprint;
                 drop(state);
                 Some((
                     pid,
@@ -309,6 +312,7 @@ impl CancelRegistry {
                         sent,
                         owed,
                         tenant,
+                        fingerprint,
                     },
                 ))
             })

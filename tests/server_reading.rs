@@ -38,22 +38,39 @@ fn console(f: &Policed, command: &str) -> String {
     stdout_of(&out)
 }
 
-/// The column `name` of SHOW READINGS' only row.
-fn reading(f: &Policed, name: &str) -> String {
+/// The rows of `SHOW {what}`, each by column name.
+fn show(f: &Policed, what: &str) -> Vec<std::collections::BTreeMap<String, String>> {
     let mut cmd = client_command("psql", None);
     cmd.args(["-X", "-w", "-A", "-F", "|", "-d"])
         .arg(f.pw.connstr("admin", None, "pgward"))
-        .args(["-c", "SHOW READINGS"]);
+        .args(["-c", &format!("SHOW {what}")]);
     let out = cmd.output().expect("run psql");
     let text = stdout_of(&out);
     let mut lines = text.lines();
-    let columns: Vec<&str> = lines.next().unwrap_or("").split('|').collect();
-    let row: Vec<&str> = lines.next().unwrap_or("").split('|').collect();
-    let i = columns
-        .iter()
-        .position(|c| *c == name)
-        .unwrap_or_else(|| panic!("no column {name} in {columns:?}"));
-    row.get(i).map_or(String::new(), |v| v.to_string())
+    let columns: Vec<String> = lines
+        .next()
+        .unwrap_or("")
+        .split('|')
+        .map(str::to_string)
+        .collect();
+    lines
+        .filter(|l| !l.starts_with('(')) // the "(n rows)" footer
+        .map(|l| {
+            columns
+                .iter()
+                .cloned()
+                .zip(l.split('|').map(str::to_string))
+                .collect()
+        })
+        .collect()
+}
+
+/// The column `name` of SHOW READINGS' only row.
+fn reading(f: &Policed, name: &str) -> String {
+    show(f, "READINGS")
+        .first()
+        .and_then(|row| row.get(name).cloned())
+        .unwrap_or_default()
 }
 
 /// Whether a backend of PostgreSQL runs `like` and waits for a lock.
@@ -93,6 +110,16 @@ fn an_alter_behind_a_long_transaction_is_cancelled_once_reads_queue_behind_it() 
         assert!(
             eventually(5 * SECOND, || waits_for_lock(&f, "ALTER TABLE%")),
             "the ALTER does not wait"
+        );
+        // SHOW ACTIVITY names the client, its tenant and its lock wait.
+        assert!(
+            eventually(5 * SECOND, || show(&f, "ACTIVITY").iter().any(|r| {
+                r["tenant"] == "trustuser"
+                    && !r["lock_wait"].is_empty()
+                    && !r["blocked_by"].is_empty()
+            })),
+            "{:?}",
+            show(&f, "ACTIVITY")
         );
         // Reads of t now queue behind the ALTER: they run once it is cancelled.
         let queued_at = Instant::now();

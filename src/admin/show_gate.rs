@@ -351,6 +351,53 @@ pub fn readings(rt: &Runtime) -> Table {
     t
 }
 
+const ACTIVITY: &[(&str, Ty)] = &[
+    ("upstream", Ty::Text),
+    ("pid", Ty::Int4),
+    ("client_id", Ty::Int8),
+    ("tenant", Ty::Text),
+    ("fingerprint", Ty::Text),
+    ("state", Ty::Text),
+    ("running", N),
+    ("xact_seconds", N),
+    ("lock_wait", N),
+    ("blocked_by", Ty::Text),
+];
+
+/// Who runs what for how long on each PostgreSQL server, as its last reading saw it: every
+/// backend that is not idle, with pgward's client, tenant and statement fingerprint where it
+/// is one of pgward's (never statement text).
+pub fn activity(rt: &Runtime) -> Table {
+    let mut t = Table::new(ACTIVITY);
+    let seconds = |d: Option<Duration>| d.map_or(Cell::Null, |d| Cell::decimal(d.as_secs_f64(), 3));
+    for (upstream, v) in rt.watch.views() {
+        for a in &v.activity {
+            let (client, tenant, fingerprint) = match &a.client {
+                Some((id, tenant, fp)) => (
+                    Cell::from(*id),
+                    Cell::from(tenant.as_str()),
+                    fp.map_or(Cell::Null, |f| Cell::from(format!("{f:016x}"))),
+                ),
+                None => (Cell::Null, Cell::Null, Cell::Null),
+            };
+            let blocked_by: Vec<String> = a.blocked_by.iter().map(u32::to_string).collect();
+            t.push(vec![
+                upstream.as_str().into(),
+                a.pid.into(),
+                client,
+                tenant,
+                fingerprint,
+                Cell::from(a.state.clone()),
+                seconds(a.running),
+                seconds(a.in_transaction),
+                seconds(a.lock_wait),
+                blocked_by.join(",").into(),
+            ]);
+        }
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -62,6 +62,26 @@ pub struct ServerView {
     pub dead_rows: u64,
     /// Tenants the vacuum horizon holds to one statement at a time.
     pub capped: Vec<String>,
+    /// Who runs what for how long: the backends that are not idle (at most
+    /// [`MAX_ACTIVITY`]).
+    pub activity: Vec<Activity>,
+}
+
+/// Backends listed per server in SHOW ACTIVITY, at most.
+pub const MAX_ACTIVITY: usize = 1000;
+
+/// One backend that is not idle, mapped to pgward's client when it is one's.
+#[derive(Debug, Clone, Default)]
+pub struct Activity {
+    pub pid: u32,
+    /// pgward's client using it, its tenant and the fingerprint of its statement.
+    pub client: Option<(u64, String, Option<u64>)>,
+    pub state: Option<String>,
+    pub running: Option<Duration>,
+    pub in_transaction: Option<Duration>,
+    /// How long it has waited for a lock, if it does.
+    pub lock_wait: Option<Duration>,
+    pub blocked_by: Vec<u32>,
 }
 
 impl ServerView {
@@ -386,7 +406,31 @@ fn view_of(reading: &Reading, seen: &HashMap<u32, Seen>, guard_cancels: u64) -> 
         guard_cancels,
         dead_rows: reading.dead_rows,
         capped: Vec::new(),
+        activity: activity_of(reading, seen),
     }
+}
+
+/// The backends of `reading` that are not idle, pgward's first, the longest running first.
+fn activity_of(reading: &Reading, seen: &HashMap<u32, Seen>) -> Vec<Activity> {
+    let mut rows: Vec<Activity> = reading
+        .backends
+        .iter()
+        .filter(|b| b.state.as_deref().is_some_and(|s| s != "idle"))
+        .map(|b| Activity {
+            pid: b.pid,
+            client: seen
+                .get(&b.pid)
+                .map(|s| (s.handle.client_id, s.tenant.clone(), s.fingerprint)),
+            state: b.state.clone(),
+            running: b.running,
+            in_transaction: b.in_transaction,
+            lock_wait: b.waits_on_lock.then_some(b.waited.unwrap_or_default()),
+            blocked_by: b.blocked_by.clone(),
+        })
+        .collect();
+    rows.sort_by_key(|a| (a.client.is_none(), std::cmp::Reverse(a.running)));
+    rows.truncate(MAX_ACTIVITY);
+    rows
 }
 
 #[cfg(test)]

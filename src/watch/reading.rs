@@ -27,8 +27,8 @@ const WAIT_START_14: &str = "COALESCE((SELECT min(l.waitstart) FROM pg_catalog.p
 // database's tables (pg_stat_user_tables.n_dead_tup, summed), the kind of lock waited for
 // (`relation`, `object`, `transactionid`, `tuple`, `virtualxid`, `advisory`...), whether the
 // xid is the backend's own (a writer's transaction, which every later snapshot's xmin names
-// too), and whether the backend counts for this database's horizon (its own, or none: a
-// walsender).
+// too), whether the backend counts for this database's horizon (its own, or none: a
+// walsender), and for how long its statement has run (active backends only).
 const QUERY: &str = "SELECT a.pid, a.wait_event_type = 'Lock', \
      CASE WHEN a.wait_event_type = 'Lock' \
        THEN extract(epoch FROM clock_timestamp() - {wait_start})::float8 END, \
@@ -44,7 +44,9 @@ const QUERY: &str = "SELECT a.pid, a.wait_event_type = 'Lock', \
      a.wait_event, \
      COALESCE(pg_catalog.age(a.backend_xid) >= COALESCE(pg_catalog.age(a.backend_xmin), 0), \
        false), \
-     a.datname IS NULL OR a.datname = pg_catalog.current_database() \
+     a.datname IS NULL OR a.datname = pg_catalog.current_database(), \
+     CASE WHEN a.state = 'active' \
+       THEN extract(epoch FROM clock_timestamp() - a.query_start)::float8 END \
      FROM pg_catalog.pg_stat_activity a WHERE a.pid <> pg_catalog.pg_backend_pid()";
 
 /// One backend as the reading saw it.
@@ -72,6 +74,8 @@ pub struct Backend {
     pub owns_xid: bool,
     /// It counts for the horizon of the reader's database (connected to it, or to none).
     pub this_database: bool,
+    /// How long its statement has run (active backends).
+    pub running: Option<Duration>,
     /// What kind of lock it waits for (`wait_event`: `relation`, `tuple`...).
     pub lock: Option<String>,
 }
@@ -162,6 +166,7 @@ fn backend_of(row: &TextRow) -> Result<(Backend, Option<Duration>, Option<u64>),
         lock: cell(11).map(str::to_string),
         owns_xid: cell(12) == Some("t"),
         this_database: cell(13) == Some("t"),
+        running: seconds(14)?,
     };
     let dead = cell(10)
         .map(|d| d.parse().map_err(|_| format!("dead rows: {d:?}")))
