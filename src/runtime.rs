@@ -488,6 +488,14 @@ impl crate::watch::Watched for Runtime {
         &self.watch
     }
 
+    fn move_charge(&self, from: &str, to: &str, seconds: f64) {
+        self.gatekeeper
+            .lock()
+            .move_charge(from, to, seconds, Instant::now());
+        // The refund may let the waiter's tenant's waiting tickets go sooner.
+        self.gatekeeper.wake();
+    }
+
     fn cap_tenant(&self, tenant: &str, on: bool) {
         self.gatekeeper
             .lock()

@@ -334,3 +334,90 @@ fn a_tenant_holding_back_the_vacuum_horizon_runs_one_statement_at_a_time() {
         tenant_settings(&f, "trustuser")
     );
 }
+
+/// Row `a = 1` of `t` updated by another role (tenant `postgres`): what it answers.
+fn update_hot_row_as_postgres(f: &Policed) -> Vec<common::raw::Message> {
+    let mut c =
+        f.pw.client_with(&[("user", "postgres"), ("database", "app")]);
+    c.exchange_within(
+        &query_message("UPDATE t SET a = a + 0 WHERE a = 1"),
+        20 * SECOND,
+        "the other session's update",
+    )
+}
+
+/// The `charged` seconds of `tenant` in SHOW TENANTS.
+fn charged(f: &Policed, tenant: &str) -> f64 {
+    show(f, "TENANTS")
+        .iter()
+        .find(|r| r["tenant"] == tenant)
+        .and_then(|r| r["charged"].parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[test]
+fn the_session_others_wait_for_pays_for_their_wait() {
+    // Tenants are roles here: trustuser holds a row lock, postgres waits for it.
+    let f = start("[gate]\n");
+    let mut holder = client(&f);
+    let answer = holder.exchange_within(
+        &query_message("BEGIN; UPDATE t SET a = a WHERE a = 1"),
+        3 * SECOND,
+        "the row lock",
+    );
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    thread::scope(|scope| {
+        let waiter = scope.spawn(|| update_hot_row_as_postgres(&f));
+        assert!(
+            eventually(5 * SECOND, || waits_for_lock(&f, "UPDATE t SET a = a + 0%")),
+            "the waiter does not wait"
+        );
+        thread::sleep(3 * SECOND);
+        let done = holder.exchange_within(&query_message("COMMIT"), 3 * SECOND, "COMMIT");
+        assert_eq!(error_code(&done), "", "{}", describe(&done));
+        let answer = waiter.join().expect("waiter");
+        assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    });
+    // About three seconds of the waiter's run moved to the holder's tenant.
+    let (holder_paid, waiter_paid) = (charged(&f, "trustuser"), charged(&f, "postgres"));
+    assert!(
+        holder_paid > 1.5,
+        "trustuser {holder_paid}, postgres {waiter_paid}"
+    );
+    assert!(
+        waiter_paid < 1.5,
+        "trustuser {holder_paid}, postgres {waiter_paid}"
+    );
+}
+
+#[test]
+fn a_lane_of_one_slot_and_two_sessions_on_one_hot_row_do_not_knot() {
+    // The holder of the row lock keeps the lane's only slot to the end of its transaction;
+    // the other session waits for the slot in the gate (holding no server, no row lock), so
+    // nothing ever waits for a session that waits for it.
+    let f = start("[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n");
+    let mut holder = client(&f);
+    for sql in ["BEGIN", "UPDATE t SET a = a WHERE a = 1"] {
+        let answer = holder.exchange_within(&query_message(sql), 3 * SECOND, sql);
+        assert_eq!(error_code(&answer), "", "{sql}: {}", describe(&answer));
+    }
+    thread::scope(|scope| {
+        let waiter = scope.spawn(|| update_hot_row_as_postgres(&f));
+        assert!(
+            eventually(5 * SECOND, || show(&f, "LANES")
+                .iter()
+                .any(|r| r["lane"] == "fast" && r["waiting"] == "1")),
+            "the other session does not wait for the slot: {:?}",
+            show(&f, "LANES")
+        );
+        // The holder's next statements run at once.
+        let started = Instant::now();
+        for sql in ["SELECT count(*) FROM t", "COMMIT"] {
+            let answer = holder.exchange_within(&query_message(sql), 3 * SECOND, sql);
+            assert_eq!(error_code(&answer), "", "{sql}: {}", describe(&answer));
+        }
+        assert!(started.elapsed() < 2 * SECOND, "{:?}", started.elapsed());
+        let answer = waiter.join().expect("waiter");
+        assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    });
+}

@@ -102,6 +102,9 @@ struct TenantState {
     /// Readers of servers that cap it to one slot whatever its settings say (the vacuum
     /// horizon), counted so that one server's lift does not undo another's cap.
     caps: usize,
+    /// Seconds moved to the tenants whose locks its statements waited for, not yet taken
+    /// off its counters: the waits are charged when their statements end.
+    credit: f64,
 }
 
 impl TenantState {
@@ -118,6 +121,7 @@ impl TenantState {
             unknown: BTreeSet::new(),
             refusals: BTreeMap::new(),
             caps: 0,
+            credit: 0.0,
         }
     }
 

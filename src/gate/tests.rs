@@ -784,6 +784,33 @@ fn a_cap_holds_a_tenant_below_its_settings_until_lifted() {
 }
 
 #[test]
+fn the_blocker_pays_for_the_wait_of_the_statement_it_blocks() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "holder", "rate=1 burst=10", t0);
+    budget(&mut g, "waiter", "rate=1 burst=10", t0);
+    // Two seconds of the waiter's statement went to waiting for the holder's lock.
+    g.move_charge("waiter", "holder", 2.0, t0);
+    let (h, w) = (stats(&g, "holder", t0), stats(&g, "waiter", t0));
+    assert_eq!(h.charged, 2.0);
+    assert_eq!(h.balance, Some(8.0));
+    assert_eq!(w.balance, Some(10.0), "a full bucket stays full");
+    // Its statement ends after 3 s: one of them is its own.
+    g.settle("waiter", 0.0, 3.0, t0);
+    let w = stats(&g, "waiter", t0);
+    assert!((w.charged - 1.0).abs() < 1e-9, "{}", w.charged);
+    assert_eq!(
+        w.balance,
+        Some(7.0),
+        "its bucket paid the 3 s less the 2 s refund (at most burst)"
+    );
+    // Nothing moves to itself, nor a count that is not a number of seconds.
+    g.move_charge("holder", "holder", 5.0, t0);
+    g.move_charge("waiter", "holder", f64::NAN, t0);
+    assert_eq!(stats(&g, "holder", t0).charged, 2.0);
+}
+
+#[test]
 fn set_tenant_words() {
     let t0 = Instant::now();
     let mut g = gate();

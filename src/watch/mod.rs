@@ -5,6 +5,7 @@
 //! in a row leaves pgward acting as if nothing happened (said in the log and the console),
 //! never blocking traffic.
 
+pub mod blame;
 pub mod guard;
 pub mod horizon;
 pub mod reading;
@@ -133,6 +134,8 @@ pub trait Watched: Send + Sync + 'static {
     fn board(&self) -> &Board;
     /// Holds `tenant` to one slot at a time (`on`), or lifts this reader's hold.
     fn cap_tenant(&self, tenant: &str, on: bool);
+    /// Moves `seconds` of server time already charged from one tenant to another.
+    fn move_charge(&self, from: &str, to: &str, seconds: f64);
 }
 
 /// Keeps one reader running per PostgreSQL server pgward pools onto while the policy asks
@@ -212,6 +215,13 @@ async fn read_server<R: Watched>(
                 let cancels = policy
                     .lock_wait
                     .map_or(0, |w| guard(&upstream, &reading, &seen, w));
+                let tenants: HashMap<u32, &str> = seen
+                    .iter()
+                    .map(|(pid, s)| (*pid, s.tenant.as_str()))
+                    .collect();
+                for m in blame::moves(&reading, &tenants, PERIOD) {
+                    rt.move_charge(&m.from, &m.to, m.seconds);
+                }
                 let changes = match policy.horizon {
                     Some(h) => horizon.observe(
                         Instant::now(),

@@ -222,9 +222,29 @@ impl<W> Gate<W> {
                 false => bucket.refund(&b, -delta, now),
             }
         }
-        state.recent.add(delta, now);
-        state.charged = (state.charged + delta).max(0.0);
+        // Time already moved to the tenants it waited for is not counted twice.
+        let moved = match delta > 0.0 {
+            true => delta.min(state.credit),
+            false => 0.0,
+        };
+        state.credit -= moved;
+        state.recent.add(delta - moved, now);
+        state.charged = (state.charged + delta - moved).max(0.0);
         delta
+    }
+
+    /// Moves `seconds` already charged from tenant `from` to tenant `to` (the blocker pays
+    /// for the time the waiter spent waiting for its lock).
+    pub fn move_charge(&mut self, from: &str, to: &str, seconds: f64, now: Instant) {
+        if !(seconds.is_finite() && seconds > 0.0) || from == to {
+            return;
+        }
+        self.settle(to, 0.0, seconds, now);
+        let state = self.tenant_mut(from, now);
+        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
+            bucket.refund(&b, seconds, now);
+        }
+        state.credit += seconds;
     }
 
     /// Whether `tenant` has a budget: a refund to it may let its waiting requests go.
