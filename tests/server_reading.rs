@@ -12,8 +12,10 @@ use common::policy::Policed;
 use common::raw::{describe, error_code, query_message, Raw};
 use common::{client_command, eventually, stderr_of, stdout_of, SECOND};
 
+/// Table `t`, owned by trustuser, whose login the reading borrows: it reads every role's
+/// sessions (pg_read_all_stats).
 const TABLE: &str = "CREATE TABLE t (a int); INSERT INTO t SELECT generate_series(1, 10); \
-     ALTER TABLE t OWNER TO trustuser";
+     ALTER TABLE t OWNER TO trustuser; GRANT pg_read_all_stats TO trustuser";
 
 const SETTINGS: &str = "default_pool_size = 6\nadmin_users = admin\n";
 
@@ -368,9 +370,13 @@ fn the_session_others_wait_for_pays_for_their_wait() {
     assert_eq!(error_code(&answer), "", "{}", describe(&answer));
     thread::scope(|scope| {
         let waiter = scope.spawn(|| update_hot_row_as_postgres(&f));
+        // The reading sees the wait (and who it waits for) before the 3 s are counted.
         assert!(
-            eventually(5 * SECOND, || waits_for_lock(&f, "UPDATE t SET a = a + 0%")),
-            "the waiter does not wait"
+            eventually(5 * SECOND, || show(&f, "ACTIVITY")
+                .iter()
+                .any(|r| r["tenant"] == "postgres" && !r["blocked_by"].is_empty())),
+            "the reading does not see the waiter: {:?}",
+            show(&f, "ACTIVITY")
         );
         thread::sleep(3 * SECOND);
         let done = holder.exchange_within(&query_message("COMMIT"), 3 * SECOND, "COMMIT");

@@ -794,20 +794,30 @@ fn the_blocker_pays_for_the_wait_of_the_statement_it_blocks() {
     let (h, w) = (stats(&g, "holder", t0), stats(&g, "waiter", t0));
     assert_eq!(h.charged, 2.0);
     assert_eq!(h.balance, Some(8.0));
-    assert_eq!(w.balance, Some(10.0), "a full bucket stays full");
-    // Its statement ends after 3 s: one of them is its own.
+    assert_eq!(
+        w.balance,
+        Some(10.0),
+        "nothing given back before its run is settled"
+    );
+    // Its statement ends after 3 s: one of them is its own, for the counters and the bucket.
     g.settle("waiter", 0.0, 3.0, t0);
     let w = stats(&g, "waiter", t0);
     assert!((w.charged - 1.0).abs() < 1e-9, "{}", w.charged);
     assert_eq!(
         w.balance,
-        Some(7.0),
-        "its bucket paid the 3 s less the 2 s refund (at most burst)"
+        Some(9.0),
+        "3 s of server time paid once: 2 by the holder"
     );
+    // An over-predicted statement uses its credit up too: none is left for the next.
+    g.move_charge("waiter", "holder", 1.0, t0);
+    g.settle("waiter", 2.0, 1.5, t0);
+    let before = stats(&g, "waiter", t0).charged;
+    g.settle("waiter", 0.0, 1.0, t0);
+    assert!((stats(&g, "waiter", t0).charged - before - 1.0).abs() < 1e-9);
     // Nothing moves to itself, nor a count that is not a number of seconds.
     g.move_charge("holder", "holder", 5.0, t0);
     g.move_charge("waiter", "holder", f64::NAN, t0);
-    assert_eq!(stats(&g, "holder", t0).charged, 2.0);
+    assert_eq!(stats(&g, "holder", t0).charged, 3.0);
 }
 
 #[test]

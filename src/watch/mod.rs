@@ -199,6 +199,8 @@ async fn read_server<R: Watched>(
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut conn: Option<ServerConn> = None;
     let mut horizon = Horizon::default();
+    // When the last reading was asked for, for the lock waits it moves.
+    let mut last_asked: Option<Instant> = None;
     loop {
         tick.tick().await;
         if pool.settings().target.hosts.label() != upstream {
@@ -208,6 +210,7 @@ async fn read_server<R: Watched>(
             return;
         }
         let seen = rt.cancels().seen_at(&addr);
+        let asked = Instant::now();
         let result = read_once(&pool, &addr, &mut conn).await;
         let policy = rt.watch_policy().unwrap_or_default();
         match result {
@@ -215,13 +218,9 @@ async fn read_server<R: Watched>(
                 let cancels = policy
                     .lock_wait
                     .map_or(0, |w| guard(&upstream, &reading, &seen, w));
-                let tenants: HashMap<u32, &str> = seen
-                    .iter()
-                    .map(|(pid, s)| (*pid, s.tenant.as_str()))
-                    .collect();
-                for m in blame::moves(&reading, &tenants, PERIOD) {
-                    rt.move_charge(&m.from, &m.to, m.seconds);
-                }
+                let elapsed = last_asked.map_or(PERIOD, |t| asked.saturating_duration_since(t));
+                last_asked = Some(asked);
+                blame(rt.as_ref(), &addr, &reading, &seen, elapsed);
                 let changes = match policy.horizon {
                     Some(h) => horizon.observe(
                         Instant::now(),
@@ -256,6 +255,35 @@ async fn read_server<R: Watched>(
                 }
             }
         }
+    }
+}
+
+/// The blocker pays for one reading, `elapsed` after the last (at most five periods). Only
+/// sessions that served the same client before and after the reading count, and a waiter
+/// only while its client waits for an answer (a wait of pgward's own, such as its EXPLAIN,
+/// is nobody's statement).
+fn blame(
+    rt: &impl Watched,
+    addr: &ServerAddr,
+    reading: &Reading,
+    seen: &HashMap<u32, Seen>,
+    elapsed: Duration,
+) {
+    let after = rt.cancels().seen_at(addr);
+    let same = |pid: &u32| {
+        let (before, now) = (seen.get(pid), after.get(pid));
+        before
+            .zip(now)
+            .filter(|(b, n)| b.handle.client_id == n.handle.client_id && b.tenant == n.tenant)
+            .map(|(b, n)| (b, n.owed))
+    };
+    let tenants: HashMap<u32, &str> = seen
+        .keys()
+        .filter_map(|pid| same(pid).map(|(b, _)| (*pid, b.tenant.as_str())))
+        .collect();
+    let busy = |pid: u32| same(&pid).is_some_and(|(b, owed)| b.owed > 0 && owed > 0);
+    for m in blame::moves(reading, &tenants, busy, elapsed.min(PERIOD * 5)) {
+        rt.move_charge(&m.from, &m.to, m.seconds);
     }
 }
 

@@ -6,6 +6,10 @@ use crate::gate::RequestKind;
 /// Statements kept in quarantine at most (a flood of flips cannot grow the map).
 const MAX_QUARANTINED: usize = 10_000;
 
+/// Most seconds of moved lock waits a tenant's next runs are charged less (so a wait that
+/// was never settled, such as pgward's own EXPLAIN's, cannot erase much of later work).
+pub const MAX_CREDIT: f64 = 60.0;
+
 impl<W> Gate<W> {
     fn next_ticket(&mut self) -> TicketId {
         self.next_id += 1;
@@ -204,12 +208,15 @@ impl<W> Gate<W> {
     }
 
     /// Work of `tenant` that was charged `charged` seconds before it ran took `took`: the
-    /// difference is charged (even into debt) or given back (within the burst). Returns the
-    /// seconds added (negative when given back).
+    /// difference is charged (even into debt) or given back (within the burst). Seconds of
+    /// lock waits already moved to the tenants it waited for (its credit) are taken off what
+    /// it took. Returns the seconds added (negative when given back).
     pub fn settle(&mut self, tenant: &str, charged: f64, took: f64, now: Instant) -> f64 {
         let took = if took.is_finite() { took.max(0.0) } else { 0.0 };
-        let delta = took - charged.max(0.0);
         let state = self.tenant_mut(tenant, now);
+        let moved = took.min(state.credit);
+        state.credit -= moved;
+        let delta = took - moved - charged.max(0.0);
         if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
             match delta >= 0.0 {
                 true => {
@@ -222,29 +229,30 @@ impl<W> Gate<W> {
                 false => bucket.refund(&b, -delta, now),
             }
         }
-        // Time already moved to the tenants it waited for is not counted twice.
-        let moved = match delta > 0.0 {
-            true => delta.min(state.credit),
-            false => 0.0,
-        };
-        state.credit -= moved;
-        state.recent.add(delta - moved, now);
-        state.charged = (state.charged + delta - moved).max(0.0);
+        state.recent.add(delta, now);
+        state.charged = (state.charged + delta).max(0.0);
         delta
     }
 
-    /// Moves `seconds` already charged from tenant `from` to tenant `to` (the blocker pays
-    /// for the time the waiter spent waiting for its lock).
+    /// Moves `seconds` of a running statement of tenant `from` that waited for a lock to
+    /// tenant `to` (the blocker pays): `to` is charged now, and `from` is charged that much
+    /// less when its statement's run is settled (a credit, at most [`MAX_CREDIT`] seconds).
     pub fn move_charge(&mut self, from: &str, to: &str, seconds: f64, now: Instant) {
         if !(seconds.is_finite() && seconds > 0.0) || from == to {
             return;
         }
-        self.settle(to, 0.0, seconds, now);
-        let state = self.tenant_mut(from, now);
-        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
-            bucket.refund(&b, seconds, now);
+        let to_state = self.tenant_mut(to, now);
+        if let (Some(bucket), Some(b)) = (&mut to_state.bucket, to_state.config.budget()) {
+            let exact = Budget {
+                min_charge: 0.0,
+                ..b
+            };
+            bucket.force_charge(&exact, seconds, now);
         }
-        state.credit += seconds;
+        to_state.recent.add(seconds, now);
+        to_state.charged += seconds;
+        let from_state = self.tenant_mut(from, now);
+        from_state.credit = (from_state.credit + seconds).min(MAX_CREDIT);
     }
 
     /// Whether `tenant` has a budget: a refund to it may let its waiting requests go.
