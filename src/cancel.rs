@@ -181,17 +181,16 @@ impl ClientHandle {
     ) -> bool {
         let target = {
             let mut state = lock(&self.state);
-            let same = state.target.as_ref().is_some_and(|t| t.key.pid == pid);
+            let Some(target) = state.target.clone().filter(|t| t.key.pid == pid) else {
+                return false;
+            };
             let busy = self.in_flight.load(Ordering::Acquire) > 0;
-            if !same || busy || seen != (state.sent, 1) || state.owed != 1 {
+            if busy || seen != (state.sent, 1) || state.owed != 1 {
                 return false;
             }
             state.own_cancel = Some((state.sent, reason));
             self.in_flight.fetch_add(1, Ordering::AcqRel);
-            state.target.clone()
-        };
-        let Some(target) = target else {
-            return false;
+            target
         };
         let in_flight = InFlight(Arc::clone(self));
         tokio::spawn(async move {

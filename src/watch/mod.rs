@@ -297,7 +297,6 @@ fn oldest(reading: &Reading, seen: &HashMap<u32, Seen>) -> Option<horizon::Oldes
     })
 }
 
-/// Sets and lifts the vacuum horizon's caps.
 /// Sets and lifts the vacuum horizon's caps, each recorded in the server's view in the same
 /// step (under the board's lock): a reader the supervisor forgot meanwhile caps nothing, and
 /// what it capped before is what the supervisor lifts.
