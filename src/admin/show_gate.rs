@@ -288,6 +288,11 @@ fn minute_line(s: &CacheStats) -> Option<String> {
     })
 }
 
+/// Seconds with milliseconds, NULL for none.
+fn seconds(d: Option<Duration>) -> Cell {
+    d.map_or(Cell::Null, |d| Cell::decimal(d.as_secs_f64(), 3))
+}
+
 const READINGS: &[(&str, Ty)] = &[
     ("upstream", Ty::Text),
     ("state", Ty::Text),
@@ -318,8 +323,6 @@ pub fn readings(rt: &Runtime) -> Table {
             (false, 0) => "reading",
             (false, _) => "failing",
         };
-        let seconds =
-            |d: Option<Duration>| d.map_or(Cell::Null, |d| Cell::decimal(d.as_secs_f64(), 3));
         let (age, pid, xact, tenant) = match v.oldest_xmin {
             Some((age, pid, xact, tenant)) => (
                 Cell::Int(age as i64),
@@ -369,7 +372,6 @@ const ACTIVITY: &[(&str, Ty)] = &[
 /// is one of pgward's (never statement text).
 pub fn activity(rt: &Runtime) -> Table {
     let mut t = Table::new(ACTIVITY);
-    let seconds = |d: Option<Duration>| d.map_or(Cell::Null, |d| Cell::decimal(d.as_secs_f64(), 3));
     for (upstream, v) in rt.watch.views() {
         for a in &v.activity {
             let (client, tenant, fingerprint) = match &a.client {

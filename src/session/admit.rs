@@ -15,6 +15,7 @@
 //! server still owes earlier answers waits until it owes none (pgward cannot run an EXPLAIN
 //! in the middle of the client's batch); one whose price is cached does not.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -385,12 +386,8 @@ impl Work {
 
     /// The statement text for its keywords alone (what kind of request it is, whether it
     /// may change plans): not UTF-8, its other bytes read as U+FFFD.
-    fn words(&self) -> Option<std::borrow::Cow<'_, str>> {
-        use std::borrow::Cow;
-        match self.sql() {
-            Some(sql) => Some(Cow::Borrowed(sql)),
-            None => self.text().map(String::from_utf8_lossy),
-        }
+    fn words(&self) -> Option<Cow<'_, str>> {
+        self.text().map(words_of)
     }
 }
 
@@ -1754,13 +1751,19 @@ fn changes_plans(text: &str) -> bool {
     }
 }
 
-/// The kind of a statement text, by its keywords (bytes not UTF-8 read as U+FFFD: a
-/// `SAVEPOINT` named in another client_encoding is still one).
-fn kind_of(text: &[u8]) -> RequestKind {
+/// A statement text for its keywords: itself when it is UTF-8, else with its other bytes
+/// read as U+FFFD.
+fn words_of(text: &[u8]) -> Cow<'_, str> {
     match std::str::from_utf8(text) {
-        Ok(text) => RequestKind::of_sql(text),
-        Err(_) => RequestKind::of_sql(&String::from_utf8_lossy(text)),
+        Ok(text) => Cow::Borrowed(text),
+        Err(_) => String::from_utf8_lossy(text),
     }
+}
+
+/// The kind of a statement text, by its keywords (a `SAVEPOINT` named in another
+/// client_encoding is still one).
+fn kind_of(text: &[u8]) -> RequestKind {
+    RequestKind::of_sql(&words_of(text))
 }
 
 /// The text of a Query body (a slice of it).

@@ -773,11 +773,13 @@ impl Session {
             }
             if tag == backend::tag::ERROR_RESPONSE {
                 let body = &link.server.rbuf[span.body()];
-                // The number of the request this error answers (the first one unanswered).
-                let request = (self.gate.requests_sent + 1)
-                    .saturating_sub(link.expected.requests_owed() as u64);
-                let own = (&self.gate, &*self.handle, governed);
-                if let Some(err) = own_cancel_error(body, own, request) {
+                // Under a policy, the number of the request this error answers (the first
+                // one unanswered): requests are counted under a policy only.
+                let request = governed.then(|| {
+                    (self.gate.requests_sent + 1)
+                        .saturating_sub(link.expected.requests_owed() as u64)
+                });
+                if let Some(err) = own_cancel_error(body, &self.gate, &self.handle, request) {
                     // PostgreSQL's answer to pgward's cancel: say why pgward cancelled.
                     let route = server_message(link, &mut client, span, None)?;
                     let out = kept.get_or_insert_with(BytesMut::new);
@@ -1032,8 +1034,9 @@ fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<
 /// timeout, the lock-queue guard).
 fn own_cancel_error(
     body: &[u8],
-    (gate, handle, governed): (&admit::GateState, &crate::cancel::ClientHandle, bool),
-    request: u64,
+    gate: &admit::GateState,
+    handle: &crate::cancel::ClientHandle,
+    request: Option<u64>,
 ) -> Option<ErrorResponse> {
     let code = wire::ErrorFields::find(body, backend::field::CODE)?;
     if code != sqlstate::QUERY_CANCELED.as_bytes() {
@@ -1042,11 +1045,10 @@ fn own_cancel_error(
     if let Some(limit) = gate.timed_out {
         return Some(admit::statement_timeout_error(&gate.tenant, limit));
     }
-    // Requests are counted under a policy only: without one, pgward cancels nothing of its
-    // own, and a reason left from before is not this error's.
-    governed
-        .then(|| handle.take_own_cancel(request))
-        .flatten()
+    // Without a policy (no `request`) pgward cancels nothing of its own, and a reason left
+    // from before is not this error's.
+    request
+        .and_then(|n| handle.take_own_cancel(n))
         .map(|c| c.error())
 }
 
