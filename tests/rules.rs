@@ -16,7 +16,7 @@ use common::driver::{code, must_connect, must_value};
 use common::policy::Policed;
 use common::raw::{
     bind_message, command_tag, describe, error_code, execute_message, extended_query, first_error,
-    flush_message, function_call_message, parse_message, query_message, run_prepared,
+    flush_message, function_call_message, parse_message, query_bytes, query_message, run_prepared,
     startup_packet, sync_message, tags, Fields, Message, Raw, PROTOCOL_3_0,
 };
 use common::{
@@ -1094,9 +1094,7 @@ priority = "normal"
     assert!(out.status.success(), "KILL TENANT: {}", stderr_of(&out));
     let mut raw = f.raw("trustuser", "bytes");
     let text = b"SELECT 'caf\xe9' /*tenant='a'*/";
-    let body = [&text[..], b"\0"].concat();
-    let len = u32::try_from(body.len() + 4).unwrap();
-    let query = [&b"Q"[..], &len.to_be_bytes(), &body].concat();
+    let query = query_bytes(text);
     let answer = raw.exchange_within(&query, 3 * SECOND, "a Query not in UTF-8");
     // PostgreSQL's own answer to the bytes: invalid byte sequence for encoding "UTF8".
     assert_eq!(error_code(&answer), "22021", "{}", describe(&answer));
@@ -1177,9 +1175,7 @@ fn under_cost_rules_a_text_that_is_not_utf8_cannot_be_priced_and_is_refused() {
         ("client_encoding", "LATIN1"),
     ]);
     let text = b"SELECT count(*) FROM t WHERE a::text <> 'caf\xe9'";
-    let body = [&text[..], b"\0"].concat();
-    let len = u32::try_from(body.len() + 4).unwrap();
-    let query = [&b"Q"[..], &len.to_be_bytes(), &body].concat();
+    let query = query_bytes(text);
     let answer = raw.exchange_within(&query, 3 * SECOND, "a LATIN1 Query");
     assert_eq!(error_code(&answer), "54000", "{}", describe(&answer));
     // The same in UTF-8 runs.

@@ -29,17 +29,6 @@ fn client(f: &Policed) -> Raw {
     f.pw.client_with(&[("user", "trustuser"), ("database", "app")])
 }
 
-/// The rows of a console command, `|`-separated.
-fn console(f: &Policed, command: &str) -> String {
-    let mut cmd = client_command("psql", None);
-    cmd.args(["-X", "-w", "-At", "-d"])
-        .arg(f.pw.connstr("admin", None, "pgward"))
-        .args(["-c", command]);
-    let out = cmd.output().expect("run psql");
-    assert!(out.status.success(), "{command}: {}", stderr_of(&out));
-    stdout_of(&out)
-}
-
 /// The rows of `SHOW {what}`, each by column name.
 fn show(f: &Policed, what: &str) -> Vec<std::collections::BTreeMap<String, String>> {
     let mut cmd = client_command("psql", None);
@@ -47,6 +36,7 @@ fn show(f: &Policed, what: &str) -> Vec<std::collections::BTreeMap<String, Strin
         .arg(f.pw.connstr("admin", None, "pgward"))
         .args(["-c", &format!("SHOW {what}")]);
     let out = cmd.output().expect("run psql");
+    assert!(out.status.success(), "SHOW {what}: {}", stderr_of(&out));
     let text = stdout_of(&out);
     let mut lines = text.lines();
     let columns: Vec<String> = lines
@@ -235,8 +225,8 @@ fn a_reading_that_cannot_connect_changes_nothing_for_clients() {
     assert_eq!(error_code(&ok), "", "{}", describe(&ok));
     assert!(
         eventually(10 * SECOND, || reading(&f, "state") == "blind"),
-        "the reading is not blind: {}",
-        console(&f, "SHOW READINGS")
+        "the reading is not blind: {:?}",
+        show(&f, "READINGS")
     );
     assert!(reading(&f, "error").contains("division by zero"));
     // Acting as if nothing happened: no guard, so the ALTER waits for the transaction.
@@ -263,19 +253,13 @@ fn a_reading_that_cannot_connect_changes_nothing_for_clients() {
         .contains("server reading failed 3 times in a row"));
 }
 
-/// The `settings` of `tenant` in SHOW TENANTS.
+/// The `settings` of `tenant` in SHOW TENANTS (empty without a row).
 fn tenant_settings(f: &Policed, tenant: &str) -> String {
-    let mut cmd = client_command("psql", None);
-    cmd.args(["-X", "-w", "-At", "-F", "|", "-d"])
-        .arg(f.pw.connstr("admin", None, "pgward"))
-        .args(["-c", "SHOW TENANTS"]);
-    let out = cmd.output().expect("run psql");
-    stdout_of(&out)
-        .lines()
-        .find_map(|l| l.strip_prefix(&format!("{tenant}|")))
-        .and_then(|rest| rest.split('|').next())
-        .unwrap_or("")
-        .to_string()
+    show(f, "TENANTS")
+        .into_iter()
+        .find(|r| r["tenant"] == tenant)
+        .map(|r| r["settings"].clone())
+        .unwrap_or_default()
 }
 
 #[test]
@@ -294,16 +278,16 @@ fn a_tenant_holding_back_the_vacuum_horizon_runs_one_statement_at_a_time() {
     assert!(
         eventually(5 * SECOND, || reading(&f, "oldest_xmin_tenant")
             == "trustuser"),
-        "{}",
-        console(&f, "SHOW READINGS")
+        "{:?}",
+        show(&f, "READINGS")
     );
     assert_eq!(tenant_settings(&f, "trustuser"), "");
     // Rows die behind the snapshot (another role, straight to PostgreSQL).
     f.pg.sql("UPDATE t SET a = a + 1");
     assert!(
         eventually(10 * SECOND, || tenant_settings(&f, "trustuser") == "cap=1"),
-        "not capped: {}",
-        console(&f, "SHOW READINGS")
+        "not capped: {:?}",
+        show(&f, "READINGS")
     );
     assert_eq!(reading(&f, "horizon_capped"), "trustuser");
     // The tenant's one slot is the holder's: its other statements wait for it.

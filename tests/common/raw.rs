@@ -931,6 +931,11 @@ pub fn query_message(sql: &str) -> Vec<u8> {
     Batch::new().query(sql).bytes
 }
 
+/// A simple Query message of any bytes (a text in another client_encoding, or not text).
+pub fn query_bytes(text: &[u8]) -> Vec<u8> {
+    message(b'Q', &[text, b"\0"].concat())
+}
+
 /// A Parse message: statement `name`, `sql`, no parameter types.
 pub fn parse_message(name: &str, sql: &str) -> Vec<u8> {
     Batch::new().parse(name, sql, &[]).bytes
