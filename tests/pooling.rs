@@ -11,7 +11,7 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, message, must_connect, must_value, value};
-use common::raw::{describe, first_error, new_client_value, query_message, Raw, ReadError};
+use common::raw::{describe, first_error, new_client_value, query_message, Raw};
 use common::{
     eventually, log_statements_of, logged_statements, server_count, stderr_of, stdout_of, Pgward,
     Postgres, SECOND,
@@ -149,7 +149,7 @@ fn statement_pooling_refuses_begin_before_the_client_sees_a_block() {
         let left = deadline.saturating_duration_since(Instant::now());
         match client.read_message_within(left) {
             Ok(msg) => seen.push(msg),
-            Err(err) => break err == ReadError::Closed,
+            Err(err) => break err.is_gone(),
         }
     };
     assert!(closed, "still open: [{}]", describe(&seen));

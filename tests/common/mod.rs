@@ -782,9 +782,24 @@ impl Pgward {
 }
 
 impl Drop for Pgward {
+    /// Stops pgward; when the test failed, prints its log (tail) so a failure in CI shows
+    /// what pgward saw.
     fn drop(&mut self) {
+        // Whether pgward was still running (a crash or a kill of its own shows here).
+        let exited = self.child.try_wait().ok().flatten();
         let _ = self.child.kill();
         let _ = self.child.wait();
+        if std::thread::panicking() {
+            if let Some(status) = exited {
+                eprintln!("pgward had exited before the test's end: {status}");
+            }
+            let log = self.log();
+            let tail = log.len().saturating_sub(20_000);
+            let start = (tail..log.len())
+                .find(|&i| log.is_char_boundary(i))
+                .unwrap_or(0);
+            eprintln!("pgward's log at the failure:\n{}", &log[start..]);
+        }
     }
 }
 

@@ -175,7 +175,17 @@ pub type Rows = Vec<Vec<Option<String>>>;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ReadError {
     Timeout,
+    /// The peer closed the connection (end of stream).
     Closed,
+    /// The connection failed (reset by the peer: it closed with bytes unread).
+    Reset,
+}
+
+impl ReadError {
+    /// Whether the connection is gone, closed or reset.
+    pub fn is_gone(self) -> bool {
+        matches!(self, ReadError::Closed | ReadError::Reset)
+    }
 }
 
 /// The connection under a [`Raw`].
@@ -316,10 +326,12 @@ impl Raw {
                 self.buf.extend_from_slice(&chunk[..n]);
                 Ok(true)
             }
+            // A signal (a read with a timeout is never restarted): read again.
+            Err(err) if err.kind() == ErrorKind::Interrupted => self.fill(deadline),
             Err(err) if matches!(err.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
                 Err(ReadError::Timeout)
             }
-            Err(_) => Ok(false),
+            Err(_) => Err(ReadError::Reset),
         }
     }
 
@@ -479,7 +491,7 @@ impl Raw {
             self.buf.clear();
             match self.fill(deadline) {
                 Ok(true) => {}
-                Ok(false) => return true,
+                Ok(false) | Err(ReadError::Reset) => return true,
                 Err(_) => return false,
             }
         }
