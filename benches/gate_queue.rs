@@ -51,6 +51,7 @@ fn loaded(waiting: usize, now: Instant) -> (Gate<u64>, VecDeque<Slot>) {
         jitter: 0.0,
         per_database: None,
         flip_quarantine: None,
+        adaptive: None,
     };
     let mut gate = Gate::new(settings, 1);
     let mut held = VecDeque::new();

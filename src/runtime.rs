@@ -496,6 +496,10 @@ impl crate::watch::Watched for Runtime {
         self.gatekeeper.wake();
     }
 
+    fn note_lock_waits(&self, upstream: &str, n: usize) {
+        self.gatekeeper.note_lock_waits(upstream, n);
+    }
+
     fn cap_tenant(&self, tenant: &str, on: bool) {
         self.gatekeeper
             .lock()

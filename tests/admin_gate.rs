@@ -94,6 +94,7 @@ async fn show_tenants_counts_refusals_and_set_tenant_changes_the_budget() {
             "refused_cost",
             "refused_rule",
             "warned_cost",
+            "refused_overload",
         ]
     );
     let row = tenant_row(&admin.client, "acme").await;

@@ -411,3 +411,83 @@ fn a_lane_of_one_slot_and_two_sessions_on_one_hot_row_do_not_knot() {
         assert_eq!(error_code(&answer), "", "{}", describe(&answer));
     });
 }
+
+/// The fast lane's row of SHOW LANES.
+fn fast_lane(f: &Policed) -> std::collections::BTreeMap<String, String> {
+    show(f, "LANES")
+        .into_iter()
+        .find(|r| r["lane"] == "fast")
+        .unwrap_or_default()
+}
+
+/// Whether the fast lane's limit is `n`.
+fn limit_is(f: &Policed, n: &str) -> bool {
+    fast_lane(f).get("limit").is_some_and(|l| l == n)
+}
+
+#[test]
+fn under_sustained_overload_the_adaptive_limit_falls_to_its_floor_holds_it_and_climbs_back() {
+    let f =
+        start("[gate]\nadaptive = true\nmax_active = 6\nmin_active = 2\nstanding_wait = \"60s\"\n");
+    // A transaction outside pgward holds row a = 1: every update of it through pgward waits.
+    let mut holder = f.pg.client();
+    let answer = holder.exchange_within(
+        &query_message("BEGIN; UPDATE t SET a = a WHERE a = 1"),
+        3 * SECOND,
+        "the row lock",
+    );
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    let calm = std::sync::atomic::AtomicBool::new(false);
+    thread::scope(|scope| {
+        let clients: Vec<_> = (0..6)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut c = client(&f);
+                    let sql = "UPDATE t SET a = a WHERE a = 1";
+                    let answer = c.exchange_within(&query_message(sql), 60 * SECOND, sql);
+                    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+                    let mut ran = 0;
+                    while !calm.load(std::sync::atomic::Ordering::Acquire) {
+                        let sql = "SELECT pg_sleep(0.05)";
+                        let answer = c.exchange_within(&query_message(sql), 20 * SECOND, sql);
+                        assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+                        ran += 1;
+                    }
+                    ran
+                })
+            })
+            .collect();
+        // Six sessions wait for a lock, more than a quarter of any limit: it falls a step a
+        // second (6, 5, 4, 3, 2) to the floor...
+        assert!(
+            eventually(15 * SECOND, || limit_is(&f, "2")),
+            "the limit does not fall to the floor: {:?} {:?}",
+            fast_lane(&f),
+            show(&f, "READINGS")
+        );
+        let lane = fast_lane(&f);
+        assert_eq!(lane["ceiling"], "6", "{lane:?}");
+        assert!(
+            lane["change_reason"].contains("waited for locks"),
+            "{lane:?}"
+        );
+        // ... and holds it while the overload lasts.
+        for _ in 0..3 {
+            thread::sleep(SECOND);
+            assert!(limit_is(&f, "2"), "{:?}", fast_lane(&f));
+        }
+        let done = holder.exchange_within(&query_message("COMMIT"), 3 * SECOND, "COMMIT");
+        assert_eq!(error_code(&done), "", "{}", describe(&done));
+        // Calm and full (six clients, short statements, no lock waits): one more a second.
+        let climbed = eventually(20 * SECOND, || limit_is(&f, "6"));
+        let lane = fast_lane(&f);
+        calm.store(true, std::sync::atomic::Ordering::Release);
+        let ran: usize = clients.into_iter().map(|c| c.join().expect("client")).sum();
+        assert!(climbed, "the limit does not climb back: {lane:?}");
+        assert!(
+            lane["change_reason"].contains("every slot taken"),
+            "{lane:?}"
+        );
+        assert!(ran > 20, "{ran} statements ran");
+    });
+}

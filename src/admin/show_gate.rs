@@ -33,6 +33,7 @@ const TENANTS: &[(&str, Ty)] = &[
     ("refused_cost", Ty::Int8),
     ("refused_rule", Ty::Int8),
     ("warned_cost", Ty::Int8),
+    ("refused_overload", Ty::Int8),
 ];
 
 /// The column counting refusals for `reason` (every reason has one).
@@ -47,6 +48,7 @@ fn refusal_column(reason: RefusalReason) -> usize {
             RefusalReason::Cost => 5,
             RefusalReason::Rule => 6,
             RefusalReason::CostWarned => 7,
+            RefusalReason::Overload => 8,
         }
 }
 
@@ -88,12 +90,19 @@ const LANES: &[(&str, Ty)] = &[
     ("limit", Ty::Int4),
     ("running", Ty::Int4),
     ("waiting", Ty::Int4),
+    ("ceiling", Ty::Int4),
+    ("last_change", Ty::Text),
+    ("changed_ago", N),
+    ("change_reason", Ty::Text),
 ];
 
 /// Each PostgreSQL server's two lanes: the slots each may hand out now (its own limit,
-/// within the servers the pools pooled onto it may open), held, and waited for.
+/// within the servers the pools pooled onto it may open), held, and waited for; under
+/// `adaptive = true` the fast lane's ceiling and the limit's last move (from and to, seconds
+/// ago, and why).
 pub fn lanes(rt: &Runtime) -> Table {
     let rows = rt.gatekeeper.lock().lanes();
+    let now = Instant::now();
     let mut t = Table::new(LANES);
     for r in rows {
         let lane = match r.lane {
@@ -101,16 +110,23 @@ pub fn lanes(rt: &Runtime) -> Table {
             Lane::Slow => "slow",
         };
         // No limit of its own and no pool counted yet: shown as NULL, not a huge number.
-        let limit = match i32::try_from(r.limit) {
+        let count = |n: usize| match i32::try_from(n) {
             Ok(n) => Cell::from(n as usize),
             Err(_) => Cell::Null,
         };
+        let moved = r.last_move;
         t.push(vec![
             r.upstream.into(),
             lane.into(),
-            limit,
+            count(r.limit),
             r.running.into(),
             r.waiting.into(),
+            r.ceiling.map_or(Cell::Null, count),
+            moved.map_or(Cell::Null, |m| format!("{} -> {}", m.from, m.to).into()),
+            moved.map_or(Cell::Null, |m| {
+                Cell::decimal(now.saturating_duration_since(m.at).as_secs_f64(), 1)
+            }),
+            moved.map_or(Cell::Null, |m| m.why.describe().into()),
         ]);
     }
     t
@@ -407,7 +423,7 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::UNIX_EPOCH;
 
-    const REASONS: [RefusalReason; 8] = [
+    const REASONS: [RefusalReason; 9] = [
         RefusalReason::Budget,
         RefusalReason::Killed,
         RefusalReason::QueueTimeout,
@@ -416,6 +432,7 @@ mod tests {
         RefusalReason::Cost,
         RefusalReason::Rule,
         RefusalReason::CostWarned,
+        RefusalReason::Overload,
     ];
 
     #[test]

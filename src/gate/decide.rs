@@ -4,6 +4,7 @@
 //! (never held across `.await`), so checking a budget and charging it are one step, and the
 //! gate runs under simulated time in tests.
 
+use super::adapt::{AdaptiveLimit, AdaptiveSettings};
 use super::bucket::{charge_of, Budget, DecayingUse, TokenBucket};
 use super::evict::{runaways, Runaway, TenantLoad};
 use super::fair::{FairQueue, Rank};
@@ -44,6 +45,9 @@ pub struct GateSettings {
     /// `flip_quarantine`: how long a statement whose plan flipped runs in the slow lane
     /// (`None`: flips are only listed).
     pub flip_quarantine: Option<Duration>,
+    /// `adaptive = true`: each upstream's fast-lane limit moves within `max_active` (see
+    /// [`crate::gate::adapt`]).
+    pub adaptive: Option<AdaptiveSettings>,
 }
 
 impl Default for GateSettings {
@@ -54,6 +58,7 @@ impl Default for GateSettings {
             jitter: 0.2,
             per_database: None,
             flip_quarantine: None,
+            adaptive: None,
         }
     }
 }
@@ -182,6 +187,8 @@ impl TenantState {
 struct LaneState<W> {
     active: usize,
     queue: FairQueue<W>,
+    /// Since when the queue has not been empty.
+    waited_since: Option<Instant>,
 }
 
 impl<W> Default for LaneState<W> {
@@ -189,6 +196,7 @@ impl<W> Default for LaneState<W> {
         LaneState {
             active: 0,
             queue: FairQueue::default(),
+            waited_since: None,
         }
     }
 }
@@ -217,6 +225,8 @@ struct Upstream<W> {
     /// Idle servers each tenant was told to close since the queue was last empty: a
     /// tenant's excess is closed once, not again at every ticket that waits.
     evicted: BTreeMap<String, usize>,
+    /// The fast lane's adaptive limit (`adaptive = true`), started at the first request.
+    adaptive: Option<AdaptiveLimit>,
 }
 
 impl<W> Upstream<W> {
@@ -234,6 +244,7 @@ impl<W> Upstream<W> {
             evict_tokens: 0.0,
             evicted_at: None,
             evicted: BTreeMap::new(),
+            adaptive: None,
         }
     }
 
@@ -252,10 +263,14 @@ impl<W> Upstream<W> {
         }
     }
 
-    /// A lane's own limit, within the servers the pools may open.
+    /// A lane's own limit (the fast lane's adaptive one, if any), within the servers the
+    /// pools may open.
     fn limit(&self, lane: Lane) -> usize {
         let own = match lane {
-            Lane::Fast => self.limits.fast,
+            Lane::Fast => match &self.adaptive {
+                Some(a) => a.limit().min(self.limits.fast),
+                None => self.limits.fast,
+            },
             Lane::Slow => self.limits.slow,
         };
         own.min(self.capacity)
@@ -320,6 +335,11 @@ impl<W> Gate<W> {
     /// Replaces the gate-wide settings (a reload).
     pub fn set_settings(&mut self, settings: GateSettings) {
         let retime = settings.queue_timeout != self.settings.queue_timeout;
+        if settings.adaptive.is_none() {
+            for up in self.upstreams.values_mut() {
+                up.adaptive = None;
+            }
+        }
         self.settings = settings;
         if retime {
             self.recompute_ends();
@@ -442,6 +462,7 @@ impl<W> Gate<W> {
     }
 }
 
+mod adaptive;
 mod flow;
 mod queueing;
 pub use queueing::LaneRow;

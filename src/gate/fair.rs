@@ -42,6 +42,15 @@ struct Place {
     seq: u64,
 }
 
+/// Which ticket of a tenant's line goes first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Order {
+    /// First come, first served.
+    OldestFirst,
+    /// Last come, first served (a standing queue).
+    NewestFirst,
+}
+
 /// Tickets waiting for a slot in one lane, each with the waiter `W` that receives the slot.
 #[derive(Debug)]
 pub struct FairQueue<W> {
@@ -99,12 +108,28 @@ impl<W> FairQueue<W> {
     /// line with the lowest rank (ties: the earlier arrival). `rank` is `None` for a ticket
     /// that may not take a slot now; its tenant's later tickets wait behind it.
     pub fn best(&self, rank: impl Fn(&Pass) -> Option<Rank>) -> Option<TicketId> {
+        self.best_in(Order::OldestFirst, rank)
+    }
+
+    /// As [`best`](Self::best) in `order`: newest first (a queue that has stood, where the
+    /// tickets that waited longest are the likeliest to have been given up on) takes the
+    /// newest ticket of each tenant line, and the later arrival on a tie.
+    pub fn best_in(&self, order: Order, rank: impl Fn(&Pass) -> Option<Rank>) -> Option<TicketId> {
         self.classes.iter().find_map(|lines| {
             lines
                 .values()
-                .filter_map(|line| line.iter().next())
+                .filter_map(|line| match order {
+                    Order::OldestFirst => line.iter().next(),
+                    Order::NewestFirst => line.iter().next_back(),
+                })
                 .filter_map(|(seq, w)| rank(&w.pass).map(|r| (r, *seq, w.pass.id)))
-                .min_by(|a, b| a.0.cmp(&b.0).then(a.1.cmp(&b.1)))
+                .min_by(|a, b| {
+                    let by_arrival = match order {
+                        Order::OldestFirst => a.1.cmp(&b.1),
+                        Order::NewestFirst => b.1.cmp(&a.1),
+                    };
+                    a.0.cmp(&b.0).then(by_arrival)
+                })
                 .map(|(_, _, id)| id)
         })
     }

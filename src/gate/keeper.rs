@@ -70,6 +70,8 @@ pub struct Gatekeeper {
     wake: Notify,
     /// A kill was made and not lifted (sessions without a policy look at kills only then).
     kills: AtomicBool,
+    /// `adaptive = true` is in force.
+    adaptive: AtomicBool,
     /// pgward's own names on servers.
     pub own: Arc<OwnNames>,
 }
@@ -92,6 +94,7 @@ impl Gatekeeper {
             flips: Mutex::new(std::collections::VecDeque::new()),
             wake: Notify::new(),
             kills: AtomicBool::new(false),
+            adaptive: AtomicBool::new(false),
             own: Arc::new(OwnNames::new()),
         })
     }
@@ -105,6 +108,8 @@ impl Gatekeeper {
     ) {
         let now = Instant::now();
         let mut gate = self.lock();
+        self.adaptive
+            .store(settings.adaptive.is_some(), Ordering::Release);
         gate.set_settings(settings);
         gate.set_all_lanes(settings.lanes);
         let mut listed = BTreeSet::new();
@@ -249,6 +254,23 @@ impl Gatekeeper {
     pub fn end_unknown(&self, tenant: &str, id: crate::gate::TicketId) {
         self.lock().end_unknown(tenant, id);
         self.wake.notify_one();
+    }
+
+    /// A statement on `upstream` with a usual time ran `slowdown` times that time (for the
+    /// adaptive limit; nothing is locked without one).
+    pub fn note_slowdown(&self, upstream: &str, slowdown: f64) {
+        if self.adaptive.load(Ordering::Acquire) {
+            self.lock().note_slowdown(upstream, slowdown);
+        }
+    }
+
+    /// The server reading of `upstream` counted `n` of pgward's sessions waiting for a lock.
+    pub fn note_lock_waits(&self, upstream: &str, n: usize) {
+        if self.adaptive.load(Ordering::Acquire) {
+            self.lock().note_lock_waits(upstream, n, Instant::now());
+            // The clock ticks the limit even while no slot comes or goes.
+            self.wake.notify_one();
+        }
     }
 
     /// Work of `tenant` charged `charged` seconds before it ran took `took`: the difference is

@@ -26,6 +26,7 @@
 //! PgBouncer's first-come order ([`WaitQueue`]) stays for the pool's server wait; whether a
 //! pool may open a server is the pool's own business (`pool::Limits`).
 
+pub mod adapt;
 mod bucket;
 mod decide;
 mod evict;
@@ -38,6 +39,7 @@ mod queue;
 mod refusal;
 mod tenant;
 
+pub use adapt::{AdaptiveSettings, LimitChange, Moved};
 pub use bucket::{charge_of, Budget, DecayingUse, TokenBucket, USE_HALF_LIFE};
 pub use decide::{Gate, GateSettings, LaneLimits, LaneRow, TenantStats};
 pub use evict::{runaway, runaways, Runaway, TenantLoad};

@@ -26,6 +26,9 @@ pub enum RefusalReason {
     Rule,
     /// Not a refusal: a cost rule in warn mode would have refused the statement, which ran.
     CostWarned,
+    /// The server is overloaded (adaptive limit): best-effort work shed while the limit
+    /// falls, or a wait too long in a queue that has stood.
+    Overload,
 }
 
 impl RefusalReason {
@@ -40,6 +43,7 @@ impl RefusalReason {
             RefusalReason::Cost => "cost",
             RefusalReason::Rule => "rule",
             RefusalReason::CostWarned => "cost_warned",
+            RefusalReason::Overload => "overload",
         }
     }
 }
@@ -104,6 +108,36 @@ impl Refusal {
                 RefusalReason::QueueTimeout,
                 SQLSTATE_RESOURCES,
                 "pgward: no server slot within the queue timeout".to_string(),
+            )
+        }
+    }
+
+    /// Best-effort work shed while an overloaded server's limit falls.
+    pub(super) fn shed() -> Refusal {
+        Refusal {
+            hint: Some(
+                "best-effort work is turned away while the server is overloaded; retry later"
+                    .into(),
+            ),
+            ..Refusal::new(
+                RefusalReason::Overload,
+                SQLSTATE_RESOURCES,
+                "pgward: the server is overloaded".to_string(),
+            )
+        }
+    }
+
+    /// A wait past `standing_wait` in a queue that has not emptied for a while.
+    pub(super) fn stood(waited: Duration) -> Refusal {
+        Refusal {
+            detail: Some(format!(
+                "waited {} ms in a queue that has not emptied",
+                waited.as_millis()
+            )),
+            ..Refusal::new(
+                RefusalReason::Overload,
+                SQLSTATE_RESOURCES,
+                "pgward: the server is overloaded".to_string(),
             )
         }
     }

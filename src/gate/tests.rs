@@ -18,6 +18,7 @@ fn gate() -> Gate<u64> {
             jitter: 0.2,
             per_database: None,
             flip_quarantine: None,
+            adaptive: None,
         },
         7,
     )
@@ -1022,6 +1023,7 @@ fn a_database_cap_holds_beside_the_lanes() {
             jitter: 0.0,
             per_database: Some(1),
             flip_quarantine: None,
+            adaptive: None,
         },
         7,
     );
@@ -1211,4 +1213,155 @@ fn a_quarantined_statement_pays_as_any_other() {
         .expect("owes nothing yet");
     // Its tenant now owes: the slow lane is no way around the budget.
     assert!(g.spend(&mut second, cost(5.0), t0).is_err());
+}
+
+/// A gate whose fast lane's limit adapts within 4, from a floor of 1.
+fn adaptive_gate(standing_wait: f64) -> Gate<u64> {
+    let mut g = gate();
+    g.set_settings(GateSettings {
+        lanes: LaneLimits { fast: 4, slow: 1 },
+        adaptive: Some(AdaptiveSettings {
+            floor: 1,
+            standing_wait: secs(standing_wait),
+        }),
+        ..GateSettings::default()
+    });
+    g.set_all_lanes(LaneLimits { fast: 4, slow: 1 });
+    g
+}
+
+/// The four slots of the adaptive gate's fast lane, taken by tenant `a`.
+fn take_all_four(g: &mut Gate<u64>, now: Instant) -> Vec<Slot> {
+    (0..4)
+        .map(|_| run(g, "a", 1.0, now).expect("runs").1)
+        .collect()
+}
+
+fn fast_limit(g: &Gate<u64>) -> usize {
+    let lanes = g.lanes();
+    let fast = lanes
+        .iter()
+        .find(|l| l.lane == Lane::Fast)
+        .expect("a fast lane");
+    fast.limit
+}
+
+#[test]
+fn slow_runs_lower_the_fast_lane_limit_and_calm_full_seconds_raise_it() {
+    let t0 = Instant::now();
+    let mut g = adaptive_gate(30.0);
+    let slots = take_all_four(&mut g, t0);
+    assert_eq!(fast_limit(&g), 4);
+    g.note_slowdown(UP, 3.0);
+    let t1 = t0 + secs(1.0);
+    g.release(&slots[0], t1);
+    assert_eq!(
+        fast_limit(&g),
+        3,
+        "overload: 4 x 0.9, and at least one less"
+    );
+    let row = g
+        .lanes()
+        .into_iter()
+        .find(|l| l.lane == Lane::Fast)
+        .expect("fast");
+    assert_eq!(row.ceiling, Some(4));
+    assert!(matches!(
+        row.last_move.map(|m| m.why),
+        Some(LimitChange::Slow(_))
+    ));
+    // Three held, the limit is three: the lane is full; one finishes at usual speed.
+    let ninth = admitted(g.admit(&req("a", 9, t1), t1));
+    assert!(g.try_acquire(&ninth, t1).is_none());
+    g.note_slowdown(UP, 1.0);
+    let t2 = t0 + secs(2.0);
+    g.release(&slots[1], t2);
+    assert_eq!(fast_limit(&g), 4, "calm and full: one more");
+    assert_eq!(row.moves, (0, 1));
+}
+
+#[test]
+fn while_the_limit_falls_best_effort_work_is_shed() {
+    let t0 = Instant::now();
+    let mut g = adaptive_gate(30.0);
+    let slots = take_all_four(&mut g, t0);
+    queue(&mut g, "b", Priority::BestEffort, 5, t0);
+    queue(&mut g, "c", Priority::Normal, 6, t0);
+    g.note_slowdown(UP, 5.0);
+    let t1 = t0 + secs(1.0);
+    let shed = g.expire(t1);
+    assert_eq!(shed.len(), 1, "{shed:?}");
+    assert_eq!(
+        (shed[0].waiter, shed[0].refusal.reason),
+        (5, RefusalReason::Overload)
+    );
+    assert_eq!(shed[0].refusal.sqlstate, SQLSTATE_RESOURCES);
+    let mut late = req("b", 7, t1);
+    late.priority = Priority::BestEffort;
+    assert_eq!(refused(g.admit(&late, t1)).reason, RefusalReason::Overload);
+    // Normal work still queues; transaction control never waits.
+    admitted(g.admit(&req("c", 8, t1), t1));
+    let mut commit = req("b", 9, t1);
+    commit.priority = Priority::BestEffort;
+    commit.kind = RequestKind::Transaction(TxControl::Commit);
+    assert!(matches!(g.admit(&commit, t1), Decision::Bypass(_)));
+    assert_eq!(
+        stats(&g, "b", t1).refusals.get(&RefusalReason::Overload),
+        Some(&2)
+    );
+    drop(slots);
+}
+
+#[test]
+fn a_queue_that_stood_serves_the_newest_first_and_drops_what_waited_too_long() {
+    let t0 = Instant::now();
+    let mut g = adaptive_gate(2.0);
+    let slots = take_all_four(&mut g, t0);
+    for (client, at) in [(11, 0.0), (12, 0.1), (13, 0.2), (14, 0.3)] {
+        queue(&mut g, "b", Priority::Normal, client, t0 + secs(at));
+    }
+    queue(&mut g, "b", Priority::Critical, 15, t0);
+    // Within the first second the queue is first in, first out.
+    let t = t0 + secs(0.5);
+    g.release(&slots[0], t);
+    let first = g
+        .next_waiter(UP, Lane::Fast, t, |_| true)
+        .expect("a waiter");
+    assert_eq!(first.waiter, 15, "critical first");
+    g.release(&first.slot, t);
+    assert_eq!(
+        g.next_waiter(UP, Lane::Fast, t, |_| true).map(|w| w.waiter),
+        Some(11)
+    );
+    // It has stood for a second: newest first.
+    let t = t0 + secs(1.1);
+    g.release(&slots[1], t);
+    assert_eq!(
+        g.next_waiter(UP, Lane::Fast, t, |_| true).map(|w| w.waiter),
+        Some(14)
+    );
+    // The clock wakes when the oldest left will have waited standing_wait, and drops it.
+    let wake = g.next_wake(t).expect("a wake");
+    assert!(wake <= t0 + secs(2.1), "{:?}", wake - t0);
+    let dropped = g.expire(t0 + secs(2.15));
+    let who: Vec<u64> = dropped.iter().map(|e| e.waiter).collect();
+    assert_eq!(who, [12], "{dropped:?}");
+    assert!(dropped[0]
+        .refusal
+        .detail
+        .as_deref()
+        .is_some_and(|d| d.contains("not emptied")));
+}
+
+#[test]
+fn without_adaptive_the_queue_stays_first_in_first_out() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let slots = fill(&mut g, "holder", t0);
+    for client in [1, 2, 3] {
+        queue(&mut g, "b", Priority::Normal, client, t0);
+    }
+    let later = t0 + secs(3.0);
+    assert!(g.expire(later).is_empty());
+    assert_eq!(order(&mut g, slots, later), [1, 2, 3]);
 }

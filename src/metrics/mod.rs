@@ -105,6 +105,7 @@ impl Collector for Snapshot {
         let rt = &self.0;
         pools(rt, &mut encoder)?;
         databases(rt, &mut encoder)?;
+        lanes(rt, &mut encoder)?;
         process(rt, &mut encoder)
     }
 }
@@ -242,6 +243,71 @@ fn databases(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Er
         "pgward_database_disabled",
         "1 while the database is disabled",
         disabled,
+    )
+}
+
+/// The gate's lanes per PostgreSQL server: limit in force, slots held, tickets waiting;
+/// under `adaptive = true` the fast lane's ceiling, its moves and its last one.
+fn lanes(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let rows = rt.gatekeeper.lock().lanes();
+    let now = std::time::Instant::now();
+    let (mut limit, mut running, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut ceiling, mut moves, mut last) = (Vec::new(), Vec::new(), Vec::new());
+    for r in &rows {
+        let lane = match r.lane {
+            crate::gate::Lane::Fast => "fast",
+            crate::gate::Lane::Slow => "slow",
+        };
+        let key = || -> Labels { vec![("upstream", r.upstream.clone()), ("lane", lane.into())] };
+        limit.push((key(), gauge_of(r.limit)));
+        running.push((key(), gauge_of(r.running)));
+        waiting.push((key(), gauge_of(r.waiting)));
+        let Some(c) = r.ceiling else {
+            continue;
+        };
+        ceiling.push((key(), gauge_of(c)));
+        for (direction, n) in [("up", r.moves.0), ("down", r.moves.1)] {
+            let mut l = key();
+            l.push(("direction", direction.into()));
+            moves.push((l, n));
+        }
+        if let Some(m) = r.last_move {
+            let mut l = key();
+            l.push(("reason", m.why.reason().into()));
+            let ago = now.saturating_duration_since(m.at).as_secs();
+            last.push((l, i64::try_from(ago).unwrap_or(i64::MAX)));
+        }
+    }
+    gauges(
+        e,
+        "pgward_lane_limit",
+        "Slots the lane may hand out now",
+        limit,
+    )?;
+    gauges(e, "pgward_lane_running", "Slots of the lane held", running)?;
+    gauges(
+        e,
+        "pgward_lane_waiting",
+        "Tickets waiting for a slot of the lane",
+        waiting,
+    )?;
+    gauges(
+        e,
+        "pgward_lane_ceiling",
+        "The adaptive limit's ceiling (max_active within the servers)",
+        ceiling,
+    )?;
+    counters(
+        e,
+        "pgward_lane_limit_moves",
+        "Moves of the adaptive limit, up and down",
+        moves,
+    )?;
+    gauges(
+        e,
+        "pgward_lane_limit_last_move_seconds",
+        "Seconds since the adaptive limit last moved, labelled with why",
+        last,
     )
 }
 

@@ -161,6 +161,12 @@ pub(super) struct GateFile {
     pub slow_active: Option<u32>,
     /// Slots one pgward database may hold on a PostgreSQL server, beside `max_active`.
     pub max_active_per_database: Option<u32>,
+    /// Whether the fast lane's limit adapts to the server's load within `max_active`.
+    pub adaptive: Option<bool>,
+    /// The adaptive limit's floor.
+    pub min_active: Option<u32>,
+    /// Once the fast lane's queue has stood for a second, how long work may wait in it.
+    pub standing_wait: Option<String>,
     /// How long a statement whose plan flipped runs in the slow lane (a duration; none: flips
     /// are only listed).
     pub flip_quarantine: Option<String>,

@@ -36,7 +36,7 @@ pub use governance::Governance;
 pub use rules::{DEFAULT_DENIED_FUNCTIONS, WRITING_FUNCTIONS};
 
 use crate::cost::CostLimits;
-use crate::gate::{parse_duration, GateSettings, TenantConfig};
+use crate::gate::{parse_duration, AdaptiveSettings, GateSettings, TenantConfig};
 use crate::sql::{Analysis, Depth, Priority, Reading, Tags};
 use file::{line_of, PolicyFile, RuleFile};
 use rules::Check;
@@ -640,6 +640,7 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
         lanes.slow = (n as usize).max(1);
     }
     settings.per_database = raw.max_active_per_database.map(|n| (n as usize).max(1));
+    settings.adaptive = build_adaptive(&raw)?;
     if let Some(t) = &raw.flip_quarantine {
         let d = parse_duration(t)
             .ok_or_else(|| format!("flip_quarantine {t:?}: a duration such as 30s or 10m"))?;
@@ -678,6 +679,29 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
         },
         cost_mode: raw.cost_mode.unwrap_or_default(),
     })
+}
+
+/// `adaptive`, `min_active` and `standing_wait`: the last two only with the first.
+fn build_adaptive(raw: &file::GateFile) -> Result<Option<AdaptiveSettings>, String> {
+    if raw.adaptive != Some(true) {
+        return match (raw.min_active, &raw.standing_wait) {
+            (None, None) => Ok(None),
+            _ => Err("min_active and standing_wait need adaptive = true".to_string()),
+        };
+    }
+    let mut adaptive = AdaptiveSettings::default();
+    if let Some(n) = raw.min_active {
+        adaptive.floor = (n as usize).max(1);
+        if raw.max_active.is_some_and(|max| n > max) {
+            return Err(format!("min_active {n} is above max_active"));
+        }
+    }
+    if let Some(t) = &raw.standing_wait {
+        adaptive.standing_wait = parse_duration(t)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("standing_wait {t:?}: a duration such as 1s or 500ms"))?;
+    }
+    Ok(Some(adaptive))
 }
 
 fn build_rule(raw: RuleFile) -> Result<Rule, String> {

@@ -385,6 +385,15 @@ fn errors_name_the_file_and_line() {
         ),
         ("\n\n[gate]\nqueue_timeout = \"soon\"\n", "queue_timeout"),
         ("\n\n[tenants.acme]\nrate = -5\n", "rate"),
+        ("\n\n[gate]\nmin_active = 2\n", "adaptive = true"),
+        (
+            "\n\n[gate]\nadaptive = true\nmax_active = 4\nmin_active = 5\n",
+            "min_active 5 is above max_active",
+        ),
+        (
+            "\n\n[gate]\nadaptive = true\nstanding_wait = \"0\"\n",
+            "standing_wait",
+        ),
     ];
     for (text, mentions) in cases {
         let err = error(text);
@@ -420,6 +429,13 @@ fn gate_settings_and_tenant_budgets_are_read() {
     assert_eq!(p.cost_limits("other").max_cost, Some(100.0));
     // Without a [gate] table the pools alone limit how much runs at once.
     assert_eq!(policy("").gate().settings.lanes.fast, UNLIMITED_ACTIVE);
+    assert_eq!(p.gate().settings.adaptive, None);
+    let adaptive = policy("[gate]\nadaptive = true\nmax_active = 8\nmin_active = 2\n");
+    let settings = adaptive.gate().settings.adaptive.expect("adaptive");
+    assert_eq!(
+        (settings.floor, settings.standing_wait),
+        (2, std::time::Duration::from_secs(1))
+    );
 }
 
 #[test]

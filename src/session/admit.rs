@@ -279,6 +279,13 @@ impl GateState {
             keeper.settle(&part.tenant, part.charged, own);
         }
         if let ([part], false) = (run.parts.as_slice(), run.failed) {
+            if part.learned {
+                // How much slower than usual it ran: the adaptive limit's measure of load.
+                if let Some(slot) = self.slot.as_ref().and_then(|g| g.slot()) {
+                    let slowdown = took.as_secs_f64() / part.predicted.max(f64::MIN_POSITIVE);
+                    keeper.note_slowdown(slot.upstream(), slowdown);
+                }
+            }
             learn(keeper, part, took);
         }
     }

@@ -136,6 +136,8 @@ pub trait Watched: Send + Sync + 'static {
     fn cap_tenant(&self, tenant: &str, on: bool);
     /// Moves `seconds` of server time already charged from one tenant to another.
     fn move_charge(&self, from: &str, to: &str, seconds: f64);
+    /// `n` of pgward's sessions on `upstream` wait for a lock (the adaptive limit's count).
+    fn note_lock_waits(&self, upstream: &str, n: usize);
 }
 
 /// Keeps one reader running per PostgreSQL server pgward pools onto while the policy asks
@@ -221,6 +223,12 @@ async fn read_server<R: Watched>(
                 let elapsed = last_asked.map_or(PERIOD, |t| asked.saturating_duration_since(t));
                 last_asked = Some(asked);
                 blame(rt.as_ref(), &addr, &reading, &seen, elapsed);
+                let ours_waiting = reading
+                    .backends
+                    .iter()
+                    .filter(|b| b.waits_on_lock && seen.contains_key(&b.pid))
+                    .count();
+                rt.note_lock_waits(&upstream, ours_waiting);
                 let changes = match policy.horizon {
                     Some(h) => horizon.observe(
                         Instant::now(),

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::gate::RequestKind;
+use crate::sql::Priority;
 
 /// Statements kept in quarantine at most (a flood of flips cannot grow the map).
 const MAX_QUARANTINED: usize = 10_000;
@@ -30,6 +31,12 @@ impl<W> Gate<W> {
         let pass = self.new_pass(req, now);
         if !req.kind.waits_for_slot() {
             return Decision::Bypass(self.charge_min(pass, now));
+        }
+        if self.settings.adaptive.is_some() {
+            self.adapt(req.upstream, now);
+            if pass.priority == Priority::BestEffort && self.sheds(req.upstream) {
+                return Decision::Refuse(self.refused(req.tenant, Refusal::shed(), now));
+            }
         }
         if pass.deadline.is_some_and(|d| d <= now) {
             return Decision::Refuse(self.refused(req.tenant, Refusal::deadline(), now));

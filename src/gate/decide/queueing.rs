@@ -3,6 +3,8 @@
 //! tickets come and go, never at every waiting ticket.
 
 use super::*;
+use crate::gate::adapt::Moved;
+use crate::gate::fair::Order;
 
 /// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
 /// of its databases holds there against `max_active_per_database`.
@@ -46,7 +48,7 @@ fn rank(
 }
 
 /// One lane of one upstream, as SHOW LANES lists it.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq)]
 pub struct LaneRow {
     /// The PostgreSQL server (host:port).
     pub upstream: String,
@@ -59,6 +61,13 @@ pub struct LaneRow {
     pub running: usize,
     /// Tickets waiting.
     pub waiting: usize,
+    /// The fast lane's ceiling under `adaptive = true` (its `max_active`, within the
+    /// servers), `None` otherwise.
+    pub ceiling: Option<usize>,
+    /// The adaptive limit's last move.
+    pub last_move: Option<Moved>,
+    /// Its moves up and down since the start.
+    pub moves: (u64, u64),
 }
 
 /// Idle servers of runaway tenants that may be closed per second, per upstream.
@@ -194,6 +203,9 @@ impl<W> Gate<W> {
     fn take_slot(&mut self, pass: &Pass, now: Instant) -> Slot {
         let up = self.upstream_mut(&pass.upstream);
         up.lane(pass.lane).0.active += 1;
+        if pass.lane == Lane::Fast {
+            Self::note_taken(up);
+        }
         count(&mut up.holding, &pass.tenant);
         count(&mut up.by_database, &pass.database);
         let state = self.tenant_mut(&pass.tenant, now);
@@ -222,7 +234,9 @@ impl<W> Gate<W> {
             .insert(pass.id, (pass.upstream.clone(), pass.lane));
         let up = self.upstream_mut(&pass.upstream);
         count(&mut up.waiting, &pass.tenant);
-        up.lane(pass.lane).0.queue.push(pass, waiter);
+        let lane = up.lane(pass.lane).0;
+        lane.waited_since.get_or_insert(now);
+        lane.queue.push(pass, waiter);
     }
 
     /// Takes the ticket `id` out of the queue it waits in, with every count that knows it.
@@ -230,7 +244,11 @@ impl<W> Gate<W> {
         let (upstream, lane) = self.located.remove(&id)?;
         let timeout = self.settings.queue_timeout;
         let up = self.upstreams.get_mut(&upstream)?;
-        let (pass, waiter) = up.lane(lane).0.queue.remove(id)?;
+        let state = up.lane(lane).0;
+        let (pass, waiter) = state.queue.remove(id)?;
+        if state.queue.is_empty() {
+            state.waited_since = None;
+        }
         uncount(&mut up.waiting, &pass.tenant);
         if up.waiting.is_empty() {
             // The pressure is over: a tenant over its share next time is evicted anew.
@@ -261,10 +279,13 @@ impl<W> Gate<W> {
                 return None;
             }
             let room = self.room(upstream);
-            let id = up
-                .lane_ref(lane)
-                .queue
-                .best(|p| rank(&self.tenants, &room, p, now))?;
+            let queue = &up.lane_ref(lane).queue;
+            let rank = |p: &Pass| rank(&self.tenants, &room, p, now);
+            let order = match Self::newest_first(up, lane, now) {
+                true => Order::NewestFirst,
+                false => Order::OldestFirst,
+            };
+            let id = queue.best_in(order, rank)?;
             let (pass, waiter) = self.take_waiting(id, now)?;
             if live(&waiter) {
                 let slot = self.take_slot(&pass, now);
@@ -317,8 +338,17 @@ impl<W> Gate<W> {
     /// ([`dispatch`](Self::dispatch)).
     pub fn release(&mut self, slot: &Slot, now: Instant) -> bool {
         let up = self.upstream_mut(&slot.upstream);
+        if slot.lane == Lane::Fast {
+            // Full until this moment: it counts for the window.
+            Self::note_taken(up);
+        }
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
+        if let (Lane::Fast, Some(a)) = (slot.lane, up.adaptive.as_mut()) {
+            a.note_finished();
+            self.adapt(&slot.upstream, now);
+        }
+        let up = self.upstream_mut(&slot.upstream);
         uncount(&mut up.holding, &slot.tenant);
         uncount(&mut up.by_database, &slot.database);
         let state = self.tenant_mut(&slot.tenant, now);
@@ -350,7 +380,7 @@ impl<W> Gate<W> {
 
     /// Ends the waits whose deadline (57014) or queue timeout (53000) has come, refunded.
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<W>> {
-        let mut ended = Vec::new();
+        let mut ended = self.shed_waiting(now);
         while let Some(&(end, id)) = self.ends.first() {
             if end > now {
                 break;
@@ -380,21 +410,30 @@ impl<W> Gate<W> {
         refusal: &Refusal,
         now: Instant,
     ) -> Vec<Expired<W>> {
-        let ids: Vec<TicketId> = self
+        let ids: Vec<(TicketId, Refusal)> = self
             .upstreams
             .values()
             .flat_map(|u| u.queues())
             .flat_map(|q| q.iter())
             .filter(|(p, _)| hit(p))
-            .map(|(p, _)| p.id)
+            .map(|(p, _)| (p.id, refusal.clone()))
             .collect();
+        self.end_waits(ids, now)
+    }
+
+    /// Takes each ticket out of its queue, refunded, with its refusal counted.
+    pub(super) fn end_waits(
+        &mut self,
+        ids: Vec<(TicketId, Refusal)>,
+        now: Instant,
+    ) -> Vec<Expired<W>> {
         let mut out = Vec::new();
-        for id in ids {
+        for (id, refusal) in ids {
             let Some((mut pass, waiter)) = self.take_waiting(id, now) else {
                 continue;
             };
             self.refund(&mut pass, now);
-            let refusal = self.refused(&pass.tenant, refusal.clone(), now);
+            let refusal = self.refused(&pass.tenant, refusal, now);
             out.push(Expired {
                 pass,
                 waiter,
@@ -416,7 +455,8 @@ impl<W> Gate<W> {
             .flat_map(|q| q.heads())
             .filter(|p| p.payment == Payment::AwaitingPayBack)
             .filter_map(|p| self.tenants.get(&p.tenant)?.paid_back_at(now));
-        end.into_iter().chain(paid).min()
+        let adaptive = self.adaptive_wake(now);
+        end.into_iter().chain(paid).chain(adaptive).min()
     }
 
     /// The clock sleeps until `at` (`None`: until it is woken), having looked at everything
@@ -455,7 +495,8 @@ impl<W> Gate<W> {
                 .and_then(|t| t.paid_back_at(now)),
             _ => None,
         };
-        let need = end.into_iter().chain(paid).min();
+        let adaptive = self.adaptive_wake(now);
+        let need = end.into_iter().chain(paid).chain(adaptive).min();
         need.is_some_and(|t| self.clock_until.is_none_or(|at| t < at))
     }
 
@@ -478,7 +519,11 @@ impl<W> Gate<W> {
             .flat_map(|(name, up)| {
                 [Lane::Fast, Lane::Slow].map(|lane| {
                     let state = up.lane_ref(lane);
+                    let adaptive = up.adaptive.as_ref().filter(|_| lane == Lane::Fast);
                     LaneRow {
+                        ceiling: adaptive.map(|_| up.limits.fast.min(up.capacity)),
+                        last_move: adaptive.and_then(|a| a.last_move()),
+                        moves: adaptive.map_or((0, 0), |a| a.moves()),
                         upstream: name.clone(),
                         lane,
                         limit: up.limit(lane),

@@ -1,0 +1,362 @@
+//! The adaptive limit of an upstream's fast lane (`adaptive = true`): `max_active` becomes a
+//! ceiling and the limit in force moves once a second, additive increase and multiplicative
+//! decrease (AIMD), from what the server shows of its load:
+//!
+//! - **overload**: the statements that finished in the last second ran, as a geometric mean,
+//!   more than twice their usual time, or more than a quarter of the limit waits on locks
+//!   (the server reading's count of pgward's sessions waiting for a lock): the limit is
+//!   multiplied by 0.9 and lowered by at least one, down to the floor (`min_active`);
+//! - **calm and full**: every slot was taken at some point, statements finished, and there
+//!   was no overload: one more;
+//! - otherwise it stays.
+//!
+//! Pure: the time is an argument, so the whole policy runs under simulated time in tests.
+
+use std::time::{Duration, Instant};
+
+/// How often the limit moves.
+pub const PERIOD: Duration = Duration::from_secs(1);
+
+/// A run this many times its usual time, as a geometric mean over a second, is overload.
+pub const SLOWDOWN: f64 = 2.0;
+
+/// The limit is multiplied by this on overload (and lowered by at least one).
+const DECREASE: f64 = 0.9;
+
+/// A count of lock waiters older than this is not used (the reading stopped).
+const LOCK_WAITS_FRESH: Duration = Duration::from_secs(3);
+
+/// The settings of the adaptive limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AdaptiveSettings {
+    /// `min_active`: the limit never falls below it.
+    pub floor: usize,
+    /// `standing_wait`: once the fast lane's queue has stood for a second, work that has
+    /// waited this long is turned away (53000).
+    pub standing_wait: Duration,
+}
+
+impl Default for AdaptiveSettings {
+    fn default() -> Self {
+        AdaptiveSettings {
+            floor: 1,
+            standing_wait: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why the limit last moved.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LimitChange {
+    /// Statements ran this many times their usual time (geometric mean).
+    Slow(f64),
+    /// This many of pgward's sessions waited for a lock.
+    LockWaits(usize),
+    /// Every slot was taken, statements finished, none slowed down.
+    CalmAndFull,
+}
+
+impl LimitChange {
+    /// As the console and the metrics say it.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            LimitChange::Slow(_) => "slow",
+            LimitChange::LockWaits(_) => "lock_waits",
+            LimitChange::CalmAndFull => "calm_and_full",
+        }
+    }
+
+    /// The reason with its figure, for the console.
+    pub fn describe(&self) -> String {
+        match self {
+            LimitChange::Slow(x) => format!("statements ran {x:.1}x their usual time"),
+            LimitChange::LockWaits(n) => format!("{n} sessions waited for locks"),
+            LimitChange::CalmAndFull => "every slot taken, no slowdown".to_string(),
+        }
+    }
+}
+
+/// A move of the limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Moved {
+    pub at: Instant,
+    pub from: usize,
+    pub to: usize,
+    pub why: LimitChange,
+}
+
+/// The adaptive limit of one fast lane, and what it saw since its last move.
+#[derive(Clone, Debug)]
+pub struct AdaptiveLimit {
+    limit: usize,
+    window_from: Instant,
+    /// Every slot was taken at some point of the window.
+    full: bool,
+    /// Statements that finished in the window.
+    finished: u64,
+    /// Of those with a usual time: how many, and the sum of the logs of their slowdowns.
+    timed: u64,
+    log_slowdowns: f64,
+    /// pgward's sessions waiting for a lock, as last read, and when.
+    lock_waits: Option<(usize, Instant)>,
+    /// The last tick found overload: best-effort work is shed until one does not.
+    overloaded: bool,
+    last_move: Option<Moved>,
+    /// Moves up and down since the start.
+    moves: (u64, u64),
+}
+
+impl AdaptiveLimit {
+    /// A limit starting at the ceiling.
+    pub fn new(ceiling: usize, now: Instant) -> AdaptiveLimit {
+        AdaptiveLimit {
+            limit: ceiling.max(1),
+            window_from: now,
+            full: false,
+            finished: 0,
+            timed: 0,
+            log_slowdowns: 0.0,
+            lock_waits: None,
+            overloaded: false,
+            last_move: None,
+            moves: (0, 0),
+        }
+    }
+
+    /// The limit in force.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Whether the last tick found overload (best-effort work is shed meanwhile).
+    pub fn overloaded(&self) -> bool {
+        self.overloaded
+    }
+
+    /// The last move, if any.
+    pub fn last_move(&self) -> Option<Moved> {
+        self.last_move
+    }
+
+    /// Moves up and down since the start.
+    pub fn moves(&self) -> (u64, u64) {
+        self.moves
+    }
+
+    /// When the next tick is due.
+    pub fn due_at(&self) -> Instant {
+        self.window_from + PERIOD
+    }
+
+    /// Every slot of the lane is taken now.
+    pub fn note_full(&mut self) {
+        self.full = true;
+    }
+
+    /// A slot of the lane came back: a statement (or a pipeline) finished.
+    pub fn note_finished(&mut self) {
+        self.finished += 1;
+    }
+
+    /// A statement with a usual time ran `slowdown` times that time.
+    pub fn note_slowdown(&mut self, slowdown: f64) {
+        if slowdown.is_finite() && slowdown > 0.0 {
+            self.timed += 1;
+            self.log_slowdowns += slowdown.ln();
+        }
+    }
+
+    /// The server reading counted `n` of pgward's sessions waiting for a lock.
+    pub fn note_lock_waits(&mut self, n: usize, now: Instant) {
+        self.lock_waits = Some((n, now));
+    }
+
+    /// The slowdown of the window: the geometric mean of its timed statements.
+    fn slowdown(&self) -> Option<f64> {
+        (self.timed > 0).then(|| (self.log_slowdowns / self.timed as f64).exp())
+    }
+
+    fn lock_waiters(&self, now: Instant) -> usize {
+        match self.lock_waits {
+            Some((n, at)) if now.saturating_duration_since(at) < LOCK_WAITS_FRESH => n,
+            _ => 0,
+        }
+    }
+
+    /// Moves the limit if a period has passed since the last tick: `ceiling` and `floor` as
+    /// configured now, `full_now` whether every slot is taken at this moment. Returns the
+    /// move, if the limit moved.
+    pub fn tick(
+        &mut self,
+        ceiling: usize,
+        floor: usize,
+        full_now: bool,
+        now: Instant,
+    ) -> Option<Moved> {
+        if now < self.due_at() {
+            return None;
+        }
+        let ceiling = ceiling.max(1);
+        let floor = floor.clamp(1, ceiling);
+        let from = self.limit;
+        let bounded = from.clamp(floor, ceiling);
+        let waits = self.lock_waiters(now);
+        let overload = match self.slowdown() {
+            Some(x) if x > SLOWDOWN => Some(LimitChange::Slow(x)),
+            _ if waits * 4 > bounded => Some(LimitChange::LockWaits(waits)),
+            _ => None,
+        };
+        let calm_and_full = (self.full || full_now) && self.finished > 0;
+        let (to, why) = match overload {
+            Some(why) => {
+                let cut = ((bounded as f64) * DECREASE).floor() as usize;
+                (cut.min(bounded - 1).max(floor), Some(why))
+            }
+            None if calm_and_full => ((bounded + 1).min(ceiling), Some(LimitChange::CalmAndFull)),
+            None => (bounded, None),
+        };
+        self.overloaded = overload.is_some();
+        self.limit = to;
+        self.window_from = now;
+        self.full = false;
+        self.finished = 0;
+        self.timed = 0;
+        self.log_slowdowns = 0.0;
+        let why = why.filter(|_| to != from)?;
+        match to > from {
+            true => self.moves.0 += 1,
+            false => self.moves.1 += 1,
+        }
+        let moved = Moved {
+            at: now,
+            from,
+            to,
+            why,
+        };
+        self.last_move = Some(moved);
+        Some(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn second(t0: Instant, n: u64) -> Instant {
+        t0 + Duration::from_secs(n)
+    }
+
+    #[test]
+    fn slow_statements_lower_the_limit_by_a_tenth_and_at_least_one() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(20, t0);
+        a.note_finished();
+        a.note_slowdown(3.0);
+        a.note_finished();
+        a.note_slowdown(2.0);
+        let m = a.tick(20, 2, false, second(t0, 1)).expect("a move");
+        assert_eq!((m.from, m.to), (20, 18));
+        assert!(matches!(m.why, LimitChange::Slow(x) if (x - 6f64.sqrt()).abs() < 1e-9));
+        assert!(a.overloaded());
+        let mut b = AdaptiveLimit::new(5, t0);
+        b.note_finished();
+        b.note_slowdown(4.0);
+        assert_eq!(b.tick(5, 1, false, second(t0, 1)).map(|m| m.to), Some(4));
+    }
+
+    #[test]
+    fn the_geometric_mean_is_what_counts() {
+        // One statement ten times slower, four as usual: a mean of 2.8x, a geometric one of 1.6x.
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        a.note_finished();
+        a.note_slowdown(10.0);
+        for _ in 0..4 {
+            a.note_finished();
+            a.note_slowdown(1.0);
+        }
+        assert_eq!(a.tick(8, 1, false, second(t0, 1)), None);
+        assert_eq!(a.limit(), 8);
+        assert!(!a.overloaded());
+    }
+
+    #[test]
+    fn a_quarter_of_the_limit_waiting_on_locks_is_overload() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        a.note_lock_waits(2, t0);
+        assert_eq!(
+            a.tick(8, 1, true, second(t0, 1)),
+            None,
+            "2 of 8 is not more"
+        );
+        a.note_lock_waits(3, second(t0, 1));
+        let m = a.tick(8, 1, true, second(t0, 2)).expect("a move");
+        assert_eq!((m.to, m.why), (7, LimitChange::LockWaits(3)));
+        // A count the reading no longer refreshes is not used.
+        assert_eq!(a.tick(8, 1, false, second(t0, 5)), None);
+    }
+
+    #[test]
+    fn sustained_overload_reaches_the_floor_and_holds_it_then_calm_climbs_back() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(10, t0);
+        let mut seen = vec![];
+        for s in 1..=12 {
+            a.note_finished();
+            a.note_slowdown(3.0);
+            a.tick(10, 3, true, second(t0, s));
+            seen.push(a.limit());
+        }
+        assert_eq!(seen, [9, 8, 7, 6, 5, 4, 3, 3, 3, 3, 3, 3]);
+        let mut up = vec![];
+        for s in 13..=22 {
+            a.note_full();
+            a.note_finished();
+            a.note_slowdown(1.0);
+            a.tick(10, 3, false, second(t0, s));
+            up.push(a.limit());
+        }
+        assert_eq!(up, [4, 5, 6, 7, 8, 9, 10, 10, 10, 10]);
+        assert_eq!(a.moves(), (7, 7));
+    }
+
+    #[test]
+    fn calm_but_not_full_or_with_nothing_finished_stays() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(10, t0);
+        a.note_finished();
+        a.note_slowdown(3.0);
+        a.tick(10, 1, false, second(t0, 1));
+        assert_eq!(a.limit(), 9);
+        a.note_finished();
+        a.note_slowdown(1.0);
+        assert_eq!(a.tick(10, 1, false, second(t0, 2)), None, "not full");
+        a.note_full();
+        assert_eq!(
+            a.tick(10, 1, false, second(t0, 3)),
+            None,
+            "nothing finished"
+        );
+        a.note_finished();
+        let m = a
+            .tick(10, 1, true, second(t0, 4))
+            .expect("full now, one finished");
+        assert_eq!(m.to, 10);
+    }
+
+    #[test]
+    fn it_moves_at_most_once_a_period_and_within_a_changed_ceiling() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(10, t0);
+        a.note_finished();
+        a.note_slowdown(5.0);
+        assert_eq!(a.tick(10, 1, false, t0 + Duration::from_millis(999)), None);
+        assert_eq!(a.limit(), 10);
+        // A reload lowered the ceiling to 4: the limit moves from there.
+        a.note_finished();
+        a.note_slowdown(5.0);
+        let m = a.tick(4, 1, false, second(t0, 1)).expect("a move");
+        assert_eq!((m.from, m.to), (10, 3));
+    }
+}
