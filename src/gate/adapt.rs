@@ -26,6 +26,10 @@ const DECREASE: f64 = 0.9;
 /// A count of lock waiters older than this is not used (the reading stopped).
 const LOCK_WAITS_FRESH: Duration = Duration::from_secs(3);
 
+/// A window this long has not been ticked for a while (the lane sat idle): what it saw is
+/// too old to act on, and a new window starts.
+const STALE_WINDOW: Duration = Duration::from_secs(3);
+
 /// The settings of the adaptive limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AdaptiveSettings {
@@ -104,6 +108,9 @@ pub struct AdaptiveLimit {
     last_move: Option<Moved>,
     /// Moves up and down since the start.
     moves: (u64, u64),
+    /// The ceiling at the last tick: a limit there follows the ceiling when it rises (more
+    /// pools onto the server).
+    ceiling: usize,
 }
 
 impl AdaptiveLimit {
@@ -120,6 +127,7 @@ impl AdaptiveLimit {
             overloaded: false,
             last_move: None,
             moves: (0, 0),
+            ceiling: ceiling.max(1),
         }
     }
 
@@ -183,6 +191,15 @@ impl AdaptiveLimit {
         }
     }
 
+    /// Starts a new window at `now`.
+    fn restart(&mut self, now: Instant) {
+        self.window_from = now;
+        self.full = false;
+        self.finished = 0;
+        self.timed = 0;
+        self.log_slowdowns = 0.0;
+    }
+
     /// Moves the limit if a period has passed since the last tick: `ceiling` and `floor` as
     /// configured now, `full_now` whether every slot is taken at this moment. Returns the
     /// move, if the limit moved.
@@ -198,8 +215,23 @@ impl AdaptiveLimit {
         }
         let ceiling = ceiling.max(1);
         let floor = floor.clamp(1, ceiling);
-        let from = self.limit;
-        let bounded = from.clamp(floor, ceiling);
+        if now.saturating_duration_since(self.window_from) >= STALE_WINDOW {
+            // The lane sat idle: a new window, nothing judged.
+            self.limit = self.limit.clamp(floor, ceiling);
+            self.ceiling = ceiling;
+            self.overloaded = false;
+            self.restart(now);
+            return None;
+        }
+        // A limit at its ceiling follows it up; one above a lowered ceiling or below the
+        // floor starts from within them.
+        let at_ceiling = self.limit >= self.ceiling;
+        self.ceiling = ceiling;
+        let from = match at_ceiling {
+            true => ceiling,
+            false => self.limit.clamp(floor, ceiling),
+        };
+        let bounded = from;
         let waits = self.lock_waiters(now);
         let overload = match self.slowdown() {
             Some(x) if x > SLOWDOWN => Some(LimitChange::Slow(x)),
@@ -217,11 +249,7 @@ impl AdaptiveLimit {
         };
         self.overloaded = overload.is_some();
         self.limit = to;
-        self.window_from = now;
-        self.full = false;
-        self.finished = 0;
-        self.timed = 0;
-        self.log_slowdowns = 0.0;
+        self.restart(now);
         let why = why.filter(|_| to != from)?;
         match to > from {
             true => self.moves.0 += 1,
@@ -357,6 +385,44 @@ mod tests {
         a.note_finished();
         a.note_slowdown(5.0);
         let m = a.tick(4, 1, false, second(t0, 1)).expect("a move");
-        assert_eq!((m.from, m.to), (10, 3));
+        assert_eq!((m.from, m.to), (4, 3));
+        assert_eq!(a.moves(), (0, 1));
+    }
+
+    #[test]
+    fn a_limit_at_its_ceiling_follows_it_up_and_one_below_stays() {
+        let t0 = Instant::now();
+        // Started with the first pool's servers (4); a second pool brings the ceiling to 12.
+        let mut a = AdaptiveLimit::new(4, t0);
+        a.note_finished();
+        assert_eq!(a.tick(12, 1, false, second(t0, 1)), None);
+        assert_eq!(a.limit(), 12);
+        a.note_finished();
+        a.note_slowdown(3.0);
+        a.tick(12, 1, false, second(t0, 2));
+        assert_eq!(a.limit(), 10);
+        a.note_finished();
+        a.tick(20, 1, false, second(t0, 3));
+        assert_eq!(
+            a.limit(),
+            10,
+            "below its ceiling: it climbs a step at a time"
+        );
+    }
+
+    #[test]
+    fn a_window_left_idle_is_not_judged() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        a.note_finished();
+        a.note_slowdown(9.0);
+        // Nothing ticked for ten minutes: the old slowdown is forgotten.
+        assert_eq!(a.tick(8, 1, false, second(t0, 600)), None);
+        assert!(!a.overloaded());
+        assert_eq!(a.limit(), 8);
+        a.note_finished();
+        a.note_slowdown(1.0);
+        assert_eq!(a.tick(8, 1, false, second(t0, 601)), None);
+        assert!(!a.overloaded());
     }
 }

@@ -1296,11 +1296,31 @@ fn while_the_limit_falls_best_effort_work_is_shed() {
         (5, RefusalReason::Overload)
     );
     assert_eq!(shed[0].refusal.sqlstate, SQLSTATE_RESOURCES);
+    // A best-effort request that comes now takes no slot, even a free one: it queues and
+    // the clock turns it away at once.
+    g.release(&slots[0], t1);
+    g.release(&slots[1], t1);
     let mut late = req("b", 7, t1);
     late.priority = Priority::BestEffort;
-    assert_eq!(refused(g.admit(&late, t1)).reason, RefusalReason::Overload);
-    // Normal work still queues; transaction control never waits.
-    admitted(g.admit(&req("c", 8, t1), t1));
+    let late = admitted(g.admit(&late, t1));
+    assert!(
+        g.try_acquire(&late, t1).is_none(),
+        "shed, though a slot is free"
+    );
+    let id = late.id;
+    g.clock_sleeps(None);
+    g.enqueue(late, 7, t1);
+    assert!(g.clock_needed_for(id, t1), "the clock looks at once");
+    // A carrier (a Parse or a Sync alone) of a best-effort tenant is never turned away:
+    // its refusal would end the session.
+    budget(&mut g, "b", "priority=best_effort", t1);
+    let carrier = g.server_pass(&req("b", 10, t1), t1);
+    g.enqueue(carrier, 10, t1);
+    let shed: Vec<u64> = g.expire(t1).iter().map(|e| e.waiter).collect();
+    assert_eq!(shed, [7]);
+    // Normal work takes the free slot; transaction control never waits.
+    let next = g.next_waiter(UP, Lane::Fast, t1, |_| true);
+    assert_eq!(next.map(|w| w.waiter), Some(6));
     let mut commit = req("b", 9, t1);
     commit.priority = Priority::BestEffort;
     commit.kind = RequestKind::Transaction(TxControl::Commit);
@@ -1364,4 +1384,35 @@ fn without_adaptive_the_queue_stays_first_in_first_out() {
     let later = t0 + secs(3.0);
     assert!(g.expire(later).is_empty());
     assert_eq!(order(&mut g, slots, later), [1, 2, 3]);
+}
+
+#[test]
+fn a_standing_queue_drops_only_work_that_waits_for_the_full_lane() {
+    let t0 = Instant::now();
+    let mut g = adaptive_gate(0.5);
+    budget(&mut g, "owes", "rate=1 burst=1 when_over=wait", t0);
+    let (_, slot) = run(&mut g, "owes", 100.0, t0).expect("runs into debt");
+    g.release(&slot, t0);
+    // The debtor waits for its budget while the lane has room, then while it is full.
+    let pass = admitted(g.admit(&req("owes", 1, t0), t0));
+    assert_eq!(pass.payment(), Payment::AwaitingPayBack);
+    g.enqueue(pass, 1, t0);
+    let later = t0 + secs(2.0);
+    assert!(
+        g.expire(later).is_empty(),
+        "the lane has room: nothing stands"
+    );
+    let slots = take_all_four(&mut g, later);
+    queue(&mut g, "b", Priority::Normal, 2, later);
+    let dropped: Vec<u64> = g
+        .expire(later + secs(3.0))
+        .iter()
+        .map(|e| e.waiter)
+        .collect();
+    assert_eq!(
+        dropped,
+        [2],
+        "the debtor waits for its budget, not for the lane"
+    );
+    drop(slots);
 }

@@ -4,8 +4,10 @@
 //! newest ticket first and turns away work that waited past `standing_wait` (adaptive LIFO
 //! with CoDel-style dropping). The slow lane stays first in, first out.
 
+use super::queueing::rank;
 use super::*;
 use crate::gate::adapt::Moved;
+use crate::gate::RequestKind;
 use crate::sql::Priority;
 
 /// How long the fast lane's queue must not have emptied before it counts as standing.
@@ -57,10 +59,17 @@ impl<W> Gate<W> {
         }
     }
 
-    /// Whether best-effort work on `upstream` is shed now: its limit found overload.
-    pub(super) fn sheds(&self, upstream: &str) -> bool {
+    /// Whether `pass`, about to take a new slot, is shed: best-effort work (never a carrier
+    /// of messages without a request of their own) on an upstream whose limit found
+    /// overload. Work inside a transaction or a batch already holds its slot and is never
+    /// asked.
+    pub(super) fn shed_now(&mut self, pass: &Pass, now: Instant) -> bool {
+        if pass.priority != Priority::BestEffort || pass.kind == RequestKind::Carrier {
+            return false;
+        }
+        self.adapt(&pass.upstream, now);
         self.upstreams
-            .get(upstream)
+            .get(&pass.upstream)
             .and_then(|u| u.adaptive.as_ref())
             .is_some_and(|a| a.overloaded())
     }
@@ -102,29 +111,35 @@ impl<W> Gate<W> {
     }
 
     /// The clock's part: ticks what is due, then turns away the best-effort work waiting on
-    /// an overloaded upstream and the work that waited past `standing_wait` in a fast lane
-    /// whose queue has stood (critical work is never dropped).
+    /// an overloaded upstream, and, in a fast lane that is full and whose queue has stood,
+    /// the work that waited there past `standing_wait` for the lane alone (not for its
+    /// budget or its tenant's own limits). Critical work and carriers (a Parse or a Sync
+    /// alone, whose refusal would end the session) are never turned away.
     pub(super) fn shed_waiting(&mut self, now: Instant) -> Vec<Expired<W>> {
         let Some(settings) = self.settings.adaptive else {
             return Vec::new();
         };
         self.adapt_all(now);
         let mut out: Vec<(TicketId, Refusal)> = Vec::new();
-        for up in self.upstreams.values() {
-            if up.adaptive.is_none() || up.fast.queue.is_empty() {
+        for (name, up) in &self.upstreams {
+            let Some(a) = up.adaptive.as_ref().filter(|_| !up.fast.queue.is_empty()) else {
                 continue;
-            }
-            let shed = up.adaptive.as_ref().is_some_and(|a| a.overloaded());
-            let stood = standing(&up.fast, now);
+            };
+            let full = !up.room(Lane::Fast);
+            let stood = full && standing(&up.fast, now);
+            let room = self.room(name);
             for (pass, _) in up.fast.queue.iter() {
+                if pass.kind == RequestKind::Carrier || pass.priority == Priority::Critical {
+                    continue;
+                }
                 let waited = pass
                     .enqueued_at
                     .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
-                if shed && pass.priority == Priority::BestEffort {
+                if a.overloaded() && pass.priority == Priority::BestEffort {
                     out.push((pass.id, Refusal::shed()));
                 } else if stood
-                    && pass.priority != Priority::Critical
                     && waited >= settings.standing_wait
+                    && rank(&self.tenants, &room, pass, now).is_some()
                 {
                     out.push((pass.id, Refusal::stood(waited)));
                 }
@@ -136,15 +151,23 @@ impl<W> Gate<W> {
     /// When the clock next has work for the adaptive limits: the tick of a lane in use
     /// (slots held or tickets waiting), the moment its oldest droppable ticket has waited
     /// `standing_wait` in a queue that stands, or now if best-effort work waits on an
-    /// overloaded upstream.
-    pub(super) fn adaptive_wake(&self, now: Instant) -> Option<Instant> {
+    /// overloaded upstream. `looked` is true right after the clock's own look at `now`
+    /// ([`shed_waiting`](Self::shed_waiting)): what it left is not droppable now, so only
+    /// later moments count (the clock never spins on a ticket that waits for its budget).
+    pub(super) fn adaptive_wake(&self, now: Instant, looked: bool) -> Option<Instant> {
         let settings = self.settings.adaptive?;
+        let later = |t: &Instant| !looked || *t > now;
         self.upstreams
             .values()
             .filter(|u| u.fast.active > 0 || !u.fast.queue.is_empty())
             .filter_map(|u| {
                 let a = u.adaptive.as_ref()?;
-                let heads = || u.fast.queue.heads();
+                let heads = || {
+                    u.fast
+                        .queue
+                        .heads()
+                        .filter(|p| p.kind != RequestKind::Carrier)
+                };
                 let shed = a.overloaded() && heads().any(|p| p.priority == Priority::BestEffort);
                 let oldest = heads()
                     .filter(|p| p.priority != Priority::Critical)
@@ -159,6 +182,7 @@ impl<W> Gate<W> {
                 [Some(a.due_at()), drop, shed.then_some(now)]
                     .into_iter()
                     .flatten()
+                    .filter(later)
                     .min()
             })
             .min()

@@ -2,7 +2,6 @@
 
 use super::*;
 use crate::gate::RequestKind;
-use crate::sql::Priority;
 
 /// Statements kept in quarantine at most (a flood of flips cannot grow the map).
 const MAX_QUARANTINED: usize = 10_000;
@@ -34,9 +33,6 @@ impl<W> Gate<W> {
         }
         if self.settings.adaptive.is_some() {
             self.adapt(req.upstream, now);
-            if pass.priority == Priority::BestEffort && self.sheds(req.upstream) {
-                return Decision::Refuse(self.refused(req.tenant, Refusal::shed(), now));
-            }
         }
         if pass.deadline.is_some_and(|d| d <= now) {
             return Decision::Refuse(self.refused(req.tenant, Refusal::deadline(), now));

@@ -8,7 +8,7 @@ use crate::gate::fair::Order;
 
 /// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
 /// of its databases holds there against `max_active_per_database`.
-struct Room<'a> {
+pub(super) struct Room<'a> {
     demoted: BTreeSet<String>,
     by_database: Option<&'a BTreeMap<String, usize>>,
     per_database: Option<usize>,
@@ -26,7 +26,7 @@ impl Room<'_> {
 }
 
 /// Whether `pass` may take a slot now, and its tenant's rank.
-fn rank(
+pub(super) fn rank(
     tenants: &BTreeMap<String, TenantState>,
     room: &Room,
     pass: &Pass,
@@ -139,7 +139,7 @@ impl<W> Gate<W> {
         out
     }
 
-    fn room(&self, upstream: &str) -> Room<'_> {
+    pub(super) fn room(&self, upstream: &str) -> Room<'_> {
         Room {
             demoted: self.demoted(upstream),
             by_database: self.upstreams.get(upstream).map(|u| &u.by_database),
@@ -181,6 +181,10 @@ impl<W> Gate<W> {
     pub fn try_acquire(&mut self, pass: &Pass, now: Instant) -> Option<Slot> {
         // A full lane first: it needs no look at who holds what.
         if !self.upstream_mut(&pass.upstream).room(pass.lane) {
+            return None;
+        }
+        if self.settings.adaptive.is_some() && self.shed_now(pass, now) {
+            // It queues, and the clock turns it away at once.
             return None;
         }
         let room = self.room(&pass.upstream);
@@ -444,7 +448,9 @@ impl<W> Gate<W> {
     }
 
     /// When [`expire`](Self::expire) or [`dispatch`](Self::dispatch) next has work: the
-    /// earliest deadline or queue timeout of a waiting ticket, or pay-back of a waiting debt.
+    /// earliest deadline or queue timeout of a waiting ticket, pay-back of a waiting debt, or
+    /// a moment of the adaptive limits later than `now` (the clock calls this right after
+    /// `expire(now)`).
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
         let end = self.ends.first().map(|(at, _)| *at);
         let paid = self
@@ -455,7 +461,7 @@ impl<W> Gate<W> {
             .flat_map(|q| q.heads())
             .filter(|p| p.payment == Payment::AwaitingPayBack)
             .filter_map(|p| self.tenants.get(&p.tenant)?.paid_back_at(now));
-        let adaptive = self.adaptive_wake(now);
+        let adaptive = self.adaptive_wake(now, true);
         end.into_iter().chain(paid).chain(adaptive).min()
     }
 
@@ -495,7 +501,7 @@ impl<W> Gate<W> {
                 .and_then(|t| t.paid_back_at(now)),
             _ => None,
         };
-        let adaptive = self.adaptive_wake(now);
+        let adaptive = self.adaptive_wake(now, false);
         let need = end.into_iter().chain(paid).chain(adaptive).min();
         need.is_some_and(|t| self.clock_until.is_none_or(|at| t < at))
     }
