@@ -3,7 +3,8 @@
 //! decrease (AIMD), from what the server shows of its load:
 //!
 //! - **overload**: the statements that finished in the last second ran, as a geometric mean,
-//!   more than twice their usual time, or more than a quarter of the limit waits on locks
+//!   more than twice their usual time (each statement's quiet time, per unit of its plan's
+//!   cost: see [`Baselines`]), or more than a quarter of the limit waits on locks
 //!   (the server reading's count of pgward's sessions waiting for a lock): the limit is
 //!   multiplied by 0.9 and lowered by at least one, down to the floor (`min_active`);
 //! - **calm and full**: every slot was taken at some point, statements finished, and there
@@ -12,6 +13,7 @@
 //!
 //! Pure: the time is an argument, so the whole policy runs under simulated time in tests.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 /// How often the limit moves.
@@ -29,6 +31,61 @@ const LOCK_WAITS_FRESH: Duration = Duration::from_secs(3);
 /// A window this long has not been ticked for a while (the lane sat idle): what it saw is
 /// too old to act on, and a new window starts.
 const STALE_WINDOW: Duration = Duration::from_secs(3);
+
+/// How slowly a statement's usual time rises toward slower runs (the time constant): a
+/// sustained overload does not become the new usual within the minutes it lasts.
+const BASELINE_RISE: Duration = Duration::from_secs(300);
+
+/// Statements whose usual time is kept, at most.
+const MAX_BASELINES: usize = 10_000;
+
+/// Each statement's usual time when the server is not overloaded, by statement: a slow
+/// average of its runs' times per unit of plan cost (or of its times, for a statement without
+/// a plan, its cost then 1), that follows a faster run halfway at once and a slower one over
+/// minutes. The calibration's own prediction learns every run, so under sustained overload it
+/// soon predicts the overloaded time; this does not.
+#[derive(Clone, Debug, Default)]
+pub struct Baselines {
+    by_statement: HashMap<u64, (f64, Instant)>,
+}
+
+impl Baselines {
+    /// Statement `statement` ran `seconds` for a plan of cost `cost`: its slowdown against its
+    /// usual time (none the first time), and the usual time moves.
+    pub fn observe(
+        &mut self,
+        statement: u64,
+        seconds: f64,
+        cost: f64,
+        now: Instant,
+    ) -> Option<f64> {
+        let cost = match cost.is_finite() && cost > 0.0 {
+            true => cost,
+            false => 1.0,
+        };
+        let per_cost = seconds / cost;
+        if !(per_cost.is_finite() && per_cost > 0.0) {
+            return None;
+        }
+        let Some((usual, at)) = self.by_statement.get_mut(&statement) else {
+            if self.by_statement.len() < MAX_BASELINES {
+                self.by_statement.insert(statement, (per_cost, now));
+            }
+            return None;
+        };
+        let slowdown = per_cost / *usual;
+        let weight = match per_cost < *usual {
+            true => 0.5,
+            false => {
+                let dt = now.saturating_duration_since(*at).as_secs_f64();
+                1.0 - (-dt / BASELINE_RISE.as_secs_f64()).exp()
+            }
+        };
+        *usual += (per_cost - *usual) * weight;
+        *at = now;
+        Some(slowdown)
+    }
+}
 
 /// The settings of the adaptive limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -111,6 +168,7 @@ pub struct AdaptiveLimit {
     /// The ceiling at the last tick: a limit there follows the ceiling when it rises (more
     /// pools onto the server).
     ceiling: usize,
+    baselines: Baselines,
 }
 
 impl AdaptiveLimit {
@@ -128,6 +186,7 @@ impl AdaptiveLimit {
             last_move: None,
             moves: (0, 0),
             ceiling: ceiling.max(1),
+            baselines: Baselines::default(),
         }
     }
 
@@ -164,6 +223,15 @@ impl AdaptiveLimit {
     /// A slot of the lane came back: a statement (or a pipeline) finished.
     pub fn note_finished(&mut self) {
         self.finished += 1;
+    }
+
+    /// Statement `statement` (a fingerprint) ran `seconds` for a plan of cost `cost` (none:
+    /// it has no plan): its slowdown against its usual time counts.
+    pub fn note_run(&mut self, statement: u64, seconds: f64, cost: Option<f64>, now: Instant) {
+        let cost = cost.unwrap_or(1.0);
+        if let Some(x) = self.baselines.observe(statement, seconds, cost, now) {
+            self.note_slowdown(x);
+        }
     }
 
     /// A statement with a usual time ran `slowdown` times that time.
@@ -272,6 +340,52 @@ mod tests {
 
     fn second(t0: Instant, n: u64) -> Instant {
         t0 + Duration::from_secs(n)
+    }
+
+    #[test]
+    fn a_statement_s_usual_time_is_its_quiet_time_per_unit_of_cost() {
+        let t0 = Instant::now();
+        let mut b = Baselines::default();
+        assert_eq!(b.observe(7, 0.010, 100.0, t0), None, "first seen");
+        // Twice the cost, twice the time: as usual.
+        let x = b.observe(7, 0.020, 200.0, second(t0, 1)).expect("known");
+        assert!((x - 1.0).abs() < 1e-9, "{x}");
+        // A minute of runs four times slower moves the usual time less than a fifth of the
+        // way: they still count as overload.
+        let mut last = 0.0;
+        for s in 2..=61 {
+            last = b.observe(7, 0.040, 100.0, second(t0, s)).expect("known");
+        }
+        assert!((2.5..4.0).contains(&last), "{last}");
+        // A faster run brings it halfway down at once.
+        b.observe(7, 0.010, 100.0, second(t0, 62));
+        let x = b.observe(7, 0.010, 100.0, second(t0, 63)).expect("known");
+        assert!(x < 1.0, "{x}");
+        // Without a plan the cost is 1: its time alone.
+        assert_eq!(b.observe(8, 0.5, f64::NAN, t0), None);
+        let x = b.observe(8, 1.0, f64::NAN, second(t0, 1)).expect("known");
+        assert!((x - 2.0).abs() < 1e-9, "{x}");
+    }
+
+    #[test]
+    fn sustained_slow_runs_keep_the_limit_at_the_floor() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        a.note_run(1, 0.01, Some(10.0), t0);
+        for s in 1..=60 {
+            for _ in 0..5 {
+                a.note_finished();
+                a.note_run(
+                    1,
+                    0.05,
+                    Some(10.0),
+                    second(t0, s) - Duration::from_millis(10),
+                );
+            }
+            a.tick(8, 2, true, second(t0, s));
+        }
+        assert_eq!(a.limit(), 2);
+        assert!(a.overloaded());
     }
 
     #[test]

@@ -256,11 +256,13 @@ impl Gatekeeper {
         self.wake.notify_one();
     }
 
-    /// A statement on `upstream` with a usual time ran `slowdown` times that time (for the
-    /// adaptive limit; nothing is locked without one).
-    pub fn note_slowdown(&self, upstream: &str, slowdown: f64) {
+    /// Statement `statement` ran `took` on `upstream`'s fast lane for a plan of cost `cost`
+    /// (for the adaptive limit; nothing is locked without one).
+    pub fn note_run(&self, upstream: &str, statement: u64, took: Duration, cost: Option<f64>) {
         if self.adaptive.load(Ordering::Acquire) {
-            self.lock().note_slowdown(upstream, slowdown);
+            let seconds = took.as_secs_f64();
+            self.lock()
+                .note_run(upstream, statement, seconds, cost, Instant::now());
         }
     }
 

@@ -1237,6 +1237,12 @@ fn take_all_four(g: &mut Gate<u64>, now: Instant) -> Vec<Slot> {
         .collect()
 }
 
+/// A statement of the fast lane ran `slowdown` times its usual time.
+fn ran_slower(g: &mut Gate<u64>, slowdown: f64, now: Instant) {
+    g.note_run(UP, 1, 0.01, None, now - secs(10.0));
+    g.note_run(UP, 1, 0.01 * slowdown, None, now);
+}
+
 fn fast_limit(g: &Gate<u64>) -> usize {
     let lanes = g.lanes();
     let fast = lanes
@@ -1252,7 +1258,7 @@ fn slow_runs_lower_the_fast_lane_limit_and_calm_full_seconds_raise_it() {
     let mut g = adaptive_gate(30.0);
     let slots = take_all_four(&mut g, t0);
     assert_eq!(fast_limit(&g), 4);
-    g.note_slowdown(UP, 3.0);
+    ran_slower(&mut g, 3.0, t0);
     let t1 = t0 + secs(1.0);
     g.release(&slots[0], t1);
     assert_eq!(
@@ -1273,7 +1279,7 @@ fn slow_runs_lower_the_fast_lane_limit_and_calm_full_seconds_raise_it() {
     // Three held, the limit is three: the lane is full; one finishes at usual speed.
     let ninth = admitted(g.admit(&req("a", 9, t1), t1));
     assert!(g.try_acquire(&ninth, t1).is_none());
-    g.note_slowdown(UP, 1.0);
+    ran_slower(&mut g, 1.0, t0);
     let t2 = t0 + secs(2.0);
     g.release(&slots[1], t2);
     assert_eq!(fast_limit(&g), 4, "calm and full: one more");
@@ -1287,7 +1293,7 @@ fn while_the_limit_falls_best_effort_work_is_shed() {
     let slots = take_all_four(&mut g, t0);
     queue(&mut g, "b", Priority::BestEffort, 5, t0);
     queue(&mut g, "c", Priority::Normal, 6, t0);
-    g.note_slowdown(UP, 5.0);
+    ran_slower(&mut g, 5.0, t0);
     let t1 = t0 + secs(1.0);
     let shed = g.expire(t1);
     assert_eq!(shed.len(), 1, "{shed:?}");

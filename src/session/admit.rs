@@ -279,15 +279,13 @@ impl GateState {
             keeper.settle(&part.tenant, part.charged, own);
         }
         if let ([part], false) = (run.parts.as_slice(), run.failed) {
-            if part.learned {
-                // How much slower than usual it ran: the adaptive limit's measure of the
-                // fast lane's load (the slow lane's runs, quarantined flips among them, are
-                // not the fast lane's).
-                let slot = self.slot.as_ref().and_then(|g| g.slot());
-                if let Some(slot) = slot.filter(|s| s.lane() == crate::gate::Lane::Fast) {
-                    let slowdown = took.as_secs_f64() / part.predicted.max(f64::MIN_POSITIVE);
-                    keeper.note_slowdown(slot.upstream(), slowdown);
-                }
+            // Its time against its usual one: the adaptive limit's measure of the fast
+            // lane's load (the slow lane's runs, quarantined flips among them, are not the
+            // fast lane's).
+            let slot = self.slot.as_ref().and_then(|g| g.slot());
+            let fast = slot.filter(|s| s.lane() == crate::gate::Lane::Fast);
+            if let (Some(slot), Some((key, cost))) = (fast, &part.learn) {
+                keeper.note_run(slot.upstream(), key.fingerprint, took, *cost);
             }
             learn(keeper, part, took);
         }

@@ -74,14 +74,22 @@ impl<W> Gate<W> {
             .is_some_and(|a| a.overloaded())
     }
 
-    /// A statement on `upstream` with a usual time ran `slowdown` times that time.
-    pub fn note_slowdown(&mut self, upstream: &str, slowdown: f64) {
+    /// Statement `statement` (its fingerprint) ran `seconds` on `upstream`'s fast lane for a
+    /// plan of cost `cost` (none: it has no plan).
+    pub fn note_run(
+        &mut self,
+        upstream: &str,
+        statement: u64,
+        seconds: f64,
+        cost: Option<f64>,
+        now: Instant,
+    ) {
         if let Some(a) = self
             .upstreams
             .get_mut(upstream)
             .and_then(|u| u.adaptive.as_mut())
         {
-            a.note_slowdown(slowdown);
+            a.note_run(statement, seconds, cost, now);
         }
     }
 
