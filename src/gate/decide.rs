@@ -290,6 +290,19 @@ impl<W> Upstream<W> {
         self.lane_ref(lane).active < self.limit(lane) && total < self.capacity
     }
 
+    /// Whether `lane` may hand out a slot now to work of `priority`: critical work may take
+    /// the fast lane's slots between its adaptive limit and its ceiling (the limit holds the
+    /// other classes back and leaves them to latency-sensitive work).
+    fn room_for(&self, lane: Lane, priority: crate::sql::Priority) -> bool {
+        if !(lane == Lane::Fast && self.adaptive.is_some())
+            || priority != crate::sql::Priority::Critical
+        {
+            return self.room(lane);
+        }
+        let total = self.fast.active + self.slow.active;
+        self.fast.active < self.limits.fast.min(self.capacity) && total < self.capacity
+    }
+
     fn queues(&self) -> impl Iterator<Item = &FairQueue<W>> {
         [&self.fast.queue, &self.slow.queue].into_iter()
     }

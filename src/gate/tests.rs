@@ -1422,3 +1422,41 @@ fn a_standing_queue_drops_only_work_that_waits_for_the_full_lane() {
     );
     drop(slots);
 }
+
+#[test]
+fn critical_work_takes_the_slots_the_adaptive_limit_holds_back() {
+    let t0 = Instant::now();
+    let mut g = adaptive_gate(30.0);
+    let slots = take_all_four(&mut g, t0);
+    ran_slower(&mut g, 3.0, t0);
+    let t1 = t0 + secs(1.0);
+    g.release(&slots[0], t1);
+    g.release(&slots[1], t1);
+    assert_eq!(fast_limit(&g), 3);
+    // Two held, a limit of three: one more for anyone.
+    let normal = admitted(g.admit(&req("b", 5, t1), t1));
+    let _third = g.try_acquire(&normal, t1).expect("within the limit");
+    let later = admitted(g.admit(&req("b", 6, t1), t1));
+    assert!(g.try_acquire(&later, t1).is_none(), "at the limit");
+    g.enqueue(later, 6, t1);
+    // The fourth slot, within the ceiling, is critical work's.
+    let mut urgent = req("c", 7, t1);
+    urgent.priority = Priority::Critical;
+    let urgent = admitted(g.admit(&urgent, t1));
+    let fourth = g
+        .try_acquire(&urgent, t1)
+        .expect("critical work passes the limit");
+    let mut more = req("c", 8, t1);
+    more.priority = Priority::Critical;
+    let more = admitted(g.admit(&more, t1));
+    assert!(g.try_acquire(&more, t1).is_none(), "the ceiling holds");
+    g.enqueue(more, 8, t1);
+    // A slot that comes back over the limit goes to the critical waiter only.
+    g.release(&fourth, t1);
+    let next = g
+        .next_waiter(UP, Lane::Fast, t1, |_| true)
+        .map(|w| w.waiter);
+    assert_eq!(next, Some(8));
+    assert!(g.next_waiter(UP, Lane::Fast, t1, |_| true).is_none());
+    drop(slots);
+}

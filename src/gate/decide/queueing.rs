@@ -5,6 +5,7 @@
 use super::*;
 use crate::gate::adapt::Moved;
 use crate::gate::fair::Order;
+use crate::sql::Priority;
 
 /// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
 /// of its databases holds there against `max_active_per_database`.
@@ -180,7 +181,10 @@ impl<W> Gate<W> {
     /// first; otherwise the caller queues the pass with [`enqueue`](Self::enqueue).
     pub fn try_acquire(&mut self, pass: &Pass, now: Instant) -> Option<Slot> {
         // A full lane first: it needs no look at who holds what.
-        if !self.upstream_mut(&pass.upstream).room(pass.lane) {
+        if !self
+            .upstream_mut(&pass.upstream)
+            .room_for(pass.lane, pass.priority)
+        {
             return None;
         }
         if self.settings.adaptive.is_some() && self.shed_now(pass, now) {
@@ -191,11 +195,14 @@ impl<W> Gate<W> {
         rank(&self.tenants, &room, pass, now)?;
         let up = self.upstreams.get(&pass.upstream)?;
         let someone_first = [Lane::Fast, Lane::Slow].into_iter().any(|lane| {
-            up.room(lane)
+            up.room_for(lane, Priority::Critical)
                 && up
                     .lane_ref(lane)
                     .queue
-                    .best(|p| rank(&self.tenants, &room, p, now))
+                    .best(|p| {
+                        up.room_for(lane, p.priority)
+                            .then(|| rank(&self.tenants, &room, p, now))?
+                    })
                     .is_some()
         });
         if someone_first {
@@ -279,12 +286,15 @@ impl<W> Gate<W> {
         loop {
             // A full lane or an empty queue first: they need no look at who holds what.
             let up = self.upstreams.get(upstream)?;
-            if !up.room(lane) || up.lane_ref(lane).queue.is_empty() {
+            if !up.room_for(lane, Priority::Critical) || up.lane_ref(lane).queue.is_empty() {
                 return None;
             }
             let room = self.room(upstream);
             let queue = &up.lane_ref(lane).queue;
-            let rank = |p: &Pass| rank(&self.tenants, &room, p, now);
+            let rank = |p: &Pass| {
+                up.room_for(lane, p.priority)
+                    .then(|| rank(&self.tenants, &room, p, now))?
+            };
             let order = match Self::newest_first(up, lane, now) {
                 true => Order::NewestFirst,
                 false => Order::OldestFirst,
@@ -486,7 +496,7 @@ impl<W> Gate<W> {
         // the pools grew): the clock hands it out.
         let free = [Lane::Fast, Lane::Slow]
             .into_iter()
-            .any(|l| up.room(l) && !up.lane_ref(l).queue.is_empty());
+            .any(|l| up.room_for(l, Priority::Critical) && !up.lane_ref(l).queue.is_empty());
         if free {
             return true;
         }
