@@ -32,26 +32,36 @@ const LOCK_WAITS_FRESH: Duration = Duration::from_secs(3);
 /// too old to act on, and a new window starts.
 const STALE_WINDOW: Duration = Duration::from_secs(3);
 
-/// How slowly a statement's usual time rises toward slower runs (the time constant): a
-/// sustained overload does not become the new usual within the minutes it lasts.
-const BASELINE_RISE: Duration = Duration::from_secs(300);
+/// How fast a statement's usual time follows its runs (the time constant of an average on a
+/// log scale): an overload that comes after calm counts for about this long before it
+/// becomes the usual.
+const BASELINE_FOLLOW: Duration = Duration::from_secs(120);
 
 /// Statements whose usual time is kept, at most.
 const MAX_BASELINES: usize = 10_000;
 
-/// Each statement's usual time when the server is not overloaded, by statement: a slow
-/// average of its runs' times per unit of plan cost (or of its times, for a statement without
-/// a plan, its cost then 1), that follows a faster run halfway at once and a slower one over
-/// minutes. The calibration's own prediction learns every run, so under sustained overload it
-/// soon predicts the overloaded time; this does not.
+/// Runs of a statement that make its first usual time, before any counts as a slowdown.
+const BASELINE_RUNS: u32 = 8;
+
+/// A usual time not refreshed for this long is forgotten when the map is full.
+const BASELINE_STALE: Duration = Duration::from_secs(600);
+
+/// Each statement's usual time, by statement and plan: a slow average, on a log scale, of its
+/// runs' times per unit of plan cost (of its times, for a statement without a plan), that
+/// follows its runs with a time constant of two minutes whatever their rate. Centred on the
+/// typical run, so a calm server's runs are about as usual whatever their spread; an overload
+/// that comes counts as one for minutes. The calibration's own prediction learns each run in
+/// a few runs, so under load it soon predicts the loaded time; this does not.
 #[derive(Clone, Debug, Default)]
 pub struct Baselines {
-    by_statement: HashMap<u64, (f64, Instant)>,
+    /// ln(seconds per cost unit), when it last moved, and the runs seen.
+    by_statement: HashMap<u64, (f64, Instant, u32)>,
 }
 
 impl Baselines {
-    /// Statement `statement` ran `seconds` for a plan of cost `cost`: its slowdown against its
-    /// usual time (none the first time), and the usual time moves.
+    /// Statement `statement` ran `seconds` for a plan of cost `cost` (not finite or not
+    /// positive: no plan, taken as 1): its slowdown against its usual time (none the first
+    /// time), and the usual time moves.
     pub fn observe(
         &mut self,
         statement: u64,
@@ -63,27 +73,32 @@ impl Baselines {
             true => cost,
             false => 1.0,
         };
-        let per_cost = seconds / cost;
-        if !(per_cost.is_finite() && per_cost > 0.0) {
+        let x = (seconds / cost).ln();
+        if !x.is_finite() {
             return None;
         }
-        let Some((usual, at)) = self.by_statement.get_mut(&statement) else {
+        let Some((usual, at, runs)) = self.by_statement.get_mut(&statement) else {
+            if self.by_statement.len() >= MAX_BASELINES {
+                self.by_statement
+                    .retain(|_, (_, at, _)| now.saturating_duration_since(*at) < BASELINE_STALE);
+            }
             if self.by_statement.len() < MAX_BASELINES {
-                self.by_statement.insert(statement, (per_cost, now));
+                self.by_statement.insert(statement, (x, now, 1));
             }
             return None;
         };
-        let slowdown = per_cost / *usual;
-        let weight = match per_cost < *usual {
-            true => 0.5,
-            false => {
-                let dt = now.saturating_duration_since(*at).as_secs_f64();
-                1.0 - (-dt / BASELINE_RISE.as_secs_f64()).exp()
-            }
+        let slowdown = (x - *usual).exp();
+        *runs = runs.saturating_add(1);
+        // The first runs make a plain average; then the time constant rules.
+        let dt = now.saturating_duration_since(*at).as_secs_f64();
+        let follow = 1.0 - (-dt / BASELINE_FOLLOW.as_secs_f64()).exp();
+        let weight = match *runs <= BASELINE_RUNS {
+            true => 1.0 / f64::from(*runs),
+            false => follow,
         };
-        *usual += (per_cost - *usual) * weight;
+        *usual += (x - *usual) * weight;
         *at = now;
-        Some(slowdown)
+        (*runs > BASELINE_RUNS).then_some(slowdown)
     }
 }
 
@@ -343,35 +358,69 @@ mod tests {
     }
 
     #[test]
-    fn a_statement_s_usual_time_is_its_quiet_time_per_unit_of_cost() {
+    fn a_statement_s_usual_time_is_its_typical_time_per_unit_of_cost() {
         let t0 = Instant::now();
         let mut b = Baselines::default();
-        assert_eq!(b.observe(7, 0.010, 100.0, t0), None, "first seen");
+        for _ in 0..BASELINE_RUNS {
+            assert_eq!(b.observe(7, 0.010, 100.0, t0), None, "its first runs");
+        }
         // Twice the cost, twice the time: as usual.
         let x = b.observe(7, 0.020, 200.0, second(t0, 1)).expect("known");
         assert!((x - 1.0).abs() < 1e-9, "{x}");
-        // A minute of runs four times slower moves the usual time less than a fifth of the
-        // way: they still count as overload.
+        // A minute of runs four times slower moves the usual time less than half the way (on
+        // a log scale): they still count as overload.
         let mut last = 0.0;
         for s in 2..=61 {
             last = b.observe(7, 0.040, 100.0, second(t0, s)).expect("known");
         }
-        assert!((2.5..4.0).contains(&last), "{last}");
-        // A faster run brings it halfway down at once.
-        b.observe(7, 0.010, 100.0, second(t0, 62));
-        let x = b.observe(7, 0.010, 100.0, second(t0, 63)).expect("known");
-        assert!(x < 1.0, "{x}");
+        assert!((2.0..4.0).contains(&last), "{last}");
         // Without a plan the cost is 1: its time alone.
-        assert_eq!(b.observe(8, 0.5, f64::NAN, t0), None);
+        for _ in 0..BASELINE_RUNS {
+            b.observe(8, 0.5, f64::NAN, t0);
+        }
         let x = b.observe(8, 1.0, f64::NAN, second(t0, 1)).expect("known");
         assert!((x - 2.0).abs() < 1e-9, "{x}");
+    }
+
+    #[test]
+    fn a_calm_statement_s_spread_is_not_overload() {
+        // Runs spread by a factor of 3 either way, alternating, many a second: as usual.
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        for s in 0..120u64 {
+            for i in 0..50u64 {
+                let at = t0 + Duration::from_millis(s * 1000 + i * 20);
+                let seconds = [0.01, 0.03, 0.09][(i % 3) as usize];
+                a.note_run(1, seconds, Some(10.0), at);
+            }
+            a.note_full();
+            a.note_finished();
+            a.tick(8, 2, true, second(t0, s + 1));
+            assert!(!a.overloaded(), "second {s}");
+        }
+        assert_eq!(a.limit(), 8);
+    }
+
+    #[test]
+    fn a_full_map_forgets_what_has_not_run_for_a_while() {
+        let t0 = Instant::now();
+        let mut b = Baselines::default();
+        for n in 0..MAX_BASELINES as u64 {
+            b.observe(n, 0.01, 1.0, t0);
+        }
+        let later = t0 + BASELINE_STALE;
+        assert_eq!(b.observe(u64::MAX, 0.01, 1.0, later), None);
+        assert_eq!(b.by_statement.len(), 1, "the stale ones went");
+        assert!(b.by_statement.contains_key(&u64::MAX));
     }
 
     #[test]
     fn sustained_slow_runs_keep_the_limit_at_the_floor() {
         let t0 = Instant::now();
         let mut a = AdaptiveLimit::new(8, t0);
-        a.note_run(1, 0.01, Some(10.0), t0);
+        for _ in 0..=BASELINE_RUNS {
+            a.note_run(1, 0.01, Some(10.0), t0);
+        }
         for s in 1..=60 {
             for _ in 0..5 {
                 a.note_finished();

@@ -94,6 +94,11 @@ impl<W> FairQueue<W> {
             .insert(place.seq, Waiting { pass, waiter });
     }
 
+    /// Whether a ticket of class `priority` waits.
+    pub fn has(&self, priority: Priority) -> bool {
+        !self.classes[class(priority)].is_empty()
+    }
+
     /// How many tickets wait.
     pub fn len(&self) -> usize {
         self.places.len()

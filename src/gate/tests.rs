@@ -1239,7 +1239,10 @@ fn take_all_four(g: &mut Gate<u64>, now: Instant) -> Vec<Slot> {
 
 /// A statement of the fast lane ran `slowdown` times its usual time.
 fn ran_slower(g: &mut Gate<u64>, slowdown: f64, now: Instant) {
-    g.note_run(UP, 1, 0.01, None, now - secs(10.0));
+    // Eight runs make its usual time; the next one counts.
+    for _ in 0..8 {
+        g.note_run(UP, 1, 0.01, None, now - secs(10.0));
+    }
     g.note_run(UP, 1, 0.01 * slowdown, None, now);
 }
 

@@ -285,7 +285,10 @@ impl GateState {
             let slot = self.slot.as_ref().and_then(|g| g.slot());
             let fast = slot.filter(|s| s.lane() == crate::gate::Lane::Fast);
             if let (Some(slot), Some((key, cost))) = (fast, &part.learn) {
-                keeper.note_run(slot.upstream(), key.fingerprint, took, *cost);
+                // One usual time per statement and plan (another plan's time per unit of
+                // cost is not this one's).
+                let statement = key.fingerprint ^ key.shape.unwrap_or(0).rotate_left(17);
+                keeper.note_run(slot.upstream(), statement, took, *cost);
             }
             learn(keeper, part, took);
         }

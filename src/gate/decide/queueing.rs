@@ -5,7 +5,6 @@
 use super::*;
 use crate::gate::adapt::Moved;
 use crate::gate::fair::Order;
-use crate::sql::Priority;
 
 /// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
 /// of its databases holds there against `max_active_per_database`.
@@ -195,7 +194,7 @@ impl<W> Gate<W> {
         rank(&self.tenants, &room, pass, now)?;
         let up = self.upstreams.get(&pass.upstream)?;
         let someone_first = [Lane::Fast, Lane::Slow].into_iter().any(|lane| {
-            up.room_for(lane, Priority::Critical)
+            up.may_serve(lane)
                 && up
                     .lane_ref(lane)
                     .queue
@@ -286,7 +285,7 @@ impl<W> Gate<W> {
         loop {
             // A full lane or an empty queue first: they need no look at who holds what.
             let up = self.upstreams.get(upstream)?;
-            if !up.room_for(lane, Priority::Critical) || up.lane_ref(lane).queue.is_empty() {
+            if !up.may_serve(lane) {
                 return None;
             }
             let room = self.room(upstream);
@@ -496,7 +495,7 @@ impl<W> Gate<W> {
         // the pools grew): the clock hands it out.
         let free = [Lane::Fast, Lane::Slow]
             .into_iter()
-            .any(|l| up.room_for(l, Priority::Critical) && !up.lane_ref(l).queue.is_empty());
+            .any(|l| up.may_serve(l));
         if free {
             return true;
         }
