@@ -290,9 +290,6 @@ impl<W> Upstream<W> {
         self.lane_ref(lane).active < self.limit(lane) && total < self.capacity
     }
 
-    /// Whether `lane` may hand out a slot now to work of `priority`: critical work may take
-    /// the fast lane's slots between its adaptive limit and its ceiling (the limit holds the
-    /// other classes back and leaves them to latency-sensitive work).
     /// Whether a ticket waiting in `lane` may take a slot now, as far as the lane goes: room
     /// for anyone, or the headroom and a critical ticket waiting.
     fn may_serve(&self, lane: Lane) -> bool {
@@ -303,6 +300,9 @@ impl<W> Upstream<W> {
                     && self.room_for(lane, crate::sql::Priority::Critical))
     }
 
+    /// Whether `lane` may hand out a slot now to work of `priority`: critical work may take
+    /// the fast lane's slots between its adaptive limit and its ceiling (the limit holds the
+    /// other classes back and leaves them to latency-sensitive work).
     fn room_for(&self, lane: Lane, priority: crate::sql::Priority) -> bool {
         if !(lane == Lane::Fast && self.adaptive.is_some())
             || priority != crate::sql::Priority::Critical

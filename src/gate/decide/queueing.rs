@@ -357,13 +357,12 @@ impl<W> Gate<W> {
         }
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
+        uncount(&mut up.holding, &slot.tenant);
+        uncount(&mut up.by_database, &slot.database);
         if let (Lane::Fast, Some(a)) = (slot.lane, up.adaptive.as_mut()) {
             a.note_finished();
             self.adapt(&slot.upstream, now);
         }
-        let up = self.upstream_mut(&slot.upstream);
-        uncount(&mut up.holding, &slot.tenant);
-        uncount(&mut up.by_database, &slot.database);
         let state = self.tenant_mut(&slot.tenant, now);
         state.running = state.running.saturating_sub(1);
         state.unpaid.remove(&slot.id);
