@@ -43,15 +43,22 @@ const MAX_BASELINES: usize = 10_000;
 /// Runs of a statement that make its first usual time, before any counts as a slowdown.
 const BASELINE_RUNS: u32 = 8;
 
+/// How long a probe holds the limit at the floor, at most.
+const PROBE_LENGTH: Duration = Duration::from_secs(2);
+
+/// A full lane with a standing queue probes again once no quiet run has been seen for this
+/// long.
+const PROBE_EVERY: Duration = Duration::from_secs(30);
+
 /// A usual time not refreshed for this long is forgotten when the map is full.
 const BASELINE_STALE: Duration = Duration::from_secs(600);
 
-/// Each statement's usual time, by statement and plan: a slow average, on a log scale, of its
-/// runs' times per unit of plan cost (of its times, for a statement without a plan), that
-/// follows its runs with a time constant of two minutes whatever their rate. Centred on the
-/// typical run, so a calm server's runs are about as usual whatever their spread; an overload
-/// that comes counts as one for minutes. The calibration's own prediction learns each run in
-/// a few runs, so under load it soon predicts the loaded time; this does not.
+/// Each statement's usual time, by statement and plan: its time per unit of plan cost (its
+/// time, for a statement without a plan) in quiet runs (see [`AdaptiveLimit::note_run`]), the
+/// plain average of its first runs on a log scale, then an average that follows them with a
+/// time constant of two minutes. Centred on the typical quiet run, so a calm statement's
+/// spread is no overload. The calibration's own prediction learns every run, so under load it
+/// soon predicts the loaded time; this learns only from quiet runs.
 #[derive(Clone, Debug, Default)]
 pub struct Baselines {
     /// ln(seconds per cost unit), when it last moved, and the runs seen.
@@ -59,24 +66,29 @@ pub struct Baselines {
 }
 
 impl Baselines {
-    /// Statement `statement` ran `seconds` for a plan of cost `cost` (not finite or not
-    /// positive: no plan, taken as 1): its slowdown against its usual time (none the first
-    /// time), and the usual time moves.
-    pub fn observe(
-        &mut self,
-        statement: u64,
-        seconds: f64,
-        cost: f64,
-        now: Instant,
-    ) -> Option<f64> {
+    /// A run of `seconds` for a plan of cost `cost` (not finite or not positive: no plan,
+    /// taken as 1), as the log of its time per unit of cost.
+    fn measure(seconds: f64, cost: f64) -> Option<f64> {
         let cost = match cost.is_finite() && cost > 0.0 {
             true => cost,
             false => 1.0,
         };
-        let x = (seconds / cost).ln();
-        if !x.is_finite() {
-            return None;
-        }
+        Some((seconds / cost).ln()).filter(|x| x.is_finite())
+    }
+
+    /// How many times its usual time statement `statement` took (none before its usual time
+    /// is known).
+    pub fn slowdown(&self, statement: u64, seconds: f64, cost: f64) -> Option<f64> {
+        let x = Self::measure(seconds, cost)?;
+        let (usual, _, runs) = self.by_statement.get(&statement)?;
+        (*runs >= BASELINE_RUNS).then(|| (x - usual).exp())
+    }
+
+    /// A quiet run of statement `statement`: its usual time moves toward it.
+    pub fn learn(&mut self, statement: u64, seconds: f64, cost: f64, now: Instant) {
+        let Some(x) = Self::measure(seconds, cost) else {
+            return;
+        };
         let Some((usual, at, runs)) = self.by_statement.get_mut(&statement) else {
             if self.by_statement.len() >= MAX_BASELINES {
                 self.by_statement
@@ -85,20 +97,30 @@ impl Baselines {
             if self.by_statement.len() < MAX_BASELINES {
                 self.by_statement.insert(statement, (x, now, 1));
             }
-            return None;
+            return;
         };
-        let slowdown = (x - *usual).exp();
         *runs = runs.saturating_add(1);
         // The first runs make a plain average; then the time constant rules.
         let dt = now.saturating_duration_since(*at).as_secs_f64();
-        let follow = 1.0 - (-dt / BASELINE_FOLLOW.as_secs_f64()).exp();
         let weight = match *runs <= BASELINE_RUNS {
             true => 1.0 / f64::from(*runs),
-            false => follow,
+            false => 1.0 - (-dt / BASELINE_FOLLOW.as_secs_f64()).exp(),
         };
         *usual += (x - *usual) * weight;
         *at = now;
-        (*runs > BASELINE_RUNS).then_some(slowdown)
+    }
+
+    /// As [`slowdown`](Self::slowdown), then [`learn`](Self::learn).
+    pub fn observe(
+        &mut self,
+        statement: u64,
+        seconds: f64,
+        cost: f64,
+        now: Instant,
+    ) -> Option<f64> {
+        let slowdown = self.slowdown(statement, seconds, cost);
+        self.learn(statement, seconds, cost, now);
+        slowdown
     }
 }
 
@@ -130,6 +152,9 @@ pub enum LimitChange {
     LockWaits(usize),
     /// Every slot was taken, statements finished, none slowed down.
     CalmAndFull,
+    /// A full lane whose queue stood, with no quiet run seen lately: held at the floor for a
+    /// moment to learn how long statements take when the server is not crowded.
+    Probe,
 }
 
 impl LimitChange {
@@ -139,6 +164,7 @@ impl LimitChange {
             LimitChange::Slow(_) => "slow",
             LimitChange::LockWaits(_) => "lock_waits",
             LimitChange::CalmAndFull => "calm_and_full",
+            LimitChange::Probe => "probe",
         }
     }
 
@@ -148,6 +174,7 @@ impl LimitChange {
             LimitChange::Slow(x) => format!("statements ran {x:.1}x their usual time"),
             LimitChange::LockWaits(n) => format!("{n} sessions waited for locks"),
             LimitChange::CalmAndFull => "every slot taken, no slowdown".to_string(),
+            LimitChange::Probe => "probing the statements' quiet time at the floor".to_string(),
         }
     }
 }
@@ -184,6 +211,12 @@ pub struct AdaptiveLimit {
     /// pools onto the server).
     ceiling: usize,
     baselines: Baselines,
+    /// The floor at the last tick.
+    floor: usize,
+    /// When the last quiet run ended.
+    last_quiet: Option<Instant>,
+    /// A probe under way: until when at most, and the quiet runs it has seen.
+    probe: Option<(Instant, u32)>,
 }
 
 impl AdaptiveLimit {
@@ -202,12 +235,28 @@ impl AdaptiveLimit {
             moves: (0, 0),
             ceiling: ceiling.max(1),
             baselines: Baselines::default(),
+            floor: 1,
+            last_quiet: None,
+            probe: None,
         }
     }
 
-    /// The limit in force.
+    /// The limit in force (the floor while a probe is under way).
     pub fn limit(&self) -> usize {
-        self.limit
+        match self.probe {
+            Some(_) => self.limit.min(self.floor),
+            None => self.limit,
+        }
+    }
+
+    /// Whether a probe holds the limit at the floor now.
+    pub fn probing(&self) -> bool {
+        self.probe.is_some()
+    }
+
+    /// The floor: at most this many running together make a quiet run.
+    pub fn floor(&self) -> usize {
+        self.floor
     }
 
     /// Whether the last tick found overload (best-effort work is shed meanwhile).
@@ -241,11 +290,27 @@ impl AdaptiveLimit {
     }
 
     /// Statement `statement` (a fingerprint) ran `seconds` for a plan of cost `cost` (none:
-    /// it has no plan): its slowdown against its usual time counts.
-    pub fn note_run(&mut self, statement: u64, seconds: f64, cost: Option<f64>, now: Instant) {
+    /// it has no plan): its slowdown against its usual time counts. A `quiet` run (no more
+    /// than the floor ran beside it when it started and when it ended) teaches the usual
+    /// time.
+    pub fn note_run(
+        &mut self,
+        statement: u64,
+        seconds: f64,
+        cost: Option<f64>,
+        quiet: bool,
+        now: Instant,
+    ) {
         let cost = cost.unwrap_or(1.0);
-        if let Some(x) = self.baselines.observe(statement, seconds, cost, now) {
+        if let Some(x) = self.baselines.slowdown(statement, seconds, cost) {
             self.note_slowdown(x);
+        }
+        if quiet {
+            self.baselines.learn(statement, seconds, cost, now);
+            self.last_quiet = Some(now);
+            if let Some((_, seen)) = self.probe.as_mut() {
+                *seen += 1;
+            }
         }
     }
 
@@ -284,13 +349,14 @@ impl AdaptiveLimit {
     }
 
     /// Moves the limit if a period has passed since the last tick: `ceiling` and `floor` as
-    /// configured now, `full_now` whether every slot is taken at this moment. Returns the
-    /// move, if the limit moved.
+    /// configured now, `full_now` whether every slot is taken at this moment, `stood` whether
+    /// the lane's queue has stood. Returns the move, if the limit moved.
     pub fn tick(
         &mut self,
         ceiling: usize,
         floor: usize,
         full_now: bool,
+        stood: bool,
         now: Instant,
     ) -> Option<Moved> {
         if now < self.due_at() {
@@ -298,6 +364,33 @@ impl AdaptiveLimit {
         }
         let ceiling = ceiling.max(1);
         let floor = floor.clamp(1, ceiling);
+        self.floor = floor;
+        if let Some((until, seen)) = self.probe {
+            // A probe judges nothing; it ends once enough quiet runs were seen, or at its end.
+            if now < until && seen < BASELINE_RUNS {
+                self.restart(now);
+                return None;
+            }
+            self.probe = None;
+            self.restart(now);
+            return None;
+        }
+        let full = self.full || full_now;
+        let quiet_lately = self
+            .last_quiet
+            .is_some_and(|t| now.saturating_duration_since(t) < PROBE_EVERY);
+        if full && stood && !quiet_lately && self.limit > floor {
+            self.probe = Some((now + PROBE_LENGTH, 0));
+            self.restart(now);
+            let moved = Moved {
+                at: now,
+                from: self.limit,
+                to: floor,
+                why: LimitChange::Probe,
+            };
+            self.last_move = Some(moved);
+            return Some(moved);
+        }
         if now.saturating_duration_since(self.window_from) >= STALE_WINDOW {
             // The lane sat idle: a new window, nothing judged.
             self.limit = self.limit.clamp(floor, ceiling);
@@ -391,11 +484,11 @@ mod tests {
             for i in 0..50u64 {
                 let at = t0 + Duration::from_millis(s * 1000 + i * 20);
                 let seconds = [0.01, 0.03, 0.09][(i % 3) as usize];
-                a.note_run(1, seconds, Some(10.0), at);
+                a.note_run(1, seconds, Some(10.0), true, at);
             }
             a.note_full();
             a.note_finished();
-            a.tick(8, 2, true, second(t0, s + 1));
+            a.tick(8, 2, true, false, second(t0, s + 1));
             assert!(!a.overloaded(), "second {s}");
         }
         assert_eq!(a.limit(), 8);
@@ -419,7 +512,7 @@ mod tests {
         let t0 = Instant::now();
         let mut a = AdaptiveLimit::new(8, t0);
         for _ in 0..=BASELINE_RUNS {
-            a.note_run(1, 0.01, Some(10.0), t0);
+            a.note_run(1, 0.01, Some(10.0), true, t0);
         }
         for s in 1..=60 {
             for _ in 0..5 {
@@ -428,13 +521,95 @@ mod tests {
                     1,
                     0.05,
                     Some(10.0),
+                    false,
                     second(t0, s) - Duration::from_millis(10),
                 );
             }
-            a.tick(8, 2, true, second(t0, s));
+            a.tick(8, 2, true, false, second(t0, s));
         }
         assert_eq!(a.limit(), 2);
         assert!(a.overloaded());
+    }
+
+    #[test]
+    fn an_overload_from_the_first_run_is_found_by_a_probe_at_the_floor() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        // Eight statements at once from the start, each 40 ms where it takes 10 ms alone:
+        // nothing quiet to compare with, so a full lane whose queue stands probes.
+        a.note_finished();
+        a.note_run(1, 0.04, None, false, t0);
+        let m = a.tick(8, 2, true, true, second(t0, 1)).expect("a probe");
+        assert_eq!((m.from, m.to, m.why), (8, 2, LimitChange::Probe));
+        assert_eq!(a.limit(), 2);
+        // Two at a time, they run alone: quiet runs teach the usual time.
+        for i in 0..8 {
+            a.note_run(
+                1,
+                0.01,
+                None,
+                true,
+                second(t0, 1) + Duration::from_millis(50 * i),
+            );
+        }
+        assert_eq!(
+            a.tick(8, 2, true, true, second(t0, 2)),
+            None,
+            "the probe ends"
+        );
+        assert!(!a.probing());
+        assert_eq!(a.limit(), 8);
+        // Eight at once again: four times the usual time, overload.
+        a.note_finished();
+        a.note_run(
+            1,
+            0.04,
+            None,
+            false,
+            second(t0, 2) + Duration::from_millis(500),
+        );
+        let m = a.tick(8, 2, true, true, second(t0, 3)).expect("a move");
+        assert_eq!((m.from, m.to), (8, 7));
+        assert!(matches!(m.why, LimitChange::Slow(x) if (x - 4.0).abs() < 1e-6));
+        // No new probe while quiet runs were seen lately.
+        a.note_run(
+            1,
+            0.04,
+            None,
+            false,
+            second(t0, 3) + Duration::from_millis(500),
+        );
+        assert!(!a
+            .tick(8, 2, true, true, second(t0, 4))
+            .is_some_and(|m| m.why == LimitChange::Probe));
+    }
+
+    #[test]
+    fn no_probe_without_a_standing_queue_or_with_quiet_runs_lately() {
+        let t0 = Instant::now();
+        let mut a = AdaptiveLimit::new(8, t0);
+        a.note_finished();
+        assert_eq!(
+            a.tick(8, 2, true, false, second(t0, 1)),
+            None,
+            "full but its queue empties: no probe"
+        );
+        assert!(!a.probing());
+        a.note_run(1, 0.01, None, true, second(t0, 1));
+        a.note_finished();
+        assert_eq!(
+            a.tick(8, 2, true, true, second(t0, 2)),
+            None,
+            "a quiet run lately"
+        );
+        assert!(!a.probing());
+        // A probe gives up after its length even without enough quiet runs.
+        let mut b = AdaptiveLimit::new(8, t0);
+        b.tick(8, 2, true, true, second(t0, 1)).expect("a probe");
+        assert_eq!(b.tick(8, 2, true, true, second(t0, 2)), None);
+        assert!(b.probing());
+        b.tick(8, 2, true, true, second(t0, 3));
+        assert!(!b.probing());
     }
 
     #[test]
@@ -445,14 +620,17 @@ mod tests {
         a.note_slowdown(3.0);
         a.note_finished();
         a.note_slowdown(2.0);
-        let m = a.tick(20, 2, false, second(t0, 1)).expect("a move");
+        let m = a.tick(20, 2, false, false, second(t0, 1)).expect("a move");
         assert_eq!((m.from, m.to), (20, 18));
         assert!(matches!(m.why, LimitChange::Slow(x) if (x - 6f64.sqrt()).abs() < 1e-9));
         assert!(a.overloaded());
         let mut b = AdaptiveLimit::new(5, t0);
         b.note_finished();
         b.note_slowdown(4.0);
-        assert_eq!(b.tick(5, 1, false, second(t0, 1)).map(|m| m.to), Some(4));
+        assert_eq!(
+            b.tick(5, 1, false, false, second(t0, 1)).map(|m| m.to),
+            Some(4)
+        );
     }
 
     #[test]
@@ -466,7 +644,7 @@ mod tests {
             a.note_finished();
             a.note_slowdown(1.0);
         }
-        assert_eq!(a.tick(8, 1, false, second(t0, 1)), None);
+        assert_eq!(a.tick(8, 1, false, false, second(t0, 1)), None);
         assert_eq!(a.limit(), 8);
         assert!(!a.overloaded());
     }
@@ -477,15 +655,15 @@ mod tests {
         let mut a = AdaptiveLimit::new(8, t0);
         a.note_lock_waits(2, t0);
         assert_eq!(
-            a.tick(8, 1, true, second(t0, 1)),
+            a.tick(8, 1, true, false, second(t0, 1)),
             None,
             "2 of 8 is not more"
         );
         a.note_lock_waits(3, second(t0, 1));
-        let m = a.tick(8, 1, true, second(t0, 2)).expect("a move");
+        let m = a.tick(8, 1, true, false, second(t0, 2)).expect("a move");
         assert_eq!((m.to, m.why), (7, LimitChange::LockWaits(3)));
         // A count the reading no longer refreshes is not used.
-        assert_eq!(a.tick(8, 1, false, second(t0, 5)), None);
+        assert_eq!(a.tick(8, 1, false, false, second(t0, 5)), None);
     }
 
     #[test]
@@ -496,7 +674,7 @@ mod tests {
         for s in 1..=12 {
             a.note_finished();
             a.note_slowdown(3.0);
-            a.tick(10, 3, true, second(t0, s));
+            a.tick(10, 3, true, false, second(t0, s));
             seen.push(a.limit());
         }
         assert_eq!(seen, [9, 8, 7, 6, 5, 4, 3, 3, 3, 3, 3, 3]);
@@ -505,7 +683,7 @@ mod tests {
             a.note_full();
             a.note_finished();
             a.note_slowdown(1.0);
-            a.tick(10, 3, false, second(t0, s));
+            a.tick(10, 3, false, false, second(t0, s));
             up.push(a.limit());
         }
         assert_eq!(up, [4, 5, 6, 7, 8, 9, 10, 10, 10, 10]);
@@ -518,20 +696,20 @@ mod tests {
         let mut a = AdaptiveLimit::new(10, t0);
         a.note_finished();
         a.note_slowdown(3.0);
-        a.tick(10, 1, false, second(t0, 1));
+        a.tick(10, 1, false, false, second(t0, 1));
         assert_eq!(a.limit(), 9);
         a.note_finished();
         a.note_slowdown(1.0);
-        assert_eq!(a.tick(10, 1, false, second(t0, 2)), None, "not full");
+        assert_eq!(a.tick(10, 1, false, false, second(t0, 2)), None, "not full");
         a.note_full();
         assert_eq!(
-            a.tick(10, 1, false, second(t0, 3)),
+            a.tick(10, 1, false, false, second(t0, 3)),
             None,
             "nothing finished"
         );
         a.note_finished();
         let m = a
-            .tick(10, 1, true, second(t0, 4))
+            .tick(10, 1, true, false, second(t0, 4))
             .expect("full now, one finished");
         assert_eq!(m.to, 10);
     }
@@ -542,12 +720,15 @@ mod tests {
         let mut a = AdaptiveLimit::new(10, t0);
         a.note_finished();
         a.note_slowdown(5.0);
-        assert_eq!(a.tick(10, 1, false, t0 + Duration::from_millis(999)), None);
+        assert_eq!(
+            a.tick(10, 1, false, false, t0 + Duration::from_millis(999)),
+            None
+        );
         assert_eq!(a.limit(), 10);
         // A reload lowered the ceiling to 4: the limit moves from there.
         a.note_finished();
         a.note_slowdown(5.0);
-        let m = a.tick(4, 1, false, second(t0, 1)).expect("a move");
+        let m = a.tick(4, 1, false, false, second(t0, 1)).expect("a move");
         assert_eq!((m.from, m.to), (4, 3));
         assert_eq!(a.moves(), (0, 1));
     }
@@ -558,14 +739,14 @@ mod tests {
         // Started with the first pool's servers (4); a second pool brings the ceiling to 12.
         let mut a = AdaptiveLimit::new(4, t0);
         a.note_finished();
-        assert_eq!(a.tick(12, 1, false, second(t0, 1)), None);
+        assert_eq!(a.tick(12, 1, false, false, second(t0, 1)), None);
         assert_eq!(a.limit(), 12);
         a.note_finished();
         a.note_slowdown(3.0);
-        a.tick(12, 1, false, second(t0, 2));
+        a.tick(12, 1, false, false, second(t0, 2));
         assert_eq!(a.limit(), 10);
         a.note_finished();
-        a.tick(20, 1, false, second(t0, 3));
+        a.tick(20, 1, false, false, second(t0, 3));
         assert_eq!(
             a.limit(),
             10,
@@ -580,12 +761,12 @@ mod tests {
         a.note_finished();
         a.note_slowdown(9.0);
         // Nothing ticked for ten minutes: the old slowdown is forgotten.
-        assert_eq!(a.tick(8, 1, false, second(t0, 600)), None);
+        assert_eq!(a.tick(8, 1, false, false, second(t0, 600)), None);
         assert!(!a.overloaded());
         assert_eq!(a.limit(), 8);
         a.note_finished();
         a.note_slowdown(1.0);
-        assert_eq!(a.tick(8, 1, false, second(t0, 601)), None);
+        assert_eq!(a.tick(8, 1, false, false, second(t0, 601)), None);
         assert!(!a.overloaded());
     }
 }

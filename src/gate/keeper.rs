@@ -256,13 +256,14 @@ impl Gatekeeper {
         self.wake.notify_one();
     }
 
-    /// Statement `statement` ran `took` on `upstream`'s fast lane for a plan of cost `cost`
+    /// Statement `statement` ran `took` in `slot` of a fast lane for a plan of cost `cost`
     /// (for the adaptive limit; nothing is locked without one).
-    pub fn note_run(&self, upstream: &str, statement: u64, took: Duration, cost: Option<f64>) {
+    pub fn note_run(&self, slot: &Slot, statement: u64, took: Duration, cost: Option<f64>) {
         if self.adaptive.load(Ordering::Acquire) {
             let seconds = took.as_secs_f64();
+            let (upstream, crowd) = (slot.upstream(), slot.crowd());
             self.lock()
-                .note_run(upstream, statement, seconds, cost, Instant::now());
+                .note_run(upstream, statement, seconds, cost, crowd, Instant::now());
         }
     }
 

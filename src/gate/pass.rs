@@ -116,9 +116,16 @@ pub struct Slot {
     pub(super) database: String,
     pub(super) lane: Lane,
     pub(super) tenant: String,
+    /// Slots of its lane held when it was taken, itself included.
+    pub(super) crowd: usize,
 }
 
 impl Slot {
+    /// Slots of its lane held when it was taken, itself included.
+    pub fn crowd(&self) -> usize {
+        self.crowd
+    }
+
     /// The ticket it was granted to.
     pub fn ticket(&self) -> TicketId {
         self.id

@@ -1227,6 +1227,13 @@ fn adaptive_gate(standing_wait: f64) -> Gate<u64> {
         ..GateSettings::default()
     });
     g.set_all_lanes(LaneLimits { fast: 4, slow: 1 });
+    // Eight quiet runs, alone on the lane, make statement 1's usual time.
+    let t = Instant::now() - secs(10.0);
+    let (_, slot) = run(&mut g, "quiet", 1.0, t).expect("runs");
+    for _ in 0..8 {
+        g.note_run(UP, 1, 0.01, None, slot.crowd(), t);
+    }
+    g.release(&slot, t);
     g
 }
 
@@ -1237,13 +1244,10 @@ fn take_all_four(g: &mut Gate<u64>, now: Instant) -> Vec<Slot> {
         .collect()
 }
 
-/// A statement of the fast lane ran `slowdown` times its usual time.
+/// A statement of the fast lane ran `slowdown` times its usual time (learned by
+/// [`adaptive_gate`] from quiet runs), beside three others.
 fn ran_slower(g: &mut Gate<u64>, slowdown: f64, now: Instant) {
-    // Eight runs make its usual time; the next one counts.
-    for _ in 0..8 {
-        g.note_run(UP, 1, 0.01, None, now - secs(10.0));
-    }
-    g.note_run(UP, 1, 0.01 * slowdown, None, now);
+    g.note_run(UP, 1, 0.01 * slowdown, None, 4, now);
 }
 
 fn fast_limit(g: &Gate<u64>) -> usize {

@@ -288,7 +288,7 @@ impl GateState {
                 // One usual time per statement and plan (another plan's time per unit of
                 // cost is not this one's).
                 let statement = key.fingerprint ^ key.shape.unwrap_or(0).rotate_left(17);
-                keeper.note_run(slot.upstream(), statement, took, *cost);
+                keeper.note_run(slot, statement, took, *cost);
             }
             learn(keeper, part, took);
         }

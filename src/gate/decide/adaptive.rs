@@ -27,8 +27,9 @@ impl<W> Gate<W> {
             return None;
         }
         let full_now = up.fast.active >= up.limit(Lane::Fast);
+        let stood = standing(&up.fast, now);
         let a = up.adaptive.as_mut()?;
-        let moved = a.tick(ceiling, settings.floor, full_now, now);
+        let moved = a.tick(ceiling, settings.floor, full_now, stood, now);
         // Full as the new window starts: it counts for that window.
         Self::note_taken(up);
         let moved = moved?;
@@ -75,21 +76,24 @@ impl<W> Gate<W> {
     }
 
     /// Statement `statement` (its fingerprint) ran `seconds` on `upstream`'s fast lane for a
-    /// plan of cost `cost` (none: it has no plan).
+    /// plan of cost `cost` (none: it has no plan), in a slot taken when `crowd` slots of the
+    /// lane were held: a quiet run if that and the slots held now are within the floor.
     pub fn note_run(
         &mut self,
         upstream: &str,
         statement: u64,
         seconds: f64,
         cost: Option<f64>,
+        crowd: usize,
         now: Instant,
     ) {
-        if let Some(a) = self
-            .upstreams
-            .get_mut(upstream)
-            .and_then(|u| u.adaptive.as_mut())
-        {
-            a.note_run(statement, seconds, cost, now);
+        let Some(up) = self.upstreams.get_mut(upstream) else {
+            return;
+        };
+        let active = up.fast.active;
+        if let Some(a) = up.adaptive.as_mut() {
+            let quiet = crowd <= a.floor() && active <= a.floor();
+            a.note_run(statement, seconds, cost, quiet, now);
         }
     }
 
@@ -133,7 +137,8 @@ impl<W> Gate<W> {
             let Some(a) = up.adaptive.as_ref().filter(|_| !up.fast.queue.is_empty()) else {
                 continue;
             };
-            let full = !up.room(Lane::Fast);
+            // A probe's own wait is no reason to turn work away.
+            let full = !up.room(Lane::Fast) && !a.probing();
             let stood = full && standing(&up.fast, now);
             let room = self.room(name);
             for (pass, _) in up.fast.queue.iter() {

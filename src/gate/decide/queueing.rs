@@ -212,7 +212,9 @@ impl<W> Gate<W> {
 
     fn take_slot(&mut self, pass: &Pass, now: Instant) -> Slot {
         let up = self.upstream_mut(&pass.upstream);
-        up.lane(pass.lane).0.active += 1;
+        let lane = up.lane(pass.lane).0;
+        lane.active += 1;
+        let crowd = lane.active;
         if pass.lane == Lane::Fast {
             Self::note_taken(up);
         }
@@ -229,6 +231,7 @@ impl<W> Gate<W> {
             database: pass.database.clone(),
             lane: pass.lane,
             tenant: pass.tenant.clone(),
+            crowd,
         }
     }
 
