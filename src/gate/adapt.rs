@@ -46,9 +46,13 @@ const BASELINE_RUNS: u32 = 8;
 /// How long a probe holds the limit at the floor, at most.
 const PROBE_LENGTH: Duration = Duration::from_secs(2);
 
-/// A full lane with a standing queue probes again once no quiet run has been seen for this
-/// long.
+/// A full lane with a standing queue probes again once no quiet run and no probe has been
+/// seen for this long; the interval doubles after each probe, up to [`PROBE_EVERY_MAX`], until
+/// slowdowns are found again.
 const PROBE_EVERY: Duration = Duration::from_secs(30);
+
+/// See [`PROBE_EVERY`].
+const PROBE_EVERY_MAX: Duration = Duration::from_secs(600);
 
 /// A usual time not refreshed for this long is forgotten when the map is full.
 const BASELINE_STALE: Duration = Duration::from_secs(600);
@@ -155,6 +159,8 @@ pub enum LimitChange {
     /// A full lane whose queue stood, with no quiet run seen lately: held at the floor for a
     /// moment to learn how long statements take when the server is not crowded.
     Probe,
+    /// The probe is over: back to the limit.
+    ProbeOver,
 }
 
 impl LimitChange {
@@ -165,6 +171,7 @@ impl LimitChange {
             LimitChange::LockWaits(_) => "lock_waits",
             LimitChange::CalmAndFull => "calm_and_full",
             LimitChange::Probe => "probe",
+            LimitChange::ProbeOver => "probe_over",
         }
     }
 
@@ -175,6 +182,7 @@ impl LimitChange {
             LimitChange::LockWaits(n) => format!("{n} sessions waited for locks"),
             LimitChange::CalmAndFull => "every slot taken, no slowdown".to_string(),
             LimitChange::Probe => "probing the statements' quiet time at the floor".to_string(),
+            LimitChange::ProbeOver => "probe over".to_string(),
         }
     }
 }
@@ -217,6 +225,10 @@ pub struct AdaptiveLimit {
     last_quiet: Option<Instant>,
     /// A probe under way: until when at most, and the quiet runs it has seen.
     probe: Option<(Instant, u32)>,
+    /// When the last probe ended.
+    probed_at: Option<Instant>,
+    /// How long after a quiet run or a probe the next probe may come.
+    probe_every: Duration,
 }
 
 impl AdaptiveLimit {
@@ -238,6 +250,8 @@ impl AdaptiveLimit {
             floor: 1,
             last_quiet: None,
             probe: None,
+            probed_at: None,
+            probe_every: PROBE_EVERY,
         }
     }
 
@@ -262,6 +276,11 @@ impl AdaptiveLimit {
     /// Whether the last tick found overload (best-effort work is shed meanwhile).
     pub fn overloaded(&self) -> bool {
         self.overloaded
+    }
+
+    /// When the last probe ended (a wait through it counts from there).
+    pub fn probed_at(&self) -> Option<Instant> {
+        self.probed_at
     }
 
     /// The last move, if any.
@@ -367,29 +386,13 @@ impl AdaptiveLimit {
         self.floor = floor;
         if let Some((until, seen)) = self.probe {
             // A probe judges nothing; it ends once enough quiet runs were seen, or at its end.
+            self.restart(now);
             if now < until && seen < BASELINE_RUNS {
-                self.restart(now);
                 return None;
             }
             self.probe = None;
-            self.restart(now);
-            return None;
-        }
-        let full = self.full || full_now;
-        let quiet_lately = self
-            .last_quiet
-            .is_some_and(|t| now.saturating_duration_since(t) < PROBE_EVERY);
-        if full && stood && !quiet_lately && self.limit > floor {
-            self.probe = Some((now + PROBE_LENGTH, 0));
-            self.restart(now);
-            let moved = Moved {
-                at: now,
-                from: self.limit,
-                to: floor,
-                why: LimitChange::Probe,
-            };
-            self.last_move = Some(moved);
-            return Some(moved);
+            self.probed_at = Some(now);
+            return Some(self.record(now, floor, self.limit, LimitChange::ProbeOver));
         }
         if now.saturating_duration_since(self.window_from) >= STALE_WINDOW {
             // The lane sat idle: a new window, nothing judged.
@@ -408,6 +411,13 @@ impl AdaptiveLimit {
             false => self.limit.clamp(floor, ceiling),
         };
         let bounded = from;
+        if self.probe_due(self.full || full_now, stood, now) && bounded > floor {
+            self.limit = bounded;
+            self.overloaded = false;
+            self.probe = Some((now + PROBE_LENGTH, 0));
+            self.restart(now);
+            return Some(self.record(now, bounded, floor, LimitChange::Probe));
+        }
         let waits = self.lock_waiters(now);
         let overload = match self.slowdown() {
             Some(x) if x > SLOWDOWN => Some(LimitChange::Slow(x)),
@@ -424,21 +434,41 @@ impl AdaptiveLimit {
             None => (bounded, None),
         };
         self.overloaded = overload.is_some();
+        if matches!(overload, Some(LimitChange::Slow(_))) {
+            // Slowdowns are back: the next probe may come soon again.
+            self.probe_every = PROBE_EVERY;
+        }
         self.limit = to;
         self.restart(now);
         let why = why.filter(|_| to != from)?;
+        Some(self.record(now, from, to, why))
+    }
+
+    /// Whether a probe starts now: the lane was full, its queue stood, no quiet run was seen
+    /// and no probe ran within the probe interval (which doubles after each probe, up to ten
+    /// minutes, until slowdowns are found again).
+    fn probe_due(&mut self, full: bool, stood: bool, now: Instant) -> bool {
+        let within = |t: Option<Instant>| {
+            t.is_some_and(|t| now.saturating_duration_since(t) < self.probe_every)
+        };
+        if !full || !stood || within(self.last_quiet) || within(self.probed_at) {
+            return false;
+        }
+        if self.probed_at.is_some() {
+            self.probe_every = (self.probe_every * 2).min(PROBE_EVERY_MAX);
+        }
+        true
+    }
+
+    /// Records a move of the limit.
+    fn record(&mut self, at: Instant, from: usize, to: usize, why: LimitChange) -> Moved {
         match to > from {
             true => self.moves.0 += 1,
             false => self.moves.1 += 1,
         }
-        let moved = Moved {
-            at: now,
-            from,
-            to,
-            why,
-        };
+        let moved = Moved { at, from, to, why };
         self.last_move = Some(moved);
-        Some(moved)
+        moved
     }
 }
 
@@ -552,10 +582,12 @@ mod tests {
                 second(t0, 1) + Duration::from_millis(50 * i),
             );
         }
+        let over = a
+            .tick(8, 2, true, true, second(t0, 2))
+            .expect("the probe ends");
         assert_eq!(
-            a.tick(8, 2, true, true, second(t0, 2)),
-            None,
-            "the probe ends"
+            (over.from, over.to, over.why),
+            (2, 8, LimitChange::ProbeOver)
         );
         assert!(!a.probing());
         assert_eq!(a.limit(), 8);
@@ -603,13 +635,28 @@ mod tests {
             "a quiet run lately"
         );
         assert!(!a.probing());
-        // A probe gives up after its length even without enough quiet runs.
+        // A probe gives up after its length even without enough quiet runs, and the next
+        // comes no sooner than the interval, which doubles after each.
         let mut b = AdaptiveLimit::new(8, t0);
         b.tick(8, 2, true, true, second(t0, 1)).expect("a probe");
         assert_eq!(b.tick(8, 2, true, true, second(t0, 2)), None);
         assert!(b.probing());
         b.tick(8, 2, true, true, second(t0, 3));
         assert!(!b.probing());
+        let mut probes = vec![];
+        for s in 4..200 {
+            b.note_finished();
+            let m = b.tick(8, 2, true, true, second(t0, s));
+            if m.is_some_and(|m| m.why == LimitChange::Probe) {
+                probes.push(s);
+            }
+        }
+        assert_eq!(
+            probes,
+            [33, 95],
+            "30 s after the first ends, then 60 s after the second"
+        );
+        assert!(!b.overloaded(), "a probe leaves nothing shed");
     }
 
     #[test]

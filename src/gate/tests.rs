@@ -1467,3 +1467,27 @@ fn critical_work_takes_the_slots_the_adaptive_limit_holds_back() {
     assert!(g.next_waiter(UP, Lane::Fast, t1, |_| true).is_none());
     drop(slots);
 }
+
+#[test]
+fn a_wait_through_a_probe_is_nobody_s_and_the_queue_stands_anew_after_it() {
+    let t0 = Instant::now() + secs(40.0);
+    let mut g = adaptive_gate(0.5);
+    let slots = take_all_four(&mut g, t0);
+    for client in [11, 12, 13] {
+        queue(&mut g, "b", Priority::Normal, client, t0);
+    }
+    // Full, a queue that stood, no quiet run for 30 s: a probe holds the lane at the floor.
+    assert!(
+        g.expire(t0 + secs(1.5)).is_empty(),
+        "no drop during the probe"
+    );
+    assert_eq!(fast_limit(&g), 1);
+    assert!(g.expire(t0 + secs(2.6)).is_empty());
+    // The probe is over: what waited through it is not turned away for that wait.
+    assert!(g.expire(t0 + secs(3.6)).is_empty());
+    assert_eq!(fast_limit(&g), 4);
+    // A queue that stands again, a second later, drops as before.
+    let dropped = g.expire(t0 + secs(4.7));
+    assert_eq!(dropped.len(), 3, "{dropped:?}");
+    drop(slots);
+}

@@ -6,7 +6,7 @@
 
 use super::queueing::rank;
 use super::*;
-use crate::gate::adapt::Moved;
+use crate::gate::adapt::{LimitChange, Moved};
 use crate::gate::RequestKind;
 use crate::sql::Priority;
 
@@ -30,6 +30,11 @@ impl<W> Gate<W> {
         let stood = standing(&up.fast, now);
         let a = up.adaptive.as_mut()?;
         let moved = a.tick(ceiling, settings.floor, full_now, stood, now);
+        if moved.is_some_and(|m| m.why == LimitChange::ProbeOver) && up.fast.waited_since.is_some()
+        {
+            // The probe's own wait is nobody's: the queue stands anew from here.
+            up.fast.waited_since = Some(now);
+        }
         // Full as the new window starts: it counts for that window.
         Self::note_taken(up);
         let moved = moved?;
@@ -145,9 +150,9 @@ impl<W> Gate<W> {
                 if pass.kind == RequestKind::Carrier || pass.priority == Priority::Critical {
                     continue;
                 }
-                let waited = pass
-                    .enqueued_at
-                    .map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
+                // A wait through a probe counts from its end.
+                let since = pass.enqueued_at.max(a.probed_at());
+                let waited = since.map_or(Duration::ZERO, |t| now.saturating_duration_since(t));
                 if a.overloaded() && pass.priority == Priority::BestEffort {
                     out.push((pass.id, Refusal::shed()));
                 } else if stood
@@ -184,7 +189,7 @@ impl<W> Gate<W> {
                 let shed = a.overloaded() && heads().any(|p| p.priority == Priority::BestEffort);
                 let oldest = heads()
                     .filter(|p| p.priority != Priority::Critical)
-                    .filter_map(|p| p.enqueued_at)
+                    .filter_map(|p| p.enqueued_at.max(a.probed_at()))
                     .min()
                     .and_then(|t| t.checked_add(settings.standing_wait));
                 let stands = u
