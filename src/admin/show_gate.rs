@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use super::result::format_time;
 use super::result::{Cell, Table, Ty};
 use crate::cost::{CacheStats, FlipReason};
-use crate::gate::{KillRow, KillTarget, Lane, RefusalReason, TenantStats};
+use crate::gate::{KillRow, KillTarget, RefusalReason, TenantStats};
 use crate::runtime::Runtime;
 
 const N: Ty = Ty::Numeric;
@@ -105,10 +105,7 @@ pub fn lanes(rt: &Runtime) -> Table {
     let now = Instant::now();
     let mut t = Table::new(LANES);
     for r in rows {
-        let lane = match r.lane {
-            Lane::Fast => "fast",
-            Lane::Slow => "slow",
-        };
+        let lane = r.lane.as_str();
         // No limit of its own and no pool counted yet: shown as NULL, not a huge number.
         let count = |n: usize| match i32::try_from(n) {
             Ok(n) => Cell::from(n as usize),

@@ -18,6 +18,16 @@ pub enum Lane {
     Slow,
 }
 
+impl Lane {
+    /// Its name in the console and the metrics.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Lane::Fast => "fast",
+            Lane::Slow => "slow",
+        }
+    }
+}
+
 /// One request as the session presents it.
 #[derive(Clone, Copy, Debug)]
 pub struct Request<'a> {

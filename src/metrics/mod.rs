@@ -254,10 +254,7 @@ fn lanes(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error>
     let (mut limit, mut running, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
     let (mut ceiling, mut moves, mut last) = (Vec::new(), Vec::new(), Vec::new());
     for r in &rows {
-        let lane = match r.lane {
-            crate::gate::Lane::Fast => "fast",
-            crate::gate::Lane::Slow => "slow",
-        };
+        let lane = r.lane.as_str();
         let key = || -> Labels { vec![("upstream", r.upstream.clone()), ("lane", lane.into())] };
         limit.push((key(), gauge_of(r.limit)));
         running.push((key(), gauge_of(r.running)));
