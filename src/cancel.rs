@@ -137,6 +137,11 @@ impl ClientHandle {
         state.fingerprint = fingerprint;
     }
 
+    /// The fingerprint of the statement last let through.
+    pub fn fingerprint(&self) -> Option<u64> {
+        lock(&self.state).fingerprint
+    }
+
     /// The session has sent `sent` requests (Execute, Query, FunctionCall) in all, of which
     /// `owed` are not answered yet. Returns whether a cancel is on its way: the new requests
     /// must wait until it has landed (it was meant for what ran before them).

@@ -50,7 +50,13 @@ pub async fn serve(config: Config) -> ExitCode {
         std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
     });
     let metrics_addr = config.settings.prometheus_listen.clone();
-    let rt = Runtime::new(config, userlist, governance, edge);
+    let rt = match Runtime::new(config, userlist, governance, edge) {
+        Ok(rt) => rt,
+        Err(e) => {
+            cleanup(pidfile.as_deref(), socket.as_ref());
+            return failed(e);
+        }
+    };
     load_state(&rt);
     let mut tasks = Vec::new();
     if let Some(addr) = metrics_addr {

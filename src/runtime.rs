@@ -14,6 +14,7 @@ use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOu
 use crate::edge::tls::ServerTls;
 use crate::edge::Edge;
 use crate::gate::keeper::Gatekeeper;
+use crate::gate::{GateSettings, LogSettings};
 use crate::ops::Ops;
 use crate::params::Tracked;
 use crate::policy::Governance;
@@ -37,6 +38,8 @@ pub enum ReloadError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Policy(#[from] PolicyError),
+    #[error("{0}")]
+    DecisionLog(String),
 }
 
 pub struct Runtime {
@@ -72,13 +75,13 @@ impl Runtime {
         userlist: HashMap<String, Secret>,
         governance: Option<Arc<Governance>>,
         edge: Edge,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, String> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::of(&config.settings);
         let gatekeeper = Gatekeeper::new();
-        configure_gate(&gatekeeper, governance.as_deref());
-        Arc::new(Runtime {
+        configure_gate(&gatekeeper, governance.as_deref())?;
+        Ok(Arc::new(Runtime {
             config: Arc::new(ArcSwap::from_pointee(config)),
             userlist: ArcSwap::from_pointee(userlist),
             tracked: ArcSwap::from_pointee(tracked),
@@ -93,7 +96,7 @@ impl Runtime {
             edge,
             gatekeeper,
             watch: crate::watch::Board::default(),
-        })
+        }))
     }
 
     /// An id for a new client, from the counter servers take theirs from too: as in
@@ -127,7 +130,9 @@ impl Runtime {
         let mut warnings = config.warnings.clone();
         let edge = self.edge.reload(&config.settings);
         warnings.extend(edge.hba_kept);
-        configure_gate(&self.gatekeeper, governance.as_deref());
+        if let Err(e) = configure_gate(&self.gatekeeper, governance.as_deref()) {
+            return Err(ReloadError::DecisionLog(e));
+        }
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
         Ok(Reloaded {
@@ -457,14 +462,31 @@ fn connection_changed(old: &DatabaseDef, new: &DatabaseDef) -> bool {
 }
 
 /// Hands the gate the policy's `[gate]` settings and tenants; without a policy, defaults.
-fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
+/// Applies the policy to the gate and opens its decision log (again: logrotate signals
+/// after moving it). A decision log that cannot be opened changes nothing and says why.
+fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) -> Result<(), String> {
+    let decisions = governance.map(|g| g.policy.decisions().clone());
+    let decisions = decisions.unwrap_or_default();
+    keeper
+        .decisions
+        .open(decisions.file.as_deref(), decisions.max_per_second)?;
+    let log = decisions.file.as_ref().map(|_| LogSettings {
+        wait_over: decisions.wait_over,
+    });
     match governance {
-        Some(g) => keeper.configure(g.policy.gate().settings, g.policy.tenant_configs()),
+        Some(g) => keeper.configure(
+            GateSettings {
+                log,
+                ..g.policy.gate().settings
+            },
+            g.policy.tenant_configs(),
+        ),
         None => keeper.configure(
             crate::policy::GatePolicy::default().settings,
             std::iter::empty(),
         ),
     }
+    Ok(())
 }
 
 impl crate::watch::Watched for Runtime {
@@ -498,6 +520,10 @@ impl crate::watch::Watched for Runtime {
 
     fn note_lock_waits(&self, upstream: &str, n: usize) {
         self.gatekeeper.note_lock_waits(upstream, n);
+    }
+
+    fn decisions(&self) -> &crate::gate::DecisionLog {
+        &self.gatekeeper.decisions
     }
 
     fn cap_tenant(&self, tenant: &str, on: bool) {

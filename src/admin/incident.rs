@@ -8,7 +8,7 @@ use bytes::BytesMut;
 
 use super::parse::{Command, Target};
 use super::AdminError;
-use crate::gate::{parse_duration, KillTarget};
+use crate::gate::{parse_duration, Event, KillTarget, Record};
 use crate::runtime::Runtime;
 use crate::sql::Fingerprint;
 use crate::wire::{self, sqlstate};
@@ -66,6 +66,21 @@ fn kill(rt: &Runtime, target: &Target, duration: &str, soft: bool) -> Result<(),
             CANCEL_LIMIT,
         ),
     };
+    let (reason, tenant, fingerprint) = match &target {
+        KillTarget::Tenant(t) => ("tenant", Some(t.as_str()), None),
+        KillTarget::Statement(f) => ("statement", None, Some(*f)),
+    };
+    let mut record = Record::new(Event::Killed, reason)
+        .fingerprint(fingerprint)
+        .sqlstate(crate::gate::SQLSTATE_RESOURCES)
+        .seconds("for_s", length)
+        .figure("queued", queued as f64)
+        .figure("running", running as f64)
+        .figure("soft", f64::from(u8::from(soft)));
+    if let Some(t) = tenant {
+        record = record.tenant(t);
+    }
+    rt.gatekeeper.decisions.record(&record);
     tracing::info!(
         queued,
         running,

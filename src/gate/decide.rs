@@ -6,6 +6,7 @@
 
 use super::adapt::{AdaptiveLimit, AdaptiveSettings};
 use super::bucket::{charge_of, Budget, DecayingUse, TokenBucket};
+use super::events::{Event, Record, Subject};
 use super::evict::{runaways, Runaway, TenantLoad};
 use super::fair::{FairQueue, Rank};
 use super::kills::{KillRow, KillTarget, Kills};
@@ -48,6 +49,17 @@ pub struct GateSettings {
     /// `adaptive = true`: each upstream's fast-lane limit moves within `max_active` (see
     /// [`crate::gate::adapt`]).
     pub adaptive: Option<AdaptiveSettings>,
+    /// The decision log is open: the gate gathers its decisions
+    /// ([`take_decisions`](Gate::take_decisions)); `None`: it gathers none.
+    pub log: Option<LogSettings>,
+}
+
+/// What the gate gathers for the decision log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct LogSettings {
+    /// A wait for a slot (or a debt's pay-back) at least this long is recorded when the slot
+    /// is given (`None`: no wait is).
+    pub wait_over: Option<Duration>,
 }
 
 impl Default for GateSettings {
@@ -59,6 +71,7 @@ impl Default for GateSettings {
             per_database: None,
             flip_quarantine: None,
             adaptive: None,
+            log: None,
         }
     }
 }
@@ -336,6 +349,8 @@ pub struct Gate<W> {
     located: HashMap<TicketId, (String, Lane)>,
     /// Statements whose plan flipped, and until when they run in the slow lane.
     quarantined: HashMap<Fingerprint, Instant>,
+    /// Decisions for the decision log, gathered under the lock and written after it.
+    decisions: Vec<Record>,
 }
 
 impl<W> Gate<W> {
@@ -352,7 +367,30 @@ impl<W> Gate<W> {
             clock_until: None,
             located: HashMap::new(),
             quarantined: HashMap::new(),
+            decisions: Vec::new(),
         }
+    }
+
+    /// The decisions gathered since the last call, oldest first.
+    pub fn take_decisions(&mut self) -> Vec<Record> {
+        std::mem::take(&mut self.decisions)
+    }
+
+    /// Whether decisions were gathered and not taken yet.
+    pub fn has_decisions(&self) -> bool {
+        !self.decisions.is_empty()
+    }
+
+    /// Gathers `decision` if the decision log is open.
+    fn note(&mut self, decision: impl FnOnce() -> Record) {
+        if self.settings.log.is_some() {
+            self.decisions.push(decision());
+        }
+    }
+
+    /// The gate-wide settings in force.
+    pub fn settings(&self) -> GateSettings {
+        self.settings
     }
 
     /// Replaces the gate-wide settings (a reload).
@@ -469,14 +507,39 @@ impl<W> Gate<W> {
         self.upstreams.get_mut(upstream).expect("inserted above")
     }
 
-    /// Counts a refusal for SHOW TENANTS and hands it back.
-    fn refused(&mut self, tenant: &str, refusal: Refusal, now: Instant) -> Refusal {
-        self.note_refusal(tenant, refusal.reason, now);
+    /// Counts a refusal for SHOW TENANTS, gathers it for the decision log and hands it back.
+    fn refused(&mut self, who: Subject<'_>, refusal: Refusal, now: Instant) -> Refusal {
+        self.count_refusal(who.tenant, refusal.reason, now);
+        self.note(|| {
+            Record::about(Event::Refused, refusal.reason.as_str(), who)
+                .sqlstate(refusal.sqlstate)
+                .figures(&refusal.figures)
+        });
         refusal
     }
 
-    /// Counts a refusal made by the caller (a rule or a cost limit).
-    pub fn note_refusal(&mut self, tenant: &str, reason: RefusalReason, now: Instant) {
+    /// Counts a refusal made by the caller (a cost limit, a kill seen at a Bind) with the
+    /// SQLSTATE the client gets, and gathers it for the decision log.
+    /// `why` is the rule's name (or the reason's, for a kill).
+    pub fn note_refusal(
+        &mut self,
+        who: Subject<'_>,
+        reason: RefusalReason,
+        why: &str,
+        sqlstate: &'static str,
+        now: Instant,
+    ) {
+        self.count_refusal(who.tenant, reason, now);
+        self.note(|| Record::about(Event::Refused, why, who).sqlstate(sqlstate));
+    }
+
+    /// Counts, for SHOW TENANTS, a statement a cost rule in warn mode would have refused (it
+    /// ran: the decision log has no line for it).
+    pub fn note_warned(&mut self, tenant: &str, now: Instant) {
+        self.count_refusal(tenant, RefusalReason::CostWarned, now);
+    }
+
+    fn count_refusal(&mut self, tenant: &str, reason: RefusalReason, now: Instant) {
         *self
             .tenant_mut(tenant, now)
             .refusals

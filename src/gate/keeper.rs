@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::{oneshot, Notify};
 
 use crate::cost::{Calibration, Flip, FlipReason, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
+use crate::gate::decisions::DecisionLog;
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{
@@ -74,6 +75,52 @@ pub struct Gatekeeper {
     adaptive: AtomicBool,
     /// pgward's own names on servers.
     pub own: Arc<OwnNames>,
+    /// The decision log: what the gate decided is written there once the gate is unlocked
+    /// ([`GateLock`]); the session, the console and the server reading write theirs too.
+    pub decisions: DecisionLog,
+}
+
+/// The locked gate. When it is let go, the decisions the gate gathered meanwhile are written
+/// to the decision log, after the lock is released: the fields drop in their order, the
+/// guard first.
+pub struct GateLock<'a> {
+    guard: MutexGuard<'a, Gate<SlotWaiter>>,
+    after: Unwritten<'a>,
+}
+
+/// Decisions taken out of the gate, written when dropped.
+struct Unwritten<'a> {
+    log: &'a DecisionLog,
+    decisions: Vec<crate::gate::Record>,
+}
+
+impl std::ops::Deref for GateLock<'_> {
+    type Target = Gate<SlotWaiter>;
+    fn deref(&self) -> &Self::Target {
+        &self.guard
+    }
+}
+
+impl std::ops::DerefMut for GateLock<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.guard
+    }
+}
+
+impl Drop for GateLock<'_> {
+    fn drop(&mut self) {
+        if self.guard.has_decisions() {
+            self.after.decisions = self.guard.take_decisions();
+        }
+    }
+}
+
+impl Drop for Unwritten<'_> {
+    fn drop(&mut self) {
+        if !self.decisions.is_empty() {
+            self.log.record_all(std::mem::take(&mut self.decisions));
+        }
+    }
 }
 
 /// Plan flips listed at most.
@@ -96,6 +143,7 @@ impl Gatekeeper {
             kills: AtomicBool::new(false),
             adaptive: AtomicBool::new(false),
             own: Arc::new(OwnNames::new()),
+            decisions: DecisionLog::default(),
         })
     }
 
@@ -163,8 +211,14 @@ impl Gatekeeper {
     }
 
     /// The gate, for one step (never held across `.await`).
-    pub fn lock(&self) -> MutexGuard<'_, Gate<SlotWaiter>> {
-        crate::sync::lock(&self.gate)
+    pub fn lock(&self) -> GateLock<'_> {
+        GateLock {
+            guard: crate::sync::lock(&self.gate),
+            after: Unwritten {
+                log: &self.decisions,
+                decisions: Vec::new(),
+            },
+        }
     }
 
     /// The plan cache.
@@ -225,6 +279,12 @@ impl Gatekeeper {
             quarantined = quarantined_until.is_some(),
             "plan flip"
         );
+        let quarantine = until.map_or(0.0, |u| u.saturating_duration_since(now).as_secs_f64());
+        let record = crate::gate::Record::new(crate::gate::Event::Flipped, reason.as_str())
+            .database(database)
+            .fingerprint(Some(crate::sql::Fingerprint(fingerprint)))
+            .figure("quarantine_s", quarantine);
+        self.decisions.record(&record);
         let mut flips = crate::sync::lock(&self.flips);
         if flips.len() >= MAX_FLIPS {
             flips.pop_front();

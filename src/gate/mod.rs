@@ -1,8 +1,8 @@
 //! The admission gate: the policy that decides whether a tenant's work may run, when, in
 //! which lane and at what price, and who gets a server next. Its core is pure: it takes the
 //! time as an argument and never touches a socket, so it is tested under simulated time.
-//! One file is not pure and says so: [`keeper`], the core at run time (a sync mutex, oneshot
-//! waiters, the clock task). Sessions reach the gate through `session::admit` alone.
+//! Two files are not pure and say so: [`keeper`], the core at run time (a sync mutex, oneshot
+//! waiters, the clock task), and [`decisions`], the decision log's file. Sessions reach the gate through `session::admit` alone.
 //!
 //! # How the session and the pool use it
 //!
@@ -29,7 +29,9 @@
 pub mod adapt;
 mod bucket;
 mod decide;
+pub mod decisions;
 mod evict;
+mod events;
 mod fair;
 pub mod keeper;
 mod kills;
@@ -41,7 +43,9 @@ mod tenant;
 
 pub use adapt::{AdaptiveSettings, LimitChange, Moved};
 pub use bucket::{charge_of, Budget, DecayingUse, TokenBucket, USE_HALF_LIFE};
-pub use decide::{Gate, GateSettings, LaneLimits, LaneRow, TenantStats};
+pub use decide::{Gate, GateSettings, LaneLimits, LaneRow, LogSettings, TenantStats};
+pub use decisions::DecisionLog;
+pub use events::{Event, Record, Subject};
 pub use evict::{runaway, runaways, Runaway, TenantLoad};
 pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};

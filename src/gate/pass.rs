@@ -1,5 +1,6 @@
 //! What flows through the gate: requests in, passes (admitted tickets) and slots out.
 
+use super::events::Subject;
 use super::kind::RequestKind;
 use super::refusal::Refusal;
 use crate::sql::{Fingerprint, Priority};
@@ -60,6 +61,18 @@ pub struct Request<'a> {
     pub deadline: Option<Duration>,
 }
 
+impl Request<'_> {
+    /// Whose statement this is, for the decision log.
+    pub fn subject(&self) -> Subject<'_> {
+        Subject {
+            tenant: self.tenant,
+            database: self.database,
+            client: self.client_id,
+            fingerprint: self.fingerprint,
+        }
+    }
+}
+
 /// Whether a pass has paid for its statement.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Payment {
@@ -104,6 +117,16 @@ pub struct Pass {
 
 impl Pass {
     /// What it paid, or waits for.
+    /// Whose statement this is, for the decision log.
+    pub fn subject(&self) -> Subject<'_> {
+        Subject {
+            tenant: &self.tenant,
+            database: &self.database,
+            client: self.client_id,
+            fingerprint: self.fingerprint,
+        }
+    }
+
     pub fn payment(&self) -> Payment {
         self.payment
     }

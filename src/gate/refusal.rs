@@ -61,8 +61,9 @@ pub struct Refusal {
     pub detail: Option<String>,
     /// What to do about it.
     pub hint: Option<String>,
-    /// When to come back (budget refusals), jitter included.
-    pub retry_after: Option<Duration>,
+    /// The numbers behind it, by name, for the decision log (seconds and counts; a budget
+    /// refusal's `retry_after_s`, jitter included, is [`retry_after`](Self::retry_after)).
+    pub figures: Vec<(&'static str, f64)>,
 }
 
 impl Refusal {
@@ -73,7 +74,7 @@ impl Refusal {
             message,
             detail: None,
             hint: None,
-            retry_after: None,
+            figures: Vec::new(),
         }
     }
 
@@ -84,13 +85,22 @@ impl Refusal {
                 "retry in {:.3} s, when the budget is paid back",
                 retry_after.as_secs_f64()
             )),
-            retry_after: Some(retry_after),
+            figures: vec![
+                ("owed_s", owed.max(0.0)),
+                ("retry_after_s", retry_after.as_secs_f64()),
+            ],
             ..Refusal::new(
                 RefusalReason::Budget,
                 SQLSTATE_RESOURCES,
                 format!("pgward: tenant \"{tenant}\" is over its budget"),
             )
         }
+    }
+
+    /// When to come back (budget refusals).
+    pub fn retry_after(&self) -> Option<Duration> {
+        let (_, s) = self.figures.iter().find(|(n, _)| *n == "retry_after_s")?;
+        Duration::try_from_secs_f64(*s).ok()
     }
 
     pub fn killed(what: &str) -> Refusal {
@@ -104,6 +114,7 @@ impl Refusal {
     pub fn queue_timeout(waited: Duration) -> Refusal {
         Refusal {
             detail: Some(format!("waited {} ms", waited.as_millis())),
+            figures: vec![("waited_s", waited.as_secs_f64())],
             ..Refusal::new(
                 RefusalReason::QueueTimeout,
                 SQLSTATE_RESOURCES,
@@ -134,6 +145,7 @@ impl Refusal {
                 "waited {} ms in a queue that has not emptied",
                 waited.as_millis()
             )),
+            figures: vec![("waited_s", waited.as_secs_f64())],
             ..Refusal::new(
                 RefusalReason::Overload,
                 SQLSTATE_RESOURCES,
@@ -157,6 +169,10 @@ impl Refusal {
                 expected.as_millis(),
                 left.as_millis()
             )),
+            figures: vec![
+                ("expected_s", expected.as_secs_f64()),
+                ("left_s", left.as_secs_f64()),
+            ],
             ..Refusal::new(
                 RefusalReason::TooSlow,
                 SQLSTATE_CANCELED,

@@ -19,6 +19,9 @@ fn gate() -> Gate<u64> {
             per_database: None,
             flip_quarantine: None,
             adaptive: None,
+            log: Some(LogSettings {
+                wait_over: Some(Duration::from_secs(1)),
+            }),
         },
         7,
     )
@@ -220,7 +223,7 @@ fn reject_hint_says_when_to_come_back_with_jitter() {
     run(&mut g, "a", 200.0, t0).expect("owes nothing yet");
     let r = refused(g.admit(&req("a", 1, t0), t0));
     assert_eq!((r.sqlstate, r.reason), ("53000", RefusalReason::Budget));
-    let retry = r.retry_after.expect("a retry time");
+    let retry = r.retry_after().expect("a retry time");
     assert!(retry >= secs(2.0) && retry < secs(2.4), "{retry:?}");
     assert!(r
         .hint
@@ -228,13 +231,13 @@ fn reject_hint_says_when_to_come_back_with_jitter() {
         .is_some_and(|h| h.starts_with("retry in 2.")));
     assert_eq!(r.detail.as_deref(), Some("200.000 s of server time owed"));
     // Another refusal draws another jitter; the same seed draws the same ones.
-    let again = refused(g.admit(&req("a", 2, t0), t0)).retry_after;
+    let again = refused(g.admit(&req("a", 2, t0), t0)).retry_after();
     assert_ne!(again, Some(retry));
     let mut twin = gate();
     budget(&mut twin, "a", "rate=100 burst=0", t0);
     run(&mut twin, "a", 200.0, t0).expect("runs");
     assert_eq!(
-        refused(twin.admit(&req("a", 1, t0), t0)).retry_after,
+        refused(twin.admit(&req("a", 1, t0), t0)).retry_after(),
         Some(retry)
     );
 }
@@ -1024,6 +1027,7 @@ fn a_database_cap_holds_beside_the_lanes() {
             per_database: Some(1),
             flip_quarantine: None,
             adaptive: None,
+            log: None,
         },
         7,
     );
@@ -1490,4 +1494,65 @@ fn a_wait_through_a_probe_is_nobody_s_and_the_queue_stands_anew_after_it() {
     let dropped = g.expire(t0 + secs(4.7));
     assert_eq!(dropped.len(), 3, "{dropped:?}");
     drop(slots);
+}
+
+#[test]
+fn the_gate_gathers_one_record_per_refusal_and_per_long_wait_and_none_when_the_log_is_off() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "b", "rate=100 burst=1000", t0);
+    let mut held: Vec<(Pass, Slot)> = (0..2).map(|_| run(&mut g, "b", 1.0, t0).unwrap()).collect();
+    assert!(!g.has_decisions(), "nothing refused, nobody waited");
+    // A wait that ends in a queue timeout: one refusal, with the wait as a figure.
+    let pass = admitted(g.admit(&req("a", 1, t0), t0));
+    assert!(g.try_acquire(&pass, t0).is_none());
+    g.enqueue(pass, 1, t0);
+    assert_eq!(g.expire(t0 + secs(5.0)).len(), 1);
+    let records = g.take_decisions();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let r = &records[0];
+    assert_eq!(
+        (r.event, r.reason.as_str()),
+        (Event::Refused, "queue_timeout")
+    );
+    assert_eq!((r.tenant.as_deref(), r.client), (Some("a"), Some(1)));
+    assert_eq!(r.fingerprint, Some(Fingerprint(0xabc)));
+    assert_eq!(r.sqlstate, Some("53000"));
+    assert_eq!(r.figures, vec![("waited_s", 5.0)]);
+    assert!(!g.has_decisions(), "taken once");
+    // A wait of 1.5 s that gets its slot is recorded; one of 0.5 s is not.
+    let mut at = t0 + secs(5.0);
+    for (client, waited) in [(2, 1.5), (3, 0.5)] {
+        let pass = admitted(g.admit(&req("a", client, at), at));
+        assert!(g.try_acquire(&pass, at).is_none());
+        g.enqueue(pass, client, at);
+        at += secs(waited);
+        let (_, slot) = held.pop().expect("a slot to free");
+        g.release(&slot, at);
+        let granted = g
+            .next_waiter(UP, Lane::Fast, at, |_| true)
+            .expect("the freed slot");
+        assert_eq!(granted.waiter, client);
+        held.push((granted.pass, granted.slot));
+        let records = g.take_decisions();
+        if waited < 1.0 {
+            assert!(records.is_empty(), "{records:?}");
+            continue;
+        }
+        assert_eq!(records.len(), 1, "{records:?}");
+        assert_eq!(
+            (records[0].event, records[0].reason.as_str()),
+            (Event::Waited, "slot")
+        );
+        assert_eq!(records[0].figures[0], ("waited_s", 1.5));
+    }
+    // With the log off, the same refusal is counted and gathers nothing.
+    let mut settings = g.settings();
+    settings.log = None;
+    g.set_settings(settings);
+    let pass = admitted(g.admit(&req("a", 4, at), at));
+    g.enqueue(pass, 4, at);
+    assert_eq!(g.expire(at + secs(5.0)).len(), 1);
+    assert!(!g.has_decisions());
+    assert_eq!(stats(&g, "a", at).refusals[&RefusalReason::QueueTimeout], 2);
 }

@@ -84,6 +84,19 @@ pub(super) struct PolicyFile {
     #[serde(default)]
     pub rules: Vec<toml::Spanned<RuleFile>>,
     pub allowlist: Option<AllowlistFile>,
+    pub decisions: Option<toml::Spanned<DecisionsFile>>,
+}
+
+/// `[decisions]`: the decision log.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct DecisionsFile {
+    /// The file (relative to the policy file); none: no decision log.
+    pub file: Option<String>,
+    /// A wait for a slot this long or longer is logged ("off": none is).
+    pub wait_over: Option<String>,
+    /// Lines a second at most.
+    pub max_per_second: Option<u32>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -21,6 +21,11 @@
 //! [allowlist]
 //! file = "allowlist.json"         # relative to this file
 //! roles = { agent = "learn" }     # learn | enforce | warn
+//!
+//! [decisions]
+//! file = "decisions.jsonl"        # relative to this file: one JSON line per decision
+//! wait_over = "1s"                # waits for a slot this long are logged ("off": none)
+//! max_per_second = 100            # lines a second at most; the rest are counted
 //! ```
 
 mod allowlist;
@@ -131,6 +136,9 @@ pub struct RuleHit {
     pub fingerprint: String,
     /// Numbers that explain it (the admission gate's refusals), if any.
     pub detail: Option<String>,
+    /// A SQL rule's refusal (not yet in the decision log), not the gate's or a cost rule's
+    /// (logged where they were made).
+    pub by_rule: bool,
 }
 
 impl RuleHit {
@@ -142,6 +150,7 @@ impl RuleHit {
             hint: format!("rule {rule}: {what}; fingerprint {fingerprint}"),
             fingerprint,
             detail: None,
+            by_rule: true,
         }
     }
 
@@ -161,6 +170,7 @@ impl RuleHit {
             hint: hint.unwrap_or_default(),
             fingerprint: String::new(),
             detail,
+            by_rule: false,
         }
     }
 
@@ -290,6 +300,7 @@ pub struct Policy {
     allowlist_roles: BTreeMap<String, AllowlistMode>,
     allowlist: Option<Arc<Allowlist>>,
     gate: GatePolicy,
+    decisions: DecisionPolicy,
 }
 
 impl Policy {
@@ -304,6 +315,7 @@ impl Policy {
             allowlist_roles: BTreeMap::new(),
             allowlist: None,
             gate: GatePolicy::default(),
+            decisions: DecisionPolicy::default(),
         }
     }
 
@@ -343,6 +355,13 @@ impl Policy {
             }
             None => GatePolicy::default(),
         };
+        let decisions = match raw.decisions {
+            Some(d) => {
+                let start = d.span().start;
+                build_decisions(d.into_inner(), dir).map_err(|m| invalid(start, m))?
+            }
+            None => DecisionPolicy::default(),
+        };
         let (allowlist, allowlist_roles) = match raw.allowlist {
             Some(a) => (
                 Some(Arc::new(Allowlist::load(&dir.join(&a.file))?)),
@@ -359,12 +378,18 @@ impl Policy {
             allowlist_roles,
             allowlist,
             gate,
+            decisions,
         })
     }
 
     /// The `[gate]` table.
     pub fn gate(&self) -> &GatePolicy {
         &self.gate
+    }
+
+    /// The `[decisions]` table.
+    pub fn decisions(&self) -> &DecisionPolicy {
+        &self.decisions
     }
 
     /// Each tenant named in the file, with its gate settings.
@@ -624,6 +649,54 @@ impl Default for GatePolicy {
     }
 }
 
+/// The `[decisions]` table: the decision log.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DecisionPolicy {
+    /// The file (`None`: no decision log).
+    pub file: Option<PathBuf>,
+    /// Waits for a slot at least this long are logged (`None`: none is).
+    pub wait_over: Option<Duration>,
+    /// Lines a second at most.
+    pub max_per_second: u32,
+}
+
+impl Default for DecisionPolicy {
+    fn default() -> Self {
+        DecisionPolicy {
+            file: None,
+            wait_over: Some(Duration::from_secs(1)),
+            max_per_second: crate::gate::decisions::DEFAULT_MAX_PER_SECOND,
+        }
+    }
+}
+
+/// A duration, or `"off"` (`None`), for the key `key`.
+fn duration_or_off(key: &str, t: &str) -> Result<Option<Duration>, String> {
+    match t {
+        "off" => Ok(None),
+        _ => parse_duration(t)
+            .map(Some)
+            .ok_or_else(|| format!("{key} {t:?}: a duration such as 2s or 500ms, or \"off\"")),
+    }
+}
+
+fn build_decisions(raw: file::DecisionsFile, dir: &Path) -> Result<DecisionPolicy, String> {
+    let mut d = DecisionPolicy {
+        file: raw.file.map(|f| dir.join(f)),
+        ..DecisionPolicy::default()
+    };
+    if let Some(t) = &raw.wait_over {
+        d.wait_over = duration_or_off("wait_over", t)?;
+    }
+    if let Some(n) = raw.max_per_second {
+        if n == 0 {
+            return Err("max_per_second must be at least 1".to_string());
+        }
+        d.max_per_second = n;
+    }
+    Ok(d)
+}
+
 /// The `[gate]` table's settings over the defaults.
 fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
     let mut settings = GatePolicy::default().settings;
@@ -651,12 +724,7 @@ fn build_gate(raw: file::GateFile) -> Result<GatePolicy, String> {
         ..WatchPolicy::default()
     };
     if let Some(t) = &raw.lock_wait {
-        watch.lock_wait = match t.as_str() {
-            "off" => None,
-            _ => Some(parse_duration(t).ok_or_else(|| {
-                format!("lock_wait {t:?}: a duration such as 2s or 500ms, or \"off\"")
-            })?),
-        };
+        watch.lock_wait = duration_or_off("lock_wait", t)?;
     }
     if let Some(t) = &raw.horizon_max_age {
         let max_age = parse_duration(t)

@@ -479,3 +479,32 @@ fn the_server_reading_keys() {
         assert!(e.is_err(), "{bad}");
     }
 }
+
+#[test]
+fn the_decisions_table_names_the_log_beside_the_policy_and_its_bounds() {
+    let parse = |text: &str| Policy::parse(text, Path::new("etc/p.toml"), Path::new("etc"));
+    let none = parse("").unwrap();
+    assert_eq!(none.decisions(), &DecisionPolicy::default());
+    assert_eq!(none.decisions().file, None);
+    let d = parse("[decisions]\nfile = \"d.jsonl\"\nwait_over = \"250ms\"\nmax_per_second = 5\n")
+        .unwrap();
+    assert_eq!(
+        d.decisions(),
+        &DecisionPolicy {
+            file: Some(PathBuf::from("etc/d.jsonl")),
+            wait_over: Some(Duration::from_millis(250)),
+            max_per_second: 5,
+        }
+    );
+    let off = parse("[decisions]\nfile = \"/var/log/d\"\nwait_over = \"off\"\n").unwrap();
+    assert_eq!(off.decisions().file, Some(PathBuf::from("/var/log/d")));
+    assert_eq!(off.decisions().wait_over, None);
+    for (bad, says) in [
+        ("\n[decisions]\nwait_over = \"soon\"\n", "p.toml:2"),
+        ("[decisions]\nmax_per_second = 0\n", "max_per_second"),
+        ("[decisions]\nfiles = \"x\"\n", "files"),
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

@@ -31,7 +31,9 @@ use crate::cost::{
 };
 use crate::gate::keeper::{SlotAnswer, SlotGuard};
 use crate::gate::RefusalReason;
-use crate::gate::{Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, TenantTimeouts};
+use crate::gate::{
+    Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, Subject, TenantTimeouts,
+};
 use crate::policy::Governance;
 use crate::policy::{RuleHit, Verdict, Who};
 use crate::runtime::Runtime;
@@ -661,8 +663,9 @@ impl Session {
             // Not UTF-8: neither PostgreSQL's parser nor an EXPLAIN of pgward's can read it
             // as the server will, so its price cannot be known before it runs.
             let hit = self.unpriceable(governance, &tenant, NOT_UTF8);
-            if hit.is_some() {
-                return Ok(Step::Verdict(hit));
+            if let Some(hit) = hit {
+                self.note_cost_refusal(&tenant, fingerprint, &hit);
+                return Ok(Step::Verdict(Some(hit)));
             }
         }
         if deferred && ruled && matches!(work, Work::Bind { .. }) {
@@ -681,8 +684,9 @@ impl Session {
             // Behind an extended batch still open on the server (no Sync yet), a simple Query
             // cannot be read before it runs, nor what an EXPLAIN cannot read as itself.
             let hit = self.unpriceable(governance, &tenant, IN_OPEN_BATCH);
-            if hit.is_some() {
-                return Ok(Step::Verdict(hit));
+            if let Some(hit) = hit {
+                self.note_cost_refusal(&tenant, fingerprint, &hit);
+                return Ok(Step::Verdict(Some(hit)));
             }
         }
         match self.rules_verdict(governance, &work, analysis.as_deref(), &who) {
@@ -731,9 +735,7 @@ impl Session {
         if let (Some(known), false, false) = (&plan, deferred, bypass) {
             let predicted = self.estimate(Some(known), fingerprint).cost;
             if let Some(hit) = self.cost_rules(governance, &tenant, Some(known), predicted) {
-                keeper
-                    .lock()
-                    .note_refusal(&tenant, RefusalReason::Cost, now);
+                self.note_cost_refusal(&tenant, fingerprint, &hit);
                 return Ok(Step::Verdict(Some(hit)));
             }
             ruled = true;
@@ -800,9 +802,7 @@ impl Session {
             if let (true, false, Some(text)) = (parts_judged, deferred, work.sql()) {
                 let text = text.to_string();
                 if let Some(hit) = self.judge_parts(governance, &tenant, &text).await? {
-                    keeper
-                        .lock()
-                        .note_refusal(&tenant, RefusalReason::Cost, Instant::now());
+                    self.note_cost_refusal(&tenant, fingerprint, &hit);
                     return Ok(Step::Verdict(Some(hit)));
                 }
             }
@@ -812,9 +812,7 @@ impl Session {
                 false => self.cost_rules(governance, &tenant, plan.as_deref(), estimate.cost),
             };
             if let Some(hit) = verdict {
-                keeper
-                    .lock()
-                    .note_refusal(&tenant, RefusalReason::Cost, Instant::now());
+                self.note_cost_refusal(&tenant, fingerprint, &hit);
                 return Ok(Step::Verdict(Some(hit)));
             }
             let cost = estimate.cost;
@@ -1111,19 +1109,24 @@ impl Session {
             return false;
         }
         let mut at = 0;
-        let mut n = 0;
+        let mut spans = Vec::new();
         while let Some(span) = frame_at(&rbuf[..len], at) {
+            let n = spans.len();
             if span.tag != tag::QUERY || !matches!(self.gate.verdicts.get(n), Some(Some(_))) {
                 return false;
             }
             at = span.end;
-            n += 1;
+            spans.push(span.body());
         }
-        if n == 0 || at != len {
+        if spans.is_empty() || at != len {
             return false;
         }
-        for hit in self.gate.verdicts.drain(..n).flatten() {
+        let hits: Vec<RuleHit> = self.gate.verdicts.drain(..spans.len()).flatten().collect();
+        for (hit, body) in hits.into_iter().zip(spans) {
             tracing::warn!(client = self.id, rule = %hit.rule, fingerprint = %hit.fingerprint, "statement refused");
+            if hit.by_rule {
+                self.log_rule_refusal(&hit, QueryView::new(&rbuf[body]).text);
+            }
             self.to_client
                 .extend_from_slice(&super::rules::error_message(&hit));
             wire::encode_ready_for_query(&mut self.to_client, TxStatus::Idle);
@@ -1171,13 +1174,54 @@ impl Session {
         self.gate.gated
     }
 
+    /// Whose statement it is, for the decision log.
+    fn subject<'a>(&'a self, tenant: &'a str, fingerprint: Option<Fingerprint>) -> Subject<'a> {
+        Subject {
+            tenant,
+            database: &self.pool.key.db,
+            client: self.id,
+            fingerprint,
+        }
+    }
+
+    /// A SQL rule's refusal of `text`, answered without the rules at the message (they log
+    /// theirs), in the decision log.
+    fn log_rule_refusal(&self, hit: &RuleHit, text: &[u8]) {
+        let log = &self.rt.gatekeeper.decisions;
+        let governance = self.rt.governance.load();
+        let (true, Some(governance)) = (log.is_on(), governance.as_ref()) else {
+            return;
+        };
+        let analysis = governance
+            .analyzer
+            .analyze(text, &parse_context(&self.params, false));
+        let who = Who {
+            role: &self.user,
+            application_name: self.params.get("application_name").unwrap_or(""),
+            client_addr: self.client_addr,
+        };
+        let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
+        let subject = self.subject(&tenant, analysis.fingerprint);
+        super::rules::log_rule_refusal(log, hit, subject, &self.user);
+    }
+
+    /// Counts a refusal by a cost rule (SHOW TENANTS' `refused_cost`) and logs it.
+    fn note_cost_refusal(&self, tenant: &str, fingerprint: Option<Fingerprint>, hit: &RuleHit) {
+        let who = self.subject(tenant, fingerprint);
+        let now = Instant::now();
+        let mut gate = self.rt.gatekeeper.lock();
+        gate.note_refusal(who, RefusalReason::Cost, &hit.rule, hit.sqlstate, now);
+    }
+
     /// The refusal of a request of the client's role, if a kill of it is in force (and then
     /// counted).
     fn killed_role(&self, now: Instant) -> Option<Refusal> {
         let mut gate = self.rt.gatekeeper.lock();
         let what = gate.is_killed(&self.user, None, now)?.describe();
-        gate.note_refusal(&self.user, RefusalReason::Killed, now);
-        Some(Refusal::killed(&what))
+        let refusal = Refusal::killed(&what);
+        let who = self.subject(&self.user, None);
+        gate.note_refusal(who, RefusalReason::Killed, "killed", refusal.sqlstate, now);
+        Some(refusal)
     }
 
     /// Whether the client is inside a transaction block on its server (the last
@@ -1454,7 +1498,7 @@ impl Session {
         }
         tracing::info!(client = self.id, tenant, why = why.0, "cost rule in warn mode: a statement that cannot be priced before it runs would be refused");
         let mut gate = self.rt.gatekeeper.lock();
-        gate.note_refusal(tenant, RefusalReason::CostWarned, Instant::now());
+        gate.note_warned(tenant, Instant::now());
         None
     }
 
@@ -1487,7 +1531,7 @@ impl Session {
             );
             let now = Instant::now();
             let mut gate = self.rt.gatekeeper.lock();
-            gate.note_refusal(tenant, RefusalReason::CostWarned, now);
+            gate.note_warned(tenant, now);
             return None;
         }
         tracing::warn!(
@@ -1560,7 +1604,15 @@ fn evict_runaways(rt: &Runtime, upstream: &str, over: &[(String, usize)]) -> Vec
             }
             left -= closed;
         }
-        done.push(wanted - left);
+        let closed = wanted - left;
+        if closed > 0 {
+            let record = crate::gate::Record::new(crate::gate::Event::Evicted, "over_share")
+                .tenant(tenant)
+                .upstream(upstream)
+                .figure("servers_closed", closed as f64);
+            rt.gatekeeper.decisions.record(&record);
+        }
+        done.push(closed);
     }
     done
 }

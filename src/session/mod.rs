@@ -415,6 +415,20 @@ impl Session {
         };
         self.gate.timed_out = Some(limit);
         tracing::info!(client = self.id, tenant = %self.gate.tenant, "statement timeout: cancelling");
+        let log = &self.rt.gatekeeper.decisions;
+        if log.is_on() {
+            let who = crate::gate::Subject {
+                tenant: &self.gate.tenant,
+                database: &self.pool.key.db,
+                client: self.id,
+                fingerprint: self.handle.fingerprint().map(crate::sql::Fingerprint),
+            };
+            let record =
+                crate::gate::Record::about(crate::gate::Event::Cancelled, "statement_timeout", who)
+                    .sqlstate(crate::gate::SQLSTATE_CANCELED)
+                    .seconds("timeout_s", limit);
+            log.record(&record);
+        }
         self.handle.clone().cancel_now(CLOSE_GRACE);
     }
 
@@ -569,6 +583,8 @@ impl Session {
             state: &mut self.rule_state,
             read_before: self.gate.analyzed.as_ref(),
             allowed,
+            decisions: &self.rt.gatekeeper.decisions,
+            database: &self.pool.key.db,
         });
         let mut ctx = MessageContext {
             link: &mut *link,

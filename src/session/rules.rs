@@ -8,6 +8,7 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
+use crate::gate::{DecisionLog, Event, Record, Subject};
 use crate::params::ParamSet;
 use crate::policy::Governance;
 use crate::policy::{RuleHit, Verdict, Who};
@@ -34,6 +35,9 @@ pub struct RuleCheck<'a> {
     pub read_before: Option<&'a Analyzed>,
     /// [`Analyzed::allowed`] of `read_before`, taken out of it: good for one judgement.
     pub allowed: Option<Allowed>,
+    /// Where a refusal is logged, and the pgward database it was made in.
+    pub decisions: &'a DecisionLog,
+    pub database: &'a str,
 }
 
 /// A statement text read by the analyzer, with the context it was read in.
@@ -98,6 +102,8 @@ impl RuleCheck<'_> {
                 &analysis,
             );
             tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
+            let tenant = self.tenant_of(&analysis);
+            self.log_refusal(&hit, &tenant, &analysis);
             return Some(hit);
         }
         self.verdict(&analysis, allowed)
@@ -118,7 +124,8 @@ impl RuleCheck<'_> {
             application_name: params.get("application_name").unwrap_or(""),
             client_addr: self.client_addr,
         };
-        if !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
+        let identity = policy.identify(&who, &analysis.tags);
+        if !self.state.tags_logged && identity.ignored_tags {
             tracing::warn!(
                 client = self.client_id,
                 role = self.role,
@@ -139,14 +146,49 @@ impl RuleCheck<'_> {
             }
             Verdict::Reject(hit) => {
                 tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
+                self.log_refusal(&hit, &identity.tenant, analysis);
                 Some(hit)
             }
         }
     }
 
+    /// The tenant a statement of `analysis` runs for.
+    fn tenant_of(&self, analysis: &Analysis) -> String {
+        let who = Who {
+            role: self.role,
+            application_name: self.params.get("application_name").unwrap_or(""),
+            client_addr: self.client_addr,
+        };
+        let identity = self.governance.policy.identify(&who, &analysis.tags);
+        identity.tenant.to_string()
+    }
+
+    /// A rule's refusal in the decision log.
+    fn log_refusal(&self, hit: &RuleHit, tenant: &str, analysis: &Analysis) {
+        let who = Subject {
+            tenant,
+            database: self.database,
+            client: self.client_id,
+            fingerprint: analysis.fingerprint,
+        };
+        log_rule_refusal(self.decisions, hit, who, self.role);
+    }
+
     fn context(&self, in_flight: bool) -> ParseContext {
         parse_context(self.params, in_flight)
     }
+}
+
+/// A SQL rule's refusal of `who`'s statement, run by `role`, in the decision log: the rule's
+/// name, never the statement's text.
+pub fn log_rule_refusal(log: &DecisionLog, hit: &RuleHit, who: Subject<'_>, role: &str) {
+    if !log.is_on() {
+        return;
+    }
+    let record = Record::about(Event::Refused, hit.rule.as_str(), who)
+        .role(role)
+        .sqlstate(hit.sqlstate);
+    log.record(&record);
 }
 
 /// How the server will read the next statement, as far as pgward can be sure: `in_flight`

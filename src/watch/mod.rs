@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crate::cancel::{CancelRegistry, OwnCancel, Seen};
+use crate::gate::{DecisionLog, Event, Record};
 use crate::policy::WatchPolicy;
 use crate::pool::Pool;
 use crate::server::{OwnStatement, ServerAddr, ServerConn, ServerError};
@@ -138,6 +139,8 @@ pub trait Watched: Send + Sync + 'static {
     fn move_charge(&self, from: &str, to: &str, seconds: f64);
     /// `n` of pgward's sessions on `upstream` wait for a lock (the adaptive limit's count).
     fn note_lock_waits(&self, upstream: &str, n: usize);
+    /// Where the lock-queue guard's cancels are logged.
+    fn decisions(&self) -> &DecisionLog;
 }
 
 /// Keeps one reader running per PostgreSQL server pgward pools onto while the policy asks
@@ -219,7 +222,7 @@ async fn read_server<R: Watched>(
             Ok(reading) => {
                 let cancels = policy
                     .lock_wait
-                    .map_or(0, |w| guard(&upstream, &reading, &seen, w));
+                    .map_or(0, |w| guard(&upstream, &reading, &seen, w, rt.decisions()));
                 let elapsed = last_asked.map_or(PERIOD, |t| asked.saturating_duration_since(t));
                 last_asked = Some(asked);
                 blame(rt.as_ref(), &addr, &reading, &seen, elapsed);
@@ -402,7 +405,13 @@ async fn open(pool: &Pool, addr: &ServerAddr) -> Result<ServerConn, ServerError>
 
 /// The lock-queue guard over one reading: cancels what it finds. Returns how many cancels
 /// went.
-fn guard(upstream: &str, reading: &Reading, seen: &HashMap<u32, Seen>, lock_wait: Duration) -> u64 {
+fn guard(
+    upstream: &str,
+    reading: &Reading,
+    seen: &HashMap<u32, Seen>,
+    lock_wait: Duration,
+    log: &DecisionLog,
+) -> u64 {
     let mut cancelled = 0;
     for victim in guard::victims(reading, |pid| seen.contains_key(&pid), lock_wait) {
         let Some(s) = seen.get(&victim.pid) else {
@@ -424,6 +433,15 @@ fn guard(upstream: &str, reading: &Reading, seen: &HashMap<u32, Seen>, lock_wait
                 queued = victim.queued,
                 "lock-queue guard: cancelling a DDL statement waiting for a lock"
             );
+            let record = Record::new(Event::Cancelled, "lock_queue")
+                .tenant(&s.tenant)
+                .upstream(upstream)
+                .client(s.handle.client_id)
+                .fingerprint(s.fingerprint.map(crate::sql::Fingerprint))
+                .sqlstate(crate::wire::sqlstate::LOCK_NOT_AVAILABLE)
+                .seconds("waited_s", victim.waited)
+                .figure("queued", victim.queued as f64);
+            log.record(&record);
         }
     }
     cancelled

@@ -38,6 +38,12 @@ impl<W> Gate<W> {
         // Full as the new window starts: it counts for that window.
         Self::note_taken(up);
         let moved = moved?;
+        self.note(|| {
+            Record::new(Event::LimitChanged, moved.why.reason())
+                .upstream(upstream)
+                .figure("from", moved.from as f64)
+                .figure("to", moved.to as f64)
+        });
         tracing::info!(
             %upstream,
             from = moved.from,

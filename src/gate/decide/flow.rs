@@ -24,7 +24,7 @@ impl<W> Gate<W> {
         if req.kind.killable() {
             if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
                 let refusal = Refusal::killed(&target.describe());
-                return Decision::Refuse(self.refused(req.tenant, refusal, now));
+                return Decision::Refuse(self.refused(req.subject(), refusal, now));
             }
         }
         let pass = self.new_pass(req, now);
@@ -35,7 +35,7 @@ impl<W> Gate<W> {
             self.adapt(req.upstream, now);
         }
         if pass.deadline.is_some_and(|d| d <= now) {
-            return Decision::Refuse(self.refused(req.tenant, Refusal::deadline(), now));
+            return Decision::Refuse(self.refused(req.subject(), Refusal::deadline(), now));
         }
         let mut pass = pass;
         if self.is_quarantined(req.fingerprint, now) {
@@ -128,7 +128,7 @@ impl<W> Gate<W> {
             return Decision::Admit(pass);
         }
         match state.config.when_over {
-            WhenOver::Reject => Decision::Refuse(self.budget_refusal(&pass.tenant, now)),
+            WhenOver::Reject => Decision::Refuse(self.budget_refusal(pass.subject(), now)),
             WhenOver::Wait => {
                 pass.payment = Payment::AwaitingPayBack;
                 Decision::Admit(pass)
@@ -141,7 +141,8 @@ impl<W> Gate<W> {
     }
 
     /// 53000 with a hint: the time until the debt is paid back, plus jitter.
-    fn budget_refusal(&mut self, tenant: &str, now: Instant) -> Refusal {
+    fn budget_refusal(&mut self, who: Subject<'_>, now: Instant) -> Refusal {
+        let tenant = who.tenant;
         let state = self.tenant_mut(tenant, now);
         let (owed, pay_back) = match (&state.bucket, state.config.budget()) {
             (Some(bucket), Some(b)) => (-bucket.balance(&b, now), bucket.pay_back(&b, now)),
@@ -152,7 +153,7 @@ impl<W> Gate<W> {
         let jitter = self.rng.gen_range(0.0..spread);
         let retry = Duration::try_from_secs_f64(base + jitter).unwrap_or(Duration::MAX);
         let refusal = Refusal::budget(tenant, owed, retry);
-        self.refused(tenant, refusal, now)
+        self.refused(who, refusal, now)
     }
 
     /// The real budget decision, once the predicted time is known: check and charge in one
@@ -168,7 +169,7 @@ impl<W> Gate<W> {
         // Priced: its tenant's next unpaid request may take a slot (the caller offers it).
         self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
         if let Some(refusal) = deadline_check(pass, &cost, now) {
-            return Err(self.refused(&pass.tenant, refusal, now));
+            return Err(self.refused(pass.subject(), refusal, now));
         }
         let state = self.tenant_mut(&pass.tenant, now);
         let min = state.config.min_charge();
@@ -282,7 +283,7 @@ impl<W> Gate<W> {
     fn over_budget(&mut self, pass: &mut Pass, now: Instant) -> Result<Spent, Refusal> {
         let state = self.tenant_mut(&pass.tenant, now);
         match state.config.when_over {
-            WhenOver::Reject => Err(self.budget_refusal(&pass.tenant, now)),
+            WhenOver::Reject => Err(self.budget_refusal(pass.subject(), now)),
             WhenOver::Slow => {
                 pass.lane = Lane::Slow;
                 Ok(Spent::MovedToSlow)

@@ -305,9 +305,30 @@ impl<W> Gate<W> {
             let (pass, waiter) = self.take_waiting(id, now)?;
             if live(&waiter) {
                 let slot = self.take_slot(&pass, now);
+                self.note_wait(&pass, now);
                 return Some(Granted { pass, slot, waiter });
             }
             self.drop_pass(pass, now);
+        }
+    }
+
+    /// Gathers a wait of `pass` that ended now with its slot, if it was long enough to log.
+    fn note_wait(&mut self, pass: &Pass, now: Instant) {
+        let over = self.settings.log.and_then(|l| l.wait_over);
+        let waited = pass.enqueued_at.map(|t| now.saturating_duration_since(t));
+        if let (Some(over), Some(waited)) = (over, waited) {
+            if waited >= over {
+                let reason = match pass.payment() {
+                    Payment::AwaitingPayBack => "budget",
+                    _ => "slot",
+                };
+                self.note(|| {
+                    Record::about(Event::Waited, reason, pass.subject())
+                        .upstream(&pass.upstream)
+                        .figure("waited_s", waited.as_secs_f64())
+                        .figure("slow_lane", f64::from(u8::from(pass.lane == Lane::Slow)))
+                });
+            }
         }
     }
 
@@ -407,7 +428,7 @@ impl<W> Gate<W> {
             let timeout = self.settings.queue_timeout;
             let refusal = wait_refusal(&pass, timeout, now).unwrap_or_else(Refusal::deadline);
             self.refund(&mut pass, now);
-            let refusal = self.refused(&pass.tenant, refusal, now);
+            let refusal = self.refused(pass.subject(), refusal, now);
             ended.push(Expired {
                 pass,
                 waiter,
@@ -448,7 +469,7 @@ impl<W> Gate<W> {
                 continue;
             };
             self.refund(&mut pass, now);
-            let refusal = self.refused(&pass.tenant, refusal, now);
+            let refusal = self.refused(pass.subject(), refusal, now);
             out.push(Expired {
                 pass,
                 waiter,
