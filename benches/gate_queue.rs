@@ -52,7 +52,7 @@ fn loaded(waiting: usize, now: Instant) -> (Gate<u64>, VecDeque<Slot>) {
         per_database: None,
         flip_quarantine: None,
         adaptive: None,
-        log: None,
+        log: false,
     };
     let mut gate = Gate::new(settings, 1);
     let mut held = VecDeque::new();

@@ -229,9 +229,19 @@ fn check_startup_search_path(
         client_addr,
     };
     match g.policy.judge_startup_search_path(value, &who) {
-        crate::policy::Verdict::Reject(hit) => Err(SessionError::Fatal(
-            ErrorResponse::fatal(hit.sqlstate, hit.message).with_hint(hit.hint),
-        )),
+        crate::policy::Verdict::Reject(hit) => {
+            let no_tags = crate::sql::Tags::default();
+            let tenant = g.policy.identify(&who, &no_tags).tenant;
+            let record = crate::gate::Record::new(crate::gate::Event::Refused, hit.rule.as_str())
+                .tenant(&tenant)
+                .role(&req.user)
+                .database(&req.database)
+                .sqlstate(hit.sqlstate);
+            rt.gatekeeper.decisions.record(&record);
+            Err(SessionError::Fatal(
+                ErrorResponse::fatal(hit.sqlstate, hit.message).with_hint(hit.hint),
+            ))
+        }
         _ => Ok(()),
     }
 }

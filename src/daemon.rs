@@ -33,6 +33,13 @@ pub async fn serve(config: Config) -> ExitCode {
         Ok(e) => e,
         Err(e) => return failed(e),
     };
+    // The decision log is opened before anything is bound: a path that cannot be opened
+    // stops the start with nothing taken over (a rolling restart's old process keeps its
+    // socket).
+    let gatekeeper = crate::gate::keeper::Gatekeeper::new();
+    if let Err(e) = crate::runtime::open_decision_log(&gatekeeper, governance.as_deref()) {
+        return failed(e);
+    }
     raise_fd_limit(&config);
     let listeners = match Listeners::bind(&config.settings) {
         Ok(l) => l,
@@ -50,13 +57,7 @@ pub async fn serve(config: Config) -> ExitCode {
         std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
     });
     let metrics_addr = config.settings.prometheus_listen.clone();
-    let rt = match Runtime::new(config, userlist, governance, edge) {
-        Ok(rt) => rt,
-        Err(e) => {
-            cleanup(pidfile.as_deref(), socket.as_ref());
-            return failed(e);
-        }
-    };
+    let rt = Runtime::new(config, userlist, governance, edge, gatekeeper);
     load_state(&rt);
     let mut tasks = Vec::new();
     if let Some(addr) = metrics_addr {

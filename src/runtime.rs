@@ -14,7 +14,7 @@ use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOu
 use crate::edge::tls::ServerTls;
 use crate::edge::Edge;
 use crate::gate::keeper::Gatekeeper;
-use crate::gate::{GateSettings, LogSettings};
+use crate::gate::GateSettings;
 use crate::ops::Ops;
 use crate::params::Tracked;
 use crate::policy::Governance;
@@ -75,13 +75,13 @@ impl Runtime {
         userlist: HashMap<String, Secret>,
         governance: Option<Arc<Governance>>,
         edge: Edge,
-    ) -> Result<Arc<Self>, String> {
+        gatekeeper: Arc<Gatekeeper>,
+    ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::of(&config.settings);
-        let gatekeeper = Gatekeeper::new();
-        configure_gate(&gatekeeper, governance.as_deref())?;
-        Ok(Arc::new(Runtime {
+        configure_gate(&gatekeeper, governance.as_deref());
+        Arc::new(Runtime {
             config: Arc::new(ArcSwap::from_pointee(config)),
             userlist: ArcSwap::from_pointee(userlist),
             tracked: ArcSwap::from_pointee(tracked),
@@ -96,7 +96,7 @@ impl Runtime {
             edge,
             gatekeeper,
             watch: crate::watch::Board::default(),
-        }))
+        })
     }
 
     /// An id for a new client, from the counter servers take theirs from too: as in
@@ -115,6 +115,11 @@ impl Runtime {
     /// PgBouncer; the answer says so.
     pub fn reload_parts(&self) -> Result<Reloaded, ReloadError> {
         let _one_at_a_time = lock(&self.reconfiguring);
+        // logrotate moved the decision log and signalled: it is opened again even if the
+        // files turn out broken (and then kept as it is).
+        if let Err(e) = self.gatekeeper.decisions.reopen() {
+            tracing::warn!("{e}");
+        }
         let path = self.config.load().path.clone();
         let mut config = crate::config::load(&path)?;
         let userlist = match &config.settings.auth_file {
@@ -126,13 +131,13 @@ impl Runtime {
             old.save_allowlist();
         }
         let governance = Governance::load(&config.settings)?;
+        open_decision_log(&self.gatekeeper, governance.as_deref())
+            .map_err(ReloadError::DecisionLog)?;
         lock(&self.ops.overrides).apply(&mut config);
         let mut warnings = config.warnings.clone();
         let edge = self.edge.reload(&config.settings);
         warnings.extend(edge.hba_kept);
-        if let Err(e) = configure_gate(&self.gatekeeper, governance.as_deref()) {
-            return Err(ReloadError::DecisionLog(e));
-        }
+        configure_gate(&self.gatekeeper, governance.as_deref());
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
         Ok(Reloaded {
@@ -462,17 +467,23 @@ fn connection_changed(old: &DatabaseDef, new: &DatabaseDef) -> bool {
 }
 
 /// Hands the gate the policy's `[gate]` settings and tenants; without a policy, defaults.
-/// Applies the policy to the gate and opens its decision log (again: logrotate signals
-/// after moving it). A decision log that cannot be opened changes nothing and says why.
-fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) -> Result<(), String> {
+/// Opens the decision log `governance` names (again, if it is the one open: logrotate
+/// signals after moving it), or closes it. One that cannot be opened changes nothing and
+/// says why.
+pub fn open_decision_log(
+    keeper: &Gatekeeper,
+    governance: Option<&Governance>,
+) -> Result<(), String> {
     let decisions = governance.map(|g| g.policy.decisions().clone());
     let decisions = decisions.unwrap_or_default();
     keeper
         .decisions
-        .open(decisions.file.as_deref(), decisions.max_per_second)?;
-    let log = decisions.file.as_ref().map(|_| LogSettings {
-        wait_over: decisions.wait_over,
-    });
+        .open(decisions.file.as_deref(), decisions.max_per_second)
+}
+
+/// Applies the policy to the gate (its decision log opened already).
+fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
+    let log = governance.is_some_and(|g| g.policy.decisions().file.is_some());
     match governance {
         Some(g) => keeper.configure(
             GateSettings {
@@ -486,7 +497,6 @@ fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) -> Resul
             std::iter::empty(),
         ),
     }
-    Ok(())
 }
 
 impl crate::watch::Watched for Runtime {

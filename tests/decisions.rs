@@ -93,6 +93,16 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     assert_eq!(refused["fingerprint"], fingerprint(read).as_str());
     assert!(refused["figures"]["owed_s"].as_f64().unwrap() > 0.0);
     assert!(refused["ts"].as_str().unwrap().ends_with('Z'));
+    // Refused by the gate and by the rules at once (a SQL-level EXECUTE under transaction
+    // pooling, while acme owes, inside a transaction so the rules read it at the message):
+    // one refusal, one line.
+    acme.client.batch_execute("BEGIN").await.unwrap();
+    assert_ne!(outcome(&acme.client, "EXECUTE secret_7351").await, "");
+    acme.client.batch_execute("ROLLBACK").await.unwrap();
+    let found = wait_for_lines(&log, 2).await;
+    assert_eq!(found.len(), 2, "{found:?}");
+    assert_eq!(found[1]["reason"], "budget");
+    assert_eq!(lines(&log).len(), 2, "one line per refusal");
 
     // Delayed: the lane's one slot is held by an open transaction for 600 ms.
     let holder = app(&f, "postgres").await;
@@ -111,9 +121,9 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     holder.client.batch_execute("COMMIT").await.unwrap();
     let (_waiter, rows) = waiting.await.unwrap();
     assert!(rows.is_ok(), "{rows:?}");
-    let found = wait_for_lines(&log, 2).await;
-    assert_eq!(found.len(), 2, "{found:?}");
-    let waited = &found[1];
+    let found = wait_for_lines(&log, 3).await;
+    assert_eq!(found.len(), 3, "{found:?}");
+    let waited = &found[2];
     assert_eq!(waited["event"], "waited");
     assert_eq!(waited["reason"], "slot");
     assert_eq!(waited["tenant"], "postgres");
@@ -132,9 +142,9 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     assert_eq!(outcome(&admin.client, &kill).await, "");
     let err = running.await.unwrap().expect("the kill cancels it");
     assert_eq!(code(&err), "57014", "{err:?}");
-    let found = wait_for_lines(&log, 3).await;
-    assert_eq!(found.len(), 3, "{found:?}");
-    let killed = &found[2];
+    let found = wait_for_lines(&log, 4).await;
+    assert_eq!(found.len(), 4, "{found:?}");
+    let killed = &found[3];
     assert_eq!(killed["event"], "killed");
     assert_eq!(killed["reason"], "statement");
     assert_eq!(killed["fingerprint"], fp.as_str());
@@ -159,7 +169,20 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     assert_eq!(found[1]["tenant"], "acme");
     assert_eq!(found[1]["sqlstate"], "42501");
     assert_eq!(found[1]["fingerprint"], fingerprint(ddl).as_str());
-    assert_eq!(lines(&rotated).len(), 3);
+    assert_eq!(lines(&rotated).len(), 4);
+
+    // A SIGHUP whose files are broken still opens the moved log again (and keeps the policy).
+    std::fs::rename(&log, &rotated).unwrap();
+    f.reload_with("this is not toml [");
+    for _ in 0..50 {
+        if log.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(log.exists(), "the log is opened again");
+    assert_eq!(outcome(&acme.client, read).await, "53000");
+    assert_eq!(wait_for_lines(&log, 1).await.len(), 1);
 }
 
 /// Waits until a statement containing `needle` runs on the server.
@@ -177,7 +200,8 @@ async fn wait_until_running(f: &Policed, needle: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_decision_log_that_cannot_be_opened_stops_the_start_and_a_reload_keeps_the_old() {
+async fn a_decision_log_that_cannot_be_opened_stops_the_start_before_it_binds_and_a_reload_keeps_the_old(
+) {
     // At start: pgward refuses to run and says which file.
     let bad = POLICY.replace("decisions.jsonl", "no/such/dir/decisions.jsonl");
     let pg = common::Postgres::start();
@@ -185,11 +209,17 @@ async fn a_decision_log_that_cannot_be_opened_stops_the_start_and_a_reload_keeps
     let dir = common::shared_tempdir("pgward-decisions-");
     let policy = dir.path().join("policy.toml");
     std::fs::write(&policy, &bad).unwrap();
+    // Another process's socket where this one would listen: it is left alone.
+    let port = common::free_port();
+    let socket = dir.path().join(format!(".s.PGSQL.{port}"));
+    std::fs::write(&socket, "another process's").unwrap();
     let ini = common::Pgward::ini(
         &pg,
         &format!(
-            "auth_type = trust\npool_mode = transaction\npolicy_file = {}\n",
-            policy.display()
+            "auth_type = trust\npool_mode = transaction\npolicy_file = {}\n\
+             listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir = {}\n",
+            policy.display(),
+            dir.path().display()
         ),
         "",
     );
@@ -202,11 +232,20 @@ async fn a_decision_log_that_cannot_be_opened_stops_the_start_and_a_reload_keeps
     assert!(!out.status.success());
     let said = String::from_utf8_lossy(&out.stderr);
     assert!(said.contains("no/such/dir/decisions.jsonl"), "{said}");
+    assert!(
+        socket.exists(),
+        "a failed start binds nothing and removes nothing"
+    );
     drop(pg);
 
-    // On reload: the running policy and its log stay.
-    let f = gated(POLICY, "");
+    // On reload: the running policy, its log and the hba rules stay.
+    let hba_dir = common::shared_tempdir("pgward-hba-");
+    let hba = hba_dir.path().join("hba.conf");
+    std::fs::write(&hba, "host all all 127.0.0.1/32 trust\n").unwrap();
+    let settings = format!("auth_type = hba\nauth_hba_file = {}\n", hba.display());
+    let f = gated(POLICY, &settings);
     let log = f.policy.parent().unwrap().join("decisions.jsonl");
+    std::fs::write(&hba, "host all all 127.0.0.1/32 reject\n").unwrap();
     let more = POLICY.replace("rate = 0.00001", "rate = 1000");
     f.reload_with(&more.replace("decisions.jsonl", "no/such/dir/decisions.jsonl"));
     tokio::time::sleep(Duration::from_millis(500)).await;

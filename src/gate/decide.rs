@@ -50,16 +50,8 @@ pub struct GateSettings {
     /// [`crate::gate::adapt`]).
     pub adaptive: Option<AdaptiveSettings>,
     /// The decision log is open: the gate gathers its decisions
-    /// ([`take_decisions`](Gate::take_decisions)); `None`: it gathers none.
-    pub log: Option<LogSettings>,
-}
-
-/// What the gate gathers for the decision log.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub struct LogSettings {
-    /// A wait for a slot (or a debt's pay-back) at least this long is recorded when the slot
-    /// is given (`None`: no wait is).
-    pub wait_over: Option<Duration>,
+    /// ([`take_decisions`](Gate::take_decisions)); false: it gathers none.
+    pub log: bool,
 }
 
 impl Default for GateSettings {
@@ -71,7 +63,7 @@ impl Default for GateSettings {
             per_database: None,
             flip_quarantine: None,
             adaptive: None,
-            log: None,
+            log: false,
         }
     }
 }
@@ -383,7 +375,7 @@ impl<W> Gate<W> {
 
     /// Gathers `decision` if the decision log is open.
     fn note(&mut self, decision: impl FnOnce() -> Record) {
-        if self.settings.log.is_some() {
+        if self.settings.log {
             self.decisions.push(decision());
         }
     }

@@ -73,6 +73,15 @@ impl DecisionLog {
         Ok(())
     }
 
+    /// Opens the file being written again, if any (logrotate moved it away and signalled).
+    pub fn reopen(&self) -> Result<(), String> {
+        let Some(path) = self.path() else {
+            return Ok(());
+        };
+        let per_second = lock(&self.state).bound.per_second;
+        self.open(Some(&path), per_second)
+    }
+
     /// Whether a file is open: without one, decisions need not be built.
     pub fn is_on(&self) -> bool {
         self.on.load(Ordering::Acquire)
@@ -117,8 +126,12 @@ impl LogState {
         let Some(sink) = self.sink.as_mut() else {
             return;
         };
+        // After a failed write a partial line may be in the file: it is ended first, so the
+        // next line is whole JSON.
+        let ended = !self.failing || sink.file.write_all(b"\n").is_ok();
         match sink.file.write_all(bytes) {
-            Ok(()) => self.failing = false,
+            Ok(()) if ended => self.failing = false,
+            Ok(()) => {}
             Err(e) if !self.failing => {
                 self.failing = true;
                 tracing::warn!(file = %sink.path.display(), "decision log: cannot write: {e}");

@@ -19,7 +19,8 @@ pub enum Event {
     /// A statement refused: by the gate (its reason is a SHOW TENANTS refusal column), a cost
     /// rule or a SQL rule (its reason is the rule's name).
     Refused,
-    /// A statement waited in the gate's queue at least `wait_over` before it got its slot.
+    /// A statement waited in the gate's queues at least `wait_over` in all before it ran
+    /// (written by the session, which knows when the waits are over).
     Waited,
     /// `KILL TENANT` or `KILL STATEMENT`.
     Killed,

@@ -112,11 +112,15 @@ pub struct Pass {
     pub deadline: Option<Instant>,
     /// When it last joined a queue.
     pub enqueued_at: Option<Instant>,
+    /// How long it waited in the gate's queues in all, until its last slot (a statement
+    /// may wait for a slot, then again for its tenant's debt to be paid back).
+    pub waited: Duration,
+    /// Some of that wait was for a pay-back.
+    pub waited_for_budget: bool,
     pub(super) payment: Payment,
 }
 
 impl Pass {
-    /// What it paid, or waits for.
     /// Whose statement this is, for the decision log.
     pub fn subject(&self) -> Subject<'_> {
         Subject {
@@ -127,6 +131,7 @@ impl Pass {
         }
     }
 
+    /// What it paid, or waits for.
     pub fn payment(&self) -> Payment {
         self.payment
     }

@@ -767,6 +767,7 @@ impl Session {
                 self.attach(io).await?;
             }
             if bypass {
+                self.note_waited(governance, &pass);
                 self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
                 let charged = pass.charged();
                 self.gate.run.add(
@@ -802,7 +803,10 @@ impl Session {
             if let (true, false, Some(text)) = (parts_judged, deferred, work.sql()) {
                 let text = text.to_string();
                 if let Some(hit) = self.judge_parts(governance, &tenant, &text).await? {
-                    self.note_cost_refusal(&tenant, fingerprint, &hit);
+                    if hit.sqlstate != sqlstate::QUERY_CANCELED {
+                        // (The client's own cancel stopped the pricing: no refusal of pgward's.)
+                        self.note_cost_refusal(&tenant, fingerprint, &hit);
+                    }
                     return Ok(Step::Verdict(Some(hit)));
                 }
             }
@@ -869,6 +873,7 @@ impl Session {
                     tenant: tenant.clone(),
                 });
             }
+            self.note_waited(governance, &pass);
             self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
             if held {
                 self.gate.run.held.push((tenant.clone(), pass.id));
@@ -1203,6 +1208,29 @@ impl Session {
         let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
         let subject = self.subject(&tenant, analysis.fingerprint);
         super::rules::log_rule_refusal(log, hit, subject, &self.user);
+    }
+
+    /// The request of `pass` runs now: if it waited in the gate's queues at least the
+    /// decision log's `wait_over` in all, that is one line.
+    fn note_waited(&self, governance: &Governance, pass: &Pass) {
+        let log = &self.rt.gatekeeper.decisions;
+        let over = governance.policy.decisions().wait_over;
+        if !log.is_on() || over.is_none_or(|o| pass.waited < o) {
+            return;
+        }
+        let reason = match pass.waited_for_budget {
+            true => "budget",
+            false => "slot",
+        };
+        let record = crate::gate::Record::about(crate::gate::Event::Waited, reason, pass.subject())
+            .upstream(&pass.upstream)
+            .role(&self.user)
+            .seconds("waited_s", pass.waited)
+            .figure(
+                "slow_lane",
+                f64::from(u8::from(pass.lane == crate::gate::Lane::Slow)),
+            );
+        log.record(&record);
     }
 
     /// Counts a refusal by a cost rule (SHOW TENANTS' `refused_cost`) and logs it.

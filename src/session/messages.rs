@@ -233,11 +233,14 @@ impl MessageContext<'_> {
         self.link.expected.is_quiet() && self.link.server.tx == TxStatus::Idle
     }
 
-    /// The rules' verdict on a statement text, if they refuse it.
-    fn refusal(&mut self, text: &[u8]) -> Option<RuleHit> {
+    /// The rules' verdict on a statement text, if they refuse it. `verdict` is the gate's,
+    /// if it refused the request already (and logged it, unless it was a rule's).
+    fn refusal(&mut self, text: &[u8], verdict: Option<&RuleHit>) -> Option<RuleHit> {
         let in_flight = !self.link.expected.is_empty();
         let pooled = self.pooled;
-        self.rules.as_mut()?.judge(text, in_flight, pooled)
+        let rules = self.rules.as_mut()?;
+        rules.log_refusals = verdict.is_none_or(|v| v.by_rule);
+        rules.judge(text, in_flight, pooled)
     }
 
     fn query(
@@ -246,7 +249,7 @@ impl MessageContext<'_> {
         verdict: Option<RuleHit>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let sql = QueryView::new(body).text;
-        if let Some(hit) = self.refusal(sql).or(verdict) {
+        if let Some(hit) = self.refusal(sql, verdict.as_ref()).or(verdict) {
             if self.can_answer_alone() {
                 self.answer_alone(rules::error_message(&hit), true);
                 return Ok(Some(BytesMut::new()));
@@ -298,7 +301,11 @@ impl MessageContext<'_> {
         &mut self,
         verdict: Option<RuleHit>,
     ) -> Result<Option<BytesMut>, SessionError> {
-        let rules = self.rules.as_mut().and_then(|r| r.judge_function_call());
+        let logs = verdict.as_ref().is_none_or(|v| v.by_rule);
+        let rules = self.rules.as_mut().and_then(|r| {
+            r.log_refusals = logs;
+            r.judge_function_call()
+        });
         let Some(hit) = rules.or(verdict) else {
             self.link.expected.push(Owed::Query);
             return Ok(None);
@@ -315,7 +322,7 @@ impl MessageContext<'_> {
         let parse = ParseView::new(body).map_err(|_| malformed("Parse"))?;
         let types = parse.param_types().map_err(|_| malformed("Parse"))?;
         let (name, query) = (parse.name, parse.query);
-        if let Some(hit) = self.refusal(query) {
+        if let Some(hit) = self.refusal(query, None) {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
         if name.is_empty() {

@@ -585,6 +585,7 @@ impl Session {
             allowed,
             decisions: &self.rt.gatekeeper.decisions,
             database: &self.pool.key.db,
+            log_refusals: true,
         });
         let mut ctx = MessageContext {
             link: &mut *link,

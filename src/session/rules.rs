@@ -38,6 +38,9 @@ pub struct RuleCheck<'a> {
     /// Where a refusal is logged, and the pgward database it was made in.
     pub decisions: &'a DecisionLog,
     pub database: &'a str,
+    /// Whether a refusal goes to the decision log: not when the gate refused the request
+    /// already and logged that (the client gets one refusal, the log has one line).
+    pub log_refusals: bool,
 }
 
 /// A statement text read by the analyzer, with the context it was read in.
@@ -102,8 +105,10 @@ impl RuleCheck<'_> {
                 &analysis,
             );
             tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
-            let tenant = self.tenant_of(&analysis);
-            self.log_refusal(&hit, &tenant, &analysis);
+            if self.log_refusals && self.decisions.is_on() {
+                let tenant = self.tenant_of(&analysis);
+                self.log_refusal(&hit, &tenant, &analysis);
+            }
             return Some(hit);
         }
         self.verdict(&analysis, allowed)
@@ -124,8 +129,7 @@ impl RuleCheck<'_> {
             application_name: params.get("application_name").unwrap_or(""),
             client_addr: self.client_addr,
         };
-        let identity = policy.identify(&who, &analysis.tags);
-        if !self.state.tags_logged && identity.ignored_tags {
+        if !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
             tracing::warn!(
                 client = self.client_id,
                 role = self.role,
@@ -146,7 +150,10 @@ impl RuleCheck<'_> {
             }
             Verdict::Reject(hit) => {
                 tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
-                self.log_refusal(&hit, &identity.tenant, analysis);
+                if self.log_refusals && self.decisions.is_on() {
+                    let tenant = self.tenant_of(analysis);
+                    self.log_refusal(&hit, &tenant, analysis);
+                }
                 Some(hit)
             }
         }
@@ -165,6 +172,9 @@ impl RuleCheck<'_> {
 
     /// A rule's refusal in the decision log.
     fn log_refusal(&self, hit: &RuleHit, tenant: &str, analysis: &Analysis) {
+        if !self.log_refusals {
+            return;
+        }
         let who = Subject {
             tenant,
             database: self.database,

@@ -302,33 +302,13 @@ impl<W> Gate<W> {
                 false => Order::OldestFirst,
             };
             let id = queue.best_in(order, rank)?;
-            let (pass, waiter) = self.take_waiting(id, now)?;
+            let (mut pass, waiter) = self.take_waiting(id, now)?;
             if live(&waiter) {
                 let slot = self.take_slot(&pass, now);
-                self.note_wait(&pass, now);
+                add_wait(&mut pass, now);
                 return Some(Granted { pass, slot, waiter });
             }
             self.drop_pass(pass, now);
-        }
-    }
-
-    /// Gathers a wait of `pass` that ended now with its slot, if it was long enough to log.
-    fn note_wait(&mut self, pass: &Pass, now: Instant) {
-        let over = self.settings.log.and_then(|l| l.wait_over);
-        let waited = pass.enqueued_at.map(|t| now.saturating_duration_since(t));
-        if let (Some(over), Some(waited)) = (over, waited) {
-            if waited >= over {
-                let reason = match pass.payment() {
-                    Payment::AwaitingPayBack => "budget",
-                    _ => "slot",
-                };
-                self.note(|| {
-                    Record::about(Event::Waited, reason, pass.subject())
-                        .upstream(&pass.upstream)
-                        .figure("waited_s", waited.as_secs_f64())
-                        .figure("slow_lane", f64::from(u8::from(pass.lane == Lane::Slow)))
-                });
-            }
         }
     }
 
@@ -614,4 +594,12 @@ fn wait_refusal(pass: &Pass, timeout: Option<Duration>, now: Instant) -> Option<
     timeout
         .filter(|t| waited >= *t)
         .map(|_| Refusal::queue_timeout(waited))
+}
+
+/// Adds the wait of `pass` that ends now, with its slot, to its whole wait.
+fn add_wait(pass: &mut Pass, now: Instant) {
+    if let Some(t) = pass.enqueued_at {
+        pass.waited += now.saturating_duration_since(t);
+        pass.waited_for_budget |= pass.payment() == Payment::AwaitingPayBack;
+    }
 }
