@@ -16,7 +16,8 @@ cd "$(dirname "$0")/.."
 . bench/throwaway-pg.sh
 # The drivers tests/drivers.rs runs, each installed only when missing: a JDK and pgJDBC from
 # Debian, node-postgres from npm into tests/drivers/node_modules, psycopg 3 and asyncpg from
-# PyPI into the virtual environment target/drivers-venv.
+# PyPI into the virtual environment target/drivers-venv (with the Prometheus client, whose
+# OpenMetrics parser reads pgward's metrics in tests/metrics.rs).
 ensure_drivers() {
     local missing=()
     command -v javac >/dev/null || missing+=(default-jdk-headless)
@@ -28,10 +29,10 @@ ensure_drivers() {
     { command -v ip && command -v ss; } >/dev/null || missing+=(iproute2)
     if [ "${#missing[@]}" -gt 0 ]; then apt_install "${missing[@]}"; fi
     local venv=target/drivers-venv
-    if ! "$venv/bin/python" -c 'import psycopg, asyncpg' 2>/dev/null; then
+    if ! "$venv/bin/python" -c 'import psycopg, asyncpg, prometheus_client' 2>/dev/null; then
         python3 -m venv "$venv" || { apt_install python3-venv && python3 -m venv "$venv"; }
         "$venv/bin/python" -m pip install -q --disable-pip-version-check \
-            'psycopg[binary]>=3.1' 'asyncpg>=0.29'
+            'psycopg[binary]>=3.1' 'asyncpg>=0.29' 'prometheus-client>=0.16'
     fi
     if [ ! -f tests/drivers/node_modules/pg/package.json ]; then
         (cd tests/drivers && npm install --no-audit --no-fund --no-package-lock --silent)

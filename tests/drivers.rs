@@ -171,17 +171,7 @@ fn drivers_dir() -> PathBuf {
 /// The Python with psycopg and asyncpg: `$PGWARD_TEST_PYTHON`, else the virtual environment
 /// `contrib/test.sh` makes.
 fn python() -> PathBuf {
-    if let Some(path) = std::env::var_os("PGWARD_TEST_PYTHON") {
-        return PathBuf::from(path);
-    }
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/drivers-venv/bin/python");
-    assert!(
-        venv.is_file(),
-        "{} is missing: run contrib/test.sh (or python3 -m venv target/drivers-venv && \
-         target/drivers-venv/bin/pip install 'psycopg[binary]' asyncpg)",
-        venv.display()
-    );
-    venv
+    common::venv_python()
 }
 
 fn python_script(rig: &Rig, script: &str, args: &[&str], clients: u32) -> Command {

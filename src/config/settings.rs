@@ -274,6 +274,8 @@ pub struct Settings {
     /// shutdown; read at start).
     pub state_file: Option<PathBuf>,
     pub prometheus_listen: Option<String>,
+    /// Tenants that get series of their own in the metrics; the rest are summed.
+    pub prometheus_max_tenants: usize,
     pub worker_threads: usize,
     /// Every key set in the section, lowercased, with its last raw value.
     pub raw: BTreeMap<String, String>,
@@ -381,6 +383,7 @@ impl Default for Settings {
             policy_file: None,
             state_file: None,
             prometheus_listen: None,
+            prometheus_max_tenants: 100,
             worker_threads: 1,
             raw: BTreeMap::new(),
         }
@@ -537,6 +540,7 @@ impl Settings {
             "policy_file" => self.policy_file = values::optional(v).map(PathBuf::from),
             "state_file" => self.state_file = values::optional(v).map(PathBuf::from),
             "prometheus_listen" => self.prometheus_listen = values::optional(v),
+            "prometheus_max_tenants" => self.prometheus_max_tenants = values::count(v)? as usize,
             "worker_threads" => self.worker_threads = worker_threads(v)?,
             _ => return Ok(false),
         }

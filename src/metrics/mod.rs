@@ -5,6 +5,7 @@
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
+use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,6 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+use crate::gate::TenantStats;
 use crate::ops::stats::by_database;
 use crate::ops::ClientState;
 use crate::runtime::Runtime;
@@ -66,19 +68,34 @@ fn emit<M: EncodeMetric + TypedMetric + Default + Clone>(
     family.encode(metric)
 }
 
+/// Writes one family of metrics whose rows set each metric to a value.
+fn family_of<M, V>(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, V)>,
+    set: fn(&M, V),
+) -> Result<(), std::fmt::Error>
+where
+    M: EncodeMetric + TypedMetric + Default + Clone + 'static,
+    V: Copy + 'static,
+{
+    let rows = rows.into_iter().map(|(l, v)| {
+        let apply: Box<dyn Fn(&M)> = Box::new(move |m: &M| set(m, v));
+        (l, apply)
+    });
+    emit::<M>(encoder, name, help, rows)
+}
+
 fn gauges(
     encoder: &mut DescriptorEncoder,
     name: &str,
     help: &str,
     rows: Vec<(Labels, i64)>,
 ) -> Result<(), std::fmt::Error> {
-    let rows = rows.into_iter().map(|(l, v)| {
-        let set: Box<dyn Fn(&Gauge)> = Box::new(move |g: &Gauge| {
-            g.set(v);
-        });
-        (l, set)
-    });
-    emit::<Gauge>(encoder, name, help, rows)
+    family_of(encoder, name, help, rows, |g: &Gauge, v| {
+        g.set(v);
+    })
 }
 
 fn counters(
@@ -87,14 +104,35 @@ fn counters(
     help: &str,
     rows: Vec<(Labels, u64)>,
 ) -> Result<(), std::fmt::Error> {
-    let rows = rows.into_iter().map(|(l, v)| {
-        let set: Box<dyn Fn(&Counter)> = Box::new(move |c: &Counter| {
-            c.inc_by(v);
-        });
-        (l, set)
-    });
-    emit::<Counter>(encoder, name, help, rows)
+    family_of(encoder, name, help, rows, |c: &Counter, v| {
+        c.inc_by(v);
+    })
 }
+
+fn float_gauges(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, f64)>,
+) -> Result<(), std::fmt::Error> {
+    family_of(encoder, name, help, rows, |g: &FloatGauge, v| {
+        g.set(v);
+    })
+}
+
+fn float_counters(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    rows: Vec<(Labels, f64)>,
+) -> Result<(), std::fmt::Error> {
+    family_of(encoder, name, help, rows, |c: &FloatCounter, v| {
+        c.inc_by(v.max(0.0));
+    })
+}
+
+type FloatGauge = Gauge<f64, AtomicU64>;
+type FloatCounter = Counter<f64, AtomicU64>;
 
 fn gauge_of(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -106,6 +144,8 @@ impl Collector for Snapshot {
         pools(rt, &mut encoder)?;
         databases(rt, &mut encoder)?;
         lanes(rt, &mut encoder)?;
+        tenants(rt, &mut encoder)?;
+        plan_cache(rt, &mut encoder)?;
         process(rt, &mut encoder)
     }
 }
@@ -308,6 +348,171 @@ fn lanes(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error>
     )
 }
 
+/// The label of the series that sums the tenants past `prometheus_max_tenants`.
+pub const OTHER_TENANTS: &str = "(other)";
+
+/// The gate's tenants: the busiest `prometheus_max_tenants` as series of their own (those
+/// running or waiting first, then those in debt, then by seconds charged), the rest summed
+/// under `tenant="(other)"`, so that a storm of tenants named by tags cannot blow up a
+/// scrape.
+fn tenants(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let rows = rt.gatekeeper.lock().tenant_stats(std::time::Instant::now());
+    let known = rows.len();
+    let cap = rt.config.load().settings.prometheus_max_tenants;
+    let (rows, folded) = fold_tenants(rows, cap);
+    let (mut charged, mut debt, mut balance) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut waiting, mut running, mut refused) = (Vec::new(), Vec::new(), Vec::new());
+    for t in &rows {
+        let key = || -> Labels { vec![("tenant", t.tenant.clone())] };
+        charged.push((key(), t.charged));
+        debt.push((key(), t.debt));
+        if let Some(b) = t.balance {
+            balance.push((key(), b));
+        }
+        waiting.push((key(), gauge_of(t.waiting)));
+        running.push((key(), gauge_of(t.running)));
+        for (reason, n) in &t.refusals {
+            let mut l = key();
+            l.push(("reason", reason.as_str().into()));
+            refused.push((l, *n));
+        }
+    }
+    float_counters(
+        e,
+        "pgward_tenant_charged_seconds",
+        "Seconds of server time charged to the tenant",
+        charged,
+    )?;
+    float_gauges(
+        e,
+        "pgward_tenant_debt_seconds",
+        "Seconds the tenant owes",
+        debt,
+    )?;
+    float_gauges(
+        e,
+        "pgward_tenant_balance_seconds",
+        "Seconds in the tenant's budget (tenants with a budget)",
+        balance,
+    )?;
+    gauges(
+        e,
+        "pgward_tenant_waiting",
+        "Tickets of the tenant waiting",
+        waiting,
+    )?;
+    gauges(
+        e,
+        "pgward_tenant_running",
+        "Slots the tenant holds",
+        running,
+    )?;
+    counters(
+        e,
+        "pgward_tenant_refusals",
+        "Statements of the tenant refused (and warned_cost: let run by a cost rule in warn mode), by reason",
+        refused,
+    )?;
+    gauges(
+        e,
+        "pgward_tenants",
+        "Tenants the gate knows",
+        vec![(Vec::new(), gauge_of(known))],
+    )?;
+    gauges(
+        e,
+        "pgward_tenants_folded",
+        "Tenants summed under tenant=\"(other)\" (past prometheus_max_tenants)",
+        vec![(Vec::new(), gauge_of(folded))],
+    )
+}
+
+/// The busiest `cap` tenants, and the rest summed as one [`OTHER_TENANTS`] row (with no
+/// balance); how many were summed.
+fn fold_tenants(mut rows: Vec<TenantStats>, cap: usize) -> (Vec<TenantStats>, usize) {
+    if rows.len() <= cap {
+        return (rows, 0);
+    }
+    let busy = |t: &TenantStats| t.running + t.waiting;
+    rows.sort_by(|a, b| {
+        busy(b)
+            .cmp(&busy(a))
+            .then(b.debt.total_cmp(&a.debt))
+            .then(b.charged.total_cmp(&a.charged))
+            .then(a.tenant.cmp(&b.tenant))
+    });
+    let rest = rows.split_off(cap);
+    let folded = rest.len();
+    let mut other = TenantStats {
+        tenant: OTHER_TENANTS.to_string(),
+        settings: String::new(),
+        balance: None,
+        debt: 0.0,
+        recent_use: 0.0,
+        charged: 0.0,
+        waiting: 0,
+        running: 0,
+        refusals: Default::default(),
+    };
+    for t in rest {
+        other.debt += t.debt;
+        other.recent_use += t.recent_use;
+        other.charged += t.charged;
+        other.waiting += t.waiting;
+        other.running += t.running;
+        for (reason, n) in t.refusals {
+            *other.refusals.entry(reason).or_default() += n;
+        }
+    }
+    rows.push(other);
+    (rows, folded)
+}
+
+/// The plan cache since the start (SHOW PLANS).
+fn plan_cache(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let (entries, stats) = {
+        let plans = rt.gatekeeper.plans();
+        (plans.len(), plans.stats())
+    };
+    let one = |v: u64| vec![(Labels::new(), v)];
+    gauges(
+        e,
+        "pgward_plan_cache_entries",
+        "Plans in the cache",
+        vec![(Vec::new(), gauge_of(entries))],
+    )?;
+    counters(
+        e,
+        "pgward_plan_cache_hits",
+        "Lookups that found a plan",
+        one(stats.hits),
+    )?;
+    counters(
+        e,
+        "pgward_plan_cache_misses",
+        "Lookups that found none",
+        one(stats.misses),
+    )?;
+    counters(
+        e,
+        "pgward_explains",
+        "EXPLAINs run to price statements",
+        one(stats.explains),
+    )?;
+    counters(
+        e,
+        "pgward_explain_errors",
+        "EXPLAINs that failed",
+        one(stats.explain_errors),
+    )?;
+    float_counters(
+        e,
+        "pgward_explain_seconds",
+        "Time spent in EXPLAINs",
+        vec![(Vec::new(), stats.explain_time.as_secs_f64())],
+    )
+}
+
 /// Process-wide gauges.
 fn process(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let clients = rt.ops.clients.all().len();
@@ -420,4 +625,46 @@ async fn answer(
         ),
     );
     Ok(resp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tenant(name: &str, charged: f64, running: usize) -> TenantStats {
+        TenantStats {
+            tenant: name.to_string(),
+            settings: String::new(),
+            balance: Some(1.0),
+            debt: 0.0,
+            recent_use: 0.0,
+            charged,
+            waiting: 0,
+            running,
+            refusals: [(crate::gate::RefusalReason::Budget, 1)].into(),
+        }
+    }
+
+    #[test]
+    fn ten_thousand_tenants_fold_into_the_cap_and_one_sum_that_loses_nothing() {
+        let rows: Vec<TenantStats> = (0..10_000)
+            .map(|i| tenant(&format!("t{i}"), f64::from(i), usize::from(i == 3)))
+            .collect();
+        let total: f64 = rows.iter().map(|t| t.charged).sum();
+        let (kept, folded) = fold_tenants(rows, 100);
+        assert_eq!((kept.len(), folded), (101, 9_900));
+        // The one running comes first, then the most charged.
+        assert_eq!(kept[0].tenant, "t3");
+        assert_eq!(kept[1].tenant, "t9999");
+        let other = kept.last().unwrap();
+        assert_eq!(other.tenant, OTHER_TENANTS);
+        assert_eq!(other.balance, None);
+        assert_eq!(other.refusals[&crate::gate::RefusalReason::Budget], 9_900);
+        let sum: f64 = kept.iter().map(|t| t.charged).sum();
+        assert!((sum - total).abs() < 1e-6 * total);
+        // Under the cap nothing is folded.
+        let few = vec![tenant("a", 1.0, 0), tenant("b", 2.0, 0)];
+        let (kept, folded) = fold_tenants(few, 2);
+        assert_eq!((kept.len(), folded), (2, 0));
+    }
 }

@@ -193,6 +193,22 @@ fn pg_config_bindir() -> Option<PathBuf> {
 
 /// A client program (`psql`, `pgbench`) from the server's directory when it is there, else
 /// from `PATH`.
+/// The Python of the virtual environment contrib/test.sh fills (`target/drivers-venv`: the
+/// drivers, and the Prometheus client's parser), or `PGWARD_TEST_PYTHON`.
+pub fn venv_python() -> PathBuf {
+    if let Some(path) = std::env::var_os("PGWARD_TEST_PYTHON") {
+        return PathBuf::from(path);
+    }
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join("target/drivers-venv/bin/python");
+    assert!(
+        venv.is_file(),
+        "{} is missing: run contrib/test.sh (or python3 -m venv target/drivers-venv && \
+         target/drivers-venv/bin/pip install 'psycopg[binary]' asyncpg prometheus-client)",
+        venv.display()
+    );
+    venv
+}
+
 pub fn client_program(name: &str) -> PathBuf {
     let beside_server = newest_debian_bindir().map(|dir| dir.join(name));
     match beside_server {

@@ -1,0 +1,193 @@
+//! The gate's metrics scraped from a pgward in front of a real PostgreSQL and read by the
+//! Prometheus project's own OpenMetrics parser (the Python client's, in the drivers' virtual
+//! environment): per-tenant series, the label cap under thousands of tenants named by tags,
+//! the plan cache.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+
+use common::driver::{must_connect, outcome};
+use common::gate::{gated, FULL_READ, REJECT_POLICY};
+use serde_json::Value;
+
+/// Tenants named by tags, each running one statement.
+const TAGGED: usize = 10_000;
+/// `prometheus_max_tenants`.
+const CAP: usize = 5;
+
+/// The body of GET /metrics.
+fn scrape(port: u16) -> String {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("metrics port");
+    write!(s, "GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").expect("request");
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("response");
+    assert!(text.contains(" 200 "), "{text}");
+    text.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// `text` read by prometheus_client's OpenMetrics parser: each family's name, type and
+/// samples (name, labels, value). A text it cannot read fails the test.
+fn parse(text: &str) -> Vec<Value> {
+    const SCRIPT: &str = r#"
+import json, math, sys
+from prometheus_client.openmetrics.parser import text_string_to_metric_families
+out = []
+for f in text_string_to_metric_families(sys.stdin.read()):
+    out.append({"name": f.name, "type": f.type,
+                "samples": [[s.name, s.labels, None if math.isnan(s.value) else s.value]
+                            for s in f.samples]})
+print(json.dumps(out))
+"#;
+    let mut child = Command::new(common::venv_python())
+        .args(["-c", SCRIPT])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("python");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().expect("python");
+    assert!(
+        out.status.success(),
+        "the parser refused the text: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let families: Value = serde_json::from_slice(&out.stdout).expect("json");
+    families.as_array().unwrap().clone()
+}
+
+fn family<'a>(families: &'a [Value], name: &str) -> &'a Value {
+    families
+        .iter()
+        .find(|f| f["name"] == name)
+        .unwrap_or_else(|| panic!("no family {name}"))
+}
+
+/// The value of the sample `sample` whose labels include `labels`.
+fn value(families: &[Value], name: &str, sample: &str, labels: &[(&str, &str)]) -> f64 {
+    family(families, name)["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s[0] == sample && labels.iter().all(|(k, v)| s[1][*k] == *v))
+        .unwrap_or_else(|| panic!("no {sample} {labels:?}"))[2]
+        .as_f64()
+        .unwrap()
+}
+
+fn tenant_labels(families: &[Value], name: &str) -> Vec<String> {
+    family(families, name)["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s[1]["tenant"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_series_stay_within_the_cap_under_ten_thousand_tenants_and_parse() {
+    let metrics_port = common::free_port();
+    let settings = format!(
+        "default_pool_size = 4\nprometheus_listen = 127.0.0.1:{metrics_port}\n\
+         prometheus_max_tenants = {CAP}\n"
+    );
+    let f = gated(
+        &format!("trusted_roles = [\"postgres\"]\n{REJECT_POLICY}"),
+        &settings,
+    );
+    // acme: one full read, then refused over its budget.
+    let acme = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    assert_eq!(outcome(&acme.client, FULL_READ).await, "");
+    assert_eq!(outcome(&acme.client, FULL_READ).await, "53000");
+    // Ten thousand tenants named by tags, one statement each, from one psql.
+    let dir = common::shared_tempdir("pgward-metrics-");
+    let script = dir.path().join("tags.sql");
+    let text: String = (0..TAGGED)
+        .map(|i| format!("/*tenant='t{i}'*/ SELECT 1;\n"))
+        .collect();
+    std::fs::write(&script, text).unwrap();
+    let out = common::client_command("psql", None)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
+        .args(["-p", &f.pw.port.to_string(), "-U", "postgres", "-d", "app"])
+        .arg("-f")
+        .arg(&script)
+        .stdout(Stdio::null())
+        .output()
+        .expect("psql");
+    assert!(out.status.success(), "{}", common::stderr_of(&out));
+
+    let body = scrape(metrics_port);
+    let families = parse(&body);
+    let known = value(&families, "pgward_tenants", "pgward_tenants", &[]);
+    let folded = value(
+        &families,
+        "pgward_tenants_folded",
+        "pgward_tenants_folded",
+        &[],
+    );
+    assert!(known >= TAGGED as f64, "{known}");
+    assert_eq!(folded, known - CAP as f64);
+    for name in [
+        "pgward_tenant_charged_seconds",
+        "pgward_tenant_debt_seconds",
+        "pgward_tenant_waiting",
+        "pgward_tenant_running",
+    ] {
+        let labels = tenant_labels(&families, name);
+        assert_eq!(labels.len(), CAP + 1, "{name}: {labels:?}");
+        assert!(labels.iter().any(|t| t == "(other)"), "{name}: {labels:?}");
+    }
+    assert_eq!(
+        family(&families, "pgward_tenant_charged_seconds")["type"],
+        "counter"
+    );
+    // acme, in debt and most charged, keeps its own series, with its refusal.
+    let acme_labels = [("tenant", "acme"), ("reason", "budget")];
+    let refusals = "pgward_tenant_refusals";
+    assert_eq!(
+        value(
+            &families,
+            refusals,
+            "pgward_tenant_refusals_total",
+            &acme_labels
+        ),
+        1.0
+    );
+    let debt = value(
+        &families,
+        "pgward_tenant_debt_seconds",
+        "pgward_tenant_debt_seconds",
+        &[("tenant", "acme")],
+    );
+    assert!(debt > 0.0, "{debt}");
+    // Every statement was charged to someone: the series add up to the whole.
+    let charged: f64 = family(&families, "pgward_tenant_charged_seconds")["samples"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s[0] == "pgward_tenant_charged_seconds_total")
+        .map(|s| s[2].as_f64().unwrap())
+        .sum();
+    assert!(charged > 0.0);
+    // The plan cache priced the full read once.
+    let explains = value(&families, "pgward_explains", "pgward_explains_total", &[]);
+    assert!(explains >= 1.0, "{explains}");
+    let entries = value(
+        &families,
+        "pgward_plan_cache_entries",
+        "pgward_plan_cache_entries",
+        &[],
+    );
+    assert!(entries >= 1.0, "{entries}");
+    assert!(body.len() < 64 * 1024, "a scrape of {} bytes", body.len());
+}
