@@ -434,6 +434,7 @@ const KEPT_ON_RESET: &[&str] = &[
     "policy_file",
     "state_file",
     "prometheus_listen",
+    "prometheus_max_tenants",
     "worker_threads",
     "auth_ident_file",
     "auth_ldap_options",
@@ -472,6 +473,7 @@ impl Settings {
             policy_file: self.policy_file.take(),
             state_file: self.state_file.take(),
             prometheus_listen: self.prometheus_listen.take(),
+            prometheus_max_tenants: self.prometheus_max_tenants,
             worker_threads: self.worker_threads,
             ..Settings::default()
         };

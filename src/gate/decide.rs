@@ -98,6 +98,8 @@ struct TenantState {
     bucket: Option<TokenBucket>,
     recent: DecayingUse,
     charged: f64,
+    /// Seconds its runs took on servers (only ever added to, for counters).
+    ran: f64,
     waiting: usize,
     running: usize,
     /// Slots held by its requests that have not paid yet (priced, or waiting for pay-back):
@@ -125,6 +127,7 @@ impl TenantState {
             bucket: None,
             recent: DecayingUse::new(now),
             charged: 0.0,
+            ran: 0.0,
             waiting: 0,
             running: 0,
             unpaid: BTreeSet::new(),
@@ -343,6 +346,17 @@ pub struct Gate<W> {
     quarantined: HashMap<Fingerprint, Instant>,
     /// Decisions for the decision log, gathered under the lock and written after it.
     decisions: Vec<Record>,
+    /// What every tenant ran and had refused since the start, forgotten tenants included.
+    totals: GateTotals,
+}
+
+/// Totals over every tenant since the start (only ever added to, for counters).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct GateTotals {
+    /// Seconds runs took on servers.
+    pub ran: f64,
+    /// Refusals by reason.
+    pub refusals: BTreeMap<RefusalReason, u64>,
 }
 
 impl<W> Gate<W> {
@@ -360,6 +374,7 @@ impl<W> Gate<W> {
             located: HashMap::new(),
             quarantined: HashMap::new(),
             decisions: Vec::new(),
+            totals: GateTotals::default(),
         }
     }
 
@@ -537,6 +552,7 @@ impl<W> Gate<W> {
             .refusals
             .entry(reason)
             .or_default() += 1;
+        *self.totals.refusals.entry(reason).or_default() += 1;
     }
 }
 
@@ -545,3 +561,4 @@ mod flow;
 mod queueing;
 pub use queueing::LaneRow;
 mod report;
+pub use report::{FoldedTenants, TenantMetric, TenantMetrics};

@@ -1563,3 +1563,49 @@ fn the_gate_gathers_one_record_per_refusal_adds_up_waits_and_gathers_none_when_t
     assert!(!g.has_decisions());
     assert_eq!(stats(&g, "a", at).refusals[&RefusalReason::QueueTimeout], 2);
 }
+
+#[test]
+fn tenant_metrics_keep_the_cap_rank_by_what_ran_and_keep_totals_past_forgetting() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    for i in 0..10_000u32 {
+        let tenant = format!("t{i}");
+        g.settle(&tenant, 0.0, f64::from(i % 100) / 1000.0, t0);
+    }
+    g.note_refusal(
+        req("t7", 1, t0).subject(),
+        RefusalReason::Budget,
+        "budget",
+        "53000",
+        t0,
+    );
+    let m = g.tenant_metrics(5, t0);
+    assert_eq!(
+        (m.known, m.kept.len(), m.folded.tenants),
+        (10_000, 5, 9_995)
+    );
+    // The most run first; t7's refusal weighs as much as a second of run time.
+    assert!(m.kept.iter().any(|t| t.tenant == "t7"));
+    assert!(m
+        .kept
+        .iter()
+        .all(|t| t.tenant == "t7" || t.ran >= 0.099 - 1e-12));
+    let total: f64 = (0..10_000u32).map(|i| f64::from(i % 100) / 1000.0).sum();
+    assert!(
+        (m.totals.ran - total).abs() < 1e-6,
+        "{} vs {total}",
+        m.totals.ran
+    );
+    assert_eq!(m.totals.refusals[&RefusalReason::Budget], 1);
+    // A run faster than charged lowers what was charged, never what ran.
+    g.settle("t7", 5.0, 0.5, t0);
+    let after = g.tenant_metrics(5, t0);
+    assert!(after.totals.ran >= m.totals.ran + 0.5 - 1e-9);
+    // Forgotten tenants leave the totals as they were.
+    g.forget_idle(t0 + secs(3600.0));
+    let later = g.tenant_metrics(5, t0 + secs(3600.0));
+    assert!(later.known < 10_000);
+    assert_eq!(later.totals, after.totals);
+    // A cap of 0 keeps no tenant's series.
+    assert!(g.tenant_metrics(0, t0).kept.is_empty());
+}

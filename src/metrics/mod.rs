@@ -26,7 +26,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
-use crate::gate::TenantStats;
+use crate::gate::TenantMetrics;
 use crate::ops::stats::by_database;
 use crate::ops::ClientState;
 use crate::runtime::Runtime;
@@ -348,23 +348,21 @@ fn lanes(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error>
     )
 }
 
-/// The label of the series that sums the tenants past `prometheus_max_tenants`.
-pub const OTHER_TENANTS: &str = "(other)";
-
-/// The gate's tenants: the busiest `prometheus_max_tenants` as series of their own (those
-/// running or waiting first, then those in debt, then by seconds charged), the rest summed
-/// under `tenant="(other)"`, so that a storm of tenants named by tags cannot blow up a
-/// scrape.
+/// The gate's tenants: the `prometheus_max_tenants` with the most server time run and
+/// refusals as series of their own (a ranking that moves slowly), the gauges of the others
+/// summed in `pgward_tenants_folded_*`, and counters over every tenant since the start, so a
+/// storm of tenants named by tags cannot blow up a scrape and no counter ever goes back.
 fn tenants(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-    let rows = rt.gatekeeper.lock().tenant_stats(std::time::Instant::now());
-    let known = rows.len();
     let cap = rt.config.load().settings.prometheus_max_tenants;
-    let (rows, folded) = fold_tenants(rows, cap);
-    let (mut charged, mut debt, mut balance) = (Vec::new(), Vec::new(), Vec::new());
+    let m = rt
+        .gatekeeper
+        .lock()
+        .tenant_metrics(cap, std::time::Instant::now());
+    let (mut ran, mut debt, mut balance) = (Vec::new(), Vec::new(), Vec::new());
     let (mut waiting, mut running, mut refused) = (Vec::new(), Vec::new(), Vec::new());
-    for t in &rows {
+    for t in &m.kept {
         let key = || -> Labels { vec![("tenant", t.tenant.clone())] };
-        charged.push((key(), t.charged));
+        ran.push((key(), t.ran));
         debt.push((key(), t.debt));
         if let Some(b) = t.balance {
             balance.push((key(), b));
@@ -379,9 +377,9 @@ fn tenants(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
     }
     float_counters(
         e,
-        "pgward_tenant_charged_seconds",
-        "Seconds of server time charged to the tenant",
-        charged,
+        "pgward_tenant_server_seconds",
+        "Seconds the tenant's runs took on servers",
+        ran,
     )?;
     float_gauges(
         e,
@@ -410,62 +408,58 @@ fn tenants(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
     counters(
         e,
         "pgward_tenant_refusals",
-        "Statements of the tenant refused (and warned_cost: let run by a cost rule in warn mode), by reason",
+        "Statements of the tenant refused by reason (cost_warned: let run by a cost rule in warn mode)",
         refused,
     )?;
-    gauges(
-        e,
-        "pgward_tenants",
-        "Tenants the gate knows",
-        vec![(Vec::new(), gauge_of(known))],
-    )?;
+    folded(e, &m)
+}
+
+/// The tenants past the cap, and the totals over every tenant.
+fn folded(e: &mut DescriptorEncoder, m: &TenantMetrics) -> Result<(), std::fmt::Error> {
+    let one = |v: usize| vec![(Labels::new(), gauge_of(v))];
+    gauges(e, "pgward_tenants", "Tenants the gate knows", one(m.known))?;
     gauges(
         e,
         "pgward_tenants_folded",
-        "Tenants summed under tenant=\"(other)\" (past prometheus_max_tenants)",
-        vec![(Vec::new(), gauge_of(folded))],
+        "Tenants past prometheus_max_tenants, without series of their own",
+        one(m.folded.tenants),
+    )?;
+    float_gauges(
+        e,
+        "pgward_tenants_folded_debt_seconds",
+        "Seconds the tenants past the cap owe",
+        vec![(Vec::new(), m.folded.debt)],
+    )?;
+    gauges(
+        e,
+        "pgward_tenants_folded_waiting",
+        "Tickets of the tenants past the cap waiting",
+        one(m.folded.waiting),
+    )?;
+    gauges(
+        e,
+        "pgward_tenants_folded_running",
+        "Slots the tenants past the cap hold",
+        one(m.folded.running),
+    )?;
+    float_counters(
+        e,
+        "pgward_gate_server_seconds",
+        "Seconds runs of every tenant took on servers",
+        vec![(Vec::new(), m.totals.ran)],
+    )?;
+    let refusals = m
+        .totals
+        .refusals
+        .iter()
+        .map(|(reason, n)| (vec![("reason", reason.as_str().to_string())], *n))
+        .collect();
+    counters(
+        e,
+        "pgward_gate_refusals",
+        "Statements of every tenant refused, by reason",
+        refusals,
     )
-}
-
-/// The busiest `cap` tenants, and the rest summed as one [`OTHER_TENANTS`] row (with no
-/// balance); how many were summed.
-fn fold_tenants(mut rows: Vec<TenantStats>, cap: usize) -> (Vec<TenantStats>, usize) {
-    if rows.len() <= cap {
-        return (rows, 0);
-    }
-    let busy = |t: &TenantStats| t.running + t.waiting;
-    rows.sort_by(|a, b| {
-        busy(b)
-            .cmp(&busy(a))
-            .then(b.debt.total_cmp(&a.debt))
-            .then(b.charged.total_cmp(&a.charged))
-            .then(a.tenant.cmp(&b.tenant))
-    });
-    let rest = rows.split_off(cap);
-    let folded = rest.len();
-    let mut other = TenantStats {
-        tenant: OTHER_TENANTS.to_string(),
-        settings: String::new(),
-        balance: None,
-        debt: 0.0,
-        recent_use: 0.0,
-        charged: 0.0,
-        waiting: 0,
-        running: 0,
-        refusals: Default::default(),
-    };
-    for t in rest {
-        other.debt += t.debt;
-        other.recent_use += t.recent_use;
-        other.charged += t.charged;
-        other.waiting += t.waiting;
-        other.running += t.running;
-        for (reason, n) in t.refusals {
-            *other.refusals.entry(reason).or_default() += n;
-        }
-    }
-    rows.push(other);
-    (rows, folded)
 }
 
 /// The plan cache since the start (SHOW PLANS).
@@ -625,46 +619,4 @@ async fn answer(
         ),
     );
     Ok(resp)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tenant(name: &str, charged: f64, running: usize) -> TenantStats {
-        TenantStats {
-            tenant: name.to_string(),
-            settings: String::new(),
-            balance: Some(1.0),
-            debt: 0.0,
-            recent_use: 0.0,
-            charged,
-            waiting: 0,
-            running,
-            refusals: [(crate::gate::RefusalReason::Budget, 1)].into(),
-        }
-    }
-
-    #[test]
-    fn ten_thousand_tenants_fold_into_the_cap_and_one_sum_that_loses_nothing() {
-        let rows: Vec<TenantStats> = (0..10_000)
-            .map(|i| tenant(&format!("t{i}"), f64::from(i), usize::from(i == 3)))
-            .collect();
-        let total: f64 = rows.iter().map(|t| t.charged).sum();
-        let (kept, folded) = fold_tenants(rows, 100);
-        assert_eq!((kept.len(), folded), (101, 9_900));
-        // The one running comes first, then the most charged.
-        assert_eq!(kept[0].tenant, "t3");
-        assert_eq!(kept[1].tenant, "t9999");
-        let other = kept.last().unwrap();
-        assert_eq!(other.tenant, OTHER_TENANTS);
-        assert_eq!(other.balance, None);
-        assert_eq!(other.refusals[&crate::gate::RefusalReason::Budget], 9_900);
-        let sum: f64 = kept.iter().map(|t| t.charged).sum();
-        assert!((sum - total).abs() < 1e-6 * total);
-        // Under the cap nothing is folded.
-        let few = vec![tenant("a", 1.0, 0), tenant("b", 2.0, 0)];
-        let (kept, folded) = fold_tenants(few, 2);
-        assert_eq!((kept.len(), folded), (2, 0));
-    }
 }

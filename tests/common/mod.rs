@@ -191,8 +191,6 @@ fn pg_config_bindir() -> Option<PathBuf> {
     (out.status.success() && dir.join("initdb").is_file()).then_some(dir)
 }
 
-/// A client program (`psql`, `pgbench`) from the server's directory when it is there, else
-/// from `PATH`.
 /// The Python of the virtual environment contrib/test.sh fills (`target/drivers-venv`: the
 /// drivers, and the Prometheus client's parser), or `PGWARD_TEST_PYTHON`.
 pub fn venv_python() -> PathBuf {
@@ -209,6 +207,8 @@ pub fn venv_python() -> PathBuf {
     venv
 }
 
+/// A client program (`psql`, `pgbench`) from the server's directory when it is there, else
+/// from `PATH`.
 pub fn client_program(name: &str) -> PathBuf {
     let beside_server = newest_debian_bindir().map(|dir| dir.join(name));
     match beside_server {

@@ -219,7 +219,9 @@ impl<W> Gate<W> {
     /// it took. Returns the seconds added (negative when given back).
     pub fn settle(&mut self, tenant: &str, charged: f64, took: f64, now: Instant) -> f64 {
         let took = if took.is_finite() { took.max(0.0) } else { 0.0 };
+        self.totals.ran += took;
         let state = self.tenant_mut(tenant, now);
+        state.ran += took;
         let moved = took.min(state.credit);
         state.credit -= moved;
         let delta = took - moved - charged.max(0.0);
