@@ -81,6 +81,8 @@ impl Runtime {
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::of(&config.settings);
         configure_gate(&gatekeeper, governance.as_deref());
+        let ops = Ops::default();
+        lock(&ops.statements).set_max_rows(config.settings.max_statement_stats);
         Arc::new(Runtime {
             config: Arc::new(ArcSwap::from_pointee(config)),
             userlist: ArcSwap::from_pointee(userlist),
@@ -90,7 +92,7 @@ impl Runtime {
             cancels: CancelRegistry::default(),
             clients: AtomicUsize::new(0),
             mock_key,
-            ops: Arc::new(Ops::default()),
+            ops: Arc::new(ops),
             started: Instant::now(),
             reconfiguring: Mutex::new(()),
             edge,
@@ -156,6 +158,7 @@ impl Runtime {
     /// Makes `config` (and `userlist`, if given) the running configuration and brings every
     /// pool in line with it.
     pub fn install(&self, config: Config, userlist: Option<HashMap<String, Secret>>) {
+        lock(&self.ops.statements).set_max_rows(config.settings.max_statement_stats);
         let old_config = self.config.load_full();
         let tracked = Arc::new(Tracked::of(&config.settings));
         let old_userlist = self.userlist.load_full();

@@ -115,21 +115,10 @@ async fn tenant_series_stay_within_the_cap_under_ten_thousand_tenants_and_parse(
     assert_eq!(outcome(&acme.client, FULL_READ).await, "");
     assert_eq!(outcome(&acme.client, FULL_READ).await, "53000");
     // Ten thousand tenants named by tags, one statement each, from one psql.
-    let dir = common::shared_tempdir("pgward-metrics-");
-    let script = dir.path().join("tags.sql");
-    let text: String = (0..TAGGED)
-        .map(|i| format!("/*tenant='t{i}'*/ SELECT 1;\n"))
-        .collect();
-    std::fs::write(&script, text).unwrap();
-    let out = common::client_command("psql", None)
-        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", "127.0.0.1"])
-        .args(["-p", &f.pw.port.to_string(), "-U", "postgres", "-d", "app"])
-        .arg("-f")
-        .arg(&script)
-        .stdout(Stdio::null())
-        .output()
-        .expect("psql");
-    assert!(out.status.success(), "{}", common::stderr_of(&out));
+    common::psql_script(
+        f.pw.port,
+        (0..TAGGED).map(|i| format!("/*tenant='t{i}'*/ SELECT 1;")),
+    );
 
     let body = scrape(metrics_port);
     let families = parse(&body);

@@ -261,6 +261,10 @@ pub async fn execute(
             Ok(())
         }
         Command::Show(what) => show::show(rt, &what, out),
+        Command::ShowStatements { limit, tenant } => {
+            show_gate::statements(rt, limit, tenant.as_deref()).encode(out);
+            Ok(())
+        }
         _ if role != Role::Admin => Err(AdminError::protocol("admin access needed")),
         Command::Reload
         | Command::Set { .. }

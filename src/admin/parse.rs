@@ -6,6 +6,12 @@
 pub enum Command {
     /// `SHOW what` (lowercased).
     Show(String),
+    /// `SHOW STATEMENTS [n] [FOR tenant]`: the `n` statements with the most total time (100
+    /// when not given), of `tenant` only if named.
+    ShowStatements {
+        limit: usize,
+        tenant: Option<String>,
+    },
     Pause(Option<String>),
     Resume(Option<String>),
     Suspend,
@@ -158,6 +164,23 @@ fn quoted(
     Err(ParseError::Unterminated)
 }
 
+/// SHOW STATEMENTS' arguments: `[n] [FOR tenant]`.
+fn show_statements(args: &[Token]) -> Option<Command> {
+    let (limit, rest) = match args.first().map(|t| t.text().parse::<usize>()) {
+        Some(Ok(n)) => (n, &args[1..]),
+        _ => (DEFAULT_STATEMENTS, args),
+    };
+    let tenant = match rest {
+        [] => None,
+        [word, name] if word.keyword().as_deref() == Some("for") => Some(name.text().to_string()),
+        _ => return None,
+    };
+    Some(Command::ShowStatements { limit, tenant })
+}
+
+/// Rows SHOW STATEMENTS lists when not told.
+pub const DEFAULT_STATEMENTS: usize = 100;
+
 /// Parses one console query.
 pub fn parse(sql: &str) -> Result<Command, ParseError> {
     let trimmed = sql.trim().trim_end_matches(';').trim();
@@ -182,6 +205,9 @@ pub fn parse(sql: &str) -> Result<Command, ParseError> {
         _ => Err(invalid()),
     };
     let cmd = match verb.as_str() {
+        "show" if args.first().and_then(Token::keyword).as_deref() == Some("statements") => {
+            show_statements(&args[1..]).ok_or_else(invalid)?
+        }
         "show" => Command::Show(one()?.to_ascii_lowercase()),
         "pause" => Command::Pause(optional_db()?),
         "resume" => Command::Resume(optional_db()?),
@@ -273,6 +299,22 @@ mod tests {
     #[test]
     fn commands() {
         assert_eq!(parse("show POOLS;").unwrap(), Command::Show("pools".into()));
+        let statements = |limit, tenant: Option<&str>| Command::ShowStatements {
+            limit,
+            tenant: tenant.map(str::to_string),
+        };
+        assert_eq!(parse("SHOW STATEMENTS").unwrap(), statements(100, None));
+        assert_eq!(parse("show statements 5;").unwrap(), statements(5, None));
+        assert_eq!(
+            parse("SHOW STATEMENTS 5 FOR 'acme'").unwrap(),
+            statements(5, Some("acme"))
+        );
+        assert_eq!(
+            parse("SHOW STATEMENTS for acme").unwrap(),
+            statements(100, Some("acme"))
+        );
+        assert!(parse("SHOW STATEMENTS acme").is_err());
+        assert!(parse("SHOW STATEMENTS 5 FOR").is_err());
         assert_eq!(parse("PAUSE").unwrap(), Command::Pause(None));
         assert_eq!(
             parse("pause p0 ;").unwrap(),

@@ -66,6 +66,7 @@ const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|V
 \tSHOW DNS_HOSTS|DNS_ZONES\n\
 \tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS\n\
 \tSHOW TENANTS|KILLS|PLANS|LANES|READINGS|ACTIVITY\n\
+\tSHOW STATEMENTS [n] [FOR tenant]\n\
 \tSET key = arg\n\
 \tSET USER name = 'max_user_connections=N pool_size=N pool_mode=M'\n\
 \tSET POOL user.db = 'pool_size=N'\n\
@@ -141,6 +142,7 @@ const CONFIG_KEYS: &[(&str, &str)] = &[
     ("max_db_connections", "0"),
     ("max_packet_size", "2147483647"),
     ("max_prepared_statements", "200"),
+    ("max_statement_stats", "5000"),
     ("max_user_client_connections", "0"),
     ("max_user_connections", "0"),
     ("min_pool_size", "0"),

@@ -413,6 +413,63 @@ pub fn activity(rt: &Runtime) -> Table {
     t
 }
 
+const STATEMENTS: &[(&str, Ty)] = &[
+    ("fingerprint", Ty::Text),
+    ("tenant", Ty::Text),
+    ("role", Ty::Text),
+    ("database", Ty::Text),
+    ("calls", Ty::Int8),
+    ("rows", Ty::Int8),
+    ("total_ms", N),
+    ("mean_ms", N),
+    ("p50_ms", N),
+    ("p95_ms", N),
+    ("p99_ms", N),
+    ("max_ms", N),
+    ("waited_ms", N),
+    ("errors", Ty::Text),
+    ("refused", Ty::Text),
+    ("query", Ty::Text),
+];
+
+/// SHOW STATEMENTS: the `limit` statements (of `tenant`, if named) with the most total time
+/// as clients saw it, by (fingerprint, tenant, role, database): calls, rows, latency
+/// percentiles from the request's arrival to its answer, the time waited in the gate's
+/// queues, PostgreSQL's errors by SQLSTATE and pgward's refusals by reason, and the
+/// normalized text (constants as `$n`).
+pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
+    let rows = crate::sync::lock(&rt.ops.statements).top(limit, tenant);
+    let mut t = Table::new(STATEMENTS);
+    let ms = |s: Option<f64>| s.map_or(Cell::Null, |s| Cell::decimal(s * 1000.0, 3));
+    let counts = |m: &std::collections::BTreeMap<String, u64>| {
+        let words: Vec<String> = m.iter().map(|(k, n)| format!("{k}:{n}")).collect();
+        words.join(" ")
+    };
+    for (key, row, text) in rows {
+        let l = &row.latency;
+        let mean = (l.count() > 0).then(|| l.sum() / l.count() as f64);
+        t.push(vec![
+            format!("{:016x}", key.fingerprint).into(),
+            key.tenant.into(),
+            key.role.into(),
+            key.database.into(),
+            row.calls.into(),
+            row.rows.into(),
+            ms(Some(l.sum())),
+            ms(mean),
+            ms(l.quantile(0.5)),
+            ms(l.quantile(0.95)),
+            ms(l.quantile(0.99)),
+            ms((l.count() > 0).then(|| l.max())),
+            ms(Some(row.waited)),
+            counts(&row.errors).into(),
+            counts(&row.refusals).into(),
+            text.map_or(Cell::Null, Cell::from),
+        ]);
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

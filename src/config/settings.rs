@@ -276,6 +276,8 @@ pub struct Settings {
     pub prometheus_listen: Option<String>,
     /// Tenants that get series of their own in the metrics; the rest are summed.
     pub prometheus_max_tenants: usize,
+    /// Rows of statement statistics kept (SHOW STATEMENTS); 0: none are kept.
+    pub max_statement_stats: usize,
     pub worker_threads: usize,
     /// Every key set in the section, lowercased, with its last raw value.
     pub raw: BTreeMap<String, String>,
@@ -384,6 +386,7 @@ impl Default for Settings {
             state_file: None,
             prometheus_listen: None,
             prometheus_max_tenants: 100,
+            max_statement_stats: crate::ops::statements::DEFAULT_MAX_ROWS,
             worker_threads: 1,
             raw: BTreeMap::new(),
         }
@@ -435,6 +438,7 @@ const KEPT_ON_RESET: &[&str] = &[
     "state_file",
     "prometheus_listen",
     "prometheus_max_tenants",
+    "max_statement_stats",
     "worker_threads",
     "auth_ident_file",
     "auth_ldap_options",
@@ -474,6 +478,7 @@ impl Settings {
             state_file: self.state_file.take(),
             prometheus_listen: self.prometheus_listen.take(),
             prometheus_max_tenants: self.prometheus_max_tenants,
+            max_statement_stats: self.max_statement_stats,
             worker_threads: self.worker_threads,
             ..Settings::default()
         };
@@ -543,6 +548,7 @@ impl Settings {
             "state_file" => self.state_file = values::optional(v).map(PathBuf::from),
             "prometheus_listen" => self.prometheus_listen = values::optional(v),
             "prometheus_max_tenants" => self.prometheus_max_tenants = values::count(v)? as usize,
+            "max_statement_stats" => self.max_statement_stats = values::count(v)? as usize,
             "worker_threads" => self.worker_threads = worker_threads(v)?,
             _ => return Ok(false),
         }

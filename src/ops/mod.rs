@@ -5,7 +5,9 @@
 pub mod clients;
 pub mod hooks;
 pub mod overrides;
+pub mod sketch;
 pub mod state;
+pub mod statements;
 pub mod stats;
 
 use std::sync::Mutex;
@@ -14,6 +16,7 @@ pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registra
 pub use hooks::{Checkout, SessionHooks, Waiting};
 pub use overrides::Overrides;
 pub use state::{Control, OpState, PauseMode, Shutdown};
+pub use statements::{Ran, StatementKey, StatementRow, Statements};
 pub use stats::{PoolCounters, StatValues, StatsRegistry};
 
 /// The operations layer's part of the runtime.
@@ -24,6 +27,8 @@ pub struct Ops {
     pub control: Control,
     /// SET USER / SET POOL values, kept across reloads.
     pub overrides: Mutex<Overrides>,
+    /// Statement statistics (SHOW STATEMENTS), under a policy.
+    pub statements: Mutex<Statements>,
     /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
     pub os_uid: u32,
     pub os_user: Option<String>,
@@ -37,6 +42,7 @@ impl Default for Ops {
             stats: StatsRegistry::default(),
             control: Control::default(),
             overrides: Mutex::new(Overrides::default()),
+            statements: Mutex::new(Statements::default()),
             os_uid,
             os_user: user_name(os_uid),
         }

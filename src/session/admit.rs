@@ -144,6 +144,9 @@ pub(in crate::session) struct Run {
     pub failed: bool,
     /// Unknown work it holds its tenants' unpriced requests for (see `Gate::hold_unknown`).
     held: Vec<(String, crate::gate::TicketId)>,
+    /// Rows its CommandCompletes counted, and the SQLSTATE of its first error.
+    rows: u64,
+    error: Option<String>,
     /// It ran DDL, ANALYZE or VACUUM (or a DO block or a procedure that may): cached plans
     /// of the database may be wrong once it has run.
     changes_plans: bool,
@@ -203,6 +206,13 @@ struct Part {
     cached: Option<PlanKey>,
     /// Whether its prediction rests on its own earlier runs (a run far from it is a flip).
     learned: bool,
+    /// The statement, when it was read (statement statistics), and the reading (its
+    /// normalized text).
+    fingerprint: Option<Fingerprint>,
+    reading: Option<Arc<crate::sql::Analysis>>,
+    /// When the client sent it, and how long it waited in the gate's queues.
+    sent_at: Instant,
+    waited: Duration,
 }
 
 /// Requests kept apart in one run; past this, a tenant's requests are counted together (a
@@ -234,6 +244,19 @@ impl Run {
         }
     }
 
+    /// A message of the server's answer: CommandComplete's rows and an error's SQLSTATE are
+    /// kept for the statement statistics.
+    pub fn note_answer(&mut self, tag: u8, body: &[u8]) {
+        match tag {
+            crate::wire::backend::tag::COMMAND_COMPLETE => self.rows += rows_of(body),
+            crate::wire::backend::tag::ERROR_RESPONSE if self.error.is_none() => {
+                let code = crate::wire::ErrorFields::find(body, b'C');
+                self.error = Some(String::from_utf8_lossy(code.unwrap_or(b"XX000")).into_owned());
+            }
+            _ => {}
+        }
+    }
+
     /// An Execute went to the server: the run's time counts from now if it is not counting
     /// already (a portal's later Executes).
     pub fn touch(&mut self, now: Instant) {
@@ -245,8 +268,11 @@ impl GateState {
     /// The server owes this client nothing (or the session lost its server): the run's time
     /// is settled with the tenants of its requests, and a request that ran alone and ended
     /// normally teaches its time.
-    pub fn end_run(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
+    pub fn end_run(&mut self, keeper: &crate::gate::keeper::Gatekeeper, stats: Option<StatsSink>) {
         let run = std::mem::take(&mut self.run);
+        if let Some(sink) = stats {
+            sink.record(&run);
+        }
         for (tenant, id) in &run.held {
             keeper.end_unknown(tenant, *id);
         }
@@ -308,9 +334,13 @@ impl GateState {
 
     /// The run ends before the server answered (a timeout, the server gone): what it took so
     /// far is charged, it teaches nothing, and what ran unpriced is not priced.
-    pub fn cut_short(&mut self, keeper: &crate::gate::keeper::Gatekeeper) {
+    pub fn cut_short(
+        &mut self,
+        keeper: &crate::gate::keeper::Gatekeeper,
+        stats: Option<StatsSink>,
+    ) {
         self.run.failed = true;
-        self.end_run(keeper);
+        self.end_run(keeper, stats);
         self.forget_deferred();
     }
 
@@ -322,6 +352,71 @@ impl GateState {
             self.pending.clear();
         }
     }
+}
+
+/// Where a session's runs are counted (SHOW STATEMENTS): the table, and the session's role
+/// and pgward database.
+pub(in crate::session) struct StatsSink<'a> {
+    pub table: &'a std::sync::Mutex<crate::ops::Statements>,
+    pub role: &'a str,
+    pub database: &'a str,
+}
+
+impl StatsSink<'_> {
+    /// Counts each request of `run` that was read: its latency runs from its arrival to the
+    /// run's last answer. A run of one request has its rows and error; in a pipeline they
+    /// cannot be told apart, and are left out.
+    fn record(&self, run: &Run) {
+        let now = Instant::now();
+        let alone = run.parts.len() == 1;
+        let mut table = crate::sync::lock(self.table);
+        for part in &run.parts {
+            let Some(fingerprint) = part.fingerprint else {
+                continue;
+            };
+            let key = crate::ops::statements::KeyRef {
+                fingerprint: fingerprint.0,
+                tenant: &part.tenant,
+                role: self.role,
+                database: self.database,
+            };
+            let ran = crate::ops::Ran {
+                seconds: now.saturating_duration_since(part.sent_at).as_secs_f64(),
+                waited: part.waited.as_secs_f64(),
+                rows: if alone { run.rows } else { 0 },
+                error: run.error.as_deref().filter(|_| alone),
+            };
+            table.record(key, &ran);
+            let normalized = part.reading.as_ref().and_then(|a| a.normalized.as_ref());
+            if let (false, Some(text)) = (table.has_text(fingerprint.0), normalized) {
+                table.set_text(fingerprint.0, text.clone());
+            }
+        }
+    }
+
+    /// Counts a refusal of `tenant`'s statement `fingerprint` by pgward.
+    pub fn refused(&self, tenant: &str, fingerprint: Option<Fingerprint>, reason: &str) {
+        let Some(fingerprint) = fingerprint else {
+            return;
+        };
+        let key = crate::ops::statements::KeyRef {
+            fingerprint: fingerprint.0,
+            tenant,
+            role: self.role,
+            database: self.database,
+        };
+        crate::sync::lock(self.table).refused(key, reason);
+    }
+}
+
+/// The rows a CommandComplete counts: the last number of its tag (`SELECT 5`, `INSERT 0 5`).
+fn rows_of(body: &[u8]) -> u64 {
+    let tag = body.strip_suffix(&[0]).unwrap_or(body);
+    let last = tag.rsplit(|b| *b == b' ').next().unwrap_or_default();
+    std::str::from_utf8(last)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A client's Parse.
@@ -721,7 +816,7 @@ impl Session {
         self.gate.limits = limits;
         self.gate.tenant.clone_from(&tenant);
         let (mut pass, bypass) = match decision {
-            Decision::Refuse(r) => return Ok(refused(&r)),
+            Decision::Refuse(r) => return Ok(self.refuse(&r, &tenant, fingerprint)),
             Decision::Bypass(pass) => (pass, true),
             Decision::Admit(pass) => (pass, false),
         };
@@ -740,7 +835,7 @@ impl Session {
             }
             ruled = true;
             if let Err(r) = keeper.spend(&mut pass, predicted) {
-                return Ok(refused(&r));
+                return Ok(self.refuse(&r, &tenant, fingerprint));
             }
         }
         loop {
@@ -760,7 +855,7 @@ impl Session {
                         pass = p;
                         self.gate.slot = Some(guard);
                     }
-                    SlotAnswer::Refused(_, r) => return Ok(refused(&r)),
+                    SlotAnswer::Refused(_, r) => return Ok(self.refuse(&r, &tenant, fingerprint)),
                 }
             }
             if self.link.is_none() {
@@ -778,6 +873,10 @@ impl Session {
                         learn: None,
                         cached: None,
                         learned: false,
+                        fingerprint,
+                        reading: analysis.clone(),
+                        sent_at: pass.sent_at,
+                        waited: pass.waited,
                     },
                     Instant::now(),
                 );
@@ -839,7 +938,7 @@ impl Session {
                 Ok(Spent::Run { .. }) => {}
                 Err(r) => {
                     end_hold();
-                    return Ok(refused(&r));
+                    return Ok(self.refuse(&r, &tenant, fingerprint));
                 }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
                     if first && !self.in_transaction() =>
@@ -885,6 +984,10 @@ impl Session {
                 learn,
                 cached: key.filter(|_| from_cache),
                 learned: cost.learned,
+                fingerprint,
+                reading: analysis.clone(),
+                sent_at: pass.sent_at,
+                waited: pass.waited,
             };
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
@@ -1193,8 +1296,9 @@ impl Session {
     /// theirs), in the decision log.
     fn log_rule_refusal(&self, hit: &RuleHit, text: &[u8]) {
         let log = &self.rt.gatekeeper.decisions;
+        let stats = super::stats_sink(&self.rt, &self.user, &self.pool.key.db);
         let governance = self.rt.governance.load();
-        let (true, Some(governance)) = (log.is_on(), governance.as_ref()) else {
+        let (true, Some(governance)) = (log.is_on() || stats.is_some(), governance.as_ref()) else {
             return;
         };
         let analysis = governance
@@ -1208,6 +1312,9 @@ impl Session {
         let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
         let subject = self.subject(&tenant, analysis.fingerprint);
         super::rules::log_rule_refusal(log, hit, subject, &self.user);
+        if let Some(sink) = stats {
+            sink.refused(&tenant, analysis.fingerprint, &hit.rule);
+        }
     }
 
     /// The request of `pass` runs now: if it waited in the gate's queues at least the
@@ -1237,8 +1344,32 @@ impl Session {
     fn note_cost_refusal(&self, tenant: &str, fingerprint: Option<Fingerprint>, hit: &RuleHit) {
         let who = self.subject(tenant, fingerprint);
         let now = Instant::now();
-        let mut gate = self.rt.gatekeeper.lock();
-        gate.note_refusal(who, RefusalReason::Cost, &hit.rule, hit.sqlstate, now);
+        self.rt.gatekeeper.lock().note_refusal(
+            who,
+            RefusalReason::Cost,
+            &hit.rule,
+            hit.sqlstate,
+            now,
+        );
+        self.count_refusal(tenant, fingerprint, &hit.rule);
+    }
+
+    /// A refusal by the gate (counted and logged there), in the statement statistics.
+    fn refuse(&self, r: &Refusal, tenant: &str, fingerprint: Option<Fingerprint>) -> Step {
+        self.count_refusal(tenant, fingerprint, r.reason.as_str());
+        refused(r)
+    }
+
+    /// A refusal of pgward's in the statement statistics.
+    pub(super) fn count_refusal(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        reason: &str,
+    ) {
+        if let Some(sink) = super::stats_sink(&self.rt, &self.user, &self.pool.key.db) {
+            sink.refused(tenant, fingerprint, reason);
+        }
     }
 
     /// The refusal of a request of the client's role, if a kill of it is in force (and then

@@ -586,6 +586,7 @@ impl Session {
             decisions: &self.rt.gatekeeper.decisions,
             database: &self.pool.key.db,
             log_refusals: true,
+            statements: stats_sink(&self.rt, &self.user, &self.pool.key.db).map(|s| s.table),
         });
         let mut ctx = MessageContext {
             link: &mut *link,
@@ -788,6 +789,13 @@ impl Session {
                 // nothing (it is still charged).
                 self.gate.run.failed = true;
             }
+            if governed
+                && (tag == backend::tag::COMMAND_COMPLETE || tag == backend::tag::ERROR_RESPONSE)
+            {
+                self.gate
+                    .run
+                    .note_answer(tag, &link.server.rbuf[span.body()]);
+            }
             if tag == backend::tag::ERROR_RESPONSE {
                 let body = &link.server.rbuf[span.body()];
                 // Under a policy, the number of the request this error answers (the first
@@ -868,7 +876,10 @@ impl Session {
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
-        self.gate.end_run(&self.rt.gatekeeper);
+        self.gate.end_run(
+            &self.rt.gatekeeper,
+            stats_sink(&self.rt, &self.user, &self.pool.key.db),
+        );
         if self.gate.stale_plans {
             let db = &self.pool.key.db;
             self.rt.gatekeeper.plans().invalidate_database(db);
@@ -901,7 +912,10 @@ impl Session {
 
     /// Gives the server back, once no cancel for it is still on its way, then the slot.
     async fn release(&mut self) {
-        self.gate.end_run(&self.rt.gatekeeper);
+        self.gate.end_run(
+            &self.rt.gatekeeper,
+            stats_sink(&self.rt, &self.user, &self.pool.key.db),
+        );
         self.gate.forget_deferred();
         let Some(mut link) = self.link.take() else {
             self.gate.slot = None;
@@ -948,7 +962,10 @@ impl Session {
                     // Stop what the server is running before closing it.
                     crate::cancel::cancel_in_background(&link.server.addr, &link.server.key);
                 }
-                self.gate.cut_short(&self.rt.gatekeeper);
+                self.gate.cut_short(
+                    &self.rt.gatekeeper,
+                    stats_sink(&self.rt, &self.user, &self.pool.key.db),
+                );
                 self.handle.detach();
                 link.server.close(&err.message);
                 self.gate.slot = None;
@@ -983,7 +1000,10 @@ impl Session {
 
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
-        self.gate.cut_short(&self.rt.gatekeeper);
+        self.gate.cut_short(
+            &self.rt.gatekeeper,
+            stats_sink(&self.rt, &self.user, &self.pool.key.db),
+        );
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();
@@ -1200,6 +1220,21 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
         chunk.len = offset;
     }
     Ok(chunk)
+}
+
+/// Where the runs of a session of `role` in `database` are counted: under a policy (which
+/// reads statements), unless `max_statement_stats` is 0.
+fn stats_sink<'a>(
+    rt: &'a Runtime,
+    role: &'a str,
+    database: &'a str,
+) -> Option<admit::StatsSink<'a>> {
+    let on = rt.governance.load().is_some() && rt.config.load().settings.max_statement_stats > 0;
+    on.then_some(admit::StatsSink {
+        table: &rt.ops.statements,
+        role,
+        database,
+    })
 }
 
 #[cfg(test)]

@@ -41,6 +41,8 @@ pub struct RuleCheck<'a> {
     /// Whether a refusal goes to the decision log: not when the gate refused the request
     /// already and logged that (the client gets one refusal, the log has one line).
     pub log_refusals: bool,
+    /// The statement statistics, when they are kept (refusals are counted there too).
+    pub statements: Option<&'a std::sync::Mutex<crate::ops::Statements>>,
 }
 
 /// A statement text read by the analyzer, with the context it was read in.
@@ -105,7 +107,7 @@ impl RuleCheck<'_> {
                 &analysis,
             );
             tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
-            if self.log_refusals && self.decisions.is_on() {
+            if self.noting() {
                 let tenant = self.tenant_of(&analysis);
                 self.log_refusal(&hit, &tenant, &analysis);
             }
@@ -150,7 +152,7 @@ impl RuleCheck<'_> {
             }
             Verdict::Reject(hit) => {
                 tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
-                if self.log_refusals && self.decisions.is_on() {
+                if self.noting() {
                     let tenant = self.tenant_of(analysis);
                     self.log_refusal(&hit, &tenant, analysis);
                 }
@@ -170,11 +172,13 @@ impl RuleCheck<'_> {
         identity.tenant.to_string()
     }
 
-    /// A rule's refusal in the decision log.
+    /// Whether a refusal is to be logged or counted.
+    fn noting(&self) -> bool {
+        self.log_refusals && (self.decisions.is_on() || self.statements.is_some())
+    }
+
+    /// A rule's refusal in the decision log and the statement statistics.
     fn log_refusal(&self, hit: &RuleHit, tenant: &str, analysis: &Analysis) {
-        if !self.log_refusals {
-            return;
-        }
         let who = Subject {
             tenant,
             database: self.database,
@@ -182,6 +186,15 @@ impl RuleCheck<'_> {
             fingerprint: analysis.fingerprint,
         };
         log_rule_refusal(self.decisions, hit, who, self.role);
+        if let (Some(table), Some(f)) = (self.statements, analysis.fingerprint) {
+            let key = crate::ops::statements::KeyRef {
+                fingerprint: f.0,
+                tenant,
+                role: self.role,
+                database: self.database,
+            };
+            crate::sync::lock(table).refused(key, &hit.rule);
+        }
     }
 
     fn context(&self, in_flight: bool) -> ParseContext {

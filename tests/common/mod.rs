@@ -295,6 +295,24 @@ pub fn psql_at(port: u16, user: &str, password: Option<&str>, db: &str, sql: &st
     run(&mut cmd)
 }
 
+/// Writes `lines` (one statement each) to a file and runs it with `psql -f` as `postgres` in
+/// database `app` through `port`, one statement at a time; fails the test on any error.
+pub fn psql_script(port: u16, lines: impl Iterator<Item = String>) {
+    let dir = shared_tempdir("pgward-script-");
+    let script = dir.path().join("script.sql");
+    let text: String = lines.map(|l| l + "\n").collect();
+    write_file(&script, &text);
+    let out = client_command("psql", None)
+        .args(["-X", "-q", "-v", "ON_ERROR_STOP=1", "-h", HOST])
+        .args(["-p", &port.to_string(), "-U", "postgres", "-d", "app"])
+        .arg("-f")
+        .arg(&script)
+        .stdout(Stdio::null())
+        .output()
+        .expect("psql");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
 /// Runs `pgbench -h 127.0.0.1 -p port ARGS`; the user defaults to `postgres` and the database
 /// to `app` (an `-U` or a database name in `args` wins).
 pub fn pgbench_at(port: u16, password: Option<&str>, args: &[&str]) -> Output {

@@ -1,0 +1,332 @@
+//! Statement statistics: one row per (fingerprint, tenant, role, database), with calls, rows,
+//! the latency as the client sees it (from the request's arrival to its answer, waits in
+//! pgward's queues included) in a relative-error [`Sketch`], the time waited in the gate's
+//! queues apart, PostgreSQL's errors by SQLSTATE and pgward's own refusals by reason, apart.
+//! Bounded: at `max_rows`, the least-called twentieth of the rows is evicted (and counted), as
+//! pg_stat_statements does. Each fingerprint's normalized text (constants replaced by `$n`,
+//! never the constants) is kept once. Pure: the caller says when.
+
+use std::collections::BTreeMap;
+use std::hash::BuildHasher;
+
+use foldhash::HashMap;
+
+use super::sketch::Sketch;
+
+/// Rows kept at most when the configuration does not say.
+pub const DEFAULT_MAX_ROWS: usize = 5_000;
+
+/// Whose statement, which one, where.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StatementKey {
+    pub fingerprint: u64,
+    pub tenant: String,
+    pub role: String,
+    pub database: String,
+}
+
+/// A [`StatementKey`] borrowed: a run of a statement that has its row copies nothing.
+#[derive(Clone, Copy, Debug)]
+pub struct KeyRef<'a> {
+    pub fingerprint: u64,
+    pub tenant: &'a str,
+    pub role: &'a str,
+    pub database: &'a str,
+}
+
+impl KeyRef<'_> {
+    fn matches(&self, key: &StatementKey) -> bool {
+        key.fingerprint == self.fingerprint
+            && key.tenant == self.tenant
+            && key.role == self.role
+            && key.database == self.database
+    }
+
+    pub fn owned(&self) -> StatementKey {
+        StatementKey {
+            fingerprint: self.fingerprint,
+            tenant: self.tenant.to_string(),
+            role: self.role.to_string(),
+            database: self.database.to_string(),
+        }
+    }
+}
+
+/// One row.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct StatementRow {
+    /// Runs answered (errors included).
+    pub calls: u64,
+    /// Rows returned or changed (CommandComplete's count).
+    pub rows: u64,
+    /// Latency as the client sees it, in seconds.
+    pub latency: Sketch,
+    /// Seconds waited in the gate's queues (part of the latency).
+    pub waited: f64,
+    /// PostgreSQL's errors, by SQLSTATE.
+    pub errors: BTreeMap<String, u64>,
+    /// pgward's refusals, by reason (not in `calls`: they never ran).
+    pub refusals: BTreeMap<String, u64>,
+}
+
+/// One run that ended: how long the client waited for its answer, how much of that in the
+/// gate's queues, the rows it returned or changed, and PostgreSQL's error if it failed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ran<'a> {
+    pub seconds: f64,
+    pub waited: f64,
+    pub rows: u64,
+    pub error: Option<&'a str>,
+}
+
+/// The table.
+#[derive(Debug)]
+pub struct Statements {
+    /// By fingerprint and a hash of (tenant, role, database); rows that share both are told
+    /// apart by their whole keys (a hash alone never merges two).
+    rows: HashMap<(u64, u64), Vec<(StatementKey, StatementRow)>>,
+    count: usize,
+    hasher: foldhash::fast::RandomState,
+    texts: HashMap<u64, String>,
+    max_rows: usize,
+    evicted: u64,
+}
+
+impl Default for Statements {
+    fn default() -> Self {
+        Statements::new(DEFAULT_MAX_ROWS)
+    }
+}
+
+impl Statements {
+    pub fn new(max_rows: usize) -> Statements {
+        Statements {
+            rows: HashMap::default(),
+            count: 0,
+            hasher: foldhash::fast::RandomState::default(),
+            texts: HashMap::default(),
+            max_rows: max_rows.max(1),
+            evicted: 0,
+        }
+    }
+
+    /// A new bound (a reload); rows over it go at the next insertion.
+    pub fn set_max_rows(&mut self, max_rows: usize) {
+        self.max_rows = max_rows.max(1);
+    }
+
+    /// Whether the normalized text of `fingerprint` is kept.
+    pub fn has_text(&self, fingerprint: u64) -> bool {
+        self.texts.contains_key(&fingerprint)
+    }
+
+    /// Keeps the normalized text of `fingerprint` (bounded with the rows).
+    pub fn set_text(&mut self, fingerprint: u64, text: String) {
+        if self.texts.len() < self.max_rows {
+            self.texts.insert(fingerprint, text);
+        }
+    }
+
+    /// Counts a run of `key`.
+    pub fn record(&mut self, key: KeyRef<'_>, ran: &Ran<'_>) {
+        let row = self.row(key);
+        row.calls += 1;
+        row.rows += ran.rows;
+        row.latency.add(ran.seconds);
+        row.waited += ran.waited;
+        if let Some(code) = ran.error {
+            *row.errors.entry(code.to_string()).or_default() += 1;
+        }
+    }
+
+    /// Counts a refusal of `key` by pgward.
+    pub fn refused(&mut self, key: KeyRef<'_>, reason: &str) {
+        *self
+            .row(key)
+            .refusals
+            .entry(reason.to_string())
+            .or_default() += 1;
+    }
+
+    fn slot_of(&self, key: KeyRef<'_>) -> (u64, u64) {
+        let who = self.hasher.hash_one((key.tenant, key.role, key.database));
+        (key.fingerprint, who)
+    }
+
+    fn row(&mut self, key: KeyRef<'_>) -> &mut StatementRow {
+        let slot = self.slot_of(key);
+        let known = self
+            .rows
+            .get(&slot)
+            .is_some_and(|rows| rows.iter().any(|(k, _)| key.matches(k)));
+        if !known && self.count >= self.max_rows {
+            self.evict();
+        }
+        let rows = self.rows.entry(slot).or_default();
+        let at = match rows.iter().position(|(k, _)| key.matches(k)) {
+            Some(i) => i,
+            None => {
+                rows.push((key.owned(), StatementRow::default()));
+                self.count += 1;
+                rows.len() - 1
+            }
+        };
+        &mut rows[at].1
+    }
+
+    /// Makes room: the least-called twentieth of the bound goes (at least one row), and the
+    /// texts no row uses any more.
+    fn evict(&mut self) {
+        let over = (self.count + 1).saturating_sub(self.max_rows);
+        let n = (self.max_rows / 20).max(1).max(over).min(self.count);
+        if n == 0 {
+            return;
+        }
+        let mut weights: Vec<u64> = self.all().map(|(_, r)| weight(r)).collect();
+        // The n-th least used: rows used less go, and as many as needed of those used exactly
+        // that much.
+        let (_, &mut cut, _) = weights.select_nth_unstable(n - 1);
+        let mut at_cut = n - weights.iter().filter(|&&w| w < cut).count();
+        let mut gone = 0;
+        for rows in self.rows.values_mut() {
+            rows.retain(|(_, r)| {
+                let w = weight(r);
+                let go = w < cut || (w == cut && at_cut > 0);
+                if go && w == cut {
+                    at_cut -= 1;
+                }
+                gone += usize::from(go);
+                !go
+            });
+        }
+        self.rows.retain(|_, rows| !rows.is_empty());
+        self.count -= gone;
+        self.evicted += gone as u64;
+        let used: std::collections::HashSet<u64> = self.rows.keys().map(|k| k.0).collect();
+        self.texts.retain(|f, _| used.contains(f));
+    }
+
+    fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
+        self.rows.values().flatten().map(|(k, r)| (k, r))
+    }
+
+    /// Rows evicted since the start.
+    pub fn evicted(&self) -> u64 {
+        self.evicted
+    }
+
+    /// Rows kept.
+    pub fn len(&self) -> usize {
+        self.count
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.count == 0
+    }
+
+    /// The `n` rows with the most total time (of `tenant` only, if given), most first, with
+    /// their texts.
+    pub fn top(
+        &self,
+        n: usize,
+        tenant: Option<&str>,
+    ) -> Vec<(StatementKey, StatementRow, Option<String>)> {
+        let mut rows: Vec<(&StatementKey, &StatementRow)> = self
+            .all()
+            .filter(|(k, _)| tenant.is_none_or(|t| k.tenant == t))
+            .collect();
+        rows.sort_by(|a, b| {
+            b.1.latency
+                .sum()
+                .total_cmp(&a.1.latency.sum())
+                .then(a.0.cmp(b.0))
+        });
+        rows.into_iter()
+            .take(n)
+            .map(|(k, r)| {
+                (
+                    k.clone(),
+                    r.clone(),
+                    self.texts.get(&k.fingerprint).cloned(),
+                )
+            })
+            .collect()
+    }
+}
+
+/// How much a row was used: its runs and refusals.
+fn weight(r: &StatementRow) -> u64 {
+    r.calls + r.refusals.values().sum::<u64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(fingerprint: u64, tenant: &str) -> KeyRef<'_> {
+        KeyRef {
+            fingerprint,
+            tenant,
+            role: "app",
+            database: "db",
+        }
+    }
+
+    fn ran(seconds: f64) -> Ran<'static> {
+        Ran {
+            seconds,
+            waited: 0.0,
+            rows: 1,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn rows_count_runs_errors_and_refusals_apart_and_top_orders_by_total_time() {
+        let mut s = Statements::new(10);
+        for _ in 0..3 {
+            s.record(key(1, "a"), &ran(0.01));
+        }
+        s.record(
+            key(1, "a"),
+            &Ran {
+                seconds: 0.5,
+                waited: 0.2,
+                rows: 0,
+                error: Some("57014"),
+            },
+        );
+        s.refused(key(1, "a"), "budget");
+        s.record(key(2, "b"), &ran(1.0));
+        s.set_text(1, "SELECT $1".into());
+        let top = s.top(10, None);
+        assert_eq!(top.len(), 2);
+        assert_eq!(top[0].0, key(2, "b").owned());
+        let (_, row, text) = &top[1];
+        assert_eq!((row.calls, row.rows), (4, 3));
+        assert_eq!(row.errors["57014"], 1);
+        assert_eq!(row.refusals["budget"], 1);
+        assert!((row.waited - 0.2).abs() < 1e-12);
+        assert_eq!(text.as_deref(), Some("SELECT $1"));
+        assert_eq!(s.top(10, Some("a")).len(), 1);
+        assert_eq!(s.top(1, None).len(), 1);
+    }
+
+    #[test]
+    fn a_hundred_thousand_distinct_statements_stay_within_the_bound() {
+        let mut s = Statements::new(1_000);
+        // One busy statement, then a flood of one-offs.
+        for _ in 0..50 {
+            s.record(key(0, "busy"), &ran(0.001));
+        }
+        for i in 1..=100_000u64 {
+            s.record(key(i, "t"), &ran(0.001));
+            s.set_text(i, format!("SELECT {i}"));
+            assert!(s.len() <= 1_000);
+        }
+        assert!(s.texts.len() <= 1_000);
+        assert_eq!(s.evicted() + s.len() as u64, 100_001);
+        // The busy one was never the least called.
+        assert!(s.top(1_000, Some("busy")).len() == 1);
+    }
+}

@@ -1,0 +1,118 @@
+//! Statement statistics against a real PostgreSQL: SHOW STATEMENTS' percentiles of a known
+//! latency mix as the client saw it, rows, errors and refusals apart, the normalized text
+//! without constants, and the bound on rows under many distinct statements.
+
+mod common;
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use common::driver::{must_connect, outcome, show};
+use common::gate::{gated, FULL_READ, REJECT_POLICY};
+
+/// The row of SHOW STATEMENTS whose query is `text` (and tenant `tenant`).
+fn row<'a>(
+    rows: &'a [HashMap<String, Option<String>>],
+    text: &str,
+    tenant: &str,
+) -> &'a HashMap<String, Option<String>> {
+    rows.iter()
+        .find(|r| r["query"].as_deref() == Some(text) && r["tenant"].as_deref() == Some(tenant))
+        .unwrap_or_else(|| panic!("no row for {text} of {tenant} in {rows:?}"))
+}
+
+fn number(r: &HashMap<String, Option<String>>, col: &str) -> f64 {
+    r[col]
+        .as_deref()
+        .unwrap_or_default()
+        .parse()
+        .unwrap_or_else(|e| panic!("{col}: {e} in {r:?}"))
+}
+
+/// The exact `q` quantile of `values` (rank `ceil(q·n)`).
+fn quantile(values: &mut [f64], q: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let rank = ((q * values.len() as f64).ceil() as usize).max(1);
+    values[rank - 1]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_refusals_apart() {
+    let f = gated(
+        REJECT_POLICY,
+        "default_pool_size = 4\nadmin_users = admin\n",
+    );
+    let app = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    // 20 runs of 100 ms, 5 of 200 ms, 1 of 800 ms, each timed by the client.
+    let mut seen = Vec::new();
+    for (n, ms) in [(20, 100), (5, 200), (1, 800)] {
+        for _ in 0..n {
+            let sql = format!("SELECT pg_sleep({})", f64::from(ms) / 1000.0);
+            let t = Instant::now();
+            app.client.simple_query(&sql).await.expect("sleep");
+            seen.push(t.elapsed().as_secs_f64() * 1000.0);
+        }
+    }
+    // An error, twice, and acme's refusal.
+    for _ in 0..2 {
+        assert_eq!(outcome(&app.client, "SELECT 1 / (2 - 2)").await, "22012");
+    }
+    let acme = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    assert_eq!(outcome(&acme.client, FULL_READ).await, "");
+    assert_eq!(outcome(&acme.client, FULL_READ).await, "53000");
+
+    let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
+    let rows = show(&admin.client, "SHOW STATEMENTS").await;
+    let sleep = row(&rows, "SELECT pg_sleep($1)", "postgres");
+    assert_eq!(number(sleep, "calls"), 26.0);
+    assert_eq!(number(sleep, "rows"), 26.0);
+    assert_eq!(sleep["role"].as_deref(), Some("postgres"));
+    assert_eq!(sleep["database"].as_deref(), Some("app"));
+    for (col, q) in [("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)] {
+        let want = quantile(&mut seen, q);
+        let got = number(sleep, col);
+        // pgward's clock starts when the request arrives and stops at its answer: within 2% of
+        // what the client measured around it.
+        assert!(
+            (got - want).abs() <= 0.02 * want,
+            "{col}: {got} ms, the client saw {want} ms"
+        );
+    }
+    assert!(number(sleep, "total_ms") >= 3800.0);
+    let division = row(&rows, "SELECT $1 / ($2 - $3)", "postgres");
+    assert_eq!(sleep["errors"].as_deref(), Some(""));
+    assert_eq!(division["errors"].as_deref(), Some("22012:2"));
+    assert_eq!(number(division, "calls"), 2.0);
+    let read = row(&rows, FULL_READ, "acme");
+    assert_eq!(number(read, "calls"), 1.0);
+    assert_eq!(read["refused"].as_deref(), Some("budget:1"));
+    // Most total time first; per tenant; no constant anywhere.
+    assert_eq!(rows[0]["query"].as_deref(), Some("SELECT pg_sleep($1)"));
+    let only_acme = show(&admin.client, "SHOW STATEMENTS 10 FOR acme").await;
+    assert!(only_acme
+        .iter()
+        .all(|r| r["tenant"].as_deref() == Some("acme")));
+    assert_eq!(only_acme.len(), 1);
+    for r in &rows {
+        let text = r["query"].as_deref().unwrap_or_default();
+        assert!(!text.contains("0.1") && !text.contains("0.8"), "{text}");
+    }
+    assert_eq!(show(&admin.client, "SHOW STATEMENTS 1").await.len(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_table_stays_within_max_statement_stats_under_many_distinct_statements() {
+    let f = gated("", "admin_users = admin\nmax_statement_stats = 50\n");
+    let started = Instant::now();
+    common::psql_script(
+        f.pw.port,
+        (0..2_000).map(|i| format!("WITH x{i} AS (SELECT 1) SELECT * FROM x{i};")),
+    );
+    assert!(started.elapsed() < Duration::from_secs(120));
+    let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
+    let rows = show(&admin.client, "SHOW STATEMENTS 10000").await;
+    assert!(!rows.is_empty() && rows.len() <= 50, "{} rows", rows.len());
+    assert!(rows.iter().all(|r| r["query"]
+        .as_deref()
+        .is_some_and(|q| q.starts_with("WITH x"))));
+}
