@@ -53,6 +53,10 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
             seen.push(t.elapsed().as_secs_f64() * 1000.0);
         }
     }
+    // A comment and a statement whose constants pg_query's normalization keeps: never shown.
+    assert_eq!(outcome(&app.client, "SELECT 3 /* secret-c */").await, "");
+    let ctas = "CREATE TEMP TABLE tt AS SELECT 'secret-ctas' AS c";
+    assert_eq!(outcome(&app.client, ctas).await, "");
     // An error, twice, and acme's refusal.
     for _ in 0..2 {
         assert_eq!(outcome(&app.client, "SELECT 1 / (2 - 2)").await, "22012");
@@ -96,7 +100,22 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
     for r in &rows {
         let text = r["query"].as_deref().unwrap_or_default();
         assert!(!text.contains("0.1") && !text.contains("0.8"), "{text}");
+        assert!(!text.contains("secret"), "{text}");
     }
+    assert_eq!(number(row(&rows, "SELECT $1", "postgres"), "calls"), 1.0);
+    let fingerprint = |sql: &str| {
+        pgward::sql::Analyzer::new(pgward::sql::Depth::Shape, 4)
+            .analyze(
+                sql.as_bytes(),
+                &pgward::sql::ParseContext::server_defaults(),
+            )
+            .fingerprint_hex()
+    };
+    let unshown = rows
+        .iter()
+        .find(|r| r["fingerprint"].as_deref() == Some(fingerprint(ctas).as_str()))
+        .expect("the CREATE TABLE AS is counted");
+    assert_eq!(unshown["query"], None, "{unshown:?}");
     assert_eq!(show(&admin.client, "SHOW STATEMENTS 1").await.len(), 1);
 }
 

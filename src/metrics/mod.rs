@@ -146,6 +146,7 @@ impl Collector for Snapshot {
         lanes(rt, &mut encoder)?;
         tenants(rt, &mut encoder)?;
         plan_cache(rt, &mut encoder)?;
+        statement_stats(rt, &mut encoder)?;
         process(rt, &mut encoder)
     }
 }
@@ -504,6 +505,26 @@ fn plan_cache(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::E
         "pgward_explain_seconds",
         "Time spent in EXPLAINs",
         vec![(Vec::new(), stats.explain_time.as_secs_f64())],
+    )
+}
+
+/// The statement statistics' table (SHOW STATEMENTS): rows kept and rows evicted.
+fn statement_stats(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
+    let (rows, evicted) = {
+        let table = crate::sync::lock(&rt.ops.statements);
+        (table.len(), table.evicted())
+    };
+    gauges(
+        e,
+        "pgward_statement_stats_rows",
+        "Rows of statement statistics kept",
+        vec![(Vec::new(), gauge_of(rows))],
+    )?;
+    counters(
+        e,
+        "pgward_statement_stats_evicted",
+        "Rows of statement statistics evicted at max_statement_stats",
+        vec![(Vec::new(), evicted)],
     )
 }
 

@@ -13,6 +13,9 @@ use foldhash::HashMap;
 
 use super::sketch::Sketch;
 
+/// The longest text kept for a statement, in bytes (a longer one is cut, and says so).
+pub const MAX_TEXT: usize = 4096;
+
 /// Rows kept at most when the configuration does not say.
 pub const DEFAULT_MAX_ROWS: usize = 5_000;
 
@@ -120,8 +123,17 @@ impl Statements {
         self.texts.contains_key(&fingerprint)
     }
 
-    /// Keeps the normalized text of `fingerprint` (bounded with the rows).
-    pub fn set_text(&mut self, fingerprint: u64, text: String) {
+    /// Keeps the normalized text of `fingerprint` (bounded with the rows, each at most
+    /// [`MAX_TEXT`] bytes).
+    pub fn set_text(&mut self, fingerprint: u64, mut text: String) {
+        if text.len() > MAX_TEXT {
+            let mut end = MAX_TEXT;
+            while !text.is_char_boundary(end) {
+                end -= 1;
+            }
+            text.truncate(end);
+            text.push_str(" ...");
+        }
         if self.texts.len() < self.max_rows {
             self.texts.insert(fingerprint, text);
         }
@@ -244,11 +256,9 @@ impl Statements {
         rows.into_iter()
             .take(n)
             .map(|(k, r)| {
-                (
-                    k.clone(),
-                    r.clone(),
-                    self.texts.get(&k.fingerprint).cloned(),
-                )
+                // An empty text is one that could not be shown without its constants.
+                let text = self.texts.get(&k.fingerprint).filter(|t| !t.is_empty());
+                (k.clone(), r.clone(), text.cloned())
             })
             .collect()
     }

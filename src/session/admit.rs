@@ -50,6 +50,8 @@ const MAX_PARSED: usize = 10_000;
 /// What the gate keeps per session.
 #[derive(Debug, Default)]
 pub(in crate::session) struct GateState {
+    /// The session's runs are counted in the statement statistics.
+    pub stats_on: bool,
     /// The slot held while PostgreSQL owes this client answers.
     pub slot: Option<SlotGuard>,
     /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
@@ -332,14 +334,17 @@ impl GateState {
         self.deferred.clear();
     }
 
-    /// The run ends before the server answered (a timeout, the server gone): what it took so
-    /// far is charged, it teaches nothing, and what ran unpriced is not priced.
+    /// The run ends before the server answered (a timeout, the server gone: `sqlstate`, the
+    /// client's error): what it took so far is charged, it teaches nothing, and what ran
+    /// unpriced is not priced.
     pub fn cut_short(
         &mut self,
         keeper: &crate::gate::keeper::Gatekeeper,
         stats: Option<StatsSink>,
+        sqlstate: &str,
     ) {
         self.run.failed = true;
+        self.run.error.get_or_insert_with(|| sqlstate.to_string());
         self.end_run(keeper, stats);
         self.forget_deferred();
     }
@@ -389,7 +394,10 @@ impl StatsSink<'_> {
             table.record(key, &ran);
             let normalized = part.reading.as_ref().and_then(|a| a.normalized.as_ref());
             if let (false, Some(text)) = (table.has_text(fingerprint.0), normalized) {
-                table.set_text(fingerprint.0, text.clone());
+                // (Read by the scanner once per statement: never a text with a constant or a
+                // comment left in it.)
+                let shown = crate::sql::shown_text(text).unwrap_or_default();
+                table.set_text(fingerprint.0, shown);
             }
         }
     }
@@ -537,6 +545,8 @@ impl Session {
         len: usize,
         governance: Arc<Governance>,
     ) -> Result<usize, SessionError> {
+        // Whether the runs are counted (SHOW STATEMENTS), from the cached configuration.
+        self.gate.stats_on = self.config.load().settings.max_statement_stats > 0;
         if self.gate.gated == 0 {
             // Everything gated so far has gone out: the server's view of the batch is exact.
             let link = self.link.as_ref();
@@ -838,6 +848,9 @@ impl Session {
                 return Ok(self.refuse(&r, &tenant, fingerprint));
             }
         }
+        // Time spent waiting for a server from the pool (statement statistics: pgward's own
+        // queues, beside the gate's).
+        let mut for_server = Duration::ZERO;
         loop {
             // The slot first, then the server: a client waiting for a slot holds no server.
             // In session pooling the server is the client's own for the whole session: it
@@ -847,7 +860,9 @@ impl Session {
             // waits for a slot: it may hold locks that the statements ahead of it in the
             // queue wait for.
             if self.link.is_none() && self.mode == crate::config::PoolMode::Session {
+                let asked = Instant::now();
                 self.attach(io).await?;
+                for_server += asked.elapsed();
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
                 match self.wait_for_slot(io, pass).await? {
@@ -859,7 +874,9 @@ impl Session {
                 }
             }
             if self.link.is_none() {
+                let asked = Instant::now();
                 self.attach(io).await?;
+                for_server += asked.elapsed();
             }
             if bypass {
                 self.note_waited(governance, &pass);
@@ -876,7 +893,7 @@ impl Session {
                         fingerprint,
                         reading: analysis.clone(),
                         sent_at: pass.sent_at,
-                        waited: pass.waited,
+                        waited: pass.waited + for_server,
                     },
                     Instant::now(),
                 );
@@ -987,7 +1004,7 @@ impl Session {
                 fingerprint,
                 reading: analysis.clone(),
                 sent_at: pass.sent_at,
-                waited: pass.waited,
+                waited: pass.waited + for_server,
             };
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
@@ -1296,7 +1313,7 @@ impl Session {
     /// theirs), in the decision log.
     fn log_rule_refusal(&self, hit: &RuleHit, text: &[u8]) {
         let log = &self.rt.gatekeeper.decisions;
-        let stats = super::stats_sink(&self.rt, &self.user, &self.pool.key.db);
+        let stats = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
         let governance = self.rt.governance.load();
         let (true, Some(governance)) = (log.is_on() || stats.is_some(), governance.as_ref()) else {
             return;
@@ -1367,7 +1384,9 @@ impl Session {
         fingerprint: Option<Fingerprint>,
         reason: &str,
     ) {
-        if let Some(sink) = super::stats_sink(&self.rt, &self.user, &self.pool.key.db) {
+        if let Some(sink) =
+            super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db)
+        {
             sink.refused(tenant, fingerprint, reason);
         }
     }

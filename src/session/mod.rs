@@ -563,11 +563,15 @@ impl Session {
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
         self.held = false;
         let governance = self.governance.load();
+        let settings = &self.config.load().settings;
         let capacity = prepared_capacity(
             self.mode,
-            self.config.load().settings.max_prepared_statements,
+            settings.max_prepared_statements,
             governance.is_some(),
         );
+        // Whether this session's runs are counted (SHOW STATEMENTS), read with the cached
+        // configuration once per batch of messages.
+        self.gate.stats_on = governance.is_some() && settings.max_statement_stats > 0;
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };
@@ -586,7 +590,8 @@ impl Session {
             decisions: &self.rt.gatekeeper.decisions,
             database: &self.pool.key.db,
             log_refusals: true,
-            statements: stats_sink(&self.rt, &self.user, &self.pool.key.db).map(|s| s.table),
+            statements: stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db)
+                .map(|s| s.table),
         });
         let mut ctx = MessageContext {
             link: &mut *link,
@@ -878,7 +883,7 @@ impl Session {
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
         self.gate.end_run(
             &self.rt.gatekeeper,
-            stats_sink(&self.rt, &self.user, &self.pool.key.db),
+            stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
         );
         if self.gate.stale_plans {
             let db = &self.pool.key.db;
@@ -914,7 +919,7 @@ impl Session {
     async fn release(&mut self) {
         self.gate.end_run(
             &self.rt.gatekeeper,
-            stats_sink(&self.rt, &self.user, &self.pool.key.db),
+            stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
         );
         self.gate.forget_deferred();
         let Some(mut link) = self.link.take() else {
@@ -964,7 +969,8 @@ impl Session {
                 }
                 self.gate.cut_short(
                     &self.rt.gatekeeper,
-                    stats_sink(&self.rt, &self.user, &self.pool.key.db),
+                    stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+                    &err.code,
                 );
                 self.handle.detach();
                 link.server.close(&err.message);
@@ -1002,7 +1008,8 @@ impl Session {
     fn server_lost(&mut self) -> SessionError {
         self.gate.cut_short(
             &self.rt.gatekeeper,
-            stats_sink(&self.rt, &self.user, &self.pool.key.db),
+            stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            sqlstate::CONNECTION_FAILURE,
         );
         if let Some(mut link) = self.link.take() {
             link.server.poison();
@@ -1222,14 +1229,14 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
     Ok(chunk)
 }
 
-/// Where the runs of a session of `role` in `database` are counted: under a policy (which
-/// reads statements), unless `max_statement_stats` is 0.
+/// Where the runs of a session of `role` in `database` are counted, if they are (`on`:
+/// under a policy, which reads statements, unless `max_statement_stats` is 0).
 fn stats_sink<'a>(
     rt: &'a Runtime,
+    on: bool,
     role: &'a str,
     database: &'a str,
 ) -> Option<admit::StatsSink<'a>> {
-    let on = rt.governance.load().is_some() && rt.config.load().settings.max_statement_stats > 0;
     on.then_some(admit::StatsSink {
         table: &rt.ops.statements,
         role,

@@ -402,6 +402,30 @@ fn analyze_text(bytes: &[u8], mode: Mode, depth: Depth) -> (Analysis, Option<Con
     }
 }
 
+/// `normalized` (pg_query's normalization of a statement) as it may be shown: without its
+/// comments (a sqlcommenter tag, a note with a value in it), and only if no constant is left
+/// as PostgreSQL's scanner reads it (pg_query leaves the constants of some statements in
+/// place: utility statements, EXECUTE's arguments). `None`: it cannot be shown.
+pub fn shown_text(normalized: &str) -> Option<String> {
+    use pg_query::protobuf::Token;
+    let tokens = scan_tokens(normalized)?;
+    let comments = [Token::SqlComment as i32, Token::CComment as i32];
+    let mut out = String::with_capacity(normalized.len());
+    let mut copied = 0;
+    for t in &tokens {
+        if shape::constant_letter(t.token).is_some() {
+            return None;
+        }
+        if comments.contains(&t.token) {
+            let (start, end) = (usize::try_from(t.start).ok()?, usize::try_from(t.end).ok()?);
+            out.push_str(normalized.get(copied..start)?);
+            copied = end;
+        }
+    }
+    out.push_str(normalized.get(copied..)?);
+    Some(out.split_whitespace().collect::<Vec<_>>().join(" "))
+}
+
 /// PostgreSQL's scanner over `text` (`None` when it refuses the text). A text of whitespace
 /// alone has no token: pg_query's `scan_tokens` builds its empty list from a null pointer
 /// there, which is undefined behaviour, so such a text never reaches it.

@@ -40,7 +40,7 @@ const CONSTANTS: [(Token, char); 6] = [
     (Token::Xconst, 'x'),
 ];
 
-fn constant_letter(token: i32) -> Option<char> {
+pub(super) fn constant_letter(token: i32) -> Option<char> {
     CONSTANTS
         .iter()
         .find(|(t, _)| *t as i32 == token)

@@ -518,3 +518,31 @@ fn shape_depth_keeps_the_fingerprint_of_a_deep_expression() {
         assert_eq!(a.reading, Reading::Shape, "{terms} terms");
     }
 }
+
+#[test]
+fn a_normalized_text_is_shown_without_comments_and_only_without_constants() {
+    let shown = |sql: &str| super::shown_text(&pg_query::normalize(sql).unwrap());
+    assert_eq!(
+        shown("SELECT v FROM t WHERE id = 7 AND name = 'x'").as_deref(),
+        Some("SELECT v FROM t WHERE id = $1 AND name = $2")
+    );
+    assert_eq!(
+        shown("/*tenant='acme',user_email='bob@x.com'*/ SELECT 1 -- ssn 123-45-6789").as_deref(),
+        Some("SELECT $1")
+    );
+    for sql in [
+        "PREPARE p AS SELECT * FROM t WHERE ssn = 'secret1'",
+        "EXECUTE p('secret2')",
+        "CREATE TABLE x AS SELECT 'secret3'",
+        "COMMENT ON TABLE t IS 'secret5'",
+        "CREATE TABLE t (a text DEFAULT 'secret9')",
+        "SELECT 'a'; EXECUTE p('secret8')",
+    ] {
+        assert_eq!(
+            shown(sql),
+            None,
+            "{sql} -> {}",
+            pg_query::normalize(sql).unwrap()
+        );
+    }
+}
