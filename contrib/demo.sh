@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Builds pgward, starts a throwaway PostgreSQL server with a `demo` role and database, and runs
-# pgward in front of it in the foreground (transaction pooling, SCRAM authentication).
+# pgward in front of it in the foreground (transaction pooling, SCRAM authentication), with a
+# policy of a few tenants named by sqlcommenter tags, a decision log, and the lines to try:
+# SHOW TENANTS, a refusal over budget, a rule's refusal, SHOW STATEMENTS.
 # Ctrl-C stops both and removes every file the demo made.
 #
 # environment: PORT (pgward's port, default 6432), DEMO_PASSWORD (default "demo")
@@ -47,6 +49,29 @@ pool_mode = transaction
 default_pool_size = 10
 max_client_conn = 100
 admin_users = demo
+policy_file = $work/policy.toml
+EOF
+
+# Tenants named by tags from the demo role: `reports` may use a twentieth of a server's time
+# (a big read puts it in debt, and the next is refused), `web` may not run DDL.
+cat >"$work/policy.toml" <<'EOF'
+trusted_roles = ["demo"]
+
+[tenants.reports]
+rate = 0.05
+burst = 0.2
+when_over = "reject"
+
+[tenants.web]
+priority = "critical"
+
+[[rules]]
+rule = "deny_ddl"
+when = { tenants = ["web"] }
+
+[decisions]
+file = "decisions.jsonl"
+wait_over = "500ms"
 EOF
 
 cat <<EOF
@@ -60,6 +85,17 @@ Connect with (password: $password):
 or try load:
     PGPASSWORD=$password pgbench -i -h 127.0.0.1 -p $port -U demo demo
     PGPASSWORD=$password pgbench -S -c 16 -T 10 -h 127.0.0.1 -p $port -U demo demo
+
+The policy ($work/policy.toml) names two tenants by sqlcommenter tags. In another terminal:
+    export PGPASSWORD=$password
+    big="/*tenant='reports'*/ SELECT count(*) FROM generate_series(1, 5000000)"
+    psql -h 127.0.0.1 -p $port -U demo demo -c "\$big" -c "\$big"
+        (the second is refused: 53000, reports is over its budget)
+    psql -h 127.0.0.1 -p $port -U demo demo -c "/*tenant='web'*/ CREATE TABLE t (i int)"
+        (refused by the rule deny_ddl: 42501)
+    psql -h 127.0.0.1 -p $port -U demo pgward -c 'SHOW TENANTS' -c 'SHOW STATEMENTS 5'
+    cat $work/decisions.jsonl
+        (one line per refusal, and per wait over half a second)
 
 Press Ctrl-C to stop.
 

@@ -25,7 +25,9 @@ use std::path::{Path, PathBuf};
 pub use databases::{DatabaseDef, LoadBalanceHosts, PeerDef};
 pub use error::ConfigError;
 pub use ini::Loc;
-pub use settings::{AuthType, PoolMode, ServerCheck, SetOutcome, Settings, SslMode};
+pub use settings::{
+    AuthType, PoolMode, ServerCheck, SetOutcome, Settings, SslMode, DEFAULT_MAX_STATEMENT_STATS,
+};
 pub use userlist::{load_userlist, parse_userlist, Secret};
 pub use users::{PoolOverride, UserDef};
 

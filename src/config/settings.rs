@@ -386,7 +386,7 @@ impl Default for Settings {
             state_file: None,
             prometheus_listen: None,
             prometheus_max_tenants: 100,
-            max_statement_stats: crate::ops::statements::DEFAULT_MAX_ROWS,
+            max_statement_stats: DEFAULT_MAX_STATEMENT_STATS,
             worker_threads: 1,
             raw: BTreeMap::new(),
         }
@@ -403,6 +403,9 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "service_name",
     "user",
 ];
+
+/// `max_statement_stats` when not set: rows of statement statistics kept.
+pub const DEFAULT_MAX_STATEMENT_STATS: usize = 5_000;
 
 /// Keys whose change only takes effect on restart (PgBouncer ignores them on reload).
 const RESTART_ONLY: &[&str] = &[

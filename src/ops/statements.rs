@@ -17,7 +17,7 @@ use super::sketch::Sketch;
 pub const MAX_TEXT: usize = 4096;
 
 /// Rows kept at most when the configuration does not say.
-pub const DEFAULT_MAX_ROWS: usize = 5_000;
+pub const DEFAULT_MAX_ROWS: usize = crate::config::DEFAULT_MAX_STATEMENT_STATS;
 
 /// Whose statement, which one, where.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
