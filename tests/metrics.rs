@@ -203,6 +203,35 @@ async fn tenant_series_stay_within_the_cap_under_ten_thousand_tenants_and_parse(
     );
     assert!(entries >= 1.0, "{entries}");
     assert!(body.len() < 64 * 1024, "a scrape of {} bytes", body.len());
+    // The statements with the most total time, no more than prometheus_max_statements (20).
+    let latency = family(&families, "pgward_statement_latency_seconds")["samples"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert!(
+        !latency.is_empty() && latency.len() <= 3 * 20,
+        "{}",
+        latency.len()
+    );
+    let read = pgward::sql::Analyzer::new(pgward::sql::Depth::Shape, 4)
+        .analyze(
+            FULL_READ.as_bytes(),
+            &pgward::sql::ParseContext::server_defaults(),
+        )
+        .fingerprint_hex();
+    let p99 = [
+        ("fingerprint", read.as_str()),
+        ("tenant", "acme"),
+        ("percentile", "99"),
+    ];
+    assert!(
+        value(
+            &families,
+            "pgward_statement_latency_seconds",
+            "pgward_statement_latency_seconds",
+            &p99
+        ) > 0.0
+    );
     // Every metric the dashboard in contrib/ reads is one pgward serves.
     let dashboard = std::fs::read_to_string(
         Path::new(env!("CARGO_MANIFEST_DIR")).join("contrib/grafana-dashboard.json"),

@@ -151,6 +151,7 @@ const CONFIG_KEYS: &[(&str, &str)] = &[
     ("pool_idle_timeout", "0"),
     ("pool_mode", "session"),
     ("prometheus_listen", ""),
+    ("prometheus_max_statements", "20"),
     ("prometheus_max_tenants", "100"),
     ("query_timeout", "0"),
     ("query_wait_timeout", "120"),

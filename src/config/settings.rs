@@ -278,6 +278,8 @@ pub struct Settings {
     pub prometheus_max_tenants: usize,
     /// Rows of statement statistics kept (SHOW STATEMENTS); 0: none are kept.
     pub max_statement_stats: usize,
+    /// Statements that get series in the metrics (those with the most total time).
+    pub prometheus_max_statements: usize,
     pub worker_threads: usize,
     /// Every key set in the section, lowercased, with its last raw value.
     pub raw: BTreeMap<String, String>,
@@ -387,6 +389,7 @@ impl Default for Settings {
             prometheus_listen: None,
             prometheus_max_tenants: 100,
             max_statement_stats: DEFAULT_MAX_STATEMENT_STATS,
+            prometheus_max_statements: 20,
             worker_threads: 1,
             raw: BTreeMap::new(),
         }
@@ -442,6 +445,7 @@ const KEPT_ON_RESET: &[&str] = &[
     "prometheus_listen",
     "prometheus_max_tenants",
     "max_statement_stats",
+    "prometheus_max_statements",
     "worker_threads",
     "auth_ident_file",
     "auth_ldap_options",
@@ -482,6 +486,7 @@ impl Settings {
             prometheus_listen: self.prometheus_listen.take(),
             prometheus_max_tenants: self.prometheus_max_tenants,
             max_statement_stats: self.max_statement_stats,
+            prometheus_max_statements: self.prometheus_max_statements,
             worker_threads: self.worker_threads,
             ..Settings::default()
         };
@@ -552,6 +557,9 @@ impl Settings {
             "prometheus_listen" => self.prometheus_listen = values::optional(v),
             "prometheus_max_tenants" => self.prometheus_max_tenants = values::count(v)? as usize,
             "max_statement_stats" => self.max_statement_stats = values::count(v)? as usize,
+            "prometheus_max_statements" => {
+                self.prometheus_max_statements = values::count(v)? as usize
+            }
             "worker_threads" => self.worker_threads = worker_threads(v)?,
             _ => return Ok(false),
         }

@@ -508,12 +508,52 @@ fn plan_cache(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::E
     )
 }
 
-/// The statement statistics' table (SHOW STATEMENTS): rows kept and rows evicted.
+/// The statement statistics (SHOW STATEMENTS): the `prometheus_max_statements` rows with the
+/// most total time, their calls, time and latency percentiles; the rows kept and evicted.
 fn statement_stats(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
-    let (rows, evicted) = {
+    let cap = rt.config.load().settings.prometheus_max_statements;
+    let (rows, evicted, top) = {
         let table = crate::sync::lock(&rt.ops.statements);
-        (table.len(), table.evicted())
+        (table.len(), table.evicted(), table.top(cap, None))
     };
+    let (mut calls, mut seconds, mut latency) = (Vec::new(), Vec::new(), Vec::new());
+    for (key, row, _) in &top {
+        let labels = || -> Labels {
+            vec![
+                ("fingerprint", format!("{:016x}", key.fingerprint)),
+                ("tenant", key.tenant.clone()),
+                ("role", key.role.clone()),
+                ("database", key.database.clone()),
+            ]
+        };
+        calls.push((labels(), row.calls));
+        seconds.push((labels(), row.latency.sum()));
+        for (name, q) in [("50", 0.5), ("95", 0.95), ("99", 0.99)] {
+            if let Some(v) = row.latency.quantile(q) {
+                let mut l = labels();
+                l.push(("percentile", name.to_string()));
+                latency.push((l, v));
+            }
+        }
+    }
+    counters(
+        e,
+        "pgward_statement_calls",
+        "Runs of the statement (the prometheus_max_statements with the most total time)",
+        calls,
+    )?;
+    float_counters(
+        e,
+        "pgward_statement_seconds",
+        "Latency of the statement's runs as clients saw them, summed",
+        seconds,
+    )?;
+    float_gauges(
+        e,
+        "pgward_statement_latency_seconds",
+        "Latency percentiles of the statement as clients saw them, within 1%",
+        latency,
+    )?;
     gauges(
         e,
         "pgward_statement_stats_rows",
