@@ -7,7 +7,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::driver::{code, must_connect, outcome, Conn};
+use common::driver::{code, must_connect, outcome, show, Conn};
 use common::gate::{gated, SCHEMA};
 use common::policy::Policed;
 use pgward::sql::{Analyzer, Depth, ParseContext};
@@ -169,6 +169,17 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     assert_eq!(found[1]["tenant"], "acme");
     assert_eq!(found[1]["sqlstate"], "42501");
     assert_eq!(found[1]["fingerprint"], fingerprint(ddl).as_str());
+    // SHOW TENANTS counts the rule's refusal.
+    let tenants = show(&admin.client, "SHOW TENANTS").await;
+    let acme_row = tenants
+        .iter()
+        .find(|r| r["tenant"].as_deref() == Some("acme"))
+        .expect("acme's row");
+    assert_eq!(
+        acme_row["refused_rule"].as_deref(),
+        Some("1"),
+        "{acme_row:?}"
+    );
     assert_eq!(lines(&rotated).len(), 4);
 
     // A SIGHUP whose files are broken still opens the moved log again (and keeps the policy).

@@ -540,6 +540,12 @@ impl<W> Gate<W> {
         self.note(|| Record::about(Event::Refused, why, who).sqlstate(sqlstate));
     }
 
+    /// Counts, for SHOW TENANTS, a statement a SQL rule refused (its decision-log line is
+    /// written where it was refused, with the role).
+    pub fn note_rule_refusal(&mut self, tenant: &str, now: Instant) {
+        self.count_refusal(tenant, RefusalReason::Rule, now);
+    }
+
     /// Counts, for SHOW TENANTS, a statement a cost rule in warn mode would have refused (it
     /// ran: the decision log has no line for it).
     pub fn note_warned(&mut self, tenant: &str, now: Instant) {

@@ -56,6 +56,10 @@ impl Sketch {
             return None;
         }
         let rank = ((q.clamp(0.0, 1.0) * self.count as f64).ceil() as u64).max(1);
+        if rank >= self.count {
+            // The largest value is kept as it was.
+            return Some(self.max);
+        }
         let mut seen = 0;
         for (&i, &n) in &self.buckets {
             seen += n;
@@ -129,6 +133,10 @@ mod tests {
         near(0.99, 0.05);
         near(1.0, 2.0);
         assert_eq!(s.count(), 100);
+        // The largest value is exact: one run's every percentile is its own time.
+        let mut one = Sketch::default();
+        one.add(0.8687);
+        assert_eq!(one.quantile(0.5), Some(0.8687));
         assert_eq!(s.buckets(), 3);
         assert!(Sketch::default().quantile(0.5).is_none());
         // A microsecond and an hour both fit, each within 1%.

@@ -1309,13 +1309,12 @@ impl Session {
         }
     }
 
-    /// A SQL rule's refusal of `text`, answered without the rules at the message (they log
-    /// theirs), in the decision log.
+    /// A SQL rule's refusal of `text`, answered without the rules at the message (they count
+    /// and log theirs): counted, logged and in the statement statistics.
     fn log_rule_refusal(&self, hit: &RuleHit, text: &[u8]) {
-        let log = &self.rt.gatekeeper.decisions;
         let stats = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
         let governance = self.rt.governance.load();
-        let (true, Some(governance)) = (log.is_on() || stats.is_some(), governance.as_ref()) else {
+        let Some(governance) = governance.as_ref() else {
             return;
         };
         let analysis = governance
@@ -1328,7 +1327,7 @@ impl Session {
         };
         let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
         let subject = self.subject(&tenant, analysis.fingerprint);
-        super::rules::log_rule_refusal(log, hit, subject, &self.user);
+        super::rules::log_rule_refusal(&self.rt.gatekeeper, hit, subject, &self.user);
         if let Some(sink) = stats {
             sink.refused(&tenant, analysis.fingerprint, &hit.rule);
         }

@@ -587,7 +587,7 @@ impl Session {
             state: &mut self.rule_state,
             read_before: self.gate.analyzed.as_ref(),
             allowed,
-            decisions: &self.rt.gatekeeper.decisions,
+            keeper: &self.rt.gatekeeper,
             database: &self.pool.key.db,
             log_refusals: true,
             statements: stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db)

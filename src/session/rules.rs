@@ -8,7 +8,8 @@ use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
 
-use crate::gate::{DecisionLog, Event, Record, Subject};
+use crate::gate::keeper::Gatekeeper;
+use crate::gate::{Event, Record, Subject};
 use crate::params::ParamSet;
 use crate::policy::Governance;
 use crate::policy::{RuleHit, Verdict, Who};
@@ -35,8 +36,9 @@ pub struct RuleCheck<'a> {
     pub read_before: Option<&'a Analyzed>,
     /// [`Analyzed::allowed`] of `read_before`, taken out of it: good for one judgement.
     pub allowed: Option<Allowed>,
-    /// Where a refusal is logged, and the pgward database it was made in.
-    pub decisions: &'a DecisionLog,
+    /// Where a refusal is counted (SHOW TENANTS) and logged, and the pgward database it was
+    /// made in.
+    pub keeper: &'a Gatekeeper,
     pub database: &'a str,
     /// Whether a refusal goes to the decision log: not when the gate refused the request
     /// already and logged that (the client gets one refusal, the log has one line).
@@ -172,9 +174,9 @@ impl RuleCheck<'_> {
         identity.tenant.to_string()
     }
 
-    /// Whether a refusal is to be logged or counted.
+    /// Whether a refusal is to be counted and logged here (not when the gate did already).
     fn noting(&self) -> bool {
-        self.log_refusals && (self.decisions.is_on() || self.statements.is_some())
+        self.log_refusals
     }
 
     /// A rule's refusal in the decision log and the statement statistics.
@@ -185,7 +187,7 @@ impl RuleCheck<'_> {
             client: self.client_id,
             fingerprint: analysis.fingerprint,
         };
-        log_rule_refusal(self.decisions, hit, who, self.role);
+        log_rule_refusal(self.keeper, hit, who, self.role);
         if let (Some(table), Some(f)) = (self.statements, analysis.fingerprint) {
             let key = crate::ops::statements::KeyRef {
                 fingerprint: f.0,
@@ -202,9 +204,13 @@ impl RuleCheck<'_> {
     }
 }
 
-/// A SQL rule's refusal of `who`'s statement, run by `role`, in the decision log: the rule's
-/// name, never the statement's text.
-pub fn log_rule_refusal(log: &DecisionLog, hit: &RuleHit, who: Subject<'_>, role: &str) {
+/// A SQL rule's refusal of `who`'s statement, run by `role`: counted for SHOW TENANTS, and in
+/// the decision log (the rule's name, never the statement's text).
+pub fn log_rule_refusal(keeper: &Gatekeeper, hit: &RuleHit, who: Subject<'_>, role: &str) {
+    keeper
+        .lock()
+        .note_rule_refusal(who.tenant, std::time::Instant::now());
+    let log = &keeper.decisions;
     if !log.is_on() {
         return;
     }
