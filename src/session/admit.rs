@@ -724,11 +724,7 @@ impl Session {
         let kind = work.text().map_or(RequestKind::Statement, kind_of);
 
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
-        let who = Who {
-            role: &self.user,
-            application_name: self.params.get("application_name").unwrap_or(""),
-            client_addr: self.client_addr,
-        };
+        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let no_tags = crate::sql::Tags::default();
         let tags = analysis.as_ref().map_or(&no_tags, |a| &a.tags);
         let identity = governance.policy.identify(&who, tags);
@@ -1195,11 +1191,7 @@ impl Session {
         let Some(governance) = governance else {
             return Ok(());
         };
-        let who = Who {
-            role: &self.user,
-            application_name: self.params.get("application_name").unwrap_or(""),
-            client_addr: self.client_addr,
-        };
+        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let tenant = governance
             .policy
             .identify(&who, &crate::sql::Tags::default())
@@ -1320,11 +1312,7 @@ impl Session {
         let analysis = governance
             .analyzer
             .analyze(text, &parse_context(&self.params, false));
-        let who = Who {
-            role: &self.user,
-            application_name: self.params.get("application_name").unwrap_or(""),
-            client_addr: self.client_addr,
-        };
+        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
         let subject = self.subject(&tenant, analysis.fingerprint);
         super::rules::log_rule_refusal(&self.rt.gatekeeper, hit, subject, &self.user);

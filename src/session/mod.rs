@@ -590,8 +590,7 @@ impl Session {
             keeper: &self.rt.gatekeeper,
             database: &self.pool.key.db,
             log_refusals: true,
-            statements: stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db)
-                .map(|s| s.table),
+            statements: stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
         });
         let mut ctx = MessageContext {
             link: &mut *link,

@@ -44,7 +44,7 @@ pub struct RuleCheck<'a> {
     /// already and logged that (the client gets one refusal, the log has one line).
     pub log_refusals: bool,
     /// The statement statistics, when they are kept (refusals are counted there too).
-    pub statements: Option<&'a std::sync::Mutex<crate::ops::Statements>>,
+    pub statements: Option<super::admit::StatsSink<'a>>,
 }
 
 /// A statement text read by the analyzer, with the context it was read in.
@@ -109,7 +109,7 @@ impl RuleCheck<'_> {
                 &analysis,
             );
             tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
-            if self.noting() {
+            if self.log_refusals {
                 let tenant = self.tenant_of(&analysis);
                 self.log_refusal(&hit, &tenant, &analysis);
             }
@@ -127,12 +127,8 @@ impl RuleCheck<'_> {
     /// reading for the same client already (only the warning about ignored tags is left).
     fn verdict(&mut self, analysis: &Analysis, allowed: bool) -> Option<RuleHit> {
         let policy = &self.governance.policy;
-        let params: &ParamSet = self.params;
-        let who = Who {
-            role: self.role,
-            application_name: params.get("application_name").unwrap_or(""),
-            client_addr: self.client_addr,
-        };
+        // (Built from the fields, not `self`: the state below is written while it is held.)
+        let who = who_of(self.role, self.params, self.client_addr);
         if !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
             tracing::warn!(
                 client = self.client_id,
@@ -154,7 +150,7 @@ impl RuleCheck<'_> {
             }
             Verdict::Reject(hit) => {
                 tracing::warn!(client = self.client_id, rule = %hit.rule, fingerprint = %hit.fingerprint, statement = %analysis.log_text(), "statement refused");
-                if self.noting() {
+                if self.log_refusals {
                     let tenant = self.tenant_of(analysis);
                     self.log_refusal(&hit, &tenant, analysis);
                 }
@@ -165,18 +161,9 @@ impl RuleCheck<'_> {
 
     /// The tenant a statement of `analysis` runs for.
     fn tenant_of(&self, analysis: &Analysis) -> String {
-        let who = Who {
-            role: self.role,
-            application_name: self.params.get("application_name").unwrap_or(""),
-            client_addr: self.client_addr,
-        };
+        let who = who_of(self.role, self.params, self.client_addr);
         let identity = self.governance.policy.identify(&who, &analysis.tags);
         identity.tenant.to_string()
-    }
-
-    /// Whether a refusal is to be counted and logged here (not when the gate did already).
-    fn noting(&self) -> bool {
-        self.log_refusals
     }
 
     /// A rule's refusal in the decision log and the statement statistics.
@@ -188,19 +175,23 @@ impl RuleCheck<'_> {
             fingerprint: analysis.fingerprint,
         };
         log_rule_refusal(self.keeper, hit, who, self.role);
-        if let (Some(table), Some(f)) = (self.statements, analysis.fingerprint) {
-            let key = crate::ops::statements::KeyRef {
-                fingerprint: f.0,
-                tenant,
-                role: self.role,
-                database: self.database,
-            };
-            crate::sync::lock(table).refused(key, &hit.rule);
+        if let Some(sink) = &self.statements {
+            sink.refused(tenant, analysis.fingerprint, &hit.rule);
         }
     }
 
     fn context(&self, in_flight: bool) -> ParseContext {
         parse_context(self.params, in_flight)
+    }
+}
+
+/// Who sends a session's statements, as the policy reads it: its role, its application_name
+/// and its address.
+pub fn who_of<'a>(role: &'a str, params: &'a ParamSet, client_addr: Option<IpAddr>) -> Who<'a> {
+    Who {
+        role,
+        application_name: params.get("application_name").unwrap_or(""),
+        client_addr,
     }
 }
 
