@@ -164,7 +164,8 @@ fn raise_fd_limit(config: &Config) {
 }
 
 /// Once a second: each pool's maintenance pass (not for paused databases, which must not
-/// open servers), and the stats period; once a minute, the gate's upkeep (the plan cache's
+/// open servers), the stats period, and the end of a judged minute when its time has come
+/// (unusual minutes); once a minute, the gate's upkeep (the plan cache's
 /// log line, expired plans, idle tenants).
 pub async fn maintenance(rt: Arc<Runtime>) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
@@ -183,6 +184,7 @@ pub async fn maintenance(rt: Arc<Runtime>) {
             rt.pools.free_idle(after, now);
         }
         rt.ops.stats.tick(now, settings.stats_period);
+        rt.ops.judge_minute(now, std::time::SystemTime::now());
         if now.saturating_duration_since(minute) >= Duration::from_secs(60) {
             minute = now;
             crate::admin::gate_minute(&rt, now);

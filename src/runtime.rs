@@ -83,6 +83,7 @@ impl Runtime {
         configure_gate(&gatekeeper, governance.as_deref());
         let ops = Ops::default();
         lock(&ops.statements).set_max_rows(config.settings.max_statement_stats);
+        configure_anomalies(&ops, governance.as_deref());
         Arc::new(Runtime {
             config: Arc::new(ArcSwap::from_pointee(config)),
             userlist: ArcSwap::from_pointee(userlist),
@@ -140,6 +141,7 @@ impl Runtime {
         let edge = self.edge.reload(&config.settings);
         warnings.extend(edge.hba_kept);
         configure_gate(&self.gatekeeper, governance.as_deref());
+        configure_anomalies(&self.ops, governance.as_deref());
         self.governance.store(Arc::new(governance));
         self.install(config, Some(userlist));
         Ok(Reloaded {
@@ -502,6 +504,12 @@ fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
     }
 }
 
+/// Hands the judge of unusual minutes the policy's `[anomalies]` settings.
+fn configure_anomalies(ops: &Ops, governance: Option<&Governance>) {
+    let settings = governance.map(|g| g.policy.anomalies()).unwrap_or_default();
+    lock(&ops.anomalies).set_settings(settings);
+}
+
 impl crate::watch::Watched for Runtime {
     fn watch_policy(&self) -> Option<crate::policy::WatchPolicy> {
         self.governance
@@ -533,6 +541,7 @@ impl crate::watch::Watched for Runtime {
 
     fn note_lock_waits(&self, upstream: &str, n: usize) {
         self.gatekeeper.note_lock_waits(upstream, n);
+        lock(&self.ops.statements).note_lock_waits(n);
     }
 
     fn decisions(&self) -> &crate::gate::DecisionLog {

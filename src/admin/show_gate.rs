@@ -470,6 +470,41 @@ pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
     t
 }
 
+const ANOMALIES: &[(&str, Ty)] = &[
+    ("id", Ty::Int8),
+    ("state", Ty::Text),
+    ("started", Ty::Text),
+    ("ended", Ty::Text),
+    ("minutes", Ty::Int8),
+    ("signals", Ty::Text),
+    ("tenants", Ty::Text),
+    ("lock_waits", Ty::Int8),
+    ("statements", Ty::Text),
+];
+
+/// SHOW ANOMALIES: the incident under way (if any) and the last ones that ended, newest
+/// first: when, how many unusual minutes, each signal that rose (its peak and its baseline),
+/// the tenants and statements behind it, and the most of pgward's sessions seen waiting for a
+/// lock at once.
+pub fn anomalies(rt: &Runtime) -> Table {
+    let incidents = crate::sync::lock(&rt.ops.anomalies).incidents();
+    let mut t = Table::new(ANOMALIES);
+    for i in incidents {
+        t.push(vec![
+            i.id.into(),
+            if i.ended.is_some() { "ended" } else { "open" }.into(),
+            format_time(i.started),
+            i.ended.map_or(Cell::Null, format_time),
+            u64::from(i.minutes).into(),
+            crate::ops::signals_of(&i).into(),
+            i.tenants().join(", ").into(),
+            (i.lock_waits as u64).into(),
+            rt.ops.statements_of(&i).into(),
+        ]);
+    }
+    t
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -565,6 +565,19 @@ fn statement_stats(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::f
         "pgward_statement_stats_evicted",
         "Rows of statement statistics evicted at max_statement_stats",
         vec![(Vec::new(), evicted)],
+    )?;
+    let (started, open) = crate::sync::lock(&rt.ops.anomalies).counts();
+    counters(
+        e,
+        "pgward_anomalies",
+        "Anomalies started (two unusual minutes in a row)",
+        vec![(Vec::new(), started)],
+    )?;
+    gauges(
+        e,
+        "pgward_anomaly_open",
+        "1 while an anomaly is under way",
+        vec![(Vec::new(), i64::from(open))],
     )
 }
 

@@ -2,6 +2,7 @@
 //! disable / shutdown state, runtime limits set from the console, and the small hooks a
 //! session calls as it takes and gives back servers.
 
+pub mod anomalies;
 pub mod clients;
 pub mod hooks;
 pub mod overrides;
@@ -11,7 +12,11 @@ pub mod statements;
 pub mod stats;
 
 use std::sync::Mutex;
+use std::time::{Instant, SystemTime};
 
+use crate::sync::lock;
+
+pub use anomalies::{Change, Detector, Incident};
 pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registration, ServerLink};
 pub use hooks::{Checkout, SessionHooks, Waiting};
 pub use overrides::Overrides;
@@ -29,6 +34,8 @@ pub struct Ops {
     pub overrides: Mutex<Overrides>,
     /// Statement statistics (SHOW STATEMENTS), under a policy.
     pub statements: Mutex<Statements>,
+    /// The judge of unusual minutes (SHOW ANOMALIES), fed by the statement statistics.
+    pub anomalies: Mutex<Detector>,
     /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
     pub os_uid: u32,
     pub os_user: Option<String>,
@@ -43,10 +50,75 @@ impl Default for Ops {
             control: Control::default(),
             overrides: Mutex::new(Overrides::default()),
             statements: Mutex::new(Statements::default()),
+            anomalies: Mutex::new(Detector::default()),
             os_uid,
             os_user: user_name(os_uid),
         }
     }
+}
+
+impl Ops {
+    /// Ends the current minute of the statement statistics if its time has come at `now`
+    /// (`wall` on the clock), judges it, and says in the log what started or ended.
+    pub fn judge_minute(&self, now: Instant, wall: SystemTime) {
+        let mut detector = lock(&self.anomalies);
+        if !detector.due(now) {
+            return;
+        }
+        let tally = lock(&self.statements).take_minute();
+        let change = detector.close(tally, wall);
+        drop(detector);
+        match change {
+            Some(Change::Started(i)) => tracing::warn!(
+                "anomaly {} started: {}; statements: {}; tenants: {}; lock waits: {}",
+                i.id,
+                signals_of(&i),
+                self.statements_of(&i),
+                i.tenants().join(", "),
+                i.lock_waits
+            ),
+            Some(Change::Ended(i)) => tracing::warn!(
+                "anomaly {} ended after {} unusual minutes: {}; statements: {}",
+                i.id,
+                i.minutes,
+                signals_of(&i),
+                self.statements_of(&i)
+            ),
+            None => {}
+        }
+    }
+
+    /// The statements behind `incident`, as SHOW ANOMALIES and the log name them: each one's
+    /// fingerprint, normalized text (when it can be shown), tenant and runs that failed or
+    /// were slow or long.
+    pub fn statements_of(&self, incident: &Incident) -> String {
+        let table = lock(&self.statements);
+        let named: Vec<String> = incident
+            .named(anomalies::NAMED)
+            .into_iter()
+            .map(|(fingerprint, tenant, b)| {
+                let text = table.text(fingerprint).unwrap_or("?");
+                format!(
+                    "{fingerprint:016x} [{text}] tenant={tenant} failed={} slow={} long={}",
+                    b.failed, b.slow, b.long
+                )
+            })
+            .collect();
+        named.join("; ")
+    }
+}
+
+/// The signals that rose in `incident`, each with its peak and its baseline's mean.
+pub fn signals_of(incident: &Incident) -> String {
+    let rose: Vec<String> = incident
+        .signals
+        .iter()
+        .map(|(s, r)| {
+            let (peak, base) = (s.show(r.peak), s.show(r.baseline));
+            format!("{} {peak} (baseline {base})", s.as_str())
+        })
+        .collect();
+    rose.join(", ")
 }
 
 /// The name of OS user `uid` (from the password database).

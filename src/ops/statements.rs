@@ -11,6 +11,7 @@ use std::hash::BuildHasher;
 
 use foldhash::HashMap;
 
+use super::anomalies::{Tally, SLOW_FLOOR};
 use super::sketch::Sketch;
 
 /// The longest text kept for a statement, in bytes (a longer one is cut, and says so).
@@ -93,6 +94,8 @@ pub struct Statements {
     texts: HashMap<u64, String>,
     max_rows: usize,
     evicted: u64,
+    /// The current minute, for the judge of unusual minutes.
+    minute: Tally,
 }
 
 impl Default for Statements {
@@ -110,6 +113,7 @@ impl Statements {
             texts: HashMap::default(),
             max_rows: max_rows.max(1),
             evicted: 0,
+            minute: Tally::default(),
         }
     }
 
@@ -139,9 +143,14 @@ impl Statements {
         }
     }
 
-    /// Counts a run of `key`.
+    /// Counts a run of `key` (in its row and in the current minute).
     pub fn record(&mut self, key: KeyRef<'_>, ran: &Ran<'_>) {
         let row = self.row(key);
+        // Only a long run can be slow for its statement: the median is read for those alone.
+        let median = match ran.seconds >= SLOW_FLOOR {
+            true => row.latency.quantile(0.5),
+            false => None,
+        };
         row.calls += 1;
         row.rows += ran.rows;
         row.latency.add(ran.seconds);
@@ -149,6 +158,26 @@ impl Statements {
         if let Some(code) = ran.error {
             *row.errors.entry(code.to_string()).or_default() += 1;
         }
+        let failed = ran.error.is_some();
+        let (fingerprint, tenant) = (key.fingerprint, key.tenant);
+        self.minute
+            .add(fingerprint, tenant, ran.seconds, failed, median);
+    }
+
+    /// The current minute's tally, handed over; a new minute begins.
+    pub fn take_minute(&mut self) -> Tally {
+        std::mem::take(&mut self.minute)
+    }
+
+    /// The server reading counted `n` of pgward's sessions waiting for a lock.
+    pub fn note_lock_waits(&mut self, n: usize) {
+        self.minute.note_lock_waits(n);
+    }
+
+    /// The normalized text of `fingerprint`, if it is kept and can be shown.
+    pub fn text(&self, fingerprint: u64) -> Option<&str> {
+        let text = self.texts.get(&fingerprint)?;
+        (!text.is_empty()).then_some(text.as_str())
     }
 
     /// Counts a refusal of `key` by pgward.

@@ -85,6 +85,19 @@ pub(super) struct PolicyFile {
     pub rules: Vec<toml::Spanned<RuleFile>>,
     pub allowlist: Option<AllowlistFile>,
     pub decisions: Option<toml::Spanned<DecisionsFile>>,
+    pub anomalies: Option<toml::Spanned<AnomaliesFile>>,
+}
+
+/// `[anomalies]`: how unusual minutes are judged.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct AnomaliesFile {
+    /// How long a judged "minute" lasts.
+    pub minute: Option<String>,
+    /// Statements a minute needs to be judged.
+    pub min_statements: Option<u64>,
+    /// Normal minutes the baseline keeps.
+    pub baseline_minutes: Option<u32>,
 }
 
 /// `[decisions]`: the decision log.

@@ -26,6 +26,11 @@
 //! file = "decisions.jsonl"        # relative to this file: one JSON line per decision
 //! wait_over = "1s"                # waits for a slot this long are logged ("off": none)
 //! max_per_second = 100            # lines a second at most; the rest are counted
+//!
+//! [anomalies]
+//! minute = "60s"                  # how long a judged minute lasts
+//! min_statements = 20             # a minute with fewer is not judged
+//! baseline_minutes = 30           # normal minutes each signal's baseline keeps
 //! ```
 
 mod allowlist;
@@ -301,6 +306,7 @@ pub struct Policy {
     allowlist: Option<Arc<Allowlist>>,
     gate: GatePolicy,
     decisions: DecisionPolicy,
+    anomalies: AnomalySettings,
 }
 
 impl Policy {
@@ -316,6 +322,7 @@ impl Policy {
             allowlist: None,
             gate: GatePolicy::default(),
             decisions: DecisionPolicy::default(),
+            anomalies: AnomalySettings::default(),
         }
     }
 
@@ -362,6 +369,13 @@ impl Policy {
             }
             None => DecisionPolicy::default(),
         };
+        let anomalies = match raw.anomalies {
+            Some(a) => {
+                let start = a.span().start;
+                build_anomalies(a.into_inner()).map_err(|m| invalid(start, m))?
+            }
+            None => AnomalySettings::default(),
+        };
         let (allowlist, allowlist_roles) = match raw.allowlist {
             Some(a) => (
                 Some(Arc::new(Allowlist::load(&dir.join(&a.file))?)),
@@ -379,6 +393,7 @@ impl Policy {
             allowlist,
             gate,
             decisions,
+            anomalies,
         })
     }
 
@@ -390,6 +405,11 @@ impl Policy {
     /// The `[decisions]` table.
     pub fn decisions(&self) -> &DecisionPolicy {
         &self.decisions
+    }
+
+    /// The `[anomalies]` table.
+    pub fn anomalies(&self) -> AnomalySettings {
+        self.anomalies
     }
 
     /// Each tenant named in the file, with its gate settings.
@@ -649,6 +669,30 @@ impl Default for GatePolicy {
     }
 }
 
+/// The `[anomalies]` table: how unusual minutes are judged.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AnomalySettings {
+    /// How long a "minute" is.
+    pub minute: Duration,
+    /// Statements a minute needs to be judged.
+    pub min_statements: u64,
+    /// Normal minutes the baseline keeps.
+    pub baseline_minutes: usize,
+    /// Normal minutes needed before any minute is judged.
+    pub min_baseline: usize,
+}
+
+impl Default for AnomalySettings {
+    fn default() -> Self {
+        AnomalySettings {
+            minute: Duration::from_secs(60),
+            min_statements: 20,
+            baseline_minutes: 30,
+            min_baseline: 5,
+        }
+    }
+}
+
 /// The `[decisions]` table: the decision log.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DecisionPolicy {
@@ -695,6 +739,26 @@ fn build_decisions(raw: file::DecisionsFile, dir: &Path) -> Result<DecisionPolic
         d.max_per_second = n;
     }
     Ok(d)
+}
+
+fn build_anomalies(raw: file::AnomaliesFile) -> Result<AnomalySettings, String> {
+    let mut a = AnomalySettings::default();
+    if let Some(t) = &raw.minute {
+        a.minute = parse_duration(t)
+            .filter(|d| *d >= Duration::from_secs(1))
+            .ok_or_else(|| format!("minute {t:?}: a duration of at least 1s, such as 60s"))?;
+    }
+    if let Some(n) = raw.min_statements {
+        a.min_statements = n.max(1);
+    }
+    if let Some(n) = raw.baseline_minutes {
+        if n < 2 {
+            return Err("baseline_minutes must be at least 2".to_string());
+        }
+        a.baseline_minutes = n as usize;
+        a.min_baseline = a.min_baseline.min(a.baseline_minutes);
+    }
+    Ok(a)
 }
 
 /// The `[gate]` table's settings over the defaults.

@@ -508,3 +508,26 @@ fn the_decisions_table_names_the_log_beside_the_policy_and_its_bounds() {
         assert!(e.contains(says), "{bad}: {e}");
     }
 }
+
+#[test]
+fn the_anomalies_table_sets_the_minute_and_its_bounds() {
+    use crate::policy::AnomalySettings;
+    let parse = |text: &str| Policy::parse(text, Path::new("p.toml"), Path::new("."));
+    assert_eq!(parse("").unwrap().anomalies(), AnomalySettings::default());
+    let a = parse("[anomalies]\nminute = \"2s\"\nmin_statements = 10\nbaseline_minutes = 3\n")
+        .unwrap()
+        .anomalies();
+    assert_eq!(a.minute, Duration::from_secs(2));
+    assert_eq!(
+        (a.min_statements, a.baseline_minutes, a.min_baseline),
+        (10, 3, 3)
+    );
+    for (bad, says) in [
+        ("\n[anomalies]\nminute = \"10ms\"\n", "p.toml:2"),
+        ("[anomalies]\nbaseline_minutes = 1\n", "baseline_minutes"),
+        ("[anomalies]\nminutes = \"1s\"\n", "minutes"),
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}
