@@ -33,11 +33,15 @@ pub async fn serve(config: Config) -> ExitCode {
         Ok(e) => e,
         Err(e) => return failed(e),
     };
-    // The decision log is opened before anything is bound: a path that cannot be opened
+    // The decision log and the traffic log are opened before anything is bound: a path that cannot be opened
     // stops the start with nothing taken over (a rolling restart's old process keeps its
     // socket).
     let gatekeeper = crate::gate::keeper::Gatekeeper::new();
     if let Err(e) = crate::runtime::open_decision_log(&gatekeeper, governance.as_deref()) {
+        return failed(e);
+    }
+    let ops = crate::ops::Ops::default();
+    if let Err(e) = crate::runtime::open_traffic_log(&ops, governance.as_deref()) {
         return failed(e);
     }
     raise_fd_limit(&config);
@@ -57,7 +61,7 @@ pub async fn serve(config: Config) -> ExitCode {
         std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
     });
     let metrics_addr = config.settings.prometheus_listen.clone();
-    let rt = Runtime::new(config, userlist, governance, edge, gatekeeper);
+    let rt = Runtime::new(config, userlist, governance, edge, gatekeeper, ops);
     load_state(&rt);
     let mut tasks = Vec::new();
     if let Some(addr) = metrics_addr {
@@ -83,6 +87,7 @@ pub async fn serve(config: Config) -> ExitCode {
         g.save_allowlist();
     }
     save_state(&rt);
+    rt.ops.traffic.flush();
     cleanup(pidfile.as_deref(), socket.as_ref());
     tracing::info!("pgward stopped");
     ExitCode::SUCCESS
@@ -185,6 +190,7 @@ pub async fn maintenance(rt: Arc<Runtime>) {
         }
         rt.ops.stats.tick(now, settings.stats_period);
         rt.ops.judge_minute(now, std::time::SystemTime::now());
+        rt.ops.traffic.flush();
         if now.saturating_duration_since(minute) >= Duration::from_secs(60) {
             minute = now;
             crate::admin::gate_minute(&rt, now);

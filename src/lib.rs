@@ -46,6 +46,7 @@ pub mod params;
 pub mod policy;
 // The running pooler's shared state, passed to every task.
 pub mod runtime;
+pub mod simulate;
 // PostgreSQL's parser on a statement text: fingerprints, kinds, tags.
 pub mod sql;
 // The poison-tolerant lock helper.

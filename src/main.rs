@@ -10,6 +10,7 @@ pgward - a PostgreSQL connection pooler that reads pgbouncer.ini
 
 Usage: pgward [OPTION]... CONFIG
        pgward check --policy POLICY.toml CORPUS.sql...
+       pgward simulate --policy POLICY.toml --traffic TRAFFIC.jsonl
 
 Options:
   -v, --verbose    log more (repeat for even more)
@@ -23,7 +24,11 @@ CONFIG is a pgbouncer.ini-style file: [databases], [users], [pools] and
 
 `pgward check` runs the cases of each corpus file (`-- reject [rule]`, `-- warn [rule]`,
 `-- allow` before each case) against a policy file without starting the pooler, prints
-every case it gets wrong as `file:line: want ..., got ...`, and exits 1 if there is one.";
+every case it gets wrong as `file:line: want ..., got ...`, and exits 1 if there is one.
+
+`pgward simulate` replays a traffic log (`[traffic] file` in a policy) through the
+admission gate under another policy, in simulated time, and reports per tenant what
+that policy would have refused, delayed and let through beside what happened.";
 
 struct Args {
     config: PathBuf,
@@ -40,6 +45,9 @@ fn parse_args() -> Command {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.first().map(String::as_str) == Some("check") {
         return Command::Exit(check(&args[1..]));
+    }
+    if args.first().map(String::as_str) == Some("simulate") {
+        return Command::Exit(simulate(&args[1..]));
     }
     let mut config = None;
     let mut verbose = 0;
@@ -97,6 +105,37 @@ fn check(args: &[String]) -> ExitCode {
         }
         Err(e) => {
             eprintln!("pgward check: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+/// `pgward simulate --policy FILE --traffic FILE`
+fn simulate(args: &[String]) -> ExitCode {
+    let usage = || {
+        eprintln!("usage: pgward simulate --policy POLICY.toml --traffic TRAFFIC.jsonl");
+        ExitCode::from(2)
+    };
+    let (mut policy, mut traffic) = (None, None);
+    let mut rest = args.iter();
+    while let Some(flag) = rest.next() {
+        let value = rest.next().map(PathBuf::from);
+        match flag.as_str() {
+            "--policy" => policy = value,
+            "--traffic" => traffic = value,
+            _ => return usage(),
+        }
+    }
+    let (Some(policy), Some(traffic)) = (policy, traffic) else {
+        return usage();
+    };
+    match pgward::simulate::run_simulation(&policy, &traffic) {
+        Ok(report) => {
+            print!("{report}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("pgward simulate: {e}");
             ExitCode::from(2)
         }
     }

@@ -39,7 +39,7 @@ pub enum ReloadError {
     #[error(transparent)]
     Policy(#[from] PolicyError),
     #[error("{0}")]
-    DecisionLog(String),
+    Log(String),
 }
 
 pub struct Runtime {
@@ -76,12 +76,12 @@ impl Runtime {
         governance: Option<Arc<Governance>>,
         edge: Edge,
         gatekeeper: Arc<Gatekeeper>,
+        ops: Ops,
     ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::of(&config.settings);
         configure_gate(&gatekeeper, governance.as_deref());
-        let ops = Ops::default();
         lock(&ops.statements).set_max_rows(config.settings.max_statement_stats);
         configure_anomalies(&ops, governance.as_deref());
         Arc::new(Runtime {
@@ -123,6 +123,9 @@ impl Runtime {
         if let Err(e) = self.gatekeeper.decisions.reopen() {
             tracing::warn!("{e}");
         }
+        if let Err(e) = self.ops.traffic.reopen() {
+            tracing::warn!("{e}");
+        }
         let path = self.config.load().path.clone();
         let mut config = crate::config::load(&path)?;
         let userlist = match &config.settings.auth_file {
@@ -134,8 +137,8 @@ impl Runtime {
             old.save_allowlist();
         }
         let governance = Governance::load(&config.settings)?;
-        open_decision_log(&self.gatekeeper, governance.as_deref())
-            .map_err(ReloadError::DecisionLog)?;
+        open_decision_log(&self.gatekeeper, governance.as_deref()).map_err(ReloadError::Log)?;
+        open_traffic_log(&self.ops, governance.as_deref()).map_err(ReloadError::Log)?;
         lock(&self.ops.overrides).apply(&mut config);
         let mut warnings = config.warnings.clone();
         let edge = self.edge.reload(&config.settings);
@@ -484,6 +487,12 @@ pub fn open_decision_log(
     keeper
         .decisions
         .open(decisions.file.as_deref(), decisions.max_per_second)
+}
+
+/// Opens the traffic log `governance` names (again, if it is the one open), or closes it.
+pub fn open_traffic_log(ops: &Ops, governance: Option<&Governance>) -> Result<(), String> {
+    ops.traffic
+        .open(governance.and_then(|g| g.policy.traffic()))
 }
 
 /// Applies the policy to the gate (its decision log opened already).

@@ -10,6 +10,7 @@ pub mod sketch;
 pub mod state;
 pub mod statements;
 pub mod stats;
+pub mod traffic;
 
 use std::sync::Mutex;
 use std::time::{Instant, SystemTime};
@@ -36,6 +37,8 @@ pub struct Ops {
     pub statements: Mutex<Statements>,
     /// The judge of unusual minutes (SHOW ANOMALIES), fed by the statement statistics.
     pub anomalies: Mutex<Detector>,
+    /// The traffic log (`pgward simulate` reads it), under a policy that names one.
+    pub traffic: traffic::TrafficLog,
     /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
     pub os_uid: u32,
     pub os_user: Option<String>,
@@ -51,6 +54,7 @@ impl Default for Ops {
             overrides: Mutex::new(Overrides::default()),
             statements: Mutex::new(Statements::default()),
             anomalies: Mutex::new(Detector::default()),
+            traffic: traffic::TrafficLog::default(),
             os_uid,
             os_user: user_name(os_uid),
         }

@@ -86,6 +86,15 @@ pub(super) struct PolicyFile {
     pub allowlist: Option<AllowlistFile>,
     pub decisions: Option<toml::Spanned<DecisionsFile>>,
     pub anomalies: Option<toml::Spanned<AnomaliesFile>>,
+    pub traffic: Option<TrafficFile>,
+}
+
+/// `[traffic]`: the traffic log.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct TrafficFile {
+    /// The file (relative to the policy file).
+    pub file: String,
 }
 
 /// `[anomalies]`: how unusual minutes are judged.

@@ -31,6 +31,9 @@
 //! minute = "60s"                  # how long a judged minute lasts
 //! min_statements = 20             # a minute with fewer is not judged
 //! baseline_minutes = 30           # normal minutes each signal's baseline keeps
+//!
+//! [traffic]
+//! file = "traffic.jsonl"          # relative to this file: one JSON line per statement
 //! ```
 
 mod allowlist;
@@ -307,6 +310,7 @@ pub struct Policy {
     gate: GatePolicy,
     decisions: DecisionPolicy,
     anomalies: AnomalySettings,
+    traffic: Option<PathBuf>,
 }
 
 impl Policy {
@@ -323,6 +327,7 @@ impl Policy {
             gate: GatePolicy::default(),
             decisions: DecisionPolicy::default(),
             anomalies: AnomalySettings::default(),
+            traffic: None,
         }
     }
 
@@ -394,6 +399,7 @@ impl Policy {
             gate,
             decisions,
             anomalies,
+            traffic: raw.traffic.map(|t| dir.join(t.file)),
         })
     }
 
@@ -405,6 +411,11 @@ impl Policy {
     /// The `[decisions]` table.
     pub fn decisions(&self) -> &DecisionPolicy {
         &self.decisions
+    }
+
+    /// The traffic log's file (`[traffic]`), if any.
+    pub fn traffic(&self) -> Option<&Path> {
+        self.traffic.as_deref()
     }
 
     /// The `[anomalies]` table.

@@ -34,6 +34,7 @@ use crate::gate::RefusalReason;
 use crate::gate::{
     Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, Subject, TenantTimeouts,
 };
+use crate::ops::traffic::{Arrival, Outcome};
 use crate::policy::Governance;
 use crate::policy::{RuleHit, Verdict, Who};
 use crate::runtime::Runtime;
@@ -215,6 +216,8 @@ struct Part {
     /// When the client sent it, and how long it waited in the gate's queues.
     sent_at: Instant,
     waited: Duration,
+    /// What the traffic log says of its arrival (while the log is on).
+    arrival: Option<Box<Arrival>>,
 }
 
 /// Requests kept apart in one run; past this, a tenant's requests are counted together (a
@@ -266,22 +269,47 @@ impl Run {
     }
 }
 
+/// Each part's share of `took`, the run's time, in proportion to its prediction (evenly when
+/// nothing was predicted).
+fn shares(parts: &[Part], took: Duration) -> Vec<Duration> {
+    let weight = |p: &Part| match p.predicted.is_finite() {
+        true => p.predicted.max(0.0),
+        false => 0.0,
+    };
+    let total: f64 = parts.iter().map(weight).sum();
+    let n = parts.len() as f64;
+    parts
+        .iter()
+        .map(|part| {
+            let share = match total > 0.0 {
+                true => weight(part) / total,
+                false => 1.0 / n,
+            };
+            Duration::try_from_secs_f64(took.as_secs_f64() * share).unwrap_or_default()
+        })
+        .collect()
+}
+
 impl GateState {
     /// The server owes this client nothing (or the session lost its server): the run's time
     /// is settled with the tenants of its requests, and a request that ran alone and ended
     /// normally teaches its time.
     pub fn end_run(&mut self, keeper: &crate::gate::keeper::Gatekeeper, stats: Option<StatsSink>) {
         let run = std::mem::take(&mut self.run);
-        if let Some(sink) = stats {
+        if let Some(sink) = &stats {
             sink.record(&run);
         }
         for (tenant, id) in &run.held {
             keeper.end_unknown(tenant, *id);
         }
-        let Some(started) = run.started else {
+        let took = run.started.map(|s| s.elapsed());
+        let shares = shares(&run.parts, took.unwrap_or_default());
+        if let Some(sink) = &stats {
+            sink.log_traffic(&run, &shares, took.is_some());
+        }
+        let Some(took) = took else {
             return;
         };
-        let took = started.elapsed();
         if run.changes_plans {
             // Even if something in the run failed: the DDL may have taken effect.
             self.stale_plans = true;
@@ -294,18 +322,7 @@ impl GateState {
             }
             return;
         }
-        let weight = |p: &Part| match p.predicted.is_finite() {
-            true => p.predicted.max(0.0),
-            false => 0.0,
-        };
-        let total: f64 = run.parts.iter().map(weight).sum();
-        let n = run.parts.len() as f64;
-        for part in &run.parts {
-            let share = match total > 0.0 {
-                true => weight(part) / total,
-                false => 1.0 / n,
-            };
-            let own = Duration::try_from_secs_f64(took.as_secs_f64() * share).unwrap_or_default();
+        for (part, own) in run.parts.iter().zip(shares) {
             keeper.settle(&part.tenant, part.charged, own);
         }
         if let ([part], false) = (run.parts.as_slice(), run.failed) {
@@ -363,6 +380,7 @@ impl GateState {
 /// and pgward database.
 pub(in crate::session) struct StatsSink<'a> {
     pub table: &'a std::sync::Mutex<crate::ops::Statements>,
+    pub traffic: &'a crate::ops::traffic::TrafficLog,
     pub role: &'a str,
     pub database: &'a str,
 }
@@ -400,6 +418,42 @@ impl StatsSink<'_> {
                 table.set_text(fingerprint.0, shown);
             }
         }
+    }
+
+    /// The traffic log's line of each request of `run` (each part took its share in
+    /// `shares`, if the run reached the server at all).
+    fn log_traffic(&self, run: &Run, shares: &[Duration], ran: bool) {
+        for (part, own) in run.parts.iter().zip(shares) {
+            let Some(arrival) = &part.arrival else {
+                continue;
+            };
+            let outcome = Outcome {
+                predicted: Some(part.predicted),
+                took: ran.then_some(own.as_secs_f64()),
+                waited: part.waited.as_secs_f64(),
+                outcome: "ran",
+            };
+            let who = (part.tenant.as_str(), self.role, self.database);
+            self.traffic.write(&arrival.entry(who, outcome));
+        }
+    }
+
+    /// The traffic log's line of a request the gate refused.
+    pub fn log_refusal(
+        &self,
+        arrival: &Arrival,
+        tenant: &str,
+        reason: &str,
+        predicted: Option<f64>,
+    ) {
+        let outcome = Outcome {
+            predicted,
+            took: None,
+            waited: 0.0,
+            outcome: reason,
+        };
+        let who = (tenant, self.role, self.database);
+        self.traffic.write(&arrival.entry(who, outcome));
     }
 
     /// Counts a refusal of `tenant`'s statement `fingerprint` by pgward.
@@ -815,6 +869,12 @@ impl Session {
             deadline: identity.deadline,
             ..self.request(&tenant, &upstream)
         };
+        let arrival = self
+            .rt
+            .ops
+            .traffic
+            .is_on()
+            .then(|| Arrival::of(&request, now, std::time::SystemTime::now()));
         let (limits, decision) = {
             let mut gate = keeper.lock();
             (gate.timeouts(&tenant), gate.admit(&request, now))
@@ -822,7 +882,9 @@ impl Session {
         self.gate.limits = limits;
         self.gate.tenant.clone_from(&tenant);
         let (mut pass, bypass) = match decision {
-            Decision::Refuse(r) => return Ok(self.refuse(&r, &tenant, fingerprint)),
+            Decision::Refuse(r) => {
+                return Ok(self.refuse(&r, &tenant, fingerprint, (arrival.as_ref(), None)))
+            }
             Decision::Bypass(pass) => (pass, true),
             Decision::Admit(pass) => (pass, false),
         };
@@ -841,7 +903,8 @@ impl Session {
             }
             ruled = true;
             if let Err(r) = keeper.spend(&mut pass, predicted) {
-                return Ok(self.refuse(&r, &tenant, fingerprint));
+                let priced = (arrival.as_ref(), Some(predicted.seconds));
+                return Ok(self.refuse(&r, &tenant, fingerprint, priced));
             }
         }
         // Time spent waiting for a server from the pool (statement statistics: pgward's own
@@ -866,7 +929,10 @@ impl Session {
                         pass = p;
                         self.gate.slot = Some(guard);
                     }
-                    SlotAnswer::Refused(_, r) => return Ok(self.refuse(&r, &tenant, fingerprint)),
+                    SlotAnswer::Refused(_, r) => {
+                        let unpriced = (arrival.as_ref(), None);
+                        return Ok(self.refuse(&r, &tenant, fingerprint, unpriced));
+                    }
                 }
             }
             if self.link.is_none() {
@@ -890,6 +956,7 @@ impl Session {
                         reading: analysis.clone(),
                         sent_at: pass.sent_at,
                         waited: pass.waited + for_server,
+                        arrival: arrival.map(Box::new),
                     },
                     Instant::now(),
                 );
@@ -951,7 +1018,8 @@ impl Session {
                 Ok(Spent::Run { .. }) => {}
                 Err(r) => {
                     end_hold();
-                    return Ok(self.refuse(&r, &tenant, fingerprint));
+                    let priced = (arrival.as_ref(), Some(cost.seconds));
+                    return Ok(self.refuse(&r, &tenant, fingerprint, priced));
                 }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
                     if first && !self.in_transaction() =>
@@ -1001,6 +1069,7 @@ impl Session {
                 reading: analysis.clone(),
                 sent_at: pass.sent_at,
                 waited: pass.waited + for_server,
+                arrival: arrival.map(Box::new),
             };
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
@@ -1358,9 +1427,21 @@ impl Session {
         self.count_refusal(tenant, fingerprint, &hit.rule);
     }
 
-    /// A refusal by the gate (counted and logged there), in the statement statistics.
-    fn refuse(&self, r: &Refusal, tenant: &str, fingerprint: Option<Fingerprint>) -> Step {
-        self.count_refusal(tenant, fingerprint, r.reason.as_str());
+    /// A refusal by the gate (counted and logged there), in the statement statistics and the
+    /// traffic log (with the request's arrival and its predicted time, if it was priced).
+    fn refuse(
+        &self,
+        r: &Refusal,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        (arrival, predicted): (Option<&Arrival>, Option<f64>),
+    ) -> Step {
+        let reason = r.reason.as_str();
+        self.count_refusal(tenant, fingerprint, reason);
+        let sink = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
+        if let (Some(sink), Some(arrival)) = (sink, arrival) {
+            sink.log_refusal(arrival, tenant, reason, predicted);
+        }
         refused(r)
     }
 

@@ -1238,6 +1238,7 @@ fn stats_sink<'a>(
 ) -> Option<admit::StatsSink<'a>> {
     on.then_some(admit::StatsSink {
         table: &rt.ops.statements,
+        traffic: &rt.ops.traffic,
         role,
         database,
     })
