@@ -557,6 +557,32 @@ impl crate::watch::Watched for Runtime {
         &self.gatekeeper.decisions
     }
 
+    fn add_server_statements(
+        &self,
+        upstream: &str,
+        changes: Vec<crate::watch::server_stats::Delta>,
+    ) {
+        // The server's role and database as each pool on `upstream` logs in, to the pool's
+        // own user and database, the statement statistics' key.
+        let mut ours: HashMap<(String, String), Vec<(String, String)>> = HashMap::new();
+        for pool in self.pools.all() {
+            let settings = pool.settings();
+            let target = &settings.target;
+            if target.hosts.label() == upstream {
+                ours.entry((target.user.clone(), target.database.clone()))
+                    .or_default()
+                    .push((pool.key.user.clone(), pool.key.db.clone()));
+            }
+        }
+        let mut table = lock(&self.ops.statements);
+        for change in changes {
+            let key = (change.role, change.database);
+            for (user, db) in ours.get(&key).into_iter().flatten() {
+                table.add_server(change.fingerprint, user, db, &change.counters);
+            }
+        }
+    }
+
     fn cap_tenant(&self, tenant: &str, on: bool) {
         self.gatekeeper
             .lock()

@@ -85,6 +85,9 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
     assert!(number(sleep, "total_ms") >= 3800.0);
     let division = row(&rows, "SELECT $1 / ($2 - $3)", "postgres");
     assert_eq!(sleep["errors"].as_deref(), Some(""));
+    // Without pg_stat_statements, what only it knows is NULL.
+    assert_eq!(sleep["shared_blks_hit"], None);
+    assert_eq!(sleep["temp_blks_written"], None);
     assert_eq!(division["errors"].as_deref(), Some("22012:2"));
     assert_eq!(number(division, "calls"), 2.0);
     let read = row(&rows, FULL_READ, "acme");
@@ -134,4 +137,54 @@ async fn the_table_stays_within_max_statement_stats_under_many_distinct_statemen
     assert!(rows.iter().all(|r| r["query"]
         .as_deref()
         .is_some_and(|q| q.starts_with("WITH x"))));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pg_stat_statements_adds_buffers_temp_files_and_wal_to_the_rows() {
+    let f = gated("", "default_pool_size = 4\nadmin_users = admin\n");
+    let conf = f.pg.data_dir.join("pgward_test.conf");
+    let mut settings = std::fs::read_to_string(&conf).expect("read the settings");
+    settings.push_str("shared_preload_libraries = 'pg_stat_statements'\nwork_mem = '1MB'\n");
+    std::fs::write(&conf, settings).expect("write the settings");
+    f.pg.restart();
+    f.pg.sql("CREATE EXTENSION pg_stat_statements");
+    let app = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
+    // A sort bigger than work_mem spills to temporary files; an update writes WAL.
+    let sort = "SELECT id FROM big ORDER BY pad DESC, id OFFSET 99999";
+    let update = "UPDATE small SET v = v WHERE id < 500";
+    let started = Instant::now();
+    let (sorted, updated) = loop {
+        assert_eq!(outcome(&app.client, sort).await, "");
+        assert_eq!(outcome(&app.client, update).await, "");
+        let rows = show(&admin.client, "SHOW STATEMENTS").await;
+        let counted = |text: &str, col: &str| {
+            rows.iter()
+                .find(|r| r["query"].as_deref() == Some(text))
+                .and_then(|r| r[col].as_deref()?.parse::<u64>().ok())
+                .filter(|n| *n > 0)
+        };
+        let sorted = counted(
+            "SELECT id FROM big ORDER BY pad DESC, id OFFSET $1",
+            "temp_blks_written",
+        );
+        let updated = counted("UPDATE small SET v = v WHERE id < $1", "wal_bytes");
+        if let (Some(s), Some(u)) = (sorted, updated) {
+            break (s, u);
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "pg_stat_statements never reached SHOW STATEMENTS: {rows:?}"
+        );
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    };
+    assert!(sorted > 0 && updated > 0);
+    let rows = show(&admin.client, "SHOW STATEMENTS").await;
+    let read = row(
+        &rows,
+        "SELECT id FROM big ORDER BY pad DESC, id OFFSET $1",
+        "postgres",
+    );
+    let blocks = number(read, "shared_blks_hit") + number(read, "shared_blks_read");
+    assert!(blocks > 0.0, "{read:?}");
 }

@@ -429,24 +429,38 @@ const STATEMENTS: &[(&str, Ty)] = &[
     ("waited_ms", N),
     ("errors", Ty::Text),
     ("refused", Ty::Text),
+    ("shared_blks_hit", Ty::Int8),
+    ("shared_blks_read", Ty::Int8),
+    ("temp_blks_read", Ty::Int8),
+    ("temp_blks_written", Ty::Int8),
+    ("wal_bytes", Ty::Int8),
     ("query", Ty::Text),
 ];
 
 /// SHOW STATEMENTS: the `limit` statements (of `tenant`, if named) with the most total time
 /// as clients saw it, by (fingerprint, tenant, role, database): calls, rows, latency
 /// percentiles from the request's arrival to its answer, the time waited in the gate's
-/// queues, PostgreSQL's errors by SQLSTATE and pgward's refusals by reason, and the
-/// normalized text (constants as `$n`).
+/// queues, PostgreSQL's errors by SQLSTATE and pgward's refusals by reason, what
+/// pg_stat_statements counted of the statement for its role and database since pgward began
+/// reading it (NULL without the extension), and the normalized text (constants as `$n`).
 pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
-    let rows = crate::sync::lock(&rt.ops.statements).top(limit, tenant);
+    let (rows, server): (Vec<_>, Vec<_>) = {
+        let table = crate::sync::lock(&rt.ops.statements);
+        let rows = table.top(limit, tenant);
+        let server = rows.iter().map(|r| table.server_counters(&r.0)).collect();
+        (rows, server)
+    };
     let mut t = Table::new(STATEMENTS);
     let ms = |s: Option<f64>| s.map_or(Cell::Null, |s| Cell::decimal(s * 1000.0, 3));
     let counts = |m: &std::collections::BTreeMap<String, u64>| {
         let words: Vec<String> = m.iter().map(|(k, n)| format!("{k}:{n}")).collect();
         words.join(" ")
     };
-    for (key, row, text) in rows {
+    for ((key, row, text), server) in rows.into_iter().zip(server) {
         let l = &row.latency;
+        let count = |f: fn(&crate::ops::statements::ServerCounters) -> u64| {
+            server.as_ref().map_or(Cell::Null, |c| f(c).into())
+        };
         let mean = (l.count() > 0).then(|| l.sum() / l.count() as f64);
         t.push(vec![
             format!("{:016x}", key.fingerprint).into(),
@@ -464,6 +478,11 @@ pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
             ms(Some(row.waited)),
             counts(&row.errors).into(),
             counts(&row.refusals).into(),
+            count(|c| c.shared_blks_hit),
+            count(|c| c.shared_blks_read),
+            count(|c| c.temp_blks_read),
+            count(|c| c.temp_blks_written),
+            count(|c| c.wal_bytes),
             text.map_or(Cell::Null, Cell::from),
         ]);
     }

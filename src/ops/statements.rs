@@ -73,6 +73,48 @@ pub struct StatementRow {
     pub refusals: BTreeMap<String, u64>,
 }
 
+/// What pg_stat_statements counts of a statement (or what changed of it).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServerCounters {
+    pub calls: u64,
+    pub shared_blks_hit: u64,
+    pub shared_blks_read: u64,
+    pub temp_blks_read: u64,
+    pub temp_blks_written: u64,
+    pub wal_bytes: u64,
+}
+
+impl ServerCounters {
+    /// What changed from `before`: every counter's growth, or all of them as they are when
+    /// the calls went down (the statement was reset or evicted, and came back).
+    pub fn since(&self, before: &ServerCounters) -> ServerCounters {
+        if self.calls < before.calls {
+            return *self;
+        }
+        ServerCounters {
+            calls: self.calls - before.calls,
+            shared_blks_hit: self.shared_blks_hit.saturating_sub(before.shared_blks_hit),
+            shared_blks_read: self
+                .shared_blks_read
+                .saturating_sub(before.shared_blks_read),
+            temp_blks_read: self.temp_blks_read.saturating_sub(before.temp_blks_read),
+            temp_blks_written: self
+                .temp_blks_written
+                .saturating_sub(before.temp_blks_written),
+            wal_bytes: self.wal_bytes.saturating_sub(before.wal_bytes),
+        }
+    }
+
+    fn add(&mut self, other: &ServerCounters) {
+        self.calls += other.calls;
+        self.shared_blks_hit += other.shared_blks_hit;
+        self.shared_blks_read += other.shared_blks_read;
+        self.temp_blks_read += other.temp_blks_read;
+        self.temp_blks_written += other.temp_blks_written;
+        self.wal_bytes += other.wal_bytes;
+    }
+}
+
 /// One run that ended: how long the client waited for its answer, how much of that in the
 /// gate's queues, the rows it returned or changed, and PostgreSQL's error if it failed.
 #[derive(Clone, Debug, PartialEq)]
@@ -96,6 +138,9 @@ pub struct Statements {
     evicted: u64,
     /// The current minute, for the judge of unusual minutes.
     minute: Tally,
+    /// What pg_stat_statements counted since pgward began reading it, by fingerprint, role
+    /// and database (PostgreSQL knows no tenant: a role's tenants share it).
+    server: HashMap<(u64, String, String), ServerCounters>,
 }
 
 impl Default for Statements {
@@ -114,6 +159,7 @@ impl Statements {
             max_rows: max_rows.max(1),
             evicted: 0,
             minute: Tally::default(),
+            server: HashMap::default(),
         }
     }
 
@@ -162,6 +208,22 @@ impl Statements {
         let (fingerprint, tenant) = (key.fingerprint, key.tenant);
         self.minute
             .add(fingerprint, tenant, ran.seconds, failed, median);
+    }
+
+    /// Adds what pg_stat_statements counted for statement `fingerprint` of `role` in
+    /// `database` (bounded with the rows: a new statement past the bound is left out).
+    pub fn add_server(&mut self, fingerprint: u64, role: &str, database: &str, c: &ServerCounters) {
+        let key = (fingerprint, role.to_string(), database.to_string());
+        if self.server.len() >= self.max_rows && !self.server.contains_key(&key) {
+            return;
+        }
+        self.server.entry(key).or_default().add(c);
+    }
+
+    /// What pg_stat_statements counted for `key`'s statement, role and database.
+    pub fn server_counters(&self, key: &StatementKey) -> Option<ServerCounters> {
+        let k = (key.fingerprint, key.role.clone(), key.database.clone());
+        self.server.get(&k).copied()
     }
 
     /// The current minute's tally, handed over; a new minute begins.

@@ -546,3 +546,25 @@ fn a_normalized_text_is_shown_without_comments_and_only_without_constants() {
         );
     }
 }
+
+#[test]
+fn pg_stat_statements_normalized_text_has_the_fingerprint_of_the_statement() {
+    for (sent, normalized) in [
+        (
+            "SELECT id FROM small WHERE v = 'v-secret'",
+            "SELECT id FROM small WHERE v = $1",
+        ),
+        ("SELECT count(*) FROM big", "SELECT count(*) FROM big"),
+        (
+            "UPDATE t SET a = 5, b = 'x' WHERE id IN (1, 2, 3)",
+            "UPDATE t SET a = $1, b = $2 WHERE id IN ($3, $4, $5)",
+        ),
+        ("SELECT pg_sleep(0.1)", "SELECT pg_sleep($1)"),
+    ] {
+        assert_eq!(
+            analyze(sent).fingerprint,
+            analyze(normalized).fingerprint,
+            "{sent}"
+        );
+    }
+}

@@ -9,6 +9,7 @@ pub mod blame;
 pub mod guard;
 pub mod horizon;
 pub mod reading;
+pub mod server_stats;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -141,6 +142,9 @@ pub trait Watched: Send + Sync + 'static {
     fn note_lock_waits(&self, upstream: &str, n: usize);
     /// Where the lock-queue guard's cancels are logged.
     fn decisions(&self) -> &DecisionLog;
+    /// What pg_stat_statements on `upstream` counted since the last read, by server role
+    /// and database, for the statement statistics.
+    fn add_server_statements(&self, upstream: &str, changes: Vec<server_stats::Delta>);
 }
 
 /// Keeps one reader running per PostgreSQL server pgward pools onto while the policy asks
@@ -206,6 +210,9 @@ async fn read_server<R: Watched>(
     let mut horizon = Horizon::default();
     // When the last reading was asked for, for the lock waits it moves.
     let mut last_asked: Option<Instant> = None;
+    // pg_stat_statements' counters at its last read, and readings since.
+    let mut statements = server_stats::Deltas::default();
+    let mut round = 0u32;
     loop {
         tick.tick().await;
         if pool.settings().target.hosts.label() != upstream {
@@ -242,6 +249,13 @@ async fn read_server<R: Watched>(
                     None => horizon.forget(),
                 };
                 apply(rt.as_ref(), &upstream, &changes);
+                round = round.wrapping_add(1);
+                if round % server_stats::EVERY == 1 {
+                    if let Some(changes) = read_statements(&pool, &mut conn, &mut statements).await
+                    {
+                        rt.add_server_statements(&upstream, changes);
+                    }
+                }
                 rt.board().update(&upstream, |v| {
                     if v.blind() {
                         tracing::info!(%upstream, "server reading works again");
@@ -347,31 +361,74 @@ async fn read_once(
     if conn.is_none() {
         *conn = Some(open(pool, addr).await.map_err(|e| e.to_string())?);
     }
+    let major = server_major(conn.as_ref());
+    let rows = ask(pool, conn, "pgward_reading", &reading::query(major)).await?;
+    Reading::of_rows(&rows)
+}
+
+/// The major version of the server `conn` is on (13 when it does not say).
+fn server_major(conn: Option<&ServerConn>) -> u32 {
+    conn.and_then(|c| c.params.get("server_version"))
+        .and_then(reading::major_of)
+        .unwrap_or(13)
+}
+
+/// The rows of `sql` on the reader's connection. A connection whose exchange failed in the
+/// middle (or took over five periods) is closed; one the server answered with an error stays
+/// in step and is kept.
+async fn ask(
+    pool: &Pool,
+    conn: &mut Option<ServerConn>,
+    name: &str,
+    sql: &str,
+) -> Result<Vec<crate::server::TextRow>, String> {
     let Some(c) = conn.as_mut() else {
         return Err("no connection".into());
     };
-    let major = c
-        .params
-        .get("server_version")
-        .and_then(reading::major_of)
-        .unwrap_or(13);
     let settings = pool.settings();
-    let sql = reading::query(major);
-    let statement = [OwnStatement::plain("pgward_reading", &sql)];
+    let statement = [OwnStatement::plain(name, sql)];
     let read = c.own_batch(&statement, usize::MAX, &settings.tracked);
-    let rows = match tokio::time::timeout(PERIOD * 5, read).await {
-        Ok(Ok(rows)) => rows,
-        Ok(Err(e @ ServerError::Refused(_))) => return Err(e.to_string()),
+    match tokio::time::timeout(PERIOD * 5, read).await {
+        Ok(Ok(rows)) => Ok(rows),
+        Ok(Err(e @ ServerError::Refused(_))) => Err(e.to_string()),
         Ok(Err(e)) => {
             close(conn);
-            return Err(e.to_string());
+            Err(e.to_string())
         }
         Err(_) => {
             close(conn);
-            return Err("the reading took more than 5 s".to_string());
+            Err(format!("{name} took more than 5 s"))
         }
-    };
-    Reading::of_rows(&rows)
+    }
+}
+
+/// What pg_stat_statements counted since its last read, if the extension is installed in
+/// the reading's database (`None`: it is not, or the read failed, which changes nothing: the
+/// statistics go on without it).
+async fn read_statements(
+    pool: &Pool,
+    conn: &mut Option<ServerConn>,
+    deltas: &mut server_stats::Deltas,
+) -> Option<Vec<server_stats::Delta>> {
+    let major = server_major(conn.as_ref());
+    let found = ask(pool, conn, "pgward_find_statements", server_stats::FIND).await;
+    let schema = found.ok()?.first()?.first()?.clone()?;
+    let sql = server_stats::query(&schema, major);
+    let rows = ask(pool, conn, "pgward_statements", &sql)
+        .await
+        .map_err(|e| tracing::debug!("pg_stat_statements: {e}"))
+        .ok()?;
+    let rows = server_stats::rows_of(&rows)
+        .map_err(|e| tracing::warn!("{e}"))
+        .ok()?;
+    let analyzer = crate::sql::Analyzer::new(crate::sql::Depth::Shape, 0);
+    let context = crate::sql::ParseContext::server_defaults();
+    Some(deltas.observe(rows, |text| {
+        analyzer
+            .analyze(text.as_bytes(), &context)
+            .fingerprint
+            .map(|f| f.0)
+    }))
 }
 
 fn close(conn: &mut Option<ServerConn>) {
