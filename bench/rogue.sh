@@ -18,6 +18,10 @@
 #   AUTH_TYPE             auth_type of both poolers: md5 (default) or trust
 #   PLOT_ROUND            the round whose runs are plotted, default 1
 #   PGWARD_BIN            the pgward to run (default: built with cargo build --release)
+#   WHEN_OVER             the rogue's when_over: wait (default), reject or slow
+#   TRAFFIC               1: pgward writes a traffic log, and `pgward simulate` replays it
+#                         under the same policy; the report puts the rogue's recorded and
+#                         replayed outcomes side by side (the log costs pgward some speed)
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -36,6 +40,8 @@ small_rows=${SMALL_ROWS:-100000}
 pool_size=${POOL_SIZE:-12}
 auth_type=${AUTH_TYPE:-md5}
 plot_round=${PLOT_ROUND:-1}
+traffic=${TRAFFIC:-}
+when_over=${WHEN_OVER:-wait}
 password=benchpass
 innocents=(innocent1 innocent2 innocent3)
 innocent_clients=2
@@ -47,6 +53,7 @@ for identity in "${identities[@]}"; do
     case $identity in roles | tags) ;; *) die "unknown identity mode: $identity (roles or tags)" ;; esac
 done
 case $protocol in simple | extended) ;; *) die "PROTOCOL must be simple or extended" ;; esac
+case $when_over in wait | reject | slow) ;; *) die "WHEN_OVER must be wait, reject or slow" ;; esac
 
 has_target() {
     [[ " ${targets[*]} " == *" $1 "* ]]
@@ -174,12 +181,21 @@ policy() {
         printf '\n[tenants.%s]\n' "$tenant"
         if [ "$1" = roles ]; then printf 'roles = ["%s"]\n' "$tenant"; fi
         if [ "$tenant" = rogue ]; then
-            printf 'priority = "best_effort"\nrate = %s\nburst = %s\nwhen_over = "wait"\n' \
-                "$rate" "$burst"
+            printf 'priority = "best_effort"\nrate = %s\nburst = %s\nwhen_over = "%s"\n' \
+                "$rate" "$burst" "$when_over"
         else
             printf 'priority = "normal"\n'
         fi
     done
+    if [ -n "$traffic" ]; then printf '\n[traffic]\nfile = "traffic-%s.jsonl"\n' "$1"; fi
+}
+
+# replay IDENTITY: `pgward simulate` over the identity's traffic log, under its policy.
+replay() {
+    local dir="$work/pgward"
+    [ -s "$dir/traffic-$1.jsonl" ] || return 0
+    "$work/pgward-bin" simulate --policy "$dir/policy-$1.toml" --traffic "$dir/traffic-$1.jsonl" \
+        >"$dir/simulate-$1.txt" 2>&1 || echo "warning: pgward simulate failed" >&2
 }
 
 # start_pooler NAME PROGRAM [POLICY]: the same settings for both poolers; only the paths, port
@@ -356,7 +372,10 @@ for identity in "${identities[@]}"; do
             run_pair "$identity" "${targets[$(((i + round - 1) % n))]}" "$round"
         done
     done
-    if has_target pgward; then pooler_stop pgward; fi
+    if has_target pgward; then
+        pooler_stop pgward
+        if [ -n "$traffic" ]; then replay "$identity"; fi
+    fi
 done
 
 # --- plot -------------------------------------------------------------------------------------
@@ -407,7 +426,7 @@ summarize() {
         "default_pool_size $pool_size; PostgreSQL $(sql 'SHOW server_version'), $(nproc) cores," \
         "max_parallel_workers_per_gather $(sql 'SHOW max_parallel_workers_per_gather')."
     echo
-    echo "pgward's rogue budget in seconds of server time: burst $burst s, rate $rate s per second, \`when_over = \"wait\"\`:" \
+    echo "pgward's rogue budget in seconds of server time: burst $burst s, rate $rate s per second, \`when_over = \"$when_over\"\`:" \
         "it pays for $pays_for reads in ${seconds}s. Innocents have no budget. Identity: roles =" \
         "one role per tenant; tags = one shared role \`app\` (trusted) with \`/*tenant='...'*/\`" \
         "tags. Quiet = the innocents alone. Checks (pgward, every round): innocent p99 <= 1.5 x" \
@@ -428,6 +447,16 @@ summarize() {
         echo
         echo "![innocent p99 per 100 ms over time]($(basename "$plot"))"
     fi
+    for identity in "${identities[@]}"; do
+        [ -s "$work/pgward/simulate-$identity.txt" ] || continue
+        echo
+        echo "The traffic pgward recorded with $(identity_label "$identity"), replayed by" \
+            "\`pgward simulate\` under the same policy (every round, quiet and rogue runs):"
+        echo
+        echo '```'
+        cat "$work/pgward/simulate-$identity.txt"
+        echo '```'
+    done
     echo
     echo "pgward's policy with roles (with tags, the same without \`roles\`):"
     echo

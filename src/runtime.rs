@@ -137,8 +137,14 @@ impl Runtime {
             old.save_allowlist();
         }
         let governance = Governance::load(&config.settings)?;
+        // Every file is opened before anything changes: one that cannot be opened leaves
+        // the running configuration, and both logs, as they were.
+        let traffic = crate::ops::traffic::TrafficLog::prepare(
+            governance.as_deref().and_then(|g| g.policy.traffic()),
+        )
+        .map_err(ReloadError::Log)?;
         open_decision_log(&self.gatekeeper, governance.as_deref()).map_err(ReloadError::Log)?;
-        open_traffic_log(&self.ops, governance.as_deref()).map_err(ReloadError::Log)?;
+        self.ops.traffic.install(traffic);
         lock(&self.ops.overrides).apply(&mut config);
         let mut warnings = config.warnings.clone();
         let edge = self.edge.reload(&config.settings);
@@ -557,29 +563,10 @@ impl crate::watch::Watched for Runtime {
         &self.gatekeeper.decisions
     }
 
-    fn add_server_statements(
-        &self,
-        upstream: &str,
-        changes: Vec<crate::watch::server_stats::Delta>,
-    ) {
-        // The server's role and database as each pool on `upstream` logs in, to the pool's
-        // own user and database, the statement statistics' key.
-        let mut ours: HashMap<(String, String), Vec<(String, String)>> = HashMap::new();
-        for pool in self.pools.all() {
-            let settings = pool.settings();
-            let target = &settings.target;
-            if target.hosts.label() == upstream {
-                ours.entry((target.user.clone(), target.database.clone()))
-                    .or_default()
-                    .push((pool.key.user.clone(), pool.key.db.clone()));
-            }
-        }
+    fn add_server_statements(&self, changes: Vec<crate::watch::server_stats::Delta>) {
         let mut table = lock(&self.ops.statements);
-        for change in changes {
-            let key = (change.role, change.database);
-            for (user, db) in ours.get(&key).into_iter().flatten() {
-                table.add_server(change.fingerprint, user, db, &change.counters);
-            }
+        for c in changes {
+            table.add_server(c.fingerprint, &c.role, &c.database, &c.counters);
         }
     }
 

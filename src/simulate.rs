@@ -13,8 +13,10 @@ use std::io::BufRead;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::gate::{Cost, Decision, Gate, GateSettings, Granted, Pass, Request, Slot, Spent};
-use crate::ops::traffic::{kind_of, Entry};
+use crate::gate::{
+    Cost, Decision, Gate, GateSettings, Granted, Pass, Request, RequestKind, Slot, Spent, TxControl,
+};
+use crate::ops::traffic::{kind_of, Entry, CLIENT_LEFT};
 use crate::policy::{Policy, PolicyError};
 use crate::sql::{Fingerprint, Priority};
 
@@ -51,6 +53,8 @@ pub struct Outcomes {
     /// Statements that waited at least a millisecond, and their waits in all (seconds).
     pub delayed: u64,
     pub waited: f64,
+    /// Statements still waiting when their client left (recorded) or when the replay ended.
+    pub unfinished: u64,
 }
 
 impl Outcomes {
@@ -122,13 +126,46 @@ pub fn read_traffic(path: &Path) -> Result<Vec<Entry>, SimulateError> {
             message,
         };
         let entry: Entry = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
-        if kind_of(&entry.kind).is_none() || !entry.at.is_finite() {
+        if kind_of(&entry.kind).is_none() {
             return Err(bad(format!("not a traffic log line: {line:.80}")));
         }
+        sane(&entry).map_err(bad)?;
         entries.push(entry);
     }
     entries.sort_by(|a, b| a.at.total_cmp(&b.at));
+    if let (Some(a), Some(b)) = (entries.first(), entries.last()) {
+        if b.at - a.at > MAX_SECONDS {
+            let message = format!("the log spans {:.0} s: more than a replay can", b.at - a.at);
+            return Err(SimulateError::Traffic {
+                file: path.to_path_buf(),
+                line: 0,
+                message,
+            });
+        }
+    }
     Ok(entries)
+}
+
+/// The longest time a line may give (a year), and the longest log replayed.
+const MAX_SECONDS: f64 = 366.0 * 86_400.0;
+
+/// Whether `e`'s numbers are times a replay can use: `at` a time since the epoch, the others
+/// durations of at most a year, none negative or not a number.
+fn sane(e: &Entry) -> Result<(), String> {
+    let duration = |name: &str, v: Option<f64>| match v {
+        Some(x) if !(0.0..=MAX_SECONDS).contains(&x) => {
+            Err(format!("{name} {x} is not a duration of at most a year"))
+        }
+        _ => Ok(()),
+    };
+    if !(0.0..=1e11).contains(&e.at) {
+        return Err(format!("at {} is not a time", e.at));
+    }
+    duration("predicted", e.predicted)?;
+    duration("took", e.took)?;
+    duration("waited", Some(e.waited))?;
+    duration("timeout", e.timeout)?;
+    duration("deadline", e.deadline)
 }
 
 /// Replays `entries` (in arrival order) under `policy`.
@@ -149,12 +186,13 @@ pub fn replay(policy: &Policy, entries: Vec<Entry>) -> Report {
             "ran" => t
                 .recorded
                 .ran_after(Duration::from_secs_f64(e.waited.max(0.0))),
+            CLIENT_LEFT => t.recorded.unfinished += 1,
             reason => t.recorded.refuse(reason),
         }
         match &sim.fate[i] {
             Fate::Ran(waited) => t.simulated.ran_after(*waited),
             Fate::Refused(reason) => t.simulated.refuse(reason),
-            Fate::Pending => t.simulated.refuse("still_waiting"),
+            Fate::Pending => t.simulated.unfinished += 1,
         }
     }
     report
@@ -170,7 +208,8 @@ enum Fate {
 
 /// A statement running in the replay until `until`.
 struct Running {
-    slot: Slot,
+    /// None inside a transaction, which runs on the server its client holds.
+    slot: Option<Slot>,
     tenant: String,
     charged: f64,
     took: f64,
@@ -180,12 +219,16 @@ struct Simulation {
     gate: Gate<usize>,
     start: Instant,
     t0: f64,
-    /// Its predicted and measured seconds, for each statement (fallbacks filled in).
+    /// Its predicted and measured seconds, for each statement (fallbacks filled in), and
+    /// whether the prediction rested on the statement's own runs.
     prices: Vec<(f64, f64)>,
+    learned: Vec<bool>,
     fate: Vec<Fate>,
     running: BinaryHeap<Reverse<(Instant, u64)>>,
     slots: HashMap<u64, Running>,
     next: u64,
+    /// Clients inside a transaction block (between their `begin` and `end`).
+    in_transaction: std::collections::HashSet<u64>,
 }
 
 impl Simulation {
@@ -205,10 +248,15 @@ impl Simulation {
             start,
             t0: entries.first().map_or(0.0, |e| e.at),
             prices: prices(entries),
+            learned: entries
+                .iter()
+                .map(|e| e.learned && e.predicted.is_some())
+                .collect(),
             fate: vec![Fate::Pending; entries.len()],
             running: BinaryHeap::new(),
             slots: HashMap::new(),
             next: 0,
+            in_transaction: std::collections::HashSet::new(),
         }
     }
 
@@ -255,7 +303,7 @@ impl Simulation {
             client_id: e.client,
             tenant: &e.tenant,
             priority: Priority::parse(&e.priority).unwrap_or(Priority::Normal),
-            kind: kind_of(&e.kind).unwrap_or(crate::gate::RequestKind::Statement),
+            kind: kind_of(&e.kind).unwrap_or(RequestKind::Statement),
             fingerprint,
             upstream: &e.upstream,
             pool: &e.pool,
@@ -266,16 +314,40 @@ impl Simulation {
             statement_timeout: e.timeout.and_then(|s| Duration::try_from_secs_f64(s).ok()),
             deadline: e.deadline.and_then(|s| Duration::try_from_secs_f64(s).ok()),
         };
+        let kind = req.kind;
         match self.gate.admit(&req, now) {
             Decision::Refuse(r) => self.fate[i] = Fate::Refused(r.reason.as_str().to_string()),
-            Decision::Bypass(_) => self.fate[i] = Fate::Ran(Duration::ZERO),
+            Decision::Bypass(_) => {
+                self.fate[i] = Fate::Ran(Duration::ZERO);
+                match kind {
+                    RequestKind::Transaction(TxControl::Begin) => {
+                        self.in_transaction.insert(e.client);
+                    }
+                    RequestKind::Transaction(TxControl::Commit | TxControl::Rollback) => {
+                        self.in_transaction.remove(&e.client);
+                    }
+                    _ => {}
+                }
+            }
+            Decision::Admit(mut pass) if self.in_transaction.contains(&e.client) => {
+                // Inside a transaction a statement never waits for a slot (it may hold locks
+                // that those ahead of it wait for): it runs now, into debt if need be.
+                match self.gate.spend(&mut pass, self.cost(i), now) {
+                    Err(r) => self.fate[i] = Fate::Refused(r.reason.as_str().to_string()),
+                    Ok(Spent::Run { .. }) => self.start(i, pass, None, now, entries),
+                    Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
+                        self.gate.force_spend(&mut pass, self.prices[i].0, now);
+                        self.start(i, pass, None, now, entries);
+                    }
+                }
+            }
             Decision::Admit(mut pass) => {
                 // Its price is known (the log has it): charged before any wait, as a
                 // statement whose plan is cached is.
                 match self.gate.spend(&mut pass, self.cost(i), now) {
                     Err(r) => self.fate[i] = Fate::Refused(r.reason.as_str().to_string()),
                     Ok(Spent::Run { .. }) => match self.gate.try_acquire(&pass, now) {
-                        Some(slot) => self.start(i, pass, slot, now, entries),
+                        Some(slot) => self.start(i, pass, Some(slot), now, entries),
                         None => self.gate.enqueue(pass, i, now),
                     },
                     Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
@@ -290,7 +362,7 @@ impl Simulation {
         Cost {
             seconds: self.prices[i].0,
             known: true,
-            learned: true,
+            learned: self.learned[i],
         }
     }
 
@@ -305,7 +377,7 @@ impl Simulation {
         }) = work.pop_front()
         {
             match self.gate.spend(&mut pass, self.cost(waiter), now) {
-                Ok(Spent::Run { .. }) => self.start(waiter, pass, slot, now, entries),
+                Ok(Spent::Run { .. }) => self.start(waiter, pass, Some(slot), now, entries),
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
                     self.gate.release(&slot, now);
                     self.gate.enqueue(pass, waiter, now);
@@ -320,7 +392,7 @@ impl Simulation {
         }
     }
 
-    fn start(&mut self, i: usize, pass: Pass, slot: Slot, now: Instant, entries: &[Entry]) {
+    fn start(&mut self, i: usize, pass: Pass, slot: Option<Slot>, now: Instant, entries: &[Entry]) {
         let arrived = self.instant(entries[i].at);
         self.fate[i] = Fate::Ran(now.saturating_duration_since(arrived));
         let took = self.prices[i].1;
@@ -350,7 +422,9 @@ impl Simulation {
                 continue;
             };
             self.gate.settle(&r.tenant, r.charged, r.took, now);
-            self.gate.release(&r.slot, now);
+            if let Some(slot) = &r.slot {
+                self.gate.release(slot, now);
+            }
             let granted = self.gate.dispatch(now, |_| true).into_iter().collect();
             self.grant(granted, now, entries);
         }
@@ -413,32 +487,49 @@ fn prices(entries: &[Entry]) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// Cells ten wide, right-aligned.
+fn row<T: fmt::Display>(cells: &[T]) -> String {
+    let cells: Vec<String> = cells.iter().map(|c| format!("{c:>10}")).collect();
+    cells.join(" ")
+}
+
+impl Outcomes {
+    /// The report's columns: ran, refused, delayed, still waiting.
+    fn columns(&self) -> [u64; 4] {
+        [self.ran, self.refusals(), self.delayed, self.unfinished]
+    }
+}
+
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let columns = ["ran", "refused", "delayed", "waiting"];
         writeln!(
             f,
-            "{:<20} {:>10} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10}",
-            "tenant", "statements", "ran", "refused", "delayed", "ran", "refused", "delayed"
+            "{:<20} {:>10} | {} | {}",
+            "tenant",
+            "statements",
+            row(&columns),
+            row(&columns)
         )?;
         writeln!(
             f,
-            "{:<20} {:>10} | {:^32} | {:^32}",
+            "{:<20} {:>10} | {:^43} | {:^43}",
             "", "", "recorded", "with the new policy"
         )?;
         for (name, t) in &self.tenants {
             writeln!(
                 f,
-                "{:<20} {:>10} | {:>10} {:>10} {:>10} | {:>10} {:>10} {:>10}",
+                "{:<20} {:>10} | {} | {}",
                 name,
                 t.statements,
-                t.recorded.ran,
-                t.recorded.refusals(),
-                t.recorded.delayed,
-                t.simulated.ran,
-                t.simulated.refusals(),
-                t.simulated.delayed,
+                row(&t.recorded.columns()),
+                row(&t.simulated.columns()),
             )?;
         }
+        writeln!(
+            f,
+            "(waiting: recorded, its client left while it waited; replayed, it still waited when the log ended)"
+        )?;
         writeln!(f)?;
         for (name, t) in &self.tenants {
             let reasons = |o: &Outcomes| {
@@ -479,6 +570,7 @@ mod tests {
         Entry {
             at,
             client: 1,
+            learned: true,
             tenant: tenant.to_string(),
             role: "app".to_string(),
             database: "app".to_string(),
@@ -511,6 +603,56 @@ mod tests {
         assert!((a.simulated.waited - 1.0).abs() < 0.01, "{a:?}");
         let open = replay(&policy(""), log);
         assert_eq!(open.tenants["a"].simulated.delayed, 0);
+    }
+
+    #[test]
+    fn a_statement_inside_a_transaction_never_waits_for_a_slot() {
+        let on = |client, e: Entry| Entry { client, ..e };
+        let kind = |kind: &str, e: Entry| Entry {
+            kind: kind.to_string(),
+            ..e
+        };
+        // Client 2 holds the only slot for five seconds; client 1's transaction runs beside it.
+        let log = vec![
+            on(2, entry(0.0, "b", 5.0, "ran")),
+            on(1, kind("begin", entry(0.1, "a", 0.0, "ran"))),
+            on(1, entry(0.2, "a", 1.0, "ran")),
+            on(1, kind("savepoint", entry(1.3, "a", 0.0, "ran"))),
+            on(1, entry(1.4, "a", 1.0, "ran")),
+            on(1, kind("end", entry(2.5, "a", 0.0, "ran"))),
+            on(1, entry(2.6, "a", 1.0, "ran")),
+        ];
+        let report = replay(&policy("[gate]\nmax_active = 1\n"), log);
+        let a = &report.tenants["a"];
+        assert_eq!((a.simulated.ran, a.simulated.delayed), (6, 1), "{a:?}");
+        // Only the statement after the COMMIT waited, for the slot: until 5 s.
+        assert!((a.simulated.waited - 2.4).abs() < 0.01, "{a:?}");
+    }
+
+    #[test]
+    fn numbers_a_replay_cannot_use_are_refused_not_panicked_on() {
+        let dir = tempfile::tempdir().unwrap();
+        for bad in [
+            r#"{"at":1e20,"client":1,"tenant":"a","role":"r","database":"d","upstream":"u","pool":"p","pool_size":1,"priority":"normal","kind":"statement","outcome":"ran"}"#,
+            r#"{"at":1.0,"client":1,"tenant":"a","role":"r","database":"d","upstream":"u","pool":"p","pool_size":1,"priority":"normal","kind":"statement","outcome":"ran","took":1e300}"#,
+            r#"{"at":1.0,"client":1,"tenant":"a","role":"r","database":"d","upstream":"u","pool":"p","pool_size":1,"priority":"normal","kind":"statement","outcome":"ran","waited":-1}"#,
+        ] {
+            let path = dir.path().join("t.jsonl");
+            std::fs::write(&path, bad).unwrap();
+            let e = read_traffic(&path).unwrap_err().to_string();
+            assert!(e.contains("t.jsonl:1:"), "{e}");
+        }
+        let path = dir.path().join("t.jsonl");
+        let line = |at: f64| {
+            format!(
+                r#"{{"at":{at},"client":1,"tenant":"a","role":"r","database":"d","upstream":"u","pool":"p","pool_size":1,"priority":"normal","kind":"statement","outcome":"ran"}}"#
+            )
+        };
+        std::fs::write(&path, format!("{}\n{}\n", line(1.0), line(9e10))).unwrap();
+        assert!(read_traffic(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("spans"));
     }
 
     #[test]

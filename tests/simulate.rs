@@ -59,9 +59,9 @@ fn refusals(report: &str, tenant: &str) -> (u64, u64) {
         .split_whitespace()
         .filter_map(|w| w.parse().ok())
         .collect();
-    // statements | ran refused delayed | ran refused delayed
-    assert_eq!(n.len(), 7, "{line}");
-    (n[2], n[5])
+    // statements | ran refused delayed waiting | ran refused delayed waiting
+    assert_eq!(n.len(), 9, "{line}");
+    (n[2], n[6])
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -154,4 +154,33 @@ fn simulate_says_which_line_of_a_traffic_log_is_broken() {
         "{}",
         stderr_of(&out)
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_traffic_log_needs_no_statement_rows_and_a_reload_that_cannot_open_it_changes_nothing()
+{
+    let policy = "[decisions]\nfile = \"d1.jsonl\"\n\n[traffic]\nfile = \"t1.jsonl\"\n";
+    let f = gated(policy, "max_statement_stats = 0\nadmin_users = admin\n");
+    let app = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    let lines = |name: &str| read_lossy(&f.policy.with_file_name(name)).lines().count();
+    for _ in 0..3 {
+        app.client.simple_query("SELECT 1").await.expect("select");
+    }
+    assert!(
+        common::eventually(Duration::from_secs(5), || lines("t1.jsonl") == 3),
+        "{} lines",
+        lines("t1.jsonl")
+    );
+    // A reload whose traffic log cannot be opened: refused before anything changed, the
+    // decision log included.
+    let broken = "[decisions]\nfile = \"d2.jsonl\"\n\n[traffic]\nfile = \"no/such/dir/t2.jsonl\"\n";
+    std::fs::write(&f.policy, broken).expect("rewrite the policy");
+    let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
+    let e = admin.client.simple_query("RELOAD").await.unwrap_err();
+    assert!(format!("{e:?}").contains("traffic log"), "{e:?}");
+    assert!(!f.policy.with_file_name("d2.jsonl").exists());
+    app.client.simple_query("SELECT 1").await.expect("select");
+    assert!(common::eventually(Duration::from_secs(5), || lines(
+        "t1.jsonl"
+    ) == 4));
 }

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use common::driver::{must_connect, outcome, show};
-use common::gate::{gated, FULL_READ, REJECT_POLICY};
+use common::gate::{gated, FULL_READ, REJECT_POLICY, SCHEMA};
 
 /// The row of SHOW STATEMENTS whose query is `text` (and tenant `tenant`).
 fn row<'a>(
@@ -141,7 +141,13 @@ async fn the_table_stays_within_max_statement_stats_under_many_distinct_statemen
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pg_stat_statements_adds_buffers_temp_files_and_wal_to_the_rows() {
-    let f = gated("", "default_pool_size = 4\nadmin_users = admin\n");
+    // Database `forced` logs in to the server as trustuser whoever the client is.
+    let f = common::policy::Policed::start_with_databases(
+        &format!("{SCHEMA}; GRANT pg_read_all_stats TO trustuser"),
+        "",
+        "default_pool_size = 4\nadmin_users = admin\n",
+        "forced = {pg} dbname=app user=trustuser",
+    );
     let conf = f.pg.data_dir.join("pgward_test.conf");
     let mut settings = std::fs::read_to_string(&conf).expect("read the settings");
     settings.push_str("shared_preload_libraries = 'pg_stat_statements'\nwork_mem = '1MB'\n");
@@ -149,18 +155,21 @@ async fn pg_stat_statements_adds_buffers_temp_files_and_wal_to_the_rows() {
     f.pg.restart();
     f.pg.sql("CREATE EXTENSION pg_stat_statements");
     let app = must_connect(&f.pw.connstr("postgres", None, "app")).await;
+    let forced = must_connect(&f.pw.connstr("postgres", None, "forced")).await;
     let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
-    // A sort bigger than work_mem spills to temporary files; an update writes WAL.
+    // A sort bigger than work_mem spills to temporary files (run through `forced`: the server
+    // counts it for trustuser, SHOW STATEMENTS for the client's role); an update writes WAL.
     let sort = "SELECT id FROM big ORDER BY pad DESC, id OFFSET 99999";
     let update = "UPDATE small SET v = v WHERE id < 500";
     let started = Instant::now();
     let (sorted, updated) = loop {
-        assert_eq!(outcome(&app.client, sort).await, "");
+        assert_eq!(outcome(&forced.client, sort).await, "");
         assert_eq!(outcome(&app.client, update).await, "");
         let rows = show(&admin.client, "SHOW STATEMENTS").await;
         let counted = |text: &str, col: &str| {
             rows.iter()
                 .find(|r| r["query"].as_deref() == Some(text))
+                .filter(|r| r["role"].as_deref() == Some("postgres"))
                 .and_then(|r| r[col].as_deref()?.parse::<u64>().ok())
                 .filter(|n| *n > 0)
         };

@@ -444,10 +444,23 @@ const STATEMENTS: &[(&str, Ty)] = &[
 /// pg_stat_statements counted of the statement for its role and database since pgward began
 /// reading it (NULL without the extension), and the normalized text (constants as `$n`).
 pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
+    let config = rt.config.load();
     let (rows, server): (Vec<_>, Vec<_>) = {
         let table = crate::sync::lock(&rt.ops.statements);
         let rows = table.top(limit, tenant);
-        let server = rows.iter().map(|r| table.server_counters(&r.0)).collect();
+        let server = rows
+            .iter()
+            .map(|(key, _, _)| {
+                // pg_stat_statements knows the role and database the server logs in as.
+                let def = config.database(&key.database);
+                let def = def.as_ref();
+                let role = def.and_then(|d| d.user.as_deref()).unwrap_or(&key.role);
+                let db = def
+                    .and_then(|d| d.dbname.as_deref())
+                    .unwrap_or(&key.database);
+                table.server_counters(key.fingerprint, role, db)
+            })
+            .collect();
         (rows, server)
     };
     let mut t = Table::new(STATEMENTS);

@@ -150,13 +150,14 @@ impl Default for Statements {
 }
 
 impl Statements {
+    /// A table of at most `max_rows` rows (0: none is kept; the minutes are still tallied).
     pub fn new(max_rows: usize) -> Statements {
         Statements {
             rows: HashMap::default(),
             count: 0,
             hasher: foldhash::fast::RandomState::default(),
             texts: HashMap::default(),
-            max_rows: max_rows.max(1),
+            max_rows,
             evicted: 0,
             minute: Tally::default(),
             server: HashMap::default(),
@@ -165,7 +166,13 @@ impl Statements {
 
     /// A new bound (a reload); rows over it go at the next insertion.
     pub fn set_max_rows(&mut self, max_rows: usize) {
-        self.max_rows = max_rows.max(1);
+        self.max_rows = max_rows;
+        if max_rows == 0 {
+            self.rows.clear();
+            self.texts.clear();
+            self.server.clear();
+            self.count = 0;
+        }
     }
 
     /// Whether the normalized text of `fingerprint` is kept.
@@ -191,6 +198,13 @@ impl Statements {
 
     /// Counts a run of `key` (in its row and in the current minute).
     pub fn record(&mut self, key: KeyRef<'_>, ran: &Ran<'_>) {
+        let failed = ran.error.is_some();
+        let (fingerprint, tenant) = (key.fingerprint, key.tenant);
+        if self.max_rows == 0 {
+            self.minute
+                .add(fingerprint, tenant, ran.seconds, failed, None);
+            return;
+        }
         let row = self.row(key);
         // Only a long run can be slow for its statement: the median is read for those alone.
         let median = match ran.seconds >= SLOW_FLOOR {
@@ -204,15 +218,17 @@ impl Statements {
         if let Some(code) = ran.error {
             *row.errors.entry(code.to_string()).or_default() += 1;
         }
-        let failed = ran.error.is_some();
-        let (fingerprint, tenant) = (key.fingerprint, key.tenant);
         self.minute
             .add(fingerprint, tenant, ran.seconds, failed, median);
     }
 
-    /// Adds what pg_stat_statements counted for statement `fingerprint` of `role` in
-    /// `database` (bounded with the rows: a new statement past the bound is left out).
+    /// Adds what pg_stat_statements counted for statement `fingerprint` of server role
+    /// `role` in server database `database`: only for statements pgward has rows of, bounded
+    /// with the rows (and evicted with them).
     pub fn add_server(&mut self, fingerprint: u64, role: &str, database: &str, c: &ServerCounters) {
+        if !self.texts.contains_key(&fingerprint) {
+            return;
+        }
         let key = (fingerprint, role.to_string(), database.to_string());
         if self.server.len() >= self.max_rows && !self.server.contains_key(&key) {
             return;
@@ -220,9 +236,15 @@ impl Statements {
         self.server.entry(key).or_default().add(c);
     }
 
-    /// What pg_stat_statements counted for `key`'s statement, role and database.
-    pub fn server_counters(&self, key: &StatementKey) -> Option<ServerCounters> {
-        let k = (key.fingerprint, key.role.clone(), key.database.clone());
+    /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
+    /// in server database `database`.
+    pub fn server_counters(
+        &self,
+        fingerprint: u64,
+        role: &str,
+        database: &str,
+    ) -> Option<ServerCounters> {
+        let k = (fingerprint, role.to_string(), database.to_string());
         self.server.get(&k).copied()
     }
 
@@ -244,6 +266,9 @@ impl Statements {
 
     /// Counts a refusal of `key` by pgward.
     pub fn refused(&mut self, key: KeyRef<'_>, reason: &str) {
+        if self.max_rows == 0 {
+            return;
+        }
         *self
             .row(key)
             .refusals
@@ -307,6 +332,7 @@ impl Statements {
         self.evicted += gone as u64;
         let used: std::collections::HashSet<u64> = self.rows.keys().map(|k| k.0).collect();
         self.texts.retain(|f, _| used.contains(f));
+        self.server.retain(|k, _| used.contains(&k.0));
     }
 
     fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
@@ -411,6 +437,44 @@ mod tests {
         assert_eq!(text.as_deref(), Some("SELECT $1"));
         assert_eq!(s.top(10, Some("a")).len(), 1);
         assert_eq!(s.top(1, None).len(), 1);
+    }
+
+    #[test]
+    fn server_counters_are_kept_only_for_statements_with_rows_and_go_with_them() {
+        let mut s = Statements::new(2);
+        let c = ServerCounters {
+            calls: 1,
+            wal_bytes: 10,
+            ..ServerCounters::default()
+        };
+        // A statement pgward never ran (the reading's own, another application's): left out.
+        s.add_server(9, "app", "db", &c);
+        assert_eq!(s.server_counters(9, "app", "db"), None);
+        s.record(key(1, "a"), &ran(0.01));
+        s.set_text(1, "SELECT $1".into());
+        s.add_server(1, "app", "db", &c);
+        s.add_server(1, "app", "db", &c);
+        assert_eq!(
+            s.server_counters(1, "app", "db").map(|c| c.wal_bytes),
+            Some(20)
+        );
+        // Evicted with its row.
+        for i in 2..5 {
+            s.record(key(i, "a"), &ran(0.01));
+            s.record(key(i, "a"), &ran(0.01));
+        }
+        assert!(s.top(10, None).iter().all(|(k, _, _)| k.fingerprint != 1));
+        assert_eq!(s.server_counters(1, "app", "db"), None);
+    }
+
+    #[test]
+    fn no_row_is_kept_at_a_bound_of_zero_but_the_minute_is_tallied() {
+        let mut s = Statements::new(0);
+        s.record(key(1, "a"), &ran(0.01));
+        s.refused(key(1, "a"), "budget");
+        s.set_text(1, "SELECT 1".into());
+        assert!(s.is_empty() && s.top(10, None).is_empty());
+        assert_eq!(s.take_minute().statements(), 1);
     }
 
     #[test]

@@ -17,6 +17,9 @@ use crate::gate::{Request, RequestKind, TxControl};
 use crate::sql::{Fingerprint, Priority};
 use crate::sync::lock;
 
+/// The outcome of a request whose client left while it waited.
+pub const CLIENT_LEFT: &str = "client_left";
+
 /// One line.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Entry {
@@ -37,7 +40,8 @@ pub struct Entry {
     pub database_cap: usize,
     /// `critical`, `normal` or `best_effort`.
     pub priority: String,
-    /// `statement`, `begin` or `end` (transaction control, which never waits).
+    /// `statement`, or transaction control, which never waits: `begin`, `savepoint`
+    /// (SAVEPOINT, RELEASE) or `end` (COMMIT, ROLLBACK).
     pub kind: String,
     /// The statement's fingerprint (hex), when it was read.
     #[serde(default)]
@@ -47,16 +51,20 @@ pub struct Entry {
     pub timeout: Option<f64>,
     #[serde(default)]
     pub deadline: Option<f64>,
-    /// Seconds of server time the gate predicted (when it priced it).
+    /// Seconds of server time the gate predicted (when it priced it), and whether that
+    /// prediction rested on the statement's own runs.
     #[serde(default)]
     pub predicted: Option<f64>,
+    #[serde(default)]
+    pub learned: bool,
     /// Seconds it took on the server (its share of its run), when it ran.
     #[serde(default)]
     pub took: Option<f64>,
     /// Seconds it waited in pgward's queues.
     #[serde(default)]
     pub waited: f64,
-    /// `ran`, or the reason the gate refused it (as SHOW TENANTS counts them).
+    /// `ran`, [`CLIENT_LEFT`], or the reason the gate refused it (as SHOW TENANTS counts
+    /// them).
     pub outcome: String,
 }
 
@@ -119,6 +127,7 @@ impl Arrival {
             timeout: self.timeout.map(|d| d.as_secs_f64()),
             deadline: self.deadline.map(|d| d.as_secs_f64()),
             predicted: outcome.predicted,
+            learned: outcome.learned,
             took: outcome.took,
             waited: outcome.waited,
             outcome: outcome.outcome.to_string(),
@@ -130,6 +139,7 @@ impl Arrival {
 #[derive(Clone, Copy, Debug)]
 pub struct Outcome<'a> {
     pub predicted: Option<f64>,
+    pub learned: bool,
     pub took: Option<f64>,
     pub waited: f64,
     /// `ran`, or the refusal's reason.
@@ -148,6 +158,7 @@ fn kind_name(kind: RequestKind) -> &'static str {
     match kind {
         RequestKind::Statement | RequestKind::Carrier => "statement",
         RequestKind::Transaction(TxControl::Begin) => "begin",
+        RequestKind::Transaction(TxControl::Savepoint | TxControl::Release) => "savepoint",
         RequestKind::Transaction(_) => "end",
     }
 }
@@ -157,6 +168,7 @@ pub fn kind_of(name: &str) -> Option<RequestKind> {
     match name {
         "statement" => Some(RequestKind::Statement),
         "begin" => Some(RequestKind::Transaction(TxControl::Begin)),
+        "savepoint" => Some(RequestKind::Transaction(TxControl::Savepoint)),
         "end" => Some(RequestKind::Transaction(TxControl::Commit)),
         _ => None,
     }
@@ -169,6 +181,10 @@ pub struct TrafficLog {
     sink: Mutex<Option<Sink>>,
 }
 
+/// A traffic log file opened and not yet written to (or none).
+#[derive(Debug)]
+pub struct Prepared(Option<Sink>);
+
 #[derive(Debug)]
 struct Sink {
     path: PathBuf,
@@ -180,28 +196,37 @@ impl TrafficLog {
     /// Opens `file` for appending (again, if it is the one open), or closes the log when
     /// `None`. A file that cannot be opened leaves the log as it was, and the error says which.
     pub fn open(&self, file: Option<&Path>) -> Result<(), String> {
-        let sink = match file {
-            Some(path) => {
-                let f = OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(path)
-                    .map_err(|e| format!("traffic log {}: {e}", path.display()))?;
-                Some(Sink {
-                    path: path.to_path_buf(),
-                    out: BufWriter::with_capacity(64 * 1024, f),
-                    failing: false,
-                })
-            }
-            None => None,
+        let next = TrafficLog::prepare(file)?;
+        self.install(next);
+        Ok(())
+    }
+
+    /// Opens `file` without writing to it yet (a reload opens every file before it changes
+    /// anything): [`install`](Self::install) makes it the log.
+    pub fn prepare(file: Option<&Path>) -> Result<Prepared, String> {
+        let Some(path) = file else {
+            return Ok(Prepared(None));
         };
+        let f = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .map_err(|e| format!("traffic log {}: {e}", path.display()))?;
+        Ok(Prepared(Some(Sink {
+            path: path.to_path_buf(),
+            out: BufWriter::with_capacity(64 * 1024, f),
+            failing: false,
+        })))
+    }
+
+    /// Makes a prepared file the log (what the old one held is written out first).
+    pub fn install(&self, next: Prepared) {
         let mut current = lock(&self.sink);
         if let Some(old) = current.as_mut() {
             old.flush();
         }
-        self.on.store(sink.is_some(), Ordering::Release);
-        *current = sink;
-        Ok(())
+        self.on.store(next.0.is_some(), Ordering::Release);
+        *current = next.0;
     }
 
     /// Opens the file being written again, if any.
@@ -289,6 +314,7 @@ mod tests {
         let arrival = Arrival::of(&req, Instant::now(), SystemTime::now());
         let outcome = Outcome {
             predicted: Some(0.25),
+            learned: true,
             took: Some(0.3),
             waited: 0.01,
             outcome: "ran",

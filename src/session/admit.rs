@@ -216,8 +216,37 @@ struct Part {
     /// When the client sent it, and how long it waited in the gate's queues.
     sent_at: Instant,
     waited: Duration,
-    /// What the traffic log says of its arrival (while the log is on).
-    arrival: Option<Box<Arrival>>,
+    /// What the traffic log says of its request (while the log is on): one, or several
+    /// once requests are counted together past [`MAX_PARTS`].
+    arrivals: Vec<Arrived>,
+}
+
+/// A request for the traffic log: its arrival, its prediction and its wait.
+#[derive(Debug)]
+struct Arrived {
+    arrival: Box<Arrival>,
+    predicted: f64,
+    learned: bool,
+    waited: Duration,
+}
+
+impl Arrived {
+    fn of(
+        arrival: Option<Arrival>,
+        predicted: f64,
+        learned: bool,
+        waited: Duration,
+    ) -> Vec<Arrived> {
+        arrival
+            .map(|a| Arrived {
+                arrival: Box::new(a),
+                predicted,
+                learned,
+                waited,
+            })
+            .into_iter()
+            .collect()
+    }
 }
 
 /// Requests kept apart in one run; past this, a tenant's requests are counted together (a
@@ -244,6 +273,7 @@ impl Run {
                 same.predicted += part.predicted;
                 same.learn = None;
                 same.cached = None;
+                same.arrivals.extend(part.arrivals);
             }
             None => self.parts.push(part),
         }
@@ -421,24 +451,31 @@ impl StatsSink<'_> {
     }
 
     /// The traffic log's line of each request of `run` (each part took its share in
-    /// `shares`, if the run reached the server at all).
+    /// `shares`, if the run reached the server at all; requests counted together share
+    /// their part's in proportion to their predictions).
     fn log_traffic(&self, run: &Run, shares: &[Duration], ran: bool) {
         for (part, own) in run.parts.iter().zip(shares) {
-            let Some(arrival) = &part.arrival else {
-                continue;
-            };
-            let outcome = Outcome {
-                predicted: Some(part.predicted),
-                took: ran.then_some(own.as_secs_f64()),
-                waited: part.waited.as_secs_f64(),
-                outcome: "ran",
-            };
-            let who = (part.tenant.as_str(), self.role, self.database);
-            self.traffic.write(&arrival.entry(who, outcome));
+            let n = part.arrivals.len() as f64;
+            for a in &part.arrivals {
+                let share = match part.predicted > 0.0 && a.predicted.is_finite() {
+                    true => a.predicted / part.predicted,
+                    false => 1.0 / n,
+                };
+                let outcome = Outcome {
+                    predicted: Some(a.predicted),
+                    learned: a.learned,
+                    took: ran.then_some(own.as_secs_f64() * share),
+                    waited: a.waited.as_secs_f64(),
+                    outcome: "ran",
+                };
+                let who = (part.tenant.as_str(), self.role, self.database);
+                self.traffic.write(&a.arrival.entry(who, outcome));
+            }
         }
     }
 
-    /// The traffic log's line of a request the gate refused.
+    /// The traffic log's line of a request the gate refused (or whose client left: `reason`
+    /// says which).
     pub fn log_refusal(
         &self,
         arrival: &Arrival,
@@ -448,6 +485,7 @@ impl StatsSink<'_> {
     ) {
         let outcome = Outcome {
             predicted,
+            learned: false,
             took: None,
             waited: 0.0,
             outcome: reason,
@@ -599,8 +637,9 @@ impl Session {
         len: usize,
         governance: Arc<Governance>,
     ) -> Result<usize, SessionError> {
-        // Whether the runs are counted (SHOW STATEMENTS), from the cached configuration.
-        self.gate.stats_on = self.config.load().settings.max_statement_stats > 0;
+        // Under a policy the runs are counted (SHOW STATEMENTS, the unusual minutes, the
+        // traffic log), even when `max_statement_stats = 0` keeps no row of them.
+        self.gate.stats_on = true;
         if self.gate.gated == 0 {
             // Everything gated so far has gone out: the server's view of the batch is exact.
             let link = self.link.as_ref();
@@ -924,7 +963,12 @@ impl Session {
                 for_server += asked.elapsed();
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
-                match self.wait_for_slot(io, pass).await? {
+                let answer = self.wait_for_slot(io, pass).await;
+                if let (Err(_), Some(arrival)) = (&answer, &arrival) {
+                    // The client left while its request waited: the traffic log says so.
+                    self.log_left(arrival, &tenant);
+                }
+                match answer? {
                     SlotAnswer::Granted(p, guard) => {
                         pass = p;
                         self.gate.slot = Some(guard);
@@ -956,7 +1000,7 @@ impl Session {
                         reading: analysis.clone(),
                         sent_at: pass.sent_at,
                         waited: pass.waited + for_server,
-                        arrival: arrival.map(Box::new),
+                        arrivals: Arrived::of(arrival, charged, false, pass.waited + for_server),
                     },
                     Instant::now(),
                 );
@@ -1069,7 +1113,12 @@ impl Session {
                 reading: analysis.clone(),
                 sent_at: pass.sent_at,
                 waited: pass.waited + for_server,
-                arrival: arrival.map(Box::new),
+                arrivals: Arrived::of(
+                    arrival,
+                    cost.seconds,
+                    cost.learned,
+                    pass.waited + for_server,
+                ),
             };
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
@@ -1443,6 +1492,14 @@ impl Session {
             sink.log_refusal(arrival, tenant, reason, predicted);
         }
         refused(r)
+    }
+
+    /// The traffic log's line of a request whose client left while it waited.
+    fn log_left(&self, arrival: &Arrival, tenant: &str) {
+        let sink = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
+        if let Some(sink) = sink {
+            sink.log_refusal(arrival, tenant, crate::ops::traffic::CLIENT_LEFT, None);
+        }
     }
 
     /// A refusal of pgward's in the statement statistics.
@@ -2078,4 +2135,76 @@ fn kind_of(text: &[u8]) -> RequestKind {
 /// The text of a Query body (a slice of it).
 fn text_of(body: &Bytes) -> Bytes {
     body.slice_ref(QueryView::new(body).text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::traffic::{Entry, TrafficLog};
+
+    /// A request of `tenant` predicted at `predicted` seconds, with its arrival for the log.
+    fn part(tenant: &str, predicted: f64) -> Part {
+        let request = Request {
+            client_id: 1,
+            tenant,
+            priority: crate::sql::Priority::Normal,
+            kind: RequestKind::Statement,
+            fingerprint: Some(Fingerprint(7)),
+            upstream: "pg:5432",
+            pool: "app/app",
+            pool_size: 4,
+            database_cap: 0,
+            database: "app",
+            sent_at: Instant::now(),
+            statement_timeout: None,
+            deadline: None,
+        };
+        let arrival = Arrival::of(&request, Instant::now(), std::time::SystemTime::now());
+        Part {
+            tenant: tenant.to_string(),
+            charged: predicted,
+            predicted,
+            learn: None,
+            cached: None,
+            learned: false,
+            fingerprint: Some(Fingerprint(7)),
+            reading: None,
+            sent_at: Instant::now(),
+            waited: Duration::ZERO,
+            arrivals: Arrived::of(Some(arrival), predicted, false, Duration::ZERO),
+        }
+    }
+
+    #[test]
+    fn requests_counted_together_past_max_parts_each_keep_their_traffic_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.jsonl");
+        let traffic = TrafficLog::default();
+        traffic.open(Some(&path)).unwrap();
+        let table = std::sync::Mutex::new(crate::ops::Statements::new(10));
+        let sink = StatsSink {
+            table: &table,
+            traffic: &traffic,
+            role: "app",
+            database: "app",
+        };
+        let mut run = Run::default();
+        for _ in 0..MAX_PARTS + 36 {
+            run.add(part("a", 0.01), Instant::now());
+        }
+        assert_eq!(run.parts.len(), MAX_PARTS);
+        let took = Duration::from_secs(1);
+        let shares = shares(&run.parts, took);
+        sink.log_traffic(&run, &shares, true);
+        traffic.flush();
+        let lines: Vec<Entry> = std::fs::read_to_string(&path)
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(lines.len(), MAX_PARTS + 36);
+        let total: f64 = lines.iter().filter_map(|e| e.took).sum();
+        assert!((total - 1.0).abs() < 1e-6, "{total}");
+        assert!(lines.iter().all(|e| e.predicted == Some(0.01)));
+    }
 }

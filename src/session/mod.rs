@@ -569,9 +569,9 @@ impl Session {
             settings.max_prepared_statements,
             governance.is_some(),
         );
-        // Whether this session's runs are counted (SHOW STATEMENTS), read with the cached
-        // configuration once per batch of messages.
-        self.gate.stats_on = governance.is_some() && settings.max_statement_stats > 0;
+        // Whether this session's runs are counted (SHOW STATEMENTS, unusual minutes, the
+        // traffic log: under a policy; `max_statement_stats = 0` keeps no row of them).
+        self.gate.stats_on = governance.is_some();
         let Some(link) = self.link.as_mut() else {
             return Ok(());
         };

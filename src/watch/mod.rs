@@ -142,9 +142,9 @@ pub trait Watched: Send + Sync + 'static {
     fn note_lock_waits(&self, upstream: &str, n: usize);
     /// Where the lock-queue guard's cancels are logged.
     fn decisions(&self) -> &DecisionLog;
-    /// What pg_stat_statements on `upstream` counted since the last read, by server role
-    /// and database, for the statement statistics.
-    fn add_server_statements(&self, upstream: &str, changes: Vec<server_stats::Delta>);
+    /// What pg_stat_statements counted since the last read, by server role and database,
+    /// for the statement statistics.
+    fn add_server_statements(&self, changes: Vec<server_stats::Delta>);
 }
 
 /// Keeps one reader running per PostgreSQL server pgward pools onto while the policy asks
@@ -253,7 +253,7 @@ async fn read_server<R: Watched>(
                 if round % server_stats::EVERY == 1 {
                     if let Some(changes) = read_statements(&pool, &mut conn, &mut statements).await
                     {
-                        rt.add_server_statements(&upstream, changes);
+                        rt.add_server_statements(changes);
                     }
                 }
                 rt.board().update(&upstream, |v| {
@@ -418,9 +418,10 @@ async fn read_statements(
         .await
         .map_err(|e| tracing::debug!("pg_stat_statements: {e}"))
         .ok()?;
-    let rows = server_stats::rows_of(&rows)
-        .map_err(|e| tracing::warn!("{e}"))
-        .ok()?;
+    let (rows, error) = server_stats::rows_of(&rows);
+    if let Some(e) = error {
+        tracing::debug!("{e}; the row is left out");
+    }
     let analyzer = crate::sql::Analyzer::new(crate::sql::Depth::Shape, 0);
     let context = crate::sql::ParseContext::server_defaults();
     Some(deltas.observe(rows, |text| {

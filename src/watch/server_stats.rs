@@ -22,12 +22,13 @@ pub const FIND: &str = "SELECT n.nspname FROM pg_catalog.pg_extension e \
      JOIN pg_catalog.pg_namespace n ON n.oid = e.extnamespace \
      WHERE e.extname = 'pg_stat_statements'";
 
-/// The query over the view in `schema`. `toplevel` (whether a statement was run by a client
-/// or inside a function) exists from PostgreSQL 14 on and splits a statement in two rows.
+/// The query over the view in `schema`. From PostgreSQL 14 on, statements run inside a
+/// function (`toplevel` false, with `pg_stat_statements.track = all`) have rows of their own:
+/// they are left out, since the statement that called them counts their blocks already.
 pub fn query(schema: &str, server_major: u32) -> String {
-    let toplevel = match server_major >= 14 {
-        true => "s.toplevel",
-        false => "true",
+    let (toplevel, only_top) = match server_major >= 14 {
+        true => ("s.toplevel", " AND s.toplevel"),
+        false => ("true", ""),
     };
     format!(
         "SELECT r.rolname, d.datname, s.queryid, {toplevel}, s.query, s.calls, \
@@ -36,7 +37,7 @@ pub fn query(schema: &str, server_major: u32) -> String {
          FROM {}.pg_stat_statements s \
          JOIN pg_catalog.pg_roles r ON r.oid = s.userid \
          JOIN pg_catalog.pg_database d ON d.oid = s.dbid \
-         WHERE s.queryid IS NOT NULL AND s.query <> '<insufficient privilege>'",
+         WHERE s.queryid IS NOT NULL AND s.query <> '<insufficient privilege>'{only_top}",
         quote_ident(schema)
     )
 }
@@ -56,9 +57,20 @@ pub struct Row {
     pub counters: ServerCounters,
 }
 
-/// The view's rows; a row that does not read is an error, never a guess.
-pub fn rows_of(rows: &[TextRow]) -> Result<Vec<Row>, String> {
-    rows.iter().map(row_of).collect()
+/// The view's rows that read, and why the first that did not read did not (such a row is
+/// left out, never guessed at).
+pub fn rows_of(rows: &[TextRow]) -> (Vec<Row>, Option<String>) {
+    let mut out = Vec::with_capacity(rows.len());
+    let mut error = None;
+    for row in rows {
+        match row_of(row) {
+            Ok(r) => out.push(r),
+            Err(e) => {
+                error.get_or_insert(e);
+            }
+        }
+    }
+    (out, error)
 }
 
 fn row_of(row: &TextRow) -> Result<Row, String> {
@@ -181,9 +193,9 @@ mod tests {
     fn changes_count_from_the_first_read_and_survive_a_reset() {
         let mut d = Deltas::default();
         let fp = |_: &str| Some(42);
-        let first = rows_of(&[row("1", "10", "100", "1000")]).unwrap();
+        let first = rows_of(&[row("1", "10", "100", "1000")]).0;
         assert!(d.observe(first, fp).is_empty());
-        let later = rows_of(&[row("1", "15", "150", "1500.0"), row("2", "3", "9", "0")]).unwrap();
+        let later = rows_of(&[row("1", "15", "150", "1500.0"), row("2", "3", "9", "0")]).0;
         let changes = d.observe(later, fp);
         assert_eq!(changes.len(), 2);
         assert_eq!(changes[0].counters.calls, 5);
@@ -197,21 +209,24 @@ mod tests {
             ("app", "db")
         );
         // Reset: what it has now is new.
-        let reset = rows_of(&[row("1", "2", "20", "0")]).unwrap();
+        let reset = rows_of(&[row("1", "2", "20", "0")]).0;
         let changes = d.observe(reset, fp);
         assert_eq!(changes[0].counters.calls, 2);
         assert_eq!(changes[0].counters.shared_blks_hit, 20);
         // Unchanged: nothing.
-        let same = rows_of(&[row("1", "2", "20", "0")]).unwrap();
+        let same = rows_of(&[row("1", "2", "20", "0")]).0;
         assert!(d.observe(same, fp).is_empty());
     }
 
     #[test]
     fn a_row_that_does_not_read_fails_and_the_query_names_the_schema() {
-        assert!(rows_of(&[row("x", "1", "1", "1")]).is_err());
-        assert!(rows_of(&[row("1", "-", "1", "1")]).is_err());
+        let (rows, error) = rows_of(&[row("x", "1", "1", "1"), row("2", "1", "1", "1")]);
+        assert_eq!(rows.len(), 1);
+        assert!(error.is_some_and(|e| e.contains("queryid")));
+        let (rows, error) = rows_of(&[row("1", "-1", "1", "1")]);
+        assert!(rows.is_empty() && error.is_some());
         assert!(query("my \"ext\"", 13).contains("\"my \"\"ext\"\"\".pg_stat_statements"));
         assert!(query("public", 13).contains(", true,"));
-        assert!(query("public", 14).contains("s.toplevel"));
+        assert!(query("public", 14).contains("AND s.toplevel"));
     }
 }
