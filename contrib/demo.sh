@@ -72,6 +72,9 @@ when = { tenants = ["web"] }
 [decisions]
 file = "decisions.jsonl"
 wait_over = "500ms"
+
+[traffic]
+file = "traffic.jsonl"
 EOF
 
 cat <<EOF
@@ -96,6 +99,9 @@ The policy ($work/policy.toml) names two tenants by sqlcommenter tags. In anothe
     psql -h 127.0.0.1 -p $port -U demo pgward -c 'SHOW TENANTS' -c 'SHOW STATEMENTS 5'
     cat $work/decisions.jsonl
         (one line per refusal, and per wait over half a second)
+    $pgward simulate --policy $work/policy.toml --traffic $work/traffic.jsonl
+        (the traffic so far replayed under the policy; edit a copy of the policy, say a
+        larger rate for reports, and replay it to see what that would have let through)
 
 Press Ctrl-C to stop.
 

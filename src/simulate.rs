@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::gate::{
-    Cost, Decision, Gate, GateSettings, Granted, Pass, Request, RequestKind, Slot, Spent, TxControl,
+    Cost, Decision, Gate, GateSettings, Granted, Pass, Request, RequestKind, Slot, Spent, TicketId,
+    TxControl,
 };
 use crate::ops::traffic::{kind_of, Entry, CLIENT_LEFT};
 use crate::policy::{Policy, PolicyError};
@@ -192,7 +193,7 @@ pub fn replay(policy: &Policy, entries: Vec<Entry>) -> Report {
         match &sim.fate[i] {
             Fate::Ran(waited) => t.simulated.ran_after(*waited),
             Fate::Refused(reason) => t.simulated.refuse(reason),
-            Fate::Pending => t.simulated.unfinished += 1,
+            Fate::Pending | Fate::Left => t.simulated.unfinished += 1,
         }
     }
     report
@@ -202,6 +203,8 @@ pub fn replay(policy: &Policy, entries: Vec<Entry>) -> Report {
 #[derive(Clone, Debug)]
 enum Fate {
     Pending,
+    /// Its client left while it waited, as the log says it did.
+    Left,
     Ran(Duration),
     Refused(String),
 }
@@ -229,6 +232,9 @@ struct Simulation {
     next: u64,
     /// Clients inside a transaction block (between their `begin` and `end`).
     in_transaction: std::collections::HashSet<u64>,
+    /// When the clients that left while waiting left, by statement; the tickets waiting.
+    leaves: BinaryHeap<Reverse<(Instant, usize)>>,
+    tickets: HashMap<usize, TicketId>,
 }
 
 impl Simulation {
@@ -257,6 +263,8 @@ impl Simulation {
             slots: HashMap::new(),
             next: 0,
             in_transaction: std::collections::HashSet::new(),
+            leaves: BinaryHeap::new(),
+            tickets: HashMap::new(),
         }
     }
 
@@ -270,26 +278,56 @@ impl Simulation {
         loop {
             let arrival = entries.get(i).map(|e| self.instant(e.at));
             let done = self.running.peek().map(|Reverse((t, _))| *t);
+            let leave = self.leaves.peek().map(|Reverse((t, _))| *t);
             // The gate's own clock: deadlines, queue timeouts, pay-backs (never spinning).
             let wake = match self.gate.has_waiters() {
                 true => self.gate.next_wake(now).map(|w| w.max(now + TICK)),
                 false => None,
             };
-            let Some(t) = [arrival, done, wake].into_iter().flatten().min() else {
+            let Some(t) = [arrival, done, leave, wake].into_iter().flatten().min() else {
                 return;
             };
             now = t.max(now);
             if done.is_some_and(|d| d <= now) {
                 self.finish(now, entries);
+            } else if leave.is_some_and(|l| l <= now) {
+                self.leave(now);
             } else if arrival.is_some_and(|a| a <= now) {
                 self.arrive(i, &entries[i], now, entries);
                 i += 1;
             }
             for e in self.gate.expire(now) {
+                self.tickets.remove(&e.waiter);
                 self.fate[e.waiter] = Fate::Refused(e.refusal.reason.as_str().to_string());
             }
             let granted = self.gate.dispatch(now, |_| true).into_iter().collect();
             self.grant(granted, now, entries);
+        }
+    }
+
+    /// Queues `pass` of statement `i`; if its client left while it waited, it leaves the
+    /// queue as long after its arrival, if it still waits then.
+    fn enqueue(&mut self, i: usize, pass: Pass, now: Instant, entries: &[Entry]) {
+        self.tickets.insert(i, pass.id);
+        self.gate.enqueue(pass, i, now);
+        let e = &entries[i];
+        if e.outcome == CLIENT_LEFT {
+            let gone = self.instant(e.at) + Duration::from_secs_f64(e.waited);
+            self.leaves.push(Reverse((gone.max(now), i)));
+        }
+    }
+
+    fn leave(&mut self, now: Instant) {
+        while let Some(Reverse((at, i))) = self.leaves.peek().copied() {
+            if at > now {
+                break;
+            }
+            self.leaves.pop();
+            if let Some(id) = self.tickets.remove(&i) {
+                if self.gate.withdraw(id, now).is_some() {
+                    self.fate[i] = Fate::Left;
+                }
+            }
         }
     }
 
@@ -348,10 +386,10 @@ impl Simulation {
                     Err(r) => self.fate[i] = Fate::Refused(r.reason.as_str().to_string()),
                     Ok(Spent::Run { .. }) => match self.gate.try_acquire(&pass, now) {
                         Some(slot) => self.start(i, pass, Some(slot), now, entries),
-                        None => self.gate.enqueue(pass, i, now),
+                        None => self.enqueue(i, pass, now, entries),
                     },
                     Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
-                        self.gate.enqueue(pass, i, now);
+                        self.enqueue(i, pass, now, entries);
                     }
                 }
             }
@@ -376,10 +414,12 @@ impl Simulation {
             waiter,
         }) = work.pop_front()
         {
+            self.tickets.remove(&waiter);
             match self.gate.spend(&mut pass, self.cost(waiter), now) {
                 Ok(Spent::Run { .. }) => self.start(waiter, pass, Some(slot), now, entries),
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. }) => {
                     self.gate.release(&slot, now);
+                    self.tickets.insert(waiter, pass.id);
                     self.gate.enqueue(pass, waiter, now);
                     work.extend(self.gate.dispatch(now, |_| true));
                 }
@@ -627,6 +667,22 @@ mod tests {
         assert_eq!((a.simulated.ran, a.simulated.delayed), (6, 1), "{a:?}");
         // Only the statement after the COMMIT waited, for the slot: until 5 s.
         assert!((a.simulated.waited - 2.4).abs() < 0.01, "{a:?}");
+    }
+
+    #[test]
+    fn a_client_that_left_while_waiting_leaves_the_replay_too() {
+        let left = Entry {
+            client: 2,
+            waited: 2.0,
+            predicted: None,
+            ..entry(0.5, "a", 1.0, CLIENT_LEFT)
+        };
+        let log = vec![entry(0.0, "a", 10.0, "ran"), left];
+        let report = replay(&policy("[gate]\nmax_active = 1\n"), log);
+        let a = &report.tenants["a"];
+        assert_eq!((a.recorded.ran, a.recorded.unfinished), (1, 1));
+        // It left at 2.5 s, before the slot came free at 10 s: it never ran.
+        assert_eq!((a.simulated.ran, a.simulated.unfinished), (1, 1), "{a:?}");
     }
 
     #[test]

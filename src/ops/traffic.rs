@@ -60,7 +60,8 @@ pub struct Entry {
     /// Seconds it took on the server (its share of its run), when it ran.
     #[serde(default)]
     pub took: Option<f64>,
-    /// Seconds it waited in pgward's queues.
+    /// Seconds it waited in pgward's queues (refused, or its client left: from its arrival to
+    /// then).
     #[serde(default)]
     pub waited: f64,
     /// `ran`, [`CLIENT_LEFT`], or the reason the gate refused it (as SHOW TENANTS counts
@@ -73,6 +74,8 @@ pub struct Entry {
 #[derive(Clone, Debug)]
 pub struct Arrival {
     at: f64,
+    /// When the client sent it, on the monotonic clock (how long a refused request waited).
+    sent_at: Instant,
     client: u64,
     upstream: String,
     pool: String,
@@ -95,6 +98,7 @@ impl Arrival {
                 .duration_since(UNIX_EPOCH)
                 .unwrap_or_default()
                 .as_secs_f64(),
+            sent_at: req.sent_at,
             client: req.client_id,
             upstream: req.upstream.to_string(),
             pool: req.pool.to_string(),
@@ -106,6 +110,11 @@ impl Arrival {
             timeout: req.statement_timeout,
             deadline: req.deadline,
         }
+    }
+
+    /// How long ago the client sent it.
+    pub fn age(&self) -> Duration {
+        self.sent_at.elapsed()
     }
 
     /// The line for this request of `tenant` (through `role`, in `database`).

@@ -487,7 +487,7 @@ impl StatsSink<'_> {
             predicted,
             learned: false,
             took: None,
-            waited: 0.0,
+            waited: arrival.age().as_secs_f64(),
             outcome: reason,
         };
         let who = (tenant, self.role, self.database);
