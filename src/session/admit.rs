@@ -301,7 +301,7 @@ impl Run {
 
 /// Each part's share of `took`, the run's time, in proportion to its prediction (evenly when
 /// nothing was predicted).
-fn shares(parts: &[Part], took: Duration) -> Vec<Duration> {
+fn shares(parts: &[Part], took: Duration) -> smallvec::SmallVec<[Duration; 2]> {
     let weight = |p: &Part| match p.predicted.is_finite() {
         true => p.predicted.max(0.0),
         false => 0.0,
