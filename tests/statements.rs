@@ -124,13 +124,13 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_table_stays_within_max_statement_stats_under_many_distinct_statements() {
+    // Ten thousand distinct statements through pgward against a bound of 50 (a hundred
+    // thousand against the table alone: src/ops/statements.rs).
     let f = gated("", "admin_users = admin\nmax_statement_stats = 50\n");
-    let started = Instant::now();
     common::psql_script(
         f.pw.port,
-        (0..2_000).map(|i| format!("WITH x{i} AS (SELECT 1) SELECT * FROM x{i};")),
+        (0..10_000).map(|i| format!("WITH x{i} AS (SELECT 1) SELECT * FROM x{i};")),
     );
-    assert!(started.elapsed() < Duration::from_secs(120));
     let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
     let rows = show(&admin.client, "SHOW STATEMENTS 10000").await;
     assert!(!rows.is_empty() && rows.len() <= 50, "{} rows", rows.len());
