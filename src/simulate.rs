@@ -24,6 +24,9 @@ use crate::sql::{Fingerprint, Priority};
 /// The gate's clock looks again at least this much later.
 const TICK: Duration = Duration::from_millis(1);
 
+/// How long after the last arrival the replay goes on while only the gate's clock ticks.
+const MAX_TAIL: Duration = Duration::from_secs(3600);
+
 /// A wait at least this long counts as a delay.
 const DELAYED: Duration = Duration::from_millis(1);
 
@@ -162,6 +165,9 @@ fn sane(e: &Entry) -> Result<(), String> {
     if !(0.0..=1e11).contains(&e.at) {
         return Err(format!("at {} is not a time", e.at));
     }
+    if e.pool_size == 0 {
+        return Err("pool_size 0: a pool with no server".to_string());
+    }
     duration("predicted", e.predicted)?;
     duration("took", e.took)?;
     duration("waited", Some(e.waited))?;
@@ -235,6 +241,8 @@ struct Simulation {
     /// When the clients that left while waiting left, by statement; the tickets waiting.
     leaves: BinaryHeap<Reverse<(Instant, usize)>>,
     tickets: HashMap<usize, TicketId>,
+    /// The last arrival.
+    last: Instant,
 }
 
 impl Simulation {
@@ -265,7 +273,14 @@ impl Simulation {
             in_transaction: std::collections::HashSet::new(),
             leaves: BinaryHeap::new(),
             tickets: HashMap::new(),
+            last: start,
         }
+        .with_last(entries)
+    }
+
+    fn with_last(mut self, entries: &[Entry]) -> Simulation {
+        self.last = entries.last().map_or(self.start, |e| self.instant(e.at));
+        self
     }
 
     fn instant(&self, at: f64) -> Instant {
@@ -287,6 +302,11 @@ impl Simulation {
             let Some(t) = [arrival, done, leave, wake].into_iter().flatten().min() else {
                 return;
             };
+            if arrival.is_none() && done.is_none() && leave.is_none() && t > self.last + MAX_TAIL {
+                // Only the gate's clock is left and nothing it can hand a slot to comes: what
+                // still waits stays waiting.
+                return;
+            }
             now = t.max(now);
             if done.is_some_and(|d| d <= now) {
                 self.finish(now, entries);
