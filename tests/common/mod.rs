@@ -110,7 +110,19 @@ pub fn free_port() -> u16 {
     panic!("no free TCP port after 100 tries");
 }
 
+/// A port nothing listens on, below the kernel's ephemeral range (32768 and up by default),
+/// where outgoing connections take their local ports: a port handed out there may be taken by
+/// one before the server binds it, and a client connecting to it may then reach itself. The
+/// kernel's own choice when no such port is free.
 fn kernel_free_port() -> u16 {
+    use rand::Rng;
+    let mut rng = rand::thread_rng();
+    for _ in 0..1000 {
+        let port = rng.gen_range(15_000..32_000);
+        if TcpListener::bind((HOST, port)).is_ok() {
+            return port;
+        }
+    }
     TcpListener::bind((HOST, 0))
         .and_then(|listener| listener.local_addr())
         .map(|addr| addr.port())
