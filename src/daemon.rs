@@ -33,9 +33,9 @@ pub async fn serve(config: Config) -> ExitCode {
         Ok(e) => e,
         Err(e) => return failed(e),
     };
-    // The decision log and the traffic log are opened before anything is bound: a path that cannot be opened
-    // stops the start with nothing taken over (a rolling restart's old process keeps its
-    // socket).
+    // The decision log and the traffic log are opened before anything is bound: a path that
+    // cannot be opened stops the start with nothing taken over (a rolling restart's old
+    // process keeps its socket).
     let gatekeeper = crate::gate::keeper::Gatekeeper::new();
     if let Err(e) = crate::runtime::open_decision_log(&gatekeeper, governance.as_deref()) {
         return failed(e);

@@ -257,10 +257,12 @@ impl Simulation {
         for (tenant, config) in policy.tenant_configs() {
             gate.configure_tenant(tenant, config.clone(), start);
         }
+        let t0 = entries.first().map_or(0.0, |e| e.at);
+        let span = entries.last().map_or(0.0, |e| e.at - t0);
         Simulation {
             gate,
             start,
-            t0: entries.first().map_or(0.0, |e| e.at),
+            t0,
             prices: prices(entries),
             learned: entries
                 .iter()
@@ -273,14 +275,8 @@ impl Simulation {
             in_transaction: std::collections::HashSet::new(),
             leaves: BinaryHeap::new(),
             tickets: HashMap::new(),
-            last: start,
+            last: start + Duration::from_secs_f64(span.max(0.0)),
         }
-        .with_last(entries)
-    }
-
-    fn with_last(mut self, entries: &[Entry]) -> Simulation {
-        self.last = entries.last().map_or(self.start, |e| self.instant(e.at));
-        self
     }
 
     fn instant(&self, at: f64) -> Instant {

@@ -966,7 +966,7 @@ impl Session {
                 let answer = self.wait_for_slot(io, pass).await;
                 if let (Err(_), Some(arrival)) = (&answer, &arrival) {
                     // The client left while its request waited: the traffic log says so.
-                    self.log_left(arrival, &tenant);
+                    self.log_unrun(arrival, &tenant, crate::ops::traffic::CLIENT_LEFT, None);
                 }
                 match answer? {
                     SlotAnswer::Granted(p, guard) => {
@@ -1487,18 +1487,18 @@ impl Session {
     ) -> Step {
         let reason = r.reason.as_str();
         self.count_refusal(tenant, fingerprint, reason);
-        let sink = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
-        if let (Some(sink), Some(arrival)) = (sink, arrival) {
-            sink.log_refusal(arrival, tenant, reason, predicted);
+        if let Some(arrival) = arrival {
+            self.log_unrun(arrival, tenant, reason, predicted);
         }
         refused(r)
     }
 
-    /// The traffic log's line of a request whose client left while it waited.
-    fn log_left(&self, arrival: &Arrival, tenant: &str) {
+    /// The traffic log's line of a request that did not run: `outcome` is the refusal's
+    /// reason, or that its client left while it waited.
+    fn log_unrun(&self, arrival: &Arrival, tenant: &str, outcome: &str, predicted: Option<f64>) {
         let sink = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
         if let Some(sink) = sink {
-            sink.log_refusal(arrival, tenant, crate::ops::traffic::CLIENT_LEFT, None);
+            sink.log_refusal(arrival, tenant, outcome, predicted);
         }
     }
 
