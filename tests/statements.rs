@@ -44,6 +44,7 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
     );
     let app = must_connect(&f.pw.connstr("postgres", None, "app")).await;
     // 20 runs of 100 ms, 5 of 200 ms, 1 of 800 ms, each timed by the client.
+    let mut slept = Vec::new();
     let mut seen = Vec::new();
     for (n, ms) in [(20, 100), (5, 200), (1, 800)] {
         for _ in 0..n {
@@ -51,6 +52,7 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
             let t = Instant::now();
             app.client.simple_query(&sql).await.expect("sleep");
             seen.push(t.elapsed().as_secs_f64() * 1000.0);
+            slept.push(f64::from(ms));
         }
     }
     // A comment and a statement whose constants pg_query's normalization keeps: never shown.
@@ -73,13 +75,14 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
     assert_eq!(sleep["role"].as_deref(), Some("postgres"));
     assert_eq!(sleep["database"].as_deref(), Some("app"));
     for (col, q) in [("p50_ms", 0.5), ("p95_ms", 0.95), ("p99_ms", 0.99)] {
-        let want = quantile(&mut seen, q);
+        let (low, high) = (quantile(&mut slept, q), quantile(&mut seen, q));
         let got = number(sleep, col);
-        // pgward's clock starts when the request arrives and stops at its answer: within 2% of
-        // what the client measured around it.
+        // pgward's clock starts when the request arrives and stops at its answer: no shorter
+        // than the server slept and no longer than the client measured around it, each within
+        // the sketch's 2% (a busy machine widens the gap between the two, not the error).
         assert!(
-            (got - want).abs() <= 0.02 * want,
-            "{col}: {got} ms, the client saw {want} ms"
+            got >= 0.98 * low && got <= 1.02 * high,
+            "{col}: {got} ms, the server slept {low} ms and the client saw {high} ms"
         );
     }
     assert!(number(sleep, "total_ms") >= 3800.0);
