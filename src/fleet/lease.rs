@@ -1,0 +1,515 @@
+//! Shares of one capacity leased to several pgward instances. An instance never asks about one
+//! statement: about once a second it reports what it wants of each resource (a tenant's budget,
+//! an upstream lane) and the newest grant it holds, and the store answers with a grant, valid
+//! for a lease from the moment the instance sent its report. Until then the instance uses its
+//! share on its own; to keep it, it reports again; an instance that dies gives its share back by
+//! not renewing it.
+//!
+//! The store's arithmetic: each live instance's target is its demand plus an even part of what
+//! is spare, or a part of the capacity in proportion to its demand when the instances want more
+//! than there is. A grant is its target cut to what the other instances may still be using: the
+//! store counts every grant an instance may hold, the newest it acknowledged and every newer
+//! one (a reply lost on its way is still counted), until that grant's lease and fallback have
+//! ended on the store's clock.
+//!
+//! An instance that cannot reach the store keeps its lease to its end, then falls back to the
+//! fallback share its grant carried (never more than the grant, at most an even part of the
+//! capacity) for a bounded time, then admits nothing. The store counts the same fallback for the
+//! same time, so losing the store, a link or an instance never lets in more than the capacity.
+//!
+//! Pure: each side says what time it is on its own clock; nothing here reads one.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// A point on one side's own clock (the store's, or one instance's), from any fixed start.
+pub type Time = Duration;
+
+/// What the shares are of: a tenant's budget or an upstream lane, by name.
+pub type Resource = String;
+
+/// How much of each resource, by name.
+pub type Amounts = BTreeMap<Resource, f64>;
+
+/// Shares never add up to more than the capacity by more than rounding.
+pub const ROUNDING: f64 = 1e-9;
+
+/// Reports whose sending time an instance remembers, to date the replies that answer them.
+const REMEMBERED_REPORTS: usize = 64;
+
+/// The lease's timings, the same on both sides.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Terms {
+    /// How long a grant holds, from the instance's report (about ten seconds).
+    pub lease: Duration,
+    /// How long after its lease an instance that heard nothing still admits its fallback share.
+    pub fallback: Duration,
+    /// How much longer the store counts a grant than the instance uses it (clocks that run at
+    /// slightly different rates).
+    pub margin: Duration,
+}
+
+impl Default for Terms {
+    fn default() -> Self {
+        Terms {
+            lease: Duration::from_secs(10),
+            fallback: Duration::from_secs(60),
+            margin: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What an instance tells the store.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub instance: u32,
+    /// Chosen anew each time the instance starts: a restarted instance holds nothing.
+    pub incarnation: u64,
+    /// Counts the incarnation's reports, so a late duplicate is told from a newer one.
+    pub number: u64,
+    /// The sequence number of the newest grant the instance holds (0: none).
+    pub acked: u64,
+    /// What it used and wants of each resource, in the resource's unit.
+    pub demands: Amounts,
+}
+
+/// One resource's part of a grant.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Share {
+    /// What the instance may use until its lease ends.
+    pub amount: f64,
+    /// What it may use after that, while its fallback lasts.
+    pub fallback: f64,
+}
+
+impl Share {
+    const NONE: Share = Share {
+        amount: 0.0,
+        fallback: 0.0,
+    };
+}
+
+/// The store's answer to a report.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Grant {
+    pub instance: u32,
+    pub incarnation: u64,
+    /// The report it answers.
+    pub number: u64,
+    /// Unique and increasing across the store's whole life, whichever instance it went to.
+    pub seq: u64,
+    pub shares: BTreeMap<Resource, Share>,
+}
+
+/// A grant as the store counts it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Issued {
+    pub seq: u64,
+    pub shares: BTreeMap<Resource, Share>,
+    /// The store's time its lease ends, margin included.
+    pub ends: Time,
+    /// The store's time its fallback ends, margin included.
+    pub fallback_ends: Time,
+}
+
+impl Issued {
+    /// What the instance may be using of `resource` at `now`, as the store counts it.
+    fn level(&self, resource: &str, now: Time) -> f64 {
+        let share = self.shares.get(resource).copied().unwrap_or(Share::NONE);
+        if now < self.ends {
+            share.amount
+        } else if now < self.fallback_ends {
+            share.fallback
+        } else {
+            0.0
+        }
+    }
+}
+
+/// One instance as the store knows it.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Member {
+    pub incarnation: u64,
+    pub number: u64,
+    /// The newest grant it acknowledged: it holds that one or a newer one.
+    pub acked: u64,
+    /// The store's time of its last report.
+    pub reported: Time,
+    pub demands: Amounts,
+    /// Every grant it may still be using.
+    pub issued: Vec<Issued>,
+}
+
+impl Member {
+    /// What it may be using of `resource` at `now`: the most of any grant it may hold.
+    pub fn in_use(&self, resource: &str, now: Time) -> f64 {
+        self.issued
+            .iter()
+            .map(|g| g.level(resource, now))
+            .fold(0.0, f64::max)
+    }
+
+    fn forget_spent(&mut self, now: Time) {
+        let acked = self.acked;
+        self.issued
+            .retain(|g| g.seq >= acked && now < g.fallback_ends);
+    }
+}
+
+/// The store's side: the capacities, every instance's reports and the grants it may be using.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ledger {
+    pub terms: Terms,
+    pub capacities: Amounts,
+    pub members: BTreeMap<u32, Member>,
+    /// The next grant's sequence number (kept with the ledger: never reused, even after a
+    /// restart of the store or of an instance).
+    pub next_seq: u64,
+}
+
+impl Ledger {
+    pub fn new(terms: Terms, capacities: Amounts) -> Ledger {
+        Ledger {
+            terms,
+            capacities,
+            members: BTreeMap::new(),
+            next_seq: 1,
+        }
+    }
+
+    /// Takes a report at the store's `now` and answers it with a grant, or with nothing when
+    /// the report is older than one already taken from the same incarnation.
+    pub fn answer(&mut self, now: Time, report: &Report) -> Option<Grant> {
+        let member = self.members.entry(report.instance).or_default();
+        let same = member.incarnation == report.incarnation;
+        if same && report.number <= member.number && member.number > 0 {
+            return None;
+        }
+        member.incarnation = report.incarnation;
+        member.number = report.number;
+        member.acked = member.acked.max(report.acked);
+        member.reported = now;
+        member.demands = report.demands.clone();
+        for m in self.members.values_mut() {
+            m.forget_spent(now);
+        }
+        let shares = self.shares_for(report.instance, now);
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let issued = Issued {
+            seq,
+            shares: shares.clone(),
+            ends: now + self.terms.lease + self.terms.margin,
+            fallback_ends: now + self.terms.lease + self.terms.fallback + self.terms.margin,
+        };
+        if let Some(member) = self.members.get_mut(&report.instance) {
+            member.issued.push(issued);
+        }
+        Some(Grant {
+            instance: report.instance,
+            incarnation: report.incarnation,
+            number: report.number,
+            seq,
+            shares,
+        })
+    }
+
+    /// Instances that reported within a lease of `now`: those the spare is shared among.
+    fn live(&self, now: Time) -> impl Iterator<Item = (&u32, &Member)> {
+        let lease = self.terms.lease;
+        self.members
+            .iter()
+            .filter(move |(_, m)| now.saturating_sub(m.reported) < lease)
+    }
+
+    fn shares_for(&self, instance: u32, now: Time) -> BTreeMap<Resource, Share> {
+        let live = self.live(now).count().max(1) as f64;
+        self.capacities
+            .iter()
+            .map(|(resource, &capacity)| {
+                let target = self.target(instance, resource, capacity, now);
+                let others: f64 = self
+                    .members
+                    .iter()
+                    .filter(|(id, _)| **id != instance)
+                    .map(|(_, m)| m.in_use(resource, now))
+                    .sum();
+                let amount = target.min(capacity - others).max(0.0);
+                let fallback = amount.min(capacity / live);
+                (resource.clone(), Share { amount, fallback })
+            })
+            .collect()
+    }
+
+    /// Its demand plus an even part of the spare, or its part in proportion to its demand.
+    fn target(&self, instance: u32, resource: &str, capacity: f64, now: Time) -> f64 {
+        let demand_of = |m: &Member| m.demands.get(resource).copied().unwrap_or(0.0).max(0.0);
+        let (mut total, mut live, mut own) = (0.0, 0.0_f64, 0.0);
+        for (id, m) in self.live(now) {
+            total += demand_of(m);
+            live += 1.0;
+            if *id == instance {
+                own = demand_of(m);
+            }
+        }
+        if total <= capacity {
+            own + (capacity - total) / live.max(1.0)
+        } else {
+            capacity * own / total
+        }
+    }
+
+    /// What every instance may be using of `resource` at `now`, added up.
+    pub fn counted(&self, resource: &str, now: Time) -> f64 {
+        self.members.values().map(|m| m.in_use(resource, now)).sum()
+    }
+}
+
+/// Where an instance's lease stands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Standing {
+    /// No grant yet: it admits nothing shared.
+    Unleased,
+    /// Within its lease.
+    Leased,
+    /// Its lease ended unrenewed; it admits its fallback share.
+    Fallback,
+    /// Its fallback ended too: it admits nothing shared until the store answers.
+    Lapsed,
+}
+
+impl Standing {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Standing::Unleased => "unleased",
+            Standing::Leased => "leased",
+            Standing::Fallback => "fallback",
+            Standing::Lapsed => "lapsed",
+        }
+    }
+}
+
+/// The grant an instance holds, dated on its own clock.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Held {
+    pub seq: u64,
+    pub shares: BTreeMap<Resource, Share>,
+    /// When its lease ends: a lease from the report's sending, never later than the store's.
+    pub ends: Time,
+    pub fallback_ends: Time,
+}
+
+/// An instance's side: its reports and the newest grant it holds.
+#[derive(Clone, Debug)]
+pub struct Holder {
+    pub instance: u32,
+    pub incarnation: u64,
+    terms: Terms,
+    next_number: u64,
+    /// (report number, when it was sent), the newest last.
+    sent: VecDeque<(u64, Time)>,
+    held: Option<Held>,
+}
+
+impl Holder {
+    pub fn new(instance: u32, incarnation: u64, terms: Terms) -> Holder {
+        Holder {
+            instance,
+            incarnation,
+            terms,
+            next_number: 1,
+            sent: VecDeque::new(),
+            held: None,
+        }
+    }
+
+    /// The report to send at `now`.
+    pub fn report(&mut self, now: Time, demands: Amounts) -> Report {
+        let number = self.next_number;
+        self.next_number += 1;
+        if self.sent.len() == REMEMBERED_REPORTS {
+            self.sent.pop_front();
+        }
+        self.sent.push_back((number, now));
+        Report {
+            instance: self.instance,
+            incarnation: self.incarnation,
+            number,
+            acked: self.held.as_ref().map_or(0, |h| h.seq),
+            demands,
+        }
+    }
+
+    /// Takes a grant, unless it is not for this incarnation, answers a report it no longer
+    /// remembers, or is older than the one it holds. Says whether it was taken.
+    pub fn receive(&mut self, grant: &Grant) -> bool {
+        if grant.instance != self.instance || grant.incarnation != self.incarnation {
+            return false;
+        }
+        if self.held.as_ref().is_some_and(|h| h.seq >= grant.seq) {
+            return false;
+        }
+        let Some(&(_, sent)) = self.sent.iter().find(|(n, _)| *n == grant.number) else {
+            return false;
+        };
+        self.held = Some(Held {
+            seq: grant.seq,
+            shares: grant.shares.clone(),
+            ends: sent + self.terms.lease,
+            fallback_ends: sent + self.terms.lease + self.terms.fallback,
+        });
+        true
+    }
+
+    pub fn standing(&self, now: Time) -> Standing {
+        match &self.held {
+            None => Standing::Unleased,
+            Some(h) if now < h.ends => Standing::Leased,
+            Some(h) if now < h.fallback_ends => Standing::Fallback,
+            Some(_) => Standing::Lapsed,
+        }
+    }
+
+    /// What it may use of `resource` at `now`.
+    pub fn share(&self, resource: &str, now: Time) -> f64 {
+        let Some(h) = &self.held else { return 0.0 };
+        let share = h.shares.get(resource).copied().unwrap_or(Share::NONE);
+        match self.standing(now) {
+            Standing::Leased => share.amount,
+            Standing::Fallback => share.fallback,
+            Standing::Unleased | Standing::Lapsed => 0.0,
+        }
+    }
+
+    pub fn held(&self) -> Option<&Held> {
+        self.held.as_ref()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn secs(s: u64) -> Time {
+        Duration::from_secs(s)
+    }
+
+    fn amounts(pairs: &[(&str, f64)]) -> Amounts {
+        pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect()
+    }
+
+    fn terms() -> Terms {
+        Terms {
+            lease: secs(10),
+            fallback: secs(20),
+            margin: Duration::ZERO,
+        }
+    }
+
+    /// `holder` reports wanting `want` of acme at `at`; the store's grant (not yet received).
+    fn ask(ledger: &mut Ledger, holder: &mut Holder, at: u64, want: f64) -> Grant {
+        let report = holder.report(secs(at), amounts(&[("acme", want)]));
+        ledger.answer(secs(at), &report).expect("answered")
+    }
+
+    /// [`ask`], the grant received; its amount.
+    fn renew(ledger: &mut Ledger, holder: &mut Holder, at: u64, want: f64) -> f64 {
+        let grant = ask(ledger, holder, at, want);
+        assert!(holder.receive(&grant));
+        grant.shares["acme"].amount
+    }
+
+    #[test]
+    fn enough_for_everyone_gives_demand_plus_an_even_part_of_the_spare() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
+        let mut a = Holder::new(1, 7, terms());
+        let mut b = Holder::new(2, 8, terms());
+        // Alone, a is offered everything; b, arriving, gets what a does not hold.
+        assert_eq!(renew(&mut ledger, &mut a, 0, 2.0), 10.0);
+        assert_eq!(renew(&mut ledger, &mut b, 0, 4.0), 0.0);
+        // a's renewal is cut to its target; once a says it holds it, b gets its own.
+        assert_eq!(renew(&mut ledger, &mut a, 1, 2.0), 2.0 + 2.0);
+        assert_eq!(
+            renew(&mut ledger, &mut b, 1, 4.0),
+            0.0,
+            "a's first grant still counts"
+        );
+        assert_eq!(renew(&mut ledger, &mut a, 2, 2.0), 2.0 + 2.0);
+        assert_eq!(renew(&mut ledger, &mut b, 2, 4.0), 4.0 + 2.0);
+        assert!(ledger.counted("acme", secs(2)) <= 10.0);
+    }
+
+    #[test]
+    fn more_wanted_than_there_is_splits_in_proportion_to_demand() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 8.0)]));
+        let mut a = Holder::new(1, 1, terms());
+        let mut b = Holder::new(2, 1, terms());
+        renew(&mut ledger, &mut a, 0, 12.0);
+        renew(&mut ledger, &mut b, 0, 4.0);
+        renew(&mut ledger, &mut a, 1, 12.0);
+        renew(&mut ledger, &mut a, 2, 12.0);
+        let g = ask(&mut ledger, &mut b, 2, 4.0);
+        assert_eq!(g.shares["acme"].amount, 8.0 * 4.0 / 16.0);
+        // The fallback is never more than the grant, at most an even part.
+        assert_eq!(g.shares["acme"].fallback, 2.0);
+        assert_eq!(renew(&mut ledger, &mut a, 3, 12.0), 8.0 * 12.0 / 16.0);
+    }
+
+    #[test]
+    fn a_lost_reply_is_still_counted_until_the_instance_says_it_holds_a_newer_one() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
+        let mut a = Holder::new(1, 1, terms());
+        let mut b = Holder::new(2, 1, terms());
+        let lost = ask(&mut ledger, &mut a, 0, 10.0);
+        assert_eq!(lost.shares["acme"].amount, 10.0);
+        // Another instance gets nothing while the lost grant may be in use.
+        assert_eq!(renew(&mut ledger, &mut b, 1, 10.0), 0.0);
+        // a hears its next grant and says so: the lost one is forgotten.
+        let heard = renew(&mut ledger, &mut a, 2, 10.0);
+        assert_eq!(heard, 5.0, "half of what both want");
+        ask(&mut ledger, &mut a, 3, 10.0);
+        assert!(ledger.members[&1].issued.iter().all(|i| i.seq > lost.seq));
+    }
+
+    #[test]
+    fn an_instance_that_hears_nothing_falls_back_then_admits_nothing() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
+        let mut a = Holder::new(1, 1, terms());
+        let mut b = Holder::new(2, 1, terms());
+        renew(&mut ledger, &mut b, 0, 1.0);
+        renew(&mut ledger, &mut b, 1, 1.0);
+        renew(&mut ledger, &mut a, 1, 8.0);
+        let g = ask(&mut ledger, &mut a, 2, 8.0);
+        assert!(a.receive(&g));
+        let share = g.shares["acme"];
+        assert!(share.fallback <= share.amount && share.fallback <= 10.0 / 2.0);
+        assert_eq!(a.standing(secs(11)), Standing::Leased);
+        assert_eq!(a.standing(secs(12)), Standing::Fallback);
+        assert_eq!(a.share("acme", secs(12)), share.fallback);
+        assert_eq!(a.standing(secs(32)), Standing::Lapsed);
+        assert_eq!(a.share("acme", secs(32)), 0.0);
+        // The store counts the same fallback for the same time.
+        assert_eq!(ledger.members[&1].in_use("acme", secs(12)), share.fallback);
+        assert_eq!(ledger.members[&1].in_use("acme", secs(32)), 0.0);
+    }
+
+    #[test]
+    fn a_late_duplicate_or_an_old_grant_changes_nothing() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
+        let mut a = Holder::new(1, 1, terms());
+        let r1 = a.report(secs(0), amounts(&[("acme", 1.0)]));
+        let r2 = a.report(secs(1), amounts(&[("acme", 1.0)]));
+        let g2 = ledger.answer(secs(1), &r2).unwrap();
+        assert_eq!(ledger.answer(secs(2), &r1), None);
+        assert!(a.receive(&g2));
+        assert!(!a.receive(&g2));
+        // A grant for an earlier incarnation is not taken by a restarted instance.
+        let mut again = Holder::new(1, 2, terms());
+        again.report(secs(3), amounts(&[("acme", 1.0)]));
+        assert!(!again.receive(&g2));
+        assert_eq!(again.standing(secs(3)), Standing::Unleased);
+        // Its sequence numbers go on from where they were.
+        let g = ask(&mut ledger, &mut again, 3, 1.0);
+        assert!(g.seq > g2.seq);
+    }
+}
