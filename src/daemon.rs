@@ -79,6 +79,7 @@ pub async fn serve(config: Config) -> ExitCode {
     tasks.push(tokio::spawn(maintenance(rt.clone())));
     tasks.push(tokio::spawn(rt.gatekeeper.clone().clock()));
     tasks.push(tokio::spawn(crate::watch::supervise(rt.clone())));
+    tasks.push(tokio::spawn(crate::fleet::run(rt.clone())));
     run_until_stopped(&rt, &stop_tx).await;
     for t in tasks {
         t.abort();

@@ -32,7 +32,7 @@ pub mod check;
 pub mod config;
 // EXPLAIN plans, their price and the cost ceilings, the plan cache.
 pub mod cost;
-// Budgets and lanes shared by several pgward instances: leases of one capacity.
+// Budgets and slots shared by several pgward instances: leases of one capacity.
 pub mod fleet;
 // TLS, hba rules, the failed-login throttle, client caps.
 pub mod edge;

@@ -67,6 +67,8 @@ pub struct Runtime {
     pub gatekeeper: Arc<Gatekeeper>,
     /// The last reading of each PostgreSQL server (under a policy).
     pub watch: crate::watch::Board,
+    /// The fleet's leases as this instance last saw them (under a policy's `[fleet]`).
+    pub fleet: crate::fleet::Board,
 }
 
 impl Runtime {
@@ -99,6 +101,7 @@ impl Runtime {
             edge,
             gatekeeper,
             watch: crate::watch::Board::default(),
+            fleet: crate::fleet::Board::default(),
         })
     }
 
@@ -523,6 +526,49 @@ fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
 fn configure_anomalies(ops: &Ops, governance: Option<&Governance>) {
     let settings = governance.map(|g| g.policy.anomalies()).unwrap_or_default();
     lock(&ops.anomalies).set_settings(settings);
+}
+
+impl crate::fleet::Fleeted for Runtime {
+    fn fleet_policy(&self) -> Option<crate::policy::FleetPolicy> {
+        let governance = self.governance.load();
+        governance.as_ref().as_ref()?.policy.fleet().cloned()
+    }
+
+    fn peer_id(&self) -> u32 {
+        self.config.load().settings.peer_id
+    }
+
+    fn store_pool(&self, policy: &crate::policy::FleetPolicy) -> Result<Arc<Pool>, String> {
+        let db = self.config.load().database(&policy.store).ok_or_else(|| {
+            format!(
+                "[fleet] store: no database {:?} in the configuration",
+                policy.store
+            )
+        })?;
+        let user = policy
+            .user
+            .clone()
+            .or_else(|| db.user.clone())
+            .ok_or_else(|| {
+                format!(
+                    "[fleet] user: database {:?} has no forced user; name the store's login",
+                    policy.store
+                )
+            })?;
+        Ok(self.pool_for(&db, &user))
+    }
+
+    fn gatekeeper(&self) -> &Gatekeeper {
+        &self.gatekeeper
+    }
+
+    fn tracked(&self) -> Arc<Tracked> {
+        self.tracked.load_full()
+    }
+
+    fn fleet_board(&self) -> &crate::fleet::Board {
+        &self.fleet
+    }
 }
 
 impl crate::watch::Watched for Runtime {

@@ -13,6 +13,7 @@ pub mod parse;
 pub mod result;
 mod set;
 mod show;
+mod show_fleet;
 mod show_gate;
 mod show_objects;
 mod show_sockets;

@@ -46,6 +46,7 @@ pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), Adm
         "readings" => show_gate::readings(rt),
         "activity" => show_gate::activity(rt),
         "anomalies" => show_gate::anomalies(rt),
+        "fleet" => super::show_fleet::fleet(rt),
         other => {
             return Err(AdminError::protocol(format!(
                 "invalid command 'SHOW {other}', use SHOW HELP;"
@@ -66,7 +67,7 @@ const HELP: &str = "\n\tSHOW HELP|CONFIG|DATABASES|POOLS|CLIENTS|SERVERS|USERS|V
 \tSHOW SOCKETS|ACTIVE_SOCKETS|LISTS|MEM|STATE\n\
 \tSHOW DNS_HOSTS|DNS_ZONES\n\
 \tSHOW STATS|STATS_TOTALS|STATS_AVERAGES|TOTALS\n\
-\tSHOW TENANTS|KILLS|PLANS|LANES|READINGS|ACTIVITY|ANOMALIES\n\
+\tSHOW TENANTS|KILLS|PLANS|LANES|READINGS|ACTIVITY|ANOMALIES|FLEET\n\
 \tSHOW STATEMENTS [n] [FOR tenant]\n\
 \tSET key = arg\n\
 \tSET USER name = 'max_user_connections=N pool_size=N pool_mode=M'\n\

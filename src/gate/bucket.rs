@@ -47,9 +47,10 @@ impl TokenBucket {
         }
     }
 
-    /// Whether the tenant owes time at `now`.
+    /// Whether the tenant owes time at `now`. A budget of no rate (a fleet's share of
+    /// nothing) owes from the start: it admits nothing.
     pub fn owes(&self, budget: &Budget, now: Instant) -> bool {
-        self.balance(budget, now) < 0.0
+        budget.rate <= 0.0 || self.balance(budget, now) < 0.0
     }
 
     /// How long until the debt is paid back (zero when nothing is owed; `None` if it never
@@ -68,7 +69,7 @@ impl TokenBucket {
     /// even into debt and returns what was taken; otherwise takes nothing.
     pub fn try_charge(&mut self, budget: &Budget, cost: f64, now: Instant) -> Option<f64> {
         self.refill(budget, now);
-        (self.balance >= 0.0).then(|| self.force_charge(budget, cost, now))
+        (!self.owes(budget, now)).then(|| self.force_charge(budget, cost, now))
     }
 
     /// Takes `cost` (at least `min_charge`) whatever is owed; returns what was taken.

@@ -117,6 +117,11 @@ struct TenantState {
     /// Seconds moved to the tenants whose locks its statements waited for, not yet taken
     /// off its counters: the waits are charged when their statements end.
     credit: f64,
+    /// This instance's share of the budget's rate when several instances share it (the
+    /// fleet's lease): the rate becomes the share and the burst shrinks with it.
+    fleet: Option<f64>,
+    /// The budget in force: the settings' with the fleet's share applied.
+    budget: Option<Budget>,
 }
 
 impl TenantState {
@@ -135,28 +140,43 @@ impl TenantState {
             refusals: BTreeMap::new(),
             caps: 0,
             credit: 0.0,
+            fleet: None,
+            budget: None,
         }
     }
 
     fn apply(&mut self, config: TenantConfig, now: Instant) {
-        match (config.budget(), &mut self.bucket) {
+        self.config = config;
+        self.configured = true;
+        self.rebudget(now);
+    }
+
+    /// Puts the budget of the settings and the fleet's share in force; the balance is kept
+    /// (counted at the old rate up to `now`) within the new burst.
+    fn rebudget(&mut self, now: Instant) {
+        if let (Some(bucket), Some(old)) = (&mut self.bucket, self.budget) {
+            bucket.clamp(&old, now);
+        }
+        self.budget = self
+            .config
+            .budget()
+            .map(|b| fleet::fleet_budget(b, self.fleet));
+        match (self.budget, &mut self.bucket) {
             (Some(b), Some(bucket)) => bucket.clamp(&b, now),
             (Some(b), None) => self.bucket = Some(TokenBucket::full(&b, now)),
             (None, _) => self.bucket = None,
         }
-        self.config = config;
-        self.configured = true;
     }
 
     fn owes(&self, now: Instant) -> bool {
-        match (&self.bucket, self.config.budget()) {
+        match (&self.bucket, self.budget) {
             (Some(bucket), Some(b)) => bucket.owes(&b, now),
             _ => false,
         }
     }
 
     fn paid_back_at(&self, now: Instant) -> Option<Instant> {
-        let (bucket, b) = (self.bucket.as_ref()?, self.config.budget()?);
+        let (bucket, b) = (self.bucket.as_ref()?, self.budget?);
         now.checked_add(bucket.pay_back(&b, now)?)
     }
 
@@ -235,6 +255,9 @@ struct Upstream<W> {
     evicted: BTreeMap<String, usize>,
     /// The fast lane's adaptive limit (`adaptive = true`), started at the first request.
     adaptive: Option<AdaptiveLimit>,
+    /// This instance's share of the upstream's slots when several instances share them (the
+    /// fleet's lease).
+    fleet: Option<usize>,
 }
 
 impl<W> Upstream<W> {
@@ -253,7 +276,14 @@ impl<W> Upstream<W> {
             evicted_at: None,
             evicted: BTreeMap::new(),
             adaptive: None,
+            fleet: None,
         }
+    }
+
+    /// Slots both lanes may hold together: the servers the pools may open, within the
+    /// fleet's share.
+    fn cap(&self) -> usize {
+        self.capacity.min(self.fleet.unwrap_or(usize::MAX))
     }
 
     fn lane(&mut self, lane: Lane) -> (&mut LaneState<W>, usize) {
@@ -281,7 +311,7 @@ impl<W> Upstream<W> {
             },
             Lane::Slow => self.limits.slow,
         };
-        own.min(self.capacity)
+        own.min(self.cap())
     }
 
     /// Slots there are in all.
@@ -289,13 +319,13 @@ impl<W> Upstream<W> {
         self.limits
             .fast
             .saturating_add(self.limits.slow)
-            .min(self.capacity)
+            .min(self.cap())
     }
 
     /// Whether `lane` may hand out a slot now.
     fn room(&self, lane: Lane) -> bool {
         let total = self.fast.active + self.slow.active;
-        self.lane_ref(lane).active < self.limit(lane) && total < self.capacity
+        self.lane_ref(lane).active < self.limit(lane) && total < self.cap()
     }
 
     /// Whether a ticket waiting in `lane` may take a slot now, as far as the lane goes: room
@@ -318,7 +348,7 @@ impl<W> Upstream<W> {
             return self.room(lane);
         }
         let total = self.fast.active + self.slow.active;
-        self.fast.active < self.limits.fast.min(self.capacity) && total < self.capacity
+        self.fast.active < self.limits.fast.min(self.cap()) && total < self.cap()
     }
 
     fn queues(&self) -> impl Iterator<Item = &FairQueue<W>> {
@@ -348,6 +378,9 @@ pub struct Gate<W> {
     decisions: Vec<Record>,
     /// What every tenant ran and had refused since the start, forgotten tenants included.
     totals: GateTotals,
+    /// Whether budgets and slots are shared with other instances: a tenant's budget or an
+    /// upstream new to the gate has no share until the fleet's lease gives it one.
+    fleet: bool,
 }
 
 /// Totals over every tenant since the start (only ever added to, for counters).
@@ -375,6 +408,7 @@ impl<W> Gate<W> {
             quarantined: HashMap::new(),
             decisions: Vec::new(),
             totals: GateTotals::default(),
+            fleet: false,
         }
     }
 
@@ -499,8 +533,9 @@ impl<W> Gate<W> {
     // Both are called several times per request: a name is copied only the first time.
     fn tenant_mut(&mut self, tenant: &str, now: Instant) -> &mut TenantState {
         if !self.tenants.contains_key(tenant) {
-            self.tenants
-                .insert(tenant.to_string(), TenantState::new(now));
+            let mut state = TenantState::new(now);
+            state.fleet = self.fleet.then_some(0.0);
+            self.tenants.insert(tenant.to_string(), state);
         }
         self.tenants.get_mut(tenant).expect("inserted above")
     }
@@ -508,8 +543,9 @@ impl<W> Gate<W> {
     fn upstream_mut(&mut self, upstream: &str) -> &mut Upstream<W> {
         if !self.upstreams.contains_key(upstream) {
             let limits = self.settings.lanes;
-            self.upstreams
-                .insert(upstream.to_string(), Upstream::new(limits));
+            let mut up = Upstream::new(limits);
+            up.fleet = self.fleet.then_some(0);
+            self.upstreams.insert(upstream.to_string(), up);
         }
         self.upstreams.get_mut(upstream).expect("inserted above")
     }
@@ -563,6 +599,8 @@ impl<W> Gate<W> {
 }
 
 mod adaptive;
+mod fleet;
+pub use fleet::{FleetWant, FleetWants};
 mod flow;
 mod queueing;
 pub use queueing::LaneRow;

@@ -44,8 +44,8 @@ mod tenant;
 pub use adapt::{AdaptiveSettings, LimitChange, Moved};
 pub use bucket::{charge_of, Budget, DecayingUse, TokenBucket, USE_HALF_LIFE};
 pub use decide::{
-    FoldedTenants, Gate, GateSettings, GateTotals, LaneLimits, LaneRow, TenantMetric,
-    TenantMetrics, TenantStats,
+    FleetWant, FleetWants, FoldedTenants, Gate, GateSettings, GateTotals, LaneLimits, LaneRow,
+    TenantMetric, TenantMetrics, TenantStats,
 };
 pub use decisions::DecisionLog;
 pub use events::{Event, Record, Subject};

@@ -1609,3 +1609,42 @@ fn tenant_metrics_keep_the_cap_rank_by_what_ran_and_keep_totals_past_forgetting(
     // A cap of 0 keeps no tenant's series.
     assert!(g.tenant_metrics(0, t0).kept.is_empty());
 }
+
+#[test]
+fn the_fleets_share_of_slots_caps_both_lanes_and_nothing_runs_before_a_lease() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_fleet(true, t0);
+    // A new upstream under a fleet has no share yet: nothing takes a slot.
+    let pass = admitted(g.admit(&req("a", 1, t0), t0));
+    assert!(g.try_acquire(&pass, t0).is_none());
+    assert_eq!(g.fleet_slots(UP), Some(0));
+    g.enqueue(pass, 1, t0);
+    // A share of one slot: the waiter goes, the next one waits.
+    g.set_fleet_slots(UP, Some(1));
+    let granted = g.dispatch(t0, |_| true);
+    assert_eq!(granted.len(), 1);
+    let pass = admitted(g.admit(&req("a", 2, t0), t0));
+    assert!(g.try_acquire(&pass, t0).is_none());
+    // Off: the lanes' own limits again.
+    g.set_fleet(false, t0);
+    assert!(g.try_acquire(&pass, t0).is_some());
+}
+
+#[test]
+fn a_budget_whose_fleet_share_is_nothing_admits_nothing() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=1 burst=1 when_over=reject", t0);
+    assert!(run(&mut g, "a", 0.1, t0).is_ok());
+    g.set_fleet_rate("a", Some(0.0), t0);
+    assert_eq!(
+        run(&mut g, "a", 0.1, t0).unwrap_err().reason,
+        RefusalReason::Budget
+    );
+    // Half the rate: the burst is half too, refilled at half the rate.
+    g.set_fleet_rate("a", Some(0.5), t0);
+    assert!(run(&mut g, "a", 0.1, t0 + secs(1.0)).is_ok());
+    assert!((balance(&g, "a", t0 + secs(1.0)) - 0.4).abs() < 1e-9);
+    assert!((balance(&g, "a", t0 + secs(3.0)) - 0.5).abs() < 1e-9);
+}

@@ -87,6 +87,23 @@ pub(super) struct PolicyFile {
     pub decisions: Option<toml::Spanned<DecisionsFile>>,
     pub anomalies: Option<toml::Spanned<AnomaliesFile>>,
     pub traffic: Option<TrafficFile>,
+    pub fleet: Option<toml::Spanned<FleetFile>>,
+}
+
+/// `[fleet]`: budgets and slots shared with other pgward instances through a state database.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct FleetFile {
+    /// The state database: a database of pgward.ini.
+    pub store: String,
+    /// The login pgward uses there (default: the database's forced user).
+    pub user: Option<String>,
+    /// This instance's number in the fleet (default: `peer_id`).
+    pub instance: Option<u32>,
+    /// How long a lease holds.
+    pub lease: Option<String>,
+    /// How long after its lease an instance that cannot reach the store admits its fallback.
+    pub fallback: Option<String>,
 }
 
 /// `[traffic]`: the traffic log.

@@ -34,6 +34,13 @@
 //!
 //! [traffic]
 //! file = "traffic.jsonl"          # relative to this file: one JSON line per statement
+//!
+//! [fleet]
+//! store = "pgward_state"          # a database of pgward.ini holding the shared leases
+//! user = "pgward"                 # its login (default: the database's forced user)
+//! instance = 1                    # this instance's number (default: peer_id)
+//! lease = "10s"                   # how long a lease holds
+//! fallback = "60s"                # then its fallback share, if the store is out of reach
 //! ```
 
 mod allowlist;
@@ -311,6 +318,20 @@ pub struct Policy {
     decisions: DecisionPolicy,
     anomalies: AnomalySettings,
     traffic: Option<PathBuf>,
+    fleet: Option<FleetPolicy>,
+}
+
+/// `[fleet]`: where the shared leases are kept, and their timings.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FleetPolicy {
+    /// The state database, a database of pgward.ini.
+    pub store: String,
+    /// Its login; `None`: the database's forced user.
+    pub user: Option<String>,
+    /// This instance's number; `None`: `peer_id`.
+    pub instance: Option<u32>,
+    pub lease: std::time::Duration,
+    pub fallback: std::time::Duration,
 }
 
 impl Policy {
@@ -328,6 +349,7 @@ impl Policy {
             decisions: DecisionPolicy::default(),
             anomalies: AnomalySettings::default(),
             traffic: None,
+            fleet: None,
         }
     }
 
@@ -381,6 +403,13 @@ impl Policy {
             }
             None => AnomalySettings::default(),
         };
+        let fleet = match raw.fleet {
+            Some(f) => {
+                let start = f.span().start;
+                Some(build_fleet(f.into_inner()).map_err(|m| invalid(start, m))?)
+            }
+            None => None,
+        };
         let (allowlist, allowlist_roles) = match raw.allowlist {
             Some(a) => (
                 Some(Arc::new(Allowlist::load(&dir.join(&a.file))?)),
@@ -400,6 +429,7 @@ impl Policy {
             decisions,
             anomalies,
             traffic: raw.traffic.map(|t| dir.join(t.file)),
+            fleet,
         })
     }
 
@@ -416,6 +446,11 @@ impl Policy {
     /// The traffic log's file (`[traffic]`), if any.
     pub fn traffic(&self) -> Option<&Path> {
         self.traffic.as_deref()
+    }
+
+    /// The `[fleet]` table, if any.
+    pub fn fleet(&self) -> Option<&FleetPolicy> {
+        self.fleet.as_ref()
     }
 
     /// The `[anomalies]` table.
@@ -770,6 +805,29 @@ fn build_anomalies(raw: file::AnomaliesFile) -> Result<AnomalySettings, String> 
         a.min_baseline = a.min_baseline.min(a.baseline_minutes);
     }
     Ok(a)
+}
+
+/// The `[fleet]` table: a lease of 10 s and a fallback of 60 s unless it says otherwise.
+fn build_fleet(raw: file::FleetFile) -> Result<FleetPolicy, String> {
+    let duration = |key: &str, value: &Option<String>, default: u64| match value {
+        None => Ok(std::time::Duration::from_secs(default)),
+        Some(t) => parse_duration(t)
+            .filter(|d| !d.is_zero())
+            .ok_or_else(|| format!("{key} {t:?}: a duration such as 10s or 1m")),
+    };
+    if raw.store.is_empty() {
+        return Err("store: the name of a database of pgward.ini".into());
+    }
+    if raw.instance == Some(0) {
+        return Err("instance: a number from 1".into());
+    }
+    Ok(FleetPolicy {
+        store: raw.store,
+        user: raw.user,
+        instance: raw.instance,
+        lease: duration("lease", &raw.lease, 10)?,
+        fallback: duration("fallback", &raw.fallback, 60)?,
+    })
 }
 
 /// The `[gate]` table's settings over the defaults.

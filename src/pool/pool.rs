@@ -1030,6 +1030,36 @@ fn try_increment(counter: &AtomicUsize, max: usize) -> bool {
         .is_ok()
 }
 
+impl Pool {
+    /// A connection of pgward's own to `addr` (whatever host list the pool has now, and
+    /// without touching its hosts' state), outside the pool's count: the pool's login under
+    /// `application_name`. For the server reading and the fleet's state database.
+    pub async fn open_own(
+        &self,
+        addr: &crate::server::ServerAddr,
+        application_name: &str,
+    ) -> Result<crate::server::ServerConn, ServerError> {
+        let settings = self.settings();
+        let mut target = settings.target.clone();
+        target.hosts = Arc::new(crate::server::Hosts::new(vec![addr.clone()], false));
+        target
+            .startup_params
+            .retain(|(k, _)| !k.eq_ignore_ascii_case("application_name"));
+        target
+            .startup_params
+            .push(("application_name".into(), application_name.into()));
+        crate::server::connect(
+            &target,
+            &self.credential(),
+            &settings.tracked,
+            settings.connect_timeout,
+            0,
+            settings.max_message,
+        )
+        .await
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

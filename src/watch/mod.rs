@@ -359,7 +359,11 @@ async fn read_once(
     conn: &mut Option<ServerConn>,
 ) -> Result<Reading, String> {
     if conn.is_none() {
-        *conn = Some(open(pool, addr).await.map_err(|e| e.to_string())?);
+        *conn = Some(
+            pool.open_own(addr, APPLICATION_NAME)
+                .await
+                .map_err(|e| e.to_string())?,
+        );
     }
     let major = server_major(conn.as_ref());
     let rows = ask(pool, conn, "pgward_reading", &reading::query(major)).await?;
@@ -436,29 +440,6 @@ fn close(conn: &mut Option<ServerConn>) {
     if let Some(c) = conn.take() {
         tokio::spawn(c.terminate());
     }
-}
-
-/// The reader's own connection to `addr` (whatever host list the pool has now, and without
-/// touching its hosts' state): the login of `pool`, under its own application_name.
-async fn open(pool: &Pool, addr: &ServerAddr) -> Result<ServerConn, ServerError> {
-    let settings = pool.settings();
-    let mut target = settings.target.clone();
-    target.hosts = Arc::new(crate::server::Hosts::new(vec![addr.clone()], false));
-    target
-        .startup_params
-        .retain(|(k, _)| !k.eq_ignore_ascii_case("application_name"));
-    target
-        .startup_params
-        .push(("application_name".into(), APPLICATION_NAME.into()));
-    crate::server::connect(
-        &target,
-        &pool.credential(),
-        &settings.tracked,
-        settings.connect_timeout,
-        0,
-        settings.max_message,
-    )
-    .await
 }
 
 /// The lock-queue guard over one reading: cancels what it finds. Returns how many cancels

@@ -480,6 +480,12 @@ impl Postgres {
         self.pg_ctl_checked(&["-w", "-t", "60", "-m", "fast", "restart"], "restart");
     }
 
+    /// Stops the server as a crash would (`pg_ctl stop -m immediate`: no checkpoint, recovery
+    /// from the WAL at the next start); [`Postgres::start_server`] starts it again.
+    pub fn crash(&self) {
+        self.pg_ctl_checked(&["-w", "-t", "60", "-m", "immediate", "stop"], "crash");
+    }
+
     /// Stops the server (`pg_ctl stop -m fast`); [`Postgres::start_server`] starts it again.
     pub fn stop(&self) {
         self.pg_ctl_checked(&["-w", "-t", "60", "-m", "fast", "stop"], "stop");

@@ -115,7 +115,7 @@ impl<W> Gate<W> {
     fn charge_min(&mut self, mut pass: Pass, now: Instant) -> Pass {
         let state = self.tenant_mut(&pass.tenant, now);
         let min = state.config.min_charge();
-        let charged = match (&mut state.bucket, state.config.budget()) {
+        let charged = match (&mut state.bucket, state.budget) {
             (Some(bucket), Some(b)) => bucket.force_charge(&b, min, now),
             _ => charge_of(min, min),
         };
@@ -146,7 +146,7 @@ impl<W> Gate<W> {
     fn budget_refusal(&mut self, who: Subject<'_>, now: Instant) -> Refusal {
         let tenant = who.tenant;
         let state = self.tenant_mut(tenant, now);
-        let (owed, pay_back) = match (&state.bucket, state.config.budget()) {
+        let (owed, pay_back) = match (&state.bucket, state.budget) {
             (Some(bucket), Some(b)) => (-bucket.balance(&b, now), bucket.pay_back(&b, now)),
             _ => (0.0, None),
         };
@@ -175,7 +175,7 @@ impl<W> Gate<W> {
         }
         let state = self.tenant_mut(&pass.tenant, now);
         let min = state.config.min_charge();
-        let charged = match (&mut state.bucket, state.config.budget()) {
+        let charged = match (&mut state.bucket, state.budget) {
             // Moved to the slow lane for being over budget: it runs there, into debt. (A pass
             // in the slow lane for a plan flip pays as any other.)
             (Some(bucket), Some(b))
@@ -204,7 +204,7 @@ impl<W> Gate<W> {
         let state = self.tenant_mut(&pass.tenant, now);
         state.unpaid.remove(&pass.id);
         let min = state.config.min_charge();
-        let charged = match (&mut state.bucket, state.config.budget()) {
+        let charged = match (&mut state.bucket, state.budget) {
             (Some(bucket), Some(b)) => bucket.force_charge(&b, seconds, now),
             _ => charge_of(seconds, min),
         };
@@ -225,7 +225,7 @@ impl<W> Gate<W> {
         let moved = took.min(state.credit);
         state.credit -= moved;
         let delta = took - moved - charged.max(0.0);
-        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
+        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.budget) {
             match delta >= 0.0 {
                 true => {
                     let exact = Budget {
@@ -250,7 +250,7 @@ impl<W> Gate<W> {
             return;
         }
         let to_state = self.tenant_mut(to, now);
-        if let (Some(bucket), Some(b)) = (&mut to_state.bucket, to_state.config.budget()) {
+        if let (Some(bucket), Some(b)) = (&mut to_state.bucket, to_state.budget) {
             let exact = Budget {
                 min_charge: 0.0,
                 ..b
@@ -309,7 +309,7 @@ impl<W> Gate<W> {
         };
         pass.payment = Payment::Unpaid;
         let state = self.tenant_mut(&pass.tenant, now);
-        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.config.budget()) {
+        if let (Some(bucket), Some(b)) = (&mut state.bucket, state.budget) {
             bucket.refund(&b, amount, now);
         }
         state.recent.add(-amount, now);

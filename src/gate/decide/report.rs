@@ -92,7 +92,7 @@ impl<W> Gate<W> {
 
 /// Seconds in the tenant's budget (`None`: no budget).
 fn balance_of(t: &TenantState, now: Instant) -> Option<f64> {
-    match (&t.bucket, t.config.budget()) {
+    match (&t.bucket, t.budget) {
         (Some(bucket), Some(b)) => Some(bucket.balance(&b, now)),
         _ => None,
     }
