@@ -514,10 +514,12 @@ fn configure_gate(keeper: &Gatekeeper, governance: Option<&Governance>) {
                 ..g.policy.gate().settings
             },
             g.policy.tenant_configs(),
+            g.policy.fleet().is_some(),
         ),
         None => keeper.configure(
             crate::policy::GatePolicy::default().settings,
             std::iter::empty(),
+            false,
         ),
     }
 }

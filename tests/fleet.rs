@@ -38,12 +38,13 @@ struct Fleet {
     _dir: TempDir,
 }
 
-/// Three instances with `policy`, whose state database is reached at `store_port`.
-fn start_fleet(pg: Postgres, store_port: u16, policy: &str) -> Fleet {
+/// Instances numbered `ids` with `policy`, whose state database is reached at `store_port`.
+fn start_fleet(pg: Postgres, store_port: u16, policy: &str, ids: &[u32]) -> Fleet {
     let dir = shared_tempdir("pgward-fleet-");
     let path = dir.path().join("policy.toml");
     std::fs::write(&path, policy).expect("write the policy");
-    let members = (1..=3)
+    let members = ids
+        .iter()
         .map(|id| {
             let settings = format!(
                 "auth_type = trust\npool_mode = transaction\nadmin_users = admin\n\
@@ -147,7 +148,8 @@ async fn until(start: Instant, second: f64) {
 async fn three_instances_hold_one_tenant_to_one_rate() {
     let pg = Postgres::start();
     let port = pg.port;
-    let f = start_fleet(pg, port, &policy("10s", "20s"));
+    // Two of them started with one number, as in a rolling restart: counted apart.
+    let f = start_fleet(pg, port, &policy("10s", "20s"), &[1, 2, 2]);
     leased(&f).await;
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -165,12 +167,12 @@ async fn three_instances_hold_one_tenant_to_one_rate() {
     );
     // Each instance sees the other two in the store.
     let rows = fleet_rows(&f.members[0]).await;
-    let others: std::collections::BTreeSet<_> = rows
+    let others = rows
         .iter()
         .filter(|r| r["this"].as_deref() == Some("no"))
-        .filter_map(|r| r["instance"].clone())
-        .collect();
-    assert_eq!(others.len(), 2, "{rows:?}");
+        .filter(|r| r["resource"].as_deref() == Some("tenant:acme"))
+        .count();
+    assert_eq!(others, 2, "{rows:?}");
     assert!(rows
         .iter()
         .filter(|r| r["this"].as_deref() == Some("no"))
@@ -241,7 +243,7 @@ async fn with_the_store_cut_off_no_phase_lets_in_more_than_the_rate() {
     let pg = Postgres::start();
     let relay = Cuttable::new(pg.port);
     // A lease of 2 s, then a fallback of 3 s.
-    let f = start_fleet(pg, relay.port, &policy("2s", "3s"));
+    let f = start_fleet(pg, relay.port, &policy("2s", "3s"), &[1, 2, 3]);
     leased(&f).await;
     let start = Instant::now();
     let stop = Arc::new(AtomicBool::new(false));
@@ -292,7 +294,7 @@ async fn with_the_store_cut_off_no_phase_lets_in_more_than_the_rate() {
 async fn a_crash_of_the_store_loses_no_grant_nor_the_sequence() {
     let pg = Postgres::start();
     let port = pg.port;
-    let f = start_fleet(pg, port, &policy("10s", "20s"));
+    let f = start_fleet(pg, port, &policy("10s", "20s"), &[1, 2, 3]);
     leased(&f).await;
     let state = |sql: &str| f.pg.sql_in("postgres", sql);
     let highest = state("SELECT max(seq) FROM pgward_fleet_grants");
@@ -320,4 +322,45 @@ async fn a_crash_of_the_store_loses_no_grant_nor_the_sequence() {
         .parse()
         .expect("grants");
     assert!(renewed > after, "no renewal after the crash");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_that_adds_a_fleet_admits_nothing_shared_before_a_lease() {
+    let pg = Postgres::start();
+    let dir = shared_tempdir("pgward-fleet-");
+    let path = dir.path().join("policy.toml");
+    let alone = "[tenants.acme]\nroles = [\"trustuser\"]\nrate = 10\nburst = 10\n\
+                 when_over = \"reject\"\n";
+    std::fs::write(&path, alone).expect("write the policy");
+    // The store is a port nothing listens on: no lease ever comes.
+    let nowhere = TcpListener::bind((HOST, 0)).expect("a free port");
+    let store_port = nowhere.local_addr().expect("address").port();
+    drop(nowhere);
+    let settings = format!(
+        "auth_type = trust\npool_mode = transaction\nadmin_users = admin\npeer_id = 1\n\
+         policy_file = {}\n",
+        path.display()
+    );
+    let dbs = format!("state = host={HOST} port={store_port} dbname=postgres user=postgres\n");
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, &dbs));
+    let app = must_connect(&pw.connstr("trustuser", None, "app")).await;
+    app.client.simple_query("SELECT 1").await.expect("alone");
+    let admin = must_connect(&pw.connstr("admin", None, "pgward")).await;
+    for round in 0..5 {
+        std::fs::write(&path, format!("{alone}\n[fleet]\nstore = \"state\"\n")).expect("write");
+        admin.client.simple_query("RELOAD").await.expect("reload");
+        // At once, not from the fleet's next turn on: the budget is shared and has no lease.
+        let e = app
+            .client
+            .simple_query("SELECT 1")
+            .await
+            .expect_err("admitted before any lease");
+        assert_eq!(code(&e), "53000", "round {round}: {e:?}");
+        std::fs::write(&path, alone).expect("write");
+        admin.client.simple_query("RELOAD").await.expect("reload");
+        app.client
+            .simple_query("SELECT 1")
+            .await
+            .expect("alone again");
+    }
 }

@@ -3,7 +3,10 @@
 //! instances die and rejoin as new incarnations. Every simulated 50 ms: the shares the living
 //! instances admit never add up to more than the capacity, each is within what the store counts
 //! for it, and an instance that heard nothing for a lease and its fallback admits nothing. After
-//! the faults stop and the demands settle, every instance holds its fair share again.
+//! the faults stop and the demands settle, every instance holds its fair share again. The lane's
+//! slots are shared in whole units, and taken by statements that run for up to two seconds: the
+//! slots an instance holds stay within what the store counts for it even when its share is cut
+//! under them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -24,12 +27,14 @@ const FAULTS_END: u32 = 1_800;
 const DEMANDS_SETTLE: u32 = 2_400;
 const REPORT_EVERY: Duration = Duration::from_secs(1);
 const LOSS: f64 = 0.05;
+/// The longest a statement holds a slot; the store's margin covers it.
+const LONGEST: f64 = 2.0;
 
 fn terms() -> Terms {
     Terms {
         lease: Duration::from_secs(10),
         fallback: Duration::from_secs(20),
-        margin: Duration::ZERO,
+        margin: Duration::from_secs_f64(LONGEST),
     }
 }
 
@@ -61,6 +66,8 @@ struct Node {
     demands: Amounts,
     /// When it last took a grant.
     last_taken: Option<Time>,
+    /// When each statement holding one of the lane's slots ends.
+    busy: Vec<Time>,
 }
 
 struct World {
@@ -92,15 +99,18 @@ impl World {
                     next_report: seconds(&mut rng, 0.0, 1.0),
                     demands: Amounts::new(),
                     last_taken: None,
+                    busy: Vec::new(),
                 };
                 (id, node)
             })
             .collect();
+        let mut ledger = Ledger::new(terms(), capacities());
+        ledger.whole.insert("lane".into());
         World {
             rng,
             faulty,
             now: Duration::ZERO,
-            ledger: Ledger::new(terms(), capacities()),
+            ledger,
             store_down_until: Duration::ZERO,
             nodes,
             flight: Vec::new(),
@@ -122,6 +132,7 @@ impl World {
             if node.holder.is_some() && self.rng.gen_bool(0.001) {
                 node.holder = None;
                 node.last_taken = None;
+                node.busy.clear();
                 node.down_until = now + seconds(&mut self.rng, 1.0, 30.0);
             }
         }
@@ -145,6 +156,21 @@ impl World {
                     let want = self.rng.gen_range(0.0..cap * 0.8);
                     node.demands.insert(resource.clone(), want);
                 }
+            }
+        }
+    }
+
+    /// Statements end, and take the lane's free slots as far as the share and the demand go.
+    fn run_statements(&mut self) {
+        let now = self.now;
+        for node in self.nodes.values_mut() {
+            node.busy.retain(|end| *end > now);
+            let Some(holder) = &node.holder else { continue };
+            let want = node.demands.get("lane").copied().unwrap_or(0.0).ceil();
+            let may = holder.share("lane", now).min(want) as usize;
+            while node.busy.len() < may {
+                let end = now + seconds(&mut self.rng, 0.05, LONGEST);
+                node.busy.push(end);
             }
         }
     }
@@ -179,11 +205,14 @@ impl World {
             let node = self.nodes.get_mut(&id).expect("node");
             node.next_report = self.now + REPORT_EVERY + jitter;
             let demands = node.demands.clone();
+            let using: Amounts = [("lane".to_string(), node.busy.len() as f64)]
+                .into_iter()
+                .collect();
             let report = node
                 .holder
                 .as_mut()
                 .expect("alive")
-                .report(self.now, demands);
+                .report(self.now, demands, &using);
             self.send(id, Message::Report(report));
         }
     }
@@ -225,8 +254,10 @@ impl World {
         if step < DEMANDS_SETTLE {
             self.wander();
         }
+        self.run_statements();
         self.report();
         self.deliver();
+        self.run_statements();
     }
 
     /// The invariants, at this instant.
@@ -238,10 +269,11 @@ impl World {
                 let Some(holder) = &node.holder else { continue };
                 let share = holder.share(&resource, self.now);
                 total += share;
+                let key = (*id, holder.incarnation);
                 let counted = self
                     .ledger
                     .members
-                    .get(id)
+                    .get(&key)
                     .map_or(0.0, |m| m.in_use(&resource, self.now));
                 assert!(
                     share <= counted + ROUNDING,
@@ -264,6 +296,34 @@ impl World {
                 "seed {seed} step {step}: shares of {resource} add up to {total} of {cap}"
             );
         }
+        self.check_slots(seed, step);
+    }
+
+    /// The slots statements hold: within what the store counts, instance by instance, and so
+    /// within the capacity.
+    fn check_slots(&self, seed: u64, step: u32) {
+        let now = self.now;
+        let mut total = 0;
+        for (id, node) in &self.nodes {
+            let held = node.busy.iter().filter(|end| **end > now).count();
+            total += held;
+            let counted: f64 = self
+                .ledger
+                .members
+                .iter()
+                .filter(|((instance, _), _)| instance == id)
+                .map(|(_, m)| m.in_use("lane", now))
+                .sum();
+            assert!(
+                held as f64 <= counted + ROUNDING,
+                "seed {seed} step {step}: instance {id} holds {held} slots, the store counts {counted}"
+            );
+        }
+        let cap = capacities()["lane"];
+        assert!(
+            total as f64 <= cap,
+            "seed {seed} step {step}: {total} slots held of {cap}"
+        );
     }
 
     /// Every instance holds a lease of its fair share of what the demands ask now.
@@ -280,9 +340,26 @@ impl World {
                     cap * demand(node) / total
                 };
                 let share = holder.share(&resource, self.now);
+                // Slots in whole units: the whole part of the fair share, or one more.
+                let off = match resource.as_str() {
+                    "lane" => 1.0,
+                    _ => 1e-6 * cap,
+                };
                 assert!(
-                    (share - fair).abs() <= 1e-6 * cap,
+                    (share - fair).abs() < off,
                     "seed {seed}: instance {id} holds {share} of {resource}, its fair share is {fair}"
+                );
+            }
+            if total <= cap {
+                let shares: f64 = self
+                    .nodes
+                    .values()
+                    .filter_map(|n| n.holder.as_ref())
+                    .map(|h| h.share(&resource, self.now))
+                    .sum();
+                assert!(
+                    (shares - cap).abs() <= 1e-6 * cap,
+                    "seed {seed}: {shares} of {cap} {resource} shared"
                 );
             }
         }

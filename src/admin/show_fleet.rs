@@ -43,7 +43,7 @@ fn push_rows(t: &mut Table, view: &View, now: Instant) {
     for (resource, (capacity, demand)) in &view.wants {
         let counted = view.ledger.as_ref().and_then(|(l, at)| {
             l.members
-                .get(&view.instance)
+                .get(&(view.instance, view.incarnation))
                 .map(|m| m.in_use(resource, *at))
         });
         t.push(vec![
@@ -64,10 +64,10 @@ fn push_rows(t: &mut Table, view: &View, now: Instant) {
     let Some((ledger, at)) = &view.ledger else {
         return;
     };
-    for (id, m) in ledger
+    for ((id, _), m) in ledger
         .members
         .iter()
-        .filter(|(id, _)| **id != view.instance)
+        .filter(|(key, _)| **key != (view.instance, view.incarnation))
     {
         let silent = at.saturating_sub(m.reported) >= ledger.terms.lease;
         for (resource, demand) in &m.demands {

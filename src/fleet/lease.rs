@@ -19,7 +19,7 @@
 //!
 //! Pure: each side says what time it is on its own clock; nothing here reads one.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// A point on one side's own clock (the store's, or one instance's), from any fixed start.
@@ -30,6 +30,10 @@ pub type Resource = String;
 
 /// How much of each resource, by name.
 pub type Amounts = BTreeMap<Resource, f64>;
+
+/// One incarnation of one instance: (instance, incarnation). Two processes started with the
+/// same instance number (a rolling restart) are two members, each counted.
+pub type Key = (u32, u64);
 
 /// Shares never add up to more than the capacity by more than rounding.
 pub const ROUNDING: f64 = 1e-9;
@@ -67,7 +71,8 @@ pub struct Report {
     pub incarnation: u64,
     /// Counts the incarnation's reports, so a late duplicate is told from a newer one.
     pub number: u64,
-    /// The sequence number of the newest grant the instance holds (0: none).
+    /// The sequence number of the newest grant whose shares the instance keeps within (0:
+    /// none): it holds that grant or a newer one.
     pub acked: u64,
     /// What it used and wants of each resource, in the resource's unit.
     pub demands: Amounts,
@@ -126,10 +131,9 @@ impl Issued {
     }
 }
 
-/// One instance as the store knows it.
+/// One incarnation of an instance as the store knows it.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Member {
-    pub incarnation: u64,
     pub number: u64,
     /// The newest grant it acknowledged: it holds that one or a newer one.
     pub acked: u64,
@@ -161,7 +165,10 @@ impl Member {
 pub struct Ledger {
     pub terms: Terms,
     pub capacities: Amounts,
-    pub members: BTreeMap<u32, Member>,
+    /// The resources shared in whole units (an upstream's slots): each share is a whole
+    /// number, the units left after the whole parts going to the largest remainders.
+    pub whole: BTreeSet<Resource>,
+    pub members: BTreeMap<Key, Member>,
     /// The next grant's sequence number (kept with the ledger: never reused, even after a
     /// restart of the store or of an instance).
     pub next_seq: u64,
@@ -172,6 +179,7 @@ impl Ledger {
         Ledger {
             terms,
             capacities,
+            whole: BTreeSet::new(),
             members: BTreeMap::new(),
             next_seq: 1,
         }
@@ -180,20 +188,19 @@ impl Ledger {
     /// Takes a report at the store's `now` and answers it with a grant, or with nothing when
     /// the report is older than one already taken from the same incarnation.
     pub fn answer(&mut self, now: Time, report: &Report) -> Option<Grant> {
-        let member = self.members.entry(report.instance).or_default();
-        let same = member.incarnation == report.incarnation;
-        if same && report.number <= member.number && member.number > 0 {
+        let key = (report.instance, report.incarnation);
+        let member = self.members.entry(key).or_default();
+        if member.number > 0 && report.number <= member.number {
             return None;
         }
-        member.incarnation = report.incarnation;
         member.number = report.number;
         member.acked = member.acked.max(report.acked);
         member.reported = now;
         member.demands = report.demands.clone();
-        for m in self.members.values_mut() {
-            m.forget_spent(now);
-        }
-        let shares = self.shares_for(report.instance, now);
+        // A sequence that went back (its rows rewritten) still never repeats a grant held.
+        self.next_seq = self.next_seq.max(report.acked.saturating_add(1));
+        self.forget_spent(now);
+        let shares = self.shares_for(key, now);
         let seq = self.next_seq;
         self.next_seq += 1;
         let issued = Issued {
@@ -202,7 +209,7 @@ impl Ledger {
             ends: now + self.terms.lease + self.terms.margin,
             fallback_ends: now + self.terms.lease + self.terms.fallback + self.terms.margin,
         };
-        if let Some(member) = self.members.get_mut(&report.instance) {
+        if let Some(member) = self.members.get_mut(&key) {
             member.issued.push(issued);
         }
         Some(Grant {
@@ -214,54 +221,105 @@ impl Ledger {
         })
     }
 
-    /// Instances that reported within a lease of `now`: those the spare is shared among.
-    fn live(&self, now: Time) -> impl Iterator<Item = (&u32, &Member)> {
+    /// Forgets the grants no longer counted, and the members that hold none and are silent.
+    fn forget_spent(&mut self, now: Time) {
+        let lease = self.terms.lease;
+        for m in self.members.values_mut() {
+            m.forget_spent(now);
+        }
+        self.members
+            .retain(|_, m| !m.issued.is_empty() || now.saturating_sub(m.reported) < lease);
+    }
+
+    /// Members that reported within a lease of `now`: those the spare is shared among.
+    fn live(&self, now: Time) -> impl Iterator<Item = (&Key, &Member)> {
         let lease = self.terms.lease;
         self.members
             .iter()
             .filter(move |(_, m)| now.saturating_sub(m.reported) < lease)
     }
 
-    fn shares_for(&self, instance: u32, now: Time) -> BTreeMap<Resource, Share> {
+    fn shares_for(&self, key: Key, now: Time) -> BTreeMap<Resource, Share> {
         let live = self.live(now).count().max(1) as f64;
         self.capacities
             .iter()
             .map(|(resource, &capacity)| {
-                let target = self.target(instance, resource, capacity, now);
+                let whole = self.whole.contains(resource);
+                let targets = self.targets(resource, capacity, whole, now);
+                let target = targets.get(&key).copied().unwrap_or(0.0);
                 let others: f64 = self
                     .members
                     .iter()
-                    .filter(|(id, _)| **id != instance)
+                    .filter(|(k, _)| **k != key)
                     .map(|(_, m)| m.in_use(resource, now))
                     .sum();
                 let amount = target.min(capacity - others).max(0.0);
-                let fallback = amount.min(capacity / live);
-                (resource.clone(), Share { amount, fallback })
+                let share = match whole {
+                    true => {
+                        let amount = units(amount);
+                        Share {
+                            amount,
+                            fallback: amount.min((capacity / live).ceil()),
+                        }
+                    }
+                    false => Share {
+                        amount,
+                        fallback: amount.min(capacity / live),
+                    },
+                };
+                (resource.clone(), share)
             })
             .collect()
     }
 
-    /// Its demand plus an even part of the spare, or its part in proportion to its demand.
-    fn target(&self, instance: u32, resource: &str, capacity: f64, now: Time) -> f64 {
-        let demand_of = |m: &Member| m.demands.get(resource).copied().unwrap_or(0.0).max(0.0);
-        let (mut total, mut live, mut own) = (0.0, 0.0_f64, 0.0);
-        for (id, m) in self.live(now) {
-            total += demand_of(m);
-            live += 1.0;
-            if *id == instance {
-                own = demand_of(m);
-            }
+    /// Each live member's target: its demand plus an even part of the spare, or its part in
+    /// proportion to its demand; in whole units for a whole resource.
+    fn targets(&self, resource: &str, capacity: f64, whole: bool, now: Time) -> BTreeMap<Key, f64> {
+        let demands: Vec<(Key, f64)> = self
+            .live(now)
+            .map(|(k, m)| (*k, m.demands.get(resource).copied().unwrap_or(0.0).max(0.0)))
+            .collect();
+        let total: f64 = demands.iter().map(|(_, d)| d).sum();
+        let live = demands.len().max(1) as f64;
+        let mut targets: BTreeMap<Key, f64> = demands
+            .into_iter()
+            .map(|(k, d)| match total <= capacity {
+                true => (k, d + (capacity - total) / live),
+                false => (k, capacity * d / total),
+            })
+            .collect();
+        if whole {
+            apportion(&mut targets, capacity);
         }
-        if total <= capacity {
-            own + (capacity - total) / live.max(1.0)
-        } else {
-            capacity * own / total
-        }
+        targets
     }
 
     /// What every instance may be using of `resource` at `now`, added up.
     pub fn counted(&self, resource: &str, now: Time) -> f64 {
         self.members.values().map(|m| m.in_use(resource, now)).sum()
+    }
+}
+
+/// The whole units in `amount`, a rounding error below a unit counting as the unit.
+fn units(amount: f64) -> f64 {
+    (amount + ROUNDING).floor().max(0.0)
+}
+
+/// Shares in whole units: each its whole part, then the units left over one each to the
+/// largest remainders (the lower key first among equals).
+fn apportion(targets: &mut BTreeMap<Key, f64>, capacity: f64) {
+    let mut remainders: Vec<(Key, f64)> =
+        targets.iter().map(|(k, t)| (*k, t - units(*t))).collect();
+    for t in targets.values_mut() {
+        *t = units(*t);
+    }
+    let given: f64 = targets.values().sum();
+    let left = (units(capacity) - given).max(0.0) as usize;
+    remainders.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(&b.0)));
+    for (k, _) in remainders.into_iter().take(left) {
+        if let Some(t) = targets.get_mut(&k) {
+            *t += 1.0;
+        }
     }
 }
 
@@ -306,6 +364,8 @@ pub struct Holder {
     pub incarnation: u64,
     terms: Terms,
     next_number: u64,
+    /// The newest grant whose shares its use kept within, as the reports say.
+    acked: u64,
     /// (report number, when it was sent), the newest last.
     sent: VecDeque<(u64, Time)>,
     held: Option<Held>,
@@ -318,13 +378,24 @@ impl Holder {
             incarnation,
             terms,
             next_number: 1,
+            acked: 0,
             sent: VecDeque::new(),
             held: None,
         }
     }
 
-    /// The report to send at `now`.
-    pub fn report(&mut self, now: Time, demands: Amounts) -> Report {
+    /// The report to send at `now`, `using` what it holds now of the resources taken and
+    /// given back (slots). It acknowledges the grant it holds only once what it uses fits
+    /// within that grant: until then the store goes on counting the larger one before it.
+    pub fn report(&mut self, now: Time, demands: Amounts, using: &Amounts) -> Report {
+        if let Some(h) = &self.held {
+            if using
+                .iter()
+                .all(|(r, used)| *used <= self.share(r, now) + ROUNDING)
+            {
+                self.acked = h.seq;
+            }
+        }
         let number = self.next_number;
         self.next_number += 1;
         if self.sent.len() == REMEMBERED_REPORTS {
@@ -335,7 +406,7 @@ impl Holder {
             instance: self.instance,
             incarnation: self.incarnation,
             number,
-            acked: self.held.as_ref().map_or(0, |h| h.seq),
+            acked: self.acked,
             demands,
         }
     }
@@ -408,7 +479,7 @@ mod tests {
 
     /// `holder` reports wanting `want` of acme at `at`; the store's grant (not yet received).
     fn ask(ledger: &mut Ledger, holder: &mut Holder, at: u64, want: f64) -> Grant {
-        let report = holder.report(secs(at), amounts(&[("acme", want)]));
+        let report = holder.report(secs(at), amounts(&[("acme", want)]), &Amounts::new());
         ledger.answer(secs(at), &report).expect("answered")
     }
 
@@ -468,7 +539,10 @@ mod tests {
         let heard = renew(&mut ledger, &mut a, 2, 10.0);
         assert_eq!(heard, 5.0, "half of what both want");
         ask(&mut ledger, &mut a, 3, 10.0);
-        assert!(ledger.members[&1].issued.iter().all(|i| i.seq > lost.seq));
+        assert!(ledger.members[&(1, 1)]
+            .issued
+            .iter()
+            .all(|i| i.seq > lost.seq));
     }
 
     #[test]
@@ -489,27 +563,105 @@ mod tests {
         assert_eq!(a.standing(secs(32)), Standing::Lapsed);
         assert_eq!(a.share("acme", secs(32)), 0.0);
         // The store counts the same fallback for the same time.
-        assert_eq!(ledger.members[&1].in_use("acme", secs(12)), share.fallback);
-        assert_eq!(ledger.members[&1].in_use("acme", secs(32)), 0.0);
+        assert_eq!(
+            ledger.members[&(1, 1)].in_use("acme", secs(12)),
+            share.fallback
+        );
+        assert_eq!(ledger.members[&(1, 1)].in_use("acme", secs(32)), 0.0);
     }
 
     #[test]
     fn a_late_duplicate_or_an_old_grant_changes_nothing() {
         let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
         let mut a = Holder::new(1, 1, terms());
-        let r1 = a.report(secs(0), amounts(&[("acme", 1.0)]));
-        let r2 = a.report(secs(1), amounts(&[("acme", 1.0)]));
+        let r1 = a.report(secs(0), amounts(&[("acme", 1.0)]), &Amounts::new());
+        let r2 = a.report(secs(1), amounts(&[("acme", 1.0)]), &Amounts::new());
         let g2 = ledger.answer(secs(1), &r2).unwrap();
         assert_eq!(ledger.answer(secs(2), &r1), None);
         assert!(a.receive(&g2));
         assert!(!a.receive(&g2));
         // A grant for an earlier incarnation is not taken by a restarted instance.
         let mut again = Holder::new(1, 2, terms());
-        again.report(secs(3), amounts(&[("acme", 1.0)]));
+        again.report(secs(3), amounts(&[("acme", 1.0)]), &Amounts::new());
         assert!(!again.receive(&g2));
         assert_eq!(again.standing(secs(3)), Standing::Unleased);
         // Its sequence numbers go on from where they were.
         let g = ask(&mut ledger, &mut again, 3, 1.0);
         assert!(g.seq > g2.seq);
+    }
+
+    #[test]
+    fn two_processes_with_one_instance_number_are_counted_apart() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
+        // A rolling restart: the new process starts while the old one still runs.
+        let mut old = Holder::new(1, 1, terms());
+        let mut new = Holder::new(1, 2, terms());
+        for at in 0..4 {
+            renew(&mut ledger, &mut old, at, 10.0);
+            renew(&mut ledger, &mut new, at, 10.0);
+            let both = old.share("acme", secs(at)) + new.share("acme", secs(at));
+            assert!(both <= 10.0 + ROUNDING, "at {at}s both admit {both}");
+        }
+        assert_eq!(ledger.members.len(), 2);
+    }
+
+    #[test]
+    fn a_cut_share_of_slots_still_counts_the_slots_held_until_they_are_given_back() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("lane", 4.0)]));
+        ledger.whole.insert("lane".into());
+        let lane = |n: f64| amounts(&[("lane", n)]);
+        let mut a = Holder::new(1, 1, terms());
+        let mut b = Holder::new(2, 1, terms());
+        let mut turn = |h: &mut Holder, at: u64, want: f64, using: f64| {
+            let report = h.report(secs(at), lane(want), &lane(using));
+            let grant = ledger.answer(secs(at), &report).expect("answered");
+            assert!(h.receive(&grant));
+            grant.shares["lane"].amount
+        };
+        assert_eq!(turn(&mut a, 0, 4.0, 0.0), 4.0);
+        assert_eq!(turn(&mut a, 1, 4.0, 4.0), 4.0);
+        // b arrives: a's share is cut to half, but a still holds its four slots.
+        assert_eq!(turn(&mut b, 1, 4.0, 0.0), 0.0);
+        assert_eq!(turn(&mut a, 2, 4.0, 4.0), 2.0);
+        assert_eq!(turn(&mut a, 3, 4.0, 4.0), 2.0);
+        assert_eq!(
+            turn(&mut b, 3, 4.0, 0.0),
+            0.0,
+            "a's four slots are still counted"
+        );
+        // a gives two back and says it keeps within its share: b gets the other half.
+        assert_eq!(turn(&mut a, 4, 4.0, 2.0), 2.0);
+        assert_eq!(turn(&mut b, 4, 4.0, 0.0), 2.0);
+    }
+
+    #[test]
+    fn slots_are_shared_in_whole_units_that_add_up_to_all_of_them() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("lane", 3.0)]));
+        ledger.whole.insert("lane".into());
+        let mut holders: Vec<Holder> = (1..=4).map(|i| Holder::new(i, 1, terms())).collect();
+        let lane = amounts(&[("lane", 3.0)]);
+        for at in 0..4 {
+            for h in holders.iter_mut() {
+                let report = h.report(secs(at), lane.clone(), &Amounts::new());
+                let grant = ledger.answer(secs(at), &report).expect("answered");
+                assert!(h.receive(&grant));
+            }
+        }
+        let shares: Vec<f64> = holders.iter().map(|h| h.share("lane", secs(3))).collect();
+        assert!(shares.iter().all(|s| *s == 0.0 || *s == 1.0), "{shares:?}");
+        assert_eq!(shares.iter().sum::<f64>(), 3.0, "{shares:?}");
+    }
+
+    #[test]
+    fn a_sequence_that_went_back_goes_on_past_the_grant_an_instance_holds() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("acme", 1.0)]));
+        let report = Report {
+            instance: 1,
+            incarnation: 1,
+            number: 9,
+            acked: 50,
+            demands: Amounts::new(),
+        };
+        assert_eq!(ledger.answer(secs(0), &report).expect("answered").seq, 51);
     }
 }

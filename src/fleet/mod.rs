@@ -9,7 +9,7 @@
 pub mod lease;
 pub mod store;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -68,6 +68,7 @@ pub struct Board {
 #[derive(Clone, Debug)]
 pub struct View {
     pub instance: u32,
+    pub incarnation: u64,
     pub standing: Standing,
     /// When this instance last heard the store.
     pub contact: Option<Instant>,
@@ -125,11 +126,15 @@ pub async fn run<R: Fleeted>(rt: Arc<R>) {
             fallback: policy.fallback,
             margin: MARGIN,
         };
+        let store = (policy.store.clone(), policy.user.clone());
+        // Another store knows nothing of the grants held: a new incarnation starts there,
+        // holding nothing until its first lease (its first turn, right below, puts that in
+        // force).
         if member
             .as_ref()
-            .is_none_or(|m| m.holder.instance != instance || m.terms != terms)
+            .is_none_or(|m| m.holder.instance != instance || m.terms != terms || m.store != store)
         {
-            member = Some(Member::new(instance, terms));
+            member = Some(Member::new(instance, terms, store));
         }
         let m = member.as_mut().expect("set above");
         m.turn(rt.as_ref(), &policy, epoch).await;
@@ -148,6 +153,8 @@ async fn until(at: Option<Instant>) {
 struct Member {
     holder: Holder,
     terms: Terms,
+    /// The store's database and login.
+    store: (String, Option<String>),
     conn: Option<ServerConn>,
     contact: Option<Instant>,
     error: Option<String>,
@@ -157,12 +164,13 @@ struct Member {
 }
 
 impl Member {
-    fn new(instance: u32, terms: Terms) -> Member {
+    fn new(instance: u32, terms: Terms, store: (String, Option<String>)) -> Member {
         // A new incarnation holds nothing of an earlier one's (a bigint in the store).
         let incarnation = rand::random::<u64>() >> 1;
         Member {
             holder: Holder::new(instance, incarnation, terms),
             terms,
+            store,
             conn: None,
             contact: None,
             error: None,
@@ -183,12 +191,15 @@ impl Member {
             gate.fleet_wants(started)
         };
         self.enforce(rt, epoch);
-        if self.holder.instance == 0 {
+        if self.holder.instance == 0 || self.holder.instance > i32::MAX as u32 {
             self.error = Some("no instance number: set [fleet] instance or peer_id".into());
             return;
         }
-        let (capacities, demands) = resources(&self.wants);
-        let report = self.holder.report(started - epoch, demands);
+        let shared = resources(&self.wants);
+        let report = self
+            .holder
+            .report(started - epoch, shared.demands, &shared.using);
+        let capacities = (shared.capacities, shared.whole);
         let mut conn = self.conn.take();
         let answer = {
             let exchange = tokio::time::timeout(
@@ -244,6 +255,10 @@ impl Member {
         let mut shares = BTreeMap::new();
         {
             let mut gate = rt.gatekeeper().lock();
+            if !gate.fleet() {
+                // A reload took the `[fleet]` away while the store was being asked.
+                return;
+            }
             for w in &self.wants.tenants {
                 let r = tenant_resource(&w.name);
                 let share = self.holder.share(&r, at);
@@ -252,22 +267,27 @@ impl Member {
             }
             for w in &self.wants.upstreams {
                 let r = upstream_resource(&w.name);
-                let share = self.holder.share(&r, at).floor();
+                let share = self.holder.share(&r, at).floor().max(0.0);
                 gate.set_fleet_slots(&w.name, Some(share as usize));
                 shares.insert(r, share);
             }
         }
         rt.gatekeeper().wake();
-        let (capacities, demands) = resources(&self.wants);
+        let shared = resources(&self.wants);
         rt.fleet_board().set(Some(View {
             instance: self.holder.instance,
+            incarnation: self.holder.incarnation,
             standing: self.holder.standing(at),
             contact: self.contact,
             error: self.error.clone(),
             shares,
-            wants: capacities
+            wants: shared
+                .capacities
                 .iter()
-                .map(|(r, c)| (r.clone(), (*c, demands.get(r).copied().unwrap_or(0.0))))
+                .map(|(r, c)| {
+                    let demand = shared.demands.get(r).copied().unwrap_or(0.0);
+                    (r.clone(), (*c, demand))
+                })
                 .collect(),
             ledger: self.ledger.clone(),
         }));
@@ -281,7 +301,7 @@ async fn exchange<R: Fleeted>(
     policy: &FleetPolicy,
     conn: &mut Option<ServerConn>,
     report: &lease::Report,
-    capacities: Amounts,
+    capacities: (Amounts, BTreeSet<String>),
     terms: Terms,
 ) -> Result<(Option<lease::Grant>, (Ledger, Duration)), String> {
     let tracked = rt.tracked();
@@ -307,23 +327,35 @@ async fn exchange<R: Fleeted>(
     Ok(answer)
 }
 
-/// The capacities and demands of every shared resource, by name in the ledger.
-fn resources(wants: &FleetWants) -> (Amounts, Amounts) {
-    let mut capacities = Amounts::new();
-    let mut demands = Amounts::new();
-    let named = wants
-        .tenants
-        .iter()
-        .map(|w| (tenant_resource(&w.name), w))
-        .chain(
-            wants
-                .upstreams
-                .iter()
-                .map(|w| (upstream_resource(&w.name), w)),
-        );
-    for (r, w) in named {
-        capacities.insert(r.clone(), w.capacity);
-        demands.insert(r, w.demand);
+/// Every shared resource, by name in the ledger.
+struct Shared {
+    capacities: Amounts,
+    /// Those shared in whole units: the upstreams' slots.
+    whole: BTreeSet<String>,
+    demands: Amounts,
+    /// What this instance holds now of those taken and given back: the slots.
+    using: Amounts,
+}
+
+/// The capacities, demands and use of every shared resource.
+fn resources(wants: &FleetWants) -> Shared {
+    let mut shared = Shared {
+        capacities: Amounts::new(),
+        whole: BTreeSet::new(),
+        demands: Amounts::new(),
+        using: Amounts::new(),
+    };
+    for w in &wants.tenants {
+        let r = tenant_resource(&w.name);
+        shared.capacities.insert(r.clone(), w.capacity);
+        shared.demands.insert(r, w.demand);
     }
-    (capacities, demands)
+    for w in &wants.upstreams {
+        let r = upstream_resource(&w.name);
+        shared.capacities.insert(r.clone(), w.capacity);
+        shared.demands.insert(r.clone(), w.demand);
+        shared.using.insert(r.clone(), w.using);
+        shared.whole.insert(r);
+    }
+    shared
 }

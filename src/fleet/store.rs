@@ -4,7 +4,7 @@
 //! the store's clock, let [`Ledger::answer`] decide, write the ledger back, commit; the grant
 //! counts from that commit on, whether or not its answer reaches the instance.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -19,20 +19,21 @@ const LOCK_KEY: i64 = 0x7067_7761_7264;
 /// The tables, made by the first instance that finds them missing.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS pgward_fleet_members (
-    instance integer PRIMARY KEY,
+    instance integer NOT NULL,
     incarnation bigint NOT NULL,
     number bigint NOT NULL,
     acked bigint NOT NULL,
     reported timestamptz NOT NULL,
-    demands jsonb NOT NULL
+    demands jsonb NOT NULL,
+    PRIMARY KEY (instance, incarnation)
 );
 CREATE TABLE IF NOT EXISTS pgward_fleet_grants (
     instance integer NOT NULL,
-    seq bigint NOT NULL,
+    incarnation bigint NOT NULL,
+    seq bigint PRIMARY KEY,
     shares jsonb NOT NULL,
     ends timestamptz NOT NULL,
-    fallback_ends timestamptz NOT NULL,
-    PRIMARY KEY (instance, seq)
+    fallback_ends timestamptz NOT NULL
 );
 CREATE TABLE IF NOT EXISTS pgward_fleet_sequence (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
@@ -50,16 +51,17 @@ SELECT extract(epoch FROM clock_timestamp())::float8::text,
             'acked', acked, 'reported', extract(epoch FROM reported)::float8,
             'demands', demands)), '[]') FROM pgward_fleet_members)::text,
        (SELECT coalesce(json_agg(json_build_object(
-            'instance', instance, 'seq', seq, 'shares', shares,
+            'instance', instance, 'incarnation', incarnation, 'seq', seq, 'shares', shares,
             'ends', extract(epoch FROM ends)::float8,
             'fallback_ends', extract(epoch FROM fallback_ends)::float8)), '[]')
         FROM pgward_fleet_grants)::text";
 
 const WRITE_GRANTS: &str = "
-INSERT INTO pgward_fleet_grants (instance, seq, shares, ends, fallback_ends)
-SELECT instance, seq, shares, to_timestamp(ends), to_timestamp(fallback_ends)
+INSERT INTO pgward_fleet_grants (instance, incarnation, seq, shares, ends, fallback_ends)
+SELECT instance, incarnation, seq, shares, to_timestamp(ends), to_timestamp(fallback_ends)
 FROM json_to_recordset($1::json)
-    AS g(instance integer, seq bigint, shares jsonb, ends float8, fallback_ends float8)";
+    AS g(instance integer, incarnation bigint, seq bigint, shares jsonb, ends float8,
+         fallback_ends float8)";
 
 const WRITE_MEMBERS: &str = "
 INSERT INTO pgward_fleet_members (instance, incarnation, number, acked, reported, demands)
@@ -67,6 +69,16 @@ SELECT instance, incarnation, number, acked, to_timestamp(reported), demands
 FROM json_to_recordset($1::json)
     AS m(instance integer, incarnation bigint, number bigint, acked bigint, reported float8,
          demands jsonb)";
+
+/// An exchange's transaction. A grant counts once committed: durable before its answer leaves,
+/// whatever the database's own synchronous_commit. Nothing holds the lock long: a wait for it,
+/// a statement, or a client gone silent in the middle ends after the limit and the server
+/// lets the lock go.
+const BEGIN: &str = "BEGIN ISOLATION LEVEL READ COMMITTED;
+SET LOCAL synchronous_commit = on;
+SET LOCAL lock_timeout = '5s';
+SET LOCAL statement_timeout = '5s';
+SET LOCAL idle_in_transaction_session_timeout = '5s'";
 
 /// Why an exchange failed; the connection is then closed and opened anew.
 #[derive(Debug, thiserror::Error)]
@@ -90,6 +102,7 @@ struct MemberRow {
 #[derive(Serialize, Deserialize)]
 struct GrantRow {
     instance: u32,
+    incarnation: i64,
     seq: i64,
     /// Each resource's (amount, fallback).
     shares: BTreeMap<String, (f64, f64)>,
@@ -100,7 +113,7 @@ struct GrantRow {
 /// Makes the tables if they are missing (under the lock: instances starting together do not
 /// race to create them).
 pub async fn prepare(conn: &mut ServerConn, tracked: &Tracked) -> Result<(), StoreError> {
-    conn.simple_query("BEGIN", tracked).await?;
+    conn.simple_query(BEGIN, tracked).await?;
     lock(conn, tracked).await?;
     conn.simple_query(SCHEMA, tracked).await?;
     conn.simple_query("COMMIT", tracked).await?;
@@ -120,19 +133,16 @@ async fn lock(conn: &mut ServerConn, tracked: &Tracked) -> Result<(), StoreError
 }
 
 /// One exchange: `report` answered by the store under `terms`, with the capacities of the
-/// reporting instance's settings (no grant: the store took the report as a late duplicate),
-/// and the ledger as it was left, with the store's time.
+/// reporting instance's settings, `whole` those shared in whole units (no grant: the store
+/// took the report as a late duplicate), and the ledger as it was left, with the store's time.
 pub async fn exchange(
     conn: &mut ServerConn,
     report: &Report,
-    capacities: Amounts,
+    (capacities, whole): (Amounts, BTreeSet<String>),
     terms: Terms,
     tracked: &Tracked,
 ) -> Result<(Option<Grant>, (Ledger, Duration)), StoreError> {
-    // A grant counts once committed: durable before its answer leaves, whatever the
-    // database's own synchronous_commit.
-    conn.simple_query("BEGIN; SET LOCAL synchronous_commit = on", tracked)
-        .await?;
+    conn.simple_query(BEGIN, tracked).await?;
     lock(conn, tracked).await?;
     let row = conn
         .query_row(READ, &[], tracked)
@@ -154,6 +164,7 @@ pub async fn exchange(
     let members: Vec<MemberRow> = json(text(2)?)?;
     let grants: Vec<GrantRow> = json(text(3)?)?;
     let mut ledger = ledger_of(terms, capacities, next_seq, members, grants);
+    ledger.whole = whole;
     let grant = ledger.answer(now, report);
     let (members, grants) = rows_of(&ledger);
     let grants =
@@ -198,9 +209,8 @@ fn ledger_of(
     ledger.next_seq = next_seq.max(1);
     for m in members {
         ledger.members.insert(
-            m.instance,
+            (m.instance, m.incarnation as u64),
             Member {
-                incarnation: m.incarnation as u64,
                 number: m.number as u64,
                 acked: m.acked as u64,
                 reported: epoch(m.reported),
@@ -222,7 +232,7 @@ fn ledger_of(
         };
         ledger
             .members
-            .entry(g.instance)
+            .entry((g.instance, g.incarnation as u64))
             .or_default()
             .issued
             .push(issued);
@@ -234,10 +244,10 @@ fn ledger_of(
 fn rows_of(ledger: &Ledger) -> (Vec<MemberRow>, Vec<GrantRow>) {
     let mut members = Vec::new();
     let mut grants = Vec::new();
-    for (&instance, m) in &ledger.members {
+    for (&(instance, incarnation), m) in &ledger.members {
         members.push(MemberRow {
             instance,
-            incarnation: m.incarnation as i64,
+            incarnation: incarnation as i64,
             number: m.number as i64,
             acked: m.acked as i64,
             reported: m.reported.as_secs_f64(),
@@ -246,6 +256,7 @@ fn rows_of(ledger: &Ledger) -> (Vec<MemberRow>, Vec<GrantRow>) {
         for g in &m.issued {
             grants.push(GrantRow {
                 instance,
+                incarnation: incarnation as i64,
                 seq: g.seq as i64,
                 shares: g
                     .shares
@@ -288,8 +299,8 @@ mod tests {
         for (id, m) in &ledger.members {
             let n = &again.members[id];
             assert_eq!(
-                (n.incarnation, n.number, n.acked),
-                (m.incarnation, m.number, m.acked)
+                (n.number, n.acked, n.demands.clone()),
+                (m.number, m.acked, m.demands.clone())
             );
             assert_eq!(n.issued.len(), m.issued.len());
             let now = base + Duration::from_secs(5);

@@ -56,13 +56,14 @@ impl TokenBucket {
     /// How long until the debt is paid back (zero when nothing is owed; `None` if it never
     /// will be, at a rate of zero).
     pub fn pay_back(&self, budget: &Budget, now: Instant) -> Option<Duration> {
+        if budget.rate <= 0.0 {
+            return None;
+        }
         let owed = -self.balance(budget, now);
         if owed <= 0.0 {
             return Some(Duration::ZERO);
         }
-        (budget.rate > 0.0)
-            .then(|| Duration::try_from_secs_f64(owed / budget.rate).ok())
-            .flatten()
+        Duration::try_from_secs_f64(owed / budget.rate).ok()
     }
 
     /// Check and charge in one step: if nothing is owed, takes `cost` (at least `min_charge`)

@@ -175,6 +175,14 @@ impl TenantState {
         }
     }
 
+    /// Whether its balance is below zero (it spent more than it had).
+    fn in_debt(&self, now: Instant) -> bool {
+        match (&self.bucket, self.budget) {
+            (Some(bucket), Some(b)) => bucket.balance(&b, now) < 0.0,
+            _ => false,
+        }
+    }
+
     fn paid_back_at(&self, now: Instant) -> Option<Instant> {
         let (bucket, b) = (self.bucket.as_ref()?, self.budget?);
         now.checked_add(bucket.pay_back(&b, now)?)

@@ -148,11 +148,13 @@ impl Gatekeeper {
     }
 
     /// Applies a policy's `[gate]` settings and tenants (at start and on every reload); the
-    /// balances of tenants that keep a budget are kept.
+    /// balances of tenants that keep a budget are kept. Under a `[fleet]` (`fleet`), budgets
+    /// and slots are shared from this moment: nothing shared is admitted before a lease.
     pub fn configure<'a>(
         &self,
         settings: GateSettings,
         tenants: impl Iterator<Item = (&'a str, &'a TenantConfig)>,
+        fleet: bool,
     ) {
         let now = Instant::now();
         let mut gate = self.lock();
@@ -166,6 +168,9 @@ impl Gatekeeper {
             listed.insert(tenant);
         }
         gate.reset_others(&listed);
+        if gate.fleet() != fleet {
+            gate.set_fleet(fleet, now);
+        }
         drop(gate);
         self.wake.notify_one();
     }

@@ -1648,3 +1648,27 @@ fn a_budget_whose_fleet_share_is_nothing_admits_nothing() {
     assert!((balance(&g, "a", t0 + secs(1.0)) - 0.4).abs() < 1e-9);
     assert!((balance(&g, "a", t0 + secs(3.0)) - 0.5).abs() < 1e-9);
 }
+
+#[test]
+fn a_budget_with_no_share_asks_only_for_what_waits_and_waits_without_spinning() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=2 burst=2 when_over=reject", t0);
+    budget(&mut g, "b", "rate=2 burst=2 when_over=wait", t0);
+    g.set_fleet(true, t0);
+    // Nothing used, nothing waits: a share of nothing asks for nothing more.
+    let wants = g.fleet_wants(t0);
+    assert!(wants.tenants.iter().all(|w| w.demand == 0.0), "{wants:?}");
+    // A refusal says to come back in about a second, not at once.
+    let refusal = run(&mut g, "a", 0.1, t0).unwrap_err();
+    assert_eq!(refusal.reason, RefusalReason::Budget);
+    assert!(refusal.retry_after().expect("a hint") >= secs(1.0));
+    // A request that waits for its budget wakes the clock only when a share comes.
+    let pass = admitted_or_awaiting(g.admit(&req("b", 1, t0), t0));
+    g.enqueue(pass, 1, t0);
+    let wake = g.next_wake(t0);
+    assert!(wake.is_none_or(|at| at >= t0 + secs(1.0)), "{wake:?}");
+    let wants = g.fleet_wants(t0);
+    let b = wants.tenants.iter().find(|w| w.name == "b").expect("b");
+    assert_eq!(b.demand, 2.0, "what waits asks for the whole rate");
+}

@@ -809,17 +809,18 @@ fn build_anomalies(raw: file::AnomaliesFile) -> Result<AnomalySettings, String> 
 
 /// The `[fleet]` table: a lease of 10 s and a fallback of 60 s unless it says otherwise.
 fn build_fleet(raw: file::FleetFile) -> Result<FleetPolicy, String> {
+    let longest = std::time::Duration::from_secs(24 * 3600);
     let duration = |key: &str, value: &Option<String>, default: u64| match value {
         None => Ok(std::time::Duration::from_secs(default)),
         Some(t) => parse_duration(t)
-            .filter(|d| !d.is_zero())
-            .ok_or_else(|| format!("{key} {t:?}: a duration such as 10s or 1m")),
+            .filter(|d| !d.is_zero() && *d <= longest)
+            .ok_or_else(|| format!("{key} {t:?}: a duration from 1s to 1d, such as 10s or 1m")),
     };
     if raw.store.is_empty() {
         return Err("store: the name of a database of pgward.ini".into());
     }
-    if raw.instance == Some(0) {
-        return Err("instance: a number from 1".into());
+    if raw.instance.is_some_and(|i| i == 0 || i > i32::MAX as u32) {
+        return Err(format!("instance: a number from 1 to {}", i32::MAX));
     }
     Ok(FleetPolicy {
         store: raw.store,

@@ -531,3 +531,28 @@ fn the_anomalies_table_sets_the_minute_and_its_bounds() {
         assert!(e.contains(says), "{bad}: {e}");
     }
 }
+
+#[test]
+fn the_fleet_table_takes_a_store_an_instance_and_bounded_timings() {
+    let parse = |text: &str| Policy::parse(text, Path::new("p.toml"), Path::new("."));
+    let f = parse("[fleet]\nstore = \"state\"\ninstance = 3\nlease = \"5s\"\n").unwrap();
+    let f = f.fleet().expect("a fleet").clone();
+    assert_eq!((f.instance, f.lease), (Some(3), Duration::from_secs(5)));
+    assert_eq!(f.fallback, Duration::from_secs(60));
+    for (bad, says) in [
+        ("\n[fleet]\nstore = \"s\"\ninstance = 0\n", "p.toml:2"),
+        (
+            "[fleet]\nstore = \"s\"\ninstance = 3000000000\n",
+            "instance",
+        ),
+        ("[fleet]\nstore = \"s\"\nlease = \"0s\"\n", "lease"),
+        (
+            "[fleet]\nstore = \"s\"\nfallback = \"400000d\"\n",
+            "fallback",
+        ),
+        ("[fleet]\nstore = \"\"\n", "store"),
+    ] {
+        let e = parse(bad).unwrap_err().to_string();
+        assert!(e.contains(says), "{bad}: {e}");
+    }
+}

@@ -17,6 +17,9 @@ pub struct FleetWant {
     /// What this instance used lately, plus the whole capacity while its own share holds
     /// work back.
     pub demand: f64,
+    /// What it holds now, of what is taken and given back (an upstream's slots; a budget is
+    /// spent at admission: 0).
+    pub using: f64,
 }
 
 /// [`FleetWant`]s of every budget and every upstream.
@@ -74,12 +77,15 @@ impl<W> Gate<W> {
             .iter()
             .filter_map(|(name, t)| {
                 let capacity = t.config.budget()?.rate;
-                let held_back = t.waiting > 0 || t.owes(now);
+                // Work waits, or the share was spent into debt (a share of nothing owes from
+                // the start, but holds nothing back that nobody asked for).
+                let held_back = t.waiting > 0 || t.in_debt(now);
                 let used = t.recent.value(now) * per_second;
                 Some(FleetWant {
                     name: name.clone(),
                     capacity,
                     demand: used + if held_back { capacity } else { 0.0 },
+                    using: 0.0,
                 })
             })
             .collect();
@@ -93,6 +99,7 @@ impl<W> Gate<W> {
                     name: name.clone(),
                     capacity: up.limits.fast.saturating_add(up.limits.slow) as f64,
                     demand: (busy + waiting) as f64,
+                    using: busy as f64,
                 }
             })
             .collect();

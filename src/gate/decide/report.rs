@@ -84,6 +84,7 @@ impl<W> Gate<W> {
             if t.configured && !keep.contains(name.as_str()) {
                 t.config = TenantConfig::default();
                 t.bucket = None;
+                t.budget = None;
                 t.configured = false;
             }
         }
