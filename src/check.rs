@@ -302,7 +302,9 @@ fn apply_settings(context: &mut ParseContext, pairs: Vec<(String, String)>) -> R
                 context.standard_conforming_strings = Setting::Unknown
             }
             ("client_encoding", "unknown") => context.client_encoding = Setting::Unknown,
-            ("client_encoding", name) => context.client_encoding = Setting::Known(name.to_string()),
+            ("client_encoding", name) => {
+                context.client_encoding = Setting::Known(name.to_string().into())
+            }
             _ => return Err(format!("unknown setting {key}={value}")),
         }
     }

@@ -459,7 +459,7 @@ impl Simulation {
             self.next,
             Running {
                 slot,
-                tenant: pass.tenant.clone(),
+                tenant: pass.tenant.to_string(),
                 charged: pass.charged(),
                 took,
             },

@@ -211,7 +211,7 @@ pub fn calibration(rt: &Runtime) -> Table {
             None => (Cell::Null, Cell::decimal(r.value * 1000.0, 3)),
         };
         t.push(vec![
-            r.key.database.into(),
+            (&*r.key.database).into(),
             format!("{:016x}", r.key.fingerprint).into(),
             r.key
                 .shape

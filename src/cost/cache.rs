@@ -23,13 +23,13 @@ pub const PLAN_CAPACITY: usize = 10_000;
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PlanKey {
     /// The database.
-    pub database: String,
+    pub database: Arc<str>,
     /// The role the statement runs as.
-    pub role: String,
+    pub role: Arc<str>,
     /// The tenant it is charged to.
-    pub tenant: String,
+    pub tenant: Arc<str>,
     /// The session's `search_path` as pgward knows it (empty: the server's default).
-    pub search_path: String,
+    pub search_path: Arc<str>,
     /// pg_query's fingerprint of the statement.
     pub fingerprint: u64,
     /// Whether the plan is generic.
@@ -133,22 +133,23 @@ impl PlanCache {
 
     /// The plan stored for `key` less than the TTL ago; counts a hit or a miss.
     pub fn get(&mut self, key: &PlanKey, now: Instant) -> Option<Arc<PlanSummary>> {
-        self.get_for(key, 0, now)
+        self.get_for(key, || 0, now)
     }
 
     /// The plan stored for `key` less than the TTL ago that may price `constants`: one proved
-    /// for any constants, or one explained for these; counts a hit or a miss.
+    /// for any constants, or one explained for these; counts a hit or a miss. The constants
+    /// are worked out only for a plan not proved yet.
     pub fn get_for(
         &mut self,
         key: &PlanKey,
-        constants: u64,
+        constants: impl FnOnce() -> u64,
         now: Instant,
     ) -> Option<Arc<PlanSummary>> {
         let fresh = self
             .entries
             .get(key)
             .filter(|e| now.saturating_duration_since(e.stored) < self.ttl)
-            .filter(|e| e.proof.len() >= PROOF_RUNS || e.proof.contains(&constants))
+            .filter(|e| e.proof.len() >= PROOF_RUNS || e.proof.contains(&constants()))
             .map(|e| Arc::clone(&e.plan));
         let hit = fresh.is_some();
         for s in [&mut self.total, &mut self.window] {
@@ -200,7 +201,7 @@ impl PlanCache {
 
     /// Forgets every plan of `database` (DDL or ANALYZE ran there: plans may have changed).
     pub fn invalidate_database(&mut self, database: &str) {
-        self.entries.retain(|k, _| k.database != database);
+        self.entries.retain(|k, _| &*k.database != database);
     }
 
     /// Forgets the plan of `key` (it priced a run far from what it took).

@@ -20,6 +20,7 @@
 use foldhash::HashMap;
 
 use serde::{Deserialize, Serialize};
+use std::sync::Arc;
 
 /// Seconds per cost unit before anything has been learned (about one cached 8 KB page read in
 /// order, in the units `seq_page_cost = 1` sets).
@@ -54,7 +55,7 @@ const FORMAT: u32 = 1;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct PlanFactorKey {
     /// The pgward database.
-    pub database: String,
+    pub database: Arc<str>,
     /// The statement's fingerprint.
     pub fingerprint: u64,
     /// The plan's shape ([`PlanShape::fingerprint`](super::PlanShape::fingerprint)); `None`
@@ -248,7 +249,7 @@ impl Calibration {
     /// The usual time of a statement that has no plan, once it has run.
     pub fn predict_unplanned(&mut self, database: &str, fingerprint: u64) -> Option<Prediction> {
         let key = PlanFactorKey {
-            database: database.to_string(),
+            database: database.into(),
             fingerprint,
             shape: None,
         };
@@ -274,7 +275,9 @@ impl Calibration {
         self.factors
             .iter()
             .filter(|(k, f)| {
-                k.fingerprint == fingerprint && k.database == database && f.runs >= Self::USUAL_RUNS
+                k.fingerprint == fingerprint
+                    && &*k.database == database
+                    && f.runs >= Self::USUAL_RUNS
             })
             .max_by_key(|(_, f)| f.used)
             .and_then(|(k, _)| k.shape)
@@ -345,7 +348,7 @@ impl Calibration {
                 continue;
             }
             all.push(f.ln);
-            if key.database == database {
+            if &*key.database == database {
                 own.push(f.ln);
             }
         }
@@ -504,7 +507,7 @@ mod tests {
 
     fn key(db: &str, fp: u64, shape: Option<u64>) -> PlanFactorKey {
         PlanFactorKey {
-            database: db.to_string(),
+            database: db.into(),
             fingerprint: fp,
             shape,
         }

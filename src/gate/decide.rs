@@ -19,6 +19,7 @@ use crate::sql::Fingerprint;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Slots per lane of an upstream.
@@ -243,11 +244,11 @@ struct Upstream<W> {
     fast: LaneState<W>,
     slow: LaneState<W>,
     /// Slots held per tenant.
-    holding: BTreeMap<String, usize>,
+    holding: BTreeMap<Arc<str>, usize>,
     /// Slots held per pgward database.
-    by_database: BTreeMap<String, usize>,
+    by_database: BTreeMap<Arc<str>, usize>,
     /// Tickets waiting per tenant, in either lane.
-    waiting: BTreeMap<String, usize>,
+    waiting: BTreeMap<Arc<str>, usize>,
     /// The pools pooled onto this server: each one's database and the servers it may open.
     pools: BTreeMap<String, (String, usize)>,
     /// Each database's `max_db_connections` (0: none).
@@ -379,7 +380,9 @@ pub struct Gate<W> {
     /// `None` before it has said, or while it sleeps until woken.
     clock_until: Option<Instant>,
     /// Where each waiting ticket waits.
-    located: HashMap<TicketId, (String, Lane)>,
+    located: HashMap<TicketId, (Arc<str>, Lane)>,
+    /// Tenant, upstream and database names, shared by passes, slots and counts.
+    names: super::names::Names,
     /// Statements whose plan flipped, and until when they run in the slow lane.
     quarantined: HashMap<Fingerprint, Instant>,
     /// Decisions for the decision log, gathered under the lock and written after it.
@@ -413,6 +416,7 @@ impl<W> Gate<W> {
             ends: BTreeSet::new(),
             clock_until: None,
             located: HashMap::new(),
+            names: super::names::Names::default(),
             quarantined: HashMap::new(),
             decisions: Vec::new(),
             totals: GateTotals::default(),
@@ -463,13 +467,17 @@ impl<W> Gate<W> {
     /// server, and one waiting for a slot holds none.
     pub fn note_pool(&mut self, req: &Request) {
         let up = self.upstream_mut(req.upstream);
-        let entry = (req.database.to_string(), req.pool_size.max(1));
-        let same_pool = up.pools.get(req.pool) == Some(&entry);
+        let servers = req.pool_size.max(1);
+        let same_pool = up
+            .pools
+            .get(req.pool)
+            .is_some_and(|(db, n)| db == req.database && *n == servers);
         let same_cap = up.database_caps.get(req.database) == Some(&req.database_cap);
         if same_pool && same_cap {
             return;
         }
-        up.pools.insert(req.pool.to_string(), entry);
+        up.pools
+            .insert(req.pool.to_string(), (req.database.to_string(), servers));
         up.database_caps
             .insert(req.database.to_string(), req.database_cap);
         let mut per_database: BTreeMap<&str, usize> = BTreeMap::new();

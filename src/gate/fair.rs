@@ -84,7 +84,7 @@ impl<W> FairQueue<W> {
         self.next_seq += 1;
         let place = Place {
             class: class(pass.priority),
-            tenant: pass.tenant.clone(),
+            tenant: pass.tenant.to_string(),
             seq: self.next_seq,
         };
         self.places.insert(pass.id, place.clone());

@@ -36,6 +36,7 @@ mod fair;
 pub mod keeper;
 mod kills;
 mod kind;
+mod names;
 mod pass;
 mod queue;
 mod refusal;

@@ -4,6 +4,7 @@ use super::events::Subject;
 use super::kind::RequestKind;
 use super::refusal::Refusal;
 use crate::sql::{Fingerprint, Priority};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A ticket's number, unique within one gate.
@@ -93,7 +94,7 @@ pub struct Pass {
     /// The client session.
     pub client_id: u64,
     /// The tenant.
-    pub tenant: String,
+    pub tenant: Arc<str>,
     /// Its priority class.
     pub priority: Priority,
     /// What kind of request.
@@ -101,9 +102,9 @@ pub struct Pass {
     /// The statement's fingerprint (statement kills refuse it while it waits).
     pub fingerprint: Option<Fingerprint>,
     /// The upstream.
-    pub upstream: String,
+    pub upstream: Arc<str>,
     /// The pgward database.
-    pub database: String,
+    pub database: Arc<str>,
     /// The lane it waits in.
     pub lane: Lane,
     /// When the client sent it.
@@ -143,6 +144,14 @@ impl Pass {
             _ => 0.0,
         }
     }
+
+    /// What it was charged, once it was.
+    pub fn paid(&self) -> Option<f64> {
+        match self.payment {
+            Payment::Paid(c) => Some(c),
+            _ => None,
+        }
+    }
 }
 
 /// A slot held: one checked-out server of a lane. Give it back with
@@ -150,10 +159,10 @@ impl Pass {
 #[derive(Debug, PartialEq, Eq)]
 pub struct Slot {
     pub(super) id: TicketId,
-    pub(super) upstream: String,
-    pub(super) database: String,
+    pub(super) upstream: Arc<str>,
+    pub(super) database: Arc<str>,
     pub(super) lane: Lane,
-    pub(super) tenant: String,
+    pub(super) tenant: Arc<str>,
     /// Slots of its lane held when it was taken, itself included.
     pub(super) crowd: usize,
 }

@@ -22,6 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use super::readings::{Derived, Facts};
 use super::rules::{parse_context, Allowed, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
@@ -69,7 +70,7 @@ pub(in crate::session) struct GateState {
     /// The time limits of the tenant of the last request admitted.
     pub limits: TenantTimeouts,
     /// That tenant.
-    pub tenant: String,
+    pub tenant: Arc<str>,
     /// pgward cancelled the running request at the tenant's statement timeout: its 57014
     /// says so.
     pub timed_out: Option<Duration>,
@@ -106,7 +107,7 @@ struct Deferred {
     sql: String,
     work: Work,
     key: PlanKey,
-    tenant: String,
+    tenant: Arc<str>,
 }
 
 /// Where a request inside an open batch stands (see [`Session::in_batch_turn`]).
@@ -146,7 +147,7 @@ pub(in crate::session) struct Run {
     /// learned from it.
     pub failed: bool,
     /// Unknown work it holds its tenants' unpriced requests for (see `Gate::hold_unknown`).
-    held: Vec<(String, crate::gate::TicketId)>,
+    held: Vec<(Arc<str>, crate::gate::TicketId)>,
     /// Rows its CommandCompletes counted, and the SQLSTATE of its first error.
     rows: u64,
     error: Option<String>,
@@ -197,7 +198,7 @@ fn learn(keeper: &crate::gate::keeper::Gatekeeper, part: &Part, took: Duration) 
 /// One admitted request of a [`Run`].
 #[derive(Debug)]
 struct Part {
-    tenant: String,
+    tenant: Arc<str>,
     /// Seconds charged before it ran.
     charged: f64,
     /// Seconds predicted (its share of the run's time follows it).
@@ -468,7 +469,7 @@ impl StatsSink<'_> {
                     waited: a.waited.as_secs_f64(),
                     outcome: "ran",
                 };
-                let who = (part.tenant.as_str(), self.role, self.database);
+                let who = (&*part.tenant, self.role, self.database);
                 self.traffic.write(&a.arrival.entry(who, outcome));
             }
         }
@@ -814,23 +815,19 @@ impl Session {
                 allowed: None,
             });
         }
-        let kind = work.text().map_or(RequestKind::Statement, kind_of);
-
+        let facts = match &analysis {
+            Some(a) => self.derive(governance, &work, a),
+            None => self.underived(governance),
+        };
+        let kind = facts.kind;
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
-        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
-        let no_tags = crate::sql::Tags::default();
-        let tags = analysis.as_ref().map_or(&no_tags, |a| &a.tags);
-        let identity = governance.policy.identify(&who, tags);
-        let tenant = identity.tenant.to_string();
-        let key = fingerprint
-            .filter(|_| kind.waits_for_slot())
-            .map(|f| self.plan_key(&tenant, f));
+        let tenant = Arc::clone(&facts.tenant);
+        let key = facts.plan_key.filter(|_| kind.waits_for_slot());
         let now = Instant::now();
         // Only statements that were explained have plans cached: a hit needs no reading.
-        let constants = work.constants();
         let cached = key
             .as_ref()
-            .and_then(|k| keeper.plans().get_for(k, constants, now));
+            .and_then(|k| keeper.plans().get_for(k, || work.constants(), now));
         let judged = match (text, &key, &cached) {
             (Some(t), Some(_), None) => Some(judged_statement(t)),
             _ => None,
@@ -842,7 +839,8 @@ impl Session {
         // A simple Query of several statements under cost rules: each statement is judged
         // before the text runs.
         let parts_judged = matches!(work, Work::Query(_))
-            && text.is_some_and(|t| several_statements(t, parser_options(&self.params)))
+            && text.is_some()
+            && facts.several
             && governance.policy.cost_limits(&tenant).any();
         // An unknown price is read by an EXPLAIN only for the first request in line; a later
         // one waits until the server owes nothing, or, inside a batch that is still open
@@ -883,7 +881,7 @@ impl Session {
                 return Ok(Step::Verdict(Some(hit)));
             }
         }
-        match self.rules_verdict(governance, &work, analysis.as_deref(), &who) {
+        match self.rules_verdict(governance, &work, analysis.as_ref()) {
             Some(Verdict::Reject(hit)) => {
                 // Refused by a rule: neither priced nor charged (the rules raise it again as
                 // the message goes out, and log it there).
@@ -902,10 +900,10 @@ impl Session {
         }
         let upstream = self.upstream();
         let request = Request {
-            priority: identity.priority,
+            priority: facts.priority,
             kind,
             fingerprint,
-            deadline: identity.deadline,
+            deadline: facts.deadline,
             ..self.request(&tenant, &upstream)
         };
         let arrival = self
@@ -919,7 +917,7 @@ impl Session {
             (gate.timeouts(&tenant), gate.admit(&request, now))
         };
         self.gate.limits = limits;
-        self.gate.tenant.clone_from(&tenant);
+        self.gate.tenant = Arc::clone(&tenant);
         let (mut pass, bypass) = match decision {
             Decision::Refuse(r) => {
                 return Ok(self.refuse(&r, &tenant, fingerprint, (arrival.as_ref(), None)))
@@ -934,8 +932,11 @@ impl Session {
         // for waits for pay-back holding no slot, and one refused by a cost rule is refused
         // before it takes anything.
         let mut ruled = false;
+        // That price, kept for the charge after the wait (the plan stays the same).
+        let mut priced = None;
         if let (Some(known), false, false) = (&plan, deferred, bypass) {
-            let predicted = self.estimate(Some(known), fingerprint).cost;
+            let estimate = self.estimate(Some(known), fingerprint);
+            let predicted = estimate.cost;
             if let Some(hit) = self.cost_rules(governance, &tenant, Some(known), predicted) {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
                 return Ok(Step::Verdict(Some(hit)));
@@ -945,6 +946,7 @@ impl Session {
                 let priced = (arrival.as_ref(), Some(predicted.seconds));
                 return Ok(self.refuse(&r, &tenant, fingerprint, priced));
             }
+            priced = Some(estimate);
         }
         // Time spent waiting for a server from the pool (statement statistics: pgward's own
         // queues, beside the gate's).
@@ -1033,7 +1035,10 @@ impl Session {
                     return Ok(Step::Verdict(Some(hit)));
                 }
             }
-            let estimate = self.estimate(plan.as_deref(), fingerprint);
+            let estimate = match priced.take() {
+                Some(known) => known,
+                None => self.estimate(plan.as_deref(), fingerprint),
+            };
             let verdict = match ruled {
                 true => None,
                 false => self.cost_rules(governance, &tenant, plan.as_deref(), estimate.cost),
@@ -1044,15 +1049,16 @@ impl Session {
             }
             let cost = estimate.cost;
             // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
-            let words = work.words();
-            let learn = estimate
-                .learn
-                .filter(|_| !declares_cursor(words.as_deref()));
-            self.gate.run.changes_plans |= words.is_some_and(|t| changes_plans(&t));
+            let learn = estimate.learn.filter(|_| !facts.declares_cursor);
+            self.gate.run.changes_plans |= facts.changes_plans;
             // Nobody knows yet what this takes: the tenant's other unpriced work waits until
             // it has run (held before the charge, which offers freed slots to the waiting).
             let held = !cost.known && keeper.hold_unknown(&tenant, pass.id);
-            let spent = keeper.spend(&mut pass, cost);
+            let spent = match pass.paid() {
+                // Charged before its wait.
+                Some(charged) => Ok(Spent::Run { charged }),
+                None => keeper.spend(&mut pass, cost),
+            };
             let end_hold = || {
                 if held {
                     keeper.end_unknown(&tenant, pass.id);
@@ -1165,7 +1171,7 @@ impl Session {
             let Some(fp) = analysis.fingerprint else {
                 return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
             };
-            let key = self.plan_key(tenant, fp);
+            let key = self.plan_key(&Arc::from(tenant), fp);
             let work = Work::Query(Bytes::from(part.clone()));
             let plan = match self.explain(&sql, &work, &key, sizes).await? {
                 Priced::Plan(Some(plan)) => plan,
@@ -1189,12 +1195,12 @@ impl Session {
     }
 
     /// What the plan of statement `fingerprint` of `tenant` is cached under in this session.
-    fn plan_key(&self, tenant: &str, fingerprint: Fingerprint) -> PlanKey {
+    fn plan_key(&self, tenant: &Arc<str>, fingerprint: Fingerprint) -> PlanKey {
         PlanKey {
-            database: self.pool.key.db.clone(),
-            role: self.user.clone(),
-            tenant: tenant.to_string(),
-            search_path: self.params.get("search_path").unwrap_or("").to_string(),
+            database: Arc::clone(&self.database_name),
+            role: Arc::clone(&self.role_name),
+            tenant: Arc::clone(tenant),
+            search_path: Arc::from(self.params.get("search_path").unwrap_or("")),
             fingerprint: fingerprint.0,
             generic: false,
         }
@@ -1212,7 +1218,7 @@ impl Session {
         let usual = {
             let calibration = self.rt.gatekeeper.calibration();
             let key = PlanFactorKey {
-                database: database.clone(),
+                database: Arc::clone(&self.database_name),
                 fingerprint: fp.0,
                 shape: Some(shape),
             };
@@ -1235,7 +1241,7 @@ impl Session {
         let mut calibration = self.rt.gatekeeper.calibration();
         if let (Some(plan), Some(fp)) = (plan, fingerprint) {
             let key = PlanFactorKey {
-                database: database.clone(),
+                database: Arc::clone(&self.database_name),
                 fingerprint: fp.0,
                 shape: Some(plan.shape.fingerprint()),
             };
@@ -1253,7 +1259,7 @@ impl Session {
             return Estimate::unknown(None);
         };
         let key = PlanFactorKey {
-            database: database.clone(),
+            database: Arc::clone(&self.database_name),
             fingerprint: fp.0,
             shape: None,
         };
@@ -1326,7 +1332,7 @@ impl Session {
         match self.wait_for_slot(io, pass).await? {
             SlotAnswer::Granted(_, guard) => {
                 self.gate.slot = Some(guard);
-                self.gate.tenant = tenant;
+                self.gate.tenant = Arc::from(tenant);
                 Ok(())
             }
             SlotAnswer::Refused(_, r) => Err(SessionError::Fatal(ErrorResponse::fatal(
@@ -1540,18 +1546,78 @@ impl Session {
     /// Parse has not gone out yet (the rules judge that Parse as it goes). A Bind of a
     /// statement the server already has was judged when it was parsed.
     fn rules_verdict(
-        &self,
-        governance: &Governance,
+        &mut self,
+        governance: &Arc<Governance>,
         work: &Work,
-        analysis: Option<&crate::sql::Analysis>,
-        who: &Who,
+        analysis: Option<&Arc<crate::sql::Analysis>>,
     ) -> Option<Verdict> {
         let judged = match work {
             Work::Query(_) => true,
             Work::Bind { fresh, .. } => *fresh,
             Work::Function => false,
         };
-        Some(governance.policy.judge(analysis.filter(|_| judged)?, who))
+        let analysis = analysis.filter(|_| judged)?;
+        let at = self.params.changes();
+        let derived = self.readings.get_mut(governance, at, analysis);
+        if derived.as_ref().is_some_and(|d| d.allowed == Some(true)) {
+            return Some(Verdict::Allow);
+        }
+        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let verdict = governance.policy.judge(analysis, &who);
+        if let Some(d) = self.readings.get_mut(governance, at, analysis) {
+            d.allowed = Some(matches!(verdict, Verdict::Allow));
+        }
+        Some(verdict)
+    }
+
+    /// What the gate derives from `analysis`, the reading of `work`'s text: from this
+    /// session's readings when it was derived under the same policy and parameters.
+    fn derive(
+        &mut self,
+        governance: &Arc<Governance>,
+        work: &Work,
+        analysis: &Arc<crate::sql::Analysis>,
+    ) -> Facts {
+        let at = self.params.changes();
+        if let Some(d) = self.readings.get_mut(governance, at, analysis) {
+            return d.facts.clone();
+        }
+        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let identity = governance.policy.identify(&who, &analysis.tags);
+        let tenant: Arc<str> = Arc::from(identity.tenant.as_ref());
+        let words = work.words().unwrap_or_default();
+        let facts = Facts {
+            kind: RequestKind::of_sql(&words),
+            plan_key: analysis.fingerprint.map(|f| self.plan_key(&tenant, f)),
+            tenant,
+            priority: identity.priority,
+            deadline: identity.deadline,
+            several: work
+                .sql()
+                .is_some_and(|t| several_statements(t, parser_options(&self.params))),
+            changes_plans: changes_plans(&words),
+            declares_cursor: declares_cursor(Some(&words)),
+        };
+        let derived = Derived::new(Arc::clone(analysis), facts);
+        self.readings.put(governance, at, derived).facts.clone()
+    }
+
+    /// What the gate knows of a request with no reading (a FunctionCall, the Bind of a
+    /// statement pgward never saw): its tenant is the role's.
+    fn underived(&self, governance: &Governance) -> Facts {
+        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let no_tags = crate::sql::Tags::default();
+        let identity = governance.policy.identify(&who, &no_tags);
+        Facts {
+            kind: RequestKind::Statement,
+            tenant: Arc::from(identity.tenant.as_ref()),
+            priority: identity.priority,
+            deadline: identity.deadline,
+            plan_key: None,
+            several: false,
+            changes_plans: false,
+            declares_cursor: false,
+        }
     }
 
     /// Prices the requests that ran unpriced inside a batch, now that the server owes the
@@ -2161,7 +2227,7 @@ mod tests {
         };
         let arrival = Arrival::of(&request, Instant::now(), std::time::SystemTime::now());
         Part {
-            tenant: tenant.to_string(),
+            tenant: tenant.into(),
             charged: predicted,
             predicted,
             learn: None,
@@ -2173,6 +2239,58 @@ mod tests {
             waited: Duration::ZERO,
             arrivals: Arrived::of(Some(arrival), predicted, false, Duration::ZERO),
         }
+    }
+
+    /// What the session derives once per reading holds for every text the reading stands
+    /// for: texts of one shape that share an analysis agree on each of them, a `;` or a
+    /// keyword inside a constant notwithstanding.
+    #[test]
+    fn texts_that_share_a_reading_share_what_is_derived_from_it() {
+        let analyzer = crate::sql::Analyzer::new(crate::sql::Depth::Tree, 64);
+        let context = crate::sql::ParseContext::server_defaults();
+        let options = pg_query::ParserOptions::DISABLE_ESCAPE_STRING_WARNING;
+        let pairs = [
+            ("SELECT 'a'", "SELECT ';'"),
+            ("SELECT 'x' FROM t", "SELECT 'begin; drop table t' FROM t"),
+            ("PREPARE TRANSACTION 'ab'", "PREPARE TRANSACTION 'a;b'"),
+            ("COMMIT PREPARED 'ab'", "COMMIT PREPARED 'a;b'"),
+            ("SELECT 1; SELECT 'a'", "SELECT 1; SELECT ';'"),
+            (
+                "DECLARE c CURSOR FOR SELECT 'a'",
+                "DECLARE c CURSOR FOR SELECT ';x'",
+            ),
+            ("/* a */ SELECT 1", "/* a */ SELECT 2"),
+            ("VACUUM t", "VACUUM t"),
+            (
+                "SELECT set_config('a', 'b', false)",
+                "SELECT set_config('a;', 'b', false)",
+            ),
+            ("CALL p('x')", "CALL p(';')"),
+        ];
+        let mut shared = 0;
+        for (a, b) in pairs {
+            let (ra, rb) = (
+                analyzer.analyze(a.as_bytes(), &context),
+                analyzer.analyze(b.as_bytes(), &context),
+            );
+            if !Arc::ptr_eq(&ra, &rb) {
+                continue;
+            }
+            shared += 1;
+            assert_eq!(RequestKind::of_sql(a), RequestKind::of_sql(b), "{a} / {b}");
+            assert_eq!(changes_plans(a), changes_plans(b), "{a} / {b}");
+            assert_eq!(
+                declares_cursor(Some(a)),
+                declares_cursor(Some(b)),
+                "{a} / {b}"
+            );
+            assert_eq!(
+                several_statements(a, options),
+                several_statements(b, options),
+                "{a} / {b}"
+            );
+        }
+        assert!(shared >= 5, "only {shared} pairs shared a reading");
     }
 
     #[test]

@@ -19,6 +19,7 @@ mod admit;
 mod link;
 mod messages;
 mod prepared;
+mod readings;
 pub mod replication;
 mod rules;
 
@@ -139,6 +140,9 @@ pub struct Session {
     governance: GovernanceCache,
     /// The role the client logged in as, and from where.
     user: String,
+    /// That role and the pool's database, as the gate and the plan cache key them.
+    role_name: Arc<str>,
+    database_name: Arc<str>,
     client_addr: Option<IpAddr>,
     rule_state: RuleState,
     pool: Arc<Pool>,
@@ -166,6 +170,8 @@ pub struct Session {
     skip_to_sync: bool,
     /// The admission gate's slot and verdicts.
     gate: admit::GateState,
+    /// What the gate derived from each reading under the policy and parameters in force.
+    readings: readings::Readings,
 }
 
 impl Session {
@@ -188,6 +194,8 @@ impl Session {
             config: Cache::new(rt.config.clone()),
             governance: Cache::new(rt.governance.clone()),
             rt,
+            role_name: Arc::from(user.as_str()),
+            database_name: Arc::from(pool.key.db.as_str()),
             user,
             client_addr,
             rule_state: RuleState::default(),
@@ -208,6 +216,7 @@ impl Session {
             held: false,
             skip_to_sync: false,
             gate: admit::GateState::default(),
+            readings: readings::Readings::default(),
         }
     }
 
@@ -927,9 +936,7 @@ impl Session {
         };
         if !self.gate.tenant.is_empty() {
             // Runaway eviction knows whose work an idle server last ran.
-            if link.server.last_tenant.as_deref() != Some(self.gate.tenant.as_str()) {
-                link.server.last_tenant = Some(Arc::from(self.gate.tenant.as_str()));
-            }
+            link.server.last_tenant = Some(Arc::clone(&self.gate.tenant));
         }
         self.hooks.released();
         if !self.handle.detach() {

@@ -222,13 +222,22 @@ pub fn parse_context(params: &ParamSet, in_flight: bool) -> ParseContext {
         _ => Setting::Unknown,
     };
     let encoding = match params.get("client_encoding") {
-        Some(e) if !doubt => Setting::Known(e.to_string()),
+        Some(e) if !doubt => Setting::Known(encoding_name(e)),
         _ => Setting::Unknown,
     };
     ParseContext {
         standard_conforming_strings: scs,
         client_encoding: encoding,
         backslash_quote: Setting::Unknown,
+    }
+}
+
+/// An encoding's name as the server reports it (the usual ones without a copy).
+fn encoding_name(name: &str) -> std::borrow::Cow<'static, str> {
+    const USUAL: [&str; 2] = ["UTF8", "SQL_ASCII"];
+    match USUAL.iter().find(|u| **u == name) {
+        Some(usual) => std::borrow::Cow::Borrowed(usual),
+        None => std::borrow::Cow::Owned(name.to_string()),
     }
 }
 

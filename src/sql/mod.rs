@@ -48,6 +48,7 @@ use cache::ModeCache;
 use collect::ConstantUse;
 use pg_query::{FingerprintOptions, ParserOptions};
 use shape::Shape;
+use std::borrow::Cow;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -85,7 +86,7 @@ pub struct ParseContext {
     /// `standard_conforming_strings`.
     pub standard_conforming_strings: Setting<bool>,
     /// `client_encoding`, as the server reports it (`UTF8`, `SQL_ASCII`, `SJIS`, ...).
-    pub client_encoding: Setting<String>,
+    pub client_encoding: Setting<Cow<'static, str>>,
     /// `backslash_quote` (only decides whether `\'` is an error, never where a token ends).
     pub backslash_quote: Setting<BackslashQuote>,
 }
@@ -96,7 +97,7 @@ impl ParseContext {
     pub fn server_defaults() -> ParseContext {
         ParseContext {
             standard_conforming_strings: Setting::Known(true),
-            client_encoding: Setting::Known("UTF8".to_string()),
+            client_encoding: Setting::Known(Cow::Borrowed("UTF8")),
             backslash_quote: Setting::Known(BackslashQuote::SafeEncoding),
         }
     }

@@ -81,7 +81,7 @@ impl<W> Gate<W> {
         }
         self.adapt(&pass.upstream, now);
         self.upstreams
-            .get(&pass.upstream)
+            .get(&*pass.upstream)
             .and_then(|u| u.adaptive.as_ref())
             .is_some_and(|a| a.overloaded())
     }

@@ -86,6 +86,8 @@ impl<W> Gate<W> {
 
     fn new_pass(&mut self, req: &Request, now: Instant) -> Pass {
         let id = self.next_ticket();
+        let names = [req.tenant, req.upstream, req.database].map(|n| self.names.get(n));
+        let [tenant, upstream, database] = names;
         let config = &self.tenant_mut(req.tenant, now).config;
         let limits = [
             req.statement_timeout,
@@ -96,12 +98,12 @@ impl<W> Gate<W> {
         Pass {
             id,
             client_id: req.client_id,
-            tenant: req.tenant.to_string(),
+            tenant,
             priority: config.priority.unwrap_or(req.priority),
             kind: req.kind,
             fingerprint: req.fingerprint,
-            upstream: req.upstream.to_string(),
-            database: req.database.to_string(),
+            upstream,
+            database,
             lane: Lane::Fast,
             sent_at: req.sent_at,
             deadline: within.and_then(|d| req.sent_at.checked_add(d)),

@@ -5,12 +5,13 @@
 use super::*;
 use crate::gate::adapt::Moved;
 use crate::gate::fair::Order;
+use std::sync::Arc;
 
 /// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
 /// of its databases holds there against `max_active_per_database`.
 pub(super) struct Room<'a> {
     demoted: BTreeSet<String>,
-    by_database: Option<&'a BTreeMap<String, usize>>,
+    by_database: Option<&'a BTreeMap<Arc<str>, usize>>,
     per_database: Option<usize>,
 }
 
@@ -32,7 +33,7 @@ pub(super) fn rank(
     pass: &Pass,
     now: Instant,
 ) -> Option<Rank> {
-    let state = tenants.get(&pass.tenant)?;
+    let state = tenants.get(&*pass.tenant)?;
     let budget_ok = pass.payment != Payment::AwaitingPayBack || !state.owes(now);
     let in_time = pass.deadline.is_none_or(|d| d > now);
     let demoted = &room.demoted;
@@ -42,7 +43,7 @@ pub(super) fn rank(
         && state.may_pay(pass)
         && room.database_ok(&pass.database);
     may.then(|| Rank {
-        demoted: demoted.contains(&pass.tenant),
+        demoted: demoted.contains(&*pass.tenant),
         score: state.recent.value(now) / state.config.share(),
     })
 }
@@ -95,7 +96,7 @@ impl<W> Gate<W> {
             .waiting
             .keys()
             .chain(up.holding.keys())
-            .map(String::as_str)
+            .map(|n| &**n)
             .collect();
         let loads: Vec<TenantLoad> = names
             .into_iter()
@@ -192,7 +193,7 @@ impl<W> Gate<W> {
         }
         let room = self.room(&pass.upstream);
         rank(&self.tenants, &room, pass, now)?;
-        let up = self.upstreams.get(&pass.upstream)?;
+        let up = self.upstreams.get(&*pass.upstream)?;
         let someone_first = [Lane::Fast, Lane::Slow].into_iter().any(|lane| {
             up.may_serve(lane)
                 && up
@@ -256,7 +257,7 @@ impl<W> Gate<W> {
     fn take_waiting(&mut self, id: TicketId, now: Instant) -> Option<(Pass, W)> {
         let (upstream, lane) = self.located.remove(&id)?;
         let timeout = self.settings.queue_timeout;
-        let up = self.upstreams.get_mut(&upstream)?;
+        let up = self.upstreams.get_mut(&*upstream)?;
         let state = up.lane(lane).0;
         let (pass, waiter) = state.queue.remove(id)?;
         if state.queue.is_empty() {
@@ -472,7 +473,7 @@ impl<W> Gate<W> {
             .flat_map(|u| u.queues())
             .flat_map(|q| q.heads())
             .filter(|p| p.payment == Payment::AwaitingPayBack)
-            .filter_map(|p| self.tenants.get(&p.tenant)?.paid_back_at(now));
+            .filter_map(|p| self.tenants.get(&*p.tenant)?.paid_back_at(now));
         let adaptive = self.adaptive_wake(now, true);
         end.into_iter().chain(paid).chain(adaptive).min()
     }
@@ -490,7 +491,7 @@ impl<W> Gate<W> {
         let Some((up, lane)) = self
             .located
             .get(&id)
-            .and_then(|(upstream, lane)| Some((self.upstreams.get(upstream)?, *lane)))
+            .and_then(|(upstream, lane)| Some((self.upstreams.get(&**upstream)?, *lane)))
         else {
             return false;
         };
@@ -509,7 +510,7 @@ impl<W> Gate<W> {
         let paid = match pass.payment {
             Payment::AwaitingPayBack => self
                 .tenants
-                .get(&pass.tenant)
+                .get(&*pass.tenant)
                 .and_then(|t| t.paid_back_at(now)),
             _ => None,
         };
@@ -559,17 +560,17 @@ impl<W> Gate<W> {
 }
 
 /// Adds one to `key`'s count; the key is copied only when it is new.
-fn count(counts: &mut BTreeMap<String, usize>, key: &str) {
+fn count(counts: &mut BTreeMap<Arc<str>, usize>, key: &Arc<str>) {
     match counts.get_mut(key) {
         Some(n) => *n += 1,
         None => {
-            counts.insert(key.to_string(), 1);
+            counts.insert(Arc::clone(key), 1);
         }
     }
 }
 
 /// One less for `key`; a count that reaches zero is dropped.
-fn uncount(counts: &mut BTreeMap<String, usize>, key: &str) {
+fn uncount(counts: &mut BTreeMap<Arc<str>, usize>, key: &str) {
     if let Some(n) = counts.get_mut(key) {
         *n = n.saturating_sub(1);
         if *n == 0 {
