@@ -803,9 +803,11 @@ impl Session {
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
         let context = parse_context(&self.params, !self.link_quiet());
-        let analysis = work
-            .text()
-            .map(|t| governance.analyzer.analyze(t, &context));
+        let at = self.params.changes();
+        let analysis = work.text().map(|t| {
+            let memo = self.readings.memo(governance, at);
+            governance.analyzer.analyze_with(t, &context, memo)
+        });
         if let (Work::Query(t), Some(a)) = (&work, &analysis) {
             // The rules read the same Query next: they take this reading if nothing changed.
             self.gate.analyzed = Some(Analyzed {
@@ -898,13 +900,14 @@ impl Session {
             }
             _ => {}
         }
-        let upstream = self.upstream();
+        let settings = self.pool_settings();
+        let upstream = settings.target.hosts.label();
         let request = Request {
             priority: facts.priority,
             kind,
             fingerprint,
             deadline: facts.deadline,
-            ..self.request(&tenant, &upstream)
+            ..self.request(&tenant, upstream)
         };
         let arrival = self
             .rt
@@ -1276,9 +1279,10 @@ impl Session {
         }
     }
 
-    /// The PostgreSQL server this session's pool takes servers from, as the gate names it.
-    fn upstream(&self) -> String {
-        self.pool.settings_now().target.hosts.label().to_string()
+    /// The settings of this session's pool, held: `target.hosts.label()` is the PostgreSQL
+    /// server it takes servers from, as the gate names it.
+    fn pool_settings(&self) -> Arc<crate::pool::PoolSettings> {
+        arc_swap::Guard::into_inner(self.pool.settings_now())
     }
 
     /// A request of this session for the gate: a statement of normal priority with no
@@ -1321,9 +1325,10 @@ impl Session {
             .identify(&who, &crate::sql::Tags::default())
             .tenant
             .to_string();
-        let upstream = self.upstream();
+        let settings = self.pool_settings();
+        let upstream = settings.target.hosts.label();
         let pass = {
-            let request = self.request(&tenant, &upstream);
+            let request = self.request(&tenant, upstream);
             self.rt
                 .gatekeeper
                 .lock()

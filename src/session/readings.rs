@@ -17,7 +17,7 @@ use std::time::Duration;
 use crate::cost::PlanKey;
 use crate::gate::RequestKind;
 use crate::policy::Governance;
-use crate::sql::{Analysis, Priority};
+use crate::sql::{Analysis, Priority, ShapeMemo};
 
 /// Readings remembered per session; past this the memory starts over (a session rarely runs
 /// this many shapes between two changes of its settings).
@@ -67,6 +67,8 @@ pub(super) struct Readings {
     /// The policy and the parameters' change count they were derived under.
     under: Option<(Arc<Governance>, u64)>,
     by_analysis: foldhash::HashMap<usize, Derived>,
+    /// The session's readings by shape, of that policy's analyzer.
+    memo: ShapeMemo,
 }
 
 impl Readings {
@@ -93,18 +95,33 @@ impl Readings {
         params: u64,
         derived: Derived,
     ) -> &mut Derived {
-        if !self.holds_under(governance, params) || self.by_analysis.len() >= MAX_READINGS {
+        self.hold_under(governance, params);
+        if self.by_analysis.len() >= MAX_READINGS {
             self.by_analysis.clear();
-            self.under = Some((Arc::clone(governance), params));
         }
         let key = address(&derived.analysis);
         self.by_analysis.entry(key).insert_entry(derived).into_mut()
+    }
+
+    /// The session's readings by shape under `governance` (for its analyzer).
+    pub fn memo(&mut self, governance: &Arc<Governance>, params: u64) -> &mut ShapeMemo {
+        self.hold_under(governance, params);
+        &mut self.memo
     }
 
     fn holds_under(&self, governance: &Arc<Governance>, params: u64) -> bool {
         self.under
             .as_ref()
             .is_some_and(|(g, p)| Arc::ptr_eq(g, governance) && *p == params)
+    }
+
+    /// Forgets everything derived under another policy or other parameters.
+    fn hold_under(&mut self, governance: &Arc<Governance>, params: u64) {
+        if !self.holds_under(governance, params) {
+            self.by_analysis.clear();
+            self.memo.clear();
+            self.under = Some((Arc::clone(governance), params));
+        }
     }
 }
 

@@ -129,7 +129,8 @@ impl RuleCheck<'_> {
         let policy = &self.governance.policy;
         // (Built from the fields, not `self`: the state below is written while it is held.)
         let who = who_of(self.role, self.params, self.client_addr);
-        if !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
+        let tagged = !analysis.tags.is_empty();
+        if tagged && !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
             tracing::warn!(
                 client = self.client_id,
                 role = self.role,

@@ -19,6 +19,59 @@ const SELF_CHARS: &[u8] = b",()[];";
 /// Whitespace PostgreSQL's scanner skips (vertical tab left out: not in every version).
 const SPACE: &[u8] = b" \t\n\r\x0c";
 
+/// What each byte is to the reader, one flag per class (a byte may be in several).
+const IS_SPACE: u8 = 1;
+const IS_SELF: u8 = 2;
+const IS_OP: u8 = 4;
+/// Letters and `_`: an identifier starts with one.
+const IS_IDENT_START: u8 = 8;
+/// Letters, digits, `_` and `$`: an identifier goes on with one.
+const IS_IDENT: u8 = 16;
+const IS_DIGIT: u8 = 32;
+
+/// The classes of every byte, read once per byte instead of searching the lists above.
+const CLASSES: [u8; 256] = classes();
+
+const fn classes() -> [u8; 256] {
+    let mut table = [0u8; 256];
+    let lists: [(&[u8], u8); 3] = [(SPACE, IS_SPACE), (SELF_CHARS, IS_SELF), (OP_CHARS, IS_OP)];
+    let mut l = 0;
+    while l < lists.len() {
+        let (chars, class) = lists[l];
+        let mut i = 0;
+        while i < chars.len() {
+            table[chars[i] as usize] |= class;
+            i += 1;
+        }
+        l += 1;
+    }
+    let mut c = 0;
+    while c < 128 {
+        let byte = c as u8;
+        if byte.is_ascii_alphabetic() || byte == b'_' {
+            table[c] |= IS_IDENT_START | IS_IDENT;
+        }
+        if byte.is_ascii_digit() {
+            table[c] |= IS_DIGIT | IS_IDENT;
+        }
+        if byte == b'$' {
+            table[c] |= IS_IDENT;
+        }
+        c += 1;
+    }
+    table
+}
+
+fn is(c: u8, class: u8) -> bool {
+    CLASSES[c as usize] & class != 0
+}
+
+/// How many bytes of `b` from `from` on are of `class`.
+fn run_of(b: &[u8], from: usize, class: u8) -> usize {
+    b.get(from..)
+        .map_or(0, |rest| rest.iter().take_while(|&&c| is(c, class)).count())
+}
+
 /// The shape of `text`, or `None` where this reader is not sure (the caller asks PostgreSQL's
 /// scanner then).
 pub(crate) fn shape(text: &str) -> Option<Shape> {
@@ -34,7 +87,7 @@ pub(crate) fn shape(text: &str) -> Option<Shape> {
     let mut at = 0;
     while at < b.len() {
         let c = b[at];
-        if SPACE.contains(&c) {
+        if is(c, IS_SPACE) {
             at += 1;
             continue;
         }
@@ -72,15 +125,15 @@ fn token(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
         b':' if matches!(next, Some(b':') | Some(b'=')) => Some((at + 2, None)),
         b'.' | b':' => Some((at + 1, None)),
         b'$' => parameter(b, at).map(|end| (end, None)),
-        _ if SELF_CHARS.contains(&c) => Some((at + 1, None)),
-        _ if OP_CHARS.contains(&c) => operator(b, at).map(|end| (end, None)),
-        _ if c.is_ascii_alphabetic() || c == b'_' => identifier(b, at).map(|end| (end, None)),
+        _ if is(c, IS_SELF) => Some((at + 1, None)),
+        _ if is(c, IS_OP) => operator(b, at).map(|end| (end, None)),
+        _ if is(c, IS_IDENT_START) => identifier(b, at).map(|end| (end, None)),
         _ => None,
     }
 }
 
 fn ident_char(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_' || c == b'$'
+    is(c, IS_IDENT)
 }
 
 /// A `--` comment: up to the end of its line (the newline is not part of it).
@@ -123,7 +176,7 @@ fn next_meaningful(b: &[u8], from: usize) -> Option<u8> {
     let mut i = from;
     loop {
         let c = *b.get(i)?;
-        if SPACE.contains(&c) {
+        if is(c, IS_SPACE) {
             i += 1;
         } else if c == b'-' && b.get(i + 1) == Some(&b'-') {
             i = line_end(b, i);
@@ -161,7 +214,7 @@ fn closing(b: &[u8], at: usize) -> Option<usize> {
 /// A number: an integer that fits in 32 bits (Iconst) or a decimal (Fconst); none with an
 /// exponent, none touching an identifier character or another dot.
 fn number(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
-    let digits = |from: usize| from + b[from..].iter().take_while(|c| c.is_ascii_digit()).count();
+    let digits = |from: usize| from + run_of(b, from, IS_DIGIT);
     let int_end = digits(at);
     let (end, decimal) = match b.get(int_end) {
         Some(b'.') if b.get(int_end + 1) == Some(&b'.') => return None,
@@ -174,30 +227,33 @@ fn number(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
     if decimal {
         return Some((end, Some('f')));
     }
-    let value: u64 = std::str::from_utf8(&b[at..end]).ok()?.parse().ok()?;
-    (value <= i32::MAX as u64).then_some((end, Some('i')))
+    fits_32_bits(&b[at..end]).then_some((end, Some('i')))
+}
+
+/// Whether the digits say an integer of at most `i32::MAX` (more than ten digits decline,
+/// leading zeros or not: the caller then asks the scanner).
+fn fits_32_bits(digits: &[u8]) -> bool {
+    digits.len() <= 10
+        && digits
+            .iter()
+            .fold(0u64, |n, d| n * 10 + u64::from(d - b'0'))
+            <= i32::MAX as u64
 }
 
 /// A parameter `$1`; a dollar quote or a parameter touching an identifier declines.
 fn parameter(b: &[u8], at: usize) -> Option<usize> {
-    let end = at
-        + 1
-        + b[at + 1..]
-            .iter()
-            .take_while(|c| c.is_ascii_digit())
-            .count();
+    let end = at + 1 + run_of(b, at + 1, IS_DIGIT);
     if end == at + 1 || b.get(end).is_some_and(|&c| ident_char(c)) {
         return None;
     }
     // A number past 32 bits is an error of the scanner's.
-    let number: u64 = std::str::from_utf8(&b[at + 1..end]).ok()?.parse().ok()?;
-    (number <= i32::MAX as u64).then_some(end)
+    fits_32_bits(&b[at + 1..end]).then_some(end)
 }
 
 /// An operator: a run of operator characters, taken whole unless the scanner would cut it
 /// (a comment start inside, or a trailing `+` or `-` it may split off).
 fn operator(b: &[u8], at: usize) -> Option<usize> {
-    let len = b[at..].iter().take_while(|c| OP_CHARS.contains(c)).count();
+    let len = run_of(b, at, IS_OP);
     let run = &b[at..at + len];
     if run.windows(2).any(|w| w == b"--" || w == b"/*") {
         return None;
@@ -211,7 +267,7 @@ fn operator(b: &[u8], at: usize) -> Option<usize> {
 
 /// An identifier or keyword.
 fn identifier(b: &[u8], at: usize) -> Option<usize> {
-    let end = at + b[at..].iter().take_while(|&&c| ident_char(c)).count();
+    let end = at + run_of(b, at, IS_IDENT);
     if matches!(b.get(end), Some(b'\'') | Some(b'"')) || (b.get(end) == Some(&b'&')) {
         // A prefixed string or identifier (E'', U&'', U&"").
         return None;

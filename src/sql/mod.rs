@@ -304,6 +304,31 @@ struct Caches {
     shapes: ModeCache<Mode, Analysis>,
 }
 
+/// One session's readings by shape, for [`Analyzer::analyze_with`]: only analyses that stand
+/// for every text of their shape, of one analyzer (empty it when the analyzer changes).
+#[derive(Debug)]
+pub struct ShapeMemo {
+    shapes: ModeCache<Mode, Analysis>,
+}
+
+/// Shapes a session remembers.
+const MEMO_SHAPES: usize = 256;
+
+impl Default for ShapeMemo {
+    fn default() -> Self {
+        ShapeMemo {
+            shapes: ModeCache::new(MEMO_SHAPES),
+        }
+    }
+}
+
+impl ShapeMemo {
+    /// Forgets every reading (another analyzer's are not this one's).
+    pub fn clear(&mut self) {
+        *self = ShapeMemo::default();
+    }
+}
+
 impl Analyzer {
     /// An analyzer reading to `depth`, remembering up to `capacity` texts and as many shapes
     /// per parse mode.
@@ -344,28 +369,65 @@ impl Analyzer {
             return hit;
         }
         let shape = self.shape_of(key, mode);
-        if let Some(shape) = &shape {
+        self.analyze_shaped(text, key, mode, shape.as_ref()).0
+    }
+
+    /// [`analyze`](Self::analyze), first from `memo`, one session's own readings by shape
+    /// (of this analyzer alone): a text of a shape the session read before is not looked up
+    /// in the analyzer's caches, which every session shares.
+    pub fn analyze_with(
+        &self,
+        text: &[u8],
+        context: &ParseContext,
+        memo: &mut ShapeMemo,
+    ) -> Arc<Analysis> {
+        let mode = context.mode();
+        let Some(key) = std::str::from_utf8(text).ok() else {
+            return self.analyze(text, context);
+        };
+        let shape = self.shape_of(key, mode);
+        if let Some(hit) = shape.as_ref().and_then(|s| memo.shapes.get(mode, &s.key)) {
+            return hit;
+        }
+        if let Some(hit) = self.lock().texts.get(mode, key) {
+            return hit;
+        }
+        let (analysis, shared) = self.analyze_shaped(text, key, mode, shape.as_ref());
+        if let (true, Some(shape)) = (shared, shape) {
+            memo.shapes.put(mode, &shape.key, Arc::clone(&analysis));
+        }
+        analysis
+    }
+
+    /// `text` (`key`, its UTF-8) of `shape` read in `mode`: from the shape cache, or read now
+    /// and cached; and whether the analysis stands for every text of its shape.
+    fn analyze_shaped(
+        &self,
+        text: &[u8],
+        key: &str,
+        mode: Mode,
+        shape: Option<&Shape>,
+    ) -> (Arc<Analysis>, bool) {
+        if let Some(shape) = shape {
             if let Some(hit) = self.lock().shapes.get(mode, &shape.key) {
-                return hit;
+                return (hit, true);
             }
         }
         let (analysis, constants) = analyze_text(text, mode, self.depth);
         let analysis = Arc::new(analysis);
+        let shared = shape.filter(|shape| {
+            constants
+                .as_ref()
+                .is_some_and(|c| !c.values_read && shape.is_shared_by(&c.locations))
+        });
         if key.len() <= MAX_CACHED_TEXT {
-            let shared = |shape: &Shape| {
-                constants
-                    .as_ref()
-                    .is_some_and(|c| !c.values_read && shape.is_shared_by(&c.locations))
-            };
             let mut caches = self.lock();
-            match shape {
-                Some(shape) if shared(&shape) => {
-                    caches.shapes.put(mode, &shape.key, Arc::clone(&analysis))
-                }
-                _ => caches.texts.put(mode, key, Arc::clone(&analysis)),
+            match shared {
+                Some(shape) => caches.shapes.put(mode, &shape.key, Arc::clone(&analysis)),
+                None => caches.texts.put(mode, key, Arc::clone(&analysis)),
             }
         }
-        analysis
+        (analysis, shared.is_some())
     }
 
     /// The shape of `text`, when shapes can stand for texts: the rules read the tree, and the

@@ -414,6 +414,38 @@ fn texts_of_one_shape_read_as_a_fresh_analysis_reads_them() {
     }
 }
 
+/// A session's own memo of shapes reads every text as a fresh analysis does, and keeps the
+/// modes apart.
+#[test]
+fn a_sessions_memo_reads_texts_of_one_shape_as_a_fresh_analysis_reads_them() {
+    let ctx = ParseContext::server_defaults();
+    for (first, second) in SAME_SHAPES {
+        let analyzer = Analyzer::new(Depth::Tree, 100);
+        let mut memo = ShapeMemo::default();
+        analyzer.analyze_with(first.as_bytes(), &ctx, &mut memo);
+        let through_memo = analyzer.analyze_with(second.as_bytes(), &ctx, &mut memo);
+        let fresh = Analyzer::new(Depth::Tree, 100).analyze(second.as_bytes(), &ctx);
+        assert_eq!(*through_memo, *fresh, "{first} then {second}");
+        assert!(Arc::ptr_eq(
+            &through_memo,
+            &analyzer.analyze(second.as_bytes(), &ctx)
+        ));
+    }
+    let analyzer = Analyzer::new(Depth::Tree, 100);
+    let mut memo = ShapeMemo::default();
+    let on = analyzer.analyze_with(b"SELECT 'a'", &ctx, &mut memo);
+    let off = ParseContext {
+        standard_conforming_strings: Setting::Known(false),
+        ..ParseContext::server_defaults()
+    };
+    let other_mode = analyzer.analyze_with(b"SELECT 'b'", &off, &mut memo);
+    assert!(!Arc::ptr_eq(&on, &other_mode));
+    assert!(Arc::ptr_eq(
+        &on,
+        &analyzer.analyze_with(b"SELECT 'c'", &ctx, &mut memo)
+    ));
+}
+
 #[test]
 fn a_shape_is_shared_only_when_no_rule_reads_a_constant() {
     let ctx = ParseContext::server_defaults();
