@@ -354,6 +354,13 @@ impl Gatekeeper {
         }
     }
 
+    /// A slot for `pass` now, if its lane has room and nobody goes first (otherwise
+    /// [`acquire`](Self::acquire) queues it).
+    pub fn try_acquire(self: &Arc<Self>, pass: &Pass) -> Option<SlotGuard> {
+        let slot = self.lock().try_acquire(pass, Instant::now())?;
+        Some(SlotGuard::new(self, slot))
+    }
+
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
     /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
     /// When the ticket has to wait, `evict` is told how many idle servers of which tenants

@@ -1664,6 +1664,10 @@ impl Session {
         pass: Pass,
     ) -> Result<SlotAnswer, SessionError> {
         let keeper = self.rt.gatekeeper.clone();
+        // A free slot is taken at once: no wait, nothing to read meanwhile.
+        if let Some(guard) = keeper.try_acquire(&pass) {
+            return Ok(SlotAnswer::Granted(pass, guard));
+        }
         let rt = self.rt.clone();
         let upstream = pass.upstream.clone();
         let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, over));
