@@ -101,7 +101,7 @@ async fn show_tenants_counts_refusals_and_set_tenant_changes_the_budget() {
     assert_eq!(row["refused_budget"], "1", "{row:?}");
     assert_eq!(row["refused_killed"], "0", "{row:?}");
     assert!(
-        row["settings"].contains("rate=0.00001 burst=0.005"),
+        row["settings"].contains("rate=0.00001 burst=0.001"),
         "{row:?}"
     );
     assert!(number(&row, "balance") < 0.0, "{row:?}");
@@ -137,7 +137,7 @@ async fn show_tenants_counts_refusals_and_set_tenant_changes_the_budget() {
     let c = &admin.client;
     assert_eq!(outcome(c, "SET TENANT acme = 'colour=red'").await, "22023");
     assert_eq!(outcome(c, "SET TENANT acme 'rate=5'").await, "08P01");
-    assert!(tenant_row(c, "acme").await["settings"].contains("rate=0.00001 burst=0.005"));
+    assert!(tenant_row(c, "acme").await["settings"].contains("rate=0.00001 burst=0.001"));
 
     // A rate that pays the debt back at once lets the tenant through.
     let set = "SET TENANT acme = 'rate=100000000 burst=100000000'";

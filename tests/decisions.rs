@@ -22,7 +22,7 @@ max_active = 1
 [tenants.acme]
 roles = ["trustuser"]
 rate = 0.00001
-burst = 0.005
+burst = 0.001
 when_over = "reject"
 
 [[rules]]

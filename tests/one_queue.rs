@@ -1171,7 +1171,7 @@ async fn reload_resets_a_tenant_removed_from_the_policy() {
     let policy = r#"
 [tenants.trustuser]
 rate = 0.00001
-burst = 0.005
+burst = 0.001
 when_over = "reject"
 "#;
     let f = start(policy, 4);

@@ -13,13 +13,13 @@ pub const SCHEMA: &str = "CREATE TABLE big AS SELECT g AS id, repeat('x', 50) AS
 /// The full read the gate's tests price.
 pub const FULL_READ: &str = "SELECT count(*) FROM big";
 
-/// A budget in seconds of server time that pays for one full read (about 10 ms, predicted
-/// at more than the 5 ms burst before it has run) and then owes for minutes.
+/// A budget in seconds of server time that pays for one full read (a few ms, predicted
+/// at more than the 1 ms burst before it has run, and taking longer) and then owes for minutes.
 pub const REJECT_POLICY: &str = r#"
 [tenants.acme]
 roles = ["trustuser"]
 rate = 0.00001
-burst = 0.005
+burst = 0.001
 when_over = "reject"
 "#;
 
