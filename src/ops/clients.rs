@@ -200,10 +200,15 @@ impl ClientEntry {
 
     /// The client asked for a server at `since` and waits for one.
     pub fn set_waiting(&self, since: Instant) {
+        self.note_request(since);
+        self.set_state(ClientState::Waiting);
+    }
+
+    /// A request began at `since` (SHOW CLIENTS' request_time), whatever its state.
+    pub fn note_request(&self, since: Instant) {
         let offset = since.saturating_duration_since(self.connected).as_nanos();
         let offset = u64::try_from(offset).unwrap_or(u64::MAX - 1) + 1;
         self.request.store(offset, Ordering::Release);
-        self.set_state(ClientState::Waiting);
     }
 
     pub fn set_active(&self, server: ServerLink) {
@@ -341,6 +346,24 @@ fn stream_addresses(stream: &Stream) -> (Endpoint, Endpoint) {
 mod tests {
     use super::*;
     use std::io::Read;
+
+    #[tokio::test]
+    async fn a_request_is_timed_whether_or_not_it_waits() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (accepted, _) = listener.accept().unwrap();
+        accepted.set_nonblocking(true).unwrap();
+        let stream = Stream::client_tcp(tokio::net::TcpStream::from_std(accepted).unwrap());
+        let registry = ClientRegistry::default();
+        let registration = registry.register(3, &stream).expect("registered");
+        let entry = &registration.entry;
+        assert!(entry.request_instant().is_none());
+        entry.set_state(ClientState::Active);
+        let now = Instant::now();
+        entry.note_request(now);
+        assert!(entry.request_instant().is_some_and(|t| t <= now));
+        assert_eq!(entry.state(), ClientState::Active);
+    }
 
     #[tokio::test]
     async fn kill_ends_a_registered_connection_and_a_socketless_one_is_not_registered() {

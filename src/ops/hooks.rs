@@ -123,6 +123,12 @@ impl SessionHooks {
         }
     }
 
+    /// A request took its slot in the admission gate at once: it waited for nothing, and
+    /// SHOW CLIENTS' request_time is now.
+    pub fn gate_slot_at_once(&self) {
+        self.entry.note_request(Instant::now());
+    }
+
     /// The client waits in the admission gate's queue: SHOW CLIENTS and SHOW POOLS count it
     /// as waiting, as for the pool's queue.
     pub fn gate_wait_starts(&self) {

@@ -1666,6 +1666,7 @@ impl Session {
         let keeper = self.rt.gatekeeper.clone();
         // A free slot is taken at once: no wait, nothing to read meanwhile.
         if let Some(guard) = keeper.try_acquire(&pass) {
+            self.hooks.gate_slot_at_once();
             return Ok(SlotAnswer::Granted(pass, guard));
         }
         let rt = self.rt.clone();

@@ -309,15 +309,24 @@ struct Caches {
 #[derive(Debug)]
 pub struct ShapeMemo {
     shapes: ModeCache<Mode, Analysis>,
+    /// The bytes of the shapes remembered since it was last emptied.
+    bytes: usize,
 }
 
 /// Shapes a session remembers.
 const MEMO_SHAPES: usize = 256;
+/// Bytes of shapes a session remembers, at most: past this it starts over (every client has
+/// one memo; the analyzer's own caches are the ones sized for the whole process).
+const MEMO_BYTES: usize = 64 << 10;
+/// A shape longer than this is not remembered by the session (a text that long is read
+/// seldom enough for the analyzer's caches to do).
+const MEMO_MAX_SHAPE: usize = 4 << 10;
 
 impl Default for ShapeMemo {
     fn default() -> Self {
         ShapeMemo {
             shapes: ModeCache::new(MEMO_SHAPES),
+            bytes: 0,
         }
     }
 }
@@ -326,6 +335,17 @@ impl ShapeMemo {
     /// Forgets every reading (another analyzer's are not this one's).
     pub fn clear(&mut self) {
         *self = ShapeMemo::default();
+    }
+
+    fn put(&mut self, mode: Mode, key: &str, analysis: &Arc<Analysis>) {
+        if key.len() > MEMO_MAX_SHAPE {
+            return;
+        }
+        if self.bytes + key.len() > MEMO_BYTES {
+            self.clear();
+        }
+        self.bytes += key.len();
+        self.shapes.put(mode, key, Arc::clone(analysis));
     }
 }
 
@@ -394,7 +414,7 @@ impl Analyzer {
         }
         let (analysis, shared) = self.analyze_shaped(text, key, mode, shape.as_ref());
         if let (true, Some(shape)) = (shared, shape) {
-            memo.shapes.put(mode, &shape.key, Arc::clone(&analysis));
+            memo.put(mode, &shape.key, &analysis);
         }
         analysis
     }

@@ -446,6 +446,27 @@ fn a_sessions_memo_reads_texts_of_one_shape_as_a_fresh_analysis_reads_them() {
     ));
 }
 
+/// A session's memo stays small: long shapes are left to the analyzer's caches, and the
+/// bytes it holds are bounded.
+#[test]
+fn a_sessions_memo_is_bounded_in_bytes() {
+    let ctx = ParseContext::server_defaults();
+    let analyzer = Analyzer::new(Depth::Tree, 100_000);
+    let mut memo = ShapeMemo::default();
+    let long = format!(
+        "SELECT 1 FROM t WHERE a IN ({})",
+        vec!["1"; 3_000].join(", ")
+    );
+    analyzer.analyze_with(long.as_bytes(), &ctx, &mut memo);
+    assert_eq!(memo.bytes, 0);
+    for n in 1..2_000 {
+        let text = format!("SELECT a{n} FROM t WHERE b = 1 /* {} */", "x".repeat(200));
+        analyzer.analyze_with(text.as_bytes(), &ctx, &mut memo);
+        assert!(memo.bytes <= MEMO_BYTES);
+    }
+    assert!(memo.bytes > 0);
+}
+
 #[test]
 fn a_shape_is_shared_only_when_no_rule_reads_a_constant() {
     let ctx = ParseContext::server_defaults();
