@@ -405,15 +405,19 @@ impl Analyzer {
         let Some(key) = std::str::from_utf8(text).ok() else {
             return self.analyze(text, context);
         };
-        let shape = self.shape_of(key, mode);
-        if let Some(hit) = shape.as_ref().and_then(|s| memo.shapes.get(mode, &s.key)) {
+        // Only what the fast reader reads is looked up in the memo: a text it declines is
+        // found in the analyzer's caches by its text, before any scan.
+        let Some(shape) = self.shape_read_by(key, mode, fast_shape::shape) else {
+            return self.analyze(text, context);
+        };
+        if let Some(hit) = memo.shapes.get(mode, &shape.key) {
             return hit;
         }
         if let Some(hit) = self.lock().texts.get(mode, key) {
             return hit;
         }
-        let (analysis, shared) = self.analyze_shaped(text, key, mode, shape.as_ref());
-        if let (true, Some(shape)) = (shared, shape) {
+        let (analysis, shared) = self.analyze_shaped(text, key, mode, Some(&shape));
+        if shared {
             memo.put(mode, &shape.key, &analysis);
         }
         analysis
@@ -453,11 +457,21 @@ impl Analyzer {
     /// The shape of `text`, when shapes can stand for texts: the rules read the tree, and the
     /// server splits the text into tokens as PostgreSQL's default scanner does.
     fn shape_of(&self, text: &str, mode: Mode) -> Option<Shape> {
+        self.shape_read_by(text, mode, Shape::of)
+    }
+
+    /// [`shape_of`](Self::shape_of), read by `read`.
+    fn shape_read_by(
+        &self,
+        text: &str,
+        mode: Mode,
+        read: impl FnOnce(&str) -> Option<Shape>,
+    ) -> Option<Shape> {
         let same_scanner = mode.scs == Scs::On || !text.contains('\\');
         let readable = mode.encoding_safe || text.is_ascii();
         let worth = text.len() <= MAX_CACHED_TEXT;
         if same_scanner && readable && worth {
-            Shape::of(text)
+            read(text)
         } else {
             None
         }
