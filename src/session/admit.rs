@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use super::readings::{Derived, Facts};
+use super::readings::{worth_remembering, Derived, Facts};
 use super::rules::{parse_context, Allowed, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
@@ -1603,6 +1603,9 @@ impl Session {
             changes_plans: changes_plans(&words),
             declares_cursor: declares_cursor(Some(&words)),
         };
+        if !worth_remembering(work.sql()) {
+            return facts;
+        }
         let derived = Derived::new(Arc::clone(analysis), facts);
         self.readings.put(governance, at, derived).facts.clone()
     }

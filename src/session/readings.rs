@@ -21,7 +21,16 @@ use crate::sql::{Analysis, Priority, ShapeMemo};
 
 /// Readings remembered per session; past this the memory starts over (a session rarely runs
 /// this many shapes between two changes of its settings).
-const MAX_READINGS: usize = 256;
+const MAX_READINGS: usize = 128;
+/// Only readings of texts this long at most are remembered: each entry holds its analysis
+/// alive (one the analyzer has dropped too), and a long text's is about as long as it, while
+/// texts that long seldom come again.
+const MAX_REMEMBERED_TEXT: usize = 4 << 10;
+
+/// Whether the reading of `text` (`None`: not UTF-8, read anew each time) is remembered.
+pub(super) fn worth_remembering(text: Option<&str>) -> bool {
+    text.is_some_and(|t| t.len() <= MAX_REMEMBERED_TEXT)
+}
 
 /// What the gate derives from a reading (or from a request with none).
 #[derive(Debug, Clone)]
@@ -184,6 +193,14 @@ mod tests {
         // Another reading is not this one's.
         let c = g.analyzer.analyze(b"SELECT a FROM t", &context);
         assert!(readings.get_mut(&g, 2, &c).is_none());
+    }
+
+    #[test]
+    fn long_texts_and_texts_not_utf8_are_not_remembered() {
+        assert!(worth_remembering(Some("SELECT 1")));
+        assert!(!worth_remembering(None));
+        let long = format!("SELECT 1 WHERE a IN ({})", vec!["1"; 2_000].join(", "));
+        assert!(!worth_remembering(Some(&long)));
     }
 
     #[test]
