@@ -1601,7 +1601,7 @@ impl Session {
                 .sql()
                 .is_some_and(|t| several_statements(t, parser_options(&self.params))),
             changes_plans: changes_plans(&words),
-            declares_cursor: declares_cursor(Some(&words)),
+            declares_cursor: declares_cursor(&words),
         };
         if !worth_remembering(work.sql()) {
             return facts;
@@ -2171,8 +2171,8 @@ fn unpriceable_hit((detail, hint): (&str, &str)) -> RuleHit {
 }
 
 /// Whether `text` declares a cursor (its first word is DECLARE).
-fn declares_cursor(text: Option<&str>) -> bool {
-    text.is_some_and(|t| crate::gate::first_keyword(t).eq_ignore_ascii_case("declare"))
+fn declares_cursor(text: &str) -> bool {
+    crate::gate::first_keyword(text).eq_ignore_ascii_case("declare")
 }
 
 /// Whether running `text` may change the plans of other statements: DDL, ANALYZE, VACUUM, or a
@@ -2292,11 +2292,7 @@ mod tests {
             shared += 1;
             assert_eq!(RequestKind::of_sql(a), RequestKind::of_sql(b), "{a} / {b}");
             assert_eq!(changes_plans(a), changes_plans(b), "{a} / {b}");
-            assert_eq!(
-                declares_cursor(Some(a)),
-                declares_cursor(Some(b)),
-                "{a} / {b}"
-            );
+            assert_eq!(declares_cursor(a), declares_cursor(b), "{a} / {b}");
             assert_eq!(
                 several_statements(a, options),
                 several_statements(b, options),
