@@ -143,6 +143,19 @@ impl ParamSet {
     }
 }
 
+/// Whether a client's text names a setting PostgreSQL never reports (`extra_float_digits`,
+/// in any case): once its transaction is over, the server is asked what it holds.
+pub fn names_unreported(text: &[u8]) -> bool {
+    const NAME: &[u8] = EXTRA_FLOAT_DIGITS.as_bytes();
+    // The name's first underscore is its sixth byte.
+    memchr::memchr_iter(b'_', text).any(|i| {
+        i >= 5
+            && text
+                .get(i - 5..i - 5 + NAME.len())
+                .is_some_and(|w| w.eq_ignore_ascii_case(NAME))
+    })
+}
+
 /// `SET name TO 'value'; ...` for each pair, quoted so that no value can end the literal
 /// whatever `standard_conforming_strings` says.
 pub fn set_statement(pairs: &[(&str, &str)]) -> String {
@@ -170,6 +183,28 @@ pub fn set_statement(pairs: &[(&str, &str)]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unreported_names_are_found_in_any_case_and_place() {
+        for text in [
+            "SET extra_float_digits = 3",
+            "set EXTRA_FLOAT_DIGITS to 3",
+            "SELECT set_config('Extra_Float_Digits', '1', false)",
+            "extra_float_digits",
+            "SET \"extra_float_digits\" = 3",
+        ] {
+            assert!(names_unreported(text.as_bytes()), "{text}");
+        }
+        for text in [
+            "",
+            "SELECT 1",
+            "SET float_digits = 3",
+            "xtra_float_digits",
+            "extra_float_digit",
+        ] {
+            assert!(!names_unreported(text.as_bytes()), "{text}");
+        }
+    }
 
     #[test]
     fn tracked_names_are_case_insensitive_and_canonical() {

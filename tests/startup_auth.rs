@@ -179,6 +179,15 @@ fn ignored_startup_parameters_and_protocol_negotiation() {
 /// SHOW extra_float_digits for a client that logs in to `port` with `value` in its startup
 /// packet, as pgJDBC does; the client then leaves.
 fn float_digits_seen(port: u16, value: &str) -> String {
+    let mut client = login_with_digits(port, value);
+    let seen = client.value("SHOW extra_float_digits");
+    client.terminate();
+    seen
+}
+
+/// A client logged in with `extra_float_digits = value` in its startup packet, as pgJDBC
+/// does.
+fn login_with_digits(port: u16, value: &str) -> Raw {
     let mut client = Raw::connect(port);
     client.send(&raw::startup_packet(
         PROTOCOL_3_0,
@@ -191,9 +200,40 @@ fn float_digits_seen(port: u16, value: &str) -> String {
     client
         .finish_login()
         .unwrap_or_else(|err| panic!("login refused: {err:?}"));
-    let seen = client.value("SHOW extra_float_digits");
-    client.terminate();
-    seen
+    client
+}
+
+/// pgJDBC logs in with extra_float_digits = 2, then runs SET extra_float_digits = 3.
+/// PostgreSQL never reports the setting, yet what the client set follows it to the next
+/// server it is given (here the one server, after another client set its own value there);
+/// a SET that is rolled back or LOCAL does not.
+#[test]
+fn extra_float_digits_set_by_the_client_follows_it() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut jdbc = login_with_digits(pw.port, "2");
+    let mut other = login_with_digits(pw.port, "0");
+    let show = "SHOW extra_float_digits";
+    let steps: [(&str, &str); 5] = [
+        ("SET extra_float_digits = 3", "3"),
+        ("BEGIN; SET extra_float_digits = 1; ROLLBACK", "3"),
+        ("BEGIN; SET LOCAL extra_float_digits = 1; COMMIT", "3"),
+        ("SELECT set_config('extra_float_digits', '-1', false)", "-1"),
+        ("RESET extra_float_digits", "1"),
+    ];
+    for (sql, expected) in steps {
+        jdbc.query(sql)
+            .unwrap_or_else(|e| panic!("{sql}: {}", e.message()));
+        assert_eq!(other.value(show), "0", "after {sql}");
+        assert_eq!(jdbc.value(show), expected, "after {sql}");
+    }
+    // The same through the extended protocol.
+    let mut batch = raw::extended_query("SET extra_float_digits = 2");
+    batch.extend(raw::sync_message());
+    let set = jdbc.exchange(&batch, 1);
+    assert!(raw::first_error(&set).is_none(), "{}", raw::describe(&set));
+    assert_eq!(other.value(show), "0");
+    assert_eq!(jdbc.value(show), "2");
 }
 
 /// In session pooling the server's reset (DISCARD ALL) puts extra_float_digits back at its

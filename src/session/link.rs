@@ -24,6 +24,9 @@ pub struct Link {
     pub reset_sent: bool,
     /// The server's unnamed statement is one this client parsed on this link.
     pub unnamed_ours: bool,
+    /// The client sent a text naming a setting PostgreSQL never reports: what the server
+    /// holds is read once the transaction is over.
+    pub unreported_named: bool,
 }
 
 impl Link {

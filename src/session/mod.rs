@@ -32,7 +32,7 @@ use crate::params::{self, ParamSet, Tracked};
 use crate::policy::Governance;
 use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
-use crate::server::{Expected, Route, ServerError};
+use crate::server::{Expected, OwnStatement, Route, ServerError};
 use crate::wire::{self, backend, frontend, sqlstate, ErrorResponse, FrameSpan, TxStatus};
 use link::Link;
 use messages::{learn, server_message, ClientSide, MessageContext};
@@ -618,6 +618,11 @@ impl Session {
         while let Some(span) = frame_at(chunk, offset) {
             executes |= span.tag == frontend::tag::EXECUTE;
             let body = &chunk[span.body()];
+            if matches!(span.tag, frontend::tag::QUERY | frontend::tag::PARSE)
+                && params::names_unreported(body)
+            {
+                ctx.link.unreported_named = true;
+            }
             if span.tag == frontend::tag::PARSE
                 && capacity.is_some()
                 && ctx.link.waits_for_parse(body)
@@ -705,6 +710,7 @@ impl Session {
             tx_since: None,
             reset_sent: false,
             unnamed_ours: false,
+            unreported_named: false,
         });
         Ok(())
     }
@@ -731,22 +737,10 @@ impl Session {
             .map(|(n, v)| (n.as_str(), v.as_str()))
             .collect();
         let before = server.params.clone();
-        match server
+        let set = server
             .simple_query(&params::set_statement(&pairs), &self.tracked)
-            .await
-        {
-            Ok(()) => {}
-            Err(ServerError::Refused(fields)) => {
-                return Err(SessionError::Fatal(fields.to_fatal()))
-            }
-            Err(e) => {
-                server.poison();
-                return Err(SessionError::Fatal(ErrorResponse::fatal(
-                    sqlstate::CONNECTION_FAILURE,
-                    e.to_string(),
-                )));
-            }
-        }
+            .await;
+        set.map_err(|e| internal_failure(server, e))?;
         for (name, value) in &diffs {
             // A value the server reported just now wins (it says `UTF8` for `utf8`); a
             // parameter it did not report (unchanged spelling, or one it never reports)
@@ -760,6 +754,25 @@ impl Session {
                     server.params.set(name, value);
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The client named a setting PostgreSQL never reports and its transaction is over: the
+    /// server says what it holds now (a SET rolled back or LOCAL left it as it was), and the
+    /// client's value follows, to be set on the next server it is given.
+    async fn read_unreported(&mut self) -> Result<(), SessionError> {
+        let Some(link) = self.link.as_mut() else {
+            return Ok(());
+        };
+        link.unreported_named = false;
+        let name = params::EXTRA_FLOAT_DIGITS;
+        let show = OwnStatement::plain("pgward_unreported", "SHOW extra_float_digits");
+        let rows = link.server.own_batch(&[show], 1, &self.tracked).await;
+        let rows = rows.map_err(|e| internal_failure(&mut link.server, e))?;
+        if let Some(Some(value)) = rows.into_iter().next().and_then(|r| r.into_iter().next()) {
+            link.server.params.set(name, &value);
+            self.params.set(name, &value);
         }
         Ok(())
     }
@@ -903,6 +916,13 @@ impl Session {
         }
         if self.gate.has_deferred() {
             self.price_deferred().await?;
+        }
+        if self
+            .link
+            .as_ref()
+            .is_some_and(|l| l.unreported_named && l.server.tx == TxStatus::Idle)
+        {
+            self.read_unreported().await?;
         }
         let Some(link) = &self.link else {
             return Ok(());
@@ -1064,6 +1084,19 @@ impl Session {
 /// that was judged for that client alone).
 /// A transaction block under statement pooling ends the session, as in PgBouncer (08P01:
 /// the connection is gone, which is how drivers must read it).
+/// What the client is told when pgward's own statement on its server failed: the server's
+/// own error, or the connection's loss (the server is then not reused).
+fn internal_failure(server: &mut ServerGuard, e: ServerError) -> SessionError {
+    if let ServerError::Refused(fields) = e {
+        return SessionError::Fatal(fields.to_fatal());
+    }
+    server.poison();
+    SessionError::Fatal(ErrorResponse::fatal(
+        sqlstate::CONNECTION_FAILURE,
+        e.to_string(),
+    ))
+}
+
 fn statement_mode_refusal() -> SessionError {
     SessionError::Fatal(ErrorResponse::fatal(
         sqlstate::PROTOCOL_VIOLATION,
