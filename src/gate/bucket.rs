@@ -119,8 +119,12 @@ impl DecayingUse {
 
     /// The use at `now`.
     pub fn value(&self, now: Instant) -> f64 {
+        if self.value == 0.0 {
+            return 0.0;
+        }
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        self.value * 0.5f64.powf(elapsed / USE_HALF_LIFE.as_secs_f64())
+        // 2^-(half-lives): `exp2` costs a fraction of a general power.
+        self.value * (-elapsed / USE_HALF_LIFE.as_secs_f64()).exp2()
     }
 
     /// Adds `amount` (negative to take back a refund; never below zero).

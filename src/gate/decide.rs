@@ -243,9 +243,9 @@ struct Upstream<W> {
     limits: LaneLimits,
     fast: LaneState<W>,
     slow: LaneState<W>,
-    /// Slots held per tenant.
+    /// Slots held per tenant (one at zero may stay listed).
     holding: BTreeMap<Arc<str>, usize>,
-    /// Slots held per pgward database.
+    /// Slots held per pgward database (one at zero may stay listed).
     by_database: BTreeMap<Arc<str>, usize>,
     /// Tickets waiting per tenant, in either lane.
     waiting: BTreeMap<Arc<str>, usize>,

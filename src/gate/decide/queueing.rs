@@ -362,8 +362,8 @@ impl<W> Gate<W> {
         }
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
-        uncount(&mut up.holding, &slot.tenant);
-        uncount(&mut up.by_database, &slot.database);
+        uncount_kept(&mut up.holding, &slot.tenant);
+        uncount_kept(&mut up.by_database, &slot.database);
         if let (Lane::Fast, Some(a)) = (slot.lane, up.adaptive.as_mut()) {
             a.note_finished();
             self.adapt(&slot.upstream, now);
@@ -574,6 +574,22 @@ fn uncount(counts: &mut BTreeMap<Arc<str>, usize>, key: &str) {
     if let Some(n) = counts.get_mut(key) {
         *n = n.saturating_sub(1);
         if *n == 0 {
+            counts.remove(key);
+        }
+    }
+}
+
+/// Counts of a map this small keep their key at zero: a slot taken and given back at every
+/// statement then neither inserts nor removes (nor allocates a node) each time.
+const KEPT_AT_ZERO: usize = 64;
+
+/// One less for `key`; a count that reaches zero stays while the map is small (readers take
+/// zero as none).
+fn uncount_kept(counts: &mut BTreeMap<Arc<str>, usize>, key: &str) {
+    let small = counts.len() <= KEPT_AT_ZERO;
+    if let Some(n) = counts.get_mut(key) {
+        *n = n.saturating_sub(1);
+        if *n == 0 && !small {
             counts.remove(key);
         }
     }
