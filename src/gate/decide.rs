@@ -369,8 +369,9 @@ impl<W> Upstream<W> {
 #[derive(Debug)]
 pub struct Gate<W> {
     settings: GateSettings,
-    tenants: BTreeMap<String, TenantState>,
-    upstreams: BTreeMap<String, Upstream<W>>,
+    /// Looked up several times per request: hashed, each in one probe.
+    tenants: Named<TenantState>,
+    upstreams: Named<Upstream<W>>,
     kills: Kills,
     rng: StdRng,
     next_id: u64,
@@ -394,6 +395,9 @@ pub struct Gate<W> {
     fleet: bool,
 }
 
+/// Tenants or upstreams by name. Listings sort by name themselves.
+type Named<T> = hashbrown::HashMap<String, T, foldhash::fast::RandomState>;
+
 /// Totals over every tenant since the start (only ever added to, for counters).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct GateTotals {
@@ -408,8 +412,8 @@ impl<W> Gate<W> {
     pub fn new(settings: GateSettings, seed: u64) -> Gate<W> {
         Gate {
             settings,
-            tenants: BTreeMap::new(),
-            upstreams: BTreeMap::new(),
+            tenants: Named::default(),
+            upstreams: Named::default(),
             kills: Kills::default(),
             rng: StdRng::seed_from_u64(seed),
             next_id: 0,
@@ -546,24 +550,24 @@ impl<W> Gate<W> {
             .unwrap_or_default()
     }
 
-    // Both are called several times per request: a name is copied only the first time.
+    // Both are called several times per request: one probe, and a name is copied only the
+    // first time.
     fn tenant_mut(&mut self, tenant: &str, now: Instant) -> &mut TenantState {
-        if !self.tenants.contains_key(tenant) {
+        let fleet = self.fleet;
+        self.tenants.entry_ref(tenant).or_insert_with(|| {
             let mut state = TenantState::new(now);
-            state.fleet = self.fleet.then_some(0.0);
-            self.tenants.insert(tenant.to_string(), state);
-        }
-        self.tenants.get_mut(tenant).expect("inserted above")
+            state.fleet = fleet.then_some(0.0);
+            state
+        })
     }
 
     fn upstream_mut(&mut self, upstream: &str) -> &mut Upstream<W> {
-        if !self.upstreams.contains_key(upstream) {
-            let limits = self.settings.lanes;
+        let (fleet, limits) = (self.fleet, self.settings.lanes);
+        self.upstreams.entry_ref(upstream).or_insert_with(|| {
             let mut up = Upstream::new(limits);
-            up.fleet = self.fleet.then_some(0);
-            self.upstreams.insert(upstream.to_string(), up);
-        }
-        self.upstreams.get_mut(upstream).expect("inserted above")
+            up.fleet = fleet.then_some(0);
+            up
+        })
     }
 
     /// Counts a refusal for SHOW TENANTS, gathers it for the decision log and hands it back.

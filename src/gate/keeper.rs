@@ -439,11 +439,10 @@ impl Gatekeeper {
                 true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
                 false => Grants::new(),
             };
-            (
-                paid,
-                granted,
-                gate.waits_elsewhere(&pass.tenant, &pass.upstream),
-            )
+            // (Nobody waits, the common case: nobody waits elsewhere either.)
+            let elsewhere =
+                gate.has_waiters() && gate.waits_elsewhere(&pass.tenant, &pass.upstream);
+            (paid, granted, elsewhere)
         };
         if elsewhere {
             // A request priced: its tenant's tickets on other upstreams may go now.

@@ -75,12 +75,25 @@ fn run_of(b: &[u8], from: usize, class: u8) -> usize {
 /// The shape of `text`, or `None` where this reader is not sure (the caller asks PostgreSQL's
 /// scanner then).
 pub(crate) fn shape(text: &str) -> Option<Shape> {
+    let mut out = Shape::default();
+    shape_into(text, &mut out).then_some(out)
+}
+
+/// [`shape`] into `out`, whose buffers are reused; false where this reader is not sure
+/// (`out` then holds nothing of use).
+pub(crate) fn shape_into(text: &str, out: &mut Shape) -> bool {
+    out.key.clear();
+    out.constants.clear();
+    read_into(text, out).is_some()
+}
+
+fn read_into(text: &str, out: &mut Shape) -> Option<()> {
     let b = text.as_bytes();
     if !text.is_ascii() || b.contains(&b'\\') || b.contains(&0) {
         return None;
     }
-    let mut key = String::with_capacity(text.len());
-    let mut constants = Vec::new();
+    let Shape { key, constants } = out;
+    key.reserve(text.len());
     let mut copied = 0;
     // The previous token's start and end (whitespace is no token; comments are).
     let mut previous: Option<(usize, usize)> = None;
@@ -107,7 +120,7 @@ pub(crate) fn shape(text: &str) -> Option<Shape> {
         at = end;
     }
     key.push_str(&text[copied..]);
-    Some(Shape { key, constants })
+    Some(())
 }
 
 /// The token at `at` (not whitespace): where it ends, and its letter if it is a constant.

@@ -311,6 +311,8 @@ pub struct ShapeMemo {
     shapes: ModeCache<Mode, Analysis>,
     /// The bytes of the shapes remembered since it was last emptied.
     bytes: usize,
+    /// The shape of the text read last, its buffers kept for the next.
+    scratch: Shape,
 }
 
 /// Shapes a session remembers.
@@ -327,6 +329,7 @@ impl Default for ShapeMemo {
         ShapeMemo {
             shapes: ModeCache::new(MEMO_SHAPES),
             bytes: 0,
+            scratch: Shape::default(),
         }
     }
 }
@@ -407,16 +410,35 @@ impl Analyzer {
         };
         // Only what the fast reader reads is looked up in the memo: a text it declines is
         // found in the analyzer's caches by its text, before any scan.
-        let Some(shape) = self.shape_read_by(key, mode, fast_shape::shape) else {
-            return self.analyze(text, context);
+        let mut shape = std::mem::take(&mut memo.scratch);
+        let read = self.shape_readable(key, mode) && fast_shape::shape_into(key, &mut shape);
+        let analysis = match read {
+            true => self.analyze_read(text, key, mode, &shape, memo),
+            false => self.analyze(text, context),
         };
+        if shape.key.capacity() <= MEMO_MAX_SHAPE {
+            // (The buffers of a long text are not kept.)
+            memo.scratch = shape;
+        }
+        analysis
+    }
+
+    /// [`analyze_with`](Self::analyze_with) of a text the fast reader read as `shape`.
+    fn analyze_read(
+        &self,
+        text: &[u8],
+        key: &str,
+        mode: Mode,
+        shape: &Shape,
+        memo: &mut ShapeMemo,
+    ) -> Arc<Analysis> {
         if let Some(hit) = memo.shapes.get(mode, &shape.key) {
             return hit;
         }
         if let Some(hit) = self.lock().texts.get(mode, key) {
             return hit;
         }
-        let (analysis, shared) = self.analyze_shaped(text, key, mode, Some(&shape));
+        let (analysis, shared) = self.analyze_shaped(text, key, mode, Some(shape));
         if shared {
             memo.put(mode, &shape.key, &analysis);
         }
@@ -457,24 +479,17 @@ impl Analyzer {
     /// The shape of `text`, when shapes can stand for texts: the rules read the tree, and the
     /// server splits the text into tokens as PostgreSQL's default scanner does.
     fn shape_of(&self, text: &str, mode: Mode) -> Option<Shape> {
-        self.shape_read_by(text, mode, Shape::of)
+        self.shape_readable(text, mode)
+            .then(|| Shape::of(text))
+            .flatten()
     }
 
-    /// [`shape_of`](Self::shape_of), read by `read`.
-    fn shape_read_by(
-        &self,
-        text: &str,
-        mode: Mode,
-        read: impl FnOnce(&str) -> Option<Shape>,
-    ) -> Option<Shape> {
+    /// Whether the shape of `text` stands for it in `mode` (see [`shape_of`](Self::shape_of)).
+    fn shape_readable(&self, text: &str, mode: Mode) -> bool {
         let same_scanner = mode.scs == Scs::On || !text.contains('\\');
         let readable = mode.encoding_safe || text.is_ascii();
         let worth = text.len() <= MAX_CACHED_TEXT;
-        if same_scanner && readable && worth {
-            read(text)
-        } else {
-            None
-        }
+        same_scanner && readable && worth
     }
 }
 

@@ -22,7 +22,7 @@ pub(super) struct Constant {
 }
 
 /// The shape of a text and where its constants are.
-#[derive(Debug)]
+#[derive(Debug, Default)]
 pub(crate) struct Shape {
     /// The text with each constant token replaced by a NUL and a letter for its kind (a text
     /// pgward reads never holds a NUL, so a key cannot be confused with a text).

@@ -60,12 +60,13 @@ impl<W> Gate<W> {
         if self.settings.adaptive.is_none() {
             return;
         }
-        let due: Vec<String> = self
+        let mut due: Vec<String> = self
             .upstreams
             .iter()
             .filter(|(_, u)| u.adaptive.as_ref().is_some_and(|a| a.due_at() <= now))
             .map(|(name, _)| name.clone())
             .collect();
+        due.sort_unstable();
         for upstream in due {
             self.adapt(&upstream, now);
         }

@@ -72,7 +72,7 @@ impl<W> Gate<W> {
     /// tickets waiting for one.
     pub fn fleet_wants(&self, now: Instant) -> FleetWants {
         let per_second = std::f64::consts::LN_2 / USE_HALF_LIFE.as_secs_f64();
-        let tenants = self
+        let mut tenants: Vec<FleetWant> = self
             .tenants
             .iter()
             .filter_map(|(name, t)| {
@@ -89,7 +89,7 @@ impl<W> Gate<W> {
                 })
             })
             .collect();
-        let upstreams = self
+        let mut upstreams: Vec<FleetWant> = self
             .upstreams
             .iter()
             .map(|(name, up)| {
@@ -103,6 +103,8 @@ impl<W> Gate<W> {
                 }
             })
             .collect();
+        tenants.sort_unstable_by(|a, b| a.name.cmp(&b.name));
+        upstreams.sort_unstable_by(|a, b| a.name.cmp(&b.name));
         FleetWants { tenants, upstreams }
     }
 

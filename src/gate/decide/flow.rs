@@ -170,12 +170,13 @@ impl<W> Gate<W> {
         if let Payment::Paid(charged) = pass.payment {
             return Ok(Spent::Run { charged });
         }
-        // Priced: its tenant's next unpaid request may take a slot (the caller offers it).
-        self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
         if let Some(refusal) = deadline_check(pass, &cost, now) {
+            self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
             return Err(self.refused(pass.subject(), refusal, now));
         }
+        // Priced: its tenant's next unpaid request may take a slot (the caller offers it).
         let state = self.tenant_mut(&pass.tenant, now);
+        state.unpaid.remove(&pass.id);
         let min = state.config.min_charge();
         let charged = match (&mut state.bucket, state.budget) {
             // Moved to the slow lane for being over budget: it runs there, into debt. (A pass

@@ -28,7 +28,7 @@ impl Room<'_> {
 
 /// Whether `pass` may take a slot now, and its tenant's rank.
 pub(super) fn rank(
-    tenants: &BTreeMap<String, TenantState>,
+    tenants: &Named<TenantState>,
     room: &Room,
     pass: &Pass,
     now: Instant,
@@ -337,12 +337,13 @@ impl<W> Gate<W> {
     /// Hands out every slot that can be given now, in every lane (after a debt is paid back,
     /// or a change of limits).
     pub fn dispatch(&mut self, now: Instant, live: impl Fn(&W) -> bool) -> Vec<Granted<W>> {
-        let waiting: Vec<String> = self
+        let mut waiting: Vec<String> = self
             .upstreams
             .iter()
             .filter(|(_, u)| !u.waiting.is_empty())
             .map(|(name, _)| name.clone())
             .collect();
+        waiting.sort_unstable();
         let mut granted = Vec::new();
         for upstream in waiting {
             granted.extend(self.dispatch_upstream(&upstream, now, &live));
@@ -371,7 +372,7 @@ impl<W> Gate<W> {
         let state = self.tenant_mut(&slot.tenant, now);
         state.running = state.running.saturating_sub(1);
         state.unpaid.remove(&slot.id);
-        self.waits_elsewhere(&slot.tenant, &slot.upstream)
+        self.has_waiters() && self.waits_elsewhere(&slot.tenant, &slot.upstream)
     }
 
     /// Whether `tenant` has tickets waiting on another upstream than `upstream`: what holds
@@ -533,8 +534,10 @@ impl<W> Gate<W> {
 
     /// Every lane of every upstream, for SHOW LANES.
     pub fn lanes(&self) -> Vec<LaneRow> {
-        self.upstreams
-            .iter()
+        let mut upstreams: Vec<_> = self.upstreams.iter().collect();
+        upstreams.sort_unstable_by(|a, b| a.0.cmp(b.0));
+        upstreams
+            .into_iter()
             .flat_map(|(name, up)| {
                 [Lane::Fast, Lane::Slow].map(|lane| {
                     let state = up.lane_ref(lane);

@@ -5,7 +5,8 @@ use super::*;
 impl<W> Gate<W> {
     /// One row per tenant, by name.
     pub fn tenant_stats(&self, now: Instant) -> Vec<TenantStats> {
-        self.tenants
+        let mut rows: Vec<TenantStats> = self
+            .tenants
             .iter()
             .map(|(name, t)| {
                 let balance = balance_of(t, now);
@@ -24,7 +25,9 @@ impl<W> Gate<W> {
                     refusals: t.refusals.clone(),
                 }
             })
-            .collect()
+            .collect();
+        rows.sort_unstable_by(|a, b| a.tenant.cmp(&b.tenant));
+        rows
     }
 
     /// What the metrics show of the tenants: the `cap` with the most server time run and
@@ -34,6 +37,7 @@ impl<W> Gate<W> {
     pub fn tenant_metrics(&self, cap: usize, now: Instant) -> TenantMetrics {
         let weight = |t: &TenantState| t.ran + t.refusals.values().sum::<u64>() as f64;
         let mut all: Vec<(&String, &TenantState)> = self.tenants.iter().collect();
+        all.sort_unstable_by(|a, b| a.0.cmp(b.0));
         if all.len() > cap && cap > 0 {
             all.select_nth_unstable_by(cap - 1, |a, b| {
                 weight(b.1).total_cmp(&weight(a.1)).then(a.0.cmp(b.0))
