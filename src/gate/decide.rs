@@ -247,7 +247,7 @@ struct Upstream<W> {
     holding: BTreeMap<Arc<str>, usize>,
     /// Slots held per pgward database (one at zero may stay listed).
     by_database: BTreeMap<Arc<str>, usize>,
-    /// Tickets waiting per tenant, in either lane.
+    /// Tickets waiting per tenant, in either lane (one at zero may stay listed).
     waiting: BTreeMap<Arc<str>, usize>,
     /// The pools pooled onto this server: each one's database and the servers it may open.
     pools: BTreeMap<String, (String, usize)>,
@@ -360,6 +360,11 @@ impl<W> Upstream<W> {
         self.fast.active < self.limits.fast.min(self.cap()) && total < self.cap()
     }
 
+    /// Whether any ticket waits here, in either lane.
+    fn anyone_waits(&self) -> bool {
+        !self.fast.queue.is_empty() || !self.slow.queue.is_empty()
+    }
+
     fn queues(&self) -> impl Iterator<Item = &FairQueue<W>> {
         [&self.fast.queue, &self.slow.queue].into_iter()
     }
@@ -381,7 +386,7 @@ pub struct Gate<W> {
     /// `None` before it has said, or while it sleeps until woken.
     clock_until: Option<Instant>,
     /// Where each waiting ticket waits.
-    located: HashMap<TicketId, (Arc<str>, Lane)>,
+    located: foldhash::HashMap<TicketId, (Arc<str>, Lane)>,
     /// Tenant, upstream and database names, shared by passes, slots and counts.
     names: super::names::Names,
     /// Statements whose plan flipped, and until when they run in the slow lane.
@@ -419,7 +424,7 @@ impl<W> Gate<W> {
             next_id: 0,
             ends: BTreeSet::new(),
             clock_until: None,
-            located: HashMap::new(),
+            located: foldhash::HashMap::default(),
             names: super::names::Names::default(),
             quarantined: HashMap::new(),
             decisions: Vec::new(),

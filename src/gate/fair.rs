@@ -9,7 +9,8 @@
 use super::pass::{Pass, TicketId};
 use crate::sql::Priority;
 use std::cmp::Ordering;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 /// Where a waiting tenant stands: lower goes first.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -34,11 +35,14 @@ struct Waiting<W> {
     waiter: W,
 }
 
+/// Each tenant's line of one class, in arrival order.
+type Lines<W> = BTreeMap<Arc<str>, BTreeMap<u64, Waiting<W>>>;
+
 /// Where a ticket waits: its class, its tenant's line, its place in that line.
 #[derive(Debug, Clone)]
 struct Place {
     class: usize,
-    tenant: String,
+    tenant: Arc<str>,
     seq: u64,
 }
 
@@ -55,8 +59,8 @@ pub enum Order {
 #[derive(Debug)]
 pub struct FairQueue<W> {
     /// Per priority class (critical, normal, best effort): per tenant, in arrival order.
-    classes: [BTreeMap<String, BTreeMap<u64, Waiting<W>>>; 3],
-    places: HashMap<TicketId, Place>,
+    classes: [Lines<W>; 3],
+    places: foldhash::HashMap<TicketId, Place>,
     next_seq: u64,
 }
 
@@ -64,7 +68,7 @@ impl<W> Default for FairQueue<W> {
     fn default() -> Self {
         FairQueue {
             classes: Default::default(),
-            places: HashMap::new(),
+            places: foldhash::HashMap::default(),
             next_seq: 0,
         }
     }
@@ -84,7 +88,7 @@ impl<W> FairQueue<W> {
         self.next_seq += 1;
         let place = Place {
             class: class(pass.priority),
-            tenant: pass.tenant.to_string(),
+            tenant: Arc::clone(&pass.tenant),
             seq: self.next_seq,
         };
         self.places.insert(pass.id, place.clone());

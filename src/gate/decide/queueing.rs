@@ -167,7 +167,7 @@ impl<W> Gate<W> {
         let waiting = self
             .upstreams
             .get(upstream)
-            .is_some_and(|u| !u.waiting.is_empty());
+            .is_some_and(|u| u.anyone_waits());
         if !waiting {
             return BTreeSet::new();
         }
@@ -263,8 +263,8 @@ impl<W> Gate<W> {
         if state.queue.is_empty() {
             state.waited_since = None;
         }
-        uncount(&mut up.waiting, &pass.tenant);
-        if up.waiting.is_empty() {
+        uncount_kept(&mut up.waiting, &pass.tenant);
+        if !up.anyone_waits() {
             // The pressure is over: a tenant over its share next time is evicted anew.
             up.evicted.clear();
         }
@@ -340,7 +340,7 @@ impl<W> Gate<W> {
         let mut waiting: Vec<String> = self
             .upstreams
             .iter()
-            .filter(|(_, u)| !u.waiting.is_empty())
+            .filter(|(_, u)| u.anyone_waits())
             .map(|(name, _)| name.clone())
             .collect();
         waiting.sort_unstable();
@@ -470,7 +470,7 @@ impl<W> Gate<W> {
         let paid = self
             .upstreams
             .values()
-            .filter(|u| !u.waiting.is_empty())
+            .filter(|u| u.anyone_waits())
             .flat_map(|u| u.queues())
             .flat_map(|q| q.heads())
             .filter(|p| p.payment == Payment::AwaitingPayBack)
@@ -568,16 +568,6 @@ fn count(counts: &mut BTreeMap<Arc<str>, usize>, key: &Arc<str>) {
         Some(n) => *n += 1,
         None => {
             counts.insert(Arc::clone(key), 1);
-        }
-    }
-}
-
-/// One less for `key`; a count that reaches zero is dropped.
-fn uncount(counts: &mut BTreeMap<Arc<str>, usize>, key: &str) {
-    if let Some(n) = counts.get_mut(key) {
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            counts.remove(key);
         }
     }
 }
