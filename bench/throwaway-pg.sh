@@ -155,6 +155,24 @@ us_per_tx() {
         'BEGIN {printf "%.2f", (n > 0 ? d * 1e6 / hz / n : 0)}'
 }
 
+# pgbench_select MODE PORT PID WHAT: one select-only pgbench run (-M MODE, the caller's
+# $clients, $jobs and $seconds) through the pooler on PORT whose process is PID; prints
+# "TPS LATENCY_MS TRANSACTIONS CPU_US_PER_TX" (the pooler's CPU time). Dies naming WHAT when
+# pgbench fails.
+pgbench_select() {
+    local out tps lat tx before after
+    read -r -a before <<<"$(cpu_ticks "$3")"
+    out=$(pgbench -n -S -M "$1" -c "$clients" -j "$jobs" -T "$seconds" \
+        -h 127.0.0.1 -p "$2" -U bench bench 2>&1) ||
+        die "$4: pgbench failed: $(echo "$out" | tail -n 5)"
+    read -r -a after <<<"$(cpu_ticks "$3")"
+    tps=$(echo "$out" | awk '/^tps = / && /(without initial connection|excluding connections)/ {print $3; exit}')
+    [ -n "$tps" ] || tps=$(echo "$out" | awk '/^tps = / {v=$3} END {print v}')
+    lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
+    tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
+    echo "$tps $lat $tx $(us_per_tx $((after[0] + after[1] - before[0] - before[1])) "$tx")"
+}
+
 # pooler_stop NAME: stops the pooler pooler_start recorded under NAME, if it runs.
 pooler_stop() {
     local pid=${pooler_pid[$1]:-}

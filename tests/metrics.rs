@@ -192,6 +192,21 @@ async fn tenant_series_stay_within_the_cap_under_ten_thousand_tenants_and_parse(
         ),
         1.0
     );
+    // The gate's lock was taken for every statement; one worker thread never finds it held.
+    let taken = value(
+        &families,
+        "pgward_gate_lock_acquisitions",
+        "pgward_gate_lock_acquisitions_total",
+        &[],
+    );
+    assert!(taken >= 2.0, "{taken}");
+    let contended = value(
+        &families,
+        "pgward_gate_lock_contended",
+        "pgward_gate_lock_contended_total",
+        &[],
+    );
+    assert!((0.0..=taken).contains(&contended), "{contended} of {taken}");
     // The plan cache priced the full read.
     let explains = value(&families, "pgward_explains", "pgward_explains_total", &[]);
     assert!(explains >= 1.0, "{explains}");

@@ -60,6 +60,8 @@ impl OwnNames {
 #[derive(Debug)]
 pub struct Gatekeeper {
     gate: Mutex<Gate<SlotWaiter>>,
+    /// How often the gate's lock was taken, and found held by another worker thread.
+    gate_locks: crate::sync::LockCounts,
     plans: Mutex<PlanCache>,
     /// Row counts of tables plans read in full, by database (for `max_scan_rows`).
     sizes: Mutex<HashMap<(String, Relation), f64>>,
@@ -135,6 +137,7 @@ impl Gatekeeper {
         let seed = rand::random();
         Arc::new(Gatekeeper {
             gate: Mutex::new(Gate::new(GateSettings::default(), seed)),
+            gate_locks: crate::sync::LockCounts::default(),
             plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
             sizes: Mutex::new(HashMap::new()),
             calibration: Mutex::new(Calibration::new()),
@@ -218,12 +221,17 @@ impl Gatekeeper {
     /// The gate, for one step (never held across `.await`).
     pub fn lock(&self) -> GateLock<'_> {
         GateLock {
-            guard: crate::sync::lock(&self.gate),
+            guard: crate::sync::lock_counted(&self.gate, &self.gate_locks),
             after: Unwritten {
                 log: &self.decisions,
                 decisions: Vec::new(),
             },
         }
+    }
+
+    /// How often the gate's lock was taken, and how often another worker thread held it then.
+    pub fn lock_counts(&self) -> (u64, u64) {
+        self.gate_locks.read()
     }
 
     /// The plan cache.

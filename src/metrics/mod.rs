@@ -412,11 +412,15 @@ fn tenants(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
         "Statements of the tenant refused by reason (cost_warned: let run by a cost rule in warn mode)",
         refused,
     )?;
-    folded(e, &m)
+    folded(e, &m, rt.gatekeeper.lock_counts())
 }
 
-/// The tenants past the cap, and the totals over every tenant.
-fn folded(e: &mut DescriptorEncoder, m: &TenantMetrics) -> Result<(), std::fmt::Error> {
+/// The tenants past the cap, the totals over every tenant, and the gate lock's counts.
+fn folded(
+    e: &mut DescriptorEncoder,
+    m: &TenantMetrics,
+    locks: (u64, u64),
+) -> Result<(), std::fmt::Error> {
     let one = |v: usize| vec![(Labels::new(), gauge_of(v))];
     gauges(e, "pgward_tenants", "Tenants the gate knows", one(m.known))?;
     gauges(
@@ -442,6 +446,19 @@ fn folded(e: &mut DescriptorEncoder, m: &TenantMetrics) -> Result<(), std::fmt::
         "pgward_tenants_folded_running",
         "Slots the tenants past the cap hold",
         one(m.folded.running),
+    )?;
+    let (taken, contended) = locks;
+    counters(
+        e,
+        "pgward_gate_lock_acquisitions",
+        "Times the gate's lock was taken",
+        vec![(Vec::new(), taken)],
+    )?;
+    counters(
+        e,
+        "pgward_gate_lock_contended",
+        "Times the gate's lock was held by another worker thread when taken (the taker waited)",
+        vec![(Vec::new(), contended)],
     )?;
     float_counters(
         e,
