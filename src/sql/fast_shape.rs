@@ -341,6 +341,8 @@ mod tests {
             "/* a /* b */ c */ SELECT 1",
             "SELECT 'é'",
             "SELECT 'a\\'",
+            "SELECT 'a\0b'",
+            "SELECT 1 -- \u{80}",
             "SELECT 1 =- 1",
             "SELECT 'open",
             "SELECT \"\"",
