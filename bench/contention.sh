@@ -51,6 +51,7 @@ start_pooler() {
     local name=$1 threads=$2 port dir="$work/$1"
     port=$(free_port)
     metrics_port[$name]=$(free_port)
+    while [ "${metrics_port[$name]}" = "$port" ]; do metrics_port[$name]=$(free_port); done
     mkdir -p "$dir"
     printf '"bench" ""\n' >"$dir/userlist.txt"
     pooler_ini "$dir" "$pg_port" "$port" "$pool_size" trust "$dir/userlist.txt" >"$dir/pooler.ini"
@@ -68,7 +69,8 @@ install -m 755 "$binary" "$work/pgward-bin"
 start_pooler threads1 1
 start_pooler threads2 2
 
-# lock_counts NAME: "TAKEN CONTENDED", the gate lock's counters of pgward NAME now.
+# lock_counts NAME: "TAKEN CONTENDED", the gate lock's counters of pgward NAME now (callers
+# take it into a variable first, so that its failure stops them).
 lock_counts() {
     local body
     body=$(curl -fsS "http://127.0.0.1:${metrics_port[$1]}/metrics") ||
@@ -76,7 +78,8 @@ lock_counts() {
     echo "$body" | awk '
         $1 == "pgward_gate_lock_acquisitions_total" {t = $2}
         $1 == "pgward_gate_lock_contended_total" {c = $2}
-        END {printf "%d %d\n", t, c}'
+        END {if (t == "" || c == "") exit 1; printf "%d %d\n", t, c}' ||
+        die "$1: no gate lock counters in its metrics"
 }
 
 mkdir -p bench/results
@@ -87,11 +90,14 @@ printf 'mode\ttarget\tround\ttps\tcpu_us_per_tx\ttransactions\tlocks_per_tx\tcon
 
 # run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
 run_one() {
-    local mode=$1 target=$2 round=$3 before after tps lat tx cpu per share
-    read -r -a before <<<"$(lock_counts "$target")"
-    read -r tps lat tx cpu <<<"$(pgbench_select "$mode" "${pooler_port[$target]}" \
-        "${pooler_pid[$target]}" "round $round $mode $target")"
-    read -r -a after <<<"$(lock_counts "$target")"
+    local mode=$1 target=$2 round=$3 counts run before after tps lat tx cpu per share
+    counts=$(lock_counts "$target")
+    read -r -a before <<<"$counts"
+    run=$(pgbench_select "$mode" "${pooler_port[$target]}" "${pooler_pid[$target]}" \
+        "round $round $mode $target")
+    read -r tps lat tx cpu <<<"$run"
+    counts=$(lock_counts "$target")
+    read -r -a after <<<"$counts"
     per=$(awk -v n=$((after[0] - before[0])) -v tx="$tx" 'BEGIN {printf "%.2f", (tx > 0 ? n / tx : 0)}')
     share=$(awk -v c=$((after[1] - before[1])) -v n=$((after[0] - before[0])) \
         'BEGIN {printf "%.5f", (n > 0 ? c / n : 0)}')

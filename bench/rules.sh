@@ -72,9 +72,10 @@ printf 'mode\ttarget\tround\ttps\tlatency_ms\tcpu_us_per_tx\ttransactions\n' >"$
 
 # run_one MODE TARGET ROUND: one pgbench run; appends a line to the TSV file.
 run_one() {
-    local mode=$1 target=$2 round=$3 tps lat tx cpu
-    read -r tps lat tx cpu <<<"$(pgbench_select "$mode" "${pooler_port[$target]}" \
-        "${pooler_pid[$target]}" "round $round $mode $target")"
+    local mode=$1 target=$2 round=$3 run tps lat tx cpu
+    run=$(pgbench_select "$mode" "${pooler_port[$target]}" "${pooler_pid[$target]}" \
+        "round $round $mode $target")
+    read -r tps lat tx cpu <<<"$run"
     printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$mode" "$target" "$round" "$tps" "$lat" "$cpu" "$tx" >>"$tsv"
     printf 'round %s  %-8s  %-6s  tps %10.1f  latency %7.3f ms  pgward cpu/tx %s us\n' \
         "$round" "$mode" "$target" "$tps" "$lat" "$cpu"

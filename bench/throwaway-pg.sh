@@ -157,8 +157,9 @@ us_per_tx() {
 
 # pgbench_select MODE PORT PID WHAT: one select-only pgbench run (-M MODE, the caller's
 # $clients, $jobs and $seconds) through the pooler on PORT whose process is PID; prints
-# "TPS LATENCY_MS TRANSACTIONS CPU_US_PER_TX" (the pooler's CPU time). Dies naming WHAT when
-# pgbench fails.
+# "TPS LATENCY_MS TRANSACTIONS CPU_US_PER_TX" (the pooler's CPU time). Fails naming WHAT when
+# pgbench fails: callers take its output into a variable first (`run=$(...)`), so that the
+# failure of the command substitution stops them (set -e).
 pgbench_select() {
     local out tps lat tx before after
     read -r -a before <<<"$(cpu_ticks "$3")"
@@ -170,6 +171,8 @@ pgbench_select() {
     [ -n "$tps" ] || tps=$(echo "$out" | awk '/^tps = / {v=$3} END {print v}')
     lat=$(echo "$out" | awk '/^latency average/ {print $4; exit}')
     tx=$(echo "$out" | awk -F': ' '/number of transactions actually processed/ {split($2, a, "/"); print a[1]; exit}')
+    [ -n "$tps" ] && [ -n "$lat" ] && [ -n "$tx" ] ||
+        die "$4: pgbench said no tps, latency or transactions: $(echo "$out" | tail -n 5)"
     echo "$tps $lat $tx $(us_per_tx $((after[0] + after[1] - before[0] - before[1])) "$tx")"
 }
 

@@ -68,6 +68,10 @@ fn is_plain_name(name: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '.')
 }
 
+/// A server's value of a setting PostgreSQL never reports, when a client's text may have
+/// changed it: it equals no client's value (it holds a NUL), so the next client's is set.
+pub const UNKNOWN_VALUE: &str = "\0UNKNOWN";
+
 /// Values of tracked parameters, keyed by canonical name.
 #[derive(Debug, Clone, Default)]
 pub struct ParamSet {
@@ -144,7 +148,7 @@ impl ParamSet {
 }
 
 /// Whether a client's text names a setting PostgreSQL never reports (`extra_float_digits`,
-/// in any case): once its transaction is over, the server is asked what it holds.
+/// in any case): the server's value is then unknown until pgward reads it.
 pub fn names_unreported(text: &[u8]) -> bool {
     const NAME: &[u8] = EXTRA_FLOAT_DIGITS.as_bytes();
     // The name's first underscore is its sixth byte.

@@ -236,6 +236,45 @@ fn extra_float_digits_set_by_the_client_follows_it() {
     assert_eq!(jdbc.value(show), "2");
 }
 
+/// A client that sets extra_float_digits and says Terminate in the same write leaves its
+/// server with a value pgward did not read: the next client gets its own value set there.
+#[test]
+fn extra_float_digits_left_by_a_client_that_terminates_is_not_taken_for_known() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut leaving = login_with_digits(pw.port, "3");
+    let batch = raw::Batch::new()
+        .query("SET extra_float_digits = 0")
+        .terminate();
+    leaving.send(&batch.bytes);
+    assert!(leaving.closes_within(Duration::from_secs(10)));
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+}
+
+/// A prepared statement whose text names extra_float_digits changes it at each run, long
+/// after its Parse: each run is followed, for the client and for the next one on its server.
+#[test]
+fn extra_float_digits_set_by_a_prepared_statement_follows_each_run() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut jdbc = login_with_digits(pw.port, "3");
+    let set = "SELECT set_config('extra_float_digits', $1, false)";
+    let parsed = jdbc.exchange(&raw::Batch::new().parse("S1", set, &[25]).sync().bytes, 1);
+    assert!(
+        raw::first_error(&parsed).is_none(),
+        "{}",
+        raw::describe(&parsed)
+    );
+    let run = raw::Batch::new()
+        .bind("", "S1", &[Some("0")])
+        .execute("", 0)
+        .sync();
+    let ran = jdbc.exchange(&run.bytes, 1);
+    assert!(raw::first_error(&ran).is_none(), "{}", raw::describe(&ran));
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+    assert_eq!(jdbc.value("SHOW extra_float_digits"), "0");
+}
+
 /// In session pooling the server's reset (DISCARD ALL) puts extra_float_digits back at its
 /// default, though PostgreSQL does not say so: the next client's value is set again.
 #[test]

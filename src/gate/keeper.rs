@@ -39,6 +39,8 @@ pub struct OwnNames {
     pub savepoint: (String, String),
     pub release: (String, String),
     pub rollback: (String, String),
+    /// The statement that reads a setting PostgreSQL never reports back from a server.
+    pub unreported: String,
 }
 
 impl OwnNames {
@@ -52,6 +54,7 @@ impl OwnNames {
             savepoint: (name("savepoint"), format!("SAVEPOINT {point}")),
             release: (name("release"), format!("RELEASE SAVEPOINT {point}")),
             rollback: (name("rollback"), format!("ROLLBACK TO SAVEPOINT {point}")),
+            unreported: name("unreported"),
         }
     }
 }

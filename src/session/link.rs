@@ -25,11 +25,22 @@ pub struct Link {
     /// The server's unnamed statement is one this client parsed on this link.
     pub unnamed_ours: bool,
     /// The client sent a text naming a setting PostgreSQL never reports: what the server
-    /// holds is read once the transaction is over.
+    /// holds is read when the server is given back (see [`Link::note_unreported`]).
     pub unreported_named: bool,
 }
 
 impl Link {
+    /// A client text that names a setting PostgreSQL never reports goes to this server: its
+    /// value there is unknown from now on (so whoever gets the server next has theirs set,
+    /// whatever happens to this client), until pgward reads it back.
+    pub fn note_unreported(&mut self) {
+        self.unreported_named = true;
+        self.server.params.set(
+            crate::params::EXTRA_FLOAT_DIGITS,
+            crate::params::UNKNOWN_VALUE,
+        );
+    }
+
     /// Nothing owed, nothing buffered, no batch open.
     pub fn quiet(&self, to_server: &BytesMut) -> bool {
         self.expected.is_quiet() && to_server.is_empty() && self.server.rbuf.is_empty()

@@ -440,6 +440,10 @@ impl MessageContext<'_> {
             }));
         };
         self.counters.add_bind();
+        if stmt.names_unreported {
+            // A run of a statement whose text names a setting PostgreSQL never reports.
+            self.link.note_unreported();
+        }
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
         bind.encode_renamed(&mut out, &stmt.server_name);

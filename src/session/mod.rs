@@ -621,7 +621,7 @@ impl Session {
             if matches!(span.tag, frontend::tag::QUERY | frontend::tag::PARSE)
                 && params::names_unreported(body)
             {
-                ctx.link.unreported_named = true;
+                ctx.link.note_unreported();
             }
             if span.tag == frontend::tag::PARSE
                 && capacity.is_some()
@@ -758,23 +758,28 @@ impl Session {
         Ok(())
     }
 
-    /// The client named a setting PostgreSQL never reports and its transaction is over: the
-    /// server says what it holds now (a SET rolled back or LOCAL left it as it was), and the
-    /// client's value follows, to be set on the next server it is given.
-    async fn read_unreported(&mut self) -> Result<(), SessionError> {
-        let Some(link) = self.link.as_mut() else {
-            return Ok(());
-        };
-        link.unreported_named = false;
+    /// The client sent a text naming a setting PostgreSQL never reports, and the server it ran
+    /// on goes back (its transaction over, nothing owed): the server says what it holds (a SET
+    /// rolled back or LOCAL left it as it was), and the client's value follows, to be set on
+    /// the next server it is given. If the server cannot say, its value stays unknown (the
+    /// next client's is set there) and the client's stays as it was.
+    async fn read_unreported(&mut self, link: &mut Link) {
         let name = params::EXTRA_FLOAT_DIGITS;
-        let show = OwnStatement::plain("pgward_unreported", "SHOW extra_float_digits");
-        let rows = link.server.own_batch(&[show], 1, &self.tracked).await;
-        let rows = rows.map_err(|e| internal_failure(&mut link.server, e))?;
-        if let Some(Some(value)) = rows.into_iter().next().and_then(|r| r.into_iter().next()) {
-            link.server.params.set(name, &value);
-            self.params.set(name, &value);
+        let own = Arc::clone(&self.rt.gatekeeper.own);
+        let show = OwnStatement::plain(&own.unreported, "SHOW extra_float_digits");
+        match link.server.own_batch(&[show], 1, &self.tracked).await {
+            Ok(rows) => {
+                let value = rows.into_iter().next().and_then(|r| r.into_iter().next());
+                if let Some(Some(value)) = value {
+                    link.server.params.set(name, &value);
+                    self.params.set(name, &value);
+                }
+            }
+            Err(ServerError::Refused(fields)) => {
+                tracing::debug!(client = self.id, code = ?fields.code(), "reading {name} failed");
+            }
+            Err(_) => link.server.poison(),
         }
-        Ok(())
     }
 
     /// Moves the server's complete messages to the client, matching each to what it answers,
@@ -917,13 +922,6 @@ impl Session {
         if self.gate.has_deferred() {
             self.price_deferred().await?;
         }
-        if self
-            .link
-            .as_ref()
-            .is_some_and(|l| l.unreported_named && l.server.tx == TxStatus::Idle)
-        {
-            self.read_unreported().await?;
-        }
         let Some(link) = &self.link else {
             return Ok(());
         };
@@ -939,12 +937,14 @@ impl Session {
             }
             return Ok(());
         }
-        self.release().await;
+        self.release(true).await;
         Ok(())
     }
 
     /// Gives the server back, once no cancel for it is still on its way, then the slot.
-    async fn release(&mut self) {
+    /// `stays`: the client goes on (what it set that PostgreSQL never reports is read, to
+    /// follow it to its next server).
+    async fn release(&mut self, stays: bool) {
         self.gate.end_run(
             &self.rt.gatekeeper,
             stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
@@ -961,6 +961,10 @@ impl Session {
         self.hooks.released();
         if !self.handle.detach() {
             self.handle.wait_cancels().await;
+        }
+        if stays && link.unreported_named {
+            // (No cancel of the client's can reach pgward's own statement now.)
+            self.read_unreported(&mut link).await;
         }
         if link.expected.is_empty() {
             self.spare_expected = std::mem::take(&mut link.expected);
@@ -1074,7 +1078,7 @@ impl Session {
                 }
             }
         }
-        self.release().await;
+        self.release(false).await;
     }
 }
 

@@ -16,6 +16,9 @@ pub struct Statement {
     pub server_name: Bytes,
     /// The Parse message that prepares it under `server_name`.
     pub parse: Bytes,
+    /// Its text names a setting PostgreSQL never reports ([`crate::params::names_unreported`]):
+    /// each run of it may change that setting.
+    pub names_unreported: bool,
 }
 
 impl Statement {
@@ -26,6 +29,7 @@ impl Statement {
         Statement {
             server_name,
             parse: parse.freeze(),
+            names_unreported: crate::params::names_unreported(query),
         }
     }
 }
