@@ -108,6 +108,17 @@ impl ParamSet {
         }
     }
 
+    /// A server's settings that PostgreSQL never reports may have been changed by a client
+    /// without pgward seeing how: their values are unknown (see [`UNKNOWN_VALUE`]).
+    pub fn forget_unreported(&mut self) {
+        self.set(EXTRA_FLOAT_DIGITS, UNKNOWN_VALUE);
+    }
+
+    /// Whether a setting PostgreSQL never reports has an unknown value here.
+    pub fn unreported_unknown(&self) -> bool {
+        self.get(EXTRA_FLOAT_DIGITS) == Some(UNKNOWN_VALUE)
+    }
+
     /// Sets a value; returns whether it changed.
     pub fn set(&mut self, name: &str, value: &str) -> bool {
         match self.entries.iter_mut().find(|(n, _)| n == name) {

@@ -275,6 +275,84 @@ fn extra_float_digits_set_by_a_prepared_statement_follows_each_run() {
     assert_eq!(jdbc.value("SHOW extra_float_digits"), "0");
 }
 
+/// A DISCARD ALL answered after a later SET went out (both in one write) does not make the
+/// server's extra_float_digits known again: a client on its default gets it set back.
+#[test]
+fn extra_float_digits_set_after_a_discard_in_the_same_write_stays_unknown() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
+    let mut leaving = login_with_digits(pw.port, "3");
+    let batch = raw::Batch::new()
+        .query("DISCARD ALL")
+        .query("SET extra_float_digits = 0")
+        .terminate();
+    leaving.send(&batch.bytes);
+    assert!(leaving.closes_within(Duration::from_secs(10)));
+    let mut plain = Raw::login(pw.port, "trustuser", None, "app");
+    assert_eq!(plain.value("SHOW extra_float_digits"), "1");
+}
+
+/// pgward on one server with `settings`, and a client on it logged in with
+/// extra_float_digits = 3.
+fn one_server_and_a_client(pg: &Postgres, settings: &str) -> (Pgward, Raw) {
+    let pw = Pgward::transaction_pool(pg, &format!("default_pool_size = 1\n{settings}"));
+    let client = login_with_digits(pw.port, "3");
+    (pw, client)
+}
+
+/// A client's own RESET ALL puts extra_float_digits back at the server's default without a
+/// text that names it: the next client gets its own value, and the client the default.
+#[test]
+fn extra_float_digits_after_a_clients_reset_all_is_not_taken_for_known() {
+    let pg = Postgres::start();
+    let (pw, mut a) = one_server_and_a_client(&pg, "");
+    a.query("RESET ALL")
+        .unwrap_or_else(|e| panic!("{}", e.message()));
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+    assert_eq!(a.value("SHOW extra_float_digits"), "1");
+}
+
+/// set_config through a FunctionCall (OID 2078) is followed like a text naming the setting.
+#[test]
+fn extra_float_digits_set_by_a_function_call_is_followed() {
+    let pg = Postgres::start();
+    let (pw, mut a) = one_server_and_a_client(&pg, "");
+    let call = a.exchange(
+        &raw::function_call_message(2078, &["extra_float_digits", "0", "false"]),
+        1,
+    );
+    assert!(
+        raw::first_error(&call).is_none(),
+        "{}",
+        raw::describe(&call)
+    );
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+    assert_eq!(a.value("SHOW extra_float_digits"), "0");
+}
+
+/// A run of a named statement pgward does not map (max_prepared_statements = 0) may change
+/// the setting long after its Parse: the server's value is then unknown, and the next client
+/// gets its own.
+#[test]
+fn extra_float_digits_after_an_unmapped_statement_runs_is_not_taken_for_known() {
+    let pg = Postgres::start();
+    let (pw, mut a) = one_server_and_a_client(&pg, "max_prepared_statements = 0\n");
+    let set = "SELECT set_config('extra_float_digits', $1, false)";
+    let parsed = a.exchange(&raw::Batch::new().parse("S1", set, &[25]).sync().bytes, 1);
+    assert!(
+        raw::first_error(&parsed).is_none(),
+        "{}",
+        raw::describe(&parsed)
+    );
+    let run = raw::Batch::new()
+        .bind("", "S1", &[Some("2")])
+        .execute("", 0)
+        .sync();
+    let ran = a.exchange(&run.bytes, 1);
+    assert!(raw::first_error(&ran).is_none(), "{}", raw::describe(&ran));
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+}
+
 /// In session pooling the server's reset (DISCARD ALL) puts extra_float_digits back at its
 /// default, though PostgreSQL does not say so: the next client's value is set again.
 #[test]

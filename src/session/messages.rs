@@ -60,6 +60,8 @@ pub(super) fn server_message(
     }
     let server = &mut *link.server;
     let body = &server.rbuf[span.body()];
+    // (The value a client's RESET left is read when the server goes back.)
+    link.unreported_named |= tag == backend::tag::COMMAND_COMPLETE && body == b"RESET\0";
     let ready = learn(
         tag,
         body,
@@ -138,14 +140,22 @@ pub(super) fn learn(
             }
         }
         // A reset sent through the extended protocol is only seen in its answer.
+        // A client's RESET (RESET ALL, say) may have put back what PostgreSQL never reports.
+        backend::tag::COMMAND_COMPLETE if body == b"RESET\0" => {
+            server_params.forget_unreported();
+        }
         backend::tag::COMMAND_COMPLETE
             if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" =>
         {
             server_statements.clear();
             client.statements.clear();
             if body == b"DISCARD ALL\0" {
-                // Every setting is back at its default, those PostgreSQL does not report too.
-                server_params.reset_unreported();
+                // Every setting is back at its default, those PostgreSQL does not report too;
+                // but a value already unknown stays so (a text after the DISCARD, sent with
+                // it, may have set it again).
+                if !server_params.unreported_unknown() {
+                    server_params.reset_unreported();
+                }
                 client.params.reset_unreported();
             }
         }
@@ -431,6 +441,11 @@ impl MessageContext<'_> {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
         let Some((stmt, capacity)) = self.mapped(bind.statement) else {
+            if self.pooled && !bind.statement.is_empty() {
+                // A statement pgward does not map: its text is not known here, and it may
+                // change a setting PostgreSQL never reports (the next client's is set).
+                self.link.server.params.forget_unreported();
+            }
             self.link.expected.push(Owed::Bind);
             return Ok(self.foreign_statement(bind.statement).map(|name| {
                 let len = body.len() - bind.statement.len() + name.len();

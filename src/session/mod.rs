@@ -618,8 +618,10 @@ impl Session {
         while let Some(span) = frame_at(chunk, offset) {
             executes |= span.tag == frontend::tag::EXECUTE;
             let body = &chunk[span.body()];
-            if matches!(span.tag, frontend::tag::QUERY | frontend::tag::PARSE)
-                && params::names_unreported(body)
+            if matches!(
+                span.tag,
+                frontend::tag::QUERY | frontend::tag::PARSE | frontend::tag::FUNCTION_CALL
+            ) && params::names_unreported(body)
             {
                 ctx.link.note_unreported();
             }
