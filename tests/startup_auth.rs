@@ -365,6 +365,20 @@ fn extra_float_digits_is_set_again_after_a_reset() {
     assert_eq!(float_digits_seen(pw.port, "3"), "3");
 }
 
+/// A reset query that is not RESET ALL (here RESET ROLE, whose answer has the same tag) leaves
+/// extra_float_digits as the last client set it: the next client on its default gets it set
+/// back, as after a connect_query that names it.
+#[test]
+fn extra_float_digits_after_another_reset_query_is_not_taken_for_the_default() {
+    let pg = Postgres::start();
+    let settings = "auth_type = trust\npool_mode = session\ndefault_pool_size = 1\n\
+                    server_reset_query = RESET ROLE\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, ""));
+    assert_eq!(float_digits_seen(pw.port, "3"), "3");
+    let mut plain = Raw::login(pw.port, "trustuser", None, "app");
+    assert_eq!(plain.value("SHOW extra_float_digits"), "1");
+}
+
 /// Once the console's SET ignore_startup_parameters names extra_float_digits, a client's
 /// value is ignored, and a server another client left at its own value is set back.
 #[test]

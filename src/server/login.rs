@@ -47,7 +47,7 @@ pub async fn connect(
         };
         login(&mut conn, target, credential, tracked).await?;
         if let Some(sql) = &target.connect_query {
-            conn.simple_query(sql, tracked).await?;
+            conn.run_configured(sql, tracked).await?;
         }
         Ok(conn)
     };

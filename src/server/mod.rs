@@ -390,9 +390,14 @@ impl ServerConn {
                         self.params.reset_unreported();
                     }
                 }
-                // RESET ALL as the reset query.
+                // RESET ALL as the reset query puts them back at their defaults; another
+                // RESET (RESET ROLE has the same tag) leaves them as they were, which pgward
+                // cannot tell apart in a longer text: unknown then.
                 Backend::CommandComplete { tag } if &tag[..] == b"RESET" => {
-                    self.params.reset_unreported();
+                    match is_reset_all(sql) {
+                        true => self.params.reset_unreported(),
+                        false => self.params.forget_unreported(),
+                    }
                 }
                 Backend::CopyInResponse | Backend::CopyBothResponse => {
                     self.reusable = false;
@@ -403,6 +408,21 @@ impl ServerConn {
                 _ => {}
             }
         }
+    }
+
+    /// Runs an operator's SQL (`connect_query`, `server_reset_query`) as
+    /// [`simple_query`](Self::simple_query); a text that names a setting PostgreSQL never
+    /// reports leaves that setting's value unknown (the next client has its own set).
+    pub async fn run_configured(
+        &mut self,
+        sql: &str,
+        tracked: &Tracked,
+    ) -> Result<(), ServerError> {
+        let result = self.simple_query(sql, tracked).await;
+        if crate::params::names_unreported(sql.as_bytes()) {
+            self.params.forget_unreported();
+        }
+        result
     }
 
     /// Records a ParameterStatus the server sent; returns the canonical name if tracked.
@@ -426,9 +446,35 @@ impl ServerConn {
     }
 }
 
+/// Whether `sql` is `RESET ALL` alone (any case, spaces, a final `;`).
+fn is_reset_all(sql: &str) -> bool {
+    let words: Vec<&str> = sql
+        .trim()
+        .trim_end_matches(';')
+        .split_whitespace()
+        .collect();
+    matches!(words.as_slice(), [a, b] if a.eq_ignore_ascii_case("reset") && b.eq_ignore_ascii_case("all"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_reset_all_alone_is_taken_for_reset_all() {
+        for sql in ["RESET ALL", "reset all;", "  Reset   ALL ; "] {
+            assert!(is_reset_all(sql), "{sql}");
+        }
+        for sql in [
+            "RESET ROLE",
+            "RESET ALL; SET x = 1",
+            "RESET",
+            "DISCARD ALL",
+            "",
+        ] {
+            assert!(!is_reset_all(sql), "{sql}");
+        }
+    }
 
     fn hosts(round_robin: bool) -> Hosts {
         let addr = |host: &str| ServerAddr::Tcp {

@@ -976,7 +976,7 @@ impl Session {
             .then(|| self.pool.settings_now().reset_query.clone())
             .flatten();
         if let Some(q) = reset {
-            if link.server.simple_query(&q, &self.tracked).await.is_err() {
+            if link.server.run_configured(&q, &self.tracked).await.is_err() {
                 link.server.poison();
             }
         }
@@ -1075,7 +1075,7 @@ impl Session {
             link.server.poison();
         } else if self.mode == PoolMode::Session {
             if let Some(q) = self.pool.settings().reset_query.clone() {
-                if link.server.simple_query(&q, &self.tracked).await.is_err() {
+                if link.server.run_configured(&q, &self.tracked).await.is_err() {
                     link.server.poison();
                 }
             }
