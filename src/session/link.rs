@@ -35,10 +35,7 @@ impl Link {
     /// whatever happens to this client), until pgward reads it back.
     pub fn note_unreported(&mut self) {
         self.unreported_named = true;
-        self.server.params.set(
-            crate::params::EXTRA_FLOAT_DIGITS,
-            crate::params::UNKNOWN_VALUE,
-        );
+        self.server.params.forget_unreported();
     }
 
     /// Nothing owed, nothing buffered, no batch open.

@@ -139,11 +139,11 @@ pub(super) fn learn(
                 }
             }
         }
-        // A reset sent through the extended protocol is only seen in its answer.
         // A client's RESET (RESET ALL, say) may have put back what PostgreSQL never reports.
         backend::tag::COMMAND_COMPLETE if body == b"RESET\0" => {
             server_params.forget_unreported();
         }
+        // A reset sent through the extended protocol is only seen in its answer.
         backend::tag::COMMAND_COMPLETE
             if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" =>
         {

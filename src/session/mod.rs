@@ -1084,12 +1084,6 @@ impl Session {
     }
 }
 
-/// How many mapped statements each server may hold, if pgward maps them: in pooled modes,
-/// `max_prepared_statements` as it is set now (the console can change it). Under a policy
-/// they are always mapped, so no client can reach a statement another client prepared (and
-/// that was judged for that client alone).
-/// A transaction block under statement pooling ends the session, as in PgBouncer (08P01:
-/// the connection is gone, which is how drivers must read it).
 /// What the client is told when pgward's own statement on its server failed: the server's
 /// own error, or the connection's loss (the server is then not reused).
 fn internal_failure(server: &mut ServerGuard, e: ServerError) -> SessionError {
@@ -1103,6 +1097,8 @@ fn internal_failure(server: &mut ServerGuard, e: ServerError) -> SessionError {
     ))
 }
 
+/// A transaction block under statement pooling ends the session, as in PgBouncer (08P01:
+/// the connection is gone, which is how drivers must read it).
 fn statement_mode_refusal() -> SessionError {
     SessionError::Fatal(ErrorResponse::fatal(
         sqlstate::PROTOCOL_VIOLATION,
@@ -1110,6 +1106,10 @@ fn statement_mode_refusal() -> SessionError {
     ))
 }
 
+/// How many mapped statements each server may hold, if pgward maps them: in pooled modes,
+/// `max_prepared_statements` as it is set now (the console can change it). Under a policy
+/// they are always mapped, so no client can reach a statement another client prepared (and
+/// that was judged for that client alone).
 fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<usize> {
     let capacity = match configured as usize {
         0 if governed => DEFAULT_MAX_PREPARED,

@@ -416,7 +416,9 @@ impl Analyzer {
             true => self.analyze_read(text, key, mode, &shape, memo),
             false => self.analyze(text, context),
         };
-        if shape.key.capacity() <= MEMO_MAX_SHAPE {
+        if shape.key.capacity() <= MEMO_MAX_SHAPE
+            && shape.constants.capacity() <= MEMO_MAX_SHAPE / 8
+        {
             // (The buffers of a long text are not kept.)
             memo.scratch = shape;
         }
