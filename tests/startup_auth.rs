@@ -203,6 +203,32 @@ fn login_with_digits(port: u16, value: &str) -> Raw {
     client
 }
 
+/// Sends `bytes` (ending with a Sync or a FunctionCall) and reads to ReadyForQuery, which no
+/// error may come before.
+fn ran_cleanly(client: &mut Raw, bytes: &[u8]) {
+    let answer = client.exchange(bytes, 1);
+    assert!(
+        raw::first_error(&answer).is_none(),
+        "{}",
+        raw::describe(&answer)
+    );
+}
+
+/// Prepares `S1`, set_config of extra_float_digits to its parameter, then runs it with
+/// `value` in a batch of its own.
+fn set_digits_by_statement(client: &mut Raw, value: &str) {
+    let set = "SELECT set_config('extra_float_digits', $1, false)";
+    ran_cleanly(
+        client,
+        &raw::Batch::new().parse("S1", set, &[25]).sync().bytes,
+    );
+    let run = raw::Batch::new()
+        .bind("", "S1", &[Some(value)])
+        .execute("", 0)
+        .sync();
+    ran_cleanly(client, &run.bytes);
+}
+
 /// pgJDBC logs in with extra_float_digits = 2, then runs SET extra_float_digits = 3.
 /// PostgreSQL never reports the setting, yet what the client set follows it to the next
 /// server it is given (here the one server, after another client set its own value there);
@@ -230,8 +256,7 @@ fn extra_float_digits_set_by_the_client_follows_it() {
     // The same through the extended protocol.
     let mut batch = raw::extended_query("SET extra_float_digits = 2");
     batch.extend(raw::sync_message());
-    let set = jdbc.exchange(&batch, 1);
-    assert!(raw::first_error(&set).is_none(), "{}", raw::describe(&set));
+    ran_cleanly(&mut jdbc, &batch);
     assert_eq!(other.value(show), "0");
     assert_eq!(jdbc.value(show), "2");
 }
@@ -256,21 +281,8 @@ fn extra_float_digits_left_by_a_client_that_terminates_is_not_taken_for_known() 
 #[test]
 fn extra_float_digits_set_by_a_prepared_statement_follows_each_run() {
     let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut jdbc = login_with_digits(pw.port, "3");
-    let set = "SELECT set_config('extra_float_digits', $1, false)";
-    let parsed = jdbc.exchange(&raw::Batch::new().parse("S1", set, &[25]).sync().bytes, 1);
-    assert!(
-        raw::first_error(&parsed).is_none(),
-        "{}",
-        raw::describe(&parsed)
-    );
-    let run = raw::Batch::new()
-        .bind("", "S1", &[Some("0")])
-        .execute("", 0)
-        .sync();
-    let ran = jdbc.exchange(&run.bytes, 1);
-    assert!(raw::first_error(&ran).is_none(), "{}", raw::describe(&ran));
+    let (pw, mut jdbc) = one_server_and_a_client(&pg, "");
+    set_digits_by_statement(&mut jdbc, "0");
     assert_eq!(float_digits_seen(pw.port, "3"), "3");
     assert_eq!(jdbc.value("SHOW extra_float_digits"), "0");
 }
@@ -317,15 +329,8 @@ fn extra_float_digits_after_a_clients_reset_all_is_not_taken_for_known() {
 fn extra_float_digits_set_by_a_function_call_is_followed() {
     let pg = Postgres::start();
     let (pw, mut a) = one_server_and_a_client(&pg, "");
-    let call = a.exchange(
-        &raw::function_call_message(2078, &["extra_float_digits", "0", "false"]),
-        1,
-    );
-    assert!(
-        raw::first_error(&call).is_none(),
-        "{}",
-        raw::describe(&call)
-    );
+    let call = raw::function_call_message(2078, &["extra_float_digits", "0", "false"]);
+    ran_cleanly(&mut a, &call);
     assert_eq!(float_digits_seen(pw.port, "3"), "3");
     assert_eq!(a.value("SHOW extra_float_digits"), "0");
 }
@@ -337,19 +342,7 @@ fn extra_float_digits_set_by_a_function_call_is_followed() {
 fn extra_float_digits_after_an_unmapped_statement_runs_is_not_taken_for_known() {
     let pg = Postgres::start();
     let (pw, mut a) = one_server_and_a_client(&pg, "max_prepared_statements = 0\n");
-    let set = "SELECT set_config('extra_float_digits', $1, false)";
-    let parsed = a.exchange(&raw::Batch::new().parse("S1", set, &[25]).sync().bytes, 1);
-    assert!(
-        raw::first_error(&parsed).is_none(),
-        "{}",
-        raw::describe(&parsed)
-    );
-    let run = raw::Batch::new()
-        .bind("", "S1", &[Some("2")])
-        .execute("", 0)
-        .sync();
-    let ran = a.exchange(&run.bytes, 1);
-    assert!(raw::first_error(&ran).is_none(), "{}", raw::describe(&ran));
+    set_digits_by_statement(&mut a, "2");
     assert_eq!(float_digits_seen(pw.port, "3"), "3");
 }
 
