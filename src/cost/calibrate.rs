@@ -101,6 +101,11 @@ impl LogAverage {
     fn value(&self) -> f64 {
         self.ln.exp()
     }
+
+    /// Whether the medians count this factor (of a plan: the caller checks the key).
+    fn counted(&self) -> bool {
+        self.runs >= MEDIAN_MIN_RUNS && self.significant
+    }
 }
 
 /// Where a prediction came from.
@@ -316,10 +321,14 @@ impl Calibration {
         let few = self.factors.len() <= 2 * MEDIAN_EVERY as usize;
         match self.factors.get_mut(&key) {
             Some(f) => {
+                let counted = f.counted();
                 f.learn(x, seconds, tick);
+                // The medians read only counted plan factors: one that is not counted before
+                // or after this run moves none of them.
+                let moves = key_planned && (counted || f.counted());
                 if now {
                     self.recompute_medians();
-                } else if few {
+                } else if few && moves {
                     // Only this database's median and the overall one can have moved.
                     self.recompute_median_of(&key.database);
                 }
@@ -344,7 +353,7 @@ impl Calibration {
         let mut all: Vec<f64> = Vec::new();
         let mut own: Vec<f64> = Vec::new();
         for (key, f) in &self.factors {
-            if key.shape.is_none() || f.runs < MEDIAN_MIN_RUNS || !f.significant {
+            if key.shape.is_none() || !f.counted() {
                 continue;
             }
             all.push(f.ln);
@@ -389,7 +398,7 @@ impl Calibration {
         let mut per: HashMap<&str, Vec<f64>> = HashMap::default();
         let mut all = Vec::new();
         for (key, f) in &self.factors {
-            if key.shape.is_none() || f.runs < MEDIAN_MIN_RUNS || !f.significant {
+            if key.shape.is_none() || !f.counted() {
                 continue;
             }
             per.entry(&key.database).or_default().push(f.ln);

@@ -427,23 +427,45 @@ impl Gatekeeper {
     /// [`Gate::spend`]; a priced request lets its tenant's next unpaid one take a slot, so
     /// the slots that can be given now are handed out.
     pub fn spend(self: &Arc<Self>, pass: &mut Pass, cost: Cost) -> Result<Spent, Refusal> {
-        self.pay(pass, |gate, pass, now| gate.spend(pass, cost, now))
+        self.pay(
+            pass,
+            |gate, pass, now| gate.spend(pass, cost, now),
+            |_| false,
+        )
+        .0
+    }
+
+    /// [`spend`](Self::spend), and when `pass` may run now, a slot for it in the same turn of
+    /// the lock, as [`try_acquire`](Self::try_acquire) would take one right after.
+    pub fn spend_and_try_acquire(
+        self: &Arc<Self>,
+        pass: &mut Pass,
+        cost: Cost,
+    ) -> Result<(Spent, Option<SlotGuard>), Refusal> {
+        let runs = |spent: &Result<Spent, Refusal>| matches!(spent, Ok(Spent::Run { .. }));
+        let (spent, slot) = self.pay(pass, |gate, pass, now| gate.spend(pass, cost, now), runs);
+        Ok((spent?, slot))
     }
 
     /// [`Gate::force_spend`], then as [`spend`](Self::spend).
     pub fn force_spend(self: &Arc<Self>, pass: &mut Pass, seconds: f64) -> f64 {
-        self.pay(pass, |gate, pass, now| gate.force_spend(pass, seconds, now))
+        let force = |gate: &mut Gate<SlotWaiter>, pass: &mut Pass, now| {
+            gate.force_spend(pass, seconds, now)
+        };
+        self.pay(pass, force, |_| false).0
     }
 
     /// Charges `pass` with `charge` under the lock, then hands out the slots of its upstream
-    /// that can be given now, if anyone waits.
+    /// that can be given now, if anyone waits; then, if `then_slot` says so of the charge, a
+    /// slot for `pass` if one is free and nobody waiting comes first.
     fn pay<T>(
         self: &Arc<Self>,
         pass: &mut Pass,
         charge: impl FnOnce(&mut Gate<SlotWaiter>, &mut Pass, Instant) -> T,
-    ) -> T {
+        then_slot: impl FnOnce(&T) -> bool,
+    ) -> (T, Option<SlotGuard>) {
         let now = Instant::now();
-        let (paid, granted, elsewhere) = {
+        let (paid, granted, elsewhere, slot) = {
             let mut gate = self.lock();
             let paid = charge(&mut gate, pass, now);
             let granted = match gate.has_waiters() {
@@ -453,14 +475,20 @@ impl Gatekeeper {
             // (Nobody waits, the common case: nobody waits elsewhere either.)
             let elsewhere =
                 gate.has_waiters() && gate.waits_elsewhere(&pass.tenant, &pass.upstream);
-            (paid, granted, elsewhere)
+            let slot = match then_slot(&paid) {
+                true => gate.try_acquire(pass, now),
+                false => None,
+            };
+            (paid, granted, elsewhere, slot)
         };
+        // (Made out of the lock: a guard dropped gives its slot back under it.)
+        let slot = slot.map(|slot| SlotGuard::new(self, slot));
         if elsewhere {
             // A request priced: its tenant's tickets on other upstreams may go now.
             self.wake.notify_one();
         }
         self.deliver(granted);
-        paid
+        (paid, slot)
     }
 
     /// Gives a slot back and hands out what can be handed out now.

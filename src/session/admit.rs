@@ -250,6 +250,9 @@ impl Arrived {
     }
 }
 
+/// Room for requests a session keeps between runs.
+const KEPT_PARTS: usize = 4;
+
 /// Requests kept apart in one run; past this, a tenant's requests are counted together (a
 /// client that pipelines without pause never lets its run end).
 const MAX_PARTS: usize = 64;
@@ -326,9 +329,27 @@ impl GateState {
     /// is settled with the tenants of its requests, and a request that ran alone and ended
     /// normally teaches its time.
     pub fn end_run(&mut self, keeper: &crate::gate::keeper::Gatekeeper, stats: Option<StatsSink>) {
-        let run = std::mem::take(&mut self.run);
+        let mut run = std::mem::take(&mut self.run);
+        self.settle_run(&run, keeper, stats);
+        // The next run keeps the lists' room (emptied: what they held is dropped here), a
+        // little of it after a long pipeline.
+        run.parts.clear();
+        run.parts.shrink_to(KEPT_PARTS);
+        run.held.clear();
+        run.held.shrink_to(KEPT_PARTS);
+        self.run.parts = run.parts;
+        self.run.held = run.held;
+    }
+
+    /// [`end_run`](Self::end_run) of `run`, taken out of the session.
+    fn settle_run(
+        &mut self,
+        run: &Run,
+        keeper: &crate::gate::keeper::Gatekeeper,
+        stats: Option<StatsSink>,
+    ) {
         if let Some(sink) = &stats {
-            sink.record(&run);
+            sink.record(run);
         }
         for (tenant, id) in &run.held {
             keeper.end_unknown(tenant, *id);
@@ -336,7 +357,7 @@ impl GateState {
         let took = run.started.map(|s| s.elapsed());
         let shares = shares(&run.parts, took.unwrap_or_default());
         if let Some(sink) = &stats {
-            sink.log_traffic(&run, &shares, took.is_some());
+            sink.log_traffic(run, &shares, took.is_some());
         }
         let Some(took) = took else {
             return;
@@ -945,9 +966,22 @@ impl Session {
                 return Ok(Step::Verdict(Some(hit)));
             }
             ruled = true;
-            if let Err(r) = keeper.spend(&mut pass, predicted) {
-                let priced = (arrival.as_ref(), Some(predicted.seconds));
-                return Ok(self.refuse(&r, &tenant, fingerprint, priced));
+            // A slot free now is taken in the same turn of the gate's lock (as the wait below
+            // would at once), unless the server has to be taken first.
+            let spent = match self.takes_slot_first() {
+                true => keeper.spend_and_try_acquire(&mut pass, predicted),
+                false => keeper.spend(&mut pass, predicted).map(|s| (s, None)),
+            };
+            match spent {
+                Err(r) => {
+                    let priced = (arrival.as_ref(), Some(predicted.seconds));
+                    return Ok(self.refuse(&r, &tenant, fingerprint, priced));
+                }
+                Ok((_, Some(guard))) => {
+                    self.hooks.gate_slot_at_once();
+                    self.gate.slot = Some(guard);
+                }
+                Ok((_, None)) => {}
             }
             priced = Some(estimate);
         }
@@ -1132,6 +1166,14 @@ impl Session {
             self.gate.run.add(part, Instant::now());
             return Ok(Step::Verdict(None));
         }
+    }
+
+    /// Whether this request's wait for a slot comes before anything else: it holds none, is
+    /// outside a transaction, and is not in session pooling without its server yet (taken
+    /// before the slot there).
+    fn takes_slot_first(&self) -> bool {
+        let server_first = self.link.is_none() && self.mode == crate::config::PoolMode::Session;
+        self.gate.slot.is_none() && !self.in_transaction() && !server_first
     }
 
     /// The cost rules on each statement of a text of several, before it runs: each that
