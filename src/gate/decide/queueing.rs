@@ -34,18 +34,21 @@ pub(super) fn rank(
     now: Instant,
 ) -> Option<Rank> {
     let state = tenants.get(&*pass.tenant)?;
+    may_take(state, room, pass, now).then(|| Rank {
+        demoted: room.demoted.contains(&*pass.tenant),
+        score: state.recent.value(now) / state.config.share(),
+    })
+}
+
+/// Whether `pass`, of the tenant in `state`, may take a slot now (whatever its rank).
+fn may_take(state: &TenantState, room: &Room, pass: &Pass, now: Instant) -> bool {
     let budget_ok = pass.payment != Payment::AwaitingPayBack || !state.owes(now);
     let in_time = pass.deadline.is_none_or(|d| d > now);
-    let demoted = &room.demoted;
-    let may = budget_ok
+    budget_ok
         && in_time
         && state.has_room()
         && state.may_pay(pass)
-        && room.database_ok(&pass.database);
-    may.then(|| Rank {
-        demoted: demoted.contains(&*pass.tenant),
-        score: state.recent.value(now) / state.config.share(),
-    })
+        && room.database_ok(&pass.database)
 }
 
 /// One lane of one upstream, as SHOW LANES lists it.
@@ -190,6 +193,18 @@ impl<W> Gate<W> {
         if self.settings.adaptive.is_some() && self.shed_now(pass, now) {
             // It queues, and the clock turns it away at once.
             return None;
+        }
+        let up = self.upstreams.get(&*pass.upstream)?;
+        if !up.anyone_waits() {
+            // Nobody waits here (the common case): nobody goes first and nobody is a
+            // runaway, so only whether it may take a slot at all is left.
+            let room = Room {
+                demoted: BTreeSet::new(),
+                by_database: Some(&up.by_database),
+                per_database: self.settings.per_database,
+            };
+            let state = self.tenants.get(&*pass.tenant)?;
+            return may_take(state, &room, pass, now).then(|| self.take_slot(pass, now));
         }
         let room = self.room(&pass.upstream);
         rank(&self.tenants, &room, pass, now)?;
