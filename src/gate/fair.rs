@@ -35,16 +35,21 @@ struct Waiting<W> {
     waiter: W,
 }
 
-/// Each tenant's line of one class, in arrival order.
-type Lines<W> = BTreeMap<Arc<str>, BTreeMap<u64, Waiting<W>>>;
+/// Each tenant's line of one class, in arrival order: where each ticket is kept.
+type Lines = BTreeMap<Arc<str>, BTreeMap<u64, usize>>;
 
-/// Where a ticket waits: its class, its tenant's line, its place in that line.
+/// Where a ticket waits: its class, its tenant's line, its place in that line, and where
+/// it is kept.
 #[derive(Debug, Clone)]
 struct Place {
     class: usize,
     tenant: Arc<str>,
     seq: u64,
+    kept: usize,
 }
+
+/// Room for tickets kept once the queue is empty again.
+const KEPT_ROOM: usize = 64;
 
 /// Which ticket of a tenant's line goes first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -59,8 +64,11 @@ pub enum Order {
 #[derive(Debug)]
 pub struct FairQueue<W> {
     /// Per priority class (critical, normal, best effort): per tenant, in arrival order.
-    classes: [Lines<W>; 3],
+    classes: [Lines; 3],
     places: foldhash::HashMap<TicketId, Place>,
+    /// The tickets, kept in place while the lines order them (a line's nodes then move
+    /// small keys, never a ticket).
+    tickets: slab::Slab<Waiting<W>>,
     next_seq: u64,
 }
 
@@ -69,6 +77,7 @@ impl<W> Default for FairQueue<W> {
         FairQueue {
             classes: Default::default(),
             places: foldhash::HashMap::default(),
+            tickets: slab::Slab::new(),
             next_seq: 0,
         }
     }
@@ -86,16 +95,18 @@ impl<W> FairQueue<W> {
     /// Adds a ticket at the end of its tenant's line.
     pub fn push(&mut self, pass: Pass, waiter: W) {
         self.next_seq += 1;
+        let id = pass.id;
         let place = Place {
             class: class(pass.priority),
             tenant: Arc::clone(&pass.tenant),
             seq: self.next_seq,
+            kept: self.tickets.insert(Waiting { pass, waiter }),
         };
-        self.places.insert(pass.id, place.clone());
         self.classes[place.class]
-            .entry(place.tenant)
+            .entry(Arc::clone(&place.tenant))
             .or_default()
-            .insert(place.seq, Waiting { pass, waiter });
+            .insert(place.seq, place.kept);
+        self.places.insert(id, place);
     }
 
     /// Whether a ticket of class `priority` waits.
@@ -131,7 +142,10 @@ impl<W> FairQueue<W> {
                     Order::OldestFirst => line.iter().next(),
                     Order::NewestFirst => line.iter().next_back(),
                 })
-                .filter_map(|(seq, w)| rank(&w.pass).map(|r| (r, *seq, w.pass.id)))
+                .filter_map(|(seq, kept)| {
+                    let pass = &self.tickets.get(*kept)?.pass;
+                    rank(pass).map(|r| (r, *seq, pass.id))
+                })
                 .min_by(|a, b| {
                     let by_arrival = match order {
                         Order::OldestFirst => a.1.cmp(&b.1),
@@ -148,9 +162,14 @@ impl<W> FairQueue<W> {
         let place = self.places.remove(&id)?;
         let lines = &mut self.classes[place.class];
         let line = lines.get_mut(&place.tenant)?;
-        let w = line.remove(&place.seq)?;
+        line.remove(&place.seq)?;
         if line.is_empty() {
             lines.remove(&place.tenant);
+        }
+        let w = self.tickets.try_remove(place.kept)?;
+        if self.tickets.is_empty() && self.tickets.capacity() > KEPT_ROOM {
+            // The crowd is gone: so is the room it took.
+            self.tickets = slab::Slab::new();
         }
         Some((w.pass, w.waiter))
     }
@@ -163,10 +182,7 @@ impl<W> FairQueue<W> {
     /// The waiting ticket `id`.
     pub fn get(&self, id: TicketId) -> Option<&Pass> {
         let place = self.places.get(&id)?;
-        let w = self.classes[place.class]
-            .get(&place.tenant)?
-            .get(&place.seq)?;
-        Some(&w.pass)
+        Some(&self.tickets.get(place.kept)?.pass)
     }
 
     /// Removes and returns every ticket for which `drop` is true (a walk over the queue:
@@ -186,6 +202,7 @@ impl<W> FairQueue<W> {
             .iter()
             .flat_map(|lines| lines.values())
             .flat_map(|line| line.values())
+            .filter_map(|kept| self.tickets.get(*kept))
             .map(|w| (&w.pass, &w.waiter))
     }
 
@@ -195,6 +212,7 @@ impl<W> FairQueue<W> {
             .iter()
             .flat_map(|lines| lines.values())
             .filter_map(|line| line.values().next())
+            .filter_map(|kept| self.tickets.get(*kept))
             .map(|w| &w.pass)
     }
 }

@@ -958,6 +958,9 @@ impl Session {
         let mut ruled = false;
         // That price, kept for the charge after the wait (the plan stays the same).
         let mut priced = None;
+        // The gate was asked for a slot just now and had none free: the wait need not ask
+        // again before it queues.
+        let mut full = false;
         if let (Some(known), false, false) = (&plan, deferred, bypass) {
             let estimate = self.estimate(Some(known), fingerprint);
             let predicted = estimate.cost;
@@ -981,7 +984,7 @@ impl Session {
                     self.hooks.gate_slot_at_once();
                     self.gate.slot = Some(guard);
                 }
-                Ok((_, None)) => {}
+                Ok((spent, None)) => full = matches!(spent, Spent::Run { .. }),
             }
             priced = Some(estimate);
         }
@@ -1002,7 +1005,9 @@ impl Session {
                 for_server += asked.elapsed();
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
-                let answer = self.wait_for_slot(io, pass).await;
+                let answer = self
+                    .wait_for_slot(io, pass, std::mem::take(&mut full))
+                    .await;
                 if let (Err(_), Some(arrival)) = (&answer, &arrival) {
                     // The client left while its request waited: the traffic log says so.
                     self.log_unrun(arrival, &tenant, crate::ops::traffic::CLIENT_LEFT, None);
@@ -1376,7 +1381,7 @@ impl Session {
                 .lock()
                 .server_pass(&request, Instant::now())
         };
-        match self.wait_for_slot(io, pass).await? {
+        match self.wait_for_slot(io, pass, false).await? {
             SlotAnswer::Granted(_, guard) => {
                 self.gate.slot = Some(guard);
                 self.gate.tenant = Arc::from(tenant);
@@ -1702,15 +1707,17 @@ impl Session {
     }
 
     /// Waits in the gate's queue, reading what the client sends meanwhile (a client that
-    /// leaves ends the wait and takes its ticket out).
+    /// leaves ends the wait and takes its ticket out). `full`: the gate had no slot for
+    /// `pass` a moment ago (the queueing still looks once more, under its lock).
     async fn wait_for_slot(
         &mut self,
         io: &mut ClientIo,
         pass: Pass,
+        full: bool,
     ) -> Result<SlotAnswer, SessionError> {
         let keeper = self.rt.gatekeeper.clone();
         // A free slot is taken at once: no wait, nothing to read meanwhile.
-        if let Some(guard) = keeper.try_acquire(&pass) {
+        if let Some(guard) = (!full).then(|| keeper.try_acquire(&pass)).flatten() {
             self.hooks.gate_slot_at_once();
             return Ok(SlotAnswer::Granted(pass, guard));
         }
