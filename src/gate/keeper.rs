@@ -14,8 +14,27 @@ use crate::gate::decisions::DecisionLog;
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{
-    Cost, Expired, Gate, GateSettings, Granted, Grants, KillTarget, Pass, Refusal, Slot,
+    Cost, Decision, Expired, Gate, GateSettings, Granted, Grants, KillTarget, Pass, Refusal,
+    Request, Slot, TenantTimeouts,
 };
+
+/// What [`Gatekeeper::admit`] decided.
+pub struct Admitted {
+    /// The tenant's timeouts.
+    pub limits: TenantTimeouts,
+    pub decision: Decision,
+    /// For a request priced before admission and admitted: its charge, and the slot taken
+    /// with it, if one was asked for and free.
+    pub paid: Option<Result<(Spent, Option<SlotGuard>), Refusal>>,
+}
+
+/// What the locked part of a payment leaves to do once the lock is let go.
+struct Paid<T> {
+    paid: T,
+    granted: Grants<SlotWaiter>,
+    elsewhere: bool,
+    slot: Option<Slot>,
+}
 
 /// How a waiting ticket hears the end of its wait.
 pub type SlotWaiter = oneshot::Sender<SlotAnswer>;
@@ -465,30 +484,88 @@ impl Gatekeeper {
         then_slot: impl FnOnce(&T) -> bool,
     ) -> (T, Option<SlotGuard>) {
         let now = Instant::now();
-        let (paid, granted, elsewhere, slot) = {
-            let mut gate = self.lock();
-            let paid = charge(&mut gate, pass, now);
-            let granted = match gate.has_waiters() {
-                true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
-                false => Grants::new(),
-            };
-            // (Nobody waits, the common case: nobody waits elsewhere either.)
-            let elsewhere =
-                gate.has_waiters() && gate.waits_elsewhere(&pass.tenant, &pass.upstream);
-            let slot = match then_slot(&paid) {
-                true => gate.try_acquire(pass, now),
-                false => None,
-            };
-            (paid, granted, elsewhere, slot)
+        let paid = Self::pay_locked(&mut self.lock(), pass, now, charge, then_slot);
+        self.after_pay(paid)
+    }
+
+    /// The part of [`pay`](Self::pay) done under the lock.
+    fn pay_locked<T>(
+        gate: &mut Gate<SlotWaiter>,
+        pass: &mut Pass,
+        now: Instant,
+        charge: impl FnOnce(&mut Gate<SlotWaiter>, &mut Pass, Instant) -> T,
+        then_slot: impl FnOnce(&T) -> bool,
+    ) -> Paid<T> {
+        let paid = charge(gate, pass, now);
+        let granted = match gate.has_waiters() {
+            true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
+            false => Grants::new(),
         };
+        // (Nobody waits, the common case: nobody waits elsewhere either.)
+        let elsewhere = gate.has_waiters() && gate.waits_elsewhere(&pass.tenant, &pass.upstream);
+        let slot = match then_slot(&paid) {
+            true => gate.try_acquire(pass, now),
+            false => None,
+        };
+        Paid {
+            paid,
+            granted,
+            elsewhere,
+            slot,
+        }
+    }
+
+    /// The part of [`pay`](Self::pay) done once the lock is let go.
+    fn after_pay<T>(self: &Arc<Self>, paid: Paid<T>) -> (T, Option<SlotGuard>) {
         // (Made out of the lock: a guard dropped gives its slot back under it.)
-        let slot = slot.map(|slot| SlotGuard::new(self, slot));
-        if elsewhere {
+        let slot = paid.slot.map(|slot| SlotGuard::new(self, slot));
+        if paid.elsewhere {
             // A request priced: its tenant's tickets on other upstreams may go now.
             self.wake.notify_one();
         }
-        self.deliver(granted);
-        (paid, slot)
+        self.deliver(paid.granted);
+        (paid.paid, slot)
+    }
+
+    /// [`Gate::admit`] of `request`, with its tenant's timeouts. With `priced` (its cost,
+    /// known before admission, and whether it takes a slot first), an admitted request is
+    /// charged as by [`spend`](Self::spend), or [`spend_and_try_acquire`] when it takes a
+    /// slot: admission, charge and slot in one turn of the lock.
+    ///
+    /// [`spend_and_try_acquire`]: Self::spend_and_try_acquire
+    pub fn admit(
+        self: &Arc<Self>,
+        request: &Request,
+        now: Instant,
+        priced: Option<(Cost, bool)>,
+    ) -> Admitted {
+        let (limits, decision, paid) = {
+            let mut gate = self.lock();
+            let limits = gate.timeouts(request.tenant);
+            let mut decision = gate.admit(request, now);
+            let paid = match (&mut decision, priced) {
+                (Decision::Admit(pass), Some((cost, takes_slot))) => {
+                    let spend = |gate: &mut Gate<SlotWaiter>, pass: &mut Pass, now| {
+                        gate.spend(pass, cost, now)
+                    };
+                    let runs = |spent: &Result<Spent, Refusal>| {
+                        takes_slot && matches!(spent, Ok(Spent::Run { .. }))
+                    };
+                    Some(Self::pay_locked(&mut gate, pass, now, spend, runs))
+                }
+                _ => None,
+            };
+            (limits, decision, paid)
+        };
+        let paid = paid.map(|paid| {
+            let (spent, slot) = self.after_pay(paid);
+            spent.map(|spent| (spent, slot))
+        });
+        Admitted {
+            limits,
+            decision,
+            paid,
+        }
     }
 
     /// Gives a slot back and hands out what can be handed out now.
@@ -594,5 +671,82 @@ impl Drop for SlotGuard {
         if let Some(slot) = self.slot.take() {
             self.keeper.release(slot);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gate::RequestKind;
+    use crate::sql::{Fingerprint, Priority};
+
+    fn request(client_id: u64, now: Instant) -> Request<'static> {
+        Request {
+            client_id,
+            tenant: "acme",
+            priority: Priority::Normal,
+            kind: RequestKind::Statement,
+            fingerprint: Some(Fingerprint(0xabc)),
+            upstream: "db1",
+            pool: "db1/app",
+            // One server, so one slot.
+            pool_size: 1,
+            database_cap: 0,
+            database: "db1",
+            sent_at: now,
+            statement_timeout: None,
+            deadline: None,
+        }
+    }
+
+    const PRICE: Cost = Cost {
+        seconds: 0.001,
+        known: true,
+        learned: true,
+    };
+
+    fn locks(keeper: &Gatekeeper) -> u64 {
+        keeper.lock_counts().0
+    }
+
+    #[test]
+    fn a_request_priced_before_admission_is_admitted_charged_and_seated_in_one_turn() {
+        let keeper = Gatekeeper::new();
+        let now = Instant::now();
+        let before = locks(&keeper);
+        let first = keeper.admit(&request(1, now), now, Some((PRICE, true)));
+        assert_eq!(locks(&keeper), before + 1);
+        assert!(matches!(first.decision, Decision::Admit(ref p) if p.paid().is_some()));
+        let Some(Ok((Spent::Run { .. }, Some(slot)))) = first.paid else {
+            panic!(
+                "no slot with the charge: {:?}",
+                first.paid.map(|p| p.map(|s| s.0))
+            );
+        };
+        // The only slot is held: the next one is charged and finds none.
+        let second = keeper.admit(&request(2, now), now, Some((PRICE, true)));
+        assert!(matches!(second.paid, Some(Ok((Spent::Run { .. }, None)))));
+        // Charged, but asked for no slot (its server comes first).
+        drop(slot);
+        let third = keeper.admit(&request(3, now), now, Some((PRICE, false)));
+        assert!(matches!(third.paid, Some(Ok((Spent::Run { .. }, None)))));
+        assert!(matches!(third.decision, Decision::Admit(ref p) if p.paid().is_some()));
+    }
+
+    #[test]
+    fn a_request_without_a_price_or_refused_at_admission_is_not_charged() {
+        let keeper = Gatekeeper::new();
+        let now = Instant::now();
+        let unpriced = keeper.admit(&request(1, now), now, None);
+        assert!(unpriced.paid.is_none());
+        assert!(matches!(unpriced.decision, Decision::Admit(ref p) if p.paid().is_none()));
+        keeper.kill(
+            KillTarget::Tenant("acme".to_string()),
+            Duration::from_secs(60),
+            false,
+        );
+        let killed = keeper.admit(&request(2, now), now, Some((PRICE, true)));
+        assert!(matches!(killed.decision, Decision::Refuse(_)));
+        assert!(killed.paid.is_none());
     }
 }

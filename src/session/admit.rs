@@ -306,6 +306,10 @@ impl Run {
 /// Each part's share of `took`, the run's time, in proportion to its prediction (evenly when
 /// nothing was predicted).
 fn shares(parts: &[Part], took: Duration) -> smallvec::SmallVec<[Duration; 2]> {
+    if parts.len() == 1 {
+        // All of it (what the sums below give, without a trip through floating point).
+        return smallvec::smallvec![took];
+    }
     let weight = |p: &Part| match p.predicted.is_finite() {
         true => p.predicted.max(0.0),
         false => 0.0,
@@ -348,13 +352,15 @@ impl GateState {
         keeper: &crate::gate::keeper::Gatekeeper,
         stats: Option<StatsSink>,
     ) {
+        // One reading of the clock for the run's end.
+        let now = Instant::now();
         if let Some(sink) = &stats {
-            sink.record(run);
+            sink.record(run, now);
         }
         for (tenant, id) in &run.held {
             keeper.end_unknown(tenant, *id);
         }
-        let took = run.started.map(|s| s.elapsed());
+        let took = run.started.map(|s| now.saturating_duration_since(s));
         let shares = shares(&run.parts, took.unwrap_or_default());
         if let Some(sink) = &stats {
             sink.log_traffic(run, &shares, took.is_some());
@@ -441,8 +447,7 @@ impl StatsSink<'_> {
     /// Counts each request of `run` that was read: its latency runs from its arrival to the
     /// run's last answer. A run of one request has its rows and error; in a pipeline they
     /// cannot be told apart, and are left out.
-    fn record(&self, run: &Run) {
-        let now = Instant::now();
+    fn record(&self, run: &Run, now: Instant) {
         let alone = run.parts.len() == 1;
         let mut table = crate::sync::lock(self.table);
         for part in &run.parts {
@@ -936,13 +941,24 @@ impl Session {
             .traffic
             .is_on()
             .then(|| Arrival::of(&request, now, std::time::SystemTime::now()));
-        let (limits, decision) = {
-            let mut gate = keeper.lock();
-            (gate.timeouts(&tenant), gate.admit(&request, now))
+        // A price known before admission (a cached plan) is estimated and judged by the cost
+        // rules first: when they let it pass, admission, charge and slot are one turn of the
+        // gate's lock.
+        let mut early = cached.as_ref().filter(|_| !deferred).map(|known| {
+            let estimate = self.estimate(Some(known), fingerprint);
+            let seconds = estimate.cost.learned.then_some(estimate.cost.seconds);
+            let violation = self.cost_violation(governance, &tenant, known, seconds);
+            (estimate, violation)
+        });
+        let charge = match &early {
+            Some((estimate, None)) => Some((estimate.cost, self.takes_slot_first())),
+            _ => None,
         };
-        self.gate.limits = limits;
+        let admitted = keeper.admit(&request, now, charge);
+        self.gate.limits = admitted.limits;
         self.gate.tenant = Arc::clone(&tenant);
-        let (mut pass, bypass) = match decision {
+        let mut paid = admitted.paid;
+        let (mut pass, bypass) = match admitted.decision {
             Decision::Refuse(r) => {
                 return Ok(self.refuse(&r, &tenant, fingerprint, (arrival.as_ref(), None)))
             }
@@ -961,19 +977,20 @@ impl Session {
         // The gate was asked for a slot just now and had none free: the wait need not ask
         // again before it queues.
         let mut full = false;
-        if let (Some(known), false, false) = (&plan, deferred, bypass) {
-            let estimate = self.estimate(Some(known), fingerprint);
+        if let (Some((estimate, violation)), false) = (early.take(), bypass) {
             let predicted = estimate.cost;
-            if let Some(hit) = self.cost_rules(governance, &tenant, Some(known), predicted) {
+            if let Some(hit) = violation.and_then(|v| self.cost_verdict(governance, &tenant, v)) {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
                 return Ok(Step::Verdict(Some(hit)));
             }
             ruled = true;
             // A slot free now is taken in the same turn of the gate's lock (as the wait below
-            // would at once), unless the server has to be taken first.
-            let spent = match self.takes_slot_first() {
-                true => keeper.spend_and_try_acquire(&mut pass, predicted),
-                false => keeper.spend(&mut pass, predicted).map(|s| (s, None)),
+            // would at once), unless the server has to be taken first; with the admission
+            // itself when the cost rules had nothing to say.
+            let spent = match (paid.take(), self.takes_slot_first()) {
+                (Some(paid), _) => paid,
+                (None, true) => keeper.spend_and_try_acquire(&mut pass, predicted),
+                (None, false) => keeper.spend(&mut pass, predicted).map(|s| (s, None)),
             };
             match spent {
                 Err(r) => {
@@ -1941,15 +1958,37 @@ impl Session {
         plan: Option<&PlanSummary>,
         predicted: Cost,
     ) -> Option<RuleHit> {
-        let plan = plan?;
         // max_time judges a prediction learned from the statement's own runs, never a guess.
         let seconds = predicted.learned.then_some(predicted.seconds);
-        let violation = governance
+        let violation = self.cost_violation(governance, tenant, plan?, seconds)?;
+        self.cost_verdict(governance, tenant, violation)
+    }
+
+    /// The first of the tenant's cost limits `plan` is over (`seconds`: its predicted time,
+    /// if learned from the statement's own runs), as [`cost_rules`](Self::cost_rules) judges.
+    fn cost_violation(
+        &self,
+        governance: &Governance,
+        tenant: &str,
+        plan: &PlanSummary,
+        seconds: Option<f64>,
+    ) -> Option<crate::cost::CostViolation> {
+        governance
             .policy
             .cost_limits(tenant)
             .check(plan, seconds, |r| {
                 self.rt.gatekeeper.size_of(&self.pool.key.db, r)
-            })?;
+            })
+    }
+
+    /// What the tenant's cost rules do about `violation`: refuse it, or, in warn mode, log
+    /// and count it and let it run.
+    fn cost_verdict(
+        &self,
+        governance: &Governance,
+        tenant: &str,
+        violation: crate::cost::CostViolation,
+    ) -> Option<RuleHit> {
         let tables: Vec<String> = violation.tables.iter().map(|t| t.to_string()).collect();
         if governance.policy.cost_warns(tenant) {
             // Warn mode: logged and counted, and the statement runs.
