@@ -25,7 +25,25 @@ pub struct Admitted {
     pub decision: Decision,
     /// For a request priced before admission and admitted: its charge, and the slot taken
     /// with it, if one was asked for and free.
-    pub paid: Option<Result<(Spent, Option<SlotGuard>), Refusal>>,
+    pub paid: Option<Result<(Spent, SlotLook), Refusal>>,
+}
+
+/// What a charge that may take a slot found.
+#[derive(Debug)]
+pub enum SlotLook {
+    /// No slot was looked for (none asked, or the request may not run yet).
+    NotAsked,
+    /// None was free, or someone waiting goes first.
+    Full,
+    /// Taken.
+    Taken(SlotGuard),
+}
+
+/// [`SlotLook`] under the lock.
+enum Looked {
+    NotAsked,
+    Full,
+    Free(Slot),
 }
 
 /// What the locked part of a payment leaves to do once the lock is let go.
@@ -33,7 +51,7 @@ struct Paid<T> {
     paid: T,
     granted: Grants<SlotWaiter>,
     elsewhere: bool,
-    slot: Option<Slot>,
+    slot: Looked,
 }
 
 /// How a waiting ticket hears the end of its wait.
@@ -460,7 +478,7 @@ impl Gatekeeper {
         self: &Arc<Self>,
         pass: &mut Pass,
         cost: Cost,
-    ) -> Result<(Spent, Option<SlotGuard>), Refusal> {
+    ) -> Result<(Spent, SlotLook), Refusal> {
         let runs = |spent: &Result<Spent, Refusal>| matches!(spent, Ok(Spent::Run { .. }));
         let (spent, slot) = self.pay(pass, |gate, pass, now| gate.spend(pass, cost, now), runs);
         Ok((spent?, slot))
@@ -482,7 +500,7 @@ impl Gatekeeper {
         pass: &mut Pass,
         charge: impl FnOnce(&mut Gate<SlotWaiter>, &mut Pass, Instant) -> T,
         then_slot: impl FnOnce(&T) -> bool,
-    ) -> (T, Option<SlotGuard>) {
+    ) -> (T, SlotLook) {
         let now = Instant::now();
         let paid = Self::pay_locked(&mut self.lock(), pass, now, charge, then_slot);
         self.after_pay(paid)
@@ -504,8 +522,10 @@ impl Gatekeeper {
         // (Nobody waits, the common case: nobody waits elsewhere either.)
         let elsewhere = gate.has_waiters() && gate.waits_elsewhere(&pass.tenant, &pass.upstream);
         let slot = match then_slot(&paid) {
-            true => gate.try_acquire(pass, now),
-            false => None,
+            true => gate
+                .try_acquire(pass, now)
+                .map_or(Looked::Full, Looked::Free),
+            false => Looked::NotAsked,
         };
         Paid {
             paid,
@@ -516,9 +536,13 @@ impl Gatekeeper {
     }
 
     /// The part of [`pay`](Self::pay) done once the lock is let go.
-    fn after_pay<T>(self: &Arc<Self>, paid: Paid<T>) -> (T, Option<SlotGuard>) {
+    fn after_pay<T>(self: &Arc<Self>, paid: Paid<T>) -> (T, SlotLook) {
         // (Made out of the lock: a guard dropped gives its slot back under it.)
-        let slot = paid.slot.map(|slot| SlotGuard::new(self, slot));
+        let slot = match paid.slot {
+            Looked::NotAsked => SlotLook::NotAsked,
+            Looked::Full => SlotLook::Full,
+            Looked::Free(slot) => SlotLook::Taken(SlotGuard::new(self, slot)),
+        };
         if paid.elsewhere {
             // A request priced: its tenant's tickets on other upstreams may go now.
             self.wake.notify_one();
@@ -717,20 +741,26 @@ mod tests {
         let first = keeper.admit(&request(1, now), now, Some((PRICE, true)));
         assert_eq!(locks(&keeper), before + 1);
         assert!(matches!(first.decision, Decision::Admit(ref p) if p.paid().is_some()));
-        let Some(Ok((Spent::Run { .. }, Some(slot)))) = first.paid else {
-            panic!(
-                "no slot with the charge: {:?}",
-                first.paid.map(|p| p.map(|s| s.0))
-            );
+        let Some(Ok((Spent::Run { .. }, SlotLook::Taken(slot)))) = first.paid else {
+            panic!("no slot with the charge: {:?}", first.paid);
         };
-        // The only slot is held: the next one is charged and finds none.
+        // The only slot is held: the next one is charged and finds it taken.
         let second = keeper.admit(&request(2, now), now, Some((PRICE, true)));
-        assert!(matches!(second.paid, Some(Ok((Spent::Run { .. }, None)))));
-        // Charged, but asked for no slot (its server comes first).
-        drop(slot);
+        assert!(matches!(
+            second.paid,
+            Some(Ok((Spent::Run { .. }, SlotLook::Full)))
+        ));
+        // Charged, but asked for no slot (its server comes first): the gate never looked,
+        // so it cannot say the lane is full, even while it is.
         let third = keeper.admit(&request(3, now), now, Some((PRICE, false)));
-        assert!(matches!(third.paid, Some(Ok((Spent::Run { .. }, None)))));
+        assert!(matches!(
+            third.paid,
+            Some(Ok((Spent::Run { .. }, SlotLook::NotAsked)))
+        ));
         assert!(matches!(third.decision, Decision::Admit(ref p) if p.paid().is_some()));
+        drop(slot);
+        let fourth = keeper.admit(&request(4, now), now, Some((PRICE, true)));
+        assert!(matches!(fourth.paid, Some(Ok((_, SlotLook::Taken(_))))));
     }
 
     #[test]

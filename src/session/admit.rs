@@ -30,7 +30,7 @@ use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, Judged, PlanFactorKey, PlanKey, PlanSummary,
     Relation,
 };
-use crate::gate::keeper::{SlotAnswer, SlotGuard};
+use crate::gate::keeper::{SlotAnswer, SlotGuard, SlotLook};
 use crate::gate::RefusalReason;
 use crate::gate::{
     Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, Subject, TenantTimeouts,
@@ -990,18 +990,21 @@ impl Session {
             let spent = match (paid.take(), self.takes_slot_first()) {
                 (Some(paid), _) => paid,
                 (None, true) => keeper.spend_and_try_acquire(&mut pass, predicted),
-                (None, false) => keeper.spend(&mut pass, predicted).map(|s| (s, None)),
+                (None, false) => keeper
+                    .spend(&mut pass, predicted)
+                    .map(|s| (s, SlotLook::NotAsked)),
             };
             match spent {
                 Err(r) => {
                     let priced = (arrival.as_ref(), Some(predicted.seconds));
                     return Ok(self.refuse(&r, &tenant, fingerprint, priced));
                 }
-                Ok((_, Some(guard))) => {
+                Ok((_, SlotLook::Taken(guard))) => {
                     self.hooks.gate_slot_at_once();
                     self.gate.slot = Some(guard);
                 }
-                Ok((spent, None)) => full = matches!(spent, Spent::Run { .. }),
+                Ok((_, SlotLook::Full)) => full = true,
+                Ok((_, SlotLook::NotAsked)) => {}
             }
             priced = Some(estimate);
         }
