@@ -834,14 +834,26 @@ impl Session {
             let memo = self.readings.memo(governance, at);
             governance.analyzer.analyze_with(t, &context, memo)
         });
-        if let (Work::Query(t), Some(a)) = (&work, &analysis) {
-            // The rules read the same Query next: they take this reading if nothing changed.
+        // The rules read the same text next, as the message goes out (a Query, or the Parse
+        // of a Bind that goes out with it): they take this reading if nothing changed.
+        let read_next = match &work {
+            Work::Query(t) => Some(t),
+            Work::Bind {
+                parsed: Some(p),
+                fresh: true,
+                ..
+            } => Some(&p.text),
+            _ => None,
+        };
+        let mut judged_next = false;
+        if let (Some(t), Some(a)) = (read_next, &analysis) {
             self.gate.analyzed = Some(Analyzed {
                 text: t.clone(),
                 context,
                 analysis: Arc::clone(a),
                 allowed: None,
             });
+            judged_next = true;
         }
         let facts = match &analysis {
             Some(a) => self.derive(governance, &work, a),
@@ -917,7 +929,7 @@ impl Session {
             }
             Some(Verdict::Allow) => {
                 // The rules at the message take this verdict for the same reading.
-                if let (Work::Query(_), Some(a)) = (&work, self.gate.analyzed.as_mut()) {
+                if let (true, Some(a)) = (judged_next, self.gate.analyzed.as_mut()) {
                     a.allowed = Some(Allowed {
                         policy: Arc::clone(governance),
                         params: self.params.changes(),
