@@ -604,6 +604,11 @@ impl Work {
 
     /// The statement text as the server reads it.
     fn text(&self) -> Option<&[u8]> {
+        self.bytes().map(|b| &b[..])
+    }
+
+    /// [`text`](Self::text), shared.
+    fn bytes(&self) -> Option<&Bytes> {
         match self {
             Work::Query(t) => Some(t),
             Work::Bind {
@@ -830,31 +835,37 @@ impl Session {
         let text = work.sql();
         let context = parse_context(&self.params, !self.link_quiet());
         let at = self.params.changes();
-        let analysis = work.text().map(|t| {
-            let memo = self.readings.memo(governance, at);
-            governance.analyzer.analyze_with(t, &context, memo)
+        let read = work.bytes();
+        let analysis = read.map(|t| {
+            // The text of the last request read the same way (a prepared statement run
+            // again) is not read again.
+            let last = self.gate.analyzed.as_ref();
+            match last.and_then(|a| a.of(t, &context, governance)) {
+                Some(again) => Arc::clone(&again.analysis),
+                None => {
+                    let memo = self.readings.memo(governance, at);
+                    governance.analyzer.analyze_with(t, &context, memo)
+                }
+            }
         });
         // The rules read the same text next, as the message goes out (a Query, or the Parse
-        // of a Bind that goes out with it): they take this reading if nothing changed.
-        let read_next = match &work {
-            Work::Query(t) => Some(t),
-            Work::Bind {
-                parsed: Some(p),
-                fresh: true,
-                ..
-            } => Some(&p.text),
-            _ => None,
+        // of a Bind that goes out with it): they take this reading, and its verdict below, if
+        // nothing changed.
+        let judged_next = match &work {
+            Work::Query(_) => true,
+            Work::Bind { fresh, .. } => *fresh,
+            Work::Function => false,
         };
-        let mut judged_next = false;
-        if let (Some(t), Some(a)) = (read_next, &analysis) {
+        if let (Some(t), Some(a)) = (read, &analysis) {
             self.gate.analyzed = Some(Analyzed {
                 text: t.clone(),
                 context,
+                governance: Arc::clone(governance),
                 analysis: Arc::clone(a),
                 allowed: None,
             });
-            judged_next = true;
         }
+        let judged_next = judged_next && analysis.is_some();
         let facts = match &analysis {
             Some(a) => self.derive(governance, &work, a),
             None => self.underived(governance),

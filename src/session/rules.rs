@@ -48,10 +48,11 @@ pub struct RuleCheck<'a> {
 }
 
 /// A statement text read by the analyzer, with the context it was read in.
-#[derive(Debug)]
 pub struct Analyzed {
     pub text: bytes::Bytes,
     pub context: ParseContext,
+    /// The policy whose analyzer read it (held, so no other can take its address).
+    pub governance: Arc<Governance>,
     pub analysis: Arc<Analysis>,
     /// The policy allowed this reading without a warning, for this session's role and
     /// address: the rules need not judge it again while the policy and the session's
@@ -76,10 +77,30 @@ impl std::fmt::Debug for Allowed {
     }
 }
 
+impl std::fmt::Debug for Analyzed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Analyzed")
+            .field("text", &self.text)
+            .field("context", &self.context)
+            .field("governance", &Arc::as_ptr(&self.governance))
+            .field("analysis", &self.analysis)
+            .field("allowed", &self.allowed)
+            .finish()
+    }
+}
+
 impl Analyzed {
-    /// The analysis, if `text` was read in `context`.
-    fn of(&self, text: &[u8], context: &ParseContext) -> Option<&Analyzed> {
-        (self.text == text && self.context == *context).then_some(self)
+    /// The analysis, if `text` was read in `context` by the analyzer of `governance`.
+    pub fn of(
+        &self,
+        text: &[u8],
+        context: &ParseContext,
+        governance: &Governance,
+    ) -> Option<&Analyzed> {
+        let same = self.text == text
+            && self.context == *context
+            && std::ptr::eq(Arc::as_ptr(&self.governance), governance);
+        same.then_some(self)
     }
 }
 
@@ -93,7 +114,9 @@ impl RuleCheck<'_> {
     /// this one, so it is refused.
     pub fn judge(&mut self, text: &[u8], in_flight: bool, pooled: bool) -> Option<RuleHit> {
         let context = self.context(in_flight);
-        let before = self.read_before.and_then(|r| r.of(text, &context));
+        let before = self
+            .read_before
+            .and_then(|r| r.of(text, &context, self.governance));
         let analysis = match before {
             Some(before) => Arc::clone(&before.analysis),
             None => self.governance.analyzer.analyze(text, &context),
