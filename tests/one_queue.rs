@@ -1185,3 +1185,28 @@ when_over = "reject"
     }
     assert_eq!(must_value(&conn.client, FULL_READ).await, "100000");
 }
+
+/// A statement read while it waits for its slot under a policy without rules is read again
+/// by a policy reloaded meanwhile, which has rules: the rules judge their own reading (one
+/// that read no parse tree would refuse it, as they refuse what they cannot read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_statement_that_waited_through_a_reload_is_judged_on_the_new_policys_reading() {
+    let _shared = shared().await;
+    let gate = "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n";
+    let f = start(gate, 4);
+    let admin = console(&f.pw).await;
+    let pg = watch(&f.pg).await;
+    let sleeper = psql_in_background(app(&f.pw, "trustuser"), "SELECT pg_sleep(3)");
+    assert!(sleeps_reach(&pg.client, 1).await, "the sleep did not start");
+    let waiter = psql_in_background(app(&f.pw, "trustuser"), "SELECT 'served'");
+    assert!(
+        queue_reaches(&admin.client, 1).await,
+        "{:?}",
+        show(&admin.client, "SHOW LANES").await
+    );
+    let ruled = format!("{gate}\n[[rules]]\nrule = \"deny_ddl\"\n");
+    reload_policy(&f, &admin.client, &ruled).await;
+    let (out, _) = finished(sleeper, Duration::from_secs(20)).await;
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_printed(&finished(waiter, Duration::from_secs(20)).await.0, "served");
+}
