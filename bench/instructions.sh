@@ -3,7 +3,7 @@
 # bench/README.md). Unlike timings, instruction counts barely move on a busy machine.
 #
 # usage: bench/instructions.sh [MODE...]   MODE is a pgbench protocol: simple (default),
-#                                          extended
+#                                          extended, prepared
 # environment:
 #   TARGETS       poolers to count, default "pgbouncer pgward"; pgward-rules is pgward with
 #                 the policy of bench/rules.sh (every rule applying to the bench role)
@@ -25,7 +25,7 @@ clients=${CLIENTS:-32}
 pool_size=${POOL_SIZE:-8}
 bench_password=benchpass
 
-check_choices "pgbench protocol" "simple extended" "${modes[@]}"
+check_choices "pgbench protocol" "simple extended prepared" "${modes[@]}"
 ensure_postgres
 command -v valgrind >/dev/null || apt_install valgrind
 for target in "${targets[@]}"; do
