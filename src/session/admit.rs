@@ -967,10 +967,9 @@ impl Session {
         // A price known before admission (a cached plan) is estimated and judged by the cost
         // rules first: when they let it pass, admission, charge and slot are one turn of the
         // gate's lock.
-        let mut early = cached.as_ref().filter(|_| !deferred).map(|known| {
+        let early = cached.as_ref().filter(|_| !deferred).map(|known| {
             let estimate = self.estimate(Some(known), fingerprint);
-            let seconds = estimate.cost.learned.then_some(estimate.cost.seconds);
-            let violation = self.cost_violation(governance, &tenant, known, seconds);
+            let violation = self.cost_violation(governance, &tenant, known, estimate.cost);
             (estimate, violation)
         });
         let charge = match &early {
@@ -1000,7 +999,7 @@ impl Session {
         // The gate was asked for a slot just now and had none free: the wait need not ask
         // again before it queues.
         let mut full = false;
-        if let (Some((estimate, violation)), false) = (early.take(), bypass) {
+        if let (Some((estimate, violation)), false) = (early, bypass) {
             let predicted = estimate.cost;
             if let Some(hit) = violation.and_then(|v| self.cost_verdict(governance, &tenant, v)) {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
@@ -1984,21 +1983,21 @@ impl Session {
         plan: Option<&PlanSummary>,
         predicted: Cost,
     ) -> Option<RuleHit> {
-        // max_time judges a prediction learned from the statement's own runs, never a guess.
-        let seconds = predicted.learned.then_some(predicted.seconds);
-        let violation = self.cost_violation(governance, tenant, plan?, seconds)?;
+        let violation = self.cost_violation(governance, tenant, plan?, predicted)?;
         self.cost_verdict(governance, tenant, violation)
     }
 
-    /// The first of the tenant's cost limits `plan` is over (`seconds`: its predicted time,
-    /// if learned from the statement's own runs), as [`cost_rules`](Self::cost_rules) judges.
+    /// The first of the tenant's cost limits `plan` is over, with its predicted run time, as
+    /// [`cost_rules`](Self::cost_rules) judges.
     fn cost_violation(
         &self,
         governance: &Governance,
         tenant: &str,
         plan: &PlanSummary,
-        seconds: Option<f64>,
+        predicted: Cost,
     ) -> Option<crate::cost::CostViolation> {
+        // max_time judges a prediction learned from the statement's own runs, never a guess.
+        let seconds = predicted.learned.then_some(predicted.seconds);
         governance
             .policy
             .cost_limits(tenant)
