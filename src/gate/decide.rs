@@ -10,10 +10,13 @@ use super::events::{Event, Record, Subject};
 use super::evict::{runaways, Runaway, TenantLoad};
 use super::fair::{FairQueue, Rank};
 use super::kills::{KillRow, KillTarget, Kills};
+use super::pass::Places;
 use super::pass::{
-    Cost, Decision, Expired, Granted, Grants, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
+    Cost, Decision, Expired, Granted, Grants, Lane, Near, Pass, Payment, Request, Slot, Spent,
+    TicketId,
 };
 use super::refusal::{Refusal, RefusalReason};
+use super::registry::{Place, Registry};
 use super::tenant::{TenantConfig, TenantConfigError, TenantTimeouts, WhenOver};
 use crate::sql::Fingerprint;
 use rand::rngs::StdRng;
@@ -386,7 +389,7 @@ pub struct Gate<W> {
     /// `None` before it has said, or while it sleeps until woken.
     clock_until: Option<Instant>,
     /// Where each waiting ticket waits.
-    located: foldhash::HashMap<TicketId, (Arc<str>, Lane)>,
+    located: foldhash::HashMap<TicketId, (Arc<str>, Places, Lane)>,
     /// Tenant, upstream and database names, shared by passes, slots and counts.
     names: super::names::Names,
     /// Statements whose plan flipped, and until when they run in the slow lane.
@@ -400,8 +403,9 @@ pub struct Gate<W> {
     fleet: bool,
 }
 
-/// Tenants or upstreams by name. Listings sort by name themselves.
-type Named<T> = hashbrown::HashMap<String, T, foldhash::fast::RandomState>;
+/// Tenants or upstreams by name, and at the places passes and slots remember. Listings sort
+/// by name themselves.
+type Named<T> = Registry<T>;
 
 /// Totals over every tenant since the start (only ever added to, for counters).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -475,7 +479,13 @@ impl<W> Gate<W> {
     /// never exceed the servers its pools may open, so a client holding a slot finds a
     /// server, and one waiting for a slot holds none.
     pub fn note_pool(&mut self, req: &Request) {
-        let up = self.upstream_mut(req.upstream);
+        self.note_pool_at(req);
+    }
+
+    /// [`note_pool`](Self::note_pool), and where the upstream is kept.
+    fn note_pool_at(&mut self, req: &Request) -> Place {
+        let place = self.upstream_place(req.upstream);
+        let up = self.upstreams.at_mut(place);
         let servers = req.pool_size.max(1);
         let same_pool = up
             .pools
@@ -483,7 +493,7 @@ impl<W> Gate<W> {
             .is_some_and(|(db, n)| db == req.database && *n == servers);
         let same_cap = up.database_caps.get(req.database) == Some(&req.database_cap);
         if same_pool && same_cap {
-            return;
+            return place;
         }
         up.pools
             .insert(req.pool.to_string(), (req.database.to_string(), servers));
@@ -503,6 +513,7 @@ impl<W> Gate<W> {
                 },
             )
             .fold(0usize, usize::saturating_add);
+        place
     }
 
     /// Sets a tenant's settings (from the policy file). Its balance is kept, within the new
@@ -555,24 +566,60 @@ impl<W> Gate<W> {
             .unwrap_or_default()
     }
 
-    // Both are called several times per request: one probe, and a name is copied only the
-    // first time.
-    fn tenant_mut(&mut self, tenant: &str, now: Instant) -> &mut TenantState {
+    /// The place of tenant `tenant`, made if it is new.
+    fn tenant_place(&mut self, tenant: &str, now: Instant) -> Place {
+        if let Some(place) = self.tenants.find(tenant) {
+            return place;
+        }
         let fleet = self.fleet;
-        self.tenants.entry_ref(tenant).or_insert_with(|| {
+        let name = self.names.get(tenant);
+        self.tenants.place(&name, || {
             let mut state = TenantState::new(now);
             state.fleet = fleet.then_some(0.0);
             state
         })
     }
 
-    fn upstream_mut(&mut self, upstream: &str) -> &mut Upstream<W> {
+    fn tenant_mut(&mut self, tenant: &str, now: Instant) -> &mut TenantState {
+        let place = self.tenant_place(tenant, now);
+        self.tenants.at_mut(place)
+    }
+
+    /// The tenant `tenant` of a pass or slot: at its place while that still holds it.
+    fn tenant_at(&mut self, places: Places, tenant: &Arc<str>, now: Instant) -> &mut TenantState {
+        let place = match self.tenants.holds(places.tenant, tenant) {
+            true => places.tenant,
+            false => self.tenant_place(tenant, now),
+        };
+        self.tenants.at_mut(place)
+    }
+
+    /// The place of upstream `upstream`, made if it is new.
+    fn upstream_place(&mut self, upstream: &str) -> Place {
+        if let Some(place) = self.upstreams.find(upstream) {
+            return place;
+        }
         let (fleet, limits) = (self.fleet, self.settings.lanes);
-        self.upstreams.entry_ref(upstream).or_insert_with(|| {
+        let name = self.names.get(upstream);
+        self.upstreams.place(&name, || {
             let mut up = Upstream::new(limits);
             up.fleet = fleet.then_some(0);
             up
         })
+    }
+
+    fn upstream_mut(&mut self, upstream: &str) -> &mut Upstream<W> {
+        let place = self.upstream_place(upstream);
+        self.upstreams.at_mut(place)
+    }
+
+    /// The upstream `upstream` of a pass or slot: at its place while that still holds it.
+    fn upstream_at(&mut self, places: Places, upstream: &Arc<str>) -> &mut Upstream<W> {
+        let place = match self.upstreams.holds(places.upstream, upstream) {
+            true => places.upstream,
+            false => self.upstream_place(upstream),
+        };
+        self.upstreams.at_mut(place)
     }
 
     /// Counts a refusal for SHOW TENANTS, gathers it for the decision log and hands it back.

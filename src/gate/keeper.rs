@@ -516,11 +516,11 @@ impl Gatekeeper {
     ) -> Paid<T> {
         let paid = charge(gate, pass, now);
         let granted = match gate.has_waiters() {
-            true => gate.dispatch_upstream(&pass.upstream, now, |w| !w.is_closed()),
+            true => gate.dispatch_near(pass.near(), now, |w| !w.is_closed()),
             false => Grants::new(),
         };
         // (Nobody waits, the common case: nobody waits elsewhere either.)
-        let elsewhere = gate.has_waiters() && gate.waits_elsewhere(&pass.tenant, &pass.upstream);
+        let elsewhere = gate.has_waiters() && gate.pass_waits_elsewhere(pass);
         let slot = match then_slot(&paid) {
             true => gate
                 .try_acquire(pass, now)
@@ -605,7 +605,7 @@ impl Gatekeeper {
                 // Its tickets on other upstreams may take a slot now: the clock looks.
                 self.wake.notify_one();
             }
-            gate.dispatch_upstream(slot.upstream(), now, |w| !w.is_closed())
+            gate.dispatch_near(slot.near(), now, |w| !w.is_closed())
         };
         self.deliver(granted);
     }

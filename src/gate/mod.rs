@@ -40,6 +40,7 @@ mod names;
 mod pass;
 mod queue;
 mod refusal;
+mod registry;
 mod tenant;
 
 pub use adapt::{AdaptiveSettings, LimitChange, Moved};
@@ -55,7 +56,8 @@ pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};
 pub use kind::{first_keyword, RequestKind, TxControl};
 pub use pass::{
-    Cost, Decision, Expired, Granted, Grants, Lane, Pass, Payment, Request, Slot, Spent, TicketId,
+    Cost, Decision, Expired, Granted, Grants, Lane, Near, Pass, Payment, Request, Slot, Spent,
+    TicketId,
 };
 pub use queue::{Ticket, WaitQueue};
 pub use refusal::{Refusal, RefusalReason, SQLSTATE_CANCELED, SQLSTATE_RESOURCES};

@@ -119,9 +119,34 @@ pub struct Pass {
     /// Some of that wait was for a pay-back.
     pub waited_for_budget: bool,
     pub(super) payment: Payment,
+    /// Where the gate keeps its tenant and upstream.
+    pub(super) places: Places,
+}
+
+/// A pass's or slot's upstream, and where the gate keeps it.
+#[derive(Clone, Copy, Debug)]
+pub struct Near<'a> {
+    pub(super) places: Places,
+    pub(super) upstream: &'a Arc<str>,
+}
+
+/// Where the gate keeps a pass's or slot's tenant and upstream (hints checked against the
+/// names: see `registry`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Places {
+    pub(super) tenant: super::registry::Place,
+    pub(super) upstream: super::registry::Place,
 }
 
 impl Pass {
+    /// Its upstream, and where the gate keeps it.
+    pub fn near(&self) -> Near<'_> {
+        Near {
+            places: self.places,
+            upstream: &self.upstream,
+        }
+    }
+
     /// Whose statement this is, for the decision log.
     pub fn subject(&self) -> Subject<'_> {
         Subject {
@@ -165,9 +190,18 @@ pub struct Slot {
     pub(super) tenant: Arc<str>,
     /// Slots of its lane held when it was taken, itself included.
     pub(super) crowd: usize,
+    pub(super) places: Places,
 }
 
 impl Slot {
+    /// Its upstream, and where the gate keeps it.
+    pub fn near(&self) -> Near<'_> {
+        Near {
+            places: self.places,
+            upstream: &self.upstream,
+        }
+    }
+
     /// Slots of its lane held when it was taken, itself included.
     pub fn crowd(&self) -> usize {
         self.crowd

@@ -60,7 +60,7 @@ impl<W> Gate<W> {
         if self.settings.adaptive.is_none() {
             return;
         }
-        let mut due: Vec<String> = self
+        let mut due: Vec<Arc<str>> = self
             .upstreams
             .iter()
             .filter(|(_, u)| u.adaptive.as_ref().is_some_and(|a| a.due_at() <= now))
@@ -82,7 +82,7 @@ impl<W> Gate<W> {
         }
         self.adapt(&pass.upstream, now);
         self.upstreams
-            .get(&*pass.upstream)
+            .get_at(pass.places.upstream, &pass.upstream)
             .and_then(|u| u.adaptive.as_ref())
             .is_some_and(|a| a.overloaded())
     }
@@ -145,7 +145,7 @@ impl<W> Gate<W> {
         };
         self.adapt_all(now);
         let mut out: Vec<(TicketId, Refusal)> = Vec::new();
-        for (name, up) in &self.upstreams {
+        for (name, up) in self.upstreams.iter() {
             let Some(a) = up.adaptive.as_ref().filter(|_| !up.fast.queue.is_empty()) else {
                 continue;
             };

@@ -82,7 +82,7 @@ impl<W> Gate<W> {
                 let held_back = t.waiting > 0 || t.in_debt(now);
                 let used = t.recent.value(now) * per_second;
                 Some(FleetWant {
-                    name: name.clone(),
+                    name: name.to_string(),
                     capacity,
                     demand: used + if held_back { capacity } else { 0.0 },
                     using: 0.0,
@@ -96,7 +96,7 @@ impl<W> Gate<W> {
                 let busy = up.fast.active + up.slow.active;
                 let waiting = up.fast.queue.len() + up.slow.queue.len();
                 FleetWant {
-                    name: name.clone(),
+                    name: name.to_string(),
                     capacity: up.limits.fast.saturating_add(up.limits.slow) as f64,
                     demand: (busy + waiting) as f64,
                     using: busy as f64,

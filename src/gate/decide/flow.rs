@@ -20,14 +20,14 @@ impl<W> Gate<W> {
     /// budget check (reserve): if the tenant already owes time, there is no point paying
     /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
     pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
-        self.note_pool(req);
+        let upstream = self.note_pool_at(req);
         if req.kind.killable() {
             if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
                 let refusal = Refusal::killed(&target.describe());
                 return Decision::Refuse(self.refused(req.subject(), refusal, now));
             }
         }
-        let pass = self.new_pass(req, now);
+        let pass = self.new_pass(req, upstream, now);
         if !req.kind.waits_for_slot() {
             return Decision::Bypass(self.charge_min(pass, now));
         }
@@ -76,19 +76,26 @@ impl<W> Gate<W> {
     /// own (a Parse, a Describe, a Sync): no budget is looked at and nothing is charged, but
     /// the server is taken with a slot like any other.
     pub fn server_pass(&mut self, req: &Request, now: Instant) -> Pass {
-        self.note_pool(req);
-        let mut pass = self.new_pass(req, now);
+        let upstream = self.note_pool_at(req);
+        let mut pass = self.new_pass(req, upstream, now);
         pass.kind = RequestKind::Carrier;
         pass.deadline = None;
         pass.payment = Payment::Paid(0.0);
         pass
     }
 
-    fn new_pass(&mut self, req: &Request, now: Instant) -> Pass {
+    /// A pass for `req`, whose upstream is kept at `upstream`.
+    fn new_pass(&mut self, req: &Request, upstream: Place, now: Instant) -> Pass {
         let id = self.next_ticket();
-        let names = [req.tenant, req.upstream, req.database].map(|n| self.names.get(n));
-        let [tenant, upstream, database] = names;
-        let config = &self.tenant_mut(req.tenant, now).config;
+        let database = self.names.get(req.database);
+        let places = Places {
+            tenant: self.tenant_place(req.tenant, now),
+            upstream,
+        };
+        // The registries keep the names the gate shares.
+        let tenant = Arc::clone(self.tenants.name_at(places.tenant));
+        let upstream = Arc::clone(self.upstreams.name_at(upstream));
+        let config = &self.tenants.at(places.tenant).config;
         let limits = [
             req.statement_timeout,
             req.deadline,
@@ -111,11 +118,12 @@ impl<W> Gate<W> {
             waited: Duration::ZERO,
             waited_for_budget: false,
             payment: Payment::Unpaid,
+            places,
         }
     }
 
     fn charge_min(&mut self, mut pass: Pass, now: Instant) -> Pass {
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         let min = state.config.min_charge();
         let charged = match (&mut state.bucket, state.budget) {
             (Some(bucket), Some(b)) => bucket.force_charge(&b, min, now),
@@ -127,7 +135,7 @@ impl<W> Gate<W> {
     }
 
     fn reserve(&mut self, mut pass: Pass, now: Instant) -> Decision {
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         if !state.owes(now) {
             return Decision::Admit(pass);
         }
@@ -171,11 +179,13 @@ impl<W> Gate<W> {
             return Ok(Spent::Run { charged });
         }
         if let Some(refusal) = deadline_check(pass, &cost, now) {
-            self.tenant_mut(&pass.tenant, now).unpaid.remove(&pass.id);
+            self.tenant_at(pass.places, &pass.tenant, now)
+                .unpaid
+                .remove(&pass.id);
             return Err(self.refused(pass.subject(), refusal, now));
         }
         // Priced: its tenant's next unpaid request may take a slot (the caller offers it).
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.unpaid.remove(&pass.id);
         let min = state.config.min_charge();
         let charged = match (&mut state.bucket, state.budget) {
@@ -204,7 +214,7 @@ impl<W> Gate<W> {
         if let Payment::Paid(charged) = pass.payment {
             return charged;
         }
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.unpaid.remove(&pass.id);
         let min = state.config.min_charge();
         let charged = match (&mut state.bucket, state.budget) {
@@ -288,7 +298,7 @@ impl<W> Gate<W> {
     }
 
     fn over_budget(&mut self, pass: &mut Pass, now: Instant) -> Result<Spent, Refusal> {
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         match state.config.when_over {
             WhenOver::Reject => Err(self.budget_refusal(pass.subject(), now)),
             WhenOver::Slow => {
@@ -311,7 +321,7 @@ impl<W> Gate<W> {
             return 0.0;
         };
         pass.payment = Payment::Unpaid;
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         if let (Some(bucket), Some(b)) = (&mut state.bucket, state.budget) {
             bucket.refund(&b, amount, now);
         }

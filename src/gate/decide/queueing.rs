@@ -33,7 +33,7 @@ pub(super) fn rank(
     pass: &Pass,
     now: Instant,
 ) -> Option<Rank> {
-    let state = tenants.get(&*pass.tenant)?;
+    let state = tenants.get_at(pass.places.tenant, &pass.tenant)?;
     may_take(state, room, pass, now).then(|| Rank {
         demoted: room.demoted.contains(&*pass.tenant),
         score: state.recent.value(now) / state.config.share(),
@@ -82,9 +82,15 @@ const EVICTION_BURST: f64 = 4.0;
 impl<W> Gate<W> {
     /// Tenants of `upstream` holding more than their share while others wait there.
     pub fn runaways(&self, upstream: &str) -> Vec<Runaway> {
-        let Some(up) = self.upstreams.get(upstream) else {
-            return Vec::new();
-        };
+        match self.upstreams.find(upstream) {
+            Some(place) => self.runaways_at(place),
+            None => Vec::new(),
+        }
+    }
+
+    /// [`runaways`](Self::runaways) of the upstream at `place`.
+    fn runaways_at(&self, place: Place) -> Vec<Runaway> {
+        let up = self.upstreams.at(place);
         // A runaway needs another tenant waiting: with one tenant alone (the common case, and
         // at every slot handed over) nothing is counted or allocated.
         let mut waiting = up.waiting.iter().filter(|(_, n)| **n > 0).map(|(t, _)| t);
@@ -144,9 +150,21 @@ impl<W> Gate<W> {
     }
 
     pub(super) fn room(&self, upstream: &str) -> Room<'_> {
+        match self.upstreams.find(upstream) {
+            Some(place) => self.room_at(place),
+            None => Room {
+                demoted: BTreeSet::new(),
+                by_database: None,
+                per_database: self.settings.per_database,
+            },
+        }
+    }
+
+    /// [`room`](Self::room) at the upstream at `place`.
+    fn room_at(&self, place: Place) -> Room<'_> {
         Room {
-            demoted: self.demoted(upstream),
-            by_database: self.upstreams.get(upstream).map(|u| &u.by_database),
+            demoted: self.demoted_at(place),
+            by_database: Some(&self.upstreams.at(place).by_database),
             per_database: self.settings.per_database,
         }
     }
@@ -165,16 +183,12 @@ impl<W> Gate<W> {
         up.evict_tokens = (up.evict_tokens + missing as f64).min(EVICTION_BURST);
     }
 
-    fn demoted(&self, upstream: &str) -> BTreeSet<String> {
+    fn demoted_at(&self, place: Place) -> BTreeSet<String> {
         // Nobody waits: nobody is a runaway (and nothing is allocated).
-        let waiting = self
-            .upstreams
-            .get(upstream)
-            .is_some_and(|u| u.anyone_waits());
-        if !waiting {
+        if !self.upstreams.at(place).anyone_waits() {
             return BTreeSet::new();
         }
-        self.runaways(upstream)
+        self.runaways_at(place)
             .into_iter()
             .map(|r| r.tenant)
             .collect()
@@ -185,7 +199,7 @@ impl<W> Gate<W> {
     pub fn try_acquire(&mut self, pass: &Pass, now: Instant) -> Option<Slot> {
         // A full lane first: it needs no look at who holds what.
         if !self
-            .upstream_mut(&pass.upstream)
+            .upstream_at(pass.places, &pass.upstream)
             .room_for(pass.lane, pass.priority)
         {
             return None;
@@ -194,7 +208,9 @@ impl<W> Gate<W> {
             // It queues, and the clock turns it away at once.
             return None;
         }
-        let up = self.upstreams.get(&*pass.upstream)?;
+        let up = self
+            .upstreams
+            .get_at(pass.places.upstream, &pass.upstream)?;
         if !up.anyone_waits() {
             // Nobody waits here (the common case): nobody goes first and nobody is a
             // runaway, so only whether it may take a slot at all is left.
@@ -203,12 +219,17 @@ impl<W> Gate<W> {
                 by_database: Some(&up.by_database),
                 per_database: self.settings.per_database,
             };
-            let state = self.tenants.get(&*pass.tenant)?;
+            let state = self.tenants.get_at(pass.places.tenant, &pass.tenant)?;
             return may_take(state, &room, pass, now).then(|| self.take_slot(pass, now));
         }
-        let room = self.room(&pass.upstream);
+        let place = self
+            .upstreams
+            .locate(pass.places.upstream, &pass.upstream)?;
+        let room = self.room_at(place);
         rank(&self.tenants, &room, pass, now)?;
-        let up = self.upstreams.get(&*pass.upstream)?;
+        let up = self
+            .upstreams
+            .get_at(pass.places.upstream, &pass.upstream)?;
         let someone_first = [Lane::Fast, Lane::Slow].into_iter().any(|lane| {
             up.may_serve(lane)
                 && up
@@ -227,7 +248,7 @@ impl<W> Gate<W> {
     }
 
     fn take_slot(&mut self, pass: &Pass, now: Instant) -> Slot {
-        let up = self.upstream_mut(&pass.upstream);
+        let up = self.upstream_at(pass.places, &pass.upstream);
         let lane = up.lane(pass.lane).0;
         lane.active += 1;
         let crowd = lane.active;
@@ -236,7 +257,7 @@ impl<W> Gate<W> {
         }
         count(&mut up.holding, &pass.tenant);
         count(&mut up.by_database, &pass.database);
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.running += 1;
         if !matches!(pass.payment, Payment::Paid(_)) && state.bucket.is_some() {
             state.unpaid.insert(pass.id);
@@ -248,6 +269,7 @@ impl<W> Gate<W> {
             lane: pass.lane,
             tenant: pass.tenant.clone(),
             crowd,
+            places: pass.places,
         }
     }
 
@@ -255,13 +277,13 @@ impl<W> Gate<W> {
     /// [`next_waiter`](Self::next_waiter) or [`expire`](Self::expire).
     pub fn enqueue(&mut self, mut pass: Pass, waiter: W, now: Instant) {
         pass.enqueued_at = Some(now);
-        self.tenant_mut(&pass.tenant, now).waiting += 1;
+        self.tenant_at(pass.places, &pass.tenant, now).waiting += 1;
         if let Some(end) = wait_end(&pass, self.settings.queue_timeout) {
             self.ends.insert((end, pass.id));
         }
         self.located
-            .insert(pass.id, (pass.upstream.clone(), pass.lane));
-        let up = self.upstream_mut(&pass.upstream);
+            .insert(pass.id, (pass.upstream.clone(), pass.places, pass.lane));
+        let up = self.upstream_at(pass.places, &pass.upstream);
         count(&mut up.waiting, &pass.tenant);
         let lane = up.lane(pass.lane).0;
         lane.waited_since.get_or_insert(now);
@@ -270,9 +292,9 @@ impl<W> Gate<W> {
 
     /// Takes the ticket `id` out of the queue it waits in, with every count that knows it.
     fn take_waiting(&mut self, id: TicketId, now: Instant) -> Option<(Pass, W)> {
-        let (upstream, lane) = self.located.remove(&id)?;
+        let (upstream, places, lane) = self.located.remove(&id)?;
         let timeout = self.settings.queue_timeout;
-        let up = self.upstreams.get_mut(&*upstream)?;
+        let up = self.upstreams.get_at_mut(places.upstream, &upstream)?;
         let state = up.lane(lane).0;
         let (pass, waiter) = state.queue.remove(id)?;
         if state.queue.is_empty() {
@@ -286,7 +308,7 @@ impl<W> Gate<W> {
         if let Some(end) = wait_end(&pass, timeout) {
             self.ends.remove(&(end, id));
         }
-        let state = self.tenant_mut(&pass.tenant, now);
+        let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.waiting = state.waiting.saturating_sub(1);
         Some((pass, waiter))
     }
@@ -301,13 +323,25 @@ impl<W> Gate<W> {
         now: Instant,
         live: impl Fn(&W) -> bool,
     ) -> Option<Granted<W>> {
+        let place = self.upstreams.find(upstream)?;
+        self.next_waiter_at(place, lane, now, live)
+    }
+
+    /// [`next_waiter`](Self::next_waiter) at the upstream at `place`.
+    fn next_waiter_at(
+        &mut self,
+        place: Place,
+        lane: Lane,
+        now: Instant,
+        live: impl Fn(&W) -> bool,
+    ) -> Option<Granted<W>> {
         loop {
             // A full lane or an empty queue first: they need no look at who holds what.
-            let up = self.upstreams.get(upstream)?;
+            let up = self.upstreams.at(place);
             if !up.may_serve(lane) {
                 return None;
             }
-            let room = self.room(upstream);
+            let room = self.room_at(place);
             let queue = &up.lane_ref(lane).queue;
             let rank = |p: &Pass| {
                 up.room_for(lane, p.priority)
@@ -340,9 +374,31 @@ impl<W> Gate<W> {
         now: Instant,
         live: impl Fn(&W) -> bool,
     ) -> Grants<W> {
+        match self.upstreams.find(upstream) {
+            Some(place) => self.dispatch_at(place, now, live),
+            None => Grants::new(),
+        }
+    }
+
+    /// [`dispatch_upstream`](Self::dispatch_upstream) of the upstream of a pass or of a slot
+    /// given back.
+    pub fn dispatch_near(
+        &mut self,
+        near: Near<'_>,
+        now: Instant,
+        live: impl Fn(&W) -> bool,
+    ) -> Grants<W> {
+        match self.upstreams.locate(near.places.upstream, near.upstream) {
+            Some(place) => self.dispatch_at(place, now, live),
+            None => Grants::new(),
+        }
+    }
+
+    /// [`dispatch_upstream`](Self::dispatch_upstream) at the upstream at `place`.
+    fn dispatch_at(&mut self, place: Place, now: Instant, live: impl Fn(&W) -> bool) -> Grants<W> {
         let mut granted = Grants::new();
         for lane in [Lane::Fast, Lane::Slow] {
-            while let Some(g) = self.next_waiter(upstream, lane, now, &live) {
+            while let Some(g) = self.next_waiter_at(place, lane, now, &live) {
                 granted.push(g);
             }
         }
@@ -352,7 +408,7 @@ impl<W> Gate<W> {
     /// Hands out every slot that can be given now, in every lane (after a debt is paid back,
     /// or a change of limits).
     pub fn dispatch(&mut self, now: Instant, live: impl Fn(&W) -> bool) -> Vec<Granted<W>> {
-        let mut waiting: Vec<String> = self
+        let mut waiting: Vec<Arc<str>> = self
             .upstreams
             .iter()
             .filter(|(_, u)| u.anyone_waits())
@@ -371,7 +427,7 @@ impl<W> Gate<W> {
     /// too ([`waits_elsewhere`](Self::waits_elsewhere)): then every upstream is looked at
     /// ([`dispatch`](Self::dispatch)).
     pub fn release(&mut self, slot: &Slot, now: Instant) -> bool {
-        let up = self.upstream_mut(&slot.upstream);
+        let up = self.upstream_at(slot.places, &slot.upstream);
         if slot.lane == Lane::Fast {
             // Full until this moment: it counts for the window.
             Self::note_taken(up);
@@ -384,24 +440,36 @@ impl<W> Gate<W> {
             a.note_finished();
             self.adapt(&slot.upstream, now);
         }
-        let state = self.tenant_mut(&slot.tenant, now);
+        let state = self.tenant_at(slot.places, &slot.tenant, now);
         state.running = state.running.saturating_sub(1);
         state.unpaid.remove(&slot.id);
-        self.has_waiters() && self.waits_elsewhere(&slot.tenant, &slot.upstream)
+        self.has_waiters() && self.waits_elsewhere_near(slot.places, &slot.tenant, &slot.upstream)
     }
 
     /// Whether `tenant` has tickets waiting on another upstream than `upstream`: what holds
     /// them (its `max_active`, its unpaid requests) may have let go of them, and only a look
     /// at every upstream ([`dispatch`](Self::dispatch)) finds them.
     pub fn waits_elsewhere(&self, tenant: &str, upstream: &str) -> bool {
-        let total = self.tenants.get(tenant).map_or(0, |t| t.waiting);
-        let here = self
-            .upstreams
-            .get(upstream)
-            .and_then(|u| u.waiting.get(tenant))
-            .copied()
-            .unwrap_or(0);
-        total > here
+        waits_beyond(
+            self.tenants.get(tenant),
+            self.upstreams.get(upstream),
+            tenant,
+        )
+    }
+
+    /// [`waits_elsewhere`](Self::waits_elsewhere) of `pass`'s tenant and upstream.
+    pub fn pass_waits_elsewhere(&self, pass: &Pass) -> bool {
+        self.waits_elsewhere_near(pass.places, &pass.tenant, &pass.upstream)
+    }
+
+    /// [`waits_elsewhere`](Self::waits_elsewhere), given where they were kept.
+    fn waits_elsewhere_near(&self, places: Places, tenant: &Arc<str>, upstream: &Arc<str>) -> bool {
+        let state = self.tenants.get_at(places.tenant, tenant);
+        waits_beyond(
+            state,
+            self.upstreams.get_at(places.upstream, upstream),
+            tenant,
+        )
     }
 
     /// Takes a waiting ticket out (its client gave up or timed out on its own clock), refunded.
@@ -489,7 +557,11 @@ impl<W> Gate<W> {
             .flat_map(|u| u.queues())
             .flat_map(|q| q.heads())
             .filter(|p| p.payment == Payment::AwaitingPayBack)
-            .filter_map(|p| self.tenants.get(&*p.tenant)?.paid_back_at(now));
+            .filter_map(|p| {
+                self.tenants
+                    .get_at(p.places.tenant, &p.tenant)?
+                    .paid_back_at(now)
+            });
         let adaptive = self.adaptive_wake(now, true);
         end.into_iter().chain(paid).chain(adaptive).min()
     }
@@ -504,11 +576,9 @@ impl<W> Gate<W> {
     /// has a free slot and tickets waiting, or the ticket has a moment the clock must act at
     /// (its wait ends, or its tenant's debt is paid back) before the clock's next look.
     pub fn clock_needed_for(&self, id: TicketId, now: Instant) -> bool {
-        let Some((up, lane)) = self
-            .located
-            .get(&id)
-            .and_then(|(upstream, lane)| Some((self.upstreams.get(&**upstream)?, *lane)))
-        else {
+        let Some((up, lane)) = self.located.get(&id).and_then(|(upstream, places, lane)| {
+            Some((self.upstreams.get_at(places.upstream, upstream)?, *lane))
+        }) else {
             return false;
         };
         // A lane with a free slot and tickets waiting (this one's, or the other lane's after
@@ -526,7 +596,7 @@ impl<W> Gate<W> {
         let paid = match pass.payment {
             Payment::AwaitingPayBack => self
                 .tenants
-                .get(&*pass.tenant)
+                .get_at(pass.places.tenant, &pass.tenant)
                 .and_then(|t| t.paid_back_at(now)),
             _ => None,
         };
@@ -561,7 +631,7 @@ impl<W> Gate<W> {
                         ceiling: adaptive.map(|_| up.limits.fast.min(up.capacity)),
                         last_move: adaptive.and_then(|a| a.last_move()),
                         moves: adaptive.map_or((0, 0), |a| a.moves()),
-                        upstream: name.clone(),
+                        upstream: name.to_string(),
                         lane,
                         limit: up.limit(lane),
                         running: state.active,
@@ -575,6 +645,13 @@ impl<W> Gate<W> {
     fn drop_pass(&mut self, mut pass: Pass, now: Instant) {
         self.refund(&mut pass, now);
     }
+}
+
+/// Whether the tenant in `state` has more tickets waiting than those at `up`.
+fn waits_beyond<W>(state: Option<&TenantState>, up: Option<&Upstream<W>>, tenant: &str) -> bool {
+    let total = state.map_or(0, |t| t.waiting);
+    let here = up.and_then(|u| u.waiting.get(tenant)).copied().unwrap_or(0);
+    total > here
 }
 
 /// Adds one to `key`'s count; the key is copied only when it is new.

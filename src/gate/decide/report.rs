@@ -11,7 +11,7 @@ impl<W> Gate<W> {
             .map(|(name, t)| {
                 let balance = balance_of(t, now);
                 TenantStats {
-                    tenant: name.clone(),
+                    tenant: name.to_string(),
                     settings: match t.caps {
                         0 => t.config.words(),
                         _ => format!("{} cap=1", t.config.words()).trim().to_string(),
@@ -36,7 +36,7 @@ impl<W> Gate<W> {
     /// every tenant. Only the kept tenants' names are copied.
     pub fn tenant_metrics(&self, cap: usize, now: Instant) -> TenantMetrics {
         let weight = |t: &TenantState| t.ran + t.refusals.values().sum::<u64>() as f64;
-        let mut all: Vec<(&String, &TenantState)> = self.tenants.iter().collect();
+        let mut all: Vec<(&Arc<str>, &TenantState)> = self.tenants.iter().collect();
         all.sort_unstable_by(|a, b| a.0.cmp(b.0));
         if all.len() > cap && cap > 0 {
             all.select_nth_unstable_by(cap - 1, |a, b| {
@@ -56,7 +56,7 @@ impl<W> Gate<W> {
             .map(|(name, t)| {
                 let balance = balance_of(t, now);
                 TenantMetric {
-                    tenant: (*name).clone(),
+                    tenant: name.to_string(),
                     ran: t.ran,
                     debt: balance.map_or(0.0, |b| (-b).max(0.0)),
                     balance,
@@ -85,7 +85,7 @@ impl<W> Gate<W> {
     /// limits included.
     pub fn reset_others(&mut self, keep: &BTreeSet<&str>) {
         for (name, t) in self.tenants.iter_mut() {
-            if t.configured && !keep.contains(name.as_str()) {
+            if t.configured && !keep.contains(&**name) {
                 t.config = TenantConfig::default();
                 t.bucket = None;
                 t.budget = None;
