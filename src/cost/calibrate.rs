@@ -151,6 +151,9 @@ pub struct Calibration {
     tick: u64,
     /// Learned since the last save.
     dirty: bool,
+    /// Room for the factors a median is taken of, kept between learns (one learns at every
+    /// statement's end).
+    scratch: (Vec<f64>, Vec<f64>),
 }
 
 /// A statement whose plan changed under it, for the console (SHOW FLIPS).
@@ -350,8 +353,9 @@ impl Calibration {
     /// [`recompute_medians`]: Self::recompute_medians
     fn recompute_median_of(&mut self, database: &str) {
         self.since_median = 0;
-        let mut all: Vec<f64> = Vec::new();
-        let mut own: Vec<f64> = Vec::new();
+        let (mut all, mut own) = std::mem::take(&mut self.scratch);
+        all.clear();
+        own.clear();
         for (key, f) in &self.factors {
             if key.shape.is_none() || !f.counted() {
                 continue;
@@ -371,6 +375,7 @@ impl Calibration {
             }
         }
         self.median_all = median(&mut all).map(f64::exp);
+        self.scratch = (all, own);
     }
 
     fn make_room(&mut self) {

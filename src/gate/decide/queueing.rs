@@ -97,7 +97,10 @@ impl<W> Gate<W> {
         let Some(first) = waiting.next() else {
             return Vec::new();
         };
-        let alone = up.holding.iter().all(|(t, n)| *n == 0 || t == first);
+        let alone = up
+            .holding
+            .iter()
+            .all(|(t, n)| *n == 0 || Arc::ptr_eq(t, first) || t == first);
         if waiting.next().is_none() && alone {
             return Vec::new();
         }
