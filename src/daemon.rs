@@ -45,6 +45,12 @@ pub async fn serve(config: Config) -> ExitCode {
         return failed(e);
     }
     raise_fd_limit(&config);
+    // The signals are pgward's before anything is bound: a reload asked for the moment the
+    // port accepts must find a handler, not the default action (which ends the process).
+    let signals = match Signals::install() {
+        Ok(s) => s,
+        Err(e) => return failed(format!("cannot install signal handlers: {e}")),
+    };
     let listeners = match Listeners::bind(&config.settings) {
         Ok(l) => l,
         Err(e) => return failed(e),
@@ -80,7 +86,7 @@ pub async fn serve(config: Config) -> ExitCode {
     tasks.push(tokio::spawn(rt.gatekeeper.clone().clock()));
     tasks.push(tokio::spawn(crate::watch::supervise(rt.clone())));
     tasks.push(tokio::spawn(crate::fleet::run(rt.clone())));
-    run_until_stopped(&rt, &stop_tx).await;
+    run_until_stopped(&rt, &stop_tx, signals).await;
     for t in tasks {
         t.abort();
     }
@@ -207,29 +213,19 @@ pub async fn maintenance(rt: Arc<Runtime>) {
 /// SIGHUP reloads; SIGTERM waits for clients to leave and SIGINT for servers to be released
 /// (a second one of either exits at once); SIGQUIT exits at once; SIGUSR1 pauses and SIGUSR2
 /// resumes. The console's SHUTDOWN commands set the same states.
-pub async fn run_until_stopped(rt: &Arc<Runtime>, stop: &tokio::sync::watch::Sender<bool>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let kinds = [
-        SignalKind::terminate(),
-        SignalKind::interrupt(),
-        SignalKind::quit(),
-        SignalKind::hangup(),
-        SignalKind::user_defined1(),
-        SignalKind::user_defined2(),
-    ];
-    let mut streams = Vec::new();
-    for kind in kinds {
-        match signal(kind) {
-            Ok(s) => streams.push(s),
-            Err(e) => {
-                tracing::error!("cannot install signal handlers: {e}");
-                return std::future::pending().await;
-            }
-        }
-    }
-    let [term, int, quit, hup, usr1, usr2] = &mut streams[..] else {
-        return;
-    };
+pub async fn run_until_stopped(
+    rt: &Arc<Runtime>,
+    stop: &tokio::sync::watch::Sender<bool>,
+    signals: Signals,
+) {
+    let Signals {
+        mut term,
+        mut int,
+        mut quit,
+        mut hup,
+        mut usr1,
+        mut usr2,
+    } = signals;
     let mut changes = rt.ops.control.subscribe();
     let mut refused_waiters = false;
     loop {
@@ -265,6 +261,33 @@ pub async fn run_until_stopped(rt: &Arc<Runtime>, stop: &tokio::sync::watch::Sen
             _ = changes.changed() => {}
             _ = tokio::time::sleep(Duration::from_millis(100)), if stopping => {}
         }
+    }
+}
+
+/// The signals pgward serves, taken from their default actions.
+pub struct Signals {
+    term: Signal,
+    int: Signal,
+    quit: Signal,
+    hup: Signal,
+    usr1: Signal,
+    usr2: Signal,
+}
+
+type Signal = tokio::signal::unix::Signal;
+
+impl Signals {
+    /// Installs the handlers (on the running tokio runtime).
+    pub fn install() -> std::io::Result<Signals> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(Signals {
+            term: signal(SignalKind::terminate())?,
+            int: signal(SignalKind::interrupt())?,
+            quit: signal(SignalKind::quit())?,
+            hup: signal(SignalKind::hangup())?,
+            usr1: signal(SignalKind::user_defined1())?,
+            usr2: signal(SignalKind::user_defined2())?,
+        })
     }
 }
 

@@ -347,6 +347,33 @@ fn sigusr1_pauses_and_sigusr2_resumes() {
     assert!(held.join().expect("psql").status.success());
 }
 
+/// A reload asked for the moment pgward listens (a service manager's reload right after the
+/// start) reloads it and never ends the process: the signals are pgward's before any socket is.
+/// Here pgward reads a large state file between binding and serving.
+#[test]
+fn a_sighup_the_moment_pgward_listens_reloads_it() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-state-");
+    let state = dir.path().join("state.json");
+    let pad = "x".repeat(48 << 20);
+    std::fs::write(
+        &state,
+        format!("{{\"pad\":\"{pad}\",\"format\":1,\"factors\":[]}}"),
+    )
+    .expect("write the state file");
+    let settings = format!("{SETTINGS}state_file = {}\n", state.display());
+    let mut pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    pw.reload();
+    assert!(
+        pw.wait_exit(Duration::from_millis(500)).is_none(),
+        "a SIGHUP ended pgward\n{}",
+        pw.log()
+    );
+    let reloaded = eventually(10 * SECOND, || pw.log().contains("configuration reloaded"));
+    assert!(reloaded, "no reload\n{}", pw.log());
+    assert!(pw.wait_exit(Duration::ZERO).is_none(), "{}", pw.log());
+}
+
 /// A pgward process started by hand on `port` with so_reuseport and `settings` (the fixture
 /// picks its own port): its ini, log and Unix socket in `dir`, and its pidfile there too, shared
 /// with any other instance started in the same `dir`.
