@@ -86,9 +86,14 @@ pub enum Payment {
 }
 
 /// An admitted request: what it is, where it waits, what it paid. Not `Clone`: what it paid
-/// is refunded once.
+/// is refunded once. Its fields are boxed: a pass moves through the gate's queue, the
+/// grant, the waiter's channel and the session's futures, each move a pointer's.
 #[derive(Debug)]
-pub struct Pass {
+pub struct Pass(Box<PassFields>);
+
+/// What a [`Pass`] holds.
+#[derive(Debug)]
+pub struct PassFields {
     /// Its number.
     pub id: TicketId,
     /// The client session.
@@ -138,7 +143,26 @@ pub(super) struct Places {
     pub(super) upstream: super::registry::Place,
 }
 
+impl std::ops::Deref for Pass {
+    type Target = PassFields;
+
+    fn deref(&self) -> &PassFields {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Pass {
+    fn deref_mut(&mut self) -> &mut PassFields {
+        &mut self.0
+    }
+}
+
 impl Pass {
+    /// A pass holding `fields`.
+    pub(super) fn new(fields: PassFields) -> Pass {
+        Pass(Box::new(fields))
+    }
+
     /// Its upstream, and where the gate keeps it.
     pub fn near(&self) -> Near<'_> {
         Near {

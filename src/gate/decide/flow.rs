@@ -1,6 +1,7 @@
 //! Admission, spending and refunds; kills.
 
 use super::*;
+use crate::gate::pass::PassFields;
 use crate::gate::RequestKind;
 
 /// Statements kept in quarantine at most (a flood of flips cannot grow the map).
@@ -102,7 +103,7 @@ impl<W> Gate<W> {
             config.timeouts.statement,
         ];
         let within = limits.into_iter().flatten().filter(|d| !d.is_zero()).min();
-        Pass {
+        Pass::new(PassFields {
             id,
             client_id: req.client_id,
             tenant,
@@ -119,7 +120,7 @@ impl<W> Gate<W> {
             waited_for_budget: false,
             payment: Payment::Unpaid,
             places,
-        }
+        })
     }
 
     fn charge_min(&mut self, mut pass: Pass, now: Instant) -> Pass {
