@@ -467,6 +467,10 @@ impl<W> Gate<W> {
 
     /// [`waits_elsewhere`](Self::waits_elsewhere), given where they were kept.
     fn waits_elsewhere_near(&self, places: Places, tenant: &Arc<str>, upstream: &Arc<str>) -> bool {
+        if self.upstreams.len() == 1 {
+            // One upstream: every wait is there.
+            return false;
+        }
         let state = self.tenants.get_at(places.tenant, tenant);
         waits_beyond(
             state,
