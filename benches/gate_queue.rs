@@ -29,6 +29,7 @@ fn request(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         sent_at: now,
         statement_timeout: None,
         deadline: None,
+        hint: None,
     }
 }
 

@@ -367,6 +367,7 @@ impl Simulation {
             sent_at: now,
             statement_timeout: e.timeout.and_then(|s| Duration::try_from_secs_f64(s).ok()),
             deadline: e.deadline.and_then(|s| Duration::try_from_secs_f64(s).ok()),
+            hint: None,
         };
         let kind = req.kind;
         match self.gate.admit(&req, now) {

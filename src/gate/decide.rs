@@ -12,8 +12,8 @@ use super::fair::{FairQueue, Rank};
 use super::kills::{KillRow, KillTarget, Kills};
 use super::pass::Places;
 use super::pass::{
-    Cost, Decision, Expired, Granted, Grants, Lane, Near, Pass, Payment, Request, Slot, Spent,
-    TicketId,
+    Cost, Decision, Expired, Granted, Grants, Hint, Lane, Near, Pass, Payment, Request, Slot,
+    Spent, TicketId,
 };
 use super::refusal::{Refusal, RefusalReason};
 use super::registry::{Place, Registry};
@@ -256,6 +256,8 @@ struct Upstream<W> {
     pools: BTreeMap<String, (String, usize)>,
     /// Each database's `max_db_connections` (0: none).
     database_caps: BTreeMap<String, usize>,
+    /// How many times `pools` or `database_caps` changed (a hint noted before is stale).
+    pools_noted: u64,
     /// Their sum: slots of both lanes together never exceed it, so a slot is a server.
     capacity: usize,
     /// Idle servers of runaway tenants that may still be closed (refilled per second).
@@ -283,6 +285,7 @@ impl<W> Upstream<W> {
             waiting: BTreeMap::new(),
             pools: BTreeMap::new(),
             database_caps: BTreeMap::new(),
+            pools_noted: 0,
             capacity: usize::MAX,
             evict_tokens: 0.0,
             evicted_at: None,
@@ -484,6 +487,9 @@ impl<W> Gate<W> {
 
     /// [`note_pool`](Self::note_pool), and where the upstream is kept.
     fn note_pool_at(&mut self, req: &Request) -> Place {
+        if let Some(place) = self.hinted_upstream(req) {
+            return place;
+        }
         let place = self.upstream_place(req.upstream);
         let up = self.upstreams.at_mut(place);
         let servers = req.pool_size.max(1);
@@ -495,6 +501,7 @@ impl<W> Gate<W> {
         if same_pool && same_cap {
             return place;
         }
+        up.pools_noted += 1;
         up.pools
             .insert(req.pool.to_string(), (req.database.to_string(), servers));
         up.database_caps
@@ -559,6 +566,62 @@ impl<W> Gate<W> {
     }
 
     /// A tenant's time limits, for the session to enforce.
+    /// The place of `req`'s upstream from its hint, if the hint holds for it: the same
+    /// upstream at the same place, and its pool noted there with the same sizes since.
+    fn hinted_upstream(&self, req: &Request) -> Option<Place> {
+        let h = req.hint?;
+        let place = h.places.upstream;
+        if !self.upstreams.holds(place, &h.upstream) {
+            return None;
+        }
+        let up = self.upstreams.at(place);
+        let same = up.pools_noted == h.pools_noted
+            && h.sizes == (req.pool_size, req.database_cap)
+            && *h.upstream == *req.upstream
+            && *h.pool == *req.pool
+            && *h.database == *req.database;
+        same.then_some(place)
+    }
+
+    /// The place of `req`'s tenant from its hint, if the hint holds for it.
+    fn hinted_tenant(&self, req: &Request) -> Option<Place> {
+        let h = req.hint?;
+        let place = h.places.tenant;
+        (self.tenants.holds(place, &h.tenant) && *h.tenant == *req.tenant).then_some(place)
+    }
+
+    /// A hint for the next request of `req`'s session, admitted as `pass`, unless the one it
+    /// brought already says the same.
+    pub fn hint(&self, req: &Request, pass: &Pass) -> Option<Hint> {
+        let same = req.hint.is_some_and(|h| {
+            h.places == pass.places
+                && Arc::ptr_eq(&h.tenant, &pass.tenant)
+                && Arc::ptr_eq(&h.upstream, &pass.upstream)
+                && self.hinted_upstream(req).is_some()
+        });
+        if same || !self.upstreams.holds(pass.places.upstream, &pass.upstream) {
+            return None;
+        }
+        let up = self.upstreams.at(pass.places.upstream);
+        Some(Hint {
+            places: pass.places,
+            tenant: Arc::clone(&pass.tenant),
+            upstream: Arc::clone(&pass.upstream),
+            database: Arc::clone(&pass.database),
+            pool: Arc::from(req.pool),
+            sizes: (req.pool_size, req.database_cap),
+            pools_noted: up.pools_noted,
+        })
+    }
+
+    /// The timeouts of `req`'s tenant.
+    pub fn timeouts_of(&self, req: &Request) -> TenantTimeouts {
+        match self.hinted_tenant(req) {
+            Some(place) => self.tenants.at(place).config.timeouts,
+            None => self.timeouts(req.tenant),
+        }
+    }
+
     pub fn timeouts(&self, tenant: &str) -> TenantTimeouts {
         self.tenants
             .get(tenant)

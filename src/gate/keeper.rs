@@ -26,6 +26,8 @@ pub struct Admitted {
     /// For a request priced before admission and admitted: its charge, and the slot taken
     /// with it, if one was asked for and free.
     pub paid: Option<Result<(Spent, SlotLook), Refusal>>,
+    /// A new hint for the session's next request, when the one it brought was stale.
+    pub hint: Option<crate::gate::Hint>,
 }
 
 /// What a charge that may take a slot found.
@@ -563,10 +565,14 @@ impl Gatekeeper {
         now: Instant,
         priced: Option<(Cost, bool)>,
     ) -> Admitted {
-        let (limits, decision, paid) = {
+        let (limits, decision, paid, hint) = {
             let mut gate = self.lock();
-            let limits = gate.timeouts(request.tenant);
+            let limits = gate.timeouts_of(request);
             let mut decision = gate.admit(request, now);
+            let hint = match &decision {
+                Decision::Admit(pass) | Decision::Bypass(pass) => gate.hint(request, pass),
+                Decision::Refuse(_) => None,
+            };
             let paid = match (&mut decision, priced) {
                 (Decision::Admit(pass), Some((cost, takes_slot))) => {
                     let spend = |gate: &mut Gate<SlotWaiter>, pass: &mut Pass, now| {
@@ -579,7 +585,7 @@ impl Gatekeeper {
                 }
                 _ => None,
             };
-            (limits, decision, paid)
+            (limits, decision, paid, hint)
         };
         let paid = paid.map(|paid| {
             let (spent, slot) = self.after_pay(paid);
@@ -589,15 +595,26 @@ impl Gatekeeper {
             limits,
             decision,
             paid,
+            hint,
         }
     }
 
-    /// Gives a slot back and hands out what can be handed out now.
-    fn release(self: &Arc<Self>, slot: Slot) {
+    /// Settles `runs` (see [`settle`](Self::settle)), gives a slot back and hands out what
+    /// can be handed out now, in one turn of the lock.
+    fn release(self: &Arc<Self>, slot: Slot, runs: smallvec::SmallVec<[Settlement; 1]>) {
         let now = Instant::now();
         let granted = {
             let mut gate = self.lock();
+            let mut look = false;
+            for run in &runs {
+                let took = run.took.as_secs_f64();
+                let added = gate.settle_with(&slot, &run.tenant, run.charged, took, now);
+                look |= added < 0.0 && gate.has_waiters() && gate.budgeted(&run.tenant);
+            }
             let elsewhere = gate.release(&slot, now);
+            if look {
+                self.wake.notify_one();
+            }
             if !gate.has_waiters() {
                 return;
             }
@@ -674,6 +691,16 @@ impl Drop for Withdraw<'_> {
 pub struct SlotGuard {
     keeper: Arc<Gatekeeper>,
     slot: Option<Slot>,
+    /// Runs settled when the slot goes back.
+    runs: smallvec::SmallVec<[Settlement; 1]>,
+}
+
+/// A run's time, to settle with its tenant (see [`Gatekeeper::settle`]).
+#[derive(Debug)]
+pub struct Settlement {
+    pub tenant: Arc<str>,
+    pub charged: f64,
+    pub took: Duration,
 }
 
 impl SlotGuard {
@@ -681,6 +708,7 @@ impl SlotGuard {
         SlotGuard {
             keeper: keeper.clone(),
             slot: Some(slot),
+            runs: smallvec::SmallVec::new(),
         }
     }
 
@@ -688,12 +716,18 @@ impl SlotGuard {
     pub fn slot(&self) -> Option<&Slot> {
         self.slot.as_ref()
     }
+
+    /// `run` is settled in the same turn of the gate's lock as the slot's release, which the
+    /// caller is about to drop this guard for.
+    pub fn settle_on_release(&mut self, run: Settlement) {
+        self.runs.push(run);
+    }
 }
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            self.keeper.release(slot);
+            self.keeper.release(slot, std::mem::take(&mut self.runs));
         }
     }
 }
@@ -720,6 +754,7 @@ mod tests {
             sent_at: now,
             statement_timeout: None,
             deadline: None,
+            hint: None,
         }
     }
 
@@ -778,5 +813,57 @@ mod tests {
         let killed = keeper.admit(&request(2, now), now, Some((PRICE, true)));
         assert!(matches!(killed.decision, Decision::Refuse(_)));
         assert!(killed.paid.is_none());
+    }
+
+    fn charged(keeper: &Gatekeeper, tenant: &str) -> f64 {
+        let stats = keeper.lock().tenant_stats(Instant::now());
+        stats
+            .into_iter()
+            .find(|s| s.tenant == tenant)
+            .map_or(0.0, |s| s.charged)
+    }
+
+    #[test]
+    fn runs_settled_on_release_are_settled_in_the_releases_turn_of_the_lock() {
+        let keeper = Gatekeeper::new();
+        let now = Instant::now();
+        let admitted = keeper.admit(&request(1, now), now, Some((PRICE, true)));
+        let Some(Ok((_, SlotLook::Taken(mut slot)))) = admitted.paid else {
+            panic!("a slot: {:?}", admitted.paid);
+        };
+        let second = keeper.admit(&request(2, now), now, None);
+        let Decision::Admit(waiting) = second.decision else {
+            panic!("admitted");
+        };
+        assert!(
+            keeper.try_acquire(&waiting).is_none(),
+            "the one slot is held"
+        );
+        // The run took a second where a millisecond was charged; a run of another tenant in
+        // the same slot (a pipeline of two) is settled with its own.
+        let took = Duration::from_secs(1);
+        let runs = [("acme", PRICE.seconds), ("other", 0.0)];
+        for (tenant, charged) in runs {
+            let tenant = Arc::from(tenant);
+            slot.settle_on_release(Settlement {
+                tenant,
+                charged,
+                took,
+            });
+        }
+        assert!(
+            charged(&keeper, "acme") < 0.01,
+            "nothing settled before the release"
+        );
+        let before = locks(&keeper);
+        drop(slot);
+        assert_eq!(
+            locks(&keeper),
+            before + 1,
+            "settled and released in one turn"
+        );
+        assert!((charged(&keeper, "acme") - 1.0).abs() < 1e-6);
+        assert!((charged(&keeper, "other") - 1.0).abs() < 1e-6);
+        assert!(keeper.try_acquire(&waiting).is_some(), "the slot is back");
     }
 }

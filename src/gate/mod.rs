@@ -56,8 +56,8 @@ pub use fair::{FairQueue, Rank};
 pub use kills::{KillRow, KillTarget, Kills};
 pub use kind::{first_keyword, RequestKind, TxControl};
 pub use pass::{
-    Cost, Decision, Expired, Granted, Grants, Lane, Near, Pass, PassFields, Payment, Request, Slot,
-    Spent, TicketId,
+    Cost, Decision, Expired, Granted, Grants, Hint, Lane, Near, Pass, PassFields, Payment, Request,
+    Slot, Spent, TicketId,
 };
 pub use queue::{Ticket, WaitQueue};
 pub use refusal::{Refusal, RefusalReason, SQLSTATE_CANCELED, SQLSTATE_RESOURCES};

@@ -60,6 +60,8 @@ pub struct Request<'a> {
     pub statement_timeout: Option<Duration>,
     /// The `deadline` tag.
     pub deadline: Option<Duration>,
+    /// Where the gate found this session's last request (see [`Hint`]).
+    pub hint: Option<&'a Hint>,
 }
 
 impl Request<'_> {
@@ -133,6 +135,23 @@ pub struct PassFields {
 pub struct Near<'a> {
     pub(super) places: Places,
     pub(super) upstream: &'a Arc<str>,
+}
+
+/// Where the gate found a session's last admitted request: its tenant, upstream and pool,
+/// and the names it checked them by. A session's next request naming the same ones is
+/// admitted without looking them up by name; the gate trusts a hint only while its places
+/// still hold those very names and nothing was noted of the upstream's pools since.
+#[derive(Clone, Debug)]
+pub struct Hint {
+    pub(super) places: Places,
+    pub(super) tenant: Arc<str>,
+    pub(super) upstream: Arc<str>,
+    pub(super) database: Arc<str>,
+    pub(super) pool: Arc<str>,
+    /// The pool's `pool_size` and its database's `max_db_connections` as noted.
+    pub(super) sizes: (usize, usize),
+    /// The upstream's count of pool notes when this one was made.
+    pub(super) pools_noted: u64,
 }
 
 /// Where the gate keeps a pass's or slot's tenant and upstream (hints checked against the

@@ -2,6 +2,7 @@
 
 use super::*;
 use crate::sql::{Fingerprint, Priority};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const UP: &str = "db1";
@@ -44,6 +45,7 @@ fn req(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
         sent_at: now,
         statement_timeout: None,
         deadline: None,
+        hint: None,
     }
 }
 
@@ -1671,4 +1673,95 @@ fn a_budget_with_no_share_asks_only_for_what_waits_and_waits_without_spinning() 
     let wants = g.fleet_wants(t0);
     let b = wants.tenants.iter().find(|w| w.name == "b").expect("b");
     assert_eq!(b.demand, 2.0, "what waits asks for the whole rate");
+}
+
+/// Admits `r` as a session would: with the hint it keeps, which the gate renews when stale.
+fn admit_hinted(g: &mut Gate<u64>, r: &Request, kept: &mut Option<Hint>, now: Instant) -> Pass {
+    let r = Request {
+        hint: kept.as_ref(),
+        ..*r
+    };
+    let pass = admitted(g.admit(&r, now));
+    if let Some(h) = g.hint(&r, &pass) {
+        *kept = Some(h);
+    }
+    pass
+}
+
+#[test]
+fn a_sessions_hint_finds_its_tenant_and_upstream_and_is_renewed_only_when_stale() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=1000", t0);
+    let mut kept = None;
+    let first = admit_hinted(&mut g, &req("a", 1, t0), &mut kept, t0);
+    let hint = kept.clone().expect("a first hint");
+    let again = admit_hinted(&mut g, &req("a", 1, t0), &mut kept, t0);
+    assert_eq!(again.places, first.places);
+    assert!(Arc::ptr_eq(&again.tenant, &first.tenant));
+    assert!(
+        Arc::ptr_eq(&kept.clone().unwrap().tenant, &hint.tenant),
+        "kept as it was"
+    );
+    // Another tenant with the same hint: charged to itself, and the hint follows it.
+    let mut b = admit_hinted(&mut g, &req("b", 1, t0), &mut kept, t0);
+    assert_eq!(&*b.tenant, "b");
+    assert_ne!(b.places.tenant, first.places.tenant);
+    assert_eq!(&*kept.clone().unwrap().tenant, "b");
+    g.spend(&mut b, cost(1.0), t0).expect("b pays");
+    assert_eq!(stats(&g, "b", t0).charged, 1.0);
+    assert_eq!(stats(&g, "a", t0).charged, 0.0);
+}
+
+#[test]
+fn a_hint_whose_tenant_was_forgotten_and_place_reused_finds_the_tenant_by_name() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let mut kept = None;
+    let old = admit_hinted(&mut g, &req("gone", 1, t0), &mut kept, t0);
+    drop(old);
+    g.forget_idle(t0 + secs(600.0));
+    // Another tenant takes the forgotten one's place.
+    let other = admitted(g.admit(&req("other", 2, t0), t0));
+    assert_eq!(other.places.tenant, kept.as_ref().unwrap().places.tenant);
+    let mut back = admit_hinted(&mut g, &req("gone", 1, t0), &mut kept, t0);
+    assert_eq!(&*back.tenant, "gone");
+    assert_ne!(back.places.tenant, other.places.tenant);
+    g.spend(&mut back, cost(2.0), t0).expect("pays");
+    assert_eq!(stats(&g, "gone", t0).charged, 2.0);
+    assert_eq!(stats(&g, "other", t0).charged, 0.0);
+}
+
+#[test]
+fn a_hint_never_skips_noting_a_pool_whose_size_changed_or_a_new_pool() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    g.set_all_lanes(LaneLimits {
+        fast: usize::MAX,
+        slow: 1,
+    });
+    let mut kept = None;
+    let mut r = req("a", 1, t0);
+    r.pool_size = 1;
+    let pass = admit_hinted(&mut g, &r, &mut kept, t0);
+    let held = g.try_acquire(&pass, t0).expect("the one server");
+    let pass = admit_hinted(&mut g, &r, &mut kept, t0);
+    assert!(g.try_acquire(&pass, t0).is_none(), "one server, one slot");
+    // A reload gives the pool two servers: the same session's next request says so.
+    r.pool_size = 2;
+    let pass = admit_hinted(&mut g, &r, &mut kept, t0);
+    let second = g.try_acquire(&pass, t0).expect("a second slot");
+    // Another session's pool onto the same upstream: this session's hint is stale, and its
+    // next request is noted again (and renews it).
+    let before = kept.clone().unwrap();
+    let mut other = req("a", 2, t0);
+    other.pool = "db2/app";
+    other.pool_size = 1;
+    admitted(g.admit(&other, t0));
+    let pass = admit_hinted(&mut g, &r, &mut kept, t0);
+    assert_ne!(kept.as_ref().unwrap().pools_noted, before.pools_noted);
+    let third = g.try_acquire(&pass, t0).expect("three servers now");
+    for s in [held, second, third] {
+        g.release(&s, t0);
+    }
 }

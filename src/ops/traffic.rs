@@ -319,6 +319,7 @@ mod tests {
             sent_at: Instant::now(),
             statement_timeout: Some(Duration::from_secs(2)),
             deadline: None,
+            hint: None,
         };
         let arrival = Arrival::of(&req, Instant::now(), SystemTime::now());
         let outcome = Outcome {

@@ -30,6 +30,7 @@ use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, Judged, PlanFactorKey, PlanKey, PlanSummary,
     Relation,
 };
+use crate::gate::keeper::Settlement;
 use crate::gate::keeper::{SlotAnswer, SlotGuard, SlotLook};
 use crate::gate::RefusalReason;
 use crate::gate::{
@@ -71,6 +72,8 @@ pub(in crate::session) struct GateState {
     pub limits: TenantTimeouts,
     /// That tenant.
     pub tenant: Arc<str>,
+    /// Where the gate found it, its upstream and its pool (see [`crate::gate::Hint`]).
+    pub hint: Option<crate::gate::Hint>,
     /// pgward cancelled the running request at the tenant's statement timeout: its 57014
     /// says so.
     pub timed_out: Option<Duration>,
@@ -303,6 +306,16 @@ impl Run {
     }
 }
 
+/// What becomes of the session's slot once a run is settled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::session) enum SlotAfter {
+    /// It goes back next, with nothing awaited before but the server's own release: the
+    /// run is settled in the same turn of the gate's lock.
+    Goes,
+    /// It stays (a transaction is open, or more is to run first): the run is settled now.
+    Stays,
+}
+
 /// Each part's share of `took`, the run's time, in proportion to its prediction (evenly when
 /// nothing was predicted).
 fn shares(parts: &[Part], took: Duration) -> smallvec::SmallVec<[Duration; 2]> {
@@ -332,9 +345,14 @@ impl GateState {
     /// The server owes this client nothing (or the session lost its server): the run's time
     /// is settled with the tenants of its requests, and a request that ran alone and ended
     /// normally teaches its time.
-    pub fn end_run(&mut self, keeper: &crate::gate::keeper::Gatekeeper, stats: Option<StatsSink>) {
+    pub fn end_run(
+        &mut self,
+        keeper: &crate::gate::keeper::Gatekeeper,
+        stats: Option<StatsSink>,
+        slot: SlotAfter,
+    ) {
         let mut run = std::mem::take(&mut self.run);
-        self.settle_run(&run, keeper, stats);
+        self.settle_run(&run, keeper, stats, slot);
         // The next run keeps the lists' room (emptied: what they held is dropped here), a
         // little of it after a long pipeline.
         run.parts.clear();
@@ -351,6 +369,7 @@ impl GateState {
         run: &Run,
         keeper: &crate::gate::keeper::Gatekeeper,
         stats: Option<StatsSink>,
+        slot: SlotAfter,
     ) {
         // One reading of the clock for the run's end.
         let now = Instant::now();
@@ -376,12 +395,13 @@ impl GateState {
             // Server work no request was admitted for (a portal's later Executes): the
             // tenant last admitted pays it.
             if !self.tenant.is_empty() {
-                keeper.settle(&self.tenant, 0.0, took);
+                let tenant = Arc::clone(&self.tenant);
+                self.settle(keeper, slot, tenant, 0.0, took);
             }
             return;
         }
         for (part, own) in run.parts.iter().zip(shares) {
-            keeper.settle(&part.tenant, part.charged, own);
+            self.settle(keeper, slot, Arc::clone(&part.tenant), part.charged, own);
         }
         if let ([part], false) = (run.parts.as_slice(), run.failed) {
             // Its time against its usual one: the adaptive limit's measure of the fast
@@ -396,6 +416,26 @@ impl GateState {
                 keeper.note_run(slot, statement, took, *cost);
             }
             learn(keeper, part, took);
+        }
+    }
+
+    /// Settles a run's `took` with `tenant`, charged `charged` before it ran: with the
+    /// slot's release when the slot goes back next, in the same turn of the gate's lock.
+    fn settle(
+        &mut self,
+        keeper: &crate::gate::keeper::Gatekeeper,
+        slot: SlotAfter,
+        tenant: Arc<str>,
+        charged: f64,
+        took: Duration,
+    ) {
+        match (slot, self.slot.as_mut()) {
+            (SlotAfter::Goes, Some(guard)) => guard.settle_on_release(Settlement {
+                tenant,
+                charged,
+                took,
+            }),
+            _ => keeper.settle(&tenant, charged, took),
         }
     }
 
@@ -420,7 +460,7 @@ impl GateState {
     ) {
         self.run.failed = true;
         self.run.error.get_or_insert_with(|| sqlstate.to_string());
-        self.end_run(keeper, stats);
+        self.end_run(keeper, stats, SlotAfter::Stays);
         self.forget_deferred();
     }
 
@@ -978,6 +1018,9 @@ impl Session {
         };
         let admitted = keeper.admit(&request, now, charge);
         self.gate.limits = admitted.limits;
+        if let Some(hint) = admitted.hint {
+            self.gate.hint = Some(hint);
+        }
         self.gate.tenant = Arc::clone(&tenant);
         let mut paid = admitted.paid;
         let (mut pass, bypass) = match admitted.decision {
@@ -1397,6 +1440,7 @@ impl Session {
                 .and_then(crate::gate::parse_duration)
                 .filter(|d| !d.is_zero()),
             deadline: None,
+            hint: self.gate.hint.as_ref(),
         }
     }
 
@@ -2350,6 +2394,7 @@ mod tests {
             sent_at: Instant::now(),
             statement_timeout: None,
             deadline: None,
+            hint: None,
         };
         let arrival = Arrival::of(&request, Instant::now(), std::time::SystemTime::now());
         Part {

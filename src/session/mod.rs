@@ -34,6 +34,7 @@ use crate::pool::{Pool, ServerGuard};
 use crate::runtime::Runtime;
 use crate::server::{Expected, OwnStatement, Route, ServerError};
 use crate::wire::{self, backend, frontend, sqlstate, ErrorResponse, FrameSpan, TxStatus};
+use admit::SlotAfter;
 use link::Link;
 use messages::{learn, server_message, ClientSide, MessageContext};
 use prepared::ClientStatements;
@@ -909,9 +910,14 @@ impl Session {
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
+        let slot = match link.server.tx == TxStatus::Idle && !self.gate.has_deferred() {
+            true => SlotAfter::Goes,
+            false => SlotAfter::Stays,
+        };
         self.gate.end_run(
             &self.rt.gatekeeper,
             stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            slot,
         );
         if self.gate.stale_plans {
             let db = &self.pool.key.db;
@@ -950,6 +956,7 @@ impl Session {
         self.gate.end_run(
             &self.rt.gatekeeper,
             stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            SlotAfter::Goes,
         );
         self.gate.forget_deferred();
         let Some(mut link) = self.link.take() else {

@@ -88,11 +88,15 @@ impl<W> Gate<W> {
     /// A pass for `req`, whose upstream is kept at `upstream`.
     fn new_pass(&mut self, req: &Request, upstream: Place, now: Instant) -> Pass {
         let id = self.next_ticket();
-        let database = self.names.get(req.database);
-        let places = Places {
-            tenant: self.tenant_place(req.tenant, now),
-            upstream,
+        let database = match req.hint {
+            Some(h) if *h.database == *req.database => Arc::clone(&h.database),
+            _ => self.names.get(req.database),
         };
+        let tenant = match self.hinted_tenant(req) {
+            Some(place) => place,
+            None => self.tenant_place(req.tenant, now),
+        };
+        let places = Places { tenant, upstream };
         // The registries keep the names the gate shares.
         let tenant = Arc::clone(self.tenants.name_at(places.tenant));
         let upstream = Arc::clone(self.upstreams.name_at(upstream));
@@ -232,9 +236,32 @@ impl<W> Gate<W> {
     /// lock waits already moved to the tenants it waited for (its credit) are taken off what
     /// it took. Returns the seconds added (negative when given back).
     pub fn settle(&mut self, tenant: &str, charged: f64, took: f64, now: Instant) -> f64 {
+        let place = self.tenant_place(tenant, now);
+        self.settle_in(place, charged, took, now)
+    }
+
+    /// [`settle`](Self::settle) for `tenant`, found through `slot` when it is the slot's.
+    pub fn settle_with(
+        &mut self,
+        slot: &Slot,
+        tenant: &str,
+        charged: f64,
+        took: f64,
+        now: Instant,
+    ) -> f64 {
+        let place =
+            match *slot.tenant == *tenant && self.tenants.holds(slot.places.tenant, &slot.tenant) {
+                true => slot.places.tenant,
+                false => self.tenant_place(tenant, now),
+            };
+        self.settle_in(place, charged, took, now)
+    }
+
+    /// [`settle`](Self::settle) for the tenant at `place`.
+    fn settle_in(&mut self, place: Place, charged: f64, took: f64, now: Instant) -> f64 {
         let took = if took.is_finite() { took.max(0.0) } else { 0.0 };
         self.totals.ran += took;
-        let state = self.tenant_mut(tenant, now);
+        let state = self.tenants.at_mut(place);
         state.ran += took;
         let moved = took.min(state.credit);
         state.credit -= moved;
