@@ -223,6 +223,14 @@ impl TenantState {
     }
 }
 
+/// What a request's hint held: its upstream and pool (and with them its database), and its
+/// tenant's place.
+#[derive(Clone, Copy, Debug)]
+struct Hinted {
+    pool: bool,
+    tenant: Option<Place>,
+}
+
 #[derive(Debug)]
 struct LaneState<W> {
     active: usize,
@@ -486,9 +494,9 @@ impl<W> Gate<W> {
     }
 
     /// [`note_pool`](Self::note_pool), and where the upstream is kept.
-    fn note_pool_at(&mut self, req: &Request) -> Place {
+    fn note_pool_at(&mut self, req: &Request) -> (Place, bool) {
         if let Some(place) = self.hinted_upstream(req) {
-            return place;
+            return (place, true);
         }
         let place = self.upstream_place(req.upstream);
         let up = self.upstreams.at_mut(place);
@@ -499,7 +507,7 @@ impl<W> Gate<W> {
             .is_some_and(|(db, n)| db == req.database && *n == servers);
         let same_cap = up.database_caps.get(req.database) == Some(&req.database_cap);
         if same_pool && same_cap {
-            return place;
+            return (place, false);
         }
         up.pools_noted += 1;
         up.pools
@@ -520,7 +528,7 @@ impl<W> Gate<W> {
                 },
             )
             .fold(0usize, usize::saturating_add);
-        place
+        (place, false)
     }
 
     /// Sets a tenant's settings (from the policy file). Its balance is kept, within the new
@@ -590,20 +598,13 @@ impl<W> Gate<W> {
         (self.tenants.holds(place, &h.tenant) && *h.tenant == *req.tenant).then_some(place)
     }
 
-    /// A hint for the next request of `req`'s session, admitted as `pass`, unless the one it
-    /// brought already says the same.
-    pub fn hint(&self, req: &Request, pass: &Pass) -> Option<Hint> {
-        let same = req.hint.is_some_and(|h| {
-            h.places == pass.places
-                && Arc::ptr_eq(&h.tenant, &pass.tenant)
-                && Arc::ptr_eq(&h.upstream, &pass.upstream)
-                && self.hinted_upstream(req).is_some()
-        });
-        if same || !self.upstreams.holds(pass.places.upstream, &pass.upstream) {
+    /// A hint for the next request of `req`'s session, admitted as `pass`.
+    fn hint(&self, req: &Request, pass: &Pass) -> Option<Box<Hint>> {
+        if !self.upstreams.holds(pass.places.upstream, &pass.upstream) {
             return None;
         }
         let up = self.upstreams.at(pass.places.upstream);
-        Some(Hint {
+        Some(Box::new(Hint {
             places: pass.places,
             tenant: Arc::clone(&pass.tenant),
             upstream: Arc::clone(&pass.upstream),
@@ -611,14 +612,14 @@ impl<W> Gate<W> {
             pool: Arc::from(req.pool),
             sizes: (req.pool_size, req.database_cap),
             pools_noted: up.pools_noted,
-        })
+        }))
     }
 
-    /// The timeouts of `req`'s tenant.
-    pub fn timeouts_of(&self, req: &Request) -> TenantTimeouts {
-        match self.hinted_tenant(req) {
-            Some(place) => self.tenants.at(place).config.timeouts,
-            None => self.timeouts(req.tenant),
+    /// The timeouts of the tenant of `pass`.
+    pub fn timeouts_of(&self, pass: &Pass) -> TenantTimeouts {
+        match self.tenants.holds(pass.places.tenant, &pass.tenant) {
+            true => self.tenants.at(pass.places.tenant).config.timeouts,
+            false => self.timeouts(&pass.tenant),
         }
     }
 

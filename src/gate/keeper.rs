@@ -27,7 +27,7 @@ pub struct Admitted {
     /// with it, if one was asked for and free.
     pub paid: Option<Result<(Spent, SlotLook), Refusal>>,
     /// A new hint for the session's next request, when the one it brought was stale.
-    pub hint: Option<crate::gate::Hint>,
+    pub hint: Option<Box<crate::gate::Hint>>,
 }
 
 /// What a charge that may take a slot found.
@@ -567,11 +567,10 @@ impl Gatekeeper {
     ) -> Admitted {
         let (limits, decision, paid, hint) = {
             let mut gate = self.lock();
-            let limits = gate.timeouts_of(request);
-            let mut decision = gate.admit(request, now);
-            let hint = match &decision {
-                Decision::Admit(pass) | Decision::Bypass(pass) => gate.hint(request, pass),
-                Decision::Refuse(_) => None,
+            let (mut decision, hint) = gate.admit_hinted(request, now);
+            let limits = match &decision {
+                Decision::Admit(pass) | Decision::Bypass(pass) => gate.timeouts_of(pass),
+                Decision::Refuse(_) => gate.timeouts(request.tenant),
             };
             let paid = match (&mut decision, priced) {
                 (Decision::Admit(pass), Some((cost, takes_slot))) => {
@@ -599,22 +598,19 @@ impl Gatekeeper {
         }
     }
 
-    /// Settles `runs` (see [`settle`](Self::settle)), gives a slot back and hands out what
-    /// can be handed out now, in one turn of the lock.
-    fn release(self: &Arc<Self>, slot: Slot, runs: smallvec::SmallVec<[Settlement; 1]>) {
+    /// Settles `run` with the slot's tenant (see [`settle`](Self::settle)), gives the slot
+    /// back and hands out what can be handed out now, in one turn of the lock.
+    fn release(self: &Arc<Self>, slot: Slot, run: Option<Settlement>) {
         let now = Instant::now();
         let granted = {
             let mut gate = self.lock();
-            let mut look = false;
-            for run in &runs {
-                let took = run.took.as_secs_f64();
-                let added = gate.settle_with(&slot, &run.tenant, run.charged, took, now);
-                look |= added < 0.0 && gate.has_waiters() && gate.budgeted(&run.tenant);
+            if let Some(run) = run {
+                let added = gate.settle_slot(&slot, run.charged, run.took, now);
+                if added < 0.0 && gate.has_waiters() && gate.budgeted(&slot.tenant) {
+                    self.wake.notify_one();
+                }
             }
             let elsewhere = gate.release(&slot, now);
-            if look {
-                self.wake.notify_one();
-            }
             if !gate.has_waiters() {
                 return;
             }
@@ -691,16 +687,16 @@ impl Drop for Withdraw<'_> {
 pub struct SlotGuard {
     keeper: Arc<Gatekeeper>,
     slot: Option<Slot>,
-    /// Runs settled when the slot goes back.
-    runs: smallvec::SmallVec<[Settlement; 1]>,
+    /// A run of the slot's tenant, settled when the slot goes back.
+    run: Option<Settlement>,
 }
 
-/// A run's time, to settle with its tenant (see [`Gatekeeper::settle`]).
-#[derive(Debug)]
-pub struct Settlement {
-    pub tenant: Arc<str>,
-    pub charged: f64,
-    pub took: Duration,
+/// A run's time, in seconds: charged before it ran, and what it took (see
+/// [`Gatekeeper::settle`]).
+#[derive(Clone, Copy, Debug)]
+struct Settlement {
+    charged: f64,
+    took: f64,
 }
 
 impl SlotGuard {
@@ -708,7 +704,7 @@ impl SlotGuard {
         SlotGuard {
             keeper: keeper.clone(),
             slot: Some(slot),
-            runs: smallvec::SmallVec::new(),
+            run: None,
         }
     }
 
@@ -717,17 +713,24 @@ impl SlotGuard {
         self.slot.as_ref()
     }
 
-    /// `run` is settled in the same turn of the gate's lock as the slot's release, which the
-    /// caller is about to drop this guard for.
-    pub fn settle_on_release(&mut self, run: Settlement) {
-        self.runs.push(run);
+    /// Keeps a run of `tenant` to settle in the same turn of the gate's lock as the slot's
+    /// release, which the caller is about to drop this guard for; false when it cannot (the
+    /// run is not the slot's tenant's, or one is kept already): the caller settles it now.
+    pub fn settle_on_release(&mut self, tenant: &str, charged: f64, took: Duration) -> bool {
+        let own = self.slot.as_ref().is_some_and(|s| *s.tenant == *tenant);
+        if !own || self.run.is_some() {
+            return false;
+        }
+        let took = took.as_secs_f64();
+        self.run = Some(Settlement { charged, took });
+        true
     }
 }
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
         if let Some(slot) = self.slot.take() {
-            self.keeper.release(slot, std::mem::take(&mut self.runs));
+            self.keeper.release(slot, self.run.take());
         }
     }
 }
@@ -839,18 +842,12 @@ mod tests {
             keeper.try_acquire(&waiting).is_none(),
             "the one slot is held"
         );
-        // The run took a second where a millisecond was charged; a run of another tenant in
-        // the same slot (a pipeline of two) is settled with its own.
+        // The run took a second where a millisecond was charged; one run is kept, and
+        // neither a second nor another tenant's.
         let took = Duration::from_secs(1);
-        let runs = [("acme", PRICE.seconds), ("other", 0.0)];
-        for (tenant, charged) in runs {
-            let tenant = Arc::from(tenant);
-            slot.settle_on_release(Settlement {
-                tenant,
-                charged,
-                took,
-            });
-        }
+        assert!(slot.settle_on_release("acme", PRICE.seconds, took));
+        assert!(!slot.settle_on_release("acme", 0.0, took));
+        assert!(!slot.settle_on_release("other", 0.0, took));
         assert!(
             charged(&keeper, "acme") < 0.01,
             "nothing settled before the release"
@@ -863,7 +860,6 @@ mod tests {
             "settled and released in one turn"
         );
         assert!((charged(&keeper, "acme") - 1.0).abs() < 1e-6);
-        assert!((charged(&keeper, "other") - 1.0).abs() < 1e-6);
         assert!(keeper.try_acquire(&waiting).is_some(), "the slot is back");
     }
 }

@@ -1676,16 +1676,21 @@ fn a_budget_with_no_share_asks_only_for_what_waits_and_waits_without_spinning() 
 }
 
 /// Admits `r` as a session would: with the hint it keeps, which the gate renews when stale.
-fn admit_hinted(g: &mut Gate<u64>, r: &Request, kept: &mut Option<Hint>, now: Instant) -> Pass {
+fn admit_hinted(
+    g: &mut Gate<u64>,
+    r: &Request,
+    kept: &mut Option<Box<Hint>>,
+    now: Instant,
+) -> Pass {
     let r = Request {
-        hint: kept.as_ref(),
+        hint: kept.as_deref(),
         ..*r
     };
-    let pass = admitted(g.admit(&r, now));
-    if let Some(h) = g.hint(&r, &pass) {
+    let (decision, hint) = g.admit_hinted(&r, now);
+    if let Some(h) = hint {
         *kept = Some(h);
     }
-    pass
+    admitted(decision)
 }
 
 #[test]

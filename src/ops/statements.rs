@@ -283,22 +283,19 @@ impl Statements {
 
     fn row(&mut self, key: KeyRef<'_>) -> &mut StatementRow {
         let slot = self.slot_of(key);
-        let known = self
+        let at = self
             .rows
             .get(&slot)
-            .is_some_and(|rows| rows.iter().any(|(k, _)| key.matches(k)));
-        if !known && self.count >= self.max_rows {
+            .and_then(|rows| rows.iter().position(|(k, _)| key.matches(k)));
+        if at.is_none() && self.count >= self.max_rows {
             self.evict();
         }
         let rows = self.rows.entry(slot).or_default();
-        let at = match rows.iter().position(|(k, _)| key.matches(k)) {
-            Some(i) => i,
-            None => {
-                rows.push((key.owned(), StatementRow::default()));
-                self.count += 1;
-                rows.len() - 1
-            }
-        };
+        let at = at.unwrap_or_else(|| {
+            rows.push((key.owned(), StatementRow::default()));
+            self.count += 1;
+            rows.len() - 1
+        });
         &mut rows[at].1
     }
 

@@ -30,7 +30,6 @@ use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, Judged, PlanFactorKey, PlanKey, PlanSummary,
     Relation,
 };
-use crate::gate::keeper::Settlement;
 use crate::gate::keeper::{SlotAnswer, SlotGuard, SlotLook};
 use crate::gate::RefusalReason;
 use crate::gate::{
@@ -73,7 +72,7 @@ pub(in crate::session) struct GateState {
     /// That tenant.
     pub tenant: Arc<str>,
     /// Where the gate found it, its upstream and its pool (see [`crate::gate::Hint`]).
-    pub hint: Option<crate::gate::Hint>,
+    pub hint: Option<Box<crate::gate::Hint>>,
     /// pgward cancelled the running request at the tenant's statement timeout: its 57014
     /// says so.
     pub timed_out: Option<Duration>,
@@ -396,12 +395,12 @@ impl GateState {
             // tenant last admitted pays it.
             if !self.tenant.is_empty() {
                 let tenant = Arc::clone(&self.tenant);
-                self.settle(keeper, slot, tenant, 0.0, took);
+                self.settle(keeper, slot, &tenant, 0.0, took);
             }
             return;
         }
         for (part, own) in run.parts.iter().zip(shares) {
-            self.settle(keeper, slot, Arc::clone(&part.tenant), part.charged, own);
+            self.settle(keeper, slot, &part.tenant, part.charged, own);
         }
         if let ([part], false) = (run.parts.as_slice(), run.failed) {
             // Its time against its usual one: the adaptive limit's measure of the fast
@@ -425,17 +424,16 @@ impl GateState {
         &mut self,
         keeper: &crate::gate::keeper::Gatekeeper,
         slot: SlotAfter,
-        tenant: Arc<str>,
+        tenant: &str,
         charged: f64,
         took: Duration,
     ) {
-        match (slot, self.slot.as_mut()) {
-            (SlotAfter::Goes, Some(guard)) => guard.settle_on_release(Settlement {
-                tenant,
-                charged,
-                took,
-            }),
-            _ => keeper.settle(&tenant, charged, took),
+        let kept = match (slot, self.slot.as_mut()) {
+            (SlotAfter::Goes, Some(guard)) => guard.settle_on_release(tenant, charged, took),
+            _ => false,
+        };
+        if !kept {
+            keeper.settle(tenant, charged, took);
         }
     }
 
@@ -627,10 +625,10 @@ impl Work {
         use std::hash::{Hash, Hasher};
         let mut h = std::collections::hash_map::DefaultHasher::new();
         match self {
-            Work::Query(t) => match std::str::from_utf8(t) {
+            Work::Query(t) => match may_comment(t).then(|| std::str::from_utf8(t).ok()) {
                 // Comments (a sqlcommenter tag, a trace id) are no constants: the tokens
                 // without them, as PostgreSQL's scanner reads them.
-                Ok(t) if t.contains("/*") || t.contains("--") => hash_tokens(t, &mut h),
+                Some(Some(t)) => hash_tokens(t, &mut h),
                 _ => t.hash(&mut h),
             },
             Work::Bind { parsed, tail, .. } => {
@@ -884,7 +882,9 @@ impl Session {
                 Some(again) => Arc::clone(&again.analysis),
                 None => {
                     let memo = self.readings.memo(governance, at);
-                    governance.analyzer.analyze_with(t, &context, memo)
+                    governance
+                        .analyzer
+                        .analyze_utf8_with(t, text, &context, memo)
                 }
             }
         });
@@ -1085,9 +1085,7 @@ impl Session {
             // waits for a slot: it may hold locks that the statements ahead of it in the
             // queue wait for.
             if self.link.is_none() && self.mode == crate::config::PoolMode::Session {
-                let asked = Instant::now();
-                self.attach(io).await?;
-                for_server += asked.elapsed();
+                for_server += self.attach(io).await?;
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
                 let answer = self
@@ -1109,9 +1107,7 @@ impl Session {
                 }
             }
             if self.link.is_none() {
-                let asked = Instant::now();
-                self.attach(io).await?;
-                for_server += asked.elapsed();
+                for_server += self.attach(io).await?;
             }
             if bypass {
                 self.note_waited(governance, &pass);
@@ -1440,7 +1436,7 @@ impl Session {
                 .and_then(crate::gate::parse_duration)
                 .filter(|d| !d.is_zero()),
             deadline: None,
-            hint: self.gate.hint.as_ref(),
+            hint: self.gate.hint.as_deref(),
         }
     }
 
@@ -2241,6 +2237,12 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
 }
 
 /// Hashes the tokens of `text` but its comments (the whole text if the scanner refuses it).
+/// Whether `text` holds `/*` or `--` (where a comment may begin).
+fn may_comment(text: &[u8]) -> bool {
+    memchr::memchr2_iter(b'/', b'-', text)
+        .any(|i| text.get(i + 1) == Some(&if text[i] == b'/' { b'*' } else { b'-' }))
+}
+
 fn hash_tokens(text: &str, h: &mut impl std::hash::Hasher) {
     use pg_query::protobuf::Token;
     use std::hash::Hash;
@@ -2491,5 +2493,23 @@ mod tests {
         let total: f64 = lines.iter().filter_map(|e| e.took).sum();
         assert!((total - 1.0).abs() < 1e-6, "{total}");
         assert!(lines.iter().all(|e| e.predicted == Some(0.01)));
+    }
+
+    #[test]
+    fn a_query_s_constants_leave_out_its_comments_and_only_its_comments() {
+        let q = |t: &'static str| Work::Query(Bytes::from_static(t.as_bytes())).constants();
+        let tagged = q("SELECT 1 /* tenant='a' */");
+        assert_eq!(tagged, q("SELECT 1 /* tenant='b' */"));
+        assert_eq!(q("SELECT 1 -- one"), q("SELECT 1 -- two"));
+        assert_ne!(tagged, q("SELECT 2 /* tenant='a' */"));
+        // A slash or a minus alone is no comment: the text is read as it is.
+        assert_ne!(q("SELECT 4 / 2"), q("SELECT 4 /2"));
+        assert_ne!(q("SELECT 4 - 2"), q("SELECT 4 -2"));
+        for text in ["-", "/", "a-", "a/", "a-/", "a/-"] {
+            assert!(!may_comment(text.as_bytes()), "{text}");
+        }
+        for text in ["--", "/*", "a--b", "x/*", "- --", "/ /*"] {
+            assert!(may_comment(text.as_bytes()), "{text}");
+        }
     }
 }

@@ -666,9 +666,10 @@ impl Session {
     }
 
     /// Checks out a server (waiting in the pool's queue) and brings its tracked
-    /// parameters in line with the client's.
-    async fn attach(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
-        let ticket = Ticket::new(self.id, Instant::now());
+    /// parameters in line with the client's. How long that took.
+    async fn attach(&mut self, io: &mut ClientIo) -> Result<Duration, SessionError> {
+        let asked = Instant::now();
+        let ticket = Ticket::new(self.id, asked);
         let mut server = {
             // query_wait_notify: a client queued that long is told so, once. The pool's
             // queue keeps the time, so a wait sets no timer of its own.
@@ -715,7 +716,7 @@ impl Session {
             unnamed_ours: false,
             unreported_named: false,
         });
-        Ok(())
+        Ok(now.saturating_duration_since(asked))
     }
 
     /// Sets on `server` the tracked parameters whose values differ from the client's (the

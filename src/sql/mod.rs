@@ -404,8 +404,25 @@ impl Analyzer {
         context: &ParseContext,
         memo: &mut ShapeMemo,
     ) -> Arc<Analysis> {
+        let utf8 = std::str::from_utf8(text).ok();
+        self.analyze_utf8_with(text, utf8, context, memo)
+    }
+
+    /// [`analyze_with`](Self::analyze_with) of `text`, whose UTF-8 reading the caller may
+    /// have: `utf8`, trusted only as the very same bytes (else `text` is read again).
+    pub fn analyze_utf8_with(
+        &self,
+        text: &[u8],
+        utf8: Option<&str>,
+        context: &ParseContext,
+        memo: &mut ShapeMemo,
+    ) -> Arc<Analysis> {
         let mode = context.mode();
-        let Some(key) = std::str::from_utf8(text).ok() else {
+        let key = match utf8 {
+            Some(u) if std::ptr::eq(u.as_bytes(), text) => Some(u),
+            _ => std::str::from_utf8(text).ok(),
+        };
+        let Some(key) = key else {
             return self.analyze(text, context);
         };
         // Only what the fast reader reads is looked up in the memo: a text it declines is

@@ -621,3 +621,26 @@ fn pg_stat_statements_normalized_text_has_the_fingerprint_of_the_statement() {
         );
     }
 }
+
+/// A caller's UTF-8 reading is taken only for the very bytes analyzed: any other is read
+/// again from the bytes.
+#[test]
+fn a_utf8_reading_of_other_bytes_is_not_taken() {
+    let ctx = ParseContext::server_defaults();
+    let analyzer = Analyzer::new(Depth::Tree, 100);
+    let mut memo = ShapeMemo::default();
+    let text = b"SELECT a FROM t";
+    let other = "DELETE FROM t";
+    let read = analyzer.analyze_utf8_with(text, Some(other), &ctx, &mut memo);
+    let fresh = Analyzer::new(Depth::Tree, 100);
+    assert_eq!(*read, *fresh.analyze(text, &ctx));
+    // Nothing was kept under the other text's name.
+    let deleted = analyzer.analyze_utf8_with(other.as_bytes(), Some(other), &ctx, &mut memo);
+    assert_eq!(*deleted, *fresh.analyze(other.as_bytes(), &ctx));
+    assert_ne!(*deleted, *read);
+    let same = std::str::from_utf8(text).unwrap();
+    let taken = analyzer.analyze_utf8_with(text, Some(same), &ctx, &mut memo);
+    assert_eq!(*taken, *read);
+    let unsure = analyzer.analyze_utf8_with(text, None, &ctx, &mut memo);
+    assert_eq!(*unsure, *read);
+}

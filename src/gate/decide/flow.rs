@@ -21,14 +21,36 @@ impl<W> Gate<W> {
     /// budget check (reserve): if the tenant already owes time, there is no point paying
     /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
     pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
-        let upstream = self.note_pool_at(req);
+        self.admit_hinted(req, now).0
+    }
+
+    /// [`admit`](Self::admit), with a new hint for the session's next request when the one
+    /// `req` brought did not hold (see [`Hint`]).
+    pub fn admit_hinted(&mut self, req: &Request, now: Instant) -> (Decision, Option<Box<Hint>>) {
+        let (upstream, pool_hinted) = self.note_pool_at(req);
         if req.kind.killable() {
             if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
                 let refusal = Refusal::killed(&target.describe());
-                return Decision::Refuse(self.refused(req.subject(), refusal, now));
+                return (
+                    Decision::Refuse(self.refused(req.subject(), refusal, now)),
+                    None,
+                );
             }
         }
-        let pass = self.new_pass(req, upstream, now);
+        let hinted = Hinted {
+            pool: pool_hinted,
+            tenant: self.hinted_tenant(req),
+        };
+        let pass = self.new_pass(req, upstream, hinted, now);
+        let hint = match (hinted.pool, hinted.tenant) {
+            (true, Some(_)) => None,
+            _ => self.hint(req, &pass),
+        };
+        (self.decide(req, pass, now), hint)
+    }
+
+    /// What becomes of `pass`, made for `req`, after the kills.
+    fn decide(&mut self, req: &Request, pass: Pass, now: Instant) -> Decision {
         if !req.kind.waits_for_slot() {
             return Decision::Bypass(self.charge_min(pass, now));
         }
@@ -77,22 +99,24 @@ impl<W> Gate<W> {
     /// own (a Parse, a Describe, a Sync): no budget is looked at and nothing is charged, but
     /// the server is taken with a slot like any other.
     pub fn server_pass(&mut self, req: &Request, now: Instant) -> Pass {
-        let upstream = self.note_pool_at(req);
-        let mut pass = self.new_pass(req, upstream, now);
+        let (upstream, pool) = self.note_pool_at(req);
+        let tenant = self.hinted_tenant(req);
+        let mut pass = self.new_pass(req, upstream, Hinted { pool, tenant }, now);
         pass.kind = RequestKind::Carrier;
         pass.deadline = None;
         pass.payment = Payment::Paid(0.0);
         pass
     }
 
-    /// A pass for `req`, whose upstream is kept at `upstream`.
-    fn new_pass(&mut self, req: &Request, upstream: Place, now: Instant) -> Pass {
+    /// A pass for `req`, whose upstream is kept at `upstream`; what its hint held is
+    /// `hinted`.
+    fn new_pass(&mut self, req: &Request, upstream: Place, hinted: Hinted, now: Instant) -> Pass {
         let id = self.next_ticket();
-        let database = match req.hint {
-            Some(h) if *h.database == *req.database => Arc::clone(&h.database),
+        let database = match (req.hint, hinted.pool) {
+            (Some(h), true) => Arc::clone(&h.database),
             _ => self.names.get(req.database),
         };
-        let tenant = match self.hinted_tenant(req) {
+        let tenant = match hinted.tenant {
             Some(place) => place,
             None => self.tenant_place(req.tenant, now),
         };
@@ -240,20 +264,12 @@ impl<W> Gate<W> {
         self.settle_in(place, charged, took, now)
     }
 
-    /// [`settle`](Self::settle) for `tenant`, found through `slot` when it is the slot's.
-    pub fn settle_with(
-        &mut self,
-        slot: &Slot,
-        tenant: &str,
-        charged: f64,
-        took: f64,
-        now: Instant,
-    ) -> f64 {
-        let place =
-            match *slot.tenant == *tenant && self.tenants.holds(slot.places.tenant, &slot.tenant) {
-                true => slot.places.tenant,
-                false => self.tenant_place(tenant, now),
-            };
+    /// [`settle`](Self::settle) for the tenant of `slot`.
+    pub fn settle_slot(&mut self, slot: &Slot, charged: f64, took: f64, now: Instant) -> f64 {
+        let place = match self.tenants.holds(slot.places.tenant, &slot.tenant) {
+            true => slot.places.tenant,
+            false => self.tenant_place(&slot.tenant, now),
+        };
         self.settle_in(place, charged, took, now)
     }
 
