@@ -89,7 +89,7 @@ pub(crate) fn shape_into(text: &str, out: &mut Shape) -> bool {
 
 fn read_into(text: &str, out: &mut Shape) -> Option<()> {
     let b = text.as_bytes();
-    if !text.is_ascii() || b.contains(&b'\\') || b.contains(&0) {
+    if !text.is_ascii() || memchr::memchr2(b'\\', 0, b).is_some() {
         return None;
     }
     let Shape { key, constants } = out;
