@@ -158,6 +158,28 @@ impl ParamSet {
     }
 }
 
+impl ParamSet {
+    /// What must be set on a server holding `server` for it to hold these values, as
+    /// (name, value) pairs. A setting the server never reported and pgward never set there is
+    /// still at its default, so a default value is nothing to set (PgBouncer skips it too);
+    /// `server` records it as held at its default, so that the next client holding the same
+    /// set finds the two equal.
+    pub fn to_set_on(&self, server: &mut ParamSet) -> Vec<(String, String)> {
+        let mut at_default = Vec::new();
+        let mut diffs = Vec::new();
+        for (name, value) in self.differences(server) {
+            match value == DEFAULT_VALUE && server.get(name).is_none() {
+                true => at_default.push(name.to_string()),
+                false => diffs.push((name.to_string(), value.to_string())),
+            }
+        }
+        for name in &at_default {
+            server.set(name, DEFAULT_VALUE);
+        }
+        diffs
+    }
+}
+
 /// Whether a client's text names a setting PostgreSQL never reports (`extra_float_digits`,
 /// in any case): the server's value is then unknown until pgward reads it.
 pub fn names_unreported(text: &[u8]) -> bool {
@@ -261,6 +283,28 @@ mod tests {
         c.set("a", "bc");
         d.set("ab", "c");
         assert_ne!(c, d);
+    }
+
+    #[test]
+    fn a_default_the_server_never_reported_is_nothing_to_set_and_is_recorded() {
+        let mut client = ParamSet::default();
+        client.set("search_path", DEFAULT_VALUE);
+        client.set("TimeZone", "UTC");
+        let mut server = ParamSet::default();
+        server.set("TimeZone", "UTC");
+        assert_ne!(client, server);
+        assert!(client.to_set_on(&mut server).is_empty());
+        assert_eq!(client, server, "the next checkout sees them equal");
+        // A value the server holds is set back to the default; another value is set.
+        server.set("search_path", "app");
+        client.set("TimeZone", "Europe/Paris");
+        assert_eq!(
+            client.to_set_on(&mut server),
+            [
+                ("search_path".to_string(), DEFAULT_VALUE.to_string()),
+                ("TimeZone".to_string(), "Europe/Paris".to_string())
+            ]
+        );
     }
 
     #[test]

@@ -722,17 +722,7 @@ impl Session {
     /// Sets on `server` the tracked parameters whose values differ from the client's (the
     /// caller has seen that some do).
     async fn sync_params(&mut self, server: &mut ServerGuard) -> Result<(), SessionError> {
-        let diffs: Vec<(String, String)> = self
-            .params
-            .differences(&server.params)
-            .into_iter()
-            // A parameter the server never reported and pgward never set there is still at
-            // its default: nothing to set (PgBouncer skips it too).
-            .filter(|(n, v)| {
-                !(*v == crate::params::DEFAULT_VALUE && server.params.get(n).is_none())
-            })
-            .map(|(n, v)| (n.to_string(), v.to_string()))
-            .collect();
+        let diffs = self.params.to_set_on(&mut server.params);
         if diffs.is_empty() {
             return Ok(());
         }
