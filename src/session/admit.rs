@@ -350,6 +350,16 @@ impl GateState {
         stats: Option<StatsSink>,
         slot: SlotAfter,
     ) {
+        let run = &mut self.run;
+        if run.started.is_none() && run.parts.is_empty() && run.held.is_empty() {
+            // Nothing was admitted or timed (no policy, or nothing went out): there is
+            // nothing to settle, and only the run's marks are cleared.
+            run.failed = false;
+            run.rows = 0;
+            run.error = None;
+            run.changes_plans = false;
+            return;
+        }
         let mut run = std::mem::take(&mut self.run);
         self.settle_run(&run, keeper, stats, slot);
         // The next run keeps the lists' room (emptied: what they held is dropped here), a
@@ -2511,5 +2521,19 @@ mod tests {
         for text in ["--", "/*", "a--b", "x/*", "- --", "/ /*"] {
             assert!(may_comment(text.as_bytes()), "{text}");
         }
+    }
+
+    #[test]
+    fn a_run_nothing_was_admitted_for_only_clears_its_marks() {
+        let keeper = crate::gate::keeper::Gatekeeper::new();
+        let mut gate = GateState::default();
+        gate.run.failed = true;
+        gate.run.rows = 3;
+        gate.run.error = Some("57014".to_string());
+        gate.run.changes_plans = true;
+        gate.end_run(&keeper, None, SlotAfter::Goes);
+        let run = &gate.run;
+        assert!(!run.failed && run.rows == 0 && run.error.is_none() && !run.changes_plans);
+        assert!(!gate.stale_plans, "nothing ran that was timed");
     }
 }
