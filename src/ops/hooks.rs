@@ -35,7 +35,8 @@ pub enum Waiting {
 /// What a checkout gives the session.
 #[derive(Debug)]
 pub enum Checkout {
-    Server(ServerGuard),
+    /// The server, and the moment it was handed out.
+    Server(ServerGuard, Instant),
     /// query_wait_notify passed: tell the client, then go on waiting with this.
     Waiting(Waiting),
 }
@@ -94,9 +95,11 @@ impl SessionHooks {
         };
         match handout {
             Handout::Server(server) => {
-                self.counters.add_assignment(since.elapsed());
+                let now = Instant::now();
+                self.counters
+                    .add_assignment(now.saturating_duration_since(since));
                 self.entry.set_active(ServerLink::of(&server));
-                Ok(Checkout::Server(server))
+                Ok(Checkout::Server(server, now))
             }
             Handout::StillQueued(queued) => Ok(Checkout::Waiting(Waiting::Queued(since, queued))),
         }

@@ -670,7 +670,7 @@ impl Session {
     async fn attach(&mut self, io: &mut ClientIo) -> Result<Duration, SessionError> {
         let asked = Instant::now();
         let ticket = Ticket::new(self.id, asked);
-        let mut server = {
+        let (mut server, mut now) = {
             // query_wait_notify: a client queued that long is told so, once. The pool's
             // queue keeps the time, so a wait sets no timer of its own.
             let notify = self.config.load().settings.query_wait_notify;
@@ -682,7 +682,7 @@ impl Session {
                 tokio::select! {
                     biased;
                     got = &mut checkout => match got? {
-                        Checkout::Server(server) => break server,
+                        Checkout::Server(server, at) => break (server, at),
                         Checkout::Waiting(step) => {
                             checkout.set(self.hooks.checkout(&self.pool, step, None));
                             // Behind what the client is still owed, and never waiting on a
@@ -700,12 +700,12 @@ impl Session {
         };
         if self.params != server.params {
             self.sync_params(&mut server).await?;
+            now = Instant::now();
         }
         self.handle.attach(CancelTarget {
             addr: server.addr.clone(),
             key: server.key.clone(),
         });
-        let now = Instant::now();
         self.link = Some(Link {
             server,
             expected: std::mem::take(&mut self.spare_expected),
