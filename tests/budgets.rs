@@ -630,3 +630,31 @@ async fn max_time_refuses_on_a_learned_prediction_never_on_a_guess() {
     assert_eq!(code(&err), "54000", "{err:?}");
     assert!(format!("{err:?}").contains("max_time"), "{err:?}");
 }
+
+/// A run is settled before its server's release waits on anything: while a reset query runs
+/// after the transaction, the tenant already owes what its statement took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_is_settled_before_its_server_is_reset() {
+    let _machine = MACHINE.lock().await;
+    let f = gated(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nrate = 1000\nburst = 1000\n",
+        "default_pool_size = 4\nadmin_users = admin\nserver_reset_query = SELECT pg_sleep(2)\n\
+         server_reset_query_always = 1\n",
+    );
+    let conn = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    let before = charged(&f, "acme").await;
+    let run = tokio::spawn(async move {
+        conn.client
+            .simple_query("SELECT pg_sleep(0.5)")
+            .await
+            .expect("runs");
+    });
+    // Past the statement's half second, well inside the two seconds of the reset.
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let during = charged(&f, "acme").await;
+    assert!(
+        during - before >= 0.4,
+        "charged {during} s during the reset, {before} s before"
+    );
+    run.await.expect("the client");
+}

@@ -400,6 +400,12 @@ impl GateState {
             // Even if something in the run failed: the DDL may have taken effect.
             self.stale_plans = true;
         }
+        // Only a run of one part is kept for the release: the parts of a longer one are
+        // settled in their order (a refund stops at the burst, a charge does not).
+        let slot = match run.parts.len() > 1 {
+            true => SlotAfter::Stays,
+            false => slot,
+        };
         if run.parts.is_empty() {
             // Server work no request was admitted for (a portal's later Executes): the
             // tenant last admitted pays it.
@@ -444,6 +450,14 @@ impl GateState {
         };
         if !kept {
             keeper.settle(tenant, charged, took);
+        }
+    }
+
+    /// The slot's release is to wait for something (a cancel on its way, a query of
+    /// pgward's on the server): a run kept to settle with it is settled now.
+    pub fn settle_kept(&mut self) {
+        if let Some(guard) = self.slot.as_mut() {
+            guard.settle_kept();
         }
     }
 
@@ -2390,9 +2404,9 @@ mod tests {
     use super::*;
     use crate::ops::traffic::{Entry, TrafficLog};
 
-    /// A request of `tenant` predicted at `predicted` seconds, with its arrival for the log.
-    fn part(tenant: &str, predicted: f64) -> Part {
-        let request = Request {
+    /// A statement of `tenant`.
+    fn request_of(tenant: &str) -> Request<'_> {
+        Request {
             client_id: 1,
             tenant,
             priority: crate::sql::Priority::Normal,
@@ -2407,7 +2421,12 @@ mod tests {
             statement_timeout: None,
             deadline: None,
             hint: None,
-        };
+        }
+    }
+
+    /// A request of `tenant` predicted at `predicted` seconds, with its arrival for the log.
+    fn part(tenant: &str, predicted: f64) -> Part {
+        let request = request_of(tenant);
         let arrival = Arrival::of(&request, Instant::now(), std::time::SystemTime::now());
         Part {
             tenant: tenant.into(),
@@ -2535,5 +2554,33 @@ mod tests {
         let run = &gate.run;
         assert!(!run.failed && run.rows == 0 && run.error.is_none() && !run.changes_plans);
         assert!(!gate.stale_plans, "nothing ran that was timed");
+    }
+
+    #[test]
+    fn a_run_of_several_parts_is_settled_at_once_in_their_order() {
+        let keeper = crate::gate::keeper::Gatekeeper::new();
+        let now = Instant::now();
+        let request = request_of("a");
+        let price = crate::gate::Cost {
+            seconds: 0.001,
+            known: true,
+            learned: true,
+        };
+        let admitted = keeper.admit(&request, now, Some((price, true)));
+        let Some(Ok((_, crate::gate::keeper::SlotLook::Taken(guard)))) = admitted.paid else {
+            panic!("a slot");
+        };
+        let mut gate = GateState {
+            slot: Some(guard),
+            ..GateState::default()
+        };
+        let two_seconds_ago = now.checked_sub(Duration::from_secs(2)).unwrap();
+        gate.run.add(part("a", 0.5), two_seconds_ago);
+        gate.run.add(part("a", 0.5), two_seconds_ago);
+        gate.end_run(&keeper, None, SlotAfter::Goes);
+        // Each part took about a second where half of one was charged: both are settled
+        // before the slot goes back.
+        let charged = keeper.charged_of("a");
+        assert!(charged >= 0.99, "{charged}");
     }
 }

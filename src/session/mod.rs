@@ -960,10 +960,12 @@ impl Session {
         }
         self.hooks.released();
         if !self.handle.detach() {
+            self.gate.settle_kept();
             self.handle.wait_cancels().await;
         }
         if stays && link.unreported_named {
             // (No cancel of the client's can reach pgward's own statement now.)
+            self.gate.settle_kept();
             self.read_unreported(&mut link).await;
         }
         if link.expected.is_empty() {
@@ -974,6 +976,7 @@ impl Session {
             .then(|| self.pool.settings_now().reset_query.clone())
             .flatten();
         if let Some(q) = reset {
+            self.gate.settle_kept();
             if link.server.run_configured(&q, &self.tracked).await.is_err() {
                 link.server.poison();
             }
