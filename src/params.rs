@@ -156,9 +156,7 @@ impl ParamSet {
             .filter(|(n, v)| other.get(n) != Some(v))
             .collect()
     }
-}
 
-impl ParamSet {
     /// What must be set on a server holding `server` for it to hold these values, as
     /// (name, value) pairs. A setting the server never reported and pgward never set there is
     /// still at its default, so a default value is nothing to set (PgBouncer skips it too);

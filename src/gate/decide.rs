@@ -573,7 +573,6 @@ impl<W> Gate<W> {
         self.upstream_mut(upstream).limits = limits;
     }
 
-    /// A tenant's time limits, for the session to enforce.
     /// The place of `req`'s upstream from its hint, if the hint holds for it: the same
     /// upstream at the same place, and its pool noted there with the same sizes since.
     fn hinted_upstream(&self, req: &Request) -> Option<Place> {
@@ -623,6 +622,7 @@ impl<W> Gate<W> {
         }
     }
 
+    /// A tenant's time limits, for the session to enforce.
     pub fn timeouts(&self, tenant: &str) -> TenantTimeouts {
         self.tenants
             .get(tenant)
