@@ -616,10 +616,10 @@ impl<W> Gate<W> {
 
     /// The timeouts of the tenant of `pass`.
     pub fn timeouts_of(&self, pass: &Pass) -> TenantTimeouts {
-        match self.tenants.holds(pass.places.tenant, &pass.tenant) {
-            true => self.tenants.at(pass.places.tenant).config.timeouts,
-            false => self.timeouts(&pass.tenant),
-        }
+        self.tenants
+            .get_at(pass.places.tenant, &pass.tenant)
+            .map(|t| t.config.timeouts)
+            .unwrap_or_default()
     }
 
     /// A tenant's time limits, for the session to enforce.
@@ -651,11 +651,16 @@ impl<W> Gate<W> {
 
     /// The tenant `tenant` of a pass or slot: at its place while that still holds it.
     fn tenant_at(&mut self, places: Places, tenant: &Arc<str>, now: Instant) -> &mut TenantState {
-        let place = match self.tenants.holds(places.tenant, tenant) {
+        let place = self.tenant_place_at(places, tenant, now);
+        self.tenants.at_mut(place)
+    }
+
+    /// The place of the tenant `tenant` of a pass or slot: its own while that still holds it.
+    fn tenant_place_at(&mut self, places: Places, tenant: &Arc<str>, now: Instant) -> Place {
+        match self.tenants.holds(places.tenant, tenant) {
             true => places.tenant,
             false => self.tenant_place(tenant, now),
-        };
-        self.tenants.at_mut(place)
+        }
     }
 
     /// The place of upstream `upstream`, made if it is new.

@@ -266,10 +266,7 @@ impl<W> Gate<W> {
 
     /// [`settle`](Self::settle) for the tenant of `slot`.
     pub fn settle_slot(&mut self, slot: &Slot, charged: f64, took: f64, now: Instant) -> f64 {
-        let place = match self.tenants.holds(slot.places.tenant, &slot.tenant) {
-            true => slot.places.tenant,
-            false => self.tenant_place(&slot.tenant, now),
-        };
+        let place = self.tenant_place_at(slot.places, &slot.tenant, now);
         self.settle_in(place, charged, took, now)
     }
 
