@@ -129,6 +129,8 @@ impl<'a> BindView<'a> {
 
     /// Writes this Bind naming `statement` instead: the same portal and the same rest.
     pub fn encode_renamed(&self, buf: &mut BytesMut, statement: &[u8]) {
+        // One allocation at most: the tag, the length, two names with their NULs, the rest.
+        buf.reserve(1 + 4 + self.portal.len() + 1 + statement.len() + 1 + self.rest.len());
         put_message(buf, tag::BIND, |b| {
             put_cstr(b, self.portal);
             put_cstr(b, statement);
