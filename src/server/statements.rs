@@ -1,7 +1,7 @@
 //! The protocol-level prepared statements one server holds in transaction pooling: pgward's
 //! own names, least recently used first out, never evicting one the open batch still needs.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 
 use bytes::Bytes;
 

@@ -16,12 +16,14 @@
 //! in the middle of the client's batch); one whose price is cached does not.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use foldhash::HashMap;
 
+use super::prepared::Parsed;
 use super::readings::{worth_remembering, Derived, Facts};
 use super::rules::{parse_context, Allowed, Analyzed};
 use super::{frame_at, Session, HIGH_WATER};
@@ -608,25 +610,6 @@ fn rows_of(body: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
-/// A client's Parse.
-#[derive(Debug)]
-struct Parsed {
-    /// The statement text, the bytes the server reads.
-    text: Bytes,
-    /// The parameter types as sent: count and OIDs.
-    types: Bytes,
-}
-
-impl Parsed {
-    /// The Parse `parse` read from `body` (its text a slice of it, not a copy).
-    fn of(body: &Bytes, parse: &ParseView) -> Self {
-        Parsed {
-            text: body.slice_ref(parse.query),
-            types: body.slice_ref(parse.raw_types()),
-        }
-    }
-}
-
 /// One request the gate judges.
 #[derive(Debug)]
 enum Work {
@@ -741,21 +724,25 @@ impl Session {
             self.gate.skipping = link.is_some_and(|l| l.expected.skipping());
         }
         while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
-            let body = Bytes::copy_from_slice(&io.rbuf[span.body()]);
+            // Read in place; only what the gate keeps (a Parse's text and types, a Query's
+            // text, a Bind's values) is copied out of the read buffer.
+            let body = &io.rbuf[span.body()];
             let work = match span.tag {
                 tag::PARSE => {
-                    self.note_parse(&body);
+                    self.note_parse(&Bytes::copy_from_slice(body));
                     None
                 }
                 tag::CLOSE => {
-                    self.note_close(&body);
+                    self.note_close(body);
                     None
                 }
                 tag::QUERY => {
-                    self.note_deallocation(&body);
-                    Some(Work::Query(text_of(&body)))
+                    self.note_deallocation(body);
+                    Some(Work::Query(Bytes::copy_from_slice(
+                        QueryView::new(body).text,
+                    )))
                 }
-                tag::BIND => Some(self.bind_work(&body)),
+                tag::BIND => Some(self.bind_work(body)),
                 tag::FUNCTION_CALL => Some(Work::Function),
                 _ => None,
             };
@@ -852,21 +839,18 @@ impl Session {
             return self.gate.unnamed.clone();
         }
         if self.statements_mapped() {
-            let st = self.statements.get(name)?;
-            let span = wire::scan_frame(&st.parse, 0, usize::MAX).ok().flatten()?;
-            let parse = ParseView::new(&st.parse[span.body()]).ok()?;
-            return Some(Arc::new(Parsed::of(&st.parse, &parse)));
+            return self.statements.get(name)?.parsed.clone();
         }
         self.gate.session_named.get(name).cloned()
     }
 
-    fn bind_work(&self, body: &Bytes) -> Work {
+    fn bind_work(&self, body: &[u8]) -> Work {
         let Ok(bind) = BindView::new(body) else {
             return Work::Function;
         };
         Work::Bind {
             parsed: self.statement_of(bind.statement),
-            tail: body.slice_ref(bind.rest),
+            tail: Bytes::copy_from_slice(bind.rest),
             fresh: self.gate.pending.contains_key(bind.statement),
         }
     }
@@ -1172,7 +1156,7 @@ impl Session {
                 from_cache = false;
                 self.check_shape(plan.as_deref(), fingerprint);
             }
-            if let (true, false, Some(text)) = (parts_judged, deferred, work.sql()) {
+            if let (true, false, Some(text)) = (parts_judged, deferred, text) {
                 let text = text.to_string();
                 if let Some(hit) = self.judge_parts(governance, &tenant, &text).await? {
                     if hit.sqlstate != sqlstate::QUERY_CANCELED {
@@ -2392,11 +2376,6 @@ fn words_of(text: &[u8]) -> Cow<'_, str> {
 /// client_encoding is still one).
 fn kind_of(text: &[u8]) -> RequestKind {
     RequestKind::of_sql(&words_of(text))
-}
-
-/// The text of a Query body (a slice of it).
-fn text_of(body: &Bytes) -> Bytes {
-    body.slice_ref(QueryView::new(body).text)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 //! map to pgward's server-side names, derived from the statement itself, so every server
 //! holding the same statement holds it under the same name.
 
-use std::collections::HashMap;
+use foldhash::HashMap;
 use std::sync::Arc;
 
 use bytes::{Bytes, BytesMut};
@@ -19,6 +19,8 @@ pub struct Statement {
     /// Its text names a setting PostgreSQL never reports ([`crate::params::names_unreported`]):
     /// each run of it may change that setting.
     pub names_unreported: bool,
+    /// Its text and parameter types, as the gate reads them at each Bind.
+    pub parsed: Option<Arc<Parsed>>,
 }
 
 impl Statement {
@@ -26,11 +28,39 @@ impl Statement {
         let server_name = server_name(query, param_types);
         let mut parse = BytesMut::new();
         wire::encode_parse(&mut parse, &server_name, query, param_types);
+        let parse = parse.freeze();
         Statement {
             server_name,
-            parse: parse.freeze(),
+            parsed: Parsed::of_message(&parse).map(Arc::new),
+            parse,
             names_unreported: crate::params::names_unreported(query),
         }
+    }
+}
+
+/// A Parse as the gate keeps it: slices of the message, never a copy.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The statement text, the bytes the server reads.
+    pub text: Bytes,
+    /// The parameter types as sent: count and OIDs.
+    pub types: Bytes,
+}
+
+impl Parsed {
+    /// The Parse `parse` read from `body`.
+    pub fn of(body: &Bytes, parse: &wire::ParseView) -> Self {
+        Parsed {
+            text: body.slice_ref(parse.query),
+            types: body.slice_ref(parse.raw_types()),
+        }
+    }
+
+    /// The Parse of the whole message `message` (tag and length first).
+    fn of_message(message: &Bytes) -> Option<Self> {
+        let span = wire::scan_frame(message, 0, usize::MAX).ok().flatten()?;
+        let parse = wire::ParseView::new(&message[span.body()]).ok()?;
+        Some(Parsed::of(message, &parse))
     }
 }
 
