@@ -561,52 +561,6 @@ mod pipelines {
         assert!(got.contains("54000"), "the full read ran: {got}");
     }
 
-    /// The same with the failing Parse, its Sync and the Bind in one write: the gate sees
-    /// the second Parse before the server has refused it, and still prices the Bind as the
-    /// statement the name holds.
-    #[test]
-    fn a_reparse_in_the_same_write_as_the_bind_does_not_change_its_price() {
-        let f = Fixture::start("[gate]\nmax_cost = 500\n");
-        let mut r = raw(&f, "trustuser");
-        let mut p = parse_message("s1", FULL_READ);
-        p.extend(sync_message());
-        r.send(&p);
-        read_to_ready_within(&mut r, Duration::from_secs(5)).expect("an answer");
-        let mut p = parse_message("s1", "SELECT 1");
-        p.extend(sync_message());
-        p.extend(bind_message("s1"));
-        p.extend(execute_message());
-        p.extend(sync_message());
-        r.send(&p);
-        let first = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
-        assert!(first.contains("42P05"), "{first}");
-        let got = read_to_ready_within(&mut r, Duration::from_secs(60)).unwrap();
-        assert!(got.contains("54000"), "the full read ran: {got}");
-    }
-
-    /// A Close frees the name at once: a Parse of it in the same write creates the statement
-    /// that the Bind behind it runs, and the Bind is priced as that one.
-    #[test]
-    fn a_name_closed_and_parsed_again_in_one_write_is_priced_as_the_new_statement() {
-        let f = Fixture::start("[gate]\nmax_cost = 500\n");
-        let mut r = raw(&f, "trustuser");
-        let mut p = parse_message("s1", "SELECT 1");
-        p.extend(sync_message());
-        r.send(&p);
-        read_to_ready_within(&mut r, Duration::from_secs(5)).expect("an answer");
-        let mut p = message(b'C', b"Ss1\0");
-        p.extend(parse_message("s1", FULL_READ));
-        p.extend(sync_message());
-        p.extend(bind_message("s1"));
-        p.extend(execute_message());
-        p.extend(sync_message());
-        r.send(&p);
-        let first = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
-        assert!(first.contains('3') && first.contains('1'), "{first}");
-        let got = read_to_ready_within(&mut r, Duration::from_secs(60)).unwrap();
-        assert!(got.contains("54000"), "the full read ran: {got}");
-    }
-
     /// Statements in one read are priced in their place: the second is priced after the
     /// first has created what it reads.
     #[test]
@@ -828,29 +782,6 @@ mod pipelines {
         run.extend(execute_message());
         run.extend(sync_message());
         r.send(&run);
-        let got = read_to_ready_within(&mut r, Duration::from_secs(10));
-        let got = got.expect("the read ran: no answer in time");
-        assert!(got.contains("E[54000]"), "{got}");
-    }
-
-    /// In session pooling too, a second Parse of a name fails at the server, and a Bind sent
-    /// with it runs (and is priced as) the statement the name already held.
-    #[test]
-    fn session_pooling_prices_a_failed_reparse_as_the_statement_it_holds() {
-        let policed = gated("[gate]\nmax_cost = 500\n", "pool_mode = session\n");
-        let mut r = policed.pw.client_as("trustuser", "app");
-        let mut p = parse_message("a", "SELECT count(*) FROM big a, big b");
-        p.extend(sync_message());
-        r.send(&p);
-        read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
-        let mut p = parse_message("a", "SELECT 1");
-        p.extend(sync_message());
-        p.extend(bind_message("a"));
-        p.extend(execute_message());
-        p.extend(sync_message());
-        r.send(&p);
-        let first = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
-        assert!(first.contains("42P05"), "{first}");
         let got = read_to_ready_within(&mut r, Duration::from_secs(10));
         let got = got.expect("the read ran: no answer in time");
         assert!(got.contains("E[54000]"), "{got}");

@@ -65,8 +65,6 @@ pub(in crate::session) struct GateState {
     gated: usize,
     /// The Parses that passed the gate and may not have gone out yet, by statement name.
     pending: HashMap<Bytes, Arc<Parsed>>,
-    /// Statement names whose Close passed the gate and may not have gone out yet.
-    closed: foldhash::HashSet<Bytes>,
     /// The last unnamed statement the client parsed.
     unnamed: Option<Arc<Parsed>>,
     /// Session pooling (no statement map): the first text of each name.
@@ -496,7 +494,6 @@ impl GateState {
         if self.gated == 0 {
             // Every Parse that passed the gate has gone out: the statement map knows them.
             self.pending.clear();
-            self.closed.clear();
         }
     }
 }
@@ -786,15 +783,6 @@ impl Session {
             // statement whose price is unknown.
             gate.pending.clear();
         }
-        let defined = match mapped {
-            true => self.statements.get(name).is_some() && !gate.closed.contains(name),
-            false => gate.session_named.contains_key(name),
-        };
-        if !name.is_empty() && (defined || gate.pending.contains_key(name)) {
-            // PostgreSQL refuses a second statement of a name (42P05): the name keeps the
-            // statement it has, and so does the gate's view of it.
-            return;
-        }
         let parsed = Arc::new(parsed);
         if name.is_empty() {
             gate.unnamed = Some(Arc::clone(&parsed));
@@ -838,8 +826,6 @@ impl Session {
         {
             self.gate.pending.remove(name);
             self.gate.session_named.remove(name);
-            // (As many as the Closes in the read buffer that passed the gate.)
-            self.gate.closed.insert(Bytes::copy_from_slice(name));
         }
     }
 
