@@ -2244,13 +2244,13 @@ fn lost(server: &mut crate::pool::ServerGuard, e: ServerError) -> SessionError {
     ))
 }
 
-/// Hashes the tokens of `text` but its comments (the whole text if the scanner refuses it).
 /// Whether `text` holds `/*` or `--` (where a comment may begin).
 fn may_comment(text: &[u8]) -> bool {
     memchr::memchr2_iter(b'/', b'-', text)
         .any(|i| text.get(i + 1) == Some(&if text[i] == b'/' { b'*' } else { b'-' }))
 }
 
+/// Hashes the tokens of `text` but its comments (the whole text if the scanner refuses it).
 fn hash_tokens(text: &str, h: &mut impl std::hash::Hasher) {
     use pg_query::protobuf::Token;
     use std::hash::Hash;
