@@ -1093,6 +1093,171 @@ mod dodges {
     }
 }
 
+/// What a statement name holds is what the server made of the Parses and Closes of it, not
+/// what the client sent: a Parse the server refuses or skips, a Close it skips, a DEALLOCATE
+/// or a PREPARE in SQL must not let a Bind be priced as another text.
+mod statement_names {
+    use super::pipelines::read_to_ready_within;
+    use super::*;
+    use common::raw::{query_message, Batch, Raw};
+
+    const POLICY: &str = "[gate]\nmax_cost = 500\n";
+
+    fn client(mode: &str) -> (Policed, Raw) {
+        let policed = gated(POLICY, &format!("pool_mode = {mode}\n"));
+        let raw = policed.pw.client_as("trustuser", "app");
+        (policed, raw)
+    }
+
+    /// Sends `batch` and reads `readies` answers up to ReadyForQuery, joined by `|`.
+    fn answers(r: &mut Raw, batch: Batch, readies: usize) -> String {
+        r.send(&batch.bytes);
+        let got: Vec<String> = (0..readies)
+            .map(|_| {
+                read_to_ready_within(r, Duration::from_secs(10))
+                    .unwrap_or_else(|e| format!("no answer: {e}"))
+            })
+            .collect();
+        got.join("|")
+    }
+
+    fn run(statement: &str) -> Batch {
+        Batch::new().bind("", statement, &[]).execute("", 0).sync()
+    }
+
+    /// The full read is refused, never run.
+    fn refused(got: &str) {
+        assert!(got.contains("E[54000]"), "{got}");
+        assert!(!got.contains("D["), "the full read ran: {got}");
+    }
+
+    /// A second Parse of a name in the write that binds it fails on the server (42P05):
+    /// the Bind runs the first text.
+    fn reparse_in_the_same_write(mode: &str) {
+        let (_p, mut r) = client(mode);
+        answers(&mut r, Batch::new().parse("s1", FULL_READ, &[]).sync(), 1);
+        let mut again = Batch::new().parse("s1", "SELECT 1", &[]).sync();
+        again.bytes.extend(run("s1").bytes);
+        let got = answers(&mut r, again, 2);
+        assert!(got.contains("E[42P05]"), "{got}");
+        refused(&got);
+    }
+
+    #[test]
+    fn a_refused_second_parse_does_not_price_the_bind_after_it() {
+        reparse_in_the_same_write("transaction");
+        reparse_in_the_same_write("session");
+    }
+
+    /// An unnamed Parse the server skips (an error earlier in its batch) leaves the unnamed
+    /// statement as it was. (In transaction pooling the unnamed statement lives only as long
+    /// as the server stays: the Bind that waited for the answers finds none, 26000.)
+    fn skipped_unnamed_parse(mode: &str) {
+        let (_p, mut r) = client(mode);
+        let mut all = Batch::new()
+            .parse("", FULL_READ, &[])
+            .sync()
+            .describe(b'S', "nope")
+            .parse("", "SELECT 1", &[])
+            .sync();
+        all.bytes.extend(run("").bytes);
+        let got = answers(&mut r, all, 3);
+        assert!(!got.contains("D["), "the full read ran: {got}");
+        if mode == "session" {
+            refused(&got);
+        }
+    }
+
+    #[test]
+    fn a_skipped_unnamed_parse_does_not_price_the_bind_after_it() {
+        skipped_unnamed_parse("transaction");
+        skipped_unnamed_parse("session");
+    }
+
+    /// In session pooling a DEALLOCATE sent through the extended protocol frees the name;
+    /// the next Parse of it is priced as its own text.
+    #[test]
+    fn a_name_freed_by_an_extended_deallocate_is_priced_as_its_new_text() {
+        let (_p, mut r) = client("session");
+        answers(&mut r, Batch::new().parse("s1", "SELECT 1", &[]).sync(), 1);
+        let free = Batch::new()
+            .parse("", "DEALLOCATE s1", &[])
+            .bind("", "", &[])
+            .execute("", 0)
+            .sync();
+        let got = answers(&mut r, free, 1);
+        assert!(got.contains('C') && !got.contains('E'), "{got}");
+        answers(&mut r, Batch::new().parse("s1", FULL_READ, &[]).sync(), 1);
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
+    /// A Close the server skips leaves the statement in place.
+    #[test]
+    fn a_skipped_close_does_not_free_the_name() {
+        let (_p, mut r) = client("session");
+        answers(&mut r, Batch::new().parse("s1", FULL_READ, &[]).sync(), 1);
+        let close = Batch::new().describe(b'S', "nope").close(b'S', "s1").sync();
+        answers(&mut r, close, 1);
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
+    /// A statement prepared in SQL is bound through the protocol: its text never passed
+    /// the gate, so cost rules cannot price it.
+    fn sql_prepare_then_bind(mode: &str) {
+        let (_p, mut r) = client(mode);
+        if mode == "transaction" {
+            r.query("BEGIN").unwrap();
+        }
+        r.send(&query_message(&format!("PREPARE p AS {FULL_READ}")));
+        let prepared = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();
+        assert!(!prepared.contains('E'), "{prepared}");
+        refused(&answers(&mut r, run("p"), 1));
+    }
+
+    #[test]
+    fn a_statement_prepared_in_sql_is_not_bound_unpriced() {
+        sql_prepare_then_bind("transaction");
+        sql_prepare_then_bind("session");
+    }
+
+    /// Freed in SQL and prepared again in SQL, in one text, after a Parse of the name: the
+    /// Parse's text no longer says what the name holds.
+    #[test]
+    fn a_name_redefined_in_sql_is_not_priced_as_its_parse() {
+        let (_p, mut r) = client("session");
+        let mut all = Batch::new().parse("s1", "SELECT 1", &[]).sync();
+        all.bytes.extend(query_message(&format!(
+            "DEALLOCATE s1; PREPARE s1 AS {FULL_READ}"
+        )));
+        all.bytes.extend(run("s1").bytes);
+        refused(&answers(&mut r, all, 3));
+    }
+
+    /// A client that pipelines a Parse and, after its Sync, the Bind of it (libpq's
+    /// pipeline mode) gets its rows: the Bind waits for the Parse's answer.
+    #[test]
+    fn a_bind_pipelined_after_its_parse_runs() {
+        for mode in ["transaction", "session"] {
+            let (_p, mut r) = client(mode);
+            let mut all = Batch::new()
+                .parse("s1", "SELECT 41", &[])
+                .sync()
+                .parse("", "SELECT 42", &[])
+                .sync();
+            all.bytes.extend(run("s1").bytes);
+            all.bytes.extend(run("").bytes);
+            let got = answers(&mut r, all, 4);
+            assert!(got.contains("D[41]"), "{mode}: {got}");
+            if mode == "session" {
+                // The unnamed statement of a transaction that ended lives on in session
+                // pooling only.
+                assert!(got.contains("D[42]"), "{mode}: {got}");
+                assert!(!got.contains('E'), "{mode}: {got}");
+            }
+        }
+    }
+}
+
 /// A console command, as `admin`, with psql.
 fn console_command(f: &Policed, sql: &str) -> Output {
     common::psql_at(f.pw.port, "admin", None, "pgward", sql)

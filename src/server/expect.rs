@@ -15,10 +15,26 @@
 //! of its messages.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use bytes::Bytes;
 
 use crate::wire::backend::tag;
+use crate::wire::Parsed;
+
+/// A client statement the admission gate follows itself (the unnamed one, and every named
+/// one in session pooling), carried by the Parse that creates it: only the server's
+/// ParseComplete makes it the statement (see [`Learned::Defined`]). A Parse the server refuses
+/// or skips defines nothing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Definition {
+    /// The client's name for it (empty: the unnamed statement).
+    pub name: Bytes,
+    pub parsed: Arc<Parsed>,
+    /// Where the Parse stood in the client's stream, in the gate's count of what may define
+    /// or free a statement.
+    pub seq: u64,
+}
 
 /// What one message sent to the server is owed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -30,6 +46,7 @@ pub enum Owed {
         client: bool,
         statement: Option<Bytes>,
         client_name: Option<Bytes>,
+        defines: Option<Arc<Definition>>,
     },
     /// BindComplete.
     Bind,
@@ -106,6 +123,8 @@ pub enum Learned {
     Skipped(Box<Skipped>),
     /// The server answered a ReadyForQuery.
     Ready,
+    /// The server created a statement the gate follows (its ParseComplete).
+    Defined(Arc<Definition>),
 }
 
 /// The statements an error made the server skip (see [`Learned::Skipped`]).
@@ -351,10 +370,21 @@ impl Expected {
     }
 
     fn complete_parse(&mut self) -> Result<(Route, Learned), Desync> {
-        self.complete_head(tag::PARSE_COMPLETE, "ParseComplete", |o| match o {
-            Owed::Parse { client, .. } => Some(visible(*client)),
-            _ => None,
-        })
+        let Some(Owed::Parse { client, .. }) = self.queue.front() else {
+            return Err(Desync {
+                tag: tag::PARSE_COMPLETE,
+                expected: "ParseComplete",
+            });
+        };
+        let route = visible(*client);
+        let learned = match self.queue.pop_front() {
+            Some(Owed::Parse {
+                defines: Some(definition),
+                ..
+            }) => Learned::Defined(definition),
+            _ => Learned::Nothing,
+        };
+        Ok((route, learned))
     }
 
     fn complete_close(&mut self) -> Result<(Route, Learned), Desync> {
@@ -492,6 +522,7 @@ mod tests {
             client: true,
             statement: None,
             client_name: None,
+            defines: None,
         }
     }
 
@@ -500,6 +531,7 @@ mod tests {
             client: visible,
             statement: Some(Bytes::from_static(server.as_bytes())),
             client_name: client.map(|c| Bytes::from_static(c.as_bytes())),
+            defines: None,
         }
     }
 
@@ -690,6 +722,7 @@ mod tests {
             client: false,
             statement: None,
             client_name: None,
+            defines: None,
         });
         q.push(Owed::InternalBind);
         q.push(Owed::InternalExecute);

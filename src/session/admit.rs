@@ -21,11 +21,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use foldhash::HashMap;
+use foldhash::{HashMap, HashSet};
 
 use super::prepared::Parsed;
 use super::readings::{worth_remembering, Derived, Facts};
 use super::rules::{parse_context, Allowed, Analyzed};
+use super::views::Views;
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
@@ -41,7 +42,7 @@ use crate::ops::traffic::{Arrival, Outcome};
 use crate::policy::Governance;
 use crate::policy::{RuleHit, Verdict, Who};
 use crate::runtime::Runtime;
-use crate::server::{OwnStatement, ServerError};
+use crate::server::{Definition, OwnStatement, ServerError};
 use crate::sql::Fingerprint;
 use crate::wire::frontend::{tag, target};
 use crate::wire::{
@@ -65,10 +66,19 @@ pub(in crate::session) struct GateState {
     gated: usize,
     /// The Parses that passed the gate and may not have gone out yet, by statement name.
     pending: HashMap<Bytes, Arc<Parsed>>,
-    /// The last unnamed statement the client parsed.
-    unnamed: Option<Arc<Parsed>>,
-    /// Session pooling (no statement map): the first text of each name.
-    session_named: HashMap<Bytes, Arc<Parsed>>,
+    /// The Parses that passed the gate since its last Sync, by statement name: a Bind later
+    /// in the same batch runs the last of them, or is skipped with it.
+    batch_parses: HashMap<Bytes, Arc<Parsed>>,
+    /// Names parsed in batches that ended (a Sync passed the gate) and that the server may
+    /// not have answered yet: what they hold depends on how those Parses fared.
+    unsettled: HashSet<Bytes>,
+    /// Too many names for `unsettled`: every name is unsettled.
+    unsettled_all: bool,
+    /// What each Parse that passed the gate defines for it, in order, taken as it goes out.
+    pub defines: VecDeque<Option<Arc<Definition>>>,
+    /// The statements the gate follows itself, from the server's answers (pgward's
+    /// statement map holds the others).
+    pub views: Views,
     /// The time limits of the tenant of the last request admitted.
     pub limits: TenantTimeouts,
     /// That tenant.
@@ -488,6 +498,28 @@ impl GateState {
         self.forget_deferred();
     }
 
+    /// A Sync passed the gate: the names parsed in its batch are settled by the answers.
+    fn end_batch(&mut self) {
+        if self.batch_parses.is_empty() {
+            return;
+        }
+        if self.unsettled_all || self.unsettled.len() + self.batch_parses.len() > MAX_PARSED {
+            self.unsettled_all = true;
+            self.unsettled.clear();
+            self.batch_parses.clear();
+            return;
+        }
+        self.unsettled
+            .extend(self.batch_parses.drain().map(|(name, _)| name));
+    }
+
+    /// The server has answered everything sent before what is gated now: every name parsed
+    /// holds what the answers say.
+    fn settle_names(&mut self) {
+        self.unsettled.clear();
+        self.unsettled_all = false;
+    }
+
     /// `n` gated bytes went to the server.
     pub fn consumed(&mut self, n: usize) {
         self.gated = self.gated.saturating_sub(n);
@@ -621,6 +653,11 @@ enum Work {
         tail: Bytes,
         /// Its statement's Parse has not gone out yet.
         fresh: bool,
+        /// What its statement's name holds waits on the server's answers to earlier Parses.
+        unsettled: bool,
+        /// The gate follows every statement the name could hold: `parsed` is none only for
+        /// one no Parse the server answered created.
+        in_view: bool,
     },
     Function,
 }
@@ -645,6 +682,18 @@ impl Work {
             Work::Function => {}
         }
         h.finish()
+    }
+
+    /// A Bind of a statement the gate follows and does not know.
+    fn unknown_statement(&self) -> bool {
+        matches!(
+            self,
+            Work::Bind {
+                parsed: None,
+                in_view: true,
+                ..
+            }
+        )
     }
 
     /// The statement text as the server reads it.
@@ -722,6 +771,11 @@ impl Session {
             let link = self.link.as_ref();
             self.gate.batch_open = link.is_some_and(|l| l.expected.batch_open());
             self.gate.skipping = link.is_some_and(|l| l.expected.skipping());
+            if (self.gate.unsettled_all || !self.gate.unsettled.is_empty())
+                && self.answered_before_gated()
+            {
+                self.gate.settle_names();
+            }
         }
         while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
             // Read in place; only what the gate keeps (a Parse's text and types, a Query's
@@ -737,10 +791,9 @@ impl Session {
                     None
                 }
                 tag::QUERY => {
-                    self.note_deallocation(body);
-                    Some(Work::Query(Bytes::copy_from_slice(
-                        QueryView::new(body).text,
-                    )))
+                    let text = QueryView::new(body).text;
+                    self.note_sql_touches(text);
+                    Some(Work::Query(Bytes::copy_from_slice(text)))
                 }
                 tag::BIND => Some(self.bind_work(body)),
                 tag::FUNCTION_CALL => Some(Work::Function),
@@ -760,6 +813,7 @@ impl Session {
                 tag::SYNC => {
                     self.gate.batch_open = false;
                     self.gate.skipping = false;
+                    self.gate.end_batch();
                 }
                 tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE => {
                     self.gate.batch_open = true
@@ -773,42 +827,54 @@ impl Session {
 
     fn note_parse(&mut self, body: &Bytes) {
         let Ok(parse) = ParseView::new(body) else {
+            // The message is refused as it goes out; it defines nothing.
+            self.gate.defines.push_back(None);
             return;
         };
-        let (name, parsed) = (parse.name, Parsed::of(body, &parse));
-        let mapped = self.statements_mapped();
+        let parsed = Arc::new(Parsed::of(body, &parse));
+        let name = Bytes::copy_from_slice(parse.name);
+        // The unnamed statement, and every named one in session pooling, are the gate's to
+        // follow; pgward's statement map follows the others.
+        let followed = name.is_empty() || !self.statements_mapped();
         let gate = &mut self.gate;
-        if gate.pending.len() >= MAX_PARSED {
-            // Unreachable with a sane read buffer; a Bind of a name not found pays as a
-            // statement whose price is unknown.
+        let definition = followed.then(|| {
+            Arc::new(Definition {
+                name: name.clone(),
+                parsed: Arc::clone(&parsed),
+                seq: gate.views.next_seq(),
+            })
+        });
+        gate.defines.push_back(definition);
+        if gate.pending.len() >= MAX_PARSED || gate.batch_parses.len() >= MAX_PARSED {
+            // Unreachable with a sane read buffer; a Bind of a name not found is priced as
+            // a statement the gate does not know.
             gate.pending.clear();
+            gate.batch_parses.clear();
         }
-        let parsed = Arc::new(parsed);
-        if name.is_empty() {
-            gate.unnamed = Some(Arc::clone(&parsed));
-        } else if mapped {
-            // The client's statement map (kept from the server's answers) is the truth once
-            // this Parse has gone out.
-        } else if gate.session_named.len() < MAX_PARSED {
-            gate.session_named
-                .entry(Bytes::copy_from_slice(name))
-                .or_insert_with(|| Arc::clone(&parsed));
-        }
-        gate.pending.insert(Bytes::copy_from_slice(name), parsed);
+        gate.batch_parses.insert(name.clone(), Arc::clone(&parsed));
+        gate.pending.insert(name, parsed);
     }
 
-    /// A DEALLOCATE or DISCARD ALL frees names of the client's (session pooling keeps the
-    /// first text of each name until then; pooled modes follow the statement map).
-    fn note_deallocation(&mut self, body: &[u8]) {
+    /// A text that may define or free statements by SQL (PREPARE, DEALLOCATE, DISCARD ALL)
+    /// marks the names it touches: in session pooling the gate follows them itself, and no
+    /// longer knows what they hold (pgward's statement map answers for the others).
+    fn note_sql_touches(&mut self, text: &[u8]) {
+        use super::prepared::{sql_touches, Touches};
         if self.statements_mapped() {
             return;
         }
-        match super::prepared::deallocation(QueryView::new(body).text) {
-            super::prepared::Deallocation::All => self.gate.session_named.clear(),
-            super::prepared::Deallocation::One(name) => {
-                self.gate.session_named.remove(&name);
+        match sql_touches(text) {
+            Touches::Nothing => {}
+            Touches::All => {
+                self.gate.views.touch_all();
+                self.gate.batch_parses.clear();
             }
-            super::prepared::Deallocation::None => {}
+            Touches::Names(names) => {
+                for name in names {
+                    self.gate.batch_parses.remove(&name);
+                    self.gate.views.touch(name);
+                }
+            }
         }
     }
 
@@ -817,7 +883,8 @@ impl Session {
         self.mode != crate::config::PoolMode::Session
     }
 
-    /// A Close of a statement: its name is free again.
+    /// A Close of a statement: a Bind later in its batch does not run it, and in session
+    /// pooling what the name holds afterwards depends on whether the server ran the Close.
     fn note_close(&mut self, body: &[u8]) {
         if let Ok(CloseView {
             kind: target::STATEMENT,
@@ -825,33 +892,68 @@ impl Session {
         }) = CloseView::new(body)
         {
             self.gate.pending.remove(name);
-            self.gate.session_named.remove(name);
+            self.gate.batch_parses.remove(name);
+            if !name.is_empty() && !self.statements_mapped() {
+                self.gate.views.touch(Bytes::copy_from_slice(name));
+            }
         }
     }
 
-    /// What the statement `name` is: a Parse still on its way, the unnamed statement, or
-    /// the client's statement as pgward maps it (from the server's answers).
-    fn statement_of(&self, name: &[u8]) -> Option<Arc<Parsed>> {
-        if let Some(p) = self.gate.pending.get(name) {
-            return Some(Arc::clone(p));
+    /// What the statement `name` is, and whether that is still to be settled by the server's
+    /// answers: a Parse of it earlier in the Bind's own batch (the Bind runs it or is skipped
+    /// with it), else what the server created, once it has answered every Parse of the name
+    /// (pgward's statement map for the names it maps, else the gate's own view).
+    fn statement_of(&mut self, name: &[u8]) -> (Option<Arc<Parsed>>, bool) {
+        if let Some(p) = self.gate.batch_parses.get(name) {
+            return (Some(Arc::clone(p)), false);
         }
-        if name.is_empty() {
-            return self.gate.unnamed.clone();
+        let gate = &self.gate;
+        let listed =
+            gate.unsettled_all || !gate.unsettled.is_empty() && gate.unsettled.contains(name);
+        // Settled once the server has answered everything sent before this Bind.
+        let unsettled = listed && !self.answered_before_gated();
+        if listed && !unsettled {
+            self.gate.settle_names();
         }
-        if self.statements_mapped() {
-            return self.statements.get(name)?.parsed.clone();
-        }
-        self.gate.session_named.get(name).cloned()
+        let known = if name.is_empty() {
+            self.gate.views.unnamed()
+        } else if self.statements_mapped() {
+            self.statements.get(name).and_then(|s| s.parsed.clone())
+        } else {
+            self.gate.views.named(name)
+        };
+        (known, unsettled)
     }
 
-    fn bind_work(&self, body: &[u8]) -> Work {
+    /// Whether the server has answered everything sent before the messages gated now.
+    fn answered_before_gated(&self) -> bool {
+        self.gate.gated == 0
+            && self.gate.verdicts.is_empty()
+            && self
+                .link
+                .as_ref()
+                .is_none_or(|l| l.expected.is_empty() && l.server.rbuf.is_empty())
+    }
+
+    fn bind_work(&mut self, body: &[u8]) -> Work {
         let Ok(bind) = BindView::new(body) else {
             return Work::Function;
         };
+        let (parsed, unsettled) = self.statement_of(bind.statement);
+        // Where the gate follows every statement the name could hold, one it does not know
+        // was not created by a Parse the server answered (a PREPARE in SQL, say).
+        let named_mapped = !bind.statement.is_empty() && self.statements_mapped();
+        let in_view = named_mapped || !self.gate.views.partial;
+        if let (Some(p), false) = (&parsed, self.statements_mapped()) {
+            // A statement that runs PREPARE, DEALLOCATE or DISCARD ALL.
+            self.note_sql_touches(&p.text);
+        }
         Work::Bind {
-            parsed: self.statement_of(bind.statement),
+            parsed,
             tail: Bytes::copy_from_slice(bind.rest),
             fresh: self.gate.pending.contains_key(bind.statement),
+            unsettled,
+            in_view,
         }
     }
 
@@ -876,6 +978,15 @@ impl Session {
         if self.gate.skipping {
             // An earlier message of this batch failed: the server skips this one.
             return Ok(Step::Verdict(None));
+        }
+        if let Work::Bind {
+            unsettled: true, ..
+        } = work
+        {
+            // What its statement is depends on how earlier Parses of the name fare: it waits
+            // for the server's answers (asked for by a Flush inside an open batch).
+            self.gate.flush_wanted = self.gate.batch_open && !self.gate.flush_sent;
+            return Ok(Step::Hold);
         }
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
@@ -950,6 +1061,15 @@ impl Session {
             return Ok(Step::Hold);
         }
         let ruled = governance.policy.cost_limits(&tenant).any();
+        if ruled && work.unknown_statement() {
+            // No Parse the server answered created it: a PREPARE in SQL, say, whose text the
+            // gate never read.
+            let hit = self.unpriceable(governance, &tenant, UNKNOWN_STATEMENT);
+            if let Some(hit) = hit {
+                self.note_cost_refusal(&tenant, fingerprint, &hit);
+                return Ok(Step::Verdict(Some(hit)));
+            }
+        }
         if ruled && work.text().is_some() && text.is_none() {
             // Not UTF-8: neither PostgreSQL's parser nor an EXPLAIN of pgward's can read it
             // as the server will, so its price cannot be known before it runs.
@@ -1534,7 +1654,7 @@ impl Session {
                 tag::BIND => Some(
                     BindView::new(body)
                         .ok()
-                        .and_then(|b| self.statement_of(b.statement))
+                        .and_then(|b| self.statement_of(b.statement).0)
                         .map_or(RequestKind::Statement, |p| kind_of(&p.text)),
                 ),
                 tag::FUNCTION_CALL => Some(RequestKind::Statement),
@@ -2325,6 +2445,12 @@ const IN_OPEN_BATCH: (&str, &str) = (
     "it is sent inside an extended-protocol batch still open on the server (no Sync yet) \
      and cannot be explained there as itself",
     "send it after a Sync",
+);
+
+/// A Bind of a statement no Parse the gate saw answered created.
+const UNKNOWN_STATEMENT: (&str, &str) = (
+    "the statement it binds was not created by a Parse message pgward saw answered (a PREPARE in SQL, or a name freed since)",
+    "prepare it with a Parse message, or run it with EXECUTE",
 );
 
 fn unpriceable_hit((detail, hint): (&str, &str)) -> RuleHit {

@@ -9,10 +9,11 @@ use bytes::{Bytes, BytesMut};
 use super::link::Link;
 use super::prepared::{self, ClientStatements, Deallocation, Statement};
 use super::rules::{self, RuleCheck};
+use super::views::Views;
 use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
-use crate::server::{Learned, Owed, Route, ServerStatements, Skipped};
+use crate::server::{Definition, Learned, Owed, Route, ServerStatements, Skipped};
 use crate::wire::frontend::target;
 use crate::wire::{
     self, backend, frontend, sqlstate, BindView, CloseView, DescribeView, ErrorResponse, FrameSpan,
@@ -24,6 +25,8 @@ pub(super) struct ClientSide<'a> {
     pub statements: &'a mut ClientStatements,
     pub params: &'a mut ParamSet,
     pub tracked: &'a Tracked,
+    /// The statements the gate follows itself.
+    pub views: &'a mut Views,
 }
 
 /// Handles one server message (where it lies in the server's buffer): matches it to what it
@@ -128,6 +131,7 @@ pub(super) fn learn(
                 client.statements.remove(name);
             }
         }
+        Learned::Defined(definition) => client.views.commit(&definition),
         Learned::Nothing => {}
     }
     match tag {
@@ -181,6 +185,11 @@ pub(super) struct MessageContext<'a> {
     pub verdicts: &'a mut std::collections::VecDeque<Option<RuleHit>>,
     /// SHOW STATS' parse and bind counts.
     pub counters: &'a crate::ops::PoolCounters,
+    /// What each Parse that passed the gate defines for it, in order (see
+    /// [`Definition`]); the gate's view of the statements, told when a Parse it did not see
+    /// goes out.
+    pub defines: &'a mut std::collections::VecDeque<Option<Arc<Definition>>>,
+    pub views: &'a mut Views,
 }
 
 impl MessageContext<'_> {
@@ -191,11 +200,19 @@ impl MessageContext<'_> {
         tag: u8,
         body: &[u8],
     ) -> Result<Option<BytesMut>, SessionError> {
-        // Each gated request has its verdict, even one that is skipped below.
+        // Each gated request has its verdict, even one that is skipped below, and each gated
+        // Parse what it defines for the gate.
         let verdict = match tag {
             frontend::tag::QUERY | frontend::tag::BIND | frontend::tag::FUNCTION_CALL => {
                 self.verdicts.pop_front().flatten()
             }
+            _ => None,
+        };
+        let definition = match tag {
+            frontend::tag::PARSE => self.defines.pop_front().unwrap_or_else(|| {
+                self.views.partial = true;
+                None
+            }),
             _ => None,
         };
         if *self.skip_to_sync {
@@ -228,7 +245,7 @@ impl MessageContext<'_> {
             }
             frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => expected.end_copy_in(),
             frontend::tag::EXECUTE => expected.push(Owed::Execute),
-            frontend::tag::PARSE => return self.parse(body),
+            frontend::tag::PARSE => return self.parse(body, definition),
             frontend::tag::BIND => return self.bind(body, verdict),
             frontend::tag::DESCRIBE => return self.describe(body),
             frontend::tag::CLOSE => return self.close(body),
@@ -328,7 +345,12 @@ impl MessageContext<'_> {
         Ok(Some(rules::raise_as_query(&hit)))
     }
 
-    fn parse(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+    /// `definition`: what the Parse defines for the gate, once the server answers it.
+    fn parse(
+        &mut self,
+        body: &[u8],
+        definition: Option<Arc<Definition>>,
+    ) -> Result<Option<BytesMut>, SessionError> {
         let parse = ParseView::new(body).map_err(|_| malformed("Parse"))?;
         let types = parse.param_types().map_err(|_| malformed("Parse"))?;
         let (name, query) = (parse.name, parse.query);
@@ -343,6 +365,7 @@ impl MessageContext<'_> {
                 client: true,
                 statement: None,
                 client_name: None,
+                defines: definition,
             });
             return Ok(None);
         };
@@ -362,6 +385,7 @@ impl MessageContext<'_> {
                 client: true,
                 statement: None,
                 client_name: None,
+                defines: None,
             });
             return Ok(Some(out));
         }
@@ -398,6 +422,7 @@ impl MessageContext<'_> {
             // A failure of a statement the server already has must not forget it.
             statement: (!known).then(|| statement.server_name.clone()),
             client_name: Some(client_name),
+            defines: None,
         });
         Ok(Some(out))
     }
@@ -422,6 +447,7 @@ impl MessageContext<'_> {
                 client: false,
                 statement: None,
                 client_name: None,
+                defines: None,
             },
             Owed::InternalBind,
             Owed::InternalExecute,
@@ -550,6 +576,7 @@ impl MessageContext<'_> {
             client: false,
             statement: Some(stmt.server_name.clone()),
             client_name: None,
+            defines: None,
         });
     }
 

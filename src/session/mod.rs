@@ -22,6 +22,7 @@ mod prepared;
 mod readings;
 pub mod replication;
 mod rules;
+mod views;
 
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::client::{ClientIo, SessionError, CLOSE_GRACE};
@@ -539,6 +540,7 @@ impl Session {
                     statements: &mut self.statements,
                     params: &mut self.params,
                     tracked: &self.tracked,
+                    views: &mut self.gate.views,
                 };
                 let server = &mut *link.server;
                 let body = frame.body();
@@ -573,6 +575,11 @@ impl Session {
     fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
         self.held = false;
         let governance = self.governance.load();
+        if governance.is_none() {
+            // The gate reads nothing now: what it knew of the client's statements may change
+            // unseen.
+            self.gate.views.forget();
+        }
         let settings = &self.config.load().settings;
         let capacity = prepared_capacity(
             self.mode,
@@ -611,6 +618,8 @@ impl Session {
             skip_to_sync: &mut self.skip_to_sync,
             verdicts: &mut self.gate.verdicts,
             counters: self.hooks.counters(),
+            defines: &mut self.gate.defines,
+            views: &mut self.gate.views,
         };
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
@@ -804,11 +813,6 @@ impl Session {
             let ready_at = (tag == backend::tag::READY_FOR_QUERY).then(Instant::now);
             let marks = ready_at.map(|at| (link.busy_since, link.tx_since, at));
             last_ready = ready_at.or(last_ready);
-            let mut client = ClientSide {
-                statements: &mut self.statements,
-                params: &mut self.params,
-                tracked: &self.tracked,
-            };
             if tag == backend::tag::ERROR_RESPONSE || tag == backend::tag::PORTAL_SUSPENDED {
                 // A failed or cancelled run, or a portal that stops with rows left, teaches
                 // nothing (it is still charged).
@@ -821,27 +825,36 @@ impl Session {
                     .run
                     .note_answer(tag, &link.server.rbuf[span.body()]);
             }
-            if tag == backend::tag::ERROR_RESPONSE {
-                let body = &link.server.rbuf[span.body()];
-                // Under a policy, the number of the request this error answers (the first
-                // one unanswered): requests are counted under a policy only.
-                let request = governed.then(|| {
-                    (self.gate.requests_sent + 1)
-                        .saturating_sub(link.expected.requests_owed() as u64)
-                });
-                if let Some(err) = own_cancel_error(body, &self.gate, &self.handle, request) {
-                    // PostgreSQL's answer to pgward's cancel: say why pgward cancelled.
-                    let route = server_message(link, &mut client, span, None)?;
-                    let out = kept.get_or_insert_with(BytesMut::new);
-                    out.extend_from_slice(&link.server.rbuf[run_start..offset]);
-                    if route == Route::Forward {
-                        crate::wire::encode_error(out, &err);
-                    }
-                    link.emit_synthetic(out);
-                    run_start = end;
-                    offset = end;
-                    continue;
+            let own_error = (tag == backend::tag::ERROR_RESPONSE)
+                .then(|| {
+                    let body = &link.server.rbuf[span.body()];
+                    // Under a policy, the number of the request this error answers (the first
+                    // one unanswered): requests are counted under a policy only.
+                    let request = governed.then(|| {
+                        (self.gate.requests_sent + 1)
+                            .saturating_sub(link.expected.requests_owed() as u64)
+                    });
+                    own_cancel_error(body, &self.gate, &self.handle, request)
+                })
+                .flatten();
+            let mut client = ClientSide {
+                statements: &mut self.statements,
+                params: &mut self.params,
+                tracked: &self.tracked,
+                views: &mut self.gate.views,
+            };
+            if let Some(err) = own_error {
+                // PostgreSQL's answer to pgward's cancel: say why pgward cancelled.
+                let route = server_message(link, &mut client, span, None)?;
+                let out = kept.get_or_insert_with(BytesMut::new);
+                out.extend_from_slice(&link.server.rbuf[run_start..offset]);
+                if route == Route::Forward {
+                    crate::wire::encode_error(out, &err);
                 }
+                link.emit_synthetic(out);
+                run_start = end;
+                offset = end;
+                continue;
             }
             let route = server_message(link, &mut client, span, ready_at)?;
             if let Some((busy, tx, at)) = marks {

@@ -9,6 +9,7 @@ use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 
 use crate::wire;
+pub use crate::wire::Parsed;
 
 /// One statement as pgward prepares it on servers.
 #[derive(Debug)]
@@ -35,32 +36,6 @@ impl Statement {
             parse,
             names_unreported: crate::params::names_unreported(query),
         }
-    }
-}
-
-/// A Parse as the gate keeps it: slices of the message, never a copy.
-#[derive(Debug)]
-pub struct Parsed {
-    /// The statement text, the bytes the server reads.
-    pub text: Bytes,
-    /// The parameter types as sent: count and OIDs.
-    pub types: Bytes,
-}
-
-impl Parsed {
-    /// The Parse `parse` read from `body`.
-    pub fn of(body: &Bytes, parse: &wire::ParseView) -> Self {
-        Parsed {
-            text: body.slice_ref(parse.query),
-            types: body.slice_ref(parse.raw_types()),
-        }
-    }
-
-    /// The Parse of the whole message `message` (tag and length first).
-    fn of_message(message: &Bytes) -> Option<Self> {
-        let span = wire::scan_frame(message, 0, usize::MAX).ok().flatten()?;
-        let parse = wire::ParseView::new(&message[span.body()]).ok()?;
-        Some(Parsed::of(message, &parse))
     }
 }
 
@@ -173,6 +148,84 @@ fn read_deallocation(text: &str) -> Option<Deallocation> {
         }
         _ => None,
     }
+}
+
+/// What a text may do to the session's prepared statements by SQL (see [`sql_touches`]).
+#[derive(Debug, PartialEq, Eq)]
+pub enum Touches {
+    Nothing,
+    /// The names a PREPARE or a DEALLOCATE of it names.
+    Names(Vec<Bytes>),
+    /// DEALLOCATE ALL, DISCARD ALL, or a name that cannot be read.
+    All,
+}
+
+/// The statement names a text may define or free by SQL: what a PREPARE or DEALLOCATE that
+/// starts one of its statements names, as PostgreSQL's scanner reads it. Nearly every text is
+/// told apart here by naming none of those words; one that names them and cannot be read with
+/// certainty touches every name.
+pub fn sql_touches(sql: &[u8]) -> Touches {
+    let may = [&b"prepare"[..], b"deallocate", b"discard"]
+        .iter()
+        .any(|w| mentions(sql, w));
+    if !may {
+        return Touches::Nothing;
+    }
+    if sql.contains(&b'\x0b') {
+        // Read differently by PostgreSQL 17 on and before (see `may_deallocate`).
+        return Touches::All;
+    }
+    std::str::from_utf8(sql)
+        .ok()
+        .and_then(read_touches)
+        .unwrap_or(Touches::All)
+}
+
+fn read_touches(text: &str) -> Option<Touches> {
+    use pg_query::protobuf::Token;
+    let tokens = crate::sql::scan_tokens(text)?;
+    let mut words = Vec::with_capacity(tokens.len());
+    for t in &tokens {
+        let kind = Token::try_from(t.token).ok()?;
+        if matches!(kind, Token::SqlComment | Token::CComment) {
+            continue;
+        }
+        words.push(Word {
+            kind,
+            keyword: t.keyword_kind,
+            text: text.get(t.start as usize..t.end as usize)?,
+        });
+    }
+    let mut names = Vec::new();
+    let mut start = true;
+    for (i, word) in words.iter().enumerate() {
+        let at_start = std::mem::replace(&mut start, word.kind == Token::Ascii59);
+        if !at_start {
+            continue;
+        }
+        let next = |n: usize| words.get(i + n);
+        let named = match word.kind {
+            Token::Prepare if next(1).is_some_and(|w| w.kind == Token::Transaction) => continue,
+            Token::Prepare => next(1),
+            Token::Deallocate => match next(1) {
+                Some(w) if w.kind == Token::Prepare => next(2),
+                other => other,
+            },
+            Token::Discard if next(1).is_some_and(|w| w.kind == Token::All) => {
+                return Some(Touches::All)
+            }
+            _ => continue,
+        };
+        match named {
+            Some(w) if w.kind == Token::All => return Some(Touches::All),
+            Some(w) => names.push(w.name()?),
+            None => return None,
+        }
+    }
+    Some(match names.is_empty() {
+        true => Touches::Nothing,
+        false => Touches::Names(names),
+    })
 }
 
 /// One token of a statement, as PostgreSQL's scanner reads it.
@@ -310,5 +363,41 @@ mod tests {
             deallocation(b"/* unterminated deallocate s_1"),
             Deallocation::None
         );
+    }
+}
+
+#[cfg(test)]
+mod touches {
+    use super::{sql_touches, Touches};
+    use bytes::Bytes;
+
+    fn names(list: &[&'static str]) -> Touches {
+        Touches::Names(
+            list.iter()
+                .map(|n| Bytes::from_static(n.as_bytes()))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn sql_that_defines_or_frees_a_statement_names_it() {
+        assert_eq!(sql_touches(b"SELECT prepared_at FROM t"), Touches::Nothing);
+        assert_eq!(sql_touches(b"SELECT 'prepare x'"), Touches::Nothing);
+        assert_eq!(sql_touches(b"PREPARE TRANSACTION 'x'"), Touches::Nothing);
+        assert_eq!(sql_touches(b"DISCARD PLANS"), Touches::Nothing);
+        assert_eq!(sql_touches(b"prepare P1 AS SELECT 1"), names(&["p1"]));
+        assert_eq!(
+            sql_touches(b"/* c */ PREPARE \"Q\" (int) AS SELECT $1"),
+            names(&["Q"])
+        );
+        assert_eq!(
+            sql_touches(b"SELECT 1; DEALLOCATE a; DEALLOCATE PREPARE b; PREPARE c AS SELECT 2"),
+            names(&["a", "b", "c"])
+        );
+        assert_eq!(sql_touches(b"DEALLOCATE ALL"), Touches::All);
+        assert_eq!(sql_touches(b"discard all"), Touches::All);
+        assert_eq!(sql_touches(b"SELECT 1; PREPARE"), Touches::All);
+        assert_eq!(sql_touches(b"PREPARE \x0bp AS SELECT 1"), Touches::All);
+        assert_eq!(sql_touches(b"PREPARE p AS SELECT '\xff'"), Touches::All);
     }
 }

@@ -49,7 +49,7 @@ pub mod target {
 
 mod views;
 
-pub use views::{BindView, CloseView, DescribeView, ParamTypes, ParseView, QueryView};
+pub use views::{BindView, CloseView, DescribeView, ParamTypes, ParseView, Parsed, QueryView};
 
 /// A client message, decoded only as far as a pooler needs. The full bytes stay in the
 /// [`Frame`] for forwarding.

@@ -42,7 +42,7 @@ pub use frontend::{
     encode_close, encode_describe, encode_execute, encode_flush, encode_parse, encode_parse_raw,
     encode_password, encode_query, encode_sasl_initial, encode_sasl_response, encode_ssl_request,
     encode_startup, encode_sync, encode_terminate, parse_password, parse_sasl_initial, BindView,
-    CloseView, DescribeView, Frontend, ParamTypes, ParseView, QueryView,
+    CloseView, DescribeView, Frontend, ParamTypes, ParseView, Parsed, QueryView,
 };
 
 /// Splits a NUL-terminated string off the front of `buf`: the string without its NUL, and

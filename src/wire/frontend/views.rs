@@ -2,7 +2,7 @@
 //! body in place, as slices of it, without copying or allocating. A view reads and checks
 //! what its readers need, no more; [`super::decode_frontend`] checks the whole layout.
 
-use bytes::{BufMut, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 
 use super::{bind_params, tag, target};
 use crate::wire::codec::{put_cstr, put_message};
@@ -67,6 +67,34 @@ impl<'a> ParseView<'a> {
             return Err(bad());
         }
         Ok(ParamTypes { oids })
+    }
+}
+
+/// A Parse as the gate keeps it: slices of the message, never a copy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    /// The statement text, the bytes the server reads.
+    pub text: Bytes,
+    /// The parameter types as sent: count and OIDs.
+    pub types: Bytes,
+}
+
+impl Parsed {
+    /// The Parse `parse` read from `body`.
+    pub fn of(body: &Bytes, parse: &ParseView) -> Self {
+        Parsed {
+            text: body.slice_ref(parse.query),
+            types: body.slice_ref(parse.raw_types()),
+        }
+    }
+
+    /// The Parse of the whole message `message` (tag and length first).
+    pub fn of_message(message: &Bytes) -> Option<Self> {
+        let span = crate::wire::scan_frame(message, 0, usize::MAX)
+            .ok()
+            .flatten()?;
+        let parse = ParseView::new(&message[span.body()]).ok()?;
+        Some(Parsed::of(message, &parse))
     }
 }
 

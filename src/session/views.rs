@@ -1,0 +1,171 @@
+//! What the admission gate knows of the client's prepared statements that pgward does not map
+//! itself: the unnamed statement, and every named one in session pooling. It is kept from the
+//! server's answers (a statement is known once its ParseComplete arrives), never from what
+//! the client merely sent: a Parse the server refuses or skips changes nothing.
+//!
+//! Statements also come and go by SQL (PREPARE, DEALLOCATE, DISCARD ALL) and by Close. The
+//! gate cannot see whether those run; it marks the names they touch instead, and a statement
+//! created before such a mark is no longer known until a later Parse of its name is answered.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use foldhash::HashMap;
+
+use crate::server::Definition;
+use crate::wire::Parsed;
+
+/// Named statements (and marked names) kept per session, at most.
+const MAX_NAMED: usize = 10_000;
+
+#[derive(Debug, Default)]
+pub struct Views {
+    /// The unnamed statement the server last created for this client, with the gate's
+    /// count at its Parse.
+    unnamed: Option<(Arc<Parsed>, u64)>,
+    /// Where the gate last lost sight of the session (see [`Views::forget`]): what was parsed
+    /// before is no longer known.
+    forgot: u64,
+    /// Named statements the server created, with the gate's count at their Parse.
+    named: HashMap<Bytes, (Arc<Parsed>, u64)>,
+    /// Names a Close, a DEALLOCATE or a PREPARE may have freed or defined, with the gate's
+    /// count there.
+    touched: HashMap<Bytes, u64>,
+    /// The same for every name (DISCARD ALL, DEALLOCATE ALL, a name that cannot be read).
+    touched_all: u64,
+    /// The gate's count of what may define or free a statement.
+    seq: u64,
+    /// Parses went to the server that the gate did not see (the session ran without a
+    /// policy for a while): a statement not in view may still exist.
+    pub partial: bool,
+}
+
+impl Views {
+    /// The next place in the gate's count.
+    pub fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// The server answered the Parse of `definition` with ParseComplete.
+    pub fn commit(&mut self, definition: &Definition) {
+        let parsed = Arc::clone(&definition.parsed);
+        if definition.name.is_empty() {
+            self.unnamed = Some((parsed, definition.seq));
+        } else if self.named.len() < MAX_NAMED || self.named.contains_key(&definition.name) {
+            self.named
+                .insert(definition.name.clone(), (parsed, definition.seq));
+        }
+    }
+
+    /// The unnamed statement, as the server last created it.
+    pub fn unnamed(&self) -> Option<Arc<Parsed>> {
+        let (parsed, seq) = self.unnamed.as_ref()?;
+        (*seq > self.forgot).then(|| Arc::clone(parsed))
+    }
+
+    /// The named statement `name`, unless something may have freed or redefined it since its
+    /// Parse.
+    pub fn named(&self, name: &[u8]) -> Option<Arc<Parsed>> {
+        let (parsed, seq) = self.named.get(name)?;
+        let touched = self.touched.get(name).copied().unwrap_or(0);
+        (*seq > touched.max(self.touched_all)).then(|| Arc::clone(parsed))
+    }
+
+    /// `name` may be freed or defined from here on by something other than a Parse.
+    pub fn touch(&mut self, name: Bytes) {
+        if self.touched.len() >= MAX_NAMED {
+            return self.touch_all();
+        }
+        let seq = self.next_seq();
+        self.touched.insert(name, seq);
+    }
+
+    /// Messages go to the server that the gate does not read (the session runs without a
+    /// policy): from here on no statement is known but those parsed later, and one not in
+    /// view may exist.
+    pub fn forget(&mut self) {
+        if self.partial && self.named.is_empty() && self.unnamed.is_none() {
+            return;
+        }
+        self.partial = true;
+        self.touch_all();
+        self.forgot = self.touched_all;
+        self.unnamed = None;
+    }
+
+    /// Every name may be freed or defined from here on.
+    pub fn touch_all(&mut self) {
+        let seq = self.next_seq();
+        self.touched_all = seq;
+        self.touched.clear();
+        self.named.retain(|_, (_, at)| *at > seq);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn definition(views: &mut Views, name: &str, text: &'static str) -> Definition {
+        Definition {
+            name: Bytes::copy_from_slice(name.as_bytes()),
+            parsed: Arc::new(Parsed {
+                text: Bytes::from_static(text.as_bytes()),
+                types: Bytes::from_static(b"\0\0"),
+            }),
+            seq: views.next_seq(),
+        }
+    }
+
+    fn text(parsed: Option<Arc<Parsed>>) -> Option<Bytes> {
+        parsed.map(|p| p.text.clone())
+    }
+
+    #[test]
+    fn a_statement_is_known_once_its_parse_is_answered() {
+        let mut views = Views::default();
+        let d = definition(&mut views, "s1", "SELECT 1");
+        assert_eq!(views.named(b"s1"), None, "sent is not answered");
+        views.commit(&d);
+        assert_eq!(text(views.named(b"s1")).as_deref(), Some(&b"SELECT 1"[..]));
+        let u = definition(&mut views, "", "SELECT 2");
+        views.commit(&u);
+        assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 2"[..]));
+    }
+
+    #[test]
+    fn a_mark_hides_what_was_parsed_before_it_not_after() {
+        let mut views = Views::default();
+        let before = definition(&mut views, "s1", "SELECT 1");
+        views.touch(Bytes::from_static(b"s1"));
+        let after = definition(&mut views, "s2", "SELECT 2");
+        // Answered after the mark, parsed before it: still hidden.
+        views.commit(&before);
+        views.commit(&after);
+        assert_eq!(views.named(b"s1"), None);
+        assert!(views.named(b"s2").is_some());
+        let again = definition(&mut views, "s1", "SELECT 3");
+        views.commit(&again);
+        assert_eq!(text(views.named(b"s1")).as_deref(), Some(&b"SELECT 3"[..]));
+        views.touch_all();
+        assert_eq!(views.named(b"s1"), None);
+        assert_eq!(views.named(b"s2"), None);
+    }
+
+    #[test]
+    fn what_was_parsed_before_the_gate_looked_away_is_forgotten() {
+        let mut views = Views::default();
+        let named = definition(&mut views, "s1", "SELECT 1");
+        let unnamed = definition(&mut views, "", "SELECT 2");
+        views.forget();
+        views.commit(&named);
+        views.commit(&unnamed);
+        assert!(views.partial);
+        assert_eq!(views.named(b"s1"), None);
+        assert_eq!(views.unnamed(), None);
+        let later = definition(&mut views, "", "SELECT 3");
+        views.commit(&later);
+        assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 3"[..]));
+    }
+}
