@@ -190,3 +190,42 @@ fn deallocate_in_a_failed_transaction_is_refused() {
     let pg = Postgres::start();
     assert_like_postgres(&pg, &query_message("DEALLOCATE a"));
 }
+
+// ---------------------------------------------------------------------------------------------
+// pgward's own statement names.
+
+/// Statements pgward prepares on a server its clients share cannot be freed or redefined by
+/// another client's SQL: its next Bind would run what that client put there.
+#[test]
+fn pgwards_statement_names_are_reserved() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut owner = pw.client();
+    let first = owner.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
+    assert_row(&first, "1", "a");
+    let mut other = pw.client();
+    let rows = other
+        .query("SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgw%'")
+        .expect("the server's statements");
+    let name = rows
+        .first()
+        .and_then(|row| row.first().cloned().flatten())
+        .expect("pgward's statement on the shared server");
+    for sql in [
+        format!("DEALLOCATE {name}"),
+        format!("DEALLOCATE PREPARE \"{name}\""),
+        format!(
+            "SELECT 1; DEALLOCATE {}; PREPARE {name} AS SELECT 2",
+            name.to_uppercase()
+        ),
+    ] {
+        let answer = other.exchange_within(&query_message(&sql), 3 * SECOND, &sql);
+        assert_eq!(error_code(&answer), "42939", "{sql}: {}", describe(&answer));
+    }
+    let extended = run_named("", &format!("DEALLOCATE {name}"));
+    let answer = other.exchange_within(&extended, 3 * SECOND, "extended");
+    assert_eq!(error_code(&answer), "42939", "{}", describe(&answer));
+    let again = [bind_message("a"), execute_message(), sync_message()].concat();
+    let answer = owner.exchange_within(&again, 3 * SECOND, "a again");
+    assert_row(&answer, "1", "a again");
+}

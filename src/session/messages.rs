@@ -270,13 +270,32 @@ impl MessageContext<'_> {
         rules.judge(text, in_flight, pooled)
     }
 
+    /// The refusal of a text that would define or free a statement under one of pgward's own
+    /// names, where pgward maps statements (42939, as PostgreSQL refuses a reserved name).
+    fn reserved(&self, text: &[u8]) -> Option<RuleHit> {
+        if self.capacity.is_none() || !prepared::touches_reserved(text) {
+            return None;
+        }
+        Some(RuleHit::refusal(
+            "reserved_name",
+            sqlstate::RESERVED_NAME,
+            "pgward: prepared statement names starting with \"pgw_\" are reserved".to_string(),
+            Some(
+                "pgward prepares statements under such names on servers its clients share"
+                    .to_string(),
+            ),
+            Some("use another name".to_string()),
+        ))
+    }
+
     fn query(
         &mut self,
         body: &[u8],
         verdict: Option<RuleHit>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let sql = QueryView::new(body).text;
-        if let Some(hit) = self.refusal(sql, verdict.as_ref()).or(verdict) {
+        let hit = self.refusal(sql, verdict.as_ref()).or(verdict);
+        if let Some(hit) = hit.or_else(|| self.reserved(sql)) {
             if self.can_answer_alone() {
                 self.answer_alone(rules::error_message(&hit), true);
                 return Ok(Some(BytesMut::new()));
@@ -354,7 +373,7 @@ impl MessageContext<'_> {
         let parse = ParseView::new(body).map_err(|_| malformed("Parse"))?;
         let types = parse.param_types().map_err(|_| malformed("Parse"))?;
         let (name, query) = (parse.name, parse.query);
-        if let Some(hit) = self.refusal(query, None) {
+        if let Some(hit) = self.refusal(query, None).or_else(|| self.reserved(query)) {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
         if name.is_empty() {

@@ -181,6 +181,21 @@ pub fn sql_touches(sql: &[u8]) -> Touches {
         .unwrap_or(Touches::All)
 }
 
+/// Whether a text may define or free by SQL a statement under one of pgward's own names
+/// (`pgw_` and a hash), which pgward prepares on servers its clients share: another client's
+/// Bind would run what it holds.
+pub fn touches_reserved(sql: &[u8]) -> bool {
+    if !mentions(sql, b"pgw_") {
+        return false;
+    }
+    match sql_touches(sql) {
+        Touches::Nothing => false,
+        Touches::Names(names) => names.iter().any(|n| n.starts_with(b"pgw_")),
+        // DEALLOCATE ALL is pgward's to follow; anything else that cannot be read may name one.
+        Touches::All => deallocation(sql) != Deallocation::All,
+    }
+}
+
 fn read_touches(text: &str) -> Option<Touches> {
     use pg_query::protobuf::Token;
     let tokens = crate::sql::scan_tokens(text)?;
@@ -399,5 +414,18 @@ mod touches {
         assert_eq!(sql_touches(b"SELECT 1; PREPARE"), Touches::All);
         assert_eq!(sql_touches(b"PREPARE \x0bp AS SELECT 1"), Touches::All);
         assert_eq!(sql_touches(b"PREPARE p AS SELECT '\xff'"), Touches::All);
+    }
+
+    #[test]
+    fn pgwards_own_names_are_reserved() {
+        use super::touches_reserved;
+        assert!(touches_reserved(b"DEALLOCATE pgw_0123"));
+        assert!(touches_reserved(b"deallocate prepare PGW_0123"));
+        assert!(touches_reserved(b"SELECT 1; PREPARE pgw_0123 AS SELECT 2"));
+        assert!(touches_reserved(b"PREPARE \x0bpgw_1 AS SELECT 1"));
+        assert!(!touches_reserved(b"SELECT 'pgw_0123'"));
+        assert!(!touches_reserved(b"DEALLOCATE mine"));
+        assert!(!touches_reserved(b"EXECUTE pgw_0123"));
+        assert!(!touches_reserved(b"DEALLOCATE ALL /* pgw_ */"));
     }
 }

@@ -30,6 +30,8 @@ pub const SYNTAX_ERROR: &str = "42601";
 pub const INSUFFICIENT_PRIVILEGE: &str = "42501";
 /// Class 42: undefined_object.
 pub const UNDEFINED_OBJECT: &str = "42704";
+/// Class 42: reserved_name.
+pub const RESERVED_NAME: &str = "42939";
 /// Class 53: insufficient_resources.
 pub const INSUFFICIENT_RESOURCES: &str = "53000";
 /// Class 53: too_many_connections.
