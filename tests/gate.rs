@@ -1104,7 +1104,11 @@ mod statement_names {
     const POLICY: &str = "[gate]\nmax_cost = 500\n";
 
     fn client(mode: &str) -> (Policed, Raw) {
-        let policed = gated(POLICY, &format!("pool_mode = {mode}\n"));
+        client_with(&format!("pool_mode = {mode}\n"))
+    }
+
+    fn client_with(settings: &str) -> (Policed, Raw) {
+        let policed = gated(POLICY, settings);
         let raw = policed.pw.client_as("trustuser", "app");
         (policed, raw)
     }
@@ -1254,6 +1258,245 @@ mod statement_names {
                 assert!(got.contains("D[42]"), "{mode}: {got}");
                 assert!(!got.contains('E'), "{mode}: {got}");
             }
+        }
+    }
+
+    /// PostgreSQL keys prepared statements by their first 63 bytes (NAMEDATALEN - 1): two
+    /// protocol names that share them are one statement on the server, two in the gate.
+    #[test]
+    fn long_names_that_share_63_bytes_are_one_statement_on_the_server() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        let stem = "a".repeat(63);
+        let (n1, n2) = (format!("{stem}1"), format!("{stem}2"));
+        let got = answers(&mut r, Batch::new().parse(&n1, "SELECT 1", &[]).sync(), 1);
+        assert!(!got.contains('E'), "{got}");
+        // Closes the server's statement `stem`, which n1 is.
+        let got = answers(&mut r, Batch::new().close(b'S', &n2).sync(), 1);
+        assert!(!got.contains('E'), "{got}");
+        let got = answers(&mut r, Batch::new().parse(&n2, FULL_READ, &[]).sync(), 1);
+        assert!(!got.contains('E'), "{got}");
+        refused(&answers(&mut r, run(&n1), 1));
+    }
+
+    /// The same through SQL: PostgreSQL truncates a long identifier in DEALLOCATE and
+    /// PREPARE to 63 bytes; the gate marks the untruncated name.
+    #[test]
+    fn a_long_name_in_sql_is_truncated_by_the_server_not_the_gate() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        let stem = "a".repeat(63);
+        let got = answers(&mut r, Batch::new().parse(&stem, "SELECT 1", &[]).sync(), 1);
+        assert!(!got.contains('E'), "{got}");
+        let sql = format!("DEALLOCATE {stem}x; PREPARE {stem}x AS {FULL_READ}");
+        r.send(&query_message(&sql));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(20)).unwrap();
+        assert!(!got.contains('E'), "{got}");
+        refused(&answers(&mut r, run(&stem), 1));
+    }
+
+    /// A DEALLOCATE and a PREPARE run by a DO block (dynamic SQL): the gate reads no PREPARE
+    /// or DEALLOCATE at the start of a statement, and keeps the Parse's text.
+    #[test]
+    fn a_protocol_deallocate_run_by_sql_execute_redefines_the_name_unseen() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        let setup = Batch::new()
+            .parse("s1", "SELECT 1", &[])
+            .parse("x", "DEALLOCATE s1", &[])
+            .parse("y", &format!("PREPARE s1 AS {FULL_READ}"), &[])
+            .sync();
+        let got = answers(&mut r, setup, 1);
+        assert!(!got.contains('E'), "{got}");
+        r.send(&query_message("EXECUTE x"));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(20)).unwrap();
+        assert!(!got.contains('E'), "EXECUTE x: {got}");
+        r.send(&query_message("EXECUTE y"));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(20)).unwrap();
+        assert!(!got.contains('E'), "EXECUTE y: {got}");
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
+    /// A bound DEALLOCATE or PREPARE marks its name at the Bind, but runs at the Execute of
+    /// its portal, which may come after a later Parse of the name.
+    #[test]
+    fn a_portal_executed_after_a_parse_redefines_the_name_unseen() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        let batch = Batch::new()
+            .parse("d", "DEALLOCATE s1", &[])
+            .parse("a", &format!("PREPARE s1 AS {FULL_READ}"), &[])
+            .bind("q", "d", &[])
+            .bind("p", "a", &[])
+            .parse("s1", "SELECT 1", &[])
+            .execute("q", 0)
+            .execute("p", 0)
+            .sync();
+        let got = answers(&mut r, batch, 1);
+        assert!(!got.contains('E'), "{got}");
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
+    /// The same across batches inside a transaction: the portals outlive the Sync.
+    #[test]
+    fn a_portal_executed_in_a_later_batch_redefines_the_name_unseen() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        r.query("BEGIN").unwrap();
+        let bind = Batch::new()
+            .parse("d", "DEALLOCATE s1", &[])
+            .parse("a", &format!("PREPARE s1 AS {FULL_READ}"), &[])
+            .bind("q", "d", &[])
+            .bind("p", "a", &[])
+            .sync();
+        let got = answers(&mut r, bind, 1);
+        assert!(!got.contains('E'), "{got}");
+        let got = answers(&mut r, Batch::new().parse("s1", "SELECT 1", &[]).sync(), 1);
+        assert!(!got.contains('E'), "{got}");
+        let exec = Batch::new().execute("q", 0).execute("p", 0).sync();
+        let got = answers(&mut r, exec, 1);
+        assert!(!got.contains('E'), "{got}");
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
+    /// A long-lived session-pooled client whose driver closes statements it evicts from its
+    /// cache (pgjdbc, asyncpg, psycopg): after 10,000 closed names every statement it still
+    /// holds is forgotten, and its Binds are refused.
+    #[test]
+    fn many_closed_names_make_live_statements_unknown() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        let got = answers(
+            &mut r,
+            Batch::new().parse("live", "SELECT 1", &[]).sync(),
+            1,
+        );
+        assert!(!got.contains('E'), "{got}");
+        let got = answers(&mut r, run("live"), 1);
+        assert!(got.contains("D[1]"), "before: {got}");
+        for chunk in 0..11 {
+            let mut churn = Batch::new();
+            for i in 0..1000 {
+                let name = format!("S_{chunk}_{i}");
+                churn = churn.parse(&name, "SELECT 2", &[]).close(b'S', &name);
+            }
+            let got = answers(&mut r, churn.sync(), 1);
+            assert!(!got.contains('E'), "{got}");
+        }
+        let got = answers(&mut r, run("live"), 1);
+        assert!(got.contains("D[1]") && !got.contains('E'), "after: {got}");
+    }
+
+    /// A mistyped query that merely mentions one of the words (an unterminated literal):
+    /// every statement the client prepared is forgotten.
+    #[test]
+    fn an_unreadable_text_mentioning_prepare_forgets_every_statement() {
+        let (_p, mut r) = client_with("pool_mode = session\n");
+        let got = answers(
+            &mut r,
+            Batch::new().parse("live", "SELECT 1", &[]).sync(),
+            1,
+        );
+        assert!(!got.contains('E'), "{got}");
+        r.send(&query_message("SELECT 'not prepared"));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(20)).unwrap();
+        // (pgward's rules refuse it unread, 42501: it never reaches the server.)
+        assert!(got.contains('E'), "{got}");
+        let got = answers(&mut r, run("live"), 1);
+        assert!(got.contains("D[1]") && !got.contains('E'), "after: {got}");
+    }
+
+    /// Transaction pooling: a skipped unnamed Parse still marks the server's unnamed
+    /// statement as the client's (`unnamed_ours`), while the gate keeps the client's last
+    /// answered unnamed text. With a savepoint the transaction goes on, and the Bind runs
+    /// whatever unnamed statement the server had (here another client's full read).
+    #[test]
+    fn a_skipped_unnamed_parse_lets_another_clients_unnamed_statement_run() {
+        let policed = gated(
+            POLICY,
+            "pool_mode = transaction\ndefault_pool_size = 1\nmax_client_conn = 50\n",
+        );
+        let mut x = policed.pw.client_as("trustuser", "app");
+        // The gate learns "SELECT 1" as x's unnamed statement.
+        let got = answers(
+            &mut x,
+            Batch::new()
+                .parse("", "SELECT 1", &[])
+                .bind("", "", &[])
+                .execute("", 0)
+                .sync(),
+            1,
+        );
+        assert!(got.contains("D[1]"), "{got}");
+        // Another client leaves a full read as the server's unnamed statement.
+        let mut y = policed.pw.client_as("trustuser", "app");
+        let got = answers(&mut y, Batch::new().parse("", FULL_READ, &[]).sync(), 1);
+        assert!(!got.contains('E'), "{got}");
+        drop(y);
+        // (A simple Query would drop the server's unnamed statement: BEGIN and SAVEPOINT go
+        // through named statements.)
+        let begin = Batch::new()
+            .parse("b", "BEGIN", &[])
+            .bind("", "b", &[])
+            .execute("", 0)
+            .parse("sp", "SAVEPOINT sp", &[])
+            .bind("", "sp", &[])
+            .execute("", 0)
+            .sync();
+        let got = answers(&mut x, begin, 1);
+        assert!(!got.contains('E') && got.ends_with('Z'), "{got}");
+        let skipped = Batch::new()
+            .describe(b'S', "nope")
+            .parse("", "SELECT 1", &[])
+            .sync();
+        let got = answers(&mut x, skipped, 1);
+        assert!(got.contains("E[26000]"), "{got}");
+        let back = Batch::new()
+            .parse("r", "ROLLBACK TO SAVEPOINT sp", &[])
+            .bind("", "r", &[])
+            .execute("", 0)
+            .sync();
+        let got = answers(&mut x, back, 1);
+        assert!(!got.contains('E'), "{got}");
+        let got = answers(&mut x, run(""), 1);
+        // The server's unnamed statement is another client's: not this client's to run.
+        assert!(got.contains("E[26000]") && !got.contains("D["), "{got}");
+    }
+
+    /// A Bind of a name parsed in the batch before, inside a batch opened by other messages.
+    #[test]
+    fn a_bind_waiting_inside_an_open_batch_resumes() {
+        for mode in ["session", "transaction"] {
+            let (_p, mut r) = client(mode);
+            let all = Batch::new()
+                .parse("s1", "SELECT 41", &[])
+                .sync()
+                .parse("s2", "SELECT 42", &[])
+                .describe(b'S', "s2")
+                .bind("", "s2", &[])
+                .execute("", 0)
+                .bind("", "s1", &[])
+                .execute("", 0)
+                .sync();
+            let got = answers(&mut r, all, 2);
+            assert!(
+                got.contains("D[41]") && got.contains("D[42]"),
+                "{mode}: {got}"
+            );
+        }
+    }
+
+    /// Split across writes: the second write's Bind waits for the first write's answers.
+    #[test]
+    fn a_bind_in_a_later_write_resumes() {
+        for mode in ["session", "transaction"] {
+            let (_p, mut r) = client(mode);
+            r.send(
+                &Batch::new()
+                    .parse("s1", "SELECT 41", &[])
+                    .sync()
+                    .parse("", "SELECT 1", &[])
+                    .flush()
+                    .bytes,
+            );
+            std::thread::sleep(Duration::from_millis(200));
+            let rest = Batch::new().bind("", "s1", &[]).execute("", 0).sync();
+            let got = answers(&mut r, rest, 2);
+            assert!(got.contains("D[41]"), "{mode}: {got}");
         }
     }
 }

@@ -134,6 +134,9 @@ pub struct Skipped {
     pub client_statements: Vec<Bytes>,
     /// Statements whose Close the server skipped: it still has them.
     pub still_prepared: Vec<Bytes>,
+    /// A client's Parse that pgward does not map (the unnamed statement, say) failed or was
+    /// skipped: the server's unnamed statement may not be the client's.
+    pub unmapped_parse: bool,
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -446,6 +449,7 @@ impl Expected {
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
         let mut still_prepared = Vec::new();
+        let mut unmapped_parse = false;
         if matches!(self.queue.front(), Some(Owed::Query)) {
             return (Route::Forward, Learned::Nothing);
         }
@@ -465,10 +469,12 @@ impl Expected {
             }
             match skipped {
                 Some(Owed::Parse {
+                    client,
                     statement,
                     client_name,
                     ..
                 }) => {
+                    unmapped_parse |= client && client_name.is_none();
                     server_statements.extend(statement);
                     client_statements.extend(client_name);
                 }
@@ -484,7 +490,10 @@ impl Expected {
             // No Sync was sent yet: the server goes on skipping until the client's.
             self.skipping = true;
         }
-        if server_statements.is_empty() && client_statements.is_empty() && still_prepared.is_empty()
+        if server_statements.is_empty()
+            && client_statements.is_empty()
+            && still_prepared.is_empty()
+            && !unmapped_parse
         {
             return (Route::Forward, Learned::Nothing);
         }
@@ -494,6 +503,7 @@ impl Expected {
                 server_statements,
                 client_statements,
                 still_prepared,
+                unmapped_parse,
             })),
         )
     }
@@ -623,6 +633,7 @@ mod tests {
                     server_statements: vec![Bytes::from_static(b"s2")],
                     client_statements: vec![Bytes::from_static(b"c2")],
                     still_prepared: vec![],
+                    unmapped_parse: false,
                 }))
             )
         );
@@ -661,6 +672,7 @@ mod tests {
                 server_statements: vec![Bytes::from_static(b"pgw_1")],
                 client_statements: vec![],
                 still_prepared: vec![],
+                unmapped_parse: false,
             }))
         );
         feed(&mut q, b"Z");
@@ -803,6 +815,7 @@ mod tests {
                 server_statements: vec![],
                 client_statements: vec![Bytes::from_static(b"c1")],
                 still_prepared: vec![],
+                unmapped_parse: false,
             }))
         );
     }
@@ -875,7 +888,8 @@ mod tests {
         let mut q = Expected::default();
         q.push(parse());
         let r = feed(&mut q, b"E");
-        assert_eq!(r[0].1, Learned::Nothing);
+        // The client's unnamed Parse failed: its unnamed statement is gone.
+        assert!(matches!(&r[0].1, Learned::Skipped(s) if s.unmapped_parse));
         assert!(q.skipping());
         assert!(!q.is_quiet());
         q.push(Owed::Sync);
@@ -900,6 +914,7 @@ mod tests {
                 server_statements: vec![],
                 client_statements: vec![],
                 still_prepared: vec![Bytes::from_static(b"pgw_old")],
+                unmapped_parse: true,
             }))
         );
     }

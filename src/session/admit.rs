@@ -74,6 +74,9 @@ pub(in crate::session) struct GateState {
     unsettled: HashSet<Bytes>,
     /// Too many names for `unsettled`: every name is unsettled.
     unsettled_all: bool,
+    /// Session pooling: the texts bound to portals that may define or free statements
+    /// when they run (see [`Session::note_portal`]).
+    portal_texts: HashMap<Bytes, Bytes>,
     /// What each Parse that passed the gate defines for it, in order, taken as it goes out.
     pub defines: VecDeque<Option<Arc<Definition>>>,
     /// The statements the gate follows itself, from the server's answers (pgward's
@@ -516,6 +519,7 @@ impl GateState {
     /// The server has answered everything sent before what is gated now: every name parsed
     /// holds what the answers say.
     fn settle_names(&mut self) {
+        self.views.settle();
         self.unsettled.clear();
         self.unsettled_all = false;
     }
@@ -771,7 +775,8 @@ impl Session {
             let link = self.link.as_ref();
             self.gate.batch_open = link.is_some_and(|l| l.expected.batch_open());
             self.gate.skipping = link.is_some_and(|l| l.expected.skipping());
-            if (self.gate.unsettled_all || !self.gate.unsettled.is_empty())
+            let marks = self.gate.views.has_marks();
+            if (self.gate.unsettled_all || !self.gate.unsettled.is_empty() || marks)
                 && self.answered_before_gated()
             {
                 self.gate.settle_names();
@@ -797,6 +802,10 @@ impl Session {
                 }
                 tag::BIND => Some(self.bind_work(body)),
                 tag::FUNCTION_CALL => Some(Work::Function),
+                tag::EXECUTE => {
+                    self.note_execute(body);
+                    None
+                }
                 _ => None,
             };
             if let Some(work) = work {
@@ -832,7 +841,7 @@ impl Session {
             return;
         };
         let parsed = Arc::new(Parsed::of(body, &parse));
-        let name = Bytes::copy_from_slice(parse.name);
+        let name = Bytes::copy_from_slice(self.gate_key(parse.name));
         // The unnamed statement, and every named one in session pooling, are the gate's to
         // follow; pgward's statement map follows the others.
         let followed = name.is_empty() || !self.statements_mapped();
@@ -855,14 +864,18 @@ impl Session {
         gate.pending.insert(name, parsed);
     }
 
-    /// A text that may define or free statements by SQL (PREPARE, DEALLOCATE, DISCARD ALL)
-    /// marks the names it touches: in session pooling the gate follows them itself, and no
-    /// longer knows what they hold (pgward's statement map answers for the others).
+    /// A text that may define or free statements by SQL (PREPARE, DEALLOCATE, DISCARD ALL,
+    /// or EXECUTE of a statement that does) marks the names it touches: in session pooling
+    /// the gate follows them itself, and no longer knows what they hold (pgward's statement
+    /// map answers for the others).
     fn note_sql_touches(&mut self, text: &[u8]) {
-        use super::prepared::{sql_touches, Touches};
-        if self.statements_mapped() {
-            return;
+        if !self.statements_mapped() {
+            self.touch_by_sql(text, 0);
         }
+    }
+
+    fn touch_by_sql(&mut self, text: &[u8], depth: usize) {
+        use super::prepared::{sql_executes, sql_touches, Touches};
         match sql_touches(text) {
             Touches::Nothing => {}
             Touches::All => {
@@ -871,10 +884,60 @@ impl Session {
             }
             Touches::Names(names) => {
                 for name in names {
-                    self.gate.batch_parses.remove(&name);
-                    self.gate.views.touch(name);
+                    self.gate.batch_parses.remove(super::views::key(&name));
+                    self.gate.views.touch(&name);
                 }
             }
+        }
+        for name in sql_executes(text) {
+            // A statement run by SQL EXECUTE may itself be a DEALLOCATE or a PREPARE.
+            match (self.gate.views.named(&name), depth) {
+                (Some(p), 0..=2) => self.touch_by_sql(&p.text, depth + 1),
+                (Some(_), _) => self.gate.views.touch_all(),
+                (None, _) => {}
+            }
+        }
+    }
+
+    /// The name the gate keys a statement by: pgward's map keys the client's own names;
+    /// PostgreSQL keys by the first 63 bytes.
+    fn gate_key<'a>(&self, name: &'a [u8]) -> &'a [u8] {
+        match self.statements_mapped() {
+            true => name,
+            false => super::views::key(name),
+        }
+    }
+
+    /// The statement bound to `portal` (a Bind) may define or free statements when it runs:
+    /// its Executes mark them again, in their place.
+    fn note_portal(&mut self, portal: &[u8], statement: Option<&Parsed>) {
+        if self.statements_mapped() {
+            return;
+        }
+        if !self.gate.portal_texts.is_empty() {
+            self.gate.portal_texts.remove(portal);
+        }
+        let Some(statement) = statement else {
+            return;
+        };
+        use super::prepared::{sql_executes, sql_touches, Touches};
+        let touches = sql_touches(&statement.text) != Touches::Nothing
+            || !sql_executes(&statement.text).is_empty();
+        if touches && self.gate.portal_texts.len() < MAX_PARSED {
+            self.gate
+                .portal_texts
+                .insert(Bytes::copy_from_slice(portal), statement.text.clone());
+        }
+    }
+
+    /// An Execute of a portal whose statement may define or free statements.
+    fn note_execute(&mut self, body: &[u8]) {
+        if self.gate.portal_texts.is_empty() {
+            return;
+        }
+        let portal = body.split(|b| *b == 0).next().unwrap_or_default();
+        if let Some(text) = self.gate.portal_texts.get(portal).cloned() {
+            self.touch_by_sql(&text, 0);
         }
     }
 
@@ -891,10 +954,11 @@ impl Session {
             name,
         }) = CloseView::new(body)
         {
-            self.gate.pending.remove(name);
-            self.gate.batch_parses.remove(name);
+            let key = self.gate_key(name);
+            self.gate.pending.remove(key);
+            self.gate.batch_parses.remove(key);
             if !name.is_empty() && !self.statements_mapped() {
-                self.gate.views.touch(Bytes::copy_from_slice(name));
+                self.gate.views.touch(name);
             }
         }
     }
@@ -904,6 +968,7 @@ impl Session {
     /// with it), else what the server created, once it has answered every Parse of the name
     /// (pgward's statement map for the names it maps, else the gate's own view).
     fn statement_of(&mut self, name: &[u8]) -> (Option<Arc<Parsed>>, bool) {
+        let name = self.gate_key(name);
         if let Some(p) = self.gate.batch_parses.get(name) {
             return (Some(Arc::clone(p)), false);
         }
@@ -945,13 +1010,18 @@ impl Session {
         let named_mapped = !bind.statement.is_empty() && self.statements_mapped();
         let in_view = named_mapped || !self.gate.views.partial;
         if let (Some(p), false) = (&parsed, self.statements_mapped()) {
-            // A statement that runs PREPARE, DEALLOCATE or DISCARD ALL.
+            // A statement that runs PREPARE, DEALLOCATE or DISCARD ALL: marked now, and
+            // again as its portal runs.
             self.note_sql_touches(&p.text);
         }
+        self.note_portal(bind.portal, parsed.as_deref());
         Work::Bind {
             parsed,
             tail: Bytes::copy_from_slice(bind.rest),
-            fresh: self.gate.pending.contains_key(bind.statement),
+            fresh: self
+                .gate
+                .pending
+                .contains_key(self.gate_key(bind.statement)),
             unsettled,
             in_view,
         }

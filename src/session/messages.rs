@@ -52,6 +52,10 @@ pub(super) fn server_message(
     if tag == backend::tag::ERROR_RESPONSE && link.reset_sent {
         link.server.poison();
     }
+    if let Learned::Skipped(skipped) = &learned {
+        // The server kept the unnamed statement it had, which may be another client's.
+        link.unnamed_ours &= !skipped.unmapped_parse;
+    }
     if matches!(learned, Learned::Nothing)
         && !matches!(
             tag,
@@ -120,6 +124,7 @@ pub(super) fn learn(
                 server_statements: missing,
                 client_statements,
                 still_prepared,
+                ..
             } = *skipped;
             for name in &missing {
                 server_statements.remove(name);

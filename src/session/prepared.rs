@@ -175,10 +175,52 @@ pub fn sql_touches(sql: &[u8]) -> Touches {
         // Read differently by PostgreSQL 17 on and before (see `may_deallocate`).
         return Touches::All;
     }
-    std::str::from_utf8(sql)
-        .ok()
-        .and_then(read_touches)
-        .unwrap_or(Touches::All)
+    match std::str::from_utf8(sql) {
+        // A text the scanner cannot read is refused by PostgreSQL's too: nothing runs.
+        Ok(text) => read_touches(text).unwrap_or(Touches::Nothing),
+        Err(_) => Touches::All,
+    }
+}
+
+/// The statements a text runs by SQL `EXECUTE name` at the start of one of its statements, as
+/// PostgreSQL's scanner reads them (a statement prepared through the protocol may itself be a
+/// DEALLOCATE or a PREPARE).
+pub fn sql_executes(sql: &[u8]) -> Vec<Bytes> {
+    use pg_query::protobuf::Token;
+    if !mentions(sql, b"execute") {
+        return Vec::new();
+    }
+    let Some(words) = std::str::from_utf8(sql).ok().and_then(read_words) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut start = true;
+    for (i, word) in words.iter().enumerate() {
+        let at_start = std::mem::replace(&mut start, word.kind == Token::Ascii59);
+        if at_start && word.kind == Token::Execute {
+            names.extend(words.get(i + 1).and_then(Word::name));
+        }
+    }
+    names
+}
+
+/// The tokens of a text but its comments, as PostgreSQL's scanner reads them.
+fn read_words(text: &str) -> Option<Vec<Word<'_>>> {
+    use pg_query::protobuf::Token;
+    let tokens = crate::sql::scan_tokens(text)?;
+    let mut words = Vec::with_capacity(tokens.len());
+    for t in &tokens {
+        let kind = Token::try_from(t.token).ok()?;
+        if matches!(kind, Token::SqlComment | Token::CComment) {
+            continue;
+        }
+        words.push(Word {
+            kind,
+            keyword: t.keyword_kind,
+            text: text.get(t.start as usize..t.end as usize)?,
+        });
+    }
+    Some(words)
 }
 
 /// Whether a text may define or free by SQL a statement under one of pgward's own names
@@ -198,19 +240,7 @@ pub fn touches_reserved(sql: &[u8]) -> bool {
 
 fn read_touches(text: &str) -> Option<Touches> {
     use pg_query::protobuf::Token;
-    let tokens = crate::sql::scan_tokens(text)?;
-    let mut words = Vec::with_capacity(tokens.len());
-    for t in &tokens {
-        let kind = Token::try_from(t.token).ok()?;
-        if matches!(kind, Token::SqlComment | Token::CComment) {
-            continue;
-        }
-        words.push(Word {
-            kind,
-            keyword: t.keyword_kind,
-            text: text.get(t.start as usize..t.end as usize)?,
-        });
-    }
+    let words = read_words(text)?;
     let mut names = Vec::new();
     let mut start = true;
     for (i, word) in words.iter().enumerate() {
@@ -411,9 +441,21 @@ mod touches {
         );
         assert_eq!(sql_touches(b"DEALLOCATE ALL"), Touches::All);
         assert_eq!(sql_touches(b"discard all"), Touches::All);
-        assert_eq!(sql_touches(b"SELECT 1; PREPARE"), Touches::All);
+        assert_eq!(sql_touches(b"SELECT 1; PREPARE"), Touches::Nothing);
+        assert_eq!(sql_touches(b"SELECT 'not prepared"), Touches::Nothing);
         assert_eq!(sql_touches(b"PREPARE \x0bp AS SELECT 1"), Touches::All);
         assert_eq!(sql_touches(b"PREPARE p AS SELECT '\xff'"), Touches::All);
+    }
+
+    #[test]
+    fn sql_execute_names_the_statement_it_runs() {
+        use super::sql_executes;
+        assert_eq!(sql_executes(b"EXECUTE x"), vec![Bytes::from_static(b"x")]);
+        assert_eq!(
+            sql_executes(b"SELECT 1; execute \"Y\"(1)"),
+            vec![Bytes::from_static(b"Y")]
+        );
+        assert!(sql_executes(b"SELECT 'execute x'").is_empty());
     }
 
     #[test]

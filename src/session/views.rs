@@ -15,8 +15,13 @@ use foldhash::HashMap;
 use crate::server::Definition;
 use crate::wire::Parsed;
 
-/// Named statements (and marked names) kept per session, at most.
+/// Named statements kept per session, at most.
 const MAX_NAMED: usize = 10_000;
+
+/// The bytes of a name PostgreSQL keys a prepared statement by: its first NAMEDATALEN - 1.
+pub fn key(name: &[u8]) -> &[u8] {
+    &name[..name.len().min(63)]
+}
 
 #[derive(Debug, Default)]
 pub struct Views {
@@ -26,12 +31,13 @@ pub struct Views {
     /// Where the gate last lost sight of the session (see [`Views::forget`]): what was parsed
     /// before is no longer known.
     forgot: u64,
-    /// Named statements the server created, with the gate's count at their Parse.
-    named: HashMap<Bytes, (Arc<Parsed>, u64)>,
-    /// Names a Close, a DEALLOCATE or a PREPARE may have freed or defined, with the gate's
-    /// count there.
+    /// Named statements the server created, by [`key`].
+    named: HashMap<Bytes, Arc<Parsed>>,
+    /// Names a Close, a DEALLOCATE or a PREPARE may have freed or defined while Parses were
+    /// unanswered, with the gate's count there: the answer to a Parse of the name from before
+    /// the mark defines nothing.
     touched: HashMap<Bytes, u64>,
-    /// The same for every name (DISCARD ALL, DEALLOCATE ALL, a name that cannot be read).
+    /// The same for every name.
     touched_all: u64,
     /// The gate's count of what may define or free a statement.
     seq: u64,
@@ -52,9 +58,16 @@ impl Views {
         let parsed = Arc::clone(&definition.parsed);
         if definition.name.is_empty() {
             self.unnamed = Some((parsed, definition.seq));
-        } else if self.named.len() < MAX_NAMED || self.named.contains_key(&definition.name) {
-            self.named
-                .insert(definition.name.clone(), (parsed, definition.seq));
+            return;
+        }
+        let name = key(&definition.name);
+        let mark = self.touched.get(name).copied().unwrap_or(0);
+        if definition.seq <= mark.max(self.touched_all).max(self.forgot) {
+            // Something may have freed or redefined the name after this Parse was sent.
+            return;
+        }
+        if self.named.len() < MAX_NAMED || self.named.contains_key(name) {
+            self.named.insert(Bytes::copy_from_slice(name), parsed);
         }
     }
 
@@ -64,42 +77,57 @@ impl Views {
         (*seq > self.forgot).then(|| Arc::clone(parsed))
     }
 
-    /// The named statement `name`, unless something may have freed or redefined it since its
-    /// Parse.
+    /// The named statement `name`.
     pub fn named(&self, name: &[u8]) -> Option<Arc<Parsed>> {
-        let (parsed, seq) = self.named.get(name)?;
-        let touched = self.touched.get(name).copied().unwrap_or(0);
-        (*seq > touched.max(self.touched_all)).then(|| Arc::clone(parsed))
+        self.named.get(key(name)).cloned()
     }
 
-    /// `name` may be freed or defined from here on by something other than a Parse.
-    pub fn touch(&mut self, name: Bytes) {
-        if self.touched.len() >= MAX_NAMED {
-            return self.touch_all();
-        }
+    /// `name` may be freed or defined from here on by something other than a Parse: it is
+    /// no longer known.
+    pub fn touch(&mut self, name: &[u8]) {
+        let name = key(name);
+        self.named.remove(name);
         let seq = self.next_seq();
-        self.touched.insert(name, seq);
+        if self.touched.len() >= MAX_NAMED {
+            // Only Parses still unanswered are concerned: theirs define nothing.
+            self.touched_all = seq;
+            self.touched.clear();
+            return;
+        }
+        self.touched.insert(Bytes::copy_from_slice(name), seq);
+    }
+
+    /// Every name may be freed or defined from here on.
+    pub fn touch_all(&mut self) {
+        self.touched_all = self.next_seq();
+        self.touched.clear();
+        self.named.clear();
+    }
+
+    /// Names are marked (see [`Views::settle`]).
+    pub fn has_marks(&self) -> bool {
+        !self.touched.is_empty()
+    }
+
+    /// The server has answered every Parse sent: the marks have nothing left to hide.
+    pub fn settle(&mut self) {
+        if !self.touched.is_empty() {
+            self.touched.clear();
+        }
     }
 
     /// Messages go to the server that the gate does not read (the session runs without a
     /// policy): from here on no statement is known but those parsed later, and one not in
     /// view may exist.
     pub fn forget(&mut self) {
-        if self.partial && self.named.is_empty() && self.unnamed.is_none() {
-            return;
-        }
         self.partial = true;
-        self.touch_all();
-        self.forgot = self.touched_all;
-        self.unnamed = None;
-    }
-
-    /// Every name may be freed or defined from here on.
-    pub fn touch_all(&mut self) {
-        let seq = self.next_seq();
-        self.touched_all = seq;
-        self.touched.clear();
-        self.named.retain(|_, (_, at)| *at > seq);
+        // The answers to Parses sent so far define nothing.
+        self.forgot = self.seq;
+        if !self.named.is_empty() || !self.touched.is_empty() || self.unnamed.is_some() {
+            self.touched.clear();
+            self.named.clear();
+            self.unnamed = None;
+        }
     }
 }
 
@@ -138,7 +166,7 @@ mod tests {
     fn a_mark_hides_what_was_parsed_before_it_not_after() {
         let mut views = Views::default();
         let before = definition(&mut views, "s1", "SELECT 1");
-        views.touch(Bytes::from_static(b"s1"));
+        views.touch(b"s1");
         let after = definition(&mut views, "s2", "SELECT 2");
         // Answered after the mark, parsed before it: still hidden.
         views.commit(&before);
@@ -151,6 +179,35 @@ mod tests {
         views.touch_all();
         assert_eq!(views.named(b"s1"), None);
         assert_eq!(views.named(b"s2"), None);
+    }
+
+    #[test]
+    fn names_are_told_apart_by_their_first_63_bytes() {
+        let mut views = Views::default();
+        let stem = "a".repeat(63);
+        let one = definition(&mut views, &format!("{stem}1"), "SELECT 1");
+        views.commit(&one);
+        assert!(views.named(format!("{stem}2").as_bytes()).is_some());
+        views.touch(format!("{stem}x").as_bytes());
+        assert_eq!(views.named(format!("{stem}1").as_bytes()), None);
+    }
+
+    #[test]
+    fn closing_many_names_keeps_the_live_ones() {
+        let mut views = Views::default();
+        let live = definition(&mut views, "live", "SELECT 1");
+        views.commit(&live);
+        for i in 0..(MAX_NAMED + 100) {
+            let name = format!("s{i}");
+            let d = definition(&mut views, &name, "SELECT 2");
+            views.commit(&d);
+            views.touch(name.as_bytes());
+        }
+        assert!(views.named(b"live").is_some());
+        views.settle();
+        let after = definition(&mut views, "later", "SELECT 3");
+        views.commit(&after);
+        assert!(views.named(b"later").is_some());
     }
 
     #[test]
