@@ -1237,6 +1237,36 @@ mod statement_names {
         refused(&answers(&mut r, all, 3));
     }
 
+    /// A PREPARE of a name the gate cannot read, in the same text as a DEALLOCATE and a
+    /// PREPARE of another: every name is touched.
+    #[test]
+    fn a_name_hard_to_read_does_not_hide_the_rest_of_the_text() {
+        let (_p, mut r) = client("session");
+        answers(&mut r, Batch::new().parse("s1", "SELECT 1", &[]).sync(), 1);
+        r.send(&query_message(&format!(
+            "PREPARE \"a\"\"b\" AS SELECT 1; DEALLOCATE s1; PREPARE s1 AS {FULL_READ}"
+        )));
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();
+        assert!(!got.contains('E'), "{got}");
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
+    /// SQL EXECUTE of statements parsed in the same write, not answered yet when it is read.
+    #[test]
+    fn sql_execute_of_a_statement_not_answered_yet_touches_the_names() {
+        let (_p, mut r) = client("session");
+        answers(&mut r, Batch::new().parse("s1", "SELECT 1", &[]).sync(), 1);
+        let mut all = Batch::new()
+            .parse("y", "DEALLOCATE s1", &[])
+            .parse("z", &format!("PREPARE s1 AS {FULL_READ}"), &[])
+            .sync();
+        all.bytes.extend(query_message("EXECUTE y"));
+        all.bytes.extend(query_message("EXECUTE z"));
+        let got = answers(&mut r, all, 3);
+        assert!(!got.contains('E'), "{got}");
+        refused(&answers(&mut r, run("s1"), 1));
+    }
+
     /// A client that pipelines a Parse and, after its Sync, the Bind of it (libpq's
     /// pipeline mode) gets its rows: the Bind waits for the Parse's answer.
     #[test]

@@ -77,6 +77,8 @@ pub(in crate::session) struct GateState {
     /// Session pooling: the texts bound to portals that may define or free statements
     /// when they run (see [`Session::note_portal`]).
     portal_texts: HashMap<Bytes, Bytes>,
+    /// `portal_texts` was full: portals went unfollowed.
+    portals_unfollowed: bool,
     /// What each Parse that passed the gate defines for it, in order, taken as it goes out.
     pub defines: VecDeque<Option<Arc<Definition>>>,
     /// The statements the gate follows itself, from the server's answers (pgward's
@@ -884,16 +886,29 @@ impl Session {
             }
             Touches::Names(names) => {
                 for name in names {
-                    self.gate.batch_parses.remove(super::views::key(&name));
-                    self.gate.views.touch(&name);
+                    let name = super::prepared::sql_name_key(&name);
+                    self.gate.batch_parses.remove(name);
+                    self.gate.views.touch(name);
                 }
             }
         }
         for name in sql_executes(text) {
             // A statement run by SQL EXECUTE may itself be a DEALLOCATE or a PREPARE.
-            match (self.gate.views.named(&name), depth) {
+            let name = super::prepared::sql_name_key(&name);
+            let gate = &self.gate;
+            let sent = gate
+                .batch_parses
+                .get(name)
+                .or_else(|| gate.pending.get(name));
+            let statement = sent.cloned().or_else(|| gate.views.named(name));
+            // One parsed through the protocol and not answered yet, or parsed unseen: its
+            // text is not known here.
+            let unknown = gate.unsettled_all || gate.unsettled.contains(name) || gate.views.partial;
+            match (statement, depth) {
                 (Some(p), 0..=2) => self.touch_by_sql(&p.text, depth + 1),
                 (Some(_), _) => self.gate.views.touch_all(),
+                (None, _) if unknown => self.gate.views.touch_all(),
+                // Prepared in SQL (which prepares no DEALLOCATE or PREPARE), or none.
                 (None, _) => {}
             }
         }
@@ -914,6 +929,7 @@ impl Session {
         if self.statements_mapped() {
             return;
         }
+        let portal = super::views::key(portal);
         if !self.gate.portal_texts.is_empty() {
             self.gate.portal_texts.remove(portal);
         }
@@ -923,11 +939,18 @@ impl Session {
         use super::prepared::{sql_executes, sql_touches, Touches};
         let touches = sql_touches(&statement.text) != Touches::Nothing
             || !sql_executes(&statement.text).is_empty();
-        if touches && self.gate.portal_texts.len() < MAX_PARSED {
-            self.gate
-                .portal_texts
-                .insert(Bytes::copy_from_slice(portal), statement.text.clone());
+        if !touches {
+            return;
         }
+        if self.gate.portal_texts.len() >= MAX_PARSED {
+            // Too many such portals to follow: each Execute of a portal not followed may
+            // free or define any name.
+            self.gate.portals_unfollowed = true;
+            return;
+        }
+        self.gate
+            .portal_texts
+            .insert(Bytes::copy_from_slice(portal), statement.text.clone());
     }
 
     /// An Execute of a portal whose statement may define or free statements.
@@ -936,8 +959,11 @@ impl Session {
             return;
         }
         let portal = body.split(|b| *b == 0).next().unwrap_or_default();
-        if let Some(text) = self.gate.portal_texts.get(portal).cloned() {
-            self.touch_by_sql(&text, 0);
+        let portal = super::views::key(portal);
+        match self.gate.portal_texts.get(portal).cloned() {
+            Some(text) => self.touch_by_sql(&text, 0),
+            None if self.gate.portals_unfollowed => self.gate.views.touch_all(),
+            None => {}
         }
     }
 

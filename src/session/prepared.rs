@@ -171,15 +171,30 @@ pub fn sql_touches(sql: &[u8]) -> Touches {
     if !may {
         return Touches::Nothing;
     }
-    if sql.contains(&b'\x0b') {
-        // Read differently by PostgreSQL 17 on and before (see `may_deallocate`).
+    if sql.contains(&b'\x0b') || sql.contains(&b'\\') {
+        // Read differently by PostgreSQL 17 on and before (see `may_deallocate`), or by a
+        // session with standard_conforming_strings off.
         return Touches::All;
     }
-    match std::str::from_utf8(sql) {
+    let Ok(text) = std::str::from_utf8(sql) else {
+        return Touches::All;
+    };
+    if crate::sql::scan_tokens(text).is_none() {
         // A text the scanner cannot read is refused by PostgreSQL's too: nothing runs.
-        Ok(text) => read_touches(text).unwrap_or(Touches::Nothing),
-        Err(_) => Touches::All,
+        return Touches::Nothing;
     }
+    // A name that cannot be read with certainty may be any.
+    read_touches(text).unwrap_or(Touches::All)
+}
+
+/// A name read from SQL as PostgreSQL truncates an identifier: at most 63 bytes, cut at a
+/// character boundary.
+pub fn sql_name_key(name: &[u8]) -> &[u8] {
+    let mut end = name.len().min(63);
+    while end < name.len() && end > 0 && (name[end] & 0xC0) == 0x80 {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// The statements a text runs by SQL `EXECUTE name` at the start of one of its statements, as
@@ -441,10 +456,21 @@ mod touches {
         );
         assert_eq!(sql_touches(b"DEALLOCATE ALL"), Touches::All);
         assert_eq!(sql_touches(b"discard all"), Touches::All);
-        assert_eq!(sql_touches(b"SELECT 1; PREPARE"), Touches::Nothing);
+        assert_eq!(sql_touches(b"SELECT 1; PREPARE"), Touches::All);
+        assert_eq!(sql_touches(b"PREPARE \"a\"\"b\" AS SELECT 1"), Touches::All);
+        assert_eq!(sql_touches(b"SELECT 'x\\''; DEALLOCATE s1"), Touches::All);
         assert_eq!(sql_touches(b"SELECT 'not prepared"), Touches::Nothing);
         assert_eq!(sql_touches(b"PREPARE \x0bp AS SELECT 1"), Touches::All);
         assert_eq!(sql_touches(b"PREPARE p AS SELECT '\xff'"), Touches::All);
+    }
+
+    #[test]
+    fn sql_names_are_cut_at_a_character_boundary() {
+        use super::sql_name_key;
+        let long = format!("{}\u{e9}", "a".repeat(62));
+        assert_eq!(sql_name_key(long.as_bytes()), "a".repeat(62).as_bytes());
+        assert_eq!(sql_name_key("a".repeat(70).as_bytes()).len(), 63);
+        assert_eq!(sql_name_key(b"s1"), b"s1");
     }
 
     #[test]
