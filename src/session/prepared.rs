@@ -124,17 +124,7 @@ fn may_deallocate(sql: &[u8]) -> bool {
 fn read_deallocation(text: &str) -> Option<Deallocation> {
     use pg_query::protobuf::Token;
     let tokens = crate::sql::scan_tokens(text)?;
-    let mut words: Vec<Word> = tokens
-        .iter()
-        .map(|t| {
-            Some(Word {
-                kind: Token::try_from(t.token).ok()?,
-                keyword: t.keyword_kind,
-                text: text.get(t.start as usize..t.end as usize)?,
-            })
-        })
-        .collect::<Option<_>>()?;
-    words.retain(|w| !matches!(w.kind, Token::SqlComment | Token::CComment));
+    let mut words = words_of(text, &tokens)?;
     while words.last().is_some_and(|w| w.kind == Token::Ascii59) {
         words.pop();
     }
@@ -179,12 +169,14 @@ pub fn sql_touches(sql: &[u8]) -> Touches {
     let Ok(text) = std::str::from_utf8(sql) else {
         return Touches::All;
     };
-    if crate::sql::scan_tokens(text).is_none() {
+    let Some(tokens) = crate::sql::scan_tokens(text) else {
         // A text the scanner cannot read is refused by PostgreSQL's too: nothing runs.
         return Touches::Nothing;
-    }
+    };
     // A name that cannot be read with certainty may be any.
-    read_touches(text).unwrap_or(Touches::All)
+    words_of(text, &tokens)
+        .and_then(|words| read_touches(&words))
+        .unwrap_or(Touches::All)
 }
 
 /// A name read from SQL as PostgreSQL truncates an identifier: at most 63 bytes, cut at a
@@ -205,7 +197,11 @@ pub fn sql_executes(sql: &[u8]) -> Vec<Bytes> {
     if !mentions(sql, b"execute") {
         return Vec::new();
     }
-    let Some(words) = std::str::from_utf8(sql).ok().and_then(read_words) else {
+    let Some(text) = std::str::from_utf8(sql).ok() else {
+        return Vec::new();
+    };
+    let tokens = crate::sql::scan_tokens(text).unwrap_or_default();
+    let Some(words) = words_of(text, &tokens) else {
         return Vec::new();
     };
     let mut names = Vec::new();
@@ -219,12 +215,11 @@ pub fn sql_executes(sql: &[u8]) -> Vec<Bytes> {
     names
 }
 
-/// The tokens of a text but its comments, as PostgreSQL's scanner reads them.
-fn read_words(text: &str) -> Option<Vec<Word<'_>>> {
+/// The scanner's `tokens` of `text` but its comments.
+fn words_of<'t>(text: &'t str, tokens: &[pg_query::protobuf::ScanToken]) -> Option<Vec<Word<'t>>> {
     use pg_query::protobuf::Token;
-    let tokens = crate::sql::scan_tokens(text)?;
     let mut words = Vec::with_capacity(tokens.len());
-    for t in &tokens {
+    for t in tokens {
         let kind = Token::try_from(t.token).ok()?;
         if matches!(kind, Token::SqlComment | Token::CComment) {
             continue;
@@ -253,9 +248,8 @@ pub fn touches_reserved(sql: &[u8]) -> bool {
     }
 }
 
-fn read_touches(text: &str) -> Option<Touches> {
+fn read_touches(words: &[Word]) -> Option<Touches> {
     use pg_query::protobuf::Token;
-    let words = read_words(text)?;
     let mut names = Vec::new();
     let mut start = true;
     for (i, word) in words.iter().enumerate() {
