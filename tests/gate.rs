@@ -1154,8 +1154,7 @@ mod statement_names {
     }
 
     /// An unnamed Parse the server skips (an error earlier in its batch) leaves the unnamed
-    /// statement as it was. (In transaction pooling the unnamed statement lives only as long
-    /// as the server stays: the Bind that waited for the answers finds none, 26000.)
+    /// statement as it was.
     fn skipped_unnamed_parse(mode: &str) {
         let (_p, mut r) = client(mode);
         let mut all = Batch::new()
@@ -1165,11 +1164,7 @@ mod statement_names {
             .parse("", "SELECT 1", &[])
             .sync();
         all.bytes.extend(run("").bytes);
-        let got = answers(&mut r, all, 3);
-        assert!(!got.contains("D["), "the full read ran: {got}");
-        if mode == "session" {
-            refused(&got);
-        }
+        refused(&answers(&mut r, all, 3));
     }
 
     #[test]
@@ -1485,6 +1480,26 @@ mod statement_names {
         let got = answers(&mut x, run(""), 1);
         // The server's unnamed statement is another client's: not this client's to run.
         assert!(got.contains("E[26000]") && !got.contains("D["), "{got}");
+    }
+
+    /// A pipeline whose Bind of the unnamed statement follows the Sync of its Parse: the
+    /// Bind waits for the Parse's answer, and the batches after it go to the same server, as
+    /// they would have gone with no policy (the unnamed statement lives on that server only).
+    #[test]
+    fn a_pipelined_unnamed_statement_runs_on_the_server_that_parsed_it() {
+        for mode in ["transaction", "statement"] {
+            let (_p, mut r) = client_with(&format!(
+                "pool_mode = {mode}\ndefault_pool_size = 2\nmax_client_conn = 50\n"
+            ));
+            let mut all = Batch::new().parse("", "SELECT 41", &[]).sync();
+            all.bytes.extend(run("").bytes);
+            let got = answers(&mut r, all, 2);
+            assert!(got.contains("D[41]") && !got.contains('E'), "{mode}: {got}");
+            // Still priced as its own text.
+            let mut all = Batch::new().parse("", FULL_READ, &[]).sync();
+            all.bytes.extend(run("").bytes);
+            refused(&answers(&mut r, all, 2));
+        }
     }
 
     /// A Bind of a name parsed in the batch before, inside a batch opened by other messages.

@@ -256,7 +256,7 @@ impl Session {
                     }
                 }
                 Event::ServerDrained => {
-                    self.maybe_release().await?;
+                    self.after_answers().await?;
                     // Held messages may go now that nothing waits to be written.
                     if self.held && self.retry_held(io).await? {
                         return Ok(());
@@ -901,10 +901,24 @@ impl Session {
             // Idle time counts from the last answer, not from the last request.
             self.last_client_activity = last_ready.unwrap_or_else(Instant::now);
         }
-        self.maybe_release().await
+        self.after_answers().await
+    }
+
+    /// The server may have answered everything. Messages the client already sent that the
+    /// gate held for those answers are the rest of its pipeline: they go to the same server,
+    /// as they would have with nothing held (the unnamed statement lives there only), with
+    /// the same slot.
+    async fn after_answers(&mut self) -> Result<(), SessionError> {
+        let keep = self.held && self.mode != PoolMode::Session;
+        self.release_when_quiet(keep).await
     }
 
     async fn maybe_release(&mut self) -> Result<(), SessionError> {
+        self.release_when_quiet(false).await
+    }
+
+    /// `keep`: the server and the slot stay with the client even outside a transaction.
+    async fn release_when_quiet(&mut self, keep: bool) -> Result<(), SessionError> {
         let Some(link) = &self.link else {
             return Ok(());
         };
@@ -914,7 +928,8 @@ impl Session {
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
-        let slot = match link.server.tx == TxStatus::Idle && !self.gate.has_deferred() {
+        let idle = link.server.tx == TxStatus::Idle && !keep;
+        let slot = match idle && !self.gate.has_deferred() {
             true => SlotAfter::Goes,
             false => SlotAfter::Stays,
         };
@@ -947,6 +962,9 @@ impl Session {
             if self.mode == PoolMode::Statement {
                 return Err(statement_mode_refusal());
             }
+            return Ok(());
+        }
+        if keep {
             return Ok(());
         }
         self.release(true).await;
