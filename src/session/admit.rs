@@ -767,7 +767,7 @@ impl Session {
         &mut self,
         io: &mut ClientIo,
         len: usize,
-        governance: Arc<Governance>,
+        governance: &Arc<Governance>,
     ) -> Result<usize, SessionError> {
         // Under a policy the runs are counted (SHOW STATEMENTS, the unusual minutes, the
         // traffic log), even when `max_statement_stats = 0` keeps no row of them.
@@ -811,7 +811,7 @@ impl Session {
                 _ => None,
             };
             if let Some(work) = work {
-                match self.admit_work(io, &governance, work).await? {
+                match self.admit_work(io, governance, work).await? {
                     Step::Verdict(v) => {
                         // The Flush it may have waited for is spent.
                         self.gate.flush_sent = false;

@@ -466,7 +466,7 @@ impl Session {
             // here.
             let governance = self.governance.load().as_ref().clone();
             let governed = governance.is_some();
-            let ready = match governance {
+            let ready = match &governance {
                 Some(governance) => self.gate_chunk(io, chunk.len, governance).await?,
                 None if self.rt.gatekeeper.may_have_kills() => self.kill_chunk(&io.rbuf, chunk.len),
                 None => chunk.len,
@@ -505,7 +505,7 @@ impl Session {
                 true => self.requests_owed(),
                 false => 0,
             };
-            self.forward_client(&mut io.rbuf, ready)?;
+            self.forward_client(&mut io.rbuf, ready, governance.as_ref())?;
             self.gate.consumed(before - io.rbuf.len());
             if governed && self.note_sent(owed) {
                 // A cancel of pgward's own for what ran before is on its way.
@@ -572,9 +572,15 @@ impl Session {
 
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
-    fn forward_client(&mut self, rbuf: &mut BytesMut, len: usize) -> Result<(), SessionError> {
+    /// `governance`: the policy the chunk was gated under (none: it was not), so that a
+    /// reload meanwhile cannot let it go out neither gated nor forgotten.
+    fn forward_client(
+        &mut self,
+        rbuf: &mut BytesMut,
+        len: usize,
+        governance: Option<&Arc<Governance>>,
+    ) -> Result<(), SessionError> {
         self.held = false;
-        let governance = self.governance.load();
         if governance.is_none() {
             // The gate reads nothing now: what it knew of the client's statements may change
             // unseen.
@@ -595,7 +601,7 @@ impl Session {
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
         let allowed = self.gate.analyzed.as_mut().and_then(|a| a.allowed.take());
-        let rules = governance.as_deref().map(|governance| RuleCheck {
+        let rules = governance.map(|governance| RuleCheck {
             governance,
             client_id: self.id,
             role: &self.user,
