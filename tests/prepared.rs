@@ -194,16 +194,52 @@ fn deallocate_in_a_failed_transaction_is_refused() {
 // ---------------------------------------------------------------------------------------------
 // pgward's own statement names.
 
+/// PostgreSQL and pgward in transaction pooling on one server.
+fn shared_server() -> (Postgres, Pgward) {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    (pg, pw)
+}
+
+/// A client that prepared and ran `a` (`SELECT 1`) on the shared server.
+fn owner_of_a(pw: &Pgward) -> Raw {
+    let mut owner = pw.client();
+    let first = owner.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
+    assert_row(&first, "1", "a");
+    owner
+}
+
+/// Bind, Execute and Sync of `a`.
+fn bind_a() -> Vec<u8> {
+    [bind_message("a"), execute_message(), sync_message()].concat()
+}
+
+/// Dynamic SQL (a DO block) that frees pgward's statements on a shared server is not seen:
+/// the next Bind of one finds it gone (26000), once. pgward then no longer counts on that
+/// statement on that server: it is prepared again at its next use, and the server, whose
+/// statements pgward lost track of, is closed rather than reused.
+#[test]
+fn statements_freed_unseen_on_a_server_are_prepared_again() {
+    let (_pg, pw) = shared_server();
+    let (mut owner, mut other) = (owner_of_a(&pw), pw.client());
+    let sql = "DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$";
+    let answer = other.exchange_within(&query_message(sql), 3 * SECOND, sql);
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    let again = bind_a();
+    let answer = owner.exchange_within(&again, 3 * SECOND, "a after");
+    assert_eq!(error_code(&answer), "26000", "{}", describe(&answer));
+    for round in 0..3 {
+        let answer = owner.exchange_within(&again, 3 * SECOND, "a again");
+        assert_row(&answer, "1", &format!("a again, {round}"));
+    }
+}
+
 /// Statements pgward prepares on a server its clients share cannot be freed or redefined by
 /// another client's SQL: its next Bind would run what that client put there.
 #[test]
 fn pgwards_statement_names_are_reserved() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
-    let mut owner = pw.client();
-    let first = owner.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
-    assert_row(&first, "1", "a");
-    let mut other = pw.client();
+    let (_pg, pw) = shared_server();
+    let (mut owner, mut other) = (owner_of_a(&pw), pw.client());
     let rows = other
         .query("SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgw%'")
         .expect("the server's statements");
@@ -225,7 +261,7 @@ fn pgwards_statement_names_are_reserved() {
     let extended = run_named("", &format!("DEALLOCATE {name}"));
     let answer = other.exchange_within(&extended, 3 * SECOND, "extended");
     assert_eq!(error_code(&answer), "42939", "{}", describe(&answer));
-    let again = [bind_message("a"), execute_message(), sync_message()].concat();
+    let again = bind_a();
     let answer = owner.exchange_within(&again, 3 * SECOND, "a again");
     assert_row(&answer, "1", "a again");
 }

@@ -52,6 +52,9 @@ pub(super) fn server_message(
     if tag == backend::tag::ERROR_RESPONSE && link.reset_sent {
         link.server.poison();
     }
+    if tag == backend::tag::ERROR_RESPONSE && !link.server.statements.is_empty() {
+        forget_lost_statement(&mut link.server, span);
+    }
     if let Learned::Skipped(skipped) = &learned {
         // The server kept the unnamed statement it had, which may be another client's.
         link.unnamed_ours &= !skipped.unmapped_parse;
@@ -91,6 +94,33 @@ pub(super) fn server_message(
         }
     }
     Ok(route)
+}
+
+/// An error saying that one of pgward's own statements does not exist on the server (freed
+/// by SQL pgward did not see, such as dynamic SQL in a DO block): that statement is prepared
+/// again at its next use on this server, and the server, whose statements pgward lost track
+/// of, is closed rather than reused.
+fn forget_lost_statement(server: &mut crate::server::ServerConn, span: FrameSpan) {
+    let Ok(error) = wire::ErrorFields::parse(&server.rbuf[span.body()]) else {
+        return;
+    };
+    if error.code() != Some(sqlstate::UNDEFINED_PSTATEMENT) {
+        return;
+    }
+    let text = error.text().as_bytes();
+    let Some(at) = memchr::memmem::find(text, prepared::OWN_PREFIX.as_bytes()) else {
+        return;
+    };
+    let name = &text[at..];
+    let end = name
+        .iter()
+        .position(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+        .unwrap_or(name.len());
+    if server.statements.contains(&name[..end]) {
+        let name = name[..end].to_vec();
+        server.statements.remove(&name);
+        server.poison();
+    }
 }
 
 /// What one server message teaches, whoever reads it: statements the server does or does not

@@ -39,6 +39,9 @@ impl Statement {
     }
 }
 
+/// How the names of pgward's own statements on servers begin.
+pub const OWN_PREFIX: &str = "pgw_";
+
 /// `pgw_` and 128 bits of SHA-256 over the text and the parameter types: the same statement
 /// gets the same name everywhere, and two different statements never share one in practice.
 pub fn server_name(query: &[u8], param_types: &[u32]) -> Bytes {
@@ -50,7 +53,7 @@ pub fn server_name(query: &[u8], param_types: &[u32]) -> Bytes {
     }
     let digest = h.finalize();
     let mut name = String::with_capacity(36);
-    name.push_str("pgw_");
+    name.push_str(OWN_PREFIX);
     for byte in &digest[..16] {
         name.push_str(&format!("{byte:02x}"));
     }

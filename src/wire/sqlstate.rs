@@ -18,6 +18,8 @@ pub const IN_FAILED_SQL_TRANSACTION: &str = "25P02";
 pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 /// Class 25: transaction_timeout.
 pub const TRANSACTION_TIMEOUT: &str = "25P04";
+/// Class 26: invalid_sql_statement_name (a prepared statement that does not exist).
+pub const UNDEFINED_PSTATEMENT: &str = "26000";
 /// Class 28: invalid_authorization_specification.
 pub const INVALID_AUTHORIZATION: &str = "28000";
 /// Class 28: invalid_password.
