@@ -1116,9 +1116,14 @@ mod statement_names {
     /// Sends `batch` and reads `readies` answers up to ReadyForQuery, joined by `|`.
     fn answers(r: &mut Raw, batch: Batch, readies: usize) -> String {
         r.send(&batch.bytes);
+        read_answers(r, readies)
+    }
+
+    /// `readies` answers up to ReadyForQuery, joined by `|`.
+    pub(super) fn read_answers(r: &mut Raw, readies: usize) -> String {
         let got: Vec<String> = (0..readies)
             .map(|_| {
-                read_to_ready_within(r, Duration::from_secs(10))
+                read_to_ready_within(r, Duration::from_secs(20))
                     .unwrap_or_else(|e| format!("no answer: {e}"))
             })
             .collect();
@@ -1648,4 +1653,92 @@ fn a_statement_refused_by_a_rule_with_no_server_is_logged() {
         "{}",
         f.pw.log()
     );
+}
+
+/// Messages the gate held until the server answered what went before them.
+mod held_messages {
+    use super::statement_names::read_answers as answers;
+    use super::*;
+    use common::raw::Batch;
+    use std::time::Instant;
+
+    const POOLED: &str = "pool_mode = transaction\ndefault_pool_size = 4\nmax_client_conn = 50\n";
+
+    /// One slot: a pipeline of two Queries whose prices are unknown waits for the slot again
+    /// between them, behind a request of another tenant that came meanwhile.
+    #[test]
+    fn a_held_query_waits_for_its_slot_in_the_queue() {
+        let p = gated("[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n", POOLED);
+        let mut a = p.pw.client_as("trustuser", "app");
+        let mut b = p.pw.client_as("postgres", "app");
+        b.send(&Batch::new().query("SELECT 3").bytes);
+        answers(&mut b, 1);
+        let started = Instant::now();
+        let pipeline = Batch::new()
+            .query("SELECT pg_sleep(1)")
+            .query("SELECT pg_sleep(1), 2");
+        a.send(&pipeline.bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        b.send(&Batch::new().query("SELECT 3").bytes);
+        let got = answers(&mut b, 1);
+        let b_took = started.elapsed();
+        assert!(got.contains("D[3]"), "{got}");
+        assert!(
+            b_took < Duration::from_millis(1800),
+            "the other tenant waited behind the whole pipeline: {b_took:?}"
+        );
+        let got = answers(&mut a, 2);
+        assert!(!got.contains('E') && got.matches('C').count() == 2, "{got}");
+    }
+
+    /// A tenant over its budget runs in the slow lane: a held request of its waits there,
+    /// however it was held, while the slow lane's one slot is busy.
+    #[test]
+    fn a_held_request_of_a_tenant_in_debt_waits_for_the_slow_lane() {
+        let policy = "[gate]\nqueue_timeout = \"30s\"\nslow_active = 1\n[tenants.acme]\n\
+             roles = [\"trustuser\"]\nwhen_over = \"slow\"\nburst = 0.001\nrate = 0.1\n";
+        let p = gated(policy, POOLED);
+        let mut r = p.pw.client_as("trustuser", "app");
+        let mut e = p.pw.client_as("trustuser", "app");
+        // About a second of debt, paid back in about ten.
+        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        answers(&mut r, 1);
+        // The slow lane's one slot, busy for three seconds.
+        e.send(&Batch::new().query("SELECT pg_sleep(3)").bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        let mut all = Batch::new().parse("", "SELECT 41", &[]).sync();
+        all.bytes
+            .extend(Batch::new().bind("", "", &[]).execute("", 0).sync().bytes);
+        r.send(&all.bytes);
+        answers(&mut r, 2);
+        let took = started.elapsed();
+        assert!(
+            took > Duration::from_millis(2000),
+            "ran beside the slow lane's one slot: {took:?}"
+        );
+        answers(&mut e, 1);
+    }
+
+    /// A statement waiting in the gate's queue when a reload adds a rule that refuses it is
+    /// judged by the rules in force when it goes out.
+    #[test]
+    fn a_reload_during_a_wait_in_the_gate_applies_to_the_waiting_statement() {
+        let before = "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n";
+        let p = gated(before, POOLED);
+        let mut a = p.pw.client_as("postgres", "app");
+        let mut b = p.pw.client_as("trustuser", "app");
+        a.send(&Batch::new().query("SELECT pg_sleep(2)").bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        b.send(
+            &Batch::new()
+                .query("CREATE TABLE made_after_reload (a int)")
+                .bytes,
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        p.reload_with(&format!("{before}\n[[rules]]\nrule = \"deny_ddl\"\n"));
+        answers(&mut a, 1);
+        let got = answers(&mut b, 1);
+        assert!(got.contains("E[42501]"), "ran under the old policy: {got}");
+    }
 }

@@ -2027,6 +2027,10 @@ impl Session {
             self.hooks.gate_slot_at_once();
             return Ok(SlotAnswer::Granted(pass, guard));
         }
+        if self.mode != crate::config::PoolMode::Session {
+            // A client that waits holds no server: one kept for held messages goes back.
+            self.maybe_release().await?;
+        }
         let rt = self.rt.clone();
         let upstream = pass.upstream.clone();
         let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, over));

@@ -505,7 +505,7 @@ impl Session {
                 true => self.requests_owed(),
                 false => 0,
             };
-            self.forward_client(&mut io.rbuf, ready, governance.as_ref())?;
+            self.forward_client(&mut io.rbuf, ready, governed)?;
             self.gate.consumed(before - io.rbuf.len());
             if governed && self.note_sent(owed) {
                 // A cancel of pgward's own for what ran before is on its way.
@@ -572,16 +572,18 @@ impl Session {
 
     /// Records what each message is owed, rewrites the ones that name prepared statements,
     /// and queues the result for the server. Untouched runs of messages are not copied.
-    /// `governance`: the policy the chunk was gated under (none: it was not), so that a
-    /// reload meanwhile cannot let it go out neither gated nor forgotten.
+    /// `gated`: the chunk passed the gate. Its rules are those in force now (a reload while
+    /// it waited in the gate counts); a chunk no gate read while a policy is in force (one
+    /// came with a reload meanwhile) leaves the gate's view of the statements incomplete.
     fn forward_client(
         &mut self,
         rbuf: &mut BytesMut,
         len: usize,
-        governance: Option<&Arc<Governance>>,
+        gated: bool,
     ) -> Result<(), SessionError> {
         self.held = false;
-        if governance.is_none() {
+        let governance = self.governance.load();
+        if governance.is_none() || !gated {
             // The gate reads nothing now: what it knew of the client's statements may change
             // unseen.
             self.gate.views.forget();
@@ -601,7 +603,7 @@ impl Session {
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
         let allowed = self.gate.analyzed.as_mut().and_then(|a| a.allowed.take());
-        let rules = governance.map(|governance| RuleCheck {
+        let rules = governance.as_deref().map(|governance| RuleCheck {
             governance,
             client_id: self.id,
             role: &self.user,
@@ -911,9 +913,10 @@ impl Session {
     }
 
     /// The server may have answered everything. Messages the client already sent that the
-    /// gate held for those answers are the rest of its pipeline: they go to the same server,
-    /// as they would have with nothing held (the unnamed statement lives there only), with
-    /// the same slot.
+    /// gate held for those answers are the rest of its pipeline: the server stays for them,
+    /// as it would have with nothing held (the unnamed statement lives there only), unless
+    /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
+    /// one as any request does).
     async fn after_answers(&mut self) -> Result<(), SessionError> {
         let keep = self.held && self.mode != PoolMode::Session;
         self.release_when_quiet(keep).await
@@ -923,7 +926,7 @@ impl Session {
         self.release_when_quiet(false).await
     }
 
-    /// `keep`: the server and the slot stay with the client even outside a transaction.
+    /// `keep`: the server stays with the client even outside a transaction (its slot goes).
     async fn release_when_quiet(&mut self, keep: bool) -> Result<(), SessionError> {
         let Some(link) = &self.link else {
             return Ok(());
@@ -934,7 +937,7 @@ impl Session {
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
-        let idle = link.server.tx == TxStatus::Idle && !keep;
+        let idle = link.server.tx == TxStatus::Idle;
         let slot = match idle && !self.gate.has_deferred() {
             true => SlotAfter::Goes,
             false => SlotAfter::Stays,
@@ -971,6 +974,7 @@ impl Session {
             return Ok(());
         }
         if keep {
+            self.gate.slot = None;
             return Ok(());
         }
         self.release(true).await;
