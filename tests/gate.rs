@@ -1657,6 +1657,7 @@ fn a_statement_refused_by_a_rule_with_no_server_is_logged() {
 
 /// Messages the gate held until the server answered what went before them.
 mod held_messages {
+    use super::pipelines::read_to_ready_within;
     use super::statement_names::read_answers as answers;
     use super::*;
     use common::raw::Batch;
@@ -1718,6 +1719,86 @@ mod held_messages {
             "ran beside the slow lane's one slot: {took:?}"
         );
         answers(&mut e, 1);
+    }
+
+    /// `SELECT count(*)` of the active `sql` on the server, as another tenant asks it.
+    fn running(b: &mut common::raw::Raw, sql: &str) -> (String, Duration) {
+        let started = Instant::now();
+        let count = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE query = '{sql}' AND state = 'active'"
+        );
+        b.send(&Batch::new().query(&count).bytes);
+        let got = answers(b, 1);
+        (got, started.elapsed())
+    }
+
+    /// One slot (`max_active = 1`), a client of the tenant `trustuser` and one of another
+    /// (`postgres`) that has run once.
+    fn one_slot() -> (Policed, common::raw::Raw, common::raw::Raw) {
+        let p = gated("[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n", POOLED);
+        let a = p.pw.client_as("trustuser", "app");
+        let mut b = p.pw.client_as("postgres", "app");
+        b.send(&Batch::new().query("SELECT 3").bytes);
+        answers(&mut b, 1);
+        (p, a, b)
+    }
+
+    /// `first` run as `s1`, `s1` closed, then `then` parsed as `s1` and run: that Parse waits
+    /// for the answers to the first, with what follows it.
+    fn held_tail(first: &str, then: &str) -> Batch {
+        Batch::new()
+            .parse("s1", first, &[])
+            .bind("", "s1", &[])
+            .execute("", 0)
+            .sync()
+            .close(b'S', "s1")
+            .sync()
+            .parse("s1", then, &[])
+            .bind("", "s1", &[])
+            .execute("", 0)
+            .sync()
+    }
+
+    /// A pipeline held by pgward's statement map (a Parse of a name whose earlier Parse is
+    /// not answered yet) after the gate admitted what follows it: the rest waits for a slot
+    /// of its own, with one slot busy (`max_active = 1`).
+    #[test]
+    fn a_tail_held_for_a_parse_of_its_name_takes_a_slot() {
+        let (_p, mut a, mut b) = one_slot();
+        a.send(&held_tail("SELECT pg_sleep(0.5)", "SELECT pg_sleep(3)").bytes);
+        std::thread::sleep(Duration::from_millis(1500));
+        let (got, took) = running(&mut b, "SELECT pg_sleep(3)");
+        assert!(
+            took > Duration::from_millis(1000) && got.contains("D[0]"),
+            "ran beside the held statement with max_active = 1: {got} after {took:?}"
+        );
+        let got = answers(&mut a, 3);
+        assert!(!got.contains('E'), "{got}");
+    }
+
+    /// The same, where the held messages open a transaction: it holds a slot to its end.
+    #[test]
+    fn a_transaction_opened_by_a_held_tail_holds_a_slot() {
+        let (_p, mut a, mut b) = one_slot();
+        a.send(
+            &held_tail("SELECT pg_sleep(0.3)", "SELECT 1")
+                .query("BEGIN")
+                .bytes,
+        );
+        let got = answers(&mut a, 4);
+        assert!(!got.contains('E') && got.ends_with('Z'), "{got}");
+        a.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        let count = "SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction'";
+        b.send(&Batch::new().query(count).bytes);
+        answers(&mut a, 1);
+        // The other tenant waits while the transaction is open, idle or not.
+        let early = read_to_ready_within(&mut b, Duration::from_millis(1500));
+        assert!(early.is_err(), "ran beside the open transaction: {early:?}");
+        a.send(&Batch::new().query("COMMIT").bytes);
+        answers(&mut a, 1);
+        let got = answers(&mut b, 1);
+        assert!(got.contains("D[0]"), "{got}");
     }
 
     /// A statement waiting in the gate's queue when a reload adds a rule that refuses it is

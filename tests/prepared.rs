@@ -215,9 +215,8 @@ fn bind_a() -> Vec<u8> {
 }
 
 /// Dynamic SQL (a DO block) that frees pgward's statements on a shared server is not seen:
-/// the next Bind of one finds it gone (26000), once. pgward then no longer counts on that
-/// statement on that server: it is prepared again at its next use, and the server, whose
-/// statements pgward lost track of, is closed rather than reused.
+/// the next Bind of one finds it gone (26000), once. The server, whose statements pgward lost
+/// track of, is closed rather than reused, and the statement is prepared again on the next.
 #[test]
 fn statements_freed_unseen_on_a_server_are_prepared_again() {
     let (_pg, pw) = shared_server();
@@ -234,19 +233,67 @@ fn statements_freed_unseen_on_a_server_are_prepared_again() {
     }
 }
 
+/// The name pgward's one statement has on the shared server, read by `client`.
+fn pgwards_name(client: &mut Raw) -> String {
+    let rows = client
+        .query("SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgw%'")
+        .expect("the server's statements");
+    rows.first()
+        .and_then(|row| row.first().cloned().flatten())
+        .expect("pgward's statement on the shared server")
+}
+
+/// pgward's name of the owner's statement `a`, and a savepoint in a transaction opened after.
+fn name_of_a_in_a_transaction(owner: &mut Raw) -> String {
+    let name = pgwards_name(owner);
+    owner.query("BEGIN").expect("BEGIN");
+    owner.query("SAVEPOINT sp").expect("SAVEPOINT");
+    name
+}
+
+/// After `error` (26000 naming pgward's statement, which the server still has), rolled back to
+/// the savepoint, the statement still runs in the same transaction.
+fn still_runs_after(owner: &mut Raw, error: &[u8]) {
+    let answer = owner.exchange_within(error, 3 * SECOND, "the error");
+    assert_eq!(error_code(&answer), "26000", "{}", describe(&answer));
+    owner.query("ROLLBACK TO sp").expect("ROLLBACK TO");
+    let answer = owner.exchange_within(&bind_a(), 3 * SECOND, "a in the same transaction");
+    assert_row(&answer, "1", "a in the same transaction");
+}
+
+/// A Bind of pgward's own name by a client fails (26000, under another name that holds
+/// pgward's): pgward's statement is still there, and still pgward's.
+#[test]
+fn a_bind_of_pgwards_own_name_leaves_the_statement_in_place() {
+    let (_pg, pw) = shared_server();
+    let mut owner = owner_of_a(&pw);
+    let name = name_of_a_in_a_transaction(&mut owner);
+    let foreign = [bind_message(&name), execute_message(), sync_message()].concat();
+    still_runs_after(&mut owner, &foreign);
+}
+
+/// An error a client raises itself, with the SQLSTATE and words of a missing statement of
+/// pgward's, teaches pgward nothing of its statements.
+#[test]
+fn a_client_raised_26000_naming_pgwards_statement_leaves_it_in_place() {
+    let (_pg, pw) = shared_server();
+    let mut owner = owner_of_a(&pw);
+    let name = name_of_a_in_a_transaction(&mut owner);
+    let raise = format!(
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '26000', \
+         MESSAGE = 'prepared statement \"pgw' || '_{}\" does not exist'; END $$",
+        &name[4..]
+    );
+    still_runs_after(&mut owner, &query_message(&raise));
+}
+
 /// Statements pgward prepares on a server its clients share cannot be freed or redefined by
 /// another client's SQL: its next Bind would run what that client put there.
 #[test]
 fn pgwards_statement_names_are_reserved() {
     let (_pg, pw) = shared_server();
     let (mut owner, mut other) = (owner_of_a(&pw), pw.client());
-    let rows = other
-        .query("SELECT name FROM pg_prepared_statements WHERE name LIKE 'pgw%'")
-        .expect("the server's statements");
-    let name = rows
-        .first()
-        .and_then(|row| row.first().cloned().flatten())
-        .expect("pgward's statement on the shared server");
+    let name = pgwards_name(&mut other);
     for sql in [
         format!("DEALLOCATE {name}"),
         format!("DEALLOCATE PREPARE \"{name}\""),

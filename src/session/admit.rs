@@ -526,6 +526,12 @@ impl GateState {
         self.unsettled_all = false;
     }
 
+    /// Whether requests that passed the gate wait in the read buffer to go out (admitted
+    /// under the slot the session holds).
+    pub fn admitted_unsent(&self) -> bool {
+        self.gated > 0
+    }
+
     /// `n` gated bytes went to the server.
     pub fn consumed(&mut self, n: usize) {
         self.gated = self.gated.saturating_sub(n);

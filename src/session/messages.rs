@@ -97,9 +97,9 @@ pub(super) fn server_message(
 }
 
 /// An error saying that one of pgward's own statements does not exist on the server (freed
-/// by SQL pgward did not see, such as dynamic SQL in a DO block): that statement is prepared
-/// again at its next use on this server, and the server, whose statements pgward lost track
-/// of, is closed rather than reused.
+/// by SQL pgward did not see, such as dynamic SQL in a DO block): the server, whose statements
+/// pgward may have lost track of, is closed rather than reused; its map stays as it is (an
+/// error's words may come from a client, and the statement may well be there).
 fn forget_lost_statement(server: &mut crate::server::ServerConn, span: FrameSpan) {
     let Ok(error) = wire::ErrorFields::parse(&server.rbuf[span.body()]) else {
         return;
@@ -108,17 +108,18 @@ fn forget_lost_statement(server: &mut crate::server::ServerConn, span: FrameSpan
         return;
     }
     let text = error.text().as_bytes();
-    let Some(at) = memchr::memmem::find(text, prepared::OWN_PREFIX.as_bytes()) else {
-        return;
-    };
-    let name = &text[at..];
-    let end = name
-        .iter()
-        .position(|b| !b.is_ascii_alphanumeric() && *b != b'_')
-        .unwrap_or(name.len());
-    if server.statements.contains(&name[..end]) {
-        let name = name[..end].to_vec();
-        server.statements.remove(&name);
+    let own = prepared::OWN_PREFIX.as_bytes();
+    let named = memchr::memmem::find_iter(text, own).any(|at| {
+        // A name of its own, not the end of a longer one.
+        let alone = at == 0 || !(text[at - 1].is_ascii_alphanumeric() || text[at - 1] == b'_');
+        let name = &text[at..];
+        let end = name
+            .iter()
+            .position(|b| !b.is_ascii_alphanumeric() && *b != b'_')
+            .unwrap_or(name.len());
+        alone && server.statements.contains(&name[..end])
+    });
+    if named {
         server.poison();
     }
 }

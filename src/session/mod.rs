@@ -918,7 +918,10 @@ impl Session {
     /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
     /// one as any request does).
     async fn after_answers(&mut self) -> Result<(), SessionError> {
-        let keep = self.held && self.mode != PoolMode::Session;
+        // (Messages the gate already passed, held by pgward's statement map behind a Parse,
+        // were admitted under the slot that goes now: the server goes too, and they take a
+        // slot, then a server, as before anything is sent.)
+        let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
         self.release_when_quiet(keep).await
     }
 
