@@ -214,16 +214,23 @@ fn bind_a() -> Vec<u8> {
     [bind_message("a"), execute_message(), sync_message()].concat()
 }
 
+/// The owner of `a` after another client freed every statement on the shared server by
+/// dynamic SQL (a DO block), which pgward does not read.
+fn owner_after_unseen_deallocate(pw: &Pgward) -> Raw {
+    let (owner, mut other) = (owner_of_a(pw), pw.client());
+    let sql = "DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$";
+    let answer = other.exchange_within(&query_message(sql), 3 * SECOND, sql);
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    owner
+}
+
 /// Dynamic SQL (a DO block) that frees pgward's statements on a shared server is not seen:
 /// the next Bind of one finds it gone (26000), once. The server, whose statements pgward lost
 /// track of, is closed rather than reused, and the statement is prepared again on the next.
 #[test]
 fn statements_freed_unseen_on_a_server_are_prepared_again() {
     let (_pg, pw) = shared_server();
-    let (mut owner, mut other) = (owner_of_a(&pw), pw.client());
-    let sql = "DO $$ BEGIN EXECUTE 'DEALLOCATE ALL'; END $$";
-    let answer = other.exchange_within(&query_message(sql), 3 * SECOND, sql);
-    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    let mut owner = owner_after_unseen_deallocate(&pw);
     let again = bind_a();
     let answer = owner.exchange_within(&again, 3 * SECOND, "a after");
     assert_eq!(error_code(&answer), "26000", "{}", describe(&answer));
@@ -241,6 +248,22 @@ fn pgwards_name(client: &mut Raw) -> String {
     rows.first()
         .and_then(|row| row.first().cloned().flatten())
         .expect("pgward's statement on the shared server")
+}
+
+/// The same, where the client says Terminate right after the Bind that finds the statement
+/// gone: the server, answered while pgward lets it finish, is not reused either.
+#[test]
+fn statements_freed_unseen_and_found_missing_at_terminate_retire_the_server() {
+    let (_pg, pw) = shared_server();
+    let mut owner = owner_after_unseen_deallocate(&pw);
+    owner.send(&[bind_a(), terminate_message()].concat());
+    assert!(
+        owner.closes_within(3 * SECOND),
+        "the owner's connection stays open"
+    );
+    let mut next = pw.client();
+    let answer = next.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a, next");
+    assert_row(&answer, "1", "a, next");
 }
 
 /// pgward's name of the owner's statement `a`, and a savepoint in a transaction opened after.

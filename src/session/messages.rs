@@ -52,8 +52,10 @@ pub(super) fn server_message(
     if tag == backend::tag::ERROR_RESPONSE && link.reset_sent {
         link.server.poison();
     }
-    if tag == backend::tag::ERROR_RESPONSE && !link.server.statements.is_empty() {
-        forget_lost_statement(&mut link.server, span);
+    if tag == backend::tag::ERROR_RESPONSE
+        && lost_own_statement(&link.server.statements, &link.server.rbuf[span.body()])
+    {
+        link.server.poison();
     }
     if let Learned::Skipped(skipped) = &learned {
         // The server kept the unnamed statement it had, which may be another client's.
@@ -96,32 +98,31 @@ pub(super) fn server_message(
     Ok(route)
 }
 
-/// An error saying that one of pgward's own statements does not exist on the server (freed
-/// by SQL pgward did not see, such as dynamic SQL in a DO block): the server, whose statements
-/// pgward may have lost track of, is closed rather than reused; its map stays as it is (an
-/// error's words may come from a client, and the statement may well be there).
-fn forget_lost_statement(server: &mut crate::server::ServerConn, span: FrameSpan) {
-    let Ok(error) = wire::ErrorFields::parse(&server.rbuf[span.body()]) else {
-        return;
+/// Whether the error `body` says that one of pgward's own statements in `statements` does
+/// not exist on the server (freed by SQL pgward did not see, such as dynamic SQL in a DO
+/// block): the server, whose statements pgward may have lost track of, is then to be closed
+/// rather than reused. Its map stays as it is: an error's words may come from a client, and
+/// the statement may well be there.
+pub(super) fn lost_own_statement(statements: &ServerStatements, body: &[u8]) -> bool {
+    if statements.is_empty() {
+        return false;
+    }
+    let Ok(error) = wire::ErrorFields::parse(body) else {
+        return false;
     };
     if error.code() != Some(sqlstate::UNDEFINED_PSTATEMENT) {
-        return;
+        return false;
     }
-    let text = error.text().as_bytes();
-    let own = prepared::OWN_PREFIX.as_bytes();
-    let named = memchr::memmem::find_iter(text, own).any(|at| {
-        // A name of its own, not the end of a longer one.
-        let alone = at == 0 || !(text[at - 1].is_ascii_alphanumeric() || text[at - 1] == b'_');
+    let text = error.text();
+    // What may go on a name (a translated message quotes it in its own marks: « », „ “).
+    let in_name = |c: char| c.is_alphanumeric() || c == '_' || c == '$';
+    memchr::memmem::find_iter(text.as_bytes(), prepared::OWN_PREFIX.as_bytes()).any(|at| {
+        // A name of its own, not the end of a longer one (`at` is at an ASCII byte).
+        let alone = !text[..at].chars().next_back().is_some_and(in_name);
         let name = &text[at..];
-        let end = name
-            .iter()
-            .position(|b| !b.is_ascii_alphanumeric() && *b != b'_')
-            .unwrap_or(name.len());
-        alone && server.statements.contains(&name[..end])
-    });
-    if named {
-        server.poison();
-    }
+        let end = name.find(|c: char| !in_name(c)).unwrap_or(name.len());
+        alone && statements.contains(&name.as_bytes()[..end])
+    })
 }
 
 /// What one server message teaches, whoever reads it: statements the server does or does not
@@ -683,4 +684,57 @@ fn parameter_status(body: &[u8]) -> Option<(&str, &str)> {
     let name = std::str::from_utf8(parts.next()?).ok()?;
     let value = std::str::from_utf8(parts.next()?).ok()?;
     Some((name, value))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The body of an ErrorResponse with `code` and `message`.
+    fn error(code: &str, message: &str) -> BytesMut {
+        let mut out = BytesMut::new();
+        wire::encode_error(&mut out, &ErrorResponse::error(code.to_string(), message));
+        out.split_off(wire::HEADER_LEN)
+    }
+
+    fn holding(name: &str) -> ServerStatements {
+        let mut statements = ServerStatements::default();
+        statements.use_in_batch(&Bytes::copy_from_slice(name.as_bytes()));
+        statements
+    }
+
+    const NAME: &str = "pgw_81d68d7230ba0d375d2ce10a1112fbfc";
+
+    #[test]
+    fn a_missing_statement_of_pgwards_is_lost() {
+        let missing = format!("prepared statement \"{NAME}\" does not exist");
+        assert!(lost_own_statement(
+            &holding(NAME),
+            &error("26000", &missing)
+        ));
+        // In another language's words and quotes, the name is still the name.
+        let german = format!("Prepared Statement »{NAME}« existiert nicht");
+        assert!(lost_own_statement(&holding(NAME), &error("26000", &german)));
+    }
+
+    #[test]
+    fn only_a_name_of_its_own_in_the_map_is_lost() {
+        let statements = holding(NAME);
+        for other in ["a", "a_", "a$", "ñ", "pgward_not_prepared_here_"] {
+            let message = format!("prepared statement \"{other}{NAME}\" does not exist");
+            assert!(
+                !lost_own_statement(&statements, &error("26000", &message)),
+                "{message}"
+            );
+        }
+        let longer = format!("prepared statement \"{NAME}0\" does not exist");
+        assert!(!lost_own_statement(&statements, &error("26000", &longer)));
+        let missing = format!("prepared statement \"{NAME}\" does not exist");
+        assert!(!lost_own_statement(&statements, &error("42P05", &missing)));
+        assert!(!lost_own_statement(
+            &ServerStatements::default(),
+            &error("26000", &missing)
+        ));
+        assert!(!lost_own_statement(&statements, b"not an error body"));
+    }
 }

@@ -37,7 +37,7 @@ use crate::server::{Expected, OwnStatement, Route, ServerError};
 use crate::wire::{self, backend, frontend, sqlstate, ErrorResponse, FrameSpan, TxStatus};
 use admit::SlotAfter;
 use link::Link;
-use messages::{learn, server_message, ClientSide, MessageContext};
+use messages::{learn, lost_own_statement, server_message, ClientSide, MessageContext};
 use prepared::ClientStatements;
 use rules::{RuleCheck, RuleState};
 
@@ -544,6 +544,11 @@ impl Session {
                 };
                 let server = &mut *link.server;
                 let body = frame.body();
+                if frame.tag() == backend::tag::ERROR_RESPONSE
+                    && lost_own_statement(&server.statements, &body)
+                {
+                    server.poison();
+                }
                 let ready = learn(
                     frame.tag(),
                     &body,
@@ -921,7 +926,10 @@ impl Session {
         // (Messages the gate already passed, held by pgward's statement map behind a Parse,
         // were admitted under the slot that goes now: the server goes too, and they take a
         // slot, then a server, as before anything is sent.)
-        let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
+        let keep = self.held
+            && !self.gate.admitted_unsent()
+            && self.mode != PoolMode::Session
+            && self.link.as_ref().is_some_and(|l| l.server.reusable);
         self.release_when_quiet(keep).await
     }
 
