@@ -565,7 +565,7 @@ impl MessageContext<'_> {
         let foreign = if name.is_empty() {
             !self.link.unnamed_ours
         } else {
-            self.capacity.is_some() && name.starts_with(b"pgw_")
+            self.capacity.is_some() && name.starts_with(prepared::OWN_PREFIX.as_bytes())
         };
         foreign.then(|| {
             let mut out = b"pgward_not_prepared_here_".to_vec();

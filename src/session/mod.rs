@@ -948,8 +948,7 @@ impl Session {
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
-        let idle = link.server.tx == TxStatus::Idle;
-        let slot = match idle && !self.gate.has_deferred() {
+        let slot = match link.server.tx == TxStatus::Idle && !self.gate.has_deferred() {
             true => SlotAfter::Goes,
             false => SlotAfter::Stays,
         };

@@ -240,12 +240,12 @@ fn words_of<'t>(text: &'t str, tokens: &[pg_query::protobuf::ScanToken]) -> Opti
 /// (`pgw_` and a hash), which pgward prepares on servers its clients share: another client's
 /// Bind would run what it holds.
 pub fn touches_reserved(sql: &[u8]) -> bool {
-    if !mentions(sql, b"pgw_") {
+    if !mentions(sql, OWN_PREFIX.as_bytes()) {
         return false;
     }
     match sql_touches(sql) {
         Touches::Nothing => false,
-        Touches::Names(names) => names.iter().any(|n| n.starts_with(b"pgw_")),
+        Touches::Names(names) => names.iter().any(|n| n.starts_with(OWN_PREFIX.as_bytes())),
         // DEALLOCATE ALL is pgward's to follow; anything else that cannot be read may name one.
         Touches::All => deallocation(sql) != Deallocation::All,
     }
