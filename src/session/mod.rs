@@ -926,10 +926,7 @@ impl Session {
         // (Messages the gate already passed, held by pgward's statement map behind a Parse,
         // were admitted under the slot that goes now: the server goes too, and they take a
         // slot, then a server, as before anything is sent.)
-        let keep = self.held
-            && !self.gate.admitted_unsent()
-            && self.mode != PoolMode::Session
-            && self.link.as_ref().is_some_and(|l| l.server.reusable);
+        let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
         self.release_when_quiet(keep).await
     }
 
