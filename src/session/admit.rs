@@ -882,9 +882,12 @@ impl Session {
         }
     }
 
-    fn touch_by_sql(&mut self, text: &[u8], depth: usize) {
+    /// Whether `text` may define or free statements (what it touches is marked).
+    fn touch_by_sql(&mut self, text: &[u8], depth: usize) -> bool {
         use super::prepared::{sql_executes, sql_touches, Touches};
-        match sql_touches(text) {
+        let touches = sql_touches(text);
+        let may = touches != Touches::Nothing;
+        match touches {
             Touches::Nothing => {}
             Touches::All => {
                 self.gate.views.touch_all();
@@ -898,7 +901,9 @@ impl Session {
                 }
             }
         }
-        for name in sql_executes(text) {
+        let executes = sql_executes(text);
+        let may = may || !executes.is_empty();
+        for name in executes {
             // A statement run by SQL EXECUTE may itself be a DEALLOCATE or a PREPARE.
             let name = super::prepared::sql_name_key(&name);
             let gate = &self.gate;
@@ -911,13 +916,16 @@ impl Session {
             // text is not known here.
             let unknown = gate.unsettled_all || gate.unsettled.contains(name) || gate.views.partial;
             match (statement, depth) {
-                (Some(p), 0..=2) => self.touch_by_sql(&p.text, depth + 1),
+                (Some(p), 0..=2) => {
+                    self.touch_by_sql(&p.text, depth + 1);
+                }
                 (Some(_), _) => self.gate.views.touch_all(),
                 (None, _) if unknown => self.gate.views.touch_all(),
                 // Prepared in SQL (which prepares no DEALLOCATE or PREPARE), or none.
                 (None, _) => {}
             }
         }
+        may
     }
 
     /// The name the gate keys a statement by: pgward's map keys the client's own names;
@@ -929,9 +937,9 @@ impl Session {
         }
     }
 
-    /// The statement bound to `portal` (a Bind) may define or free statements when it runs:
-    /// its Executes mark them again, in their place.
-    fn note_portal(&mut self, portal: &[u8], statement: Option<&Parsed>) {
+    /// The statement bound to `portal` (a Bind), if it may define or free statements when it
+    /// runs: its Executes mark them again, in their place.
+    fn note_portal(&mut self, portal: &[u8], touching: Option<&Parsed>) {
         if self.statements_mapped() {
             return;
         }
@@ -939,15 +947,9 @@ impl Session {
         if !self.gate.portal_texts.is_empty() {
             self.gate.portal_texts.remove(portal);
         }
-        let Some(statement) = statement else {
+        let Some(statement) = touching else {
             return;
         };
-        use super::prepared::{sql_executes, sql_touches, Touches};
-        let touches = sql_touches(&statement.text) != Touches::Nothing
-            || !sql_executes(&statement.text).is_empty();
-        if !touches {
-            return;
-        }
         if self.gate.portal_texts.len() >= MAX_PARSED {
             // Too many such portals to follow: each Execute of a portal not followed may
             // free or define any name.
@@ -967,7 +969,9 @@ impl Session {
         let portal = body.split(|b| *b == 0).next().unwrap_or_default();
         let portal = super::views::key(portal);
         match self.gate.portal_texts.get(portal).cloned() {
-            Some(text) => self.touch_by_sql(&text, 0),
+            Some(text) => {
+                self.touch_by_sql(&text, 0);
+            }
             None if self.gate.portals_unfollowed => self.gate.views.touch_all(),
             None => {}
         }
@@ -1041,12 +1045,13 @@ impl Session {
         // was not created by a Parse the server answered (a PREPARE in SQL, say).
         let named_mapped = !bind.statement.is_empty() && self.statements_mapped();
         let in_view = named_mapped || !self.gate.views.partial;
-        if let (Some(p), false) = (&parsed, self.statements_mapped()) {
-            // A statement that runs PREPARE, DEALLOCATE or DISCARD ALL: marked now, and
-            // again as its portal runs.
-            self.note_sql_touches(&p.text);
-        }
-        self.note_portal(bind.portal, parsed.as_deref());
+        // A statement that runs PREPARE, DEALLOCATE or DISCARD ALL (or EXECUTE): marked now,
+        // and again as its portal runs.
+        let touching = match (&parsed, self.statements_mapped()) {
+            (Some(p), false) => self.touch_by_sql(&p.text, 0).then_some(&**p),
+            _ => None,
+        };
+        self.note_portal(bind.portal, touching);
         Work::Bind {
             parsed,
             tail: Bytes::copy_from_slice(bind.rest),

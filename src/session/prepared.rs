@@ -207,15 +207,16 @@ pub fn sql_executes(sql: &[u8]) -> Vec<Bytes> {
     let Some(words) = words_of(text, &tokens) else {
         return Vec::new();
     };
-    let mut names = Vec::new();
-    let mut start = true;
-    for (i, word) in words.iter().enumerate() {
-        let at_start = std::mem::replace(&mut start, word.kind == Token::Ascii59);
-        if at_start && word.kind == Token::Execute {
-            names.extend(words.get(i + 1).and_then(Word::name));
-        }
-    }
-    names
+    statement_starts(&words)
+        .filter(|&i| words[i].kind == Token::Execute)
+        .filter_map(|i| words.get(i + 1).and_then(Word::name))
+        .collect()
+}
+
+/// Where in `words` a statement starts: the first word, and each after a `;`.
+fn statement_starts<'w>(words: &'w [Word]) -> impl Iterator<Item = usize> + 'w {
+    use pg_query::protobuf::Token;
+    (0..words.len()).filter(|&i| i == 0 || words[i - 1].kind == Token::Ascii59)
 }
 
 /// The scanner's `tokens` of `text` but its comments.
@@ -254,14 +255,9 @@ pub fn touches_reserved(sql: &[u8]) -> bool {
 fn read_touches(words: &[Word]) -> Option<Touches> {
     use pg_query::protobuf::Token;
     let mut names = Vec::new();
-    let mut start = true;
-    for (i, word) in words.iter().enumerate() {
-        let at_start = std::mem::replace(&mut start, word.kind == Token::Ascii59);
-        if !at_start {
-            continue;
-        }
+    for i in statement_starts(words) {
         let next = |n: usize| words.get(i + n);
-        let named = match word.kind {
+        let named = match words[i].kind {
             Token::Prepare if next(1).is_some_and(|w| w.kind == Token::Transaction) => continue,
             Token::Prepare => next(1),
             Token::Deallocate => match next(1) {
