@@ -1776,6 +1776,33 @@ mod held_messages {
         assert!(!got.contains('E'), "{got}");
     }
 
+    /// Requests the gate admitted that wait behind a Parse of their name run in the run they
+    /// were admitted to: the held statement is counted with its own time, not with the round
+    /// trip of the Parse it waited for.
+    #[test]
+    fn a_tail_held_for_a_parse_of_its_name_is_timed_with_its_run() {
+        let p = gated(
+            "[gate]\nmax_active = 4\n",
+            &format!("{POOLED}admin_users = admin\n"),
+        );
+        let mut a = p.pw.client_as("trustuser", "app");
+        a.send(&held_tail("SELECT 1", "SELECT pg_sleep(0.4)").bytes);
+        let got = answers(&mut a, 3);
+        assert!(!got.contains('E'), "{got}");
+        let out = common::psql_at(p.pw.port, "admin", None, "pgward", "SHOW STATEMENTS");
+        let text = common::stdout_of(&out);
+        let row: Vec<&str> = text
+            .lines()
+            .find(|l| l.contains("pg_sleep"))
+            .unwrap_or_else(|| panic!("no row of the held statement: {text}"))
+            .split('|')
+            .collect();
+        // calls, then max_ms (see SHOW STATEMENTS' columns).
+        assert_eq!(row[4], "1", "{text}");
+        let max_ms: f64 = row[11].parse().expect("max_ms");
+        assert!(max_ms >= 350.0, "timed by the Parse it waited for: {text}");
+    }
+
     /// The same, where the held messages open a transaction: it holds a slot to its end.
     #[test]
     fn a_transaction_opened_by_a_held_tail_holds_a_slot() {

@@ -921,12 +921,10 @@ impl Session {
     /// gate held for those answers are the rest of its pipeline: the server stays for them,
     /// as it would have with nothing held (the unnamed statement lives there only), unless
     /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
-    /// one as any request does).
+    /// one as any request does). Messages the gate already admitted keep the slot too (see
+    /// [`Self::release_when_quiet`]).
     async fn after_answers(&mut self) -> Result<(), SessionError> {
-        // (Messages the gate already passed, held by pgward's statement map behind a Parse,
-        // were admitted under the slot that goes now: the server goes too, and they take a
-        // slot, then a server, as before anything is sent.)
-        let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
+        let keep = self.held && self.mode != PoolMode::Session;
         self.release_when_quiet(keep).await
     }
 
@@ -940,6 +938,12 @@ impl Session {
             return Ok(());
         };
         if !link.quiet(&self.to_server) {
+            return Ok(());
+        }
+        if self.gate.admitted_unsent() {
+            // Requests the gate admitted wait behind a Parse of their name that the server
+            // has now answered: the run goes on with them, on this server and under the
+            // slot they were admitted under (settling now would time them by that Parse).
             return Ok(());
         }
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
