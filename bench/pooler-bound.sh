@@ -13,7 +13,8 @@
 #                  pgward, pgward2 (pgward with worker_threads = 2 and 2 cores); the relay
 #                  prototypes of bench/harness/src/bin/relay-proto.rs: proto-mio (a loop over
 #                  state machines), proto-tokio (a task per client on a current-thread
-#                  runtime), proto-mio2 and proto-tokio2 (2 threads on 2 cores)
+#                  runtime), proto-unordered (the clients as futures in one task), and
+#                  proto-mio2, proto-tokio2 and proto-unordered2 (2 threads on 2 cores)
 #   ROUNDS         rounds, each running every target once in a rotated order; default 3
 #   RUN_SECONDS    length of one run, default 8
 #   CLIENTS        client connections, default 32; POOL_SIZE default_pool_size, default 8
@@ -41,7 +42,7 @@ count_instructions=${INSTRUCTIONS:-0}
 per_client=${TRANSACTIONS:-2000}
 
 check_choices "protocol" "simple extended prepared" "${modes[@]}"
-check_choices "target" "pgbouncer pgbouncer-new pgward pgward2 proto-mio proto-tokio proto-mio2 proto-tokio2" \
+check_choices "target" "pgbouncer pgbouncer-new pgward pgward2 proto-mio proto-tokio proto-unordered proto-mio2 proto-tokio2 proto-unordered2" \
     "${targets[@]}"
 [ "$(nproc)" -ge 2 ] || die "the harness needs two cores: one for the pooler, one for itself"
 command -v taskset >/dev/null || apt_install util-linux
@@ -92,7 +93,7 @@ start() {
     port=$(free_port)
     pooler_ini "$dir" "$server_port" "$port" "$pool_size" trust "$work/userlist.txt" >"$dir/pooler.ini"
     case $target in
-    proto-mio* | proto-tokio*)
+    proto-*)
         design=${target#proto-}
         echo "relay_design = ${design%2}" >>"$dir/pooler.ini"
         ;;

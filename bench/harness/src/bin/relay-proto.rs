@@ -1,22 +1,25 @@
-//! Two prototypes of a transaction-pooling relay's steady state, to decide the design of
-//! pgward's relay by measurement (see bench/README.md, `TARGETS=proto-mio` and `proto-tokio`
-//! of bench/pooler-bound.sh). Each answers a client's login itself from canned messages,
-//! holds `POOL_SIZE` server connections logged in at start, and relays whole messages: a client
-//! with something to send takes an idle server (or waits for one, first come first served),
-//! and gives it back when the server says ReadyForQuery idle and the client has nothing more
-//! to send. Nothing else: no authentication, no parameters, no statements, no gate. What the
-//! two cost per transaction is the floor of each design, not a pooler.
+//! Three prototypes of a transaction-pooling relay's steady state, to decide the design of
+//! pgward's relay by measurement (see bench/README.md, `TARGETS=proto-mio`, `proto-tokio` and
+//! `proto-unordered` of bench/pooler-bound.sh). Each answers a client's login itself from
+//! canned messages, holds `POOL_SIZE` server connections logged in at start, and relays whole
+//! messages: a client with something to send takes an idle server (or waits for one, first
+//! come first served), and gives it back when the server says ReadyForQuery idle and the
+//! client has nothing more to send. Nothing else: no authentication, no parameters, no
+//! statements, no gate. What each costs per transaction is the floor of its design, not a
+//! pooler.
 //!
 //! - `mio`: one loop per thread over plain state machines in a slab, driven by readiness
 //!   events; a released server goes to the next waiter in the same turn.
 //! - `tokio`: a current-thread tokio runtime per thread with one task per client, a pool
 //!   shared by the thread's tasks, a waiter woken through a oneshot channel.
+//! - `unordered`: the same clients as futures in one `FuturesUnordered` per thread, polled by
+//!   one task, each woken through its own waker into the set's ready queue.
 //!
 //! With `worker_threads` above 1, each thread has its own listener on the same port (SO_REUSEPORT,
 //! the kernel spreads the clients) and its own share of the servers.
 //!
 //! usage: relay-proto POOLER_INI (the pgbouncer.ini of bench/pooler-bound.sh, with
-//! `relay_design = mio` or `tokio` and optionally `worker_threads = N`)
+//! `relay_design = mio`, `tokio` or `unordered` and optionally `worker_threads = N`)
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
@@ -83,8 +86,9 @@ fn main() {
     {
         "mio" => mio_relay::run,
         "tokio" => tokio_relay::run,
+        "unordered" => tokio_relay::run_unordered,
         other => {
-            eprintln!("unknown design {other}: mio or tokio");
+            eprintln!("unknown design {other}: mio, tokio or unordered");
             std::process::exit(2);
         }
     };
@@ -540,6 +544,39 @@ mod tokio_relay {
                 let (sock, _) = listener.accept().await?;
                 sock.set_nodelay(true)?;
                 tokio::task::spawn_local(client(sock, pool.clone()));
+            }
+        })
+    }
+
+    /// The same clients as futures in one `FuturesUnordered`, polled by one task per thread
+    /// (each woken by its own waker through the set's ready queue) instead of a task each.
+    pub fn run_unordered(
+        args: &Args,
+        servers: usize,
+        listener: std::net::TcpListener,
+    ) -> io::Result<()> {
+        use futures_util::stream::{FuturesUnordered, StreamExt};
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .build()?;
+        rt.block_on(async move {
+            let pool: Shared = Rc::new(RefCell::new(Pool {
+                idle: Vec::new(),
+                waiting: VecDeque::new(),
+                unopened: servers,
+                server: args.server,
+            }));
+            let listener = TcpListener::from_std(listener)?;
+            let mut clients = FuturesUnordered::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let (sock, _) = accepted?;
+                        sock.set_nodelay(true)?;
+                        clients.push(client(sock, pool.clone()));
+                    }
+                    Some(_) = clients.next(), if !clients.is_empty() => {}
+                }
             }
         })
     }
