@@ -532,6 +532,13 @@ impl GateState {
         self.gated > 0
     }
 
+    /// Whether requests (Query, Bind, FunctionCall) that passed the gate wait in the read
+    /// buffer to go out: they were admitted into the current run, under the slot the session
+    /// holds.
+    pub fn requests_unsent(&self) -> bool {
+        self.gated > 0 && !self.verdicts.is_empty()
+    }
+
     /// `n` gated bytes went to the server.
     pub fn consumed(&mut self, n: usize) {
         self.gated = self.gated.saturating_sub(n);

@@ -921,10 +921,12 @@ impl Session {
     /// gate held for those answers are the rest of its pipeline: the server stays for them,
     /// as it would have with nothing held (the unnamed statement lives there only), unless
     /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
-    /// one as any request does). Messages the gate already admitted keep the slot too (see
+    /// one as any request does). Requests the gate already admitted keep the slot too (see
     /// [`Self::release_when_quiet`]).
     async fn after_answers(&mut self) -> Result<(), SessionError> {
-        let keep = self.held && self.mode != PoolMode::Session;
+        // (Held messages that passed the gate with no request among them, such as a Parse
+        // behind a Parse of its name, give back both: they take a slot, then a server.)
+        let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
         self.release_when_quiet(keep).await
     }
 
@@ -940,7 +942,7 @@ impl Session {
         if !link.quiet(&self.to_server) {
             return Ok(());
         }
-        if self.gate.admitted_unsent() {
+        if self.gate.requests_unsent() {
             // Requests the gate admitted wait behind a Parse of their name that the server
             // has now answered: the run goes on with them, on this server and under the
             // slot they were admitted under (settling now would time them by that Parse).
