@@ -1849,4 +1849,167 @@ mod held_messages {
         let got = answers(&mut b, 1);
         assert!(got.contains("E[42501]"), "ran under the old policy: {got}");
     }
+
+    /// The row of `app/trustuser` in SHOW POOLS, by column.
+    fn pool_row(port: u16) -> Vec<String> {
+        let out = common::psql_at(port, "admin", None, "pgward", "SHOW POOLS");
+        let text = common::stdout_of(&out);
+        text.lines()
+            .find(|l| l.starts_with("app|trustuser|"))
+            .unwrap_or_else(|| panic!("no pool row: {text}"))
+            .split('|')
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// An extended query ([Parse, Bind, Execute, Sync]) admitted while its tenant owed
+    /// nothing, and priced once it did (another client of the tenant settled meanwhile),
+    /// waits for its budget holding no server, though its Parse passed the gate before it.
+    #[test]
+    fn a_request_waiting_for_its_budget_behind_its_parse_holds_no_server() {
+        let policy = "[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n[tenants.acme]\n\
+             roles = [\"trustuser\"]\nwhen_over = \"wait\"\nburst = 0.5\nrate = 0.1\n";
+        let p = gated(policy, &format!("{POOLED}admin_users = admin\n"));
+        let mut r = p.pw.client_as("trustuser", "app");
+        let mut a = p.pw.client_as("trustuser", "app");
+        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        a.send(
+            &Batch::new()
+                .parse("", "SELECT 7", &[])
+                .bind("", "", &[])
+                .execute("", 0)
+                .sync()
+                .bytes,
+        );
+        answers(&mut r, 1);
+        // r's run put acme about half a second in debt (paid back in about five).
+        std::thread::sleep(Duration::from_millis(800));
+        let row = pool_row(p.pw.port);
+        let early = read_to_ready_within(&mut a, Duration::from_millis(10));
+        assert!(early.is_err(), "a did not wait for its budget: {early:?}");
+        // database|user|cl_active|cl_waiting|..|..|sv_active
+        assert_eq!(
+            row[6], "0",
+            "a server is held while waiting for the budget: {row:?}"
+        );
+        let got = answers(&mut a, 1);
+        assert!(got.contains("D[7]"), "{got} after {:?}", started.elapsed());
+    }
+
+    /// A held tail with no request in it ([Parse s1, Sync]) keeps no slot: a request the
+    /// client sent after the hold began waits in the gate's queue behind the other tenant
+    /// queued before it.
+    #[test]
+    fn a_request_read_after_a_held_tail_does_not_take_its_slot() {
+        let (_p, mut a, mut b) = one_slot();
+        let first = Batch::new()
+            .parse("s1", "SELECT pg_sleep(0.5)", &[])
+            .bind("", "s1", &[])
+            .execute("", 0)
+            .close(b'S', "s1")
+            .sync()
+            .parse("s1", "SELECT 2", &[])
+            .sync();
+        a.send(&first.bytes);
+        std::thread::sleep(Duration::from_millis(150));
+        let started = Instant::now();
+        b.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        std::thread::sleep(Duration::from_millis(150));
+        a.send(&Batch::new().query("SELECT pg_sleep(1), 5").bytes);
+        let got = answers(&mut b, 1);
+        let b_took = started.elapsed();
+        assert!(got.contains("D["), "{got}");
+        let got_a = answers(&mut a, 3);
+        assert!(!got_a.contains('E'), "{got_a}");
+        assert!(
+            b_took < Duration::from_millis(1900),
+            "b, queued first, waited behind a's later request: {b_took:?}"
+        );
+    }
+
+    /// A held tail with no request in it ends the run when the server has answered: the
+    /// statement that ran before it is not timed (nor its tenant charged) with the wait of a
+    /// request read after the tail for its tenant's budget, and no server is held meanwhile.
+    #[test]
+    fn a_run_before_a_held_tail_does_not_time_a_later_wait() {
+        let policy = "[gate]\nmax_active = 4\nqueue_timeout = \"30s\"\n[tenants.acme]\n\
+             roles = [\"trustuser\"]\nwhen_over = \"wait\"\nburst = 0.3\nrate = 0.1\n";
+        let p = gated(policy, &format!("{POOLED}admin_users = admin\n"));
+        let mut r = p.pw.client_as("trustuser", "app");
+        let mut a = p.pw.client_as("trustuser", "app");
+        r.send(&Batch::new().query("SELECT pg_sleep(0.6)").bytes);
+        std::thread::sleep(Duration::from_millis(100));
+        let first = Batch::new()
+            .parse("s1", "SELECT pg_sleep(1)", &[])
+            .bind("", "s1", &[])
+            .execute("", 0)
+            .close(b'S', "s1")
+            .sync()
+            .parse("s1", "SELECT 2", &[])
+            .sync();
+        a.send(&first.bytes);
+        std::thread::sleep(Duration::from_millis(200));
+        a.send(&Batch::new().query("SELECT 5").bytes);
+        answers(&mut r, 1);
+        // a's first batch is answered at about 1.1 s; acme owes until about 3.6 s.
+        std::thread::sleep(Duration::from_millis(1500));
+        let row = pool_row(p.pw.port);
+        let got = answers(&mut a, 3);
+        assert!(!got.contains('E'), "{got}");
+        let out = common::psql_at(p.pw.port, "admin", None, "pgward", "SHOW STATEMENTS");
+        let text = common::stdout_of(&out);
+        let line = text
+            .lines()
+            .find(|l| l.contains("pg_sleep") && !l.contains("0.6"))
+            .unwrap_or_else(|| panic!("no row: {text}"));
+        let cols: Vec<&str> = line.split('|').collect();
+        let max_ms: f64 = cols[11].parse().expect("max_ms");
+        assert!(
+            max_ms < 2000.0 && row[6] == "0",
+            "pg_sleep(1) timed {max_ms} ms; pool while waiting: {row:?}\n{text}"
+        );
+    }
+
+    /// With one server in the pool, a client of another tenant does not wait for acme's
+    /// pay-back while an extended query of acme's waits for its budget. (Database `shared`
+    /// logs every client in as trustuser; tenants are still the login roles.)
+    #[test]
+    fn another_tenant_does_not_wait_for_a_tenants_pay_back() {
+        let policy = "[gate]\nmax_active = 4\nqueue_timeout = \"30s\"\n[tenants.acme]\n\
+             roles = [\"trustuser\"]\nwhen_over = \"wait\"\nburst = 0.5\nrate = 0.1\n";
+        let p = Policed::start_with_databases(
+            common::gate::SCHEMA,
+            policy,
+            "pool_mode = transaction\ndefault_pool_size = 1\nmax_client_conn = 50\nadmin_users = admin\n",
+            "shared = {pg} dbname=app user=trustuser\n",
+        );
+        let mut r = p.pw.client_as("trustuser", "shared");
+        let mut a = p.pw.client_as("trustuser", "shared");
+        let mut c = p.pw.client_as("postgres", "shared");
+        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        a.send(
+            &Batch::new()
+                .parse("", "SELECT 7", &[])
+                .bind("", "", &[])
+                .execute("", 0)
+                .sync()
+                .bytes,
+        );
+        answers(&mut r, 1);
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        c.send(&Batch::new().query("SELECT 3").bytes);
+        // acme is paid back within about five seconds.
+        let got = read_to_ready_within(&mut c, Duration::from_secs(10));
+        let c_took = started.elapsed();
+        assert!(
+            got.as_ref().is_ok_and(|g| g.contains("D[3]")) && c_took < Duration::from_millis(1500),
+            "another tenant's query: {got:?} after {c_took:?}"
+        );
+        let got = answers(&mut a, 1);
+        assert!(got.contains("D[7]"), "{got}");
+    }
 }

@@ -532,11 +532,11 @@ impl GateState {
         self.gated > 0
     }
 
-    /// Whether requests (Query, Bind, FunctionCall) that passed the gate wait in the read
-    /// buffer to go out: they were admitted into the current run, under the slot the session
-    /// holds.
+    /// Whether requests (Query, Bind, FunctionCall) that the gate admitted wait in the read
+    /// buffer to go out: they are part of the current run, under the slot the session holds
+    /// (a refused one has no part in it).
     pub fn requests_unsent(&self) -> bool {
-        self.gated > 0 && !self.verdicts.is_empty()
+        self.gated > 0 && self.verdicts.iter().any(Option::is_none)
     }
 
     /// `n` gated bytes went to the server.

@@ -921,9 +921,15 @@ impl Session {
     /// gate held for those answers are the rest of its pipeline: the server stays for them,
     /// as it would have with nothing held (the unnamed statement lives there only), unless
     /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
-    /// one as any request does). Requests the gate already admitted keep the slot too (see
-    /// [`Self::release_when_quiet`]).
+    /// one as any request does). Requests the gate already admitted keep the slot too.
     async fn after_answers(&mut self) -> Result<(), SessionError> {
+        if self.gate.requests_unsent() {
+            // Requests the gate admitted wait behind a Parse of their name that the server
+            // has now answered: the run goes on with them, on this server and under the
+            // slot they were admitted under (settling now would time them by that Parse).
+            // They go out at once; nothing waits meanwhile.
+            return Ok(());
+        }
         // (Held messages that passed the gate with no request among them, such as a Parse
         // behind a Parse of its name, give back both: they take a slot, then a server.)
         let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
@@ -940,12 +946,6 @@ impl Session {
             return Ok(());
         };
         if !link.quiet(&self.to_server) {
-            return Ok(());
-        }
-        if self.gate.requests_unsent() {
-            // Requests the gate admitted wait behind a Parse of their name that the server
-            // has now answered: the run goes on with them, on this server and under the
-            // slot they were admitted under (settling now would time them by that Parse).
             return Ok(());
         }
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
