@@ -1862,6 +1862,23 @@ mod held_messages {
             .collect()
     }
 
+    /// `a` sends an extended query (`SELECT 7`: Parse, Bind, Execute, Sync) while `r`, of
+    /// the same tenant, runs a second's sleep: `a`'s request is admitted while the tenant owes
+    /// nothing and priced after `r`'s run put it in debt.
+    fn priced_after_a_debt(r: &mut common::raw::Raw, a: &mut common::raw::Raw) {
+        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        std::thread::sleep(Duration::from_millis(300));
+        a.send(
+            &Batch::new()
+                .parse("", "SELECT 7", &[])
+                .bind("", "", &[])
+                .execute("", 0)
+                .sync()
+                .bytes,
+        );
+        answers(r, 1);
+    }
+
     /// An extended query ([Parse, Bind, Execute, Sync]) admitted while its tenant owed
     /// nothing, and priced once it did (another client of the tenant settled meanwhile),
     /// waits for its budget holding no server, though its Parse passed the gate before it.
@@ -1872,18 +1889,8 @@ mod held_messages {
         let p = gated(policy, &format!("{POOLED}admin_users = admin\n"));
         let mut r = p.pw.client_as("trustuser", "app");
         let mut a = p.pw.client_as("trustuser", "app");
-        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
-        std::thread::sleep(Duration::from_millis(300));
         let started = Instant::now();
-        a.send(
-            &Batch::new()
-                .parse("", "SELECT 7", &[])
-                .bind("", "", &[])
-                .execute("", 0)
-                .sync()
-                .bytes,
-        );
-        answers(&mut r, 1);
+        priced_after_a_debt(&mut r, &mut a);
         // r's run put acme about half a second in debt (paid back in about five).
         std::thread::sleep(Duration::from_millis(800));
         let row = pool_row(p.pw.port);
@@ -1988,17 +1995,7 @@ mod held_messages {
         let mut r = p.pw.client_as("trustuser", "shared");
         let mut a = p.pw.client_as("trustuser", "shared");
         let mut c = p.pw.client_as("postgres", "shared");
-        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
-        std::thread::sleep(Duration::from_millis(300));
-        a.send(
-            &Batch::new()
-                .parse("", "SELECT 7", &[])
-                .bind("", "", &[])
-                .execute("", 0)
-                .sync()
-                .bytes,
-        );
-        answers(&mut r, 1);
+        priced_after_a_debt(&mut r, &mut a);
         std::thread::sleep(Duration::from_millis(300));
         let started = Instant::now();
         c.send(&Batch::new().query("SELECT 3").bytes);
