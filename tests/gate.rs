@@ -1905,20 +1905,26 @@ mod held_messages {
         assert!(got.contains("D[7]"), "{got} after {:?}", started.elapsed());
     }
 
+    /// `first` run as `s1` and `s1` closed in one batch, then `SELECT 2` parsed as `s1`: that
+    /// Parse and its Sync wait for the answers to the first batch, with no request among them.
+    fn tail_without_request(first: &str) -> Batch {
+        Batch::new()
+            .parse("s1", first, &[])
+            .bind("", "s1", &[])
+            .execute("", 0)
+            .close(b'S', "s1")
+            .sync()
+            .parse("s1", "SELECT 2", &[])
+            .sync()
+    }
+
     /// A held tail with no request in it ([Parse s1, Sync]) keeps no slot: a request the
     /// client sent after the hold began waits in the gate's queue behind the other tenant
     /// queued before it.
     #[test]
     fn a_request_read_after_a_held_tail_does_not_take_its_slot() {
         let (_p, mut a, mut b) = one_slot();
-        let first = Batch::new()
-            .parse("s1", "SELECT pg_sleep(0.5)", &[])
-            .bind("", "s1", &[])
-            .execute("", 0)
-            .close(b'S', "s1")
-            .sync()
-            .parse("s1", "SELECT 2", &[])
-            .sync();
+        let first = tail_without_request("SELECT pg_sleep(0.5)");
         a.send(&first.bytes);
         std::thread::sleep(Duration::from_millis(150));
         let started = Instant::now();
@@ -1948,14 +1954,7 @@ mod held_messages {
         let mut a = p.pw.client_as("trustuser", "app");
         r.send(&Batch::new().query("SELECT pg_sleep(0.6)").bytes);
         std::thread::sleep(Duration::from_millis(100));
-        let first = Batch::new()
-            .parse("s1", "SELECT pg_sleep(1)", &[])
-            .bind("", "s1", &[])
-            .execute("", 0)
-            .close(b'S', "s1")
-            .sync()
-            .parse("s1", "SELECT 2", &[])
-            .sync();
+        let first = tail_without_request("SELECT pg_sleep(1)");
         a.send(&first.bytes);
         std::thread::sleep(Duration::from_millis(200));
         a.send(&Batch::new().query("SELECT 5").bytes);

@@ -527,18 +527,23 @@ mod tokio_relay {
 
     type Shared = Rc<RefCell<Pool>>;
 
+    /// A thread's pool of `servers` servers, none opened yet.
+    fn shared_pool(args: &Args, servers: usize) -> Shared {
+        Rc::new(RefCell::new(Pool {
+            idle: Vec::new(),
+            waiting: VecDeque::new(),
+            unopened: servers,
+            server: args.server,
+        }))
+    }
+
     pub fn run(args: &Args, servers: usize, listener: std::net::TcpListener) -> io::Result<()> {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_io()
             .build()?;
         let local = tokio::task::LocalSet::new();
         local.block_on(&rt, async move {
-            let pool: Shared = Rc::new(RefCell::new(Pool {
-                idle: Vec::new(),
-                waiting: VecDeque::new(),
-                unopened: servers,
-                server: args.server,
-            }));
+            let pool = shared_pool(args, servers);
             let listener = TcpListener::from_std(listener)?;
             loop {
                 let (sock, _) = listener.accept().await?;
@@ -560,12 +565,7 @@ mod tokio_relay {
             .enable_io()
             .build()?;
         rt.block_on(async move {
-            let pool: Shared = Rc::new(RefCell::new(Pool {
-                idle: Vec::new(),
-                waiting: VecDeque::new(),
-                unopened: servers,
-                server: args.server,
-            }));
+            let pool = shared_pool(args, servers);
             let listener = TcpListener::from_std(listener)?;
             let mut clients = FuturesUnordered::new();
             loop {
