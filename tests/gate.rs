@@ -1430,10 +1430,11 @@ mod statement_names {
         assert!(got.contains("D[1]") && !got.contains('E'), "after: {got}");
     }
 
-    /// Transaction pooling: a skipped unnamed Parse still marks the server's unnamed
-    /// statement as the client's (`unnamed_ours`), while the gate keeps the client's last
-    /// answered unnamed text. With a savepoint the transaction goes on, and the Bind runs
-    /// whatever unnamed statement the server had (here another client's full read).
+    /// Transaction pooling: after a skipped unnamed Parse the server's unnamed statement is
+    /// not the client's (here another client's full read), and the gate, which saw a Parse of
+    /// it go out, no longer knows what the client's is. With a savepoint the transaction goes
+    /// on, and a Bind of the unnamed statement is refused as one the gate cannot price: it
+    /// runs neither the other client's statement nor an old text of the client's.
     #[test]
     fn a_skipped_unnamed_parse_lets_another_clients_unnamed_statement_run() {
         let policed = gated(
@@ -1483,8 +1484,7 @@ mod statement_names {
         let got = answers(&mut x, back, 1);
         assert!(!got.contains('E'), "{got}");
         let got = answers(&mut x, run(""), 1);
-        // The server's unnamed statement is another client's: not this client's to run.
-        assert!(got.contains("E[26000]") && !got.contains("D["), "{got}");
+        assert!(got.contains("E[54000]") && !got.contains("D["), "{got}");
     }
 
     /// A pipeline whose Bind of the unnamed statement follows the Sync of its Parse: the
@@ -1903,6 +1903,80 @@ mod held_messages {
         );
         let got = answers(&mut a, 1);
         assert!(got.contains("D[7]"), "{got} after {:?}", started.elapsed());
+    }
+
+    /// A Parse of the unnamed statement and its Sync, then `between`, then a run of the
+    /// unnamed statement, in one write, while the tenant is in debt.
+    fn unnamed_after_a_debt(p: &Policed, text: &str, between: Batch) -> common::raw::Raw {
+        let mut r = p.pw.client_as("trustuser", "app");
+        let mut a = p.pw.client_as("trustuser", "app");
+        r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
+        answers(&mut r, 1);
+        let mut all = Batch::new().parse("", text, &[]).sync();
+        all.bytes.extend(between.bytes);
+        all = all.bind("", "", &[]).execute("", 0).sync();
+        a.send(&all.bytes);
+        a
+    }
+
+    const IN_DEBT: &str = "[gate]\nmax_active = 4\nqueue_timeout = \"30s\"\n\
+        [tenants.acme]\nroles = [\"trustuser\"]\nwhen_over = \"wait\"\nburst = 0.5\n\
+        rate = 0.5\n";
+
+    /// A run of the unnamed statement that waits for its tenant's budget after the Sync of
+    /// its Parse holds no server meanwhile, and runs on the next one: the unnamed statement
+    /// is prepared there first, as PostgreSQL kept it for the client.
+    #[test]
+    fn an_unnamed_statement_waiting_for_its_budget_runs_on_the_next_server() {
+        let p = gated(IN_DEBT, &format!("{POOLED}admin_users = admin\n"));
+        let started = Instant::now();
+        let mut a = unnamed_after_a_debt(&p, "SELECT 7", Batch::new());
+        let got = answers(&mut a, 2);
+        assert!(started.elapsed() > Duration::from_millis(1500), "no wait");
+        assert!(got.contains("D[7]") && !got.contains('E'), "{got}");
+    }
+
+    /// What drops the unnamed statement in PostgreSQL between its Parse and a run of it
+    /// that waits (a simple Query, a Close of it, a Parse of it that fails) leaves nothing to
+    /// prepare on the next server: the run fails as PostgreSQL fails it.
+    #[test]
+    fn an_unnamed_statement_dropped_before_its_run_is_not_prepared_again() {
+        let p = gated(IN_DEBT, &format!("{POOLED}admin_users = admin\n"));
+        let cases = [
+            ("a simple Query", Batch::new().query("SELECT 8"), 3),
+            ("a Close", Batch::new().close(b'S', ""), 2),
+            (
+                "a Parse that fails",
+                Batch::new().parse("", "SELEC 9", &[]).sync(),
+                3,
+            ),
+        ];
+        for (what, between, readies) in cases {
+            let mut a = unnamed_after_a_debt(&p, "SELECT 7", between);
+            let got = answers(&mut a, readies);
+            assert!(
+                got.contains("E[26000]") && !got.contains("D[7]"),
+                "after {what}: {got}"
+            );
+        }
+    }
+
+    /// A Describe of the unnamed statement in a later transaction, on whichever server:
+    /// PostgreSQL kept the statement for the client, and it is prepared there first.
+    #[test]
+    fn an_unnamed_statement_from_an_earlier_transaction_is_described() {
+        let p = gated(IN_DEBT, POOLED);
+        let mut a = p.pw.client_as("trustuser", "app");
+        a.send(
+            &Batch::new()
+                .parse("", "SELECT 7 AS seven", &[])
+                .sync()
+                .bytes,
+        );
+        assert!(!answers(&mut a, 1).contains('E'));
+        a.send(&Batch::new().describe(b'S', "").sync().bytes);
+        let got = answers(&mut a, 1);
+        assert!(got.contains('T') && !got.contains('E'), "{got}");
     }
 
     /// `first` run as `s1` and `s1` closed in one batch, then `SELECT 2` parsed as `s1`: that

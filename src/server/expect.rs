@@ -134,8 +134,9 @@ pub struct Skipped {
     pub client_statements: Vec<Bytes>,
     /// Statements whose Close the server skipped: it still has them.
     pub still_prepared: Vec<Bytes>,
-    /// A client's Parse that pgward does not map (the unnamed statement, say) failed or was
-    /// skipped: the server's unnamed statement may not be the client's.
+    /// A client's Parse that pgward does not map (the unnamed statement, say), or one of
+    /// pgward's own of the unnamed statement, failed or was skipped: the server's unnamed
+    /// statement may not be the client's.
     pub unmapped_parse: bool,
 }
 
@@ -474,7 +475,8 @@ impl Expected {
                     client_name,
                     ..
                 }) => {
-                    unmapped_parse |= client && client_name.is_none();
+                    // (A Parse of pgward's own of the unnamed statement counts too.)
+                    unmapped_parse |= client_name.is_none() && (client || statement.is_none());
                     server_statements.extend(statement);
                     client_statements.extend(client_name);
                 }

@@ -812,6 +812,7 @@ impl Session {
                 }
                 tag::QUERY => {
                     let text = QueryView::new(body).text;
+                    self.gate.views.drop_unnamed();
                     self.note_sql_touches(text);
                     Some(Work::Query(Bytes::copy_from_slice(text)))
                 }
@@ -861,6 +862,10 @@ impl Session {
         // follow; pgward's statement map follows the others.
         let followed = name.is_empty() || !self.statements_mapped();
         let gate = &mut self.gate;
+        if name.is_empty() {
+            // PostgreSQL drops the unnamed statement before it reads the new text.
+            gate.views.drop_unnamed();
+        }
         let definition = followed.then(|| {
             Arc::new(Definition {
                 name: name.clone(),
@@ -1000,7 +1005,9 @@ impl Session {
             let key = self.gate_key(name);
             self.gate.pending.remove(key);
             self.gate.batch_parses.remove(key);
-            if !name.is_empty() && !self.statements_mapped() {
+            if name.is_empty() {
+                self.gate.views.drop_unnamed();
+            } else if !self.statements_mapped() {
                 self.gate.views.touch(name);
             }
         }

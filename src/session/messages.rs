@@ -528,13 +528,15 @@ impl MessageContext<'_> {
                 // change a setting PostgreSQL never reports (the next client's is set).
                 self.link.server.params.forget_unreported();
             }
+            let mut out = BytesMut::new();
+            self.ensure_unnamed(bind.statement, &mut out);
             self.link.expected.push(Owed::Bind);
-            return Ok(self.foreign_statement(bind.statement).map(|name| {
-                let len = body.len() - bind.statement.len() + name.len();
-                let mut out = BytesMut::with_capacity(wire::HEADER_LEN + len);
-                bind.encode_renamed(&mut out, &name);
-                out
-            }));
+            let foreign = self.foreign_statement(bind.statement);
+            if foreign.is_none() && out.is_empty() {
+                return Ok(None);
+            }
+            bind.encode_renamed(&mut out, foreign.as_deref().unwrap_or(bind.statement));
+            return Ok(Some(out));
         };
         self.counters.add_bind();
         if stmt.names_unreported {
@@ -582,12 +584,16 @@ impl MessageContext<'_> {
         }
         let name = described.name;
         let Some((stmt, capacity)) = self.mapped(name) else {
+            let mut out = BytesMut::new();
+            self.ensure_unnamed(name, &mut out);
             self.link.expected.push(Owed::DescribeStatement);
-            return Ok(self.foreign_statement(name).map(|other| {
-                let mut out = BytesMut::new();
-                wire::encode_describe(&mut out, target::STATEMENT, &other);
-                out
-            }));
+            let foreign = self.foreign_statement(name);
+            if foreign.is_none() && out.is_empty() {
+                return Ok(None);
+            }
+            let name = foreign.as_deref().unwrap_or(name);
+            wire::encode_describe(&mut out, target::STATEMENT, name);
+            return Ok(Some(out));
         };
         let mut out = BytesMut::new();
         self.ensure(&stmt, capacity, &mut out);
@@ -615,6 +621,28 @@ impl MessageContext<'_> {
             batch: true,
         });
         Ok(Some(BytesMut::new()))
+    }
+
+    /// A Bind or Describe of `name`, the unnamed statement, on a server where it is not the
+    /// client's: prepares it there first when the gate knows what PostgreSQL kept for the
+    /// client (its last Parse of it, answered, with nothing since that dropped it), as it
+    /// would be on a server of the client's own. (A run that waited in the gate after the
+    /// Sync of its Parse comes here on the next server.)
+    fn ensure_unnamed(&mut self, name: &[u8], out: &mut BytesMut) {
+        if !name.is_empty() || !self.pooled || self.link.unnamed_ours {
+            return;
+        }
+        let Some(parsed) = self.views.unnamed() else {
+            return;
+        };
+        wire::encode_parse_raw(out, b"", &parsed.text, &parsed.types);
+        self.link.expected.push(Owed::Parse {
+            client: false,
+            statement: None,
+            client_name: None,
+            defines: None,
+        });
+        self.link.unnamed_ours = true;
     }
 
     /// Prepares `stmt` on this server first if it does not have it.

@@ -28,6 +28,9 @@ pub struct Views {
     /// The unnamed statement the server last created for this client, with the gate's
     /// count at its Parse.
     unnamed: Option<(Arc<Parsed>, u64)>,
+    /// The gate's count where something last dropped the unnamed statement (a simple Query,
+    /// a Parse or a Close of it): the answer to a Parse of it from before defines nothing.
+    unnamed_dropped: u64,
     /// Where the gate last lost sight of the session (see [`Views::forget`]): what was parsed
     /// before is no longer known.
     forgot: u64,
@@ -57,7 +60,9 @@ impl Views {
     pub fn commit(&mut self, definition: &Definition) {
         let parsed = Arc::clone(&definition.parsed);
         if definition.name.is_empty() {
-            self.unnamed = Some((parsed, definition.seq));
+            if definition.seq > self.unnamed_dropped {
+                self.unnamed = Some((parsed, definition.seq));
+            }
             return;
         }
         let name = key(&definition.name);
@@ -69,6 +74,14 @@ impl Views {
         if self.named.len() < MAX_NAMED || self.named.contains_key(name) {
             self.named.insert(Bytes::copy_from_slice(name), parsed);
         }
+    }
+
+    /// What follows the messages seen so far drops the unnamed statement, as PostgreSQL
+    /// does at a simple Query, at a Parse of it (even one that fails) and at a Close of it.
+    /// (One the server skips drops nothing there: the view then knows less than it could.)
+    pub fn drop_unnamed(&mut self) {
+        self.unnamed = None;
+        self.unnamed_dropped = self.seq;
     }
 
     /// The unnamed statement, as the server last created it.
@@ -223,6 +236,24 @@ mod tests {
         assert_eq!(views.unnamed(), None);
         let later = definition(&mut views, "", "SELECT 3");
         views.commit(&later);
+        assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 3"[..]));
+    }
+
+    #[test]
+    fn a_drop_of_the_unnamed_statement_hides_the_parses_before_it() {
+        let mut views = Views::default();
+        let first = definition(&mut views, "", "SELECT 1");
+        views.commit(&first);
+        // A Parse of it sent, then a simple Query, before the Parse is answered.
+        views.drop_unnamed();
+        let second = definition(&mut views, "", "SELECT 2");
+        assert_eq!(views.unnamed(), None, "dropped before its answer");
+        views.drop_unnamed();
+        views.commit(&second);
+        assert_eq!(views.unnamed(), None, "the Query came after it");
+        views.drop_unnamed();
+        let third = definition(&mut views, "", "SELECT 3");
+        views.commit(&third);
         assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 3"[..]));
     }
 }
