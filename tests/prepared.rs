@@ -310,6 +310,25 @@ fn a_client_raised_26000_naming_pgwards_statement_leaves_it_in_place() {
     still_runs_after(&mut owner, &query_message(&raise));
 }
 
+/// The same error raised outside a transaction: the server is not retired for it (its
+/// backend serves the next transaction), since it answered no Bind or Describe of pgward's.
+#[test]
+fn a_client_raised_26000_naming_pgwards_statement_keeps_the_server() {
+    let (_pg, pw) = shared_server();
+    let mut owner = owner_of_a(&pw);
+    let pid = |c: &mut Raw| c.query("SELECT pg_backend_pid()").expect("pid");
+    let before = pid(&mut owner);
+    let name = pgwards_name(&mut owner);
+    let raise = format!(
+        "DO $$ BEGIN RAISE EXCEPTION USING ERRCODE = '26000', \
+         MESSAGE = 'prepared statement \"pgw' || '_{}\" does not exist'; END $$",
+        &name[4..]
+    );
+    let answer = owner.exchange_within(&query_message(&raise), 3 * SECOND, "the error");
+    assert_eq!(error_code(&answer), "26000", "{}", describe(&answer));
+    assert_eq!(pid(&mut owner), before, "the server was retired");
+}
+
 /// Statements pgward prepares on a server its clients share cannot be freed or redefined by
 /// another client's SQL: its next Bind would run what that client put there.
 #[test]

@@ -255,6 +255,16 @@ impl Expected {
             .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
     }
 
+    /// Whether an error now would answer a Bind or a Describe of a statement, the messages
+    /// that find a prepared statement missing (an error in a statement's run may carry any
+    /// SQLSTATE and words its SQL raises).
+    pub fn statement_use_next(&self) -> bool {
+        matches!(
+            self.queue.front(),
+            Some(Owed::Bind | Owed::DescribeStatement)
+        )
+    }
+
     /// Whether the head of the queue is an answer pgward gives itself.
     pub fn synthetic_next(&self) -> bool {
         matches!(self.queue.front(), Some(Owed::Synthetic { .. }))

@@ -39,6 +39,9 @@ pub(super) fn server_message(
     ready_at: Option<Instant>,
 ) -> Result<Route, SessionError> {
     let tag = span.tag;
+    let own_missing = tag == backend::tag::ERROR_RESPONSE
+        && link.expected.statement_use_next()
+        && lost_own_statement(&link.server.statements, &link.server.rbuf[span.body()]);
     let (route, learned) = match link.expected.on_message(tag) {
         Ok(r) => r,
         Err(desync) => {
@@ -52,9 +55,7 @@ pub(super) fn server_message(
     if tag == backend::tag::ERROR_RESPONSE && link.reset_sent {
         link.server.poison();
     }
-    if tag == backend::tag::ERROR_RESPONSE
-        && lost_own_statement(&link.server.statements, &link.server.rbuf[span.body()])
-    {
+    if own_missing {
         link.server.poison();
     }
     if let Learned::Skipped(skipped) = &learned {
@@ -101,8 +102,10 @@ pub(super) fn server_message(
 /// Whether the error `body` says that one of pgward's own statements in `statements` does
 /// not exist on the server (freed by SQL pgward did not see, such as dynamic SQL in a DO
 /// block): the server, whose statements pgward may have lost track of, is then to be closed
-/// rather than reused. Its map stays as it is: an error's words may come from a client, and
-/// the statement may well be there.
+/// rather than reused. Read only for an error that answers a Bind or a Describe of a
+/// statement (`Expected::statement_use_next`). Its map stays as it is: an error's words may
+/// still come from a client (a type's input function run at the Bind), and the statement
+/// may well be there.
 pub(super) fn lost_own_statement(statements: &ServerStatements, body: &[u8]) -> bool {
     if statements.is_empty() {
         return false;

@@ -535,6 +535,10 @@ impl Session {
             }
             while !link.expected.is_quiet() {
                 let frame = link.server.read_frame().await.ok()?;
+                let body = frame.body();
+                let own_missing = frame.tag() == backend::tag::ERROR_RESPONSE
+                    && link.expected.statement_use_next()
+                    && lost_own_statement(&link.server.statements, &body);
                 let (_, learned) = link.expected.on_message(frame.tag()).ok()?;
                 let mut client = ClientSide {
                     statements: &mut self.statements,
@@ -543,10 +547,7 @@ impl Session {
                     views: &mut self.gate.views,
                 };
                 let server = &mut *link.server;
-                let body = frame.body();
-                if frame.tag() == backend::tag::ERROR_RESPONSE
-                    && lost_own_statement(&server.statements, &body)
-                {
+                if own_missing {
                     server.poison();
                 }
                 let ready = learn(
