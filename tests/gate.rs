@@ -1936,6 +1936,25 @@ mod held_messages {
         assert!(got.contains("D[7]") && !got.contains('E'), "{got}");
     }
 
+    /// The same, with a new Parse of the unnamed statement right behind the waiting run, in
+    /// the same write: the run still runs the statement parsed before it.
+    #[test]
+    fn a_waiting_unnamed_run_is_not_changed_by_a_parse_behind_it() {
+        let p = gated(IN_DEBT, POOLED);
+        let mut a = unnamed_after_a_debt(&p, "SELECT 7", Batch::new());
+        let after = Batch::new()
+            .parse("", "SELECT 8", &[])
+            .bind("", "", &[])
+            .execute("", 0)
+            .sync();
+        a.send(&after.bytes);
+        let got = answers(&mut a, 3);
+        assert!(
+            got.contains("D[7]") && got.contains("D[8]") && !got.contains('E'),
+            "{got}"
+        );
+    }
+
     /// What drops the unnamed statement in PostgreSQL between its Parse and a run of it
     /// that waits (a simple Query, a Close of it, a Parse of it that fails) leaves nothing to
     /// prepare on the next server: the run fails as PostgreSQL fails it.

@@ -81,6 +81,11 @@ pub(in crate::session) struct GateState {
     portals_unfollowed: bool,
     /// What each Parse that passed the gate defines for it, in order, taken as it goes out.
     pub defines: VecDeque<Option<Arc<Definition>>>,
+    /// For each Bind or Describe of the unnamed statement that passed the gate, in order, the
+    /// client's unnamed statement as the gate knew it there (see [`super::views::uses_unnamed`]),
+    /// taken as the message goes out: the gate may read past it (and past a Parse that drops
+    /// the statement) before it goes.
+    pub unnamed_uses: VecDeque<Option<Arc<Parsed>>>,
     /// The statements the gate follows itself, from the server's answers (pgward's
     /// statement map holds the others).
     pub views: Views,
@@ -817,6 +822,13 @@ impl Session {
                     Some(Work::Query(Bytes::copy_from_slice(text)))
                 }
                 tag::BIND => Some(self.bind_work(body)),
+                tag::DESCRIBE => {
+                    if super::views::uses_unnamed(span.tag, body) {
+                        let known = self.gate.views.unnamed();
+                        self.gate.unnamed_uses.push_back(known);
+                    }
+                    None
+                }
                 tag::FUNCTION_CALL => Some(Work::Function),
                 tag::EXECUTE => {
                     self.note_execute(body);
@@ -830,6 +842,11 @@ impl Session {
                         // The Flush it may have waited for is spent.
                         self.gate.flush_sent = false;
                         self.gate.verdicts.push_back(v);
+                        if super::views::uses_unnamed(span.tag, &io.rbuf[span.body()]) {
+                            // (Known now: what went before it has been answered.)
+                            let known = self.gate.views.unnamed();
+                            self.gate.unnamed_uses.push_back(known);
+                        }
                     }
                     Step::Hold => return Ok(self.gate.gated),
                 }

@@ -17,7 +17,7 @@ use crate::server::{Definition, Learned, Owed, Route, ServerStatements, Skipped}
 use crate::wire::frontend::target;
 use crate::wire::{
     self, backend, frontend, sqlstate, BindView, CloseView, DescribeView, ErrorResponse, FrameSpan,
-    ParseView, QueryView, TxStatus,
+    ParseView, Parsed, QueryView, TxStatus,
 };
 
 /// The client's side of what server messages teach: its statement names and parameters.
@@ -230,6 +230,9 @@ pub(super) struct MessageContext<'a> {
     /// goes out.
     pub defines: &'a mut std::collections::VecDeque<Option<Arc<Definition>>>,
     pub views: &'a mut Views,
+    /// The client's unnamed statement as the gate knew it at each Bind or Describe of it
+    /// that passed the gate, in order.
+    pub unnamed_uses: &'a mut std::collections::VecDeque<Option<Arc<Parsed>>>,
 }
 
 impl MessageContext<'_> {
@@ -254,6 +257,10 @@ impl MessageContext<'_> {
                 None
             }),
             _ => None,
+        };
+        let unnamed = match super::views::uses_unnamed(tag, body) {
+            true => self.unnamed_uses.pop_front().flatten(),
+            false => None,
         };
         if *self.skip_to_sync {
             // pgward refused a Parse itself: drop what PostgreSQL would skip.
@@ -286,8 +293,8 @@ impl MessageContext<'_> {
             frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => expected.end_copy_in(),
             frontend::tag::EXECUTE => expected.push(Owed::Execute),
             frontend::tag::PARSE => return self.parse(body, definition),
-            frontend::tag::BIND => return self.bind(body, verdict),
-            frontend::tag::DESCRIBE => return self.describe(body),
+            frontend::tag::BIND => return self.bind(body, verdict, unnamed),
+            frontend::tag::DESCRIBE => return self.describe(body, unnamed),
             frontend::tag::CLOSE => return self.close(body),
             _ => {}
         }
@@ -516,10 +523,13 @@ impl MessageContext<'_> {
         rules::raise_in_batch(hit)
     }
 
+    /// `unnamed`: the client's unnamed statement where the gate read the Bind, if it binds
+    /// that one.
     fn bind(
         &mut self,
         body: &[u8],
         verdict: Option<RuleHit>,
+        unnamed: Option<Arc<Parsed>>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let bind = BindView::new(body).map_err(|_| malformed("Bind"))?;
         if let Some(hit) = verdict {
@@ -532,7 +542,7 @@ impl MessageContext<'_> {
                 self.link.server.params.forget_unreported();
             }
             let mut out = BytesMut::new();
-            self.ensure_unnamed(bind.statement, &mut out);
+            self.ensure_unnamed(bind.statement, unnamed, &mut out);
             self.link.expected.push(Owed::Bind);
             let foreign = self.foreign_statement(bind.statement);
             if foreign.is_none() && out.is_empty() {
@@ -579,7 +589,12 @@ impl MessageContext<'_> {
         })
     }
 
-    fn describe(&mut self, body: &[u8]) -> Result<Option<BytesMut>, SessionError> {
+    /// `unnamed`: as for [`bind`](Self::bind).
+    fn describe(
+        &mut self,
+        body: &[u8],
+        unnamed: Option<Arc<Parsed>>,
+    ) -> Result<Option<BytesMut>, SessionError> {
         let described = DescribeView::new(body).map_err(|_| malformed("Describe or Close"))?;
         if described.kind != target::STATEMENT {
             self.link.expected.push(Owed::DescribePortal);
@@ -588,7 +603,7 @@ impl MessageContext<'_> {
         let name = described.name;
         let Some((stmt, capacity)) = self.mapped(name) else {
             let mut out = BytesMut::new();
-            self.ensure_unnamed(name, &mut out);
+            self.ensure_unnamed(name, unnamed, &mut out);
             self.link.expected.push(Owed::DescribeStatement);
             let foreign = self.foreign_statement(name);
             if foreign.is_none() && out.is_empty() {
@@ -627,15 +642,15 @@ impl MessageContext<'_> {
     }
 
     /// A Bind or Describe of `name`, the unnamed statement, on a server where it is not the
-    /// client's: prepares it there first when the gate knows what PostgreSQL kept for the
-    /// client (its last Parse of it, answered, with nothing since that dropped it), as it
-    /// would be on a server of the client's own. (A run that waited in the gate after the
-    /// Sync of its Parse comes here on the next server.)
-    fn ensure_unnamed(&mut self, name: &[u8], out: &mut BytesMut) {
+    /// client's: prepares it there first when the gate knew, where it read the message, what
+    /// PostgreSQL kept for the client (`known`: its last Parse of it, answered, with nothing
+    /// since that dropped it), as it would be on a server of the client's own. (A run that
+    /// waited in the gate after the Sync of its Parse comes here on the next server.)
+    fn ensure_unnamed(&mut self, name: &[u8], known: Option<Arc<Parsed>>, out: &mut BytesMut) {
         if !name.is_empty() || !self.pooled || self.link.unnamed_ours {
             return;
         }
-        let Some(parsed) = self.views.unnamed() else {
+        let Some(parsed) = known else {
             return;
         };
         wire::encode_parse_raw(out, b"", &parsed.text, &parsed.types);

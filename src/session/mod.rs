@@ -593,6 +593,7 @@ impl Session {
             // The gate reads nothing now: what it knew of the client's statements may change
             // unseen.
             self.gate.views.forget();
+            self.gate.unnamed_uses.clear();
         }
         let settings = &self.config.load().settings;
         let capacity = prepared_capacity(
@@ -634,6 +635,7 @@ impl Session {
             counters: self.hooks.counters(),
             defines: &mut self.gate.defines,
             views: &mut self.gate.views,
+            unnamed_uses: &mut self.gate.unnamed_uses,
         };
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;

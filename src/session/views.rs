@@ -13,6 +13,7 @@ use bytes::Bytes;
 use foldhash::HashMap;
 
 use crate::server::Definition;
+use crate::wire::frontend::{tag, target};
 use crate::wire::Parsed;
 
 /// Named statements kept per session, at most.
@@ -21,6 +22,21 @@ const MAX_NAMED: usize = 10_000;
 /// The bytes of a name PostgreSQL keys a prepared statement by: its first NAMEDATALEN - 1.
 pub fn key(name: &[u8]) -> &[u8] {
     &name[..name.len().min(63)]
+}
+
+/// Whether the client message `tag`, `body` is a Bind or a Describe of the unnamed
+/// statement: one that may have to prepare it on the server first. (Read from the names'
+/// ends alone, the same way wherever it is asked.)
+pub fn uses_unnamed(tag: u8, body: &[u8]) -> bool {
+    match tag {
+        // The portal's name, then the statement's.
+        tag::BIND => body
+            .iter()
+            .position(|b| *b == 0)
+            .is_some_and(|end| body.get(end + 1) == Some(&0)),
+        tag::DESCRIBE => body.starts_with(&[target::STATEMENT, 0]),
+        _ => false,
+    }
 }
 
 #[derive(Debug, Default)]
@@ -255,5 +271,17 @@ mod tests {
         let third = definition(&mut views, "", "SELECT 3");
         views.commit(&third);
         assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 3"[..]));
+    }
+
+    #[test]
+    fn binds_and_describes_of_the_unnamed_statement_are_told_by_their_names() {
+        assert!(uses_unnamed(tag::BIND, b"\0\0\0\0"));
+        assert!(uses_unnamed(tag::BIND, b"p\0\0\0\0"));
+        assert!(!uses_unnamed(tag::BIND, b"\0s\0\0\0"));
+        assert!(!uses_unnamed(tag::BIND, b"p"));
+        assert!(uses_unnamed(tag::DESCRIBE, b"S\0"));
+        assert!(!uses_unnamed(tag::DESCRIBE, b"P\0"));
+        assert!(!uses_unnamed(tag::DESCRIBE, b"Ss\0"));
+        assert!(!uses_unnamed(tag::EXECUTE, b"\0\0\0\0\0"));
     }
 }
