@@ -11,7 +11,8 @@ use std::time::Duration;
 
 use common::raw::{
     bind_message, describe, error_code, execute_message, flush_message, new_client_value,
-    parse_message, query_message, sync_message, tags, terminate_message, Message, Raw,
+    parse_message, query_message, sync_message, tags, terminate_message, values, Batch, Message,
+    Raw,
 };
 use common::{eventually, Pgward, Postgres, SECOND};
 
@@ -165,6 +166,54 @@ fn error_before_sync_leaves_the_server_skipping_to_the_sync() {
         describe(&direct_rest)
     );
     assert_eq!(client.value("SELECT 'still here'"), "still here");
+}
+
+/// Inside a transaction: the unnamed statement parsed, then a batch that fails before a Parse
+/// of a named statement (skipped), rolled back to a savepoint: the unnamed statement's run.
+fn unnamed_after_a_skipped_named_parse(client: &mut Raw) -> Vec<Message> {
+    let run = |name: &str| [bind_message(name), execute_message()].concat();
+    let steps = [
+        query_message("BEGIN"),
+        [
+            parse_message("sp", "SAVEPOINT sp"),
+            run("sp"),
+            sync_message(),
+        ]
+        .concat(),
+        [parse_message("", "SELECT 5"), sync_message()].concat(),
+        Batch::new()
+            .describe(b'S', "nope")
+            .parse("n", "SELECT 6", &[])
+            .sync()
+            .bytes,
+        [
+            parse_message("r", "ROLLBACK TO SAVEPOINT sp"),
+            run("r"),
+            sync_message(),
+        ]
+        .concat(),
+    ];
+    for (n, step) in steps.iter().enumerate() {
+        client.exchange_within(step, 3 * SECOND, &format!("step {n}"));
+    }
+    client.exchange_within(&[run(""), sync_message()].concat(), 3 * SECOND, "the run")
+}
+
+/// A skipped Parse of a named statement pgward does not map leaves the server's unnamed
+/// statement the client's, as in PostgreSQL.
+#[test]
+fn a_skipped_named_parse_leaves_the_unnamed_statement_to_the_client() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "max_prepared_statements = 0\n");
+    let direct = unnamed_after_a_skipped_named_parse(&mut pg.client());
+    let pooled = unnamed_after_a_skipped_named_parse(&mut pw.client());
+    assert_eq!(
+        values(&direct),
+        vec![Some("5".to_string())],
+        "{}",
+        describe(&direct)
+    );
+    assert_eq!(values(&pooled), values(&direct), "{}", describe(&pooled));
 }
 
 // ---------------------------------------------------------------------------------------------

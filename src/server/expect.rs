@@ -47,6 +47,8 @@ pub enum Owed {
         statement: Option<Bytes>,
         client_name: Option<Bytes>,
         defines: Option<Arc<Definition>>,
+        /// A Parse of the unnamed statement (the client's, or pgward's own).
+        unnamed: bool,
     },
     /// BindComplete.
     Bind,
@@ -134,10 +136,9 @@ pub struct Skipped {
     pub client_statements: Vec<Bytes>,
     /// Statements whose Close the server skipped: it still has them.
     pub still_prepared: Vec<Bytes>,
-    /// A client's Parse that pgward does not map (the unnamed statement, say), or one of
-    /// pgward's own of the unnamed statement, failed or was skipped: the server's unnamed
-    /// statement may not be the client's.
-    pub unmapped_parse: bool,
+    /// A Parse of the unnamed statement (the client's, or one of pgward's own) failed or was
+    /// skipped: the server's unnamed statement may not be the client's.
+    pub unnamed_parse: bool,
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -460,7 +461,7 @@ impl Expected {
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
         let mut still_prepared = Vec::new();
-        let mut unmapped_parse = false;
+        let mut unnamed_parse = false;
         if matches!(self.queue.front(), Some(Owed::Query)) {
             return (Route::Forward, Learned::Nothing);
         }
@@ -480,13 +481,12 @@ impl Expected {
             }
             match skipped {
                 Some(Owed::Parse {
-                    client,
                     statement,
                     client_name,
+                    unnamed,
                     ..
                 }) => {
-                    // (A Parse of pgward's own of the unnamed statement counts too.)
-                    unmapped_parse |= client_name.is_none() && (client || statement.is_none());
+                    unnamed_parse |= unnamed;
                     server_statements.extend(statement);
                     client_statements.extend(client_name);
                 }
@@ -505,7 +505,7 @@ impl Expected {
         if server_statements.is_empty()
             && client_statements.is_empty()
             && still_prepared.is_empty()
-            && !unmapped_parse
+            && !unnamed_parse
         {
             return (Route::Forward, Learned::Nothing);
         }
@@ -515,7 +515,7 @@ impl Expected {
                 server_statements,
                 client_statements,
                 still_prepared,
-                unmapped_parse,
+                unnamed_parse,
             })),
         )
     }
@@ -545,6 +545,7 @@ mod tests {
             statement: None,
             client_name: None,
             defines: None,
+            unnamed: true,
         }
     }
 
@@ -554,6 +555,7 @@ mod tests {
             statement: Some(Bytes::from_static(server.as_bytes())),
             client_name: client.map(|c| Bytes::from_static(c.as_bytes())),
             defines: None,
+            unnamed: false,
         }
     }
 
@@ -645,7 +647,7 @@ mod tests {
                     server_statements: vec![Bytes::from_static(b"s2")],
                     client_statements: vec![Bytes::from_static(b"c2")],
                     still_prepared: vec![],
-                    unmapped_parse: false,
+                    unnamed_parse: false,
                 }))
             )
         );
@@ -684,7 +686,7 @@ mod tests {
                 server_statements: vec![Bytes::from_static(b"pgw_1")],
                 client_statements: vec![],
                 still_prepared: vec![],
-                unmapped_parse: false,
+                unnamed_parse: false,
             }))
         );
         feed(&mut q, b"Z");
@@ -747,6 +749,7 @@ mod tests {
             statement: None,
             client_name: None,
             defines: None,
+            unnamed: true,
         });
         q.push(Owed::InternalBind);
         q.push(Owed::InternalExecute);
@@ -827,7 +830,7 @@ mod tests {
                 server_statements: vec![],
                 client_statements: vec![Bytes::from_static(b"c1")],
                 still_prepared: vec![],
-                unmapped_parse: false,
+                unnamed_parse: false,
             }))
         );
     }
@@ -901,7 +904,7 @@ mod tests {
         q.push(parse());
         let r = feed(&mut q, b"E");
         // The client's unnamed Parse failed: its unnamed statement is gone.
-        assert!(matches!(&r[0].1, Learned::Skipped(s) if s.unmapped_parse));
+        assert!(matches!(&r[0].1, Learned::Skipped(s) if s.unnamed_parse));
         assert!(q.skipping());
         assert!(!q.is_quiet());
         q.push(Owed::Sync);
@@ -926,7 +929,7 @@ mod tests {
                 server_statements: vec![],
                 client_statements: vec![],
                 still_prepared: vec![Bytes::from_static(b"pgw_old")],
-                unmapped_parse: true,
+                unnamed_parse: true,
             }))
         );
     }

@@ -60,7 +60,7 @@ pub(super) fn server_message(
     }
     if let Learned::Skipped(skipped) = &learned {
         // The server kept the unnamed statement it had, which may be another client's.
-        link.unnamed_ours &= !skipped.unmapped_parse;
+        link.unnamed_ours &= !skipped.unnamed_parse;
     }
     if matches!(learned, Learned::Nothing)
         && !matches!(
@@ -431,6 +431,7 @@ impl MessageContext<'_> {
                 client: true,
                 statement: None,
                 client_name: None,
+                unnamed: name.is_empty(),
                 defines: definition,
             });
             return Ok(None);
@@ -451,6 +452,7 @@ impl MessageContext<'_> {
                 client: true,
                 statement: None,
                 client_name: None,
+                unnamed: false,
                 defines: None,
             });
             return Ok(Some(out));
@@ -488,6 +490,7 @@ impl MessageContext<'_> {
             // A failure of a statement the server already has must not forget it.
             statement: (!known).then(|| statement.server_name.clone()),
             client_name: Some(client_name),
+            unnamed: false,
             defines: None,
         });
         Ok(Some(out))
@@ -513,6 +516,7 @@ impl MessageContext<'_> {
                 client: false,
                 statement: None,
                 client_name: None,
+                unnamed: true,
                 defines: None,
             },
             Owed::InternalBind,
@@ -658,6 +662,7 @@ impl MessageContext<'_> {
             client: false,
             statement: None,
             client_name: None,
+            unnamed: true,
             defines: None,
         });
         self.link.unnamed_ours = true;
@@ -678,6 +683,7 @@ impl MessageContext<'_> {
             client: false,
             statement: Some(stmt.server_name.clone()),
             client_name: None,
+            unnamed: false,
             defines: None,
         });
     }
