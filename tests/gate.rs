@@ -1955,6 +1955,32 @@ mod held_messages {
         );
     }
 
+    /// The unnamed statement prepared again in a batch the server skips (an error before
+    /// it): a run of it in the next batch of the same write runs the client's own statement,
+    /// not another client's left on the server.
+    #[test]
+    fn a_skipped_preparation_of_the_unnamed_statement_leaves_no_other_clients_to_run() {
+        let one = "pool_mode = transaction\ndefault_pool_size = 1\nmax_client_conn = 50\n";
+        let p = gated("[gate]\nmax_active = 4\n", one);
+        let mut x = p.pw.client_as("trustuser", "app");
+        x.send(&Batch::new().parse("", "SELECT 7", &[]).sync().bytes);
+        assert!(!answers(&mut x, 1).contains('E'));
+        let mut y = p.pw.client_as("trustuser", "app");
+        y.send(&Batch::new().parse("", "SELECT 'other'", &[]).sync().bytes);
+        assert!(!answers(&mut y, 1).contains('E'));
+        let all = Batch::new()
+            .describe(b'S', "nope")
+            .bind("", "", &[])
+            .execute("", 0)
+            .sync()
+            .bind("", "", &[])
+            .execute("", 0)
+            .sync();
+        x.send(&all.bytes);
+        let got = answers(&mut x, 2);
+        assert!(!got.contains("other") && got.contains("D[7]"), "{got}");
+    }
+
     /// What drops the unnamed statement in PostgreSQL between its Parse and a run of it
     /// that waits (a simple Query, a Close of it, a Parse of it that fails) leaves nothing to
     /// prepare on the next server: the run fails as PostgreSQL fails it.

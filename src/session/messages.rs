@@ -546,9 +546,9 @@ impl MessageContext<'_> {
                 self.link.server.params.forget_unreported();
             }
             let mut out = BytesMut::new();
-            self.ensure_unnamed(bind.statement, unnamed, &mut out);
+            let injected = self.ensure_unnamed(bind.statement, unnamed, &mut out);
             self.link.expected.push(Owed::Bind);
-            let foreign = self.foreign_statement(bind.statement);
+            let foreign = self.foreign_statement(bind.statement).filter(|_| !injected);
             if foreign.is_none() && out.is_empty() {
                 return Ok(None);
             }
@@ -607,9 +607,9 @@ impl MessageContext<'_> {
         let name = described.name;
         let Some((stmt, capacity)) = self.mapped(name) else {
             let mut out = BytesMut::new();
-            self.ensure_unnamed(name, unnamed, &mut out);
+            let injected = self.ensure_unnamed(name, unnamed, &mut out);
             self.link.expected.push(Owed::DescribeStatement);
-            let foreign = self.foreign_statement(name);
+            let foreign = self.foreign_statement(name).filter(|_| !injected);
             if foreign.is_none() && out.is_empty() {
                 return Ok(None);
             }
@@ -649,13 +649,22 @@ impl MessageContext<'_> {
     /// client's: prepares it there first when the gate knew, where it read the message, what
     /// PostgreSQL kept for the client (`known`: its last Parse of it, answered, with nothing
     /// since that dropped it), as it would be on a server of the client's own. (A run that
-    /// waited in the gate after the Sync of its Parse comes here on the next server.)
-    fn ensure_unnamed(&mut self, name: &[u8], known: Option<Arc<Parsed>>, out: &mut BytesMut) {
+    /// waited in the gate after the Sync of its Parse comes here on the next server.) True
+    /// when it did: the message goes right behind that Parse, and is skipped with it if the
+    /// server skips it. The server's unnamed statement is not taken as the client's after it
+    /// (a later batch's use of it is prepared again): the Parse may yet be skipped, leaving
+    /// another client's there.
+    fn ensure_unnamed(
+        &mut self,
+        name: &[u8],
+        known: Option<Arc<Parsed>>,
+        out: &mut BytesMut,
+    ) -> bool {
         if !name.is_empty() || !self.pooled || self.link.unnamed_ours {
-            return;
+            return false;
         }
         let Some(parsed) = known else {
-            return;
+            return false;
         };
         wire::encode_parse_raw(out, b"", &parsed.text, &parsed.types);
         self.link.expected.push(Owed::Parse {
@@ -665,7 +674,7 @@ impl MessageContext<'_> {
             unnamed: true,
             defines: None,
         });
-        self.link.unnamed_ours = true;
+        true
     }
 
     /// Prepares `stmt` on this server first if it does not have it.
