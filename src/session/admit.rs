@@ -25,7 +25,7 @@ use foldhash::{HashMap, HashSet};
 
 use super::prepared::Parsed;
 use super::readings::{worth_remembering, Derived, Facts};
-use super::rules::{parse_context, Allowed, Analyzed};
+use super::rules::{context_from, parse_context, Allowed, Analyzed};
 use super::views::Views;
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
@@ -1128,7 +1128,8 @@ impl Session {
         }
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
-        let context = parse_context(&self.params, !self.link_quiet());
+        let in_flight = !self.link_quiet();
+        let context = context_from(self.settled_context.of(&self.params), in_flight);
         let at = self.params.changes();
         let read = work.bytes();
         let analysis = read.map(|t| {

@@ -174,6 +174,8 @@ pub struct Session {
     gate: admit::GateState,
     /// What the gate derived from each reading under the policy and parameters in force.
     readings: readings::Readings,
+    /// How the server reads a statement as the session's parameters say.
+    settled_context: rules::SettledContext,
 }
 
 impl Session {
@@ -219,6 +221,7 @@ impl Session {
             skip_to_sync: false,
             gate: admit::GateState::default(),
             readings: readings::Readings::default(),
+            settled_context: rules::SettledContext::default(),
         }
     }
 
@@ -610,12 +613,14 @@ impl Session {
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
         let allowed = self.gate.analyzed.as_mut().and_then(|a| a.allowed.take());
+        let settled = self.settled_context.of(&self.params);
         let rules = governance.as_deref().map(|governance| RuleCheck {
             governance,
             client_id: self.id,
             role: &self.user,
             client_addr: self.client_addr,
             params: &self.params,
+            settled,
             state: &mut self.rule_state,
             read_before: self.gate.analyzed.as_ref(),
             allowed,

@@ -30,6 +30,8 @@ pub struct RuleCheck<'a> {
     pub role: &'a str,
     pub client_addr: Option<IpAddr>,
     pub params: &'a ParamSet,
+    /// How the server reads a statement as `params` say, with nothing in flight.
+    pub settled: &'a ParseContext,
     pub state: &'a mut RuleState,
     /// The last text the admission gate read, how, and what it found: the same text read
     /// the same way is not read twice.
@@ -205,7 +207,7 @@ impl RuleCheck<'_> {
     }
 
     fn context(&self, in_flight: bool) -> ParseContext {
-        parse_context(self.params, in_flight)
+        context_from(self.settled, in_flight)
     }
 }
 
@@ -238,21 +240,59 @@ pub fn log_rule_refusal(keeper: &Gatekeeper, hit: &RuleHit, who: Subject<'_>, ro
 /// How the server will read the next statement, as far as pgward can be sure: `in_flight`
 /// says earlier statements are unanswered (any of them may change a setting).
 pub fn parse_context(params: &ParamSet, in_flight: bool) -> ParseContext {
-    let doubt = in_flight;
+    if in_flight {
+        return context_in_doubt();
+    }
     let scs = match params.get("standard_conforming_strings") {
-        _ if doubt => Setting::Unknown,
         Some("on") => Setting::Known(true),
         Some("off") => Setting::Known(false),
         _ => Setting::Unknown,
     };
     let encoding = match params.get("client_encoding") {
-        Some(e) if !doubt => Setting::Known(encoding_name(e)),
-        _ => Setting::Unknown,
+        Some(e) => Setting::Known(encoding_name(e)),
+        None => Setting::Unknown,
     };
     ParseContext {
         standard_conforming_strings: scs,
         client_encoding: encoding,
         backslash_quote: Setting::Unknown,
+    }
+}
+
+/// How the server will read the next statement while earlier ones are unanswered: nothing
+/// the parameters say is sure.
+fn context_in_doubt() -> ParseContext {
+    ParseContext {
+        standard_conforming_strings: Setting::Unknown,
+        client_encoding: Setting::Unknown,
+        backslash_quote: Setting::Unknown,
+    }
+}
+
+/// [`parse_context`] of a session's parameters with nothing in flight, read again only when
+/// they change (each statement under a policy asks for it).
+#[derive(Debug, Default)]
+pub struct SettledContext(Option<(u64, ParseContext)>);
+
+impl SettledContext {
+    /// The context `params` say, with nothing in flight.
+    pub fn of(&mut self, params: &ParamSet) -> &ParseContext {
+        let at = params.changes();
+        if self.0.as_ref().is_some_and(|(seen, _)| *seen != at) {
+            self.0 = None;
+        }
+        &self
+            .0
+            .get_or_insert_with(|| (at, parse_context(params, false)))
+            .1
+    }
+}
+
+/// [`parse_context`] from the context `settled` the parameters say with nothing in flight.
+pub fn context_from(settled: &ParseContext, in_flight: bool) -> ParseContext {
+    match in_flight {
+        true => context_in_doubt(),
+        false => settled.clone(),
     }
 }
 
@@ -309,6 +349,33 @@ pub fn raise_in_batch(hit: &RuleHit) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_settled_context_follows_the_parameters_and_is_the_one_they_say() {
+        let mut params = ParamSet::default();
+        let mut settled = SettledContext::default();
+        for (name, value) in [
+            ("standard_conforming_strings", "on"),
+            ("client_encoding", "SJIS"),
+            ("standard_conforming_strings", "off"),
+            ("client_encoding", "UTF8"),
+        ] {
+            params.set(name, value);
+            assert_eq!(settled.of(&params), &parse_context(&params, false));
+            assert_eq!(
+                context_from(settled.of(&params), false),
+                parse_context(&params, false)
+            );
+            assert_eq!(
+                context_from(settled.of(&params), true),
+                parse_context(&params, true)
+            );
+        }
+        assert_eq!(
+            settled.of(&params).standard_conforming_strings,
+            Setting::Known(false)
+        );
+    }
 
     #[test]
     fn the_refusal_raised_in_a_batch_is_parse_bind_execute() {
