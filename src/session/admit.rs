@@ -739,7 +739,12 @@ impl Work {
     /// The statement text, when it is UTF-8 (what pgward can hand to PostgreSQL's parser
     /// and send again as it is, in an EXPLAIN).
     fn sql(&self) -> Option<&str> {
-        self.text().and_then(|t| std::str::from_utf8(t).ok())
+        match self {
+            Work::Bind {
+                parsed: Some(p), ..
+            } => p.sql(),
+            _ => self.text().and_then(|t| std::str::from_utf8(t).ok()),
+        }
     }
 
     /// The statement text for its keywords alone (what kind of request it is, whether it

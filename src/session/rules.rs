@@ -152,9 +152,13 @@ impl RuleCheck<'_> {
     /// reading for the same client already (only the warning about ignored tags is left).
     fn verdict(&mut self, analysis: &Analysis, allowed: bool) -> Option<RuleHit> {
         let policy = &self.governance.policy;
+        let tagged = !analysis.tags.is_empty();
+        if allowed && (!tagged || self.state.tags_logged) {
+            // Nothing is left to say about this reading.
+            return None;
+        }
         // (Built from the fields, not `self`: the state below is written while it is held.)
         let who = who_of(self.role, self.params, self.client_addr);
-        let tagged = !analysis.tags.is_empty();
         if tagged && !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
             tracing::warn!(
                 client = self.client_id,

@@ -167,10 +167,10 @@ mod tests {
     fn definition(views: &mut Views, name: &str, text: &'static str) -> Definition {
         Definition {
             name: Bytes::copy_from_slice(name.as_bytes()),
-            parsed: Arc::new(Parsed {
-                text: Bytes::from_static(text.as_bytes()),
-                types: Bytes::from_static(b"\0\0"),
-            }),
+            parsed: Arc::new(Parsed::new(
+                Bytes::from_static(text.as_bytes()),
+                Bytes::from_static(b"\0\0"),
+            )),
             seq: views.next_seq(),
         }
     }

@@ -2,7 +2,10 @@
 //! body in place, as slices of it, without copying or allocating. A view reads and checks
 //! what its readers need, no more; [`super::decode_frontend`] checks the whole layout.
 
+use std::sync::OnceLock;
+
 use bytes::{BufMut, Bytes, BytesMut};
+use bytestring::ByteString;
 
 use super::{bind_params, tag, target};
 use crate::wire::codec::{put_cstr, put_message};
@@ -71,21 +74,48 @@ impl<'a> ParseView<'a> {
 }
 
 /// A Parse as the gate keeps it: slices of the message, never a copy.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Parsed {
     /// The statement text, the bytes the server reads.
     pub text: Bytes,
     /// The parameter types as sent: count and OIDs.
     pub types: Bytes,
+    /// The text as UTF-8 (`None`: it is not), checked at its first reading: a prepared
+    /// statement run again is not checked again.
+    sql: OnceLock<Option<ByteString>>,
 }
 
+impl PartialEq for Parsed {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text && self.types == other.types
+    }
+}
+
+impl Eq for Parsed {}
+
 impl Parsed {
+    /// A Parse of `text` with parameter types `types` (count and OIDs).
+    pub fn new(text: Bytes, types: Bytes) -> Self {
+        Parsed {
+            text,
+            types,
+            sql: OnceLock::new(),
+        }
+    }
+
     /// The Parse `parse` read from `body`.
     pub fn of(body: &Bytes, parse: &ParseView) -> Self {
-        Parsed {
-            text: body.slice_ref(parse.query),
-            types: body.slice_ref(parse.raw_types()),
-        }
+        Parsed::new(
+            body.slice_ref(parse.query),
+            body.slice_ref(parse.raw_types()),
+        )
+    }
+
+    /// The statement text when it is UTF-8, sharing the message's bytes.
+    pub fn sql(&self) -> Option<&str> {
+        self.sql
+            .get_or_init(|| ByteString::try_from(self.text.clone()).ok())
+            .as_deref()
     }
 
     /// The Parse of the whole message `message` (tag and length first).
@@ -204,6 +234,21 @@ mod tests {
         assert_eq!(QueryView::new(b"select 1").text, b"select 1");
         assert_eq!(QueryView::new(b"a\0b\0").text, b"a\0b");
         assert_eq!(QueryView::new(b"").text, b"");
+    }
+
+    #[test]
+    fn a_parsed_text_is_read_as_utf8_in_place_or_not_at_all() {
+        let types = Bytes::from_static(b"\0\0");
+        let text = Bytes::from_static("select 'é'".as_bytes());
+        let parsed = Parsed::new(text.clone(), types.clone());
+        let sql = parsed.sql().unwrap();
+        assert_eq!(sql, "select 'é'");
+        assert!(std::ptr::eq(sql.as_bytes(), &text[..]));
+        assert_eq!(parsed.sql().unwrap(), sql);
+        let latin1 = Parsed::new(Bytes::from_static(b"select '\xe9'"), types.clone());
+        assert_eq!(latin1.sql(), None);
+        // Equal whether or not it was read yet.
+        assert_eq!(parsed, Parsed::new(text, types));
     }
 
     #[test]
