@@ -63,13 +63,16 @@ const fn classes() -> [u8; 256] {
 }
 
 fn is(c: u8, class: u8) -> bool {
-    CLASSES[c as usize] & class != 0
+    CLASSES[usize::from(c)] & class != 0
 }
 
-/// How many bytes of `b` from `from` on are of `class`.
-fn run_of(b: &[u8], from: usize, class: u8) -> usize {
-    b.get(from..)
-        .map_or(0, |rest| rest.iter().take_while(|&&c| is(c, class)).count())
+/// Where the run of bytes of `class` in `b` from `from` on ends.
+fn run_end(b: &[u8], from: usize, class: u8) -> usize {
+    let mut i = from;
+    while i < b.len() && is(b[i], class) {
+        i += 1;
+    }
+    i
 }
 
 /// The shape of `text`, or `None` where this reader is not sure (the caller asks PostgreSQL's
@@ -95,13 +98,19 @@ fn read_into(text: &str, out: &mut Shape) -> Option<()> {
     let Shape { key, constants } = out;
     key.reserve(text.len());
     let mut copied = 0;
-    // The previous token's start and end (whitespace is no token; comments are).
-    let mut previous: Option<(usize, usize)> = None;
+    // Where the previous token (whitespace is no token; comments are) was a lone `-`.
+    let mut minus: Option<usize> = None;
     let mut at = 0;
     while at < b.len() {
         let c = b[at];
         if is(c, IS_SPACE) {
             at += 1;
+            continue;
+        }
+        if is(c, IS_IDENT_START) {
+            // Identifiers and keywords, most of a statement's tokens.
+            at = identifier(b, at)?;
+            minus = None;
             continue;
         }
         let (end, constant) = token(b, at)?;
@@ -110,13 +119,12 @@ fn read_into(text: &str, out: &mut Shape) -> Option<()> {
             key.push('\0');
             key.push(letter);
             copied = end;
-            let minus = previous.filter(|&(s, e)| &b[s..e] == b"-").map(|(s, _)| s);
             constants.push(Constant {
                 start: i32::try_from(at).ok()?,
                 minus: minus.and_then(|m| i32::try_from(m).ok()),
             });
         }
-        previous = Some((at, end));
+        minus = (c == b'-' && end == at + 1).then_some(at);
         at = end;
     }
     key.push_str(&text[copied..]);
@@ -227,7 +235,7 @@ fn closing(b: &[u8], at: usize) -> Option<usize> {
 /// A number: an integer that fits in 32 bits (Iconst) or a decimal (Fconst); none with an
 /// exponent, none touching an identifier character or another dot.
 fn number(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
-    let digits = |from: usize| from + run_of(b, from, IS_DIGIT);
+    let digits = |from: usize| run_end(b, from, IS_DIGIT);
     let int_end = digits(at);
     let (end, decimal) = match b.get(int_end) {
         Some(b'.') if b.get(int_end + 1) == Some(&b'.') => return None,
@@ -255,7 +263,7 @@ fn fits_32_bits(digits: &[u8]) -> bool {
 
 /// A parameter `$1`; a dollar quote or a parameter touching an identifier declines.
 fn parameter(b: &[u8], at: usize) -> Option<usize> {
-    let end = at + 1 + run_of(b, at + 1, IS_DIGIT);
+    let end = run_end(b, at + 1, IS_DIGIT);
     if end == at + 1 || b.get(end).is_some_and(|&c| ident_char(c)) {
         return None;
     }
@@ -266,7 +274,7 @@ fn parameter(b: &[u8], at: usize) -> Option<usize> {
 /// An operator: a run of operator characters, taken whole unless the scanner would cut it
 /// (a comment start inside, or a trailing `+` or `-` it may split off).
 fn operator(b: &[u8], at: usize) -> Option<usize> {
-    let len = run_of(b, at, IS_OP);
+    let len = run_end(b, at, IS_OP) - at;
     let run = &b[at..at + len];
     if run.windows(2).any(|w| w == b"--" || w == b"/*") {
         return None;
@@ -280,7 +288,7 @@ fn operator(b: &[u8], at: usize) -> Option<usize> {
 
 /// An identifier or keyword.
 fn identifier(b: &[u8], at: usize) -> Option<usize> {
-    let end = at + run_of(b, at, IS_IDENT);
+    let end = run_end(b, at, IS_IDENT);
     if matches!(b.get(end), Some(b'\'') | Some(b'"')) || (b.get(end) == Some(&b'&')) {
         // A prefixed string or identifier (E'', U&'', U&"").
         return None;
