@@ -1134,7 +1134,7 @@ impl Session {
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
         let in_flight = !self.link_quiet();
-        let context = context_from(self.settled_context.of(&self.params), in_flight);
+        let context = context_from(&self.settled.of(&self.params).context, in_flight);
         let at = self.params.changes();
         let read = work.bytes();
         let analysis = read.map(|t| {
@@ -1262,13 +1262,13 @@ impl Session {
             _ => {}
         }
         let settings = self.pool_settings();
-        let upstream = settings.target.hosts.label();
+        let statement_timeout = self.settled.of(&self.params).statement_timeout;
         let request = Request {
             priority: facts.priority,
             kind,
             fingerprint,
             deadline: facts.deadline,
-            ..self.request(&tenant, upstream)
+            ..self.request(&tenant, &settings, statement_timeout)
         };
         let arrival = self
             .rt
@@ -1687,26 +1687,28 @@ impl Session {
 
     /// A request of this session for the gate: a statement of normal priority with no
     /// fingerprint or deadline tag, which the caller fills in.
-    fn request<'a>(&'a self, tenant: &'a str, upstream: &'a str) -> Request<'a> {
-        let limits = self.pool.settings_now().limits.clone();
+    /// `settings`: the pool's, as the caller read them (with its upstream); `statement_timeout`:
+    /// the client's own (see [`super::rules::Settled`]).
+    fn request<'a>(
+        &'a self,
+        tenant: &'a str,
+        settings: &'a crate::pool::PoolSettings,
+        statement_timeout: Option<Duration>,
+    ) -> Request<'a> {
+        let limits = &settings.limits;
         Request {
             client_id: self.id,
             tenant,
             priority: crate::sql::Priority::Normal,
             kind: RequestKind::Statement,
             fingerprint: None,
-            upstream,
+            upstream: settings.target.hosts.label(),
             pool: &self.pool_label,
             pool_size: limits.pool_size,
             database_cap: limits.max_db_connections,
             database: &self.pool.key.db,
             sent_at: self.last_client_activity,
-            // The client's own limit, when pgward follows it (track_extra_parameters).
-            statement_timeout: self
-                .params
-                .get("statement_timeout")
-                .and_then(crate::gate::parse_duration)
-                .filter(|d| !d.is_zero()),
+            statement_timeout,
             deadline: None,
             hint: self.gate.hint.as_deref(),
         }
@@ -1727,9 +1729,9 @@ impl Session {
             .tenant
             .to_string();
         let settings = self.pool_settings();
-        let upstream = settings.target.hosts.label();
+        let statement_timeout = self.settled.of(&self.params).statement_timeout;
         let pass = {
-            let request = self.request(&tenant, upstream);
+            let request = self.request(&tenant, &settings, statement_timeout);
             self.rt
                 .gatekeeper
                 .lock()

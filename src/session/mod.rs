@@ -175,7 +175,7 @@ pub struct Session {
     /// What the gate derived from each reading under the policy and parameters in force.
     readings: readings::Readings,
     /// How the server reads a statement as the session's parameters say.
-    settled_context: rules::SettledContext,
+    settled: rules::SettledParams,
 }
 
 impl Session {
@@ -221,7 +221,7 @@ impl Session {
             skip_to_sync: false,
             gate: admit::GateState::default(),
             readings: readings::Readings::default(),
-            settled_context: rules::SettledContext::default(),
+            settled: rules::SettledParams::default(),
         }
     }
 
@@ -613,7 +613,7 @@ impl Session {
         let chunk = &rbuf[..len];
         let was_idle = link.expected.is_empty();
         let allowed = self.gate.analyzed.as_mut().and_then(|a| a.allowed.take());
-        let settled = self.settled_context.of(&self.params);
+        let settled = &self.settled.of(&self.params).context;
         let rules = governance.as_deref().map(|governance| RuleCheck {
             governance,
             client_id: self.id,

@@ -273,22 +273,36 @@ fn context_in_doubt() -> ParseContext {
     }
 }
 
-/// [`parse_context`] of a session's parameters with nothing in flight, read again only when
-/// they change (each statement under a policy asks for it).
-#[derive(Debug, Default)]
-pub struct SettledContext(Option<(u64, ParseContext)>);
+/// What the gate reads from a session's parameters for each statement, read again only when
+/// they change.
+#[derive(Debug)]
+pub struct Settled {
+    /// [`parse_context`] with nothing in flight.
+    pub context: ParseContext,
+    /// The client's own `statement_timeout`, when pgward follows it (`track_extra_parameters`)
+    /// and it is not zero.
+    pub statement_timeout: Option<std::time::Duration>,
+}
 
-impl SettledContext {
-    /// The context `params` say, with nothing in flight.
-    pub fn of(&mut self, params: &ParamSet) -> &ParseContext {
+/// [`Settled`] of a session's parameters, as of their last change.
+#[derive(Debug, Default)]
+pub struct SettledParams(Option<(u64, Settled)>);
+
+impl SettledParams {
+    /// What `params` say.
+    pub fn of(&mut self, params: &ParamSet) -> &Settled {
         let at = params.changes();
         if self.0.as_ref().is_some_and(|(seen, _)| *seen != at) {
             self.0 = None;
         }
-        &self
-            .0
-            .get_or_insert_with(|| (at, parse_context(params, false)))
-            .1
+        let settled = || Settled {
+            context: parse_context(params, false),
+            statement_timeout: params
+                .get("statement_timeout")
+                .and_then(crate::gate::parse_duration)
+                .filter(|d| !d.is_zero()),
+        };
+        &self.0.get_or_insert_with(|| (at, settled())).1
     }
 }
 
@@ -355,9 +369,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_settled_context_follows_the_parameters_and_is_the_one_they_say() {
+    fn what_the_gate_reads_from_the_parameters_follows_them() {
         let mut params = ParamSet::default();
-        let mut settled = SettledContext::default();
+        let mut settled = SettledParams::default();
         for (name, value) in [
             ("standard_conforming_strings", "on"),
             ("client_encoding", "SJIS"),
@@ -365,20 +379,28 @@ mod tests {
             ("client_encoding", "UTF8"),
         ] {
             params.set(name, value);
-            assert_eq!(settled.of(&params), &parse_context(&params, false));
+            assert_eq!(&settled.of(&params).context, &parse_context(&params, false));
             assert_eq!(
-                context_from(settled.of(&params), false),
+                context_from(&settled.of(&params).context, false),
                 parse_context(&params, false)
             );
             assert_eq!(
-                context_from(settled.of(&params), true),
+                context_from(&settled.of(&params).context, true),
                 parse_context(&params, true)
             );
         }
         assert_eq!(
-            settled.of(&params).standard_conforming_strings,
+            settled.of(&params).context.standard_conforming_strings,
             Setting::Known(false)
         );
+        assert_eq!(settled.of(&params).statement_timeout, None);
+        params.set("statement_timeout", "1500");
+        assert_eq!(
+            settled.of(&params).statement_timeout,
+            Some(std::time::Duration::from_millis(1500))
+        );
+        params.set("statement_timeout", "0");
+        assert_eq!(settled.of(&params).statement_timeout, None);
     }
 
     #[test]

@@ -108,8 +108,9 @@ impl ParseContext {
             Setting::Known(false) => Scs::Off,
             Setting::Unknown => Scs::Unknown,
         };
+        // (The server reports `UTF8` as such: that one is compared first.)
         let encoding_safe = matches!(&self.client_encoding,
-            Setting::Known(e) if ["UTF8", "UTF-8", "UNICODE", "SQL_ASCII"].iter().any(|k| e.eq_ignore_ascii_case(k)));
+            Setting::Known(e) if e == "UTF8" || ["UTF-8", "UNICODE", "SQL_ASCII", "UTF8"].iter().any(|k| e.eq_ignore_ascii_case(k)));
         let backslash_quote_off = self.backslash_quote == Setting::Known(BackslashQuote::Off);
         Mode {
             scs,
