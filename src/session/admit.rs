@@ -1569,7 +1569,7 @@ impl Session {
             if changed {
                 return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
             }
-            let context = parse_context(&self.params, false);
+            let context = parse_context(&self.params);
             let analysis = governance.analyzer.analyze(part.as_bytes(), &context);
             let Some(fp) = analysis.fingerprint else {
                 return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
@@ -1843,7 +1843,7 @@ impl Session {
         };
         let analysis = governance
             .analyzer
-            .analyze(text, &parse_context(&self.params, false));
+            .analyze(text, &parse_context(&self.params));
         let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
         let subject = self.subject(&tenant, analysis.fingerprint);

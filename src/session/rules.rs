@@ -241,12 +241,9 @@ pub fn log_rule_refusal(keeper: &Gatekeeper, hit: &RuleHit, who: Subject<'_>, ro
     log.record(&record);
 }
 
-/// How the server will read the next statement, as far as pgward can be sure: `in_flight`
-/// says earlier statements are unanswered (any of them may change a setting).
-pub fn parse_context(params: &ParamSet, in_flight: bool) -> ParseContext {
-    if in_flight {
-        return context_in_doubt();
-    }
+/// How the server will read the next statement, as far as pgward can be sure, with nothing in
+/// flight (see [`context_from`] for a statement behind unanswered ones).
+pub fn parse_context(params: &ParamSet) -> ParseContext {
     let scs = match params.get("standard_conforming_strings") {
         Some("on") => Setting::Known(true),
         Some("off") => Setting::Known(false),
@@ -277,7 +274,7 @@ fn context_in_doubt() -> ParseContext {
 /// they change.
 #[derive(Debug)]
 pub struct Settled {
-    /// [`parse_context`] with nothing in flight.
+    /// [`parse_context`].
     pub context: ParseContext,
     /// The client's own `statement_timeout`, when pgward follows it (`track_extra_parameters`)
     /// and it is not zero.
@@ -296,7 +293,7 @@ impl SettledParams {
             self.0 = None;
         }
         let settled = || Settled {
-            context: parse_context(params, false),
+            context: parse_context(params),
             statement_timeout: params
                 .get("statement_timeout")
                 .and_then(crate::gate::parse_duration)
@@ -306,7 +303,9 @@ impl SettledParams {
     }
 }
 
-/// [`parse_context`] from the context `settled` the parameters say with nothing in flight.
+/// How the server will read the next statement, from the context `settled` the parameters say
+/// with nothing in flight: `in_flight` says earlier statements are unanswered (any of them may
+/// change a setting), and then nothing the parameters say is sure.
 pub fn context_from(settled: &ParseContext, in_flight: bool) -> ParseContext {
     match in_flight {
         true => context_in_doubt(),
@@ -379,15 +378,15 @@ mod tests {
             ("client_encoding", "UTF8"),
         ] {
             params.set(name, value);
-            assert_eq!(&settled.of(&params).context, &parse_context(&params, false));
+            assert_eq!(&settled.of(&params).context, &parse_context(&params));
             assert_eq!(
                 context_from(&settled.of(&params).context, false),
-                parse_context(&params, false)
+                parse_context(&params)
             );
-            assert_eq!(
-                context_from(&settled.of(&params).context, true),
-                parse_context(&params, true)
-            );
+            let doubt = context_from(&settled.of(&params).context, true);
+            assert_eq!(doubt.standard_conforming_strings, Setting::Unknown);
+            assert_eq!(doubt.client_encoding, Setting::Unknown);
+            assert_eq!(doubt.backslash_quote, Setting::Unknown);
         }
         assert_eq!(
             settled.of(&params).context.standard_conforming_strings,
