@@ -99,6 +99,8 @@ pub struct PlanSummary {
     pub full_scans: Vec<FullScan>,
     /// The plan's shape.
     pub shape: PlanShape,
+    /// [`PlanShape::fingerprint`] of `shape`, worked out once (a cached plan prices every run).
+    pub shape_fingerprint: u64,
 }
 
 impl PlanSummary {
@@ -119,8 +121,10 @@ impl PlanSummary {
             total_cost,
             full_scans: Vec::new(),
             shape: PlanShape::default(),
+            shape_fingerprint: 0,
         };
         summary.walk(root)?;
+        summary.shape_fingerprint = summary.shape.fingerprint();
         Ok(summary)
     }
 

@@ -134,6 +134,10 @@ fn shapes_ignore_costs_but_not_node_types() {
         fixture("index_scan").shape.fingerprint(),
         fixture("execute_prepared").shape.fingerprint()
     );
+    for name in ["seq_scan_filter", "parallel_seq_scan", "index_scan"] {
+        let plan = fixture(name);
+        assert_eq!(plan.shape_fingerprint, plan.shape.fingerprint(), "{name}");
+    }
 }
 
 #[test]

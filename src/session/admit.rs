@@ -1617,7 +1617,7 @@ impl Session {
             return;
         };
         let database = &self.pool.key.db;
-        let shape = plan.shape.fingerprint();
+        let shape = plan.shape_fingerprint;
         let usual = {
             let calibration = self.rt.gatekeeper.calibration();
             let key = PlanFactorKey {
@@ -1646,7 +1646,7 @@ impl Session {
             let key = PlanFactorKey {
                 database: Arc::clone(&self.database_name),
                 fingerprint: fp.0,
-                shape: Some(plan.shape.fingerprint()),
+                shape: Some(plan.shape_fingerprint),
             };
             let p = calibration.predict_plan(&key, plan.total_cost);
             return Estimate {
