@@ -20,7 +20,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use foldhash::{HashMap, HashSet};
 
 use super::prepared::Parsed;
@@ -51,6 +51,10 @@ use crate::wire::{
 
 /// Parses remembered per session, to price the Binds of their statements.
 const MAX_PARSED: usize = 10_000;
+
+/// The block [`GateState::keep`] copies short-lived bytes into: one allocation serves many
+/// statements, and a block lives only while something of it is held.
+const KEPT_BLOCK: usize = 1024;
 
 /// What the gate keeps per session.
 #[derive(Debug, Default)]
@@ -122,6 +126,8 @@ pub(in crate::session) struct GateState {
     pub requests_sent: u64,
     /// Of those, the unanswered ones the cancel handle was last told of.
     pub published_owed: usize,
+    /// Room for [`keep`](GateState::keep).
+    kept: BytesMut,
 }
 
 /// A request that ran unpriced inside a batch: its plan is read once the batch is answered,
@@ -363,6 +369,17 @@ fn shares(parts: &[Part], took: Duration) -> smallvec::SmallVec<[Duration; 2]> {
 }
 
 impl GateState {
+    /// A copy of `bytes` out of the read buffer, for what the gate holds while it reads a
+    /// request (a Query's text, a Bind's values): copies share a block, so one allocation
+    /// serves many, and a copy's clones share it without one.
+    fn keep(&mut self, bytes: &[u8]) -> Bytes {
+        if self.kept.capacity() - self.kept.len() < bytes.len() {
+            self.kept = BytesMut::with_capacity(bytes.len().max(KEPT_BLOCK));
+        }
+        self.kept.extend_from_slice(bytes);
+        self.kept.split().freeze()
+    }
+
     /// The server owes this client nothing (or the session lost its server): the run's time
     /// is settled with the tenants of its requests, and a request that ran alone and ended
     /// normally teaches its time.
@@ -824,7 +841,7 @@ impl Session {
                     let text = QueryView::new(body).text;
                     self.gate.views.drop_unnamed();
                     self.note_sql_touches(text);
-                    Some(Work::Query(Bytes::copy_from_slice(text)))
+                    Some(Work::Query(self.gate.keep(text)))
                 }
                 tag::BIND => Some(self.bind_work(body)),
                 tag::DESCRIBE => {
@@ -1090,7 +1107,7 @@ impl Session {
         self.note_portal(bind.portal, touching);
         Work::Bind {
             parsed,
-            tail: Bytes::copy_from_slice(bind.rest),
+            tail: self.gate.keep(bind.rest),
             fresh: self
                 .gate
                 .pending
@@ -2658,6 +2675,31 @@ fn kind_of(text: &[u8]) -> RequestKind {
 mod tests {
     use super::*;
     use crate::ops::traffic::{Entry, TrafficLog};
+
+    /// What the gate keeps of the read buffer is the bytes it was given, whatever is kept
+    /// after it; short copies share a block, one longer than a block has its own.
+    #[test]
+    fn kept_copies_hold_their_bytes_and_share_blocks() {
+        let mut gate = GateState::default();
+        let texts: Vec<Vec<u8>> = (0..100u8)
+            .map(|i| format!("SELECT {i} FROM t WHERE a = {}", u32::from(i) * 7).into_bytes())
+            .collect();
+        let kept: Vec<Bytes> = texts.iter().map(|t| gate.keep(t)).collect();
+        let long = vec![b'x'; 3 * KEPT_BLOCK];
+        let kept_long = gate.keep(&long);
+        let after = gate.keep(b"SELECT 1");
+        for (k, t) in kept.iter().zip(&texts) {
+            assert_eq!(&k[..], &t[..]);
+        }
+        assert_eq!(&kept_long[..], &long[..]);
+        assert_eq!(&after[..], b"SELECT 1");
+        // The first two are neighbours in one block.
+        assert_eq!(
+            kept[0].as_ptr().wrapping_add(kept[0].len()),
+            kept[1].as_ptr()
+        );
+        assert_eq!(gate.keep(b""), Bytes::new());
+    }
 
     /// A statement of `tenant`.
     fn request_of(tenant: &str) -> Request<'_> {
