@@ -144,7 +144,9 @@ impl Prediction {
 #[derive(Debug, Default)]
 pub struct Calibration {
     factors: HashMap<PlanFactorKey, LogAverage>,
-    /// Median `k` per database, and over all, recomputed every [`MEDIAN_EVERY`] learns.
+    /// Median `k` per database, and over all: while at most `2 * MEDIAN_EVERY` factors are
+    /// known, those of every learn so far when read; with more, recomputed at least every
+    /// [`MEDIAN_EVERY`] learns (at most that many learns behind).
     medians: HashMap<String, f64>,
     median_all: Option<f64>,
     since_median: u32,
@@ -515,6 +517,35 @@ mod tests {
         lns.get(lns.len().wrapping_sub(1) / 2)
             .filter(|_| !lns.is_empty())
             .map(|ln| ln.exp())
+    }
+
+    /// With many plans known, an unseen plan's median is never more than [`MEDIAN_EVERY`]
+    /// learns behind the factors, however reads and learns interleave.
+    #[test]
+    fn with_many_plans_the_medians_are_at_most_a_few_dozen_learns_behind() {
+        let mut c = Calibration::new();
+        let mut history: std::collections::VecDeque<f64> = std::collections::VecDeque::new();
+        for i in 0..1_000u64 {
+            // 150 plans, each run long enough to count, slower and slower.
+            let seconds = 0.005 + (i % 13) as f64 * 0.003 + i as f64 * 1e-4;
+            c.learn(key("a", i % 150, Some(1)), Some(1000.0), seconds);
+            history.push_back(median_from_factors(&c, Some("a")).expect("counted plans"));
+            if history.len() > MEDIAN_EVERY as usize + 1 {
+                history.pop_front();
+            }
+            if i % (3 + i % 11) != 0 {
+                continue;
+            }
+            let k = c.predict_plan(&key("a", 999, Some(7)), 1.0).k.unwrap();
+            let near = |m: &f64| (k - m).abs() <= m * 1e-12;
+            assert!(
+                history.iter().any(near),
+                "after learn {i}: {k} not in {history:?}"
+            );
+            if c.factors.len() <= 2 * MEDIAN_EVERY as usize {
+                assert!(near(history.back().unwrap()), "after learn {i}");
+            }
+        }
     }
 
     /// A plan not seen before is predicted with the median of every run learned before it,
