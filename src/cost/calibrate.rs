@@ -319,12 +319,13 @@ impl Calibration {
         let tick = self.tick;
         let key_planned = key.shape.is_some();
         self.dirty = true;
-        self.since_median += 1;
-        // While few plans are known every learn counts; later, every few dozen learns.
+        self.since_median = self.since_median.saturating_add(1);
+        // While few plans are known every learn counts (the medians are marked stale and
+        // recomputed when read); later, every few dozen learns.
         let first_significant =
             key_planned && seconds >= MEDIAN_MIN_SECONDS && self.median_all.is_none();
-        let now = self.since_median >= MEDIAN_EVERY || first_significant;
         let few = self.factors.len() <= 2 * MEDIAN_EVERY as usize;
+        let now = (self.since_median >= MEDIAN_EVERY && !few) || first_significant;
         match self.factors.get_mut(&key) {
             Some(f) => {
                 let counted = f.counted();
