@@ -373,8 +373,9 @@ fn shares(parts: &[Part], took: Duration) -> smallvec::SmallVec<[Duration; 2]> {
 
 impl GateState {
     /// A copy of `bytes` out of the read buffer, for what the gate holds while it reads a
-    /// request (a Query's text, a Bind's values): copies share a block, so one allocation
-    /// serves many, and a copy's clones share it without one.
+    /// request (a Query's text, a Bind's values): short copies share a block, so one
+    /// allocation serves many and a copy's clones share it without one; a long one has its
+    /// own (see [`KEPT_MAX`]).
     fn keep(&mut self, bytes: &[u8]) -> Bytes {
         if bytes.is_empty() {
             return Bytes::new();
