@@ -101,6 +101,17 @@ pub fn charge_of(cost: f64, min_charge: f64) -> f64 {
     cost.max(min_charge).max(0.0)
 }
 
+/// `2^-half_lives` (`half_lives` at least 0). Under a thousandth of a half-life (the time
+/// between two statements of a busy tenant) by the first terms of the series of `e^-z`, whose
+/// terms left out are below a thousandth of an f64's precision; longer ones by `exp2`.
+fn halving(half_lives: f64) -> f64 {
+    if half_lives >= 1.0 / 1024.0 {
+        return (-half_lives).exp2();
+    }
+    let z = half_lives * std::f64::consts::LN_2;
+    1.0 - z * (1.0 - z * (0.5 - z * (1.0 / 6.0 - z / 24.0)))
+}
+
 /// Recent use in seconds, halving every [`USE_HALF_LIFE`].
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DecayingUse {
@@ -123,8 +134,7 @@ impl DecayingUse {
             return 0.0;
         }
         let elapsed = now.saturating_duration_since(self.at).as_secs_f64();
-        // 2^-(half-lives): `exp2` costs a fraction of a general power.
-        self.value * (-elapsed / USE_HALF_LIFE.as_secs_f64()).exp2()
+        self.value * halving(elapsed / USE_HALF_LIFE.as_secs_f64())
     }
 
     /// Adds `amount` (negative to take back a refund; never below zero).
@@ -132,5 +142,51 @@ impl DecayingUse {
         let current = self.value(now);
         self.value = (current + amount).max(0.0);
         self.at = self.at.max(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The series agrees with `exp2` to the last bits wherever it is used, and meets it at the
+    /// edge.
+    #[test]
+    fn halving_is_two_to_the_minus_half_lives() {
+        let edge = 1.0 / 1024.0;
+        for i in 0..=100_000u32 {
+            let y = edge * f64::from(i) / 100_000.0;
+            let (got, want) = (halving(y), (-y).exp2());
+            assert!(
+                (got - want).abs() <= want * 4.0 * f64::EPSILON,
+                "{y}: {got} {want}"
+            );
+        }
+        assert_eq!(halving(0.0), 1.0);
+        for y in [edge, 0.5, 1.0, 3.0, 60.0] {
+            assert_eq!(halving(y), (-y).exp2());
+        }
+    }
+
+    /// A use halves every half-life, added to or not.
+    #[test]
+    fn a_use_halves_every_half_life() {
+        let t0 = Instant::now();
+        let mut u = DecayingUse::new(t0);
+        u.add(8.0, t0);
+        let close = |a: f64, b: f64| (a - b).abs() <= b * 1e-12;
+        assert!(close(u.value(t0 + USE_HALF_LIFE), 4.0));
+        assert!(close(u.value(t0 + 3 * USE_HALF_LIFE), 1.0));
+        // A thousand adds a millisecond apart: each decays from when it was added.
+        let mut v = DecayingUse::new(t0);
+        let step = Duration::from_millis(1);
+        for i in 0..1_000u32 {
+            v.add(1.0, t0 + step * i);
+        }
+        let end = t0 + step * 999;
+        let want: f64 = (0..1_000u32)
+            .map(|i| (-(f64::from(999 - i) * 1e-3) / USE_HALF_LIFE.as_secs_f64()).exp2())
+            .sum();
+        assert!(close(v.value(end), want), "{} {want}", v.value(end));
     }
 }
