@@ -1161,7 +1161,11 @@ impl Session {
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
         let in_flight = !self.link_quiet();
-        let context = context_from(&self.settled.of(&self.params).context, in_flight);
+        let settled = self.settled.of(&self.params);
+        let (context, statement_timeout) = (
+            context_from(&settled.context, in_flight),
+            settled.statement_timeout,
+        );
         let at = self.params.changes();
         let read = work.bytes();
         let analysis = read.map(|t| {
@@ -1289,7 +1293,6 @@ impl Session {
             _ => {}
         }
         let settings = self.pool_settings();
-        let statement_timeout = self.settled.of(&self.params).statement_timeout;
         let request = Request {
             priority: facts.priority,
             kind,
