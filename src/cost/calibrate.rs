@@ -514,10 +514,7 @@ mod tests {
             .filter(|(k, _)| database.is_none_or(|d| &*k.database == d))
             .map(|(_, f)| f.ln)
             .collect();
-        lns.sort_by(f64::total_cmp);
-        lns.get(lns.len().wrapping_sub(1) / 2)
-            .filter(|_| !lns.is_empty())
-            .map(|ln| ln.exp())
+        median(&mut lns).map(f64::exp)
     }
 
     /// With many plans known, an unseen plan's median is never more than [`MEDIAN_EVERY`]
