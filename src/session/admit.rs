@@ -1848,6 +1848,12 @@ impl Session {
                 let hit = kind.killable().then(|| self.killed_role(now)).flatten();
                 self.gate.verdicts.push_back(hit.as_ref().map(refusal_hit));
             }
+            if super::views::uses_unnamed(span.tag, body) {
+                // Kept in step with the messages, as the gate's own reading keeps it: a
+                // policy that comes with a reload before these go out reads on after them.
+                let known = self.gate.views.unnamed();
+                self.gate.unnamed_uses.push_back(known);
+            }
             self.gate.gated = span.end;
         }
         self.gate.gated
