@@ -173,6 +173,38 @@ max_cost = 500
     assert_eq!(v, "v3");
 }
 
+/// A session keeps what it read of a statement while the policy stays; a reload that
+/// changes its tenant's cost limits applies to the next run of that same statement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_changes_a_tenants_cost_limits_for_a_statement_the_session_has_run() {
+    let tenant = |max_cost: &str| {
+        format!("[tenants.acme]\nroles = [\"trustuser\"]\nmax_cost = {max_cost}\n")
+    };
+    let f = Fixture::start(&tenant("1e12"));
+    let conn = must_connect(&f.conn("trustuser")).await;
+    for _ in 0..2 {
+        let rows = conn.client.simple_query(FULL_READ).await;
+        assert!(rows.is_ok(), "refused under the roomy limit: {rows:?}");
+    }
+    std::fs::write(&f.policy, tenant("500")).expect("rewrite the policy");
+    f.pw.reload_and_wait();
+    let err = conn
+        .client
+        .simple_query(FULL_READ)
+        .await
+        .expect_err("the new limit refuses it");
+    assert_eq!(code(&err), "54000", "{err:?}");
+    std::fs::write(&f.policy, tenant("1e12")).expect("rewrite the policy");
+    f.pw.reload();
+    let ran = common::eventually(Duration::from_secs(10), || {
+        let out = f.psql("trustuser", &[FULL_READ]);
+        out.status.success()
+    });
+    assert!(ran, "the roomy limit did not come back");
+    let rows = conn.client.simple_query(FULL_READ).await;
+    assert!(rows.is_ok(), "still refused in the session: {rows:?}");
+}
+
 /// A budget that pays for the few statements of a test, however slow the machine.
 const ROOMY_POLICY: &str = r#"
 [tenants.acme]

@@ -126,10 +126,10 @@ impl SessionHooks {
         }
     }
 
-    /// A request took its slot in the admission gate at once: it waited for nothing, and
-    /// SHOW CLIENTS' request_time is now.
-    pub fn gate_slot_at_once(&self) {
-        self.entry.note_request(Instant::now());
+    /// A request took its slot in the admission gate at once, at `at`: it waited for
+    /// nothing, and SHOW CLIENTS' request_time is then.
+    pub fn gate_slot_at_once(&self, at: Instant) {
+        self.entry.note_request(at);
     }
 
     /// The client waits in the admission gate's queue: SHOW CLIENTS and SHOW POOLS count it

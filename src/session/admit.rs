@@ -30,8 +30,8 @@ use super::views::Views;
 use super::{frame_at, Session, HIGH_WATER};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
-    explain_sql, judged_statement, relation_sizes_sql, Judged, PlanFactorKey, PlanKey, PlanSummary,
-    Relation,
+    explain_sql, judged_statement, relation_sizes_sql, CostLimits, Judged, PlanFactorKey, PlanKey,
+    PlanSummary, Relation,
 };
 use crate::gate::keeper::{SlotAnswer, SlotGuard, SlotLook};
 use crate::gate::RefusalReason;
@@ -1226,7 +1226,7 @@ impl Session {
         let parts_judged = matches!(work, Work::Query(_))
             && text.is_some()
             && facts.several
-            && governance.policy.cost_limits(&tenant).any();
+            && facts.cost_limits.any();
         // An unknown price is read by an EXPLAIN only for the first request in line; a later
         // one waits until the server owes nothing, or, inside a batch that is still open
         // (the server answers nothing before its Sync), is priced once it has run; under
@@ -1235,7 +1235,7 @@ impl Session {
         if deferred && !self.gate.batch_open {
             return Ok(Step::Hold);
         }
-        let ruled = governance.policy.cost_limits(&tenant).any();
+        let ruled = facts.cost_limits.any();
         if ruled && work.unknown_statement() {
             // No Parse the server answered created it: a PREPARE in SQL, say, whose text the
             // gate never read.
@@ -1311,7 +1311,7 @@ impl Session {
         // gate's lock.
         let early = cached.as_ref().filter(|_| !deferred).map(|known| {
             let estimate = self.estimate(Some(known), fingerprint);
-            let violation = self.cost_violation(governance, &tenant, known, estimate.cost);
+            let violation = self.cost_violation(&facts.cost_limits, known, estimate.cost);
             (estimate, violation)
         });
         let charge = match &early {
@@ -1367,7 +1367,8 @@ impl Session {
                     return Ok(self.refuse(&r, &tenant, fingerprint, priced));
                 }
                 Ok((_, SlotLook::Taken(guard))) => {
-                    self.hooks.gate_slot_at_once();
+                    // Taken in the turn of the lock that admitted it, at `now`.
+                    self.hooks.gate_slot_at_once(now);
                     self.gate.slot = Some(guard);
                 }
                 Ok((_, SlotLook::Full)) => full = true,
@@ -1434,11 +1435,7 @@ impl Session {
                 return Ok(Step::Verdict(None));
             }
             if let (None, Some(sql), Some(key), false) = (&plan, &sql, &key, deferred) {
-                let sizes = governance
-                    .policy
-                    .cost_limits(&tenant)
-                    .max_scan_rows
-                    .is_some();
+                let sizes = facts.cost_limits.max_scan_rows.is_some();
                 match self.explain(sql, &work, key, sizes).await? {
                     Priced::Plan(p) => plan = p,
                     Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
@@ -1466,7 +1463,11 @@ impl Session {
             };
             let verdict = match ruled {
                 true => None,
-                false => self.cost_rules(governance, &tenant, plan.as_deref(), estimate.cost),
+                false => {
+                    let plan = plan.as_deref();
+                    let limits = &facts.cost_limits;
+                    self.cost_rules(governance, &tenant, limits, plan, estimate.cost)
+                }
             };
             if let Some(hit) = verdict {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
@@ -1580,11 +1581,8 @@ impl Session {
             // Not a text PostgreSQL's parser reads: the server refuses it by itself.
             return Ok(None);
         };
-        let sizes = governance
-            .policy
-            .cost_limits(tenant)
-            .max_scan_rows
-            .is_some();
+        let limits = governance.policy.cost_limits(tenant);
+        let sizes = limits.max_scan_rows.is_some();
         let mut changed = false;
         for part in &parts {
             let word = crate::gate::first_keyword(part);
@@ -1620,7 +1618,8 @@ impl Session {
                 }
             };
             let predicted = self.estimate(Some(&plan), Some(fp)).cost;
-            if let Some(hit) = self.cost_rules(governance, tenant, Some(&plan), predicted) {
+            let hit = self.cost_rules(governance, tenant, &limits, Some(&plan), predicted);
+            if let Some(hit) = hit {
                 return Ok(Some(hit));
             }
         }
@@ -2041,6 +2040,7 @@ impl Session {
                 .is_some_and(|t| several_statements(t, parser_options(&self.params))),
             changes_plans: changes_plans(&words),
             declares_cursor: declares_cursor(&words),
+            cost_limits: governance.policy.cost_limits(&identity.tenant),
         };
         if !worth_remembering(work.sql()) {
             return facts;
@@ -2064,6 +2064,7 @@ impl Session {
             several: false,
             changes_plans: false,
             declares_cursor: false,
+            cost_limits: governance.policy.cost_limits(&identity.tenant),
         }
     }
 
@@ -2077,11 +2078,8 @@ impl Session {
             return Ok(());
         };
         for d in deferred {
-            let sizes = governance
-                .policy
-                .cost_limits(&d.tenant)
-                .max_scan_rows
-                .is_some();
+            let limits = governance.policy.cost_limits(&d.tenant);
+            let sizes = limits.max_scan_rows.is_some();
             // Its price cannot be read any more (a failed transaction, an object it read is
             // gone): its next run is priced before it starts, or is unknown.
             let Priced::Plan(Some(plan)) = self.explain(&d.sql, &d.work, &d.key, sizes).await?
@@ -2091,7 +2089,8 @@ impl Session {
             let predicted = self
                 .estimate(Some(&plan), Some(Fingerprint(d.key.fingerprint)))
                 .cost;
-            if let Some(hit) = self.cost_rules(governance, &d.tenant, Some(&plan), predicted) {
+            let hit = self.cost_rules(governance, &d.tenant, &limits, Some(&plan), predicted);
+            if let Some(hit) = hit {
                 tracing::warn!(client = self.id, tenant = %d.tenant, rule = %hit.rule, "a statement priced after it ran in a batch broke a cost rule");
             }
         }
@@ -2110,7 +2109,7 @@ impl Session {
         let keeper = self.rt.gatekeeper.clone();
         // A free slot is taken at once: no wait, nothing to read meanwhile.
         if let Some(guard) = (!full).then(|| keeper.try_acquire(&pass)).flatten() {
-            self.hooks.gate_slot_at_once();
+            self.hooks.gate_slot_at_once(Instant::now());
             return Ok(SlotAnswer::Granted(pass, guard));
         }
         if self.mode != crate::config::PoolMode::Session {
@@ -2334,30 +2333,27 @@ impl Session {
         &self,
         governance: &Governance,
         tenant: &str,
+        limits: &CostLimits,
         plan: Option<&PlanSummary>,
         predicted: Cost,
     ) -> Option<RuleHit> {
-        let violation = self.cost_violation(governance, tenant, plan?, predicted)?;
+        let violation = self.cost_violation(limits, plan?, predicted)?;
         self.cost_verdict(governance, tenant, violation)
     }
 
-    /// The first of the tenant's cost limits `plan` is over, with its predicted run time, as
-    /// [`cost_rules`](Self::cost_rules) judges.
+    /// The first of `limits` (the tenant's cost limits) `plan` is over, with its predicted
+    /// run time, as [`cost_rules`](Self::cost_rules) judges.
     fn cost_violation(
         &self,
-        governance: &Governance,
-        tenant: &str,
+        limits: &CostLimits,
         plan: &PlanSummary,
         predicted: Cost,
     ) -> Option<crate::cost::CostViolation> {
         // max_time judges a prediction learned from the statement's own runs, never a guess.
         let seconds = predicted.learned.then_some(predicted.seconds);
-        governance
-            .policy
-            .cost_limits(tenant)
-            .check(plan, seconds, |r| {
-                self.rt.gatekeeper.size_of(&self.pool.key.db, r)
-            })
+        limits.check(plan, seconds, |r| {
+            self.rt.gatekeeper.size_of(&self.pool.key.db, r)
+        })
     }
 
     /// What the tenant's cost rules do about `violation`: refuse it, or, in warn mode, log

@@ -14,7 +14,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::cost::PlanKey;
+use crate::cost::{CostLimits, PlanKey};
 use crate::gate::RequestKind;
 use crate::policy::Governance;
 use crate::sql::{Analysis, Priority, ShapeMemo};
@@ -48,6 +48,8 @@ pub(super) struct Facts {
     pub changes_plans: bool,
     /// It declares a cursor.
     pub declares_cursor: bool,
+    /// The tenant's cost limits (the policy's, looked up by name once per reading).
+    pub cost_limits: CostLimits,
 }
 
 /// What the gate derived from one reading for this session.
@@ -163,6 +165,7 @@ mod tests {
             several: false,
             changes_plans: false,
             declares_cursor: false,
+            cost_limits: CostLimits::default(),
         }
     }
 
