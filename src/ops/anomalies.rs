@@ -12,6 +12,7 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Instant, SystemTime};
 
+use super::sketch::{ceil_index, Latency};
 use foldhash::HashMap;
 
 pub use crate::policy::AnomalySettings;
@@ -121,9 +122,17 @@ impl Default for Coarse {
 }
 
 impl Coarse {
+    #[cfg(test)]
     fn add(&mut self, seconds: f64) {
-        let i = match seconds.is_finite() && seconds > COARSE_FLOOR {
-            true => ((seconds / COARSE_FLOOR).ln() / COARSE_GAMMA.ln()).ceil() as usize,
+        self.add_latency(Latency::of(seconds));
+    }
+
+    fn add_latency(&mut self, latency: Latency) {
+        let i = match latency.seconds() > COARSE_FLOOR {
+            true => {
+                let above = latency.ln() - COARSE_FLOOR.ln();
+                usize::try_from(ceil_index(above / COARSE_GAMMA.ln())).unwrap_or(0)
+            }
             false => 0,
         };
         self.counts[i.min(COARSE_BUCKETS - 1)] += 1;
@@ -165,12 +174,13 @@ impl Tally {
         &mut self,
         fingerprint: u64,
         tenant: &str,
-        seconds: f64,
+        latency: Latency,
         failed: bool,
         median: Option<f64>,
     ) {
+        let seconds = latency.seconds();
         self.statements += 1;
-        self.latency.add(seconds);
+        self.latency.add_latency(latency);
         let long = seconds >= SLOW_FLOOR;
         let slow = long && median.is_some_and(|m| seconds > SLOW_FACTOR * m);
         self.failures += u64::from(failed);
@@ -458,7 +468,7 @@ mod tests {
     fn minute(n: u64, seconds: f64, failed: u64) -> Tally {
         let mut t = Tally::default();
         for i in 0..n {
-            t.add(1, "a", seconds, i < failed, Some(0.002));
+            t.add(1, "a", Latency::of(seconds), i < failed, Some(0.002));
         }
         t
     }
@@ -563,10 +573,10 @@ mod tests {
     #[test]
     fn slow_runs_are_those_over_ten_times_their_median_and_the_floor() {
         let mut t = Tally::default();
-        t.add(1, "a", 0.05, false, Some(0.001));
-        t.add(2, "a", 0.5, false, Some(0.1));
-        t.add(3, "b", 0.5, false, Some(0.01));
-        t.add(4, "b", 0.5, false, None);
+        t.add(1, "a", Latency::of(0.05), false, Some(0.001));
+        t.add(2, "a", Latency::of(0.5), false, Some(0.1));
+        t.add(3, "b", Latency::of(0.5), false, Some(0.01));
+        t.add(4, "b", Latency::of(0.5), false, None);
         assert_eq!(t.slow, 1);
         assert_eq!(t.value(Signal::Slow), 0.25);
         assert_eq!(t.behind[&(3, "b".to_string())].slow, 1);

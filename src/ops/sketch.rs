@@ -21,14 +21,56 @@ pub struct Sketch {
     max: f64,
 }
 
-impl Sketch {
-    /// Adds one value (seconds; anything not a positive finite number counts as the floor).
-    pub fn add(&mut self, seconds: f64) {
-        let x = match seconds.is_finite() && seconds > FLOOR {
+/// A latency in seconds and its natural logarithm, worked out once for every sketch it goes
+/// in (anything not a positive finite number counts as the floor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Latency {
+    seconds: f64,
+    ln: f64,
+}
+
+impl Latency {
+    pub fn of(seconds: f64) -> Latency {
+        let seconds = match seconds.is_finite() && seconds > FLOOR {
             true => seconds,
             false => FLOOR,
         };
-        *self.buckets.entry(index(x)).or_default() += 1;
+        Latency {
+            seconds,
+            ln: seconds.ln(),
+        }
+    }
+
+    /// The seconds (at least the floor).
+    pub fn seconds(self) -> f64 {
+        self.seconds
+    }
+
+    /// Their natural logarithm.
+    pub fn ln(self) -> f64 {
+        self.ln
+    }
+}
+
+/// The least integer at or above `v`, for `v` well inside `i32` (a bucket's index).
+pub fn ceil_index(v: f64) -> i32 {
+    let t = v as i32;
+    match f64::from(t) < v {
+        true => t + 1,
+        false => t,
+    }
+}
+
+impl Sketch {
+    /// Adds one value (seconds; anything not a positive finite number counts as the floor).
+    pub fn add(&mut self, seconds: f64) {
+        self.add_latency(Latency::of(seconds));
+    }
+
+    /// Adds one value whose logarithm is known.
+    pub fn add_latency(&mut self, latency: Latency) {
+        let x = latency.seconds;
+        *self.buckets.entry(index(latency)).or_default() += 1;
         self.count += 1;
         self.sum += x;
         self.max = self.max.max(x);
@@ -77,8 +119,8 @@ impl Sketch {
 }
 
 /// The bucket of `x` (> 0): the least `i` with `x <= γ^i`.
-fn index(x: f64) -> i32 {
-    (x.ln() / GAMMA.ln()).ceil() as i32
+fn index(x: Latency) -> i32 {
+    ceil_index(x.ln / GAMMA.ln())
 }
 
 /// The value a bucket stands for: within `(γ-1)/(γ+1)` (under 1%) of every value in it.
@@ -112,6 +154,33 @@ mod tests {
             let want = exact(&mut values, q);
             prop_assert!((got - want).abs() <= 0.01 * want, "q {} got {} want {}", q, got, want);
         }
+    }
+
+    proptest! {
+        #[test]
+        fn a_bucket_index_is_the_ceiling(v in -40_000.0f64..40_000.0) {
+            prop_assert_eq!(ceil_index(v), v.ceil() as i32);
+        }
+    }
+
+    #[test]
+    fn a_bucket_index_is_the_ceiling_at_and_near_whole_numbers() {
+        for v in [
+            -3.0,
+            -2.5,
+            -0.5,
+            -0.0,
+            0.0,
+            1e-300,
+            0.5,
+            1.0,
+            7.0,
+            7.000000000000001,
+        ] {
+            assert_eq!(ceil_index(v), v.ceil() as i32, "{v}");
+        }
+        let below = f64::from_bits(7.0f64.to_bits() - 1);
+        assert_eq!(ceil_index(below), 7);
     }
 
     #[test]

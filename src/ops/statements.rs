@@ -12,7 +12,7 @@ use std::hash::BuildHasher;
 use foldhash::HashMap;
 
 use super::anomalies::{Tally, SLOW_FLOOR};
-use super::sketch::Sketch;
+use super::sketch::{Latency, Sketch};
 
 /// The longest text kept for a statement, in bytes (a longer one is cut, and says so).
 pub const MAX_TEXT: usize = 4096;
@@ -200,9 +200,10 @@ impl Statements {
     pub fn record(&mut self, key: KeyRef<'_>, ran: &Ran<'_>) {
         let failed = ran.error.is_some();
         let (fingerprint, tenant) = (key.fingerprint, key.tenant);
+        // One logarithm for both sketches the run goes in.
+        let latency = Latency::of(ran.seconds);
         if self.max_rows == 0 {
-            self.minute
-                .add(fingerprint, tenant, ran.seconds, failed, None);
+            self.minute.add(fingerprint, tenant, latency, failed, None);
             return;
         }
         let row = self.row(key);
@@ -213,13 +214,13 @@ impl Statements {
         };
         row.calls += 1;
         row.rows += ran.rows;
-        row.latency.add(ran.seconds);
+        row.latency.add_latency(latency);
         row.waited += ran.waited;
         if let Some(code) = ran.error {
             *row.errors.entry(code.to_string()).or_default() += 1;
         }
         self.minute
-            .add(fingerprint, tenant, ran.seconds, failed, median);
+            .add(fingerprint, tenant, latency, failed, median);
     }
 
     /// Adds what pg_stat_statements counted for statement `fingerprint` of server role
