@@ -10,6 +10,7 @@ use super::events::{Event, Record, Subject};
 use super::evict::{runaways, Runaway, TenantLoad};
 use super::fair::{FairQueue, Rank};
 use super::kills::{KillRow, KillTarget, Kills};
+use super::names::NameCounts;
 use super::pass::Places;
 use super::pass::{
     Cost, Decision, Expired, Granted, Grants, Hint, Lane, Near, Pass, Payment, Request, Slot,
@@ -255,11 +256,11 @@ struct Upstream<W> {
     fast: LaneState<W>,
     slow: LaneState<W>,
     /// Slots held per tenant (one at zero may stay listed).
-    holding: BTreeMap<Arc<str>, usize>,
+    holding: NameCounts,
     /// Slots held per pgward database (one at zero may stay listed).
-    by_database: BTreeMap<Arc<str>, usize>,
+    by_database: NameCounts,
     /// Tickets waiting per tenant, in either lane (one at zero may stay listed).
-    waiting: BTreeMap<Arc<str>, usize>,
+    waiting: NameCounts,
     /// The pools pooled onto this server: each one's database and the servers it may open.
     pools: BTreeMap<String, (String, usize)>,
     /// Each database's `max_db_connections` (0: none).
@@ -288,9 +289,9 @@ impl<W> Upstream<W> {
             limits,
             fast: LaneState::default(),
             slow: LaneState::default(),
-            holding: BTreeMap::new(),
-            by_database: BTreeMap::new(),
-            waiting: BTreeMap::new(),
+            holding: NameCounts::default(),
+            by_database: NameCounts::default(),
+            waiting: NameCounts::default(),
             pools: BTreeMap::new(),
             database_caps: BTreeMap::new(),
             pools_noted: 0,

@@ -11,17 +11,13 @@ use std::sync::Arc;
 /// of its databases holds there against `max_active_per_database`.
 pub(super) struct Room<'a> {
     demoted: BTreeSet<String>,
-    by_database: Option<&'a BTreeMap<Arc<str>, usize>>,
+    by_database: Option<&'a NameCounts>,
     per_database: Option<usize>,
 }
 
 impl Room<'_> {
-    fn database_ok(&self, database: &str) -> bool {
-        let held = self
-            .by_database
-            .and_then(|m| m.get(database))
-            .copied()
-            .unwrap_or(0);
+    fn database_ok(&self, database: &Arc<str>) -> bool {
+        let held = self.by_database.map_or(0, |m| m.get(database));
         self.per_database.is_none_or(|cap| held < cap)
     }
 }
@@ -93,29 +89,29 @@ impl<W> Gate<W> {
         let up = self.upstreams.at(place);
         // A runaway needs another tenant waiting: with one tenant alone (the common case, and
         // at every slot handed over) nothing is counted or allocated.
-        let mut waiting = up.waiting.iter().filter(|(_, n)| **n > 0).map(|(t, _)| t);
+        let mut waiting = up.waiting.iter().filter(|(_, n)| *n > 0).map(|(t, _)| t);
         let Some(first) = waiting.next() else {
             return Vec::new();
         };
         let alone = up
             .holding
             .iter()
-            .all(|(t, n)| *n == 0 || Arc::ptr_eq(t, first) || t == first);
+            .all(|(t, n)| n == 0 || Arc::ptr_eq(t, first));
         if waiting.next().is_none() && alone {
             return Vec::new();
         }
-        let names: BTreeSet<&str> = up
+        let names: BTreeSet<&Arc<str>> = up
             .waiting
-            .keys()
-            .chain(up.holding.keys())
-            .map(|n| &**n)
+            .iter()
+            .chain(up.holding.iter())
+            .map(|(n, _)| n)
             .collect();
         let loads: Vec<TenantLoad> = names
             .into_iter()
             .map(|tenant| TenantLoad {
                 tenant,
-                servers: up.holding.get(tenant).copied().unwrap_or(0),
-                waiting: up.waiting.get(tenant).copied().unwrap_or(0),
+                servers: up.holding.get(tenant),
+                waiting: up.waiting.get(tenant),
                 share: self.tenants.get(tenant).map_or(1.0, |t| t.config.share()),
             })
             .collect();
@@ -258,8 +254,8 @@ impl<W> Gate<W> {
         if pass.lane == Lane::Fast {
             Self::note_taken(up);
         }
-        count(&mut up.holding, &pass.tenant);
-        count(&mut up.by_database, &pass.database);
+        up.holding.add(&pass.tenant);
+        up.by_database.add(&pass.database);
         let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.running += 1;
         if !matches!(pass.payment, Payment::Paid(_)) && state.bucket.is_some() {
@@ -287,7 +283,7 @@ impl<W> Gate<W> {
         self.located
             .insert(pass.id, (pass.upstream.clone(), pass.places, pass.lane));
         let up = self.upstream_at(pass.places, &pass.upstream);
-        count(&mut up.waiting, &pass.tenant);
+        up.waiting.add(&pass.tenant);
         let lane = up.lane(pass.lane).0;
         lane.waited_since.get_or_insert(now);
         lane.queue.push(pass, waiter);
@@ -303,7 +299,7 @@ impl<W> Gate<W> {
         if state.queue.is_empty() {
             state.waited_since = None;
         }
-        uncount_kept(&mut up.waiting, &pass.tenant);
+        up.waiting.sub(&pass.tenant);
         if !up.anyone_waits() {
             // The pressure is over: a tenant over its share next time is evicted anew.
             up.evicted.clear();
@@ -437,8 +433,8 @@ impl<W> Gate<W> {
         }
         let lane = &mut up.lane(slot.lane).0.active;
         *lane = lane.saturating_sub(1);
-        uncount_kept(&mut up.holding, &slot.tenant);
-        uncount_kept(&mut up.by_database, &slot.database);
+        up.holding.sub(&slot.tenant);
+        up.by_database.sub(&slot.database);
         if let (Lane::Fast, Some(a)) = (slot.lane, up.adaptive.as_mut()) {
             a.note_finished();
             self.adapt(&slot.upstream, now);
@@ -453,11 +449,12 @@ impl<W> Gate<W> {
     /// them (its `max_active`, its unpaid requests) may have let go of them, and only a look
     /// at every upstream ([`dispatch`](Self::dispatch)) finds them.
     pub fn waits_elsewhere(&self, tenant: &str, upstream: &str) -> bool {
-        waits_beyond(
-            self.tenants.get(tenant),
-            self.upstreams.get(upstream),
-            tenant,
-        )
+        // (A tenant the gate does not know waits nowhere.)
+        self.tenants.find(tenant).is_some_and(|place| {
+            let name = self.tenants.name_at(place);
+            let up = self.upstreams.get(upstream);
+            waits_beyond(Some(self.tenants.at(place)), up, name)
+        })
     }
 
     /// [`waits_elsewhere`](Self::waits_elsewhere) of `pass`'s tenant and upstream.
@@ -655,36 +652,14 @@ impl<W> Gate<W> {
 }
 
 /// Whether the tenant in `state` has more tickets waiting than those at `up`.
-fn waits_beyond<W>(state: Option<&TenantState>, up: Option<&Upstream<W>>, tenant: &str) -> bool {
+fn waits_beyond<W>(
+    state: Option<&TenantState>,
+    up: Option<&Upstream<W>>,
+    tenant: &Arc<str>,
+) -> bool {
     let total = state.map_or(0, |t| t.waiting);
-    let here = up.and_then(|u| u.waiting.get(tenant)).copied().unwrap_or(0);
+    let here = up.map_or(0, |u| u.waiting.get(tenant));
     total > here
-}
-
-/// Adds one to `key`'s count; the key is copied only when it is new.
-fn count(counts: &mut BTreeMap<Arc<str>, usize>, key: &Arc<str>) {
-    match counts.get_mut(key) {
-        Some(n) => *n += 1,
-        None => {
-            counts.insert(Arc::clone(key), 1);
-        }
-    }
-}
-
-/// Counts of a map this small keep their key at zero: a slot taken and given back at every
-/// statement then neither inserts nor removes (nor allocates a node) each time.
-const KEPT_AT_ZERO: usize = 64;
-
-/// One less for `key`; a count that reaches zero stays while the map is small (readers take
-/// zero as none).
-fn uncount_kept(counts: &mut BTreeMap<Arc<str>, usize>, key: &str) {
-    let small = counts.len() <= KEPT_AT_ZERO;
-    if let Some(n) = counts.get_mut(key) {
-        *n = n.saturating_sub(1);
-        if *n == 0 && !small {
-            counts.remove(key);
-        }
-    }
 }
 
 /// When a waiting ticket's wait ends: its deadline or its queue timeout.
