@@ -68,7 +68,7 @@ pub(in crate::session) struct GateState {
     pub slot: Option<SlotGuard>,
     /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
     /// client's read buffer, in order; `Some` refuses the request.
-    pub verdicts: VecDeque<Option<RuleHit>>,
+    pub verdicts: VecDeque<Option<Box<RuleHit>>>,
     /// Bytes at the front of the client's read buffer that passed the gate.
     gated: usize,
     /// The Parses that passed the gate and may not have gone out yet, by statement name.
@@ -803,8 +803,9 @@ impl Estimate {
 
 /// The gate's answer for one request.
 enum Step {
-    /// Pass it on (`None`) or refuse it.
-    Verdict(Option<RuleHit>),
+    /// Pass it on (`None`) or refuse it (boxed: a refusal is rare, and the verdict is
+    /// moved about at every request).
+    Verdict(Option<Box<RuleHit>>),
     /// Wait until the server owes nothing: its price needs an EXPLAIN.
     Hold,
 }
@@ -1242,7 +1243,7 @@ impl Session {
             let hit = self.unpriceable(governance, &tenant, UNKNOWN_STATEMENT);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(hit)));
+                return Ok(Step::Verdict(Some(Box::new(hit))));
             }
         }
         if ruled && work.text().is_some() && text.is_none() {
@@ -1251,7 +1252,7 @@ impl Session {
             let hit = self.unpriceable(governance, &tenant, NOT_UTF8);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(hit)));
+                return Ok(Step::Verdict(Some(Box::new(hit))));
             }
         }
         if deferred && ruled && matches!(work, Work::Bind { .. }) {
@@ -1272,14 +1273,14 @@ impl Session {
             let hit = self.unpriceable(governance, &tenant, IN_OPEN_BATCH);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(hit)));
+                return Ok(Step::Verdict(Some(Box::new(hit))));
             }
         }
         match self.rules_verdict(governance, &work, analysis.as_ref()) {
             Some(Verdict::Reject(hit)) => {
                 // Refused by a rule: neither priced nor charged (the rules raise it again as
                 // the message goes out, and log it there).
-                return Ok(Step::Verdict(Some(hit)));
+                return Ok(Step::Verdict(Some(Box::new(hit))));
             }
             Some(Verdict::Allow) => {
                 // The rules at the message take this verdict for the same reading.
@@ -1348,7 +1349,7 @@ impl Session {
             let predicted = estimate.cost;
             if let Some(hit) = violation.and_then(|v| self.cost_verdict(governance, &tenant, v)) {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(hit)));
+                return Ok(Step::Verdict(Some(Box::new(hit))));
             }
             ruled = true;
             // A slot free now is taken in the same turn of the gate's lock (as the wait below
@@ -1438,7 +1439,7 @@ impl Session {
                 let sizes = facts.cost_limits.max_scan_rows.is_some();
                 match self.explain(sql, &work, key, sizes).await? {
                     Priced::Plan(p) => plan = p,
-                    Priced::Cancelled => return Ok(Step::Verdict(Some(cancelled()))),
+                    Priced::Cancelled => return Ok(Step::Verdict(Some(Box::new(cancelled())))),
                     Priced::FailedInBatch(error) => {
                         self.fail_in_batch(&error);
                         return Ok(Step::Verdict(None));
@@ -1454,7 +1455,7 @@ impl Session {
                         // (The client's own cancel stopped the pricing: no refusal of pgward's.)
                         self.note_cost_refusal(&tenant, fingerprint, &hit);
                     }
-                    return Ok(Step::Verdict(Some(hit)));
+                    return Ok(Step::Verdict(Some(Box::new(hit))));
                 }
             }
             let estimate = match priced.take() {
@@ -1471,7 +1472,7 @@ impl Session {
             };
             if let Some(hit) = verdict {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(hit)));
+                return Ok(Step::Verdict(Some(Box::new(hit))));
             }
             let cost = estimate.cost;
             // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
@@ -1799,7 +1800,13 @@ impl Session {
         if spans.is_empty() || at != len {
             return false;
         }
-        let hits: Vec<RuleHit> = self.gate.verdicts.drain(..spans.len()).flatten().collect();
+        let hits: Vec<RuleHit> = self
+            .gate
+            .verdicts
+            .drain(..spans.len())
+            .flatten()
+            .map(|h| *h)
+            .collect();
         for (hit, body) in hits.into_iter().zip(spans) {
             tracing::warn!(client = self.id, rule = %hit.rule, fingerprint = %hit.fingerprint, "statement refused");
             if hit.by_rule {
@@ -1845,7 +1852,9 @@ impl Session {
             };
             if let Some(kind) = kind {
                 let hit = kind.killable().then(|| self.killed_role(now)).flatten();
-                self.gate.verdicts.push_back(hit.as_ref().map(refusal_hit));
+                self.gate
+                    .verdicts
+                    .push_back(hit.as_ref().map(|h| Box::new(refusal_hit(h))));
             }
             if super::views::uses_unnamed(span.tag, body) {
                 // Kept in step with the messages, as the gate's own reading keeps it: a
@@ -2475,7 +2484,7 @@ fn cancelled() -> RuleHit {
 
 /// A refusal by the gate as the request's verdict.
 fn refused(r: &Refusal) -> Step {
-    Step::Verdict(Some(refusal_hit(r)))
+    Step::Verdict(Some(Box::new(refusal_hit(r))))
 }
 
 /// A refusal by the gate as a message's refusal.

@@ -222,7 +222,7 @@ pub(super) struct MessageContext<'a> {
     pub skip_to_sync: &'a mut bool,
     /// The admission gate's verdicts on the Query, Bind and FunctionCall messages to come,
     /// in order (empty without a policy).
-    pub verdicts: &'a mut std::collections::VecDeque<Option<RuleHit>>,
+    pub verdicts: &'a mut std::collections::VecDeque<Option<Box<RuleHit>>>,
     /// SHOW STATS' parse and bind counts.
     pub counters: &'a crate::ops::PoolCounters,
     /// What each Parse that passed the gate defines for it, in order (see
@@ -338,10 +338,12 @@ impl MessageContext<'_> {
     fn query(
         &mut self,
         body: &[u8],
-        verdict: Option<RuleHit>,
+        verdict: Option<Box<RuleHit>>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let sql = QueryView::new(body).text;
-        let hit = self.refusal(sql, verdict.as_ref()).or(verdict);
+        let hit = self
+            .refusal(sql, verdict.as_deref())
+            .or(verdict.map(|v| *v));
         if let Some(hit) = hit.or_else(|| self.reserved(sql)) {
             if self.can_answer_alone() {
                 self.answer_alone(rules::error_message(&hit), true);
@@ -392,14 +394,14 @@ impl MessageContext<'_> {
 
     fn function_call(
         &mut self,
-        verdict: Option<RuleHit>,
+        verdict: Option<Box<RuleHit>>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let logs = verdict.as_ref().is_none_or(|v| v.by_rule);
         let rules = self.rules.as_mut().and_then(|r| {
             r.log_refusals = logs;
             r.judge_function_call()
         });
-        let Some(hit) = rules.or(verdict) else {
+        let Some(hit) = rules.or(verdict.map(|v| *v)) else {
             self.link.expected.push(Owed::Query);
             return Ok(None);
         };
@@ -532,7 +534,7 @@ impl MessageContext<'_> {
     fn bind(
         &mut self,
         body: &[u8],
-        verdict: Option<RuleHit>,
+        verdict: Option<Box<RuleHit>>,
         unnamed: Option<Arc<Parsed>>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let bind = BindView::new(body).map_err(|_| malformed("Bind"))?;
