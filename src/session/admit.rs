@@ -1830,7 +1830,14 @@ impl Session {
         while let Some(span) = frame_at(&rbuf[..len], self.gate.gated) {
             let body = &rbuf[span.body()];
             let kind = match span.tag {
-                tag::QUERY => Some(kind_of(QueryView::new(body).text)),
+                tag::QUERY => {
+                    // What a Query does to the client's statements, as the gate's own
+                    // reading notes it.
+                    let text = QueryView::new(body).text;
+                    self.gate.views.drop_unnamed();
+                    self.note_sql_touches(text);
+                    Some(kind_of(text))
+                }
                 // A Bind is what its statement is: a prepared COMMIT or ROLLBACK still ends
                 // the client's transaction.
                 tag::BIND => Some(

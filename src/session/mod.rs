@@ -596,7 +596,11 @@ impl Session {
             // The gate reads nothing now: what it knew of the client's statements may change
             // unseen.
             self.gate.views.forget();
-            self.gate.unnamed_uses.clear();
+            // Forgotten in place: messages held back below keep their places in the list.
+            self.gate
+                .unnamed_uses
+                .iter_mut()
+                .for_each(|known| *known = None);
         }
         let settings = &self.config.load().settings;
         let capacity = prepared_capacity(
