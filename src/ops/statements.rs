@@ -284,14 +284,19 @@ impl Statements {
 
     fn row(&mut self, key: KeyRef<'_>) -> &mut StatementRow {
         let slot = self.slot_of(key);
-        let at = self
-            .rows
-            .get(&slot)
-            .and_then(|rows| rows.iter().position(|(k, _)| key.matches(k)));
+        // With room for a new row (the common case) the slot is looked up once.
+        let at = match self.count >= self.max_rows {
+            true => self
+                .rows
+                .get(&slot)
+                .and_then(|rows| rows.iter().position(|(k, _)| key.matches(k))),
+            false => None,
+        };
         if at.is_none() && self.count >= self.max_rows {
             self.evict();
         }
         let rows = self.rows.entry(slot).or_default();
+        let at = at.or_else(|| rows.iter().position(|(k, _)| key.matches(k)));
         let at = at.unwrap_or_else(|| {
             rows.push((key.owned(), StatementRow::default()));
             self.count += 1;
