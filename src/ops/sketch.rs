@@ -30,6 +30,7 @@ pub struct Latency {
 }
 
 impl Latency {
+    /// `seconds` as a latency.
     pub fn of(seconds: f64) -> Latency {
         let seconds = match seconds.is_finite() && seconds > FLOOR {
             true => seconds,

@@ -810,6 +810,13 @@ enum Step {
     Hold,
 }
 
+impl Step {
+    /// Refuse it with `hit`.
+    fn refuse(hit: RuleHit) -> Step {
+        Step::Verdict(Some(Box::new(hit)))
+    }
+}
+
 impl Session {
     /// Runs the gate of the policy in force over the client's complete messages in the first
     /// `len` bytes of its read buffer that have not passed it yet. Returns how many bytes at
@@ -1243,7 +1250,7 @@ impl Session {
             let hit = self.unpriceable(governance, &tenant, UNKNOWN_STATEMENT);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(Box::new(hit))));
+                return Ok(Step::refuse(hit));
             }
         }
         if ruled && work.text().is_some() && text.is_none() {
@@ -1252,7 +1259,7 @@ impl Session {
             let hit = self.unpriceable(governance, &tenant, NOT_UTF8);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(Box::new(hit))));
+                return Ok(Step::refuse(hit));
             }
         }
         if deferred && ruled && matches!(work, Work::Bind { .. }) {
@@ -1273,14 +1280,14 @@ impl Session {
             let hit = self.unpriceable(governance, &tenant, IN_OPEN_BATCH);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(Box::new(hit))));
+                return Ok(Step::refuse(hit));
             }
         }
         match self.rules_verdict(governance, &work, analysis.as_ref()) {
             Some(Verdict::Reject(hit)) => {
                 // Refused by a rule: neither priced nor charged (the rules raise it again as
                 // the message goes out, and log it there).
-                return Ok(Step::Verdict(Some(Box::new(hit))));
+                return Ok(Step::refuse(hit));
             }
             Some(Verdict::Allow) => {
                 // The rules at the message take this verdict for the same reading.
@@ -1349,7 +1356,7 @@ impl Session {
             let predicted = estimate.cost;
             if let Some(hit) = violation.and_then(|v| self.cost_verdict(governance, &tenant, v)) {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(Box::new(hit))));
+                return Ok(Step::refuse(hit));
             }
             ruled = true;
             // A slot free now is taken in the same turn of the gate's lock (as the wait below
@@ -1439,7 +1446,7 @@ impl Session {
                 let sizes = facts.cost_limits.max_scan_rows.is_some();
                 match self.explain(sql, &work, key, sizes).await? {
                     Priced::Plan(p) => plan = p,
-                    Priced::Cancelled => return Ok(Step::Verdict(Some(Box::new(cancelled())))),
+                    Priced::Cancelled => return Ok(Step::refuse(cancelled())),
                     Priced::FailedInBatch(error) => {
                         self.fail_in_batch(&error);
                         return Ok(Step::Verdict(None));
@@ -1455,7 +1462,7 @@ impl Session {
                         // (The client's own cancel stopped the pricing: no refusal of pgward's.)
                         self.note_cost_refusal(&tenant, fingerprint, &hit);
                     }
-                    return Ok(Step::Verdict(Some(Box::new(hit))));
+                    return Ok(Step::refuse(hit));
                 }
             }
             let estimate = match priced.take() {
@@ -1472,7 +1479,7 @@ impl Session {
             };
             if let Some(hit) = verdict {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
-                return Ok(Step::Verdict(Some(Box::new(hit))));
+                return Ok(Step::refuse(hit));
             }
             let cost = estimate.cost;
             // A DECLARE runs nothing of its query: its time teaches nothing of its plan.
@@ -2491,7 +2498,7 @@ fn cancelled() -> RuleHit {
 
 /// A refusal by the gate as the request's verdict.
 fn refused(r: &Refusal) -> Step {
-    Step::Verdict(Some(Box::new(refusal_hit(r))))
+    Step::refuse(refusal_hit(r))
 }
 
 /// A refusal by the gate as a message's refusal.
