@@ -194,8 +194,7 @@ async fn a_reload_changes_a_tenants_cost_limits_for_a_statement_the_session_has_
         .await
         .expect_err("the new limit refuses it");
     assert_eq!(code(&err), "54000", "{err:?}");
-    std::fs::write(&f.policy, tenant("1e12")).expect("rewrite the policy");
-    f.pw.reload();
+    f.reload_with(&tenant("1e12"));
     let ran = common::eventually(Duration::from_secs(10), || {
         let out = f.psql("trustuser", &[FULL_READ]);
         out.status.success()

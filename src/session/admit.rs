@@ -857,16 +857,12 @@ impl Session {
                 }
                 tag::QUERY => {
                     let text = QueryView::new(body).text;
-                    self.gate.views.drop_unnamed();
-                    self.note_sql_touches(text);
+                    self.note_query(text);
                     Some(Work::Query(self.gate.keep(text)))
                 }
                 tag::BIND => Some(self.bind_work(body)),
                 tag::DESCRIBE => {
-                    if super::views::uses_unnamed(span.tag, body) {
-                        let known = self.gate.views.unnamed();
-                        self.gate.unnamed_uses.push_back(known);
-                    }
+                    self.note_unnamed_use(span.tag, body);
                     None
                 }
                 tag::FUNCTION_CALL => Some(Work::Function),
@@ -882,11 +878,8 @@ impl Session {
                         // The Flush it may have waited for is spent.
                         self.gate.flush_sent = false;
                         self.gate.verdicts.push_back(v);
-                        if super::views::uses_unnamed(span.tag, &io.rbuf[span.body()]) {
-                            // (Known now: what went before it has been answered.)
-                            let known = self.gate.views.unnamed();
-                            self.gate.unnamed_uses.push_back(known);
-                        }
+                        // (Known now: what went before it has been answered.)
+                        self.note_unnamed_use(span.tag, &io.rbuf[span.body()]);
                     }
                     Step::Hold => return Ok(self.gate.gated),
                 }
@@ -945,6 +938,22 @@ impl Session {
     /// or EXECUTE of a statement that does) marks the names it touches: in session pooling
     /// the gate follows them itself, and no longer knows what they hold (pgward's statement
     /// map answers for the others).
+    /// A Query read: PostgreSQL drops the unnamed statement, and the text may define or
+    /// free statements.
+    fn note_query(&mut self, text: &[u8]) {
+        self.gate.views.drop_unnamed();
+        self.note_sql_touches(text);
+    }
+
+    /// A message read that uses the unnamed statement (a Bind or Describe of it): the
+    /// statement as the gate knows it now, taken as the message goes out.
+    fn note_unnamed_use(&mut self, tag: u8, body: &[u8]) {
+        if super::views::uses_unnamed(tag, body) {
+            let known = self.gate.views.unnamed();
+            self.gate.unnamed_uses.push_back(known);
+        }
+    }
+
     fn note_sql_touches(&mut self, text: &[u8]) {
         if !self.statements_mapped() {
             self.touch_by_sql(text, 0);
@@ -1841,8 +1850,7 @@ impl Session {
                     // What a Query does to the client's statements, as the gate's own
                     // reading notes it.
                     let text = QueryView::new(body).text;
-                    self.gate.views.drop_unnamed();
-                    self.note_sql_touches(text);
+                    self.note_query(text);
                     Some(kind_of(text))
                 }
                 // A Bind is what its statement is: a prepared COMMIT or ROLLBACK still ends
@@ -1870,12 +1878,9 @@ impl Session {
                     .verdicts
                     .push_back(hit.as_ref().map(|h| Box::new(refusal_hit(h))));
             }
-            if super::views::uses_unnamed(span.tag, body) {
-                // Kept in step with the messages, as the gate's own reading keeps it: a
-                // policy that comes with a reload before these go out reads on after them.
-                let known = self.gate.views.unnamed();
-                self.gate.unnamed_uses.push_back(known);
-            }
+            // Kept in step with the messages, as the gate's own reading keeps it: a policy
+            // that comes with a reload before these go out reads on after them.
+            self.note_unnamed_use(span.tag, body);
             self.gate.gated = span.end;
         }
         self.gate.gated
