@@ -48,9 +48,14 @@ impl RefusalReason {
     }
 }
 
-/// A refusal to send to the client as an ErrorResponse.
+/// A refusal to send to the client as an ErrorResponse: boxed, so that the admission's
+/// results that may carry one stay small to move on the path that admits.
 #[derive(Clone, Debug, PartialEq)]
-pub struct Refusal {
+pub struct Refusal(Box<RefusalFields>);
+
+/// What a [`Refusal`] says.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RefusalFields {
     /// Why.
     pub reason: RefusalReason,
     /// The SQLSTATE.
@@ -66,9 +71,29 @@ pub struct Refusal {
     pub figures: Vec<(&'static str, f64)>,
 }
 
-impl Refusal {
-    pub(super) fn new(reason: RefusalReason, sqlstate: &'static str, message: String) -> Refusal {
-        Refusal {
+impl std::ops::Deref for Refusal {
+    type Target = RefusalFields;
+
+    fn deref(&self) -> &RefusalFields {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Refusal {
+    fn deref_mut(&mut self) -> &mut RefusalFields {
+        &mut self.0
+    }
+}
+
+impl From<RefusalFields> for Refusal {
+    fn from(fields: RefusalFields) -> Refusal {
+        Refusal(Box::new(fields))
+    }
+}
+
+impl RefusalFields {
+    fn new(reason: RefusalReason, sqlstate: &'static str, message: String) -> RefusalFields {
+        RefusalFields {
             reason,
             sqlstate,
             message,
@@ -77,9 +102,15 @@ impl Refusal {
             figures: Vec::new(),
         }
     }
+}
+
+impl Refusal {
+    pub(super) fn new(reason: RefusalReason, sqlstate: &'static str, message: String) -> Refusal {
+        RefusalFields::new(reason, sqlstate, message).into()
+    }
 
     pub(super) fn budget(tenant: &str, owed: f64, retry_after: Duration) -> Refusal {
-        Refusal {
+        RefusalFields {
             detail: Some(format!("{:.3} s of server time owed", owed.max(0.0))),
             hint: Some(format!(
                 "retry in {:.3} s, when the budget is paid back",
@@ -89,12 +120,13 @@ impl Refusal {
                 ("owed_s", owed.max(0.0)),
                 ("retry_after_s", retry_after.as_secs_f64()),
             ],
-            ..Refusal::new(
+            ..RefusalFields::new(
                 RefusalReason::Budget,
                 SQLSTATE_RESOURCES,
                 format!("pgward: tenant \"{tenant}\" is over its budget"),
             )
         }
+        .into()
     }
 
     /// When to come back (budget refusals).
@@ -112,46 +144,49 @@ impl Refusal {
     }
 
     pub fn queue_timeout(waited: Duration) -> Refusal {
-        Refusal {
+        RefusalFields {
             detail: Some(format!("waited {} ms", waited.as_millis())),
             figures: vec![("waited_s", waited.as_secs_f64())],
-            ..Refusal::new(
+            ..RefusalFields::new(
                 RefusalReason::QueueTimeout,
                 SQLSTATE_RESOURCES,
                 "pgward: no server slot within the queue timeout".to_string(),
             )
         }
+        .into()
     }
 
     /// Best-effort work shed while an overloaded server's limit falls.
     pub(super) fn shed() -> Refusal {
-        Refusal {
+        RefusalFields {
             hint: Some(
                 "best-effort work is turned away while the server is overloaded; retry later"
                     .into(),
             ),
-            ..Refusal::new(
+            ..RefusalFields::new(
                 RefusalReason::Overload,
                 SQLSTATE_RESOURCES,
                 "pgward: the server is overloaded".to_string(),
             )
         }
+        .into()
     }
 
     /// A wait past `standing_wait` in a queue that has not emptied for a while.
     pub(super) fn stood(waited: Duration) -> Refusal {
-        Refusal {
+        RefusalFields {
             detail: Some(format!(
                 "waited {} ms in a queue that has not emptied",
                 waited.as_millis()
             )),
             figures: vec![("waited_s", waited.as_secs_f64())],
-            ..Refusal::new(
+            ..RefusalFields::new(
                 RefusalReason::Overload,
                 SQLSTATE_RESOURCES,
                 "pgward: the server is overloaded".to_string(),
             )
         }
+        .into()
     }
 
     pub(super) fn deadline() -> Refusal {
@@ -163,7 +198,7 @@ impl Refusal {
     }
 
     pub(super) fn too_slow(expected: Duration, left: Duration) -> Refusal {
-        Refusal {
+        RefusalFields {
             detail: Some(format!(
                 "expected run time {} ms, {} ms left before the deadline",
                 expected.as_millis(),
@@ -173,12 +208,13 @@ impl Refusal {
                 ("expected_s", expected.as_secs_f64()),
                 ("left_s", left.as_secs_f64()),
             ],
-            ..Refusal::new(
+            ..RefusalFields::new(
                 RefusalReason::TooSlow,
                 SQLSTATE_CANCELED,
                 "canceling statement: pgward expects it cannot finish before its deadline"
                     .to_string(),
             )
         }
+        .into()
     }
 }

@@ -266,14 +266,14 @@ struct Arrived {
 
 impl Arrived {
     fn of(
-        arrival: Option<Arrival>,
+        arrival: Option<Box<Arrival>>,
         predicted: f64,
         learned: bool,
         waited: Duration,
     ) -> Vec<Arrived> {
         arrival
-            .map(|a| Arrived {
-                arrival: Box::new(a),
+            .map(|arrival| Arrived {
+                arrival,
                 predicted,
                 learned,
                 waited,
@@ -1322,7 +1322,7 @@ impl Session {
             .ops
             .traffic
             .is_on()
-            .then(|| Arrival::of(&request, now, std::time::SystemTime::now()));
+            .then(|| Box::new(Arrival::of(&request, now, std::time::SystemTime::now())));
         // A price known before admission (a cached plan) is estimated and judged by the cost
         // rules first: when they let it pass, admission, charge and slot are one turn of the
         // gate's lock.
@@ -1344,7 +1344,7 @@ impl Session {
         let mut paid = admitted.paid;
         let (mut pass, bypass) = match admitted.decision {
             Decision::Refuse(r) => {
-                return Ok(self.refuse(&r, &tenant, fingerprint, (arrival.as_ref(), None)))
+                return Ok(self.refuse(&r, &tenant, fingerprint, (arrival.as_deref(), None)))
             }
             Decision::Bypass(pass) => (pass, true),
             Decision::Admit(pass) => (pass, false),
@@ -1380,7 +1380,7 @@ impl Session {
             };
             match spent {
                 Err(r) => {
-                    let priced = (arrival.as_ref(), Some(predicted.seconds));
+                    let priced = (arrival.as_deref(), Some(predicted.seconds));
                     return Ok(self.refuse(&r, &tenant, fingerprint, priced));
                 }
                 Ok((_, SlotLook::Taken(guard))) => {
@@ -1421,7 +1421,7 @@ impl Session {
                         self.gate.slot = Some(guard);
                     }
                     SlotAnswer::Refused(_, r) => {
-                        let unpriced = (arrival.as_ref(), None);
+                        let unpriced = (arrival.as_deref(), None);
                         return Ok(self.refuse(&r, &tenant, fingerprint, unpriced));
                     }
                 }
@@ -1511,7 +1511,7 @@ impl Session {
                 Ok(Spent::Run { .. }) => {}
                 Err(r) => {
                     end_hold();
-                    let priced = (arrival.as_ref(), Some(cost.seconds));
+                    let priced = (arrival.as_deref(), Some(cost.seconds));
                     return Ok(self.refuse(&r, &tenant, fingerprint, priced));
                 }
                 Ok(Spent::MovedToSlow | Spent::WaitForBudget { .. })
@@ -2783,7 +2783,7 @@ mod tests {
             reading: None,
             sent_at: Instant::now(),
             waited: Duration::ZERO,
-            arrivals: Arrived::of(Some(arrival), predicted, false, Duration::ZERO),
+            arrivals: Arrived::of(Some(Box::new(arrival)), predicted, false, Duration::ZERO),
         }
     }
 
