@@ -38,6 +38,8 @@ pub mod fleet;
 pub mod edge;
 // The Prometheus endpoint.
 pub mod metrics;
+// Shared names compared by address first.
+pub mod name;
 // Byte streams: TCP, Unix, TLS on either side.
 pub mod net;
 // The operations state: client registry, counters, pause and shutdown, console overrides.

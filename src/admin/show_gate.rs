@@ -477,9 +477,9 @@ pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
         let mean = (l.count() > 0).then(|| l.sum() / l.count() as f64);
         t.push(vec![
             format!("{:016x}", key.fingerprint).into(),
-            key.tenant.into(),
-            key.role.into(),
-            key.database.into(),
+            (&*key.tenant).into(),
+            (&*key.role).into(),
+            (&*key.database).into(),
             row.calls.into(),
             row.rows.into(),
             ms(Some(l.sum())),

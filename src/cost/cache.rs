@@ -20,7 +20,7 @@ pub const PLAN_CAPACITY: usize = 10_000;
 /// `search_path` because it chooses the tables, the tenant so that tenants sharing a role
 /// never price each other's statements; a generic plan (a prepared statement explained
 /// without its values) is kept apart from custom ones.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Debug, Eq)]
 pub struct PlanKey {
     /// The database.
     pub database: Arc<str>,
@@ -34,6 +34,30 @@ pub struct PlanKey {
     pub fingerprint: u64,
     /// Whether the plan is generic.
     pub generic: bool,
+}
+
+/// By the fingerprint first, then the names by address or bytes (hashed by their bytes).
+impl PartialEq for PlanKey {
+    fn eq(&self, other: &PlanKey) -> bool {
+        use crate::name::same;
+        self.fingerprint == other.fingerprint
+            && self.generic == other.generic
+            && same(&self.database, &other.database)
+            && same(&self.role, &other.role)
+            && same(&self.tenant, &other.tenant)
+            && same(&self.search_path, &other.search_path)
+    }
+}
+
+impl std::hash::Hash for PlanKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.database.hash(state);
+        self.role.hash(state);
+        self.tenant.hash(state);
+        self.search_path.hash(state);
+        self.fingerprint.hash(state);
+        self.generic.hash(state);
+    }
 }
 
 /// Counters for the minute's log line and the admin console.

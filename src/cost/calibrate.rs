@@ -52,7 +52,7 @@ const K_MAX: f64 = 1e6;
 const FORMAT: u32 = 1;
 
 /// What a factor is learned for.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Eq, Serialize, Deserialize)]
 pub struct PlanFactorKey {
     /// The pgward database.
     pub database: Arc<str>,
@@ -61,6 +61,23 @@ pub struct PlanFactorKey {
     /// The plan's shape ([`PlanShape::fingerprint`](super::PlanShape::fingerprint)); `None`
     /// for a statement that has no plan (its usual time is kept, not a factor).
     pub shape: Option<u64>,
+}
+
+/// By the numbers first, then the database by address or bytes (hashed by its bytes).
+impl PartialEq for PlanFactorKey {
+    fn eq(&self, other: &PlanFactorKey) -> bool {
+        self.fingerprint == other.fingerprint
+            && self.shape == other.shape
+            && crate::name::same(&self.database, &other.database)
+    }
+}
+
+impl std::hash::Hash for PlanFactorKey {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.database.hash(state);
+        self.fingerprint.hash(state);
+        self.shape.hash(state);
+    }
 }
 
 /// A moving average on a log scale.

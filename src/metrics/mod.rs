@@ -538,9 +538,9 @@ fn statement_stats(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::f
         let labels = || -> Labels {
             vec![
                 ("fingerprint", format!("{:016x}", key.fingerprint)),
-                ("tenant", key.tenant.clone()),
-                ("role", key.role.clone()),
-                ("database", key.database.clone()),
+                ("tenant", key.tenant.to_string()),
+                ("role", key.role.to_string()),
+                ("database", key.database.to_string()),
             ]
         };
         calls.push((labels(), row.calls));

@@ -8,6 +8,7 @@
 
 use std::collections::BTreeMap;
 use std::hash::BuildHasher;
+use std::sync::Arc;
 
 use foldhash::HashMap;
 
@@ -24,34 +25,47 @@ pub const DEFAULT_MAX_ROWS: usize = crate::config::DEFAULT_MAX_STATEMENT_STATS;
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct StatementKey {
     pub fingerprint: u64,
-    pub tenant: String,
-    pub role: String,
-    pub database: String,
+    pub tenant: Arc<str>,
+    pub role: Arc<str>,
+    pub database: Arc<str>,
 }
 
 /// A [`StatementKey`] borrowed: a run of a statement that has its row copies nothing.
 #[derive(Clone, Copy, Debug)]
 pub struct KeyRef<'a> {
     pub fingerprint: u64,
-    pub tenant: &'a str,
-    pub role: &'a str,
-    pub database: &'a str,
+    pub tenant: &'a Arc<str>,
+    pub role: &'a Arc<str>,
+    pub database: &'a Arc<str>,
+}
+
+impl StatementKey {
+    #[cfg(test)]
+    fn borrowed(&self) -> KeyRef<'_> {
+        KeyRef {
+            fingerprint: self.fingerprint,
+            tenant: &self.tenant,
+            role: &self.role,
+            database: &self.database,
+        }
+    }
 }
 
 impl KeyRef<'_> {
     fn matches(&self, key: &StatementKey) -> bool {
+        use crate::name::same;
         key.fingerprint == self.fingerprint
-            && key.tenant == self.tenant
-            && key.role == self.role
-            && key.database == self.database
+            && same(&key.tenant, self.tenant)
+            && same(&key.role, self.role)
+            && same(&key.database, self.database)
     }
 
     pub fn owned(&self) -> StatementKey {
         StatementKey {
             fingerprint: self.fingerprint,
-            tenant: self.tenant.to_string(),
-            role: self.role.to_string(),
-            database: self.database.to_string(),
+            tenant: Arc::clone(self.tenant),
+            role: Arc::clone(self.role),
+            database: Arc::clone(self.database),
         }
     }
 }
@@ -365,7 +379,7 @@ impl Statements {
     ) -> Vec<(StatementKey, StatementRow, Option<String>)> {
         let mut rows: Vec<(&StatementKey, &StatementRow)> = self
             .all()
-            .filter(|(k, _)| tenant.is_none_or(|t| k.tenant == t))
+            .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t))
             .collect();
         rows.sort_by(|a, b| {
             b.1.latency
@@ -393,12 +407,12 @@ fn weight(r: &StatementRow) -> u64 {
 mod tests {
     use super::*;
 
-    fn key(fingerprint: u64, tenant: &str) -> KeyRef<'_> {
-        KeyRef {
+    fn key(fingerprint: u64, tenant: &str) -> StatementKey {
+        StatementKey {
             fingerprint,
-            tenant,
-            role: "app",
-            database: "db",
+            tenant: Arc::from(tenant),
+            role: Arc::from("app"),
+            database: Arc::from("db"),
         }
     }
 
@@ -415,10 +429,10 @@ mod tests {
     fn rows_count_runs_errors_and_refusals_apart_and_top_orders_by_total_time() {
         let mut s = Statements::new(10);
         for _ in 0..3 {
-            s.record(key(1, "a"), &ran(0.01));
+            s.record(key(1, "a").borrowed(), &ran(0.01));
         }
         s.record(
-            key(1, "a"),
+            key(1, "a").borrowed(),
             &Ran {
                 seconds: 0.5,
                 waited: 0.2,
@@ -426,12 +440,12 @@ mod tests {
                 error: Some("57014"),
             },
         );
-        s.refused(key(1, "a"), "budget");
-        s.record(key(2, "b"), &ran(1.0));
+        s.refused(key(1, "a").borrowed(), "budget");
+        s.record(key(2, "b").borrowed(), &ran(1.0));
         s.set_text(1, "SELECT $1".into());
         let top = s.top(10, None);
         assert_eq!(top.len(), 2);
-        assert_eq!(top[0].0, key(2, "b").owned());
+        assert_eq!(top[0].0, key(2, "b"));
         let (_, row, text) = &top[1];
         assert_eq!((row.calls, row.rows), (4, 3));
         assert_eq!(row.errors["57014"], 1);
@@ -453,7 +467,7 @@ mod tests {
         // A statement pgward never ran (the reading's own, another application's): left out.
         s.add_server(9, "app", "db", &c);
         assert_eq!(s.server_counters(9, "app", "db"), None);
-        s.record(key(1, "a"), &ran(0.01));
+        s.record(key(1, "a").borrowed(), &ran(0.01));
         s.set_text(1, "SELECT $1".into());
         s.add_server(1, "app", "db", &c);
         s.add_server(1, "app", "db", &c);
@@ -463,8 +477,8 @@ mod tests {
         );
         // Evicted with its row.
         for i in 2..5 {
-            s.record(key(i, "a"), &ran(0.01));
-            s.record(key(i, "a"), &ran(0.01));
+            s.record(key(i, "a").borrowed(), &ran(0.01));
+            s.record(key(i, "a").borrowed(), &ran(0.01));
         }
         assert!(s.top(10, None).iter().all(|(k, _, _)| k.fingerprint != 1));
         assert_eq!(s.server_counters(1, "app", "db"), None);
@@ -473,8 +487,8 @@ mod tests {
     #[test]
     fn no_row_is_kept_at_a_bound_of_zero_but_the_minute_is_tallied() {
         let mut s = Statements::new(0);
-        s.record(key(1, "a"), &ran(0.01));
-        s.refused(key(1, "a"), "budget");
+        s.record(key(1, "a").borrowed(), &ran(0.01));
+        s.refused(key(1, "a").borrowed(), "budget");
         s.set_text(1, "SELECT 1".into());
         assert!(s.is_empty() && s.top(10, None).is_empty());
         assert_eq!(s.take_minute().statements(), 1);
@@ -485,10 +499,10 @@ mod tests {
         let mut s = Statements::new(1_000);
         // One busy statement, then a flood of one-offs.
         for _ in 0..50 {
-            s.record(key(0, "busy"), &ran(0.001));
+            s.record(key(0, "busy").borrowed(), &ran(0.001));
         }
         for i in 1..=100_000u64 {
-            s.record(key(i, "t"), &ran(0.001));
+            s.record(key(i, "t").borrowed(), &ran(0.001));
             s.set_text(i, format!("SELECT {i}"));
             assert!(s.len() <= 1_000);
         }

@@ -91,6 +91,9 @@ pub struct PoolStats {
 #[derive(Debug)]
 pub struct Pool {
     pub key: PoolKey,
+    /// The key's database and user, shared by the pool's sessions (the gate's keys that
+    /// name them then compare by address).
+    pub names: PoolNames,
     settings: ArcSwap<PoolSettings>,
     /// `server_reset_query_always`, read at every release without loading the settings.
     reset_always: AtomicBool,
@@ -110,6 +113,15 @@ pub struct Pool {
     empty_since: Mutex<Option<Instant>>,
 }
 
+/// A pool's database and user names, one allocation each for all of its sessions.
+#[derive(Debug)]
+pub struct PoolNames {
+    pub database: Arc<str>,
+    pub user: Arc<str>,
+    /// The `search_path` of a session that set none (empty: the server's default).
+    pub default_search_path: Arc<str>,
+}
+
 /// Pools by key.
 pub type PoolMap = HashMap<PoolKey, Arc<Pool>>;
 
@@ -125,6 +137,11 @@ impl Pool {
     ) -> Self {
         let settings = Arc::new(settings);
         Pool {
+            names: PoolNames {
+                database: Arc::from(key.db.as_str()),
+                user: Arc::from(key.user.as_str()),
+                default_search_path: Arc::from(""),
+            },
             key,
             reset_always: AtomicBool::new(settings.reset_always),
             settings: ArcSwap::new(settings.clone()),

@@ -586,8 +586,8 @@ impl GateState {
 pub(in crate::session) struct StatsSink<'a> {
     pub table: &'a std::sync::Mutex<crate::ops::Statements>,
     pub traffic: &'a crate::ops::traffic::TrafficLog,
-    pub role: &'a str,
-    pub database: &'a str,
+    pub role: &'a Arc<str>,
+    pub database: &'a Arc<str>,
 }
 
 impl StatsSink<'_> {
@@ -642,7 +642,7 @@ impl StatsSink<'_> {
                     waited: a.waited.as_secs_f64(),
                     outcome: "ran",
                 };
-                let who = (&*part.tenant, self.role, self.database);
+                let who = (&*part.tenant, &**self.role, &**self.database);
                 self.traffic.write(&a.arrival.entry(who, outcome));
             }
         }
@@ -664,7 +664,7 @@ impl StatsSink<'_> {
             waited: arrival.age().as_secs_f64(),
             outcome: reason,
         };
-        let who = (tenant, self.role, self.database);
+        let who = (tenant, &**self.role, &**self.database);
         self.traffic.write(&arrival.entry(who, outcome));
     }
 
@@ -673,9 +673,10 @@ impl StatsSink<'_> {
         let Some(fingerprint) = fingerprint else {
             return;
         };
+        let tenant = Arc::from(tenant);
         let key = crate::ops::statements::KeyRef {
             fingerprint: fingerprint.0,
-            tenant,
+            tenant: &tenant,
             role: self.role,
             database: self.database,
         };
@@ -1649,7 +1650,10 @@ impl Session {
             database: Arc::clone(&self.database_name),
             role: Arc::clone(&self.role_name),
             tenant: Arc::clone(tenant),
-            search_path: Arc::from(self.params.get("search_path").unwrap_or("")),
+            search_path: match self.params.get("search_path") {
+                None | Some("") => Arc::clone(&self.pool.names.default_search_path),
+                Some(path) => Arc::from(path),
+            },
             fingerprint: fingerprint.0,
             generic: false,
         }
@@ -1899,7 +1903,12 @@ impl Session {
     /// A SQL rule's refusal of `text`, answered without the rules at the message (they count
     /// and log theirs): counted, logged and in the statement statistics.
     fn log_rule_refusal(&self, hit: &RuleHit, text: &[u8]) {
-        let stats = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
+        let stats = super::stats_sink(
+            &self.rt,
+            self.gate.stats_on,
+            &self.role_name,
+            &self.database_name,
+        );
         let governance = self.rt.governance.load();
         let Some(governance) = governance.as_ref() else {
             return;
@@ -1973,7 +1982,12 @@ impl Session {
     /// The traffic log's line of a request that did not run: `outcome` is the refusal's
     /// reason, or that its client left while it waited.
     fn log_unrun(&self, arrival: &Arrival, tenant: &str, outcome: &str, predicted: Option<f64>) {
-        let sink = super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db);
+        let sink = super::stats_sink(
+            &self.rt,
+            self.gate.stats_on,
+            &self.role_name,
+            &self.database_name,
+        );
         if let Some(sink) = sink {
             sink.log_refusal(arrival, tenant, outcome, predicted);
         }
@@ -1986,9 +2000,12 @@ impl Session {
         fingerprint: Option<Fingerprint>,
         reason: &str,
     ) {
-        if let Some(sink) =
-            super::stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db)
-        {
+        if let Some(sink) = super::stats_sink(
+            &self.rt,
+            self.gate.stats_on,
+            &self.role_name,
+            &self.database_name,
+        ) {
             sink.refused(tenant, fingerprint, reason);
         }
     }
@@ -2055,7 +2072,7 @@ impl Session {
         }
         let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let identity = governance.policy.identify(&who, &analysis.tags);
-        let tenant: Arc<str> = Arc::from(identity.tenant.as_ref());
+        let tenant = self.tenant_name(&identity.tenant);
         let words = work.words().unwrap_or_default();
         let facts = Facts {
             kind: RequestKind::of_sql(&words),
@@ -2077,6 +2094,16 @@ impl Session {
         self.readings.put(governance, at, derived).facts.clone()
     }
 
+    /// `name`, the tenant of a request, as an allocation the session holds already where it
+    /// can (the role's name, shared by the pool's sessions, or the last tenant's): keys that
+    /// name it then compare by address.
+    fn tenant_name(&self, name: &str) -> Arc<str> {
+        [&self.role_name, &self.gate.tenant]
+            .into_iter()
+            .find(|known| ***known == *name)
+            .map_or_else(|| Arc::from(name), Arc::clone)
+    }
+
     /// What the gate knows of a request with no reading (a FunctionCall, the Bind of a
     /// statement pgward never saw): its tenant is the role's.
     fn underived(&self, governance: &Governance) -> Facts {
@@ -2085,7 +2112,7 @@ impl Session {
         let identity = governance.policy.identify(&who, &no_tags);
         Facts {
             kind: RequestKind::Statement,
-            tenant: Arc::from(identity.tenant.as_ref()),
+            tenant: self.tenant_name(&identity.tenant),
             priority: identity.priority,
             deadline: identity.deadline,
             plan_key: None,
@@ -2842,11 +2869,12 @@ mod tests {
         let traffic = TrafficLog::default();
         traffic.open(Some(&path)).unwrap();
         let table = std::sync::Mutex::new(crate::ops::Statements::new(10));
+        let app: Arc<str> = Arc::from("app");
         let sink = StatsSink {
             table: &table,
             traffic: &traffic,
-            role: "app",
-            database: "app",
+            role: &app,
+            database: &app,
         };
         let mut run = Run::default();
         for _ in 0..MAX_PARTS + 36 {

@@ -198,8 +198,11 @@ impl Session {
             config: Cache::new(rt.config.clone()),
             governance: Cache::new(rt.governance.clone()),
             rt,
-            role_name: Arc::from(user.as_str()),
-            database_name: Arc::from(pool.key.db.as_str()),
+            role_name: match *user == *pool.key.user {
+                true => Arc::clone(&pool.names.user),
+                false => Arc::from(user.as_str()),
+            },
+            database_name: Arc::clone(&pool.names.database),
             user,
             client_addr,
             rule_state: RuleState::default(),
@@ -631,7 +634,12 @@ impl Session {
             keeper: &self.rt.gatekeeper,
             database: &self.pool.key.db,
             log_refusals: true,
-            statements: stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            statements: stats_sink(
+                &self.rt,
+                self.gate.stats_on,
+                &self.role_name,
+                &self.database_name,
+            ),
         });
         let mut ctx = MessageContext {
             link: &mut *link,
@@ -969,7 +977,12 @@ impl Session {
         };
         self.gate.end_run(
             &self.rt.gatekeeper,
-            stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            stats_sink(
+                &self.rt,
+                self.gate.stats_on,
+                &self.role_name,
+                &self.database_name,
+            ),
             slot,
         );
         if self.gate.stale_plans {
@@ -1012,7 +1025,12 @@ impl Session {
     async fn release(&mut self, stays: bool) {
         self.gate.end_run(
             &self.rt.gatekeeper,
-            stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            stats_sink(
+                &self.rt,
+                self.gate.stats_on,
+                &self.role_name,
+                &self.database_name,
+            ),
             SlotAfter::Goes,
         );
         self.gate.forget_deferred();
@@ -1068,7 +1086,12 @@ impl Session {
                 }
                 self.gate.cut_short(
                     &self.rt.gatekeeper,
-                    stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+                    stats_sink(
+                        &self.rt,
+                        self.gate.stats_on,
+                        &self.role_name,
+                        &self.database_name,
+                    ),
                     &err.code,
                 );
                 self.handle.detach();
@@ -1107,7 +1130,12 @@ impl Session {
     fn server_lost(&mut self) -> SessionError {
         self.gate.cut_short(
             &self.rt.gatekeeper,
-            stats_sink(&self.rt, self.gate.stats_on, &self.user, &self.pool.key.db),
+            stats_sink(
+                &self.rt,
+                self.gate.stats_on,
+                &self.role_name,
+                &self.database_name,
+            ),
             sqlstate::CONNECTION_FAILURE,
         );
         if let Some(mut link) = self.link.take() {
@@ -1346,8 +1374,8 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
 fn stats_sink<'a>(
     rt: &'a Runtime,
     on: bool,
-    role: &'a str,
-    database: &'a str,
+    role: &'a Arc<str>,
+    database: &'a Arc<str>,
 ) -> Option<admit::StatsSink<'a>> {
     on.then_some(admit::StatsSink {
         table: &rt.ops.statements,
