@@ -29,7 +29,7 @@ struct CancelState {
     target: Option<CancelTarget>,
     /// Whose work the client sends its server: the tenant, and the fingerprint of the
     /// statement last let through (for KILL TENANT and KILL STATEMENT).
-    tenant: String,
+    tenant: Arc<str>,
     fingerprint: Option<u64>,
     /// Requests (Execute, Query, FunctionCall) the session has sent to its servers so far
     /// (kept only under a policy, for pgward's own cancels).
@@ -128,11 +128,10 @@ impl ClientHandle {
 
     /// Whose work the client sends its server now: a kill of that tenant or statement
     /// cancels it.
-    pub fn set_work(&self, tenant: &str, fingerprint: Option<u64>) {
+    pub fn set_work(&self, tenant: &Arc<str>, fingerprint: Option<u64>) {
         let mut state = lock(&self.state);
-        if state.tenant != tenant {
-            state.tenant.clear();
-            state.tenant.push_str(tenant);
+        if !crate::name::same(&state.tenant, tenant) {
+            state.tenant = Arc::clone(tenant);
         }
         state.fingerprint = fingerprint;
     }
@@ -306,7 +305,7 @@ impl CancelRegistry {
                 let state = lock(&handle.state);
                 let target = state.target.as_ref().filter(|t| *t.addr == *addr)?;
                 let pid = target.key.pid;
-                let (sent, owed, tenant) = (state.sent, state.owed, state.tenant.clone());
+                let (sent, owed, tenant) = (state.sent, state.owed, state.tenant.to_string());
                 let fingerprint = state.fingerprint;
                 drop(state);
                 Some((

@@ -192,16 +192,17 @@ impl Session {
     ) -> Self {
         let mode = pool.settings().mode;
         // Without a policy a tenant is its role: KILL TENANT names it.
-        handle.set_work(&user, None);
+        let role_name = match *user == *pool.key.user {
+            true => Arc::clone(&pool.names.user),
+            false => Arc::from(user.as_str()),
+        };
+        handle.set_work(&role_name, None);
         Session {
             id: hooks.client_id(),
             config: Cache::new(rt.config.clone()),
             governance: Cache::new(rt.governance.clone()),
             rt,
-            role_name: match *user == *pool.key.user {
-                true => Arc::clone(&pool.names.user),
-                false => Arc::from(user.as_str()),
-            },
+            role_name,
             database_name: Arc::clone(&pool.names.database),
             user,
             client_addr,

@@ -99,7 +99,7 @@ impl Analyzed {
         context: &ParseContext,
         governance: &Governance,
     ) -> Option<&Analyzed> {
-        let same = self.text == text
+        let same = crate::name::same_bytes(&self.text, text)
             && self.context == *context
             && std::ptr::eq(Arc::as_ptr(&self.governance), governance);
         same.then_some(self)

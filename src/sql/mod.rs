@@ -81,7 +81,7 @@ pub enum BackslashQuote {
 }
 
 /// The session settings that change how PostgreSQL splits a text into tokens.
-#[derive(Clone, Debug, PartialEq, Eq, Default)]
+#[derive(Clone, Debug, Eq, Default)]
 pub struct ParseContext {
     /// `standard_conforming_strings`.
     pub standard_conforming_strings: Setting<bool>,
@@ -89,6 +89,20 @@ pub struct ParseContext {
     pub client_encoding: Setting<Cow<'static, str>>,
     /// `backslash_quote` (only decides whether `\'` is an error, never where a token ends).
     pub backslash_quote: Setting<BackslashQuote>,
+}
+
+/// The encoding's name by address first: the same name read at every statement is one
+/// allocation (or one static).
+impl PartialEq for ParseContext {
+    fn eq(&self, other: &ParseContext) -> bool {
+        let encodings = match (&self.client_encoding, &other.client_encoding) {
+            (Setting::Known(a), Setting::Known(b)) => crate::name::same(a, b),
+            (a, b) => a == b,
+        };
+        self.standard_conforming_strings == other.standard_conforming_strings
+            && self.backslash_quote == other.backslash_quote
+            && encodings
+    }
 }
 
 impl ParseContext {
