@@ -218,7 +218,8 @@ fn learn(keeper: &crate::gate::keeper::Gatekeeper, part: &Part, took: Duration) 
         };
         keeper.note_flip(&key.database, key.fingerprint, reason);
     }
-    if let (true, Some(cached)) = (far, &part.cached) {
+    let cached = part.cached.as_ref().and_then(|f| f.plan_key.as_ref());
+    if let (true, Some(cached)) = (far, cached) {
         // Perhaps not this plan's time (other constants may have chosen another plan): it
         // teaches nothing, and the plan is read again next time. A plan read for this very
         // run teaches whatever it took, so a statement that really got slower is learned.
@@ -238,9 +239,10 @@ struct Part {
     predicted: f64,
     /// What its run teaches, and the plan's cost (none for a statement without a plan).
     learn: Option<(PlanFactorKey, Option<f64>)>,
-    /// The plan cache entry that priced it, if the plan was not read for it: a run far from
-    /// its prediction drops it (the constants chose another plan) and teaches nothing.
-    cached: Option<PlanKey>,
+    /// What the gate derived of it, when a plan cache entry (its `plan_key`) priced it
+    /// rather than a plan read for it: a run far from its prediction drops the entry (the
+    /// constants chose another plan) and teaches nothing.
+    cached: Option<Arc<Facts>>,
     /// Whether its prediction rests on its own earlier runs (a run far from it is a flip).
     learned: bool,
     /// The statement, when it was read (statement statistics), and the reading (its
@@ -1225,7 +1227,7 @@ impl Session {
         let kind = facts.kind;
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
         let tenant = Arc::clone(&facts.tenant);
-        let key = facts.plan_key.filter(|_| kind.waits_for_slot());
+        let key = facts.plan_key.as_ref().filter(|_| kind.waits_for_slot());
         let now = Instant::now();
         // Only statements that were explained have plans cached: a hit needs no reading.
         let cached = key
@@ -1539,7 +1541,7 @@ impl Session {
                     keeper.force_spend(&mut pass, cost.seconds);
                 }
             }
-            if let (true, Some(sql), Some(key)) = (deferred, sql, key.clone()) {
+            if let (true, Some(sql), Some(key)) = (deferred, sql, key.cloned()) {
                 self.gate.deferred.push(Deferred {
                     sql,
                     work,
@@ -1557,7 +1559,7 @@ impl Session {
                 charged: pass.charged(),
                 predicted: cost.seconds,
                 learn,
-                cached: key.filter(|_| from_cache),
+                cached: key.and(Some(&facts)).filter(|_| from_cache).cloned(),
                 learned: cost.learned,
                 fingerprint,
                 reading: analysis.clone(),
@@ -2065,10 +2067,10 @@ impl Session {
         governance: &Arc<Governance>,
         work: &Work,
         analysis: &Arc<crate::sql::Analysis>,
-    ) -> Facts {
+    ) -> Arc<Facts> {
         let at = self.params.changes();
         if let Some(d) = self.readings.get_mut(governance, at, analysis) {
-            return d.facts.clone();
+            return Arc::clone(&d.facts);
         }
         let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let identity = governance.policy.identify(&who, &analysis.tags);
@@ -2088,10 +2090,10 @@ impl Session {
             cost_limits: governance.policy.cost_limits(&identity.tenant),
         };
         if !worth_remembering(work.sql()) {
-            return facts;
+            return Arc::new(facts);
         }
         let derived = Derived::new(Arc::clone(analysis), facts);
-        self.readings.put(governance, at, derived).facts.clone()
+        Arc::clone(&self.readings.put(governance, at, derived).facts)
     }
 
     /// `name`, the tenant of a request, as an allocation the session holds already where it
@@ -2106,11 +2108,11 @@ impl Session {
 
     /// What the gate knows of a request with no reading (a FunctionCall, the Bind of a
     /// statement pgward never saw): its tenant is the role's.
-    fn underived(&self, governance: &Governance) -> Facts {
+    fn underived(&self, governance: &Governance) -> Arc<Facts> {
         let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
         let no_tags = crate::sql::Tags::default();
         let identity = governance.policy.identify(&who, &no_tags);
-        Facts {
+        Arc::new(Facts {
             kind: RequestKind::Statement,
             tenant: self.tenant_name(&identity.tenant),
             priority: identity.priority,
@@ -2120,7 +2122,7 @@ impl Session {
             changes_plans: false,
             declares_cursor: false,
             cost_limits: governance.policy.cost_limits(&identity.tenant),
-        }
+        })
     }
 
     /// Prices the requests that ran unpriced inside a batch, now that the server owes the

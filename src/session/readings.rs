@@ -57,7 +57,8 @@ pub(super) struct Facts {
 pub(super) struct Derived {
     /// The reading it was derived from (held: see the module's note).
     analysis: Arc<Analysis>,
-    pub facts: Facts,
+    /// Shared with each request that takes them (one count, not a copy of every name).
+    pub facts: Arc<Facts>,
     /// The rules allowed it without a warning (`None`: not judged yet).
     pub allowed: Option<bool>,
 }
@@ -66,7 +67,7 @@ impl Derived {
     pub fn new(analysis: Arc<Analysis>, facts: Facts) -> Derived {
         Derived {
             analysis,
-            facts,
+            facts: Arc::new(facts),
             allowed: None,
         }
     }
