@@ -92,9 +92,11 @@ pub(crate) fn shape_into(text: &str, out: &mut Shape) -> bool {
 
 fn read_into(text: &str, out: &mut Shape) -> Option<()> {
     let b = text.as_bytes();
-    if !text.is_ascii() || memchr::memchr2(b'\\', 0, b).is_some() {
+    if !text.is_ascii() {
         return None;
     }
+    // (A backslash or a NUL declines where it stands: outside a token it is no token, and
+    // the readers of quotes and comments decline on one.)
     let Shape { key, constants } = out;
     key.reserve(text.len());
     let mut copied = 0;
@@ -136,7 +138,7 @@ fn token(b: &[u8], at: usize) -> Option<(usize, Option<char>)> {
     let c = b[at];
     let next = b.get(at + 1).copied();
     match c {
-        b'-' if next == Some(b'-') => Some((line_end(b, at), None)),
+        b'-' if next == Some(b'-') => Some((line_end(b, at)?, None)),
         b'/' if next == Some(b'*') => Some((comment_end(b, at)?, None)),
         b'\'' => string(b, at).map(|end| (end, Some('s'))),
         b'"' => quoted_identifier(b, at).map(|end| (end, None)),
@@ -157,20 +159,23 @@ fn ident_char(c: u8) -> bool {
     is(c, IS_IDENT)
 }
 
-/// A `--` comment: up to the end of its line (the newline is not part of it).
-fn line_end(b: &[u8], at: usize) -> usize {
-    b[at..]
+/// A `--` comment: up to the end of its line (the newline is not part of it); none with a
+/// backslash or a NUL.
+fn line_end(b: &[u8], at: usize) -> Option<usize> {
+    let end = b[at..]
         .iter()
-        .position(|&c| c == b'\n' || c == b'\r')
-        .map_or(b.len(), |p| at + p)
+        .position(|&c| matches!(c, b'\n' | b'\r' | b'\\' | 0))
+        .map_or(b.len(), |p| at + p);
+    (!matches!(b.get(end), Some(b'\\' | 0))).then_some(end)
 }
 
-/// A `/* */` comment, not nested, terminated.
+/// A `/* */` comment, not nested, terminated, with no backslash or NUL.
 fn comment_end(b: &[u8], at: usize) -> Option<usize> {
     let body = &b[at + 2..];
     let close = body.windows(2).position(|w| w == b"*/")?;
     if body[..close].windows(2).any(|w| w == b"/*")
         || body.get(close.wrapping_sub(1)) == Some(&b'/')
+        || body[..close].iter().any(|&c| matches!(c, b'\\' | 0))
     {
         // Nested (or `/*/`, where a nested start and the end overlap): the scanner counts.
         return None;
@@ -200,7 +205,8 @@ fn next_meaningful(b: &[u8], from: usize) -> Option<u8> {
         if is(c, IS_SPACE) {
             i += 1;
         } else if c == b'-' && b.get(i + 1) == Some(&b'-') {
-            i = line_end(b, i);
+            // (One the reader declines on declines when the reader gets to it.)
+            i = line_end(b, i).unwrap_or(b.len());
         } else if c == b'/' && b.get(i + 1) == Some(&b'*') {
             i = comment_end(b, i).unwrap_or(b.len());
         } else {
@@ -219,12 +225,13 @@ fn quoted_identifier(b: &[u8], at: usize) -> Option<usize> {
 }
 
 /// Where the quoted text starting at `at` (a `'` or a `"`, doubled inside) ends, past its
-/// closing quote; `None` when it is not closed.
+/// closing quote; `None` when it is not closed or holds a backslash or a NUL.
 fn closing(b: &[u8], at: usize) -> Option<usize> {
     let quote = b[at];
     let mut i = at + 1;
     loop {
         match *b.get(i)? {
+            b'\\' | 0 => return None,
             c if c == quote && b.get(i + 1) == Some(&quote) => i += 2,
             c if c == quote => return Some(i + 1),
             _ => i += 1,
@@ -358,6 +365,23 @@ mod tests {
         ] {
             assert!(shape(text).is_none(), "read: {text:?}");
             // Whatever the scanner makes of it, nothing to compare: declined.
+        }
+        // A backslash or a NUL anywhere: where it stands, in a quote or in a comment, after a
+        // string whose next meaningful character is looked for through that comment.
+        for text in [
+            "SELECT 1 \\ 2",
+            "SELECT \"a\\b\" FROM t",
+            "SELECT 1 -- a\\b\nFROM t",
+            "SELECT 1 /* a\\b */ FROM t",
+            "SELECT 'a' -- \\\n, 2",
+            "SELECT 'a' /* \\ */ 'b'",
+            "SELECT 1 --\\",
+            "SELECT \"a\0b\" FROM t",
+            "SELECT 1 -- a\0b\nFROM t",
+            "SELECT 1 /* a\0b */ FROM t",
+        ] {
+            assert!(text.contains(['\\', '\0']), "{text:?}");
+            assert!(shape(text).is_none(), "read: {text:?}");
         }
         // An operator as long as a name: the scanner refuses it.
         let long = format!("SELECT 1 {} 1", "<".repeat(64));
