@@ -2,11 +2,13 @@
 
 /// Whether `a` and `b` say the same name: the same bytes in memory, or equal bytes.
 /// (`Arc<str>`'s own `==` compares the bytes every time, even of one allocation.)
+#[inline]
 pub fn same(a: &str, b: &str) -> bool {
     same_bytes(a.as_bytes(), b.as_bytes())
 }
 
 /// [`same`] for bytes: a text read earlier and the message's own bytes, say.
+#[inline]
 pub fn same_bytes(a: &[u8], b: &[u8]) -> bool {
     (std::ptr::eq(a.as_ptr(), b.as_ptr()) && a.len() == b.len()) || a == b
 }
