@@ -1559,7 +1559,7 @@ impl Session {
                 charged: pass.charged(),
                 predicted: cost.seconds,
                 learn,
-                cached: key.and(Some(&facts)).filter(|_| from_cache).cloned(),
+                cached: (key.is_some() && from_cache).then(|| Arc::clone(&facts)),
                 learned: cost.learned,
                 fingerprint,
                 reading: analysis.clone(),
