@@ -92,11 +92,8 @@ pub(crate) fn shape_into(text: &str, out: &mut Shape) -> bool {
 
 fn read_into(text: &str, out: &mut Shape) -> Option<()> {
     let b = text.as_bytes();
-    if !text.is_ascii() {
-        return None;
-    }
-    // (A backslash or a NUL declines where it stands: outside a token it is no token, and
-    // the readers of quotes and comments decline on one.)
+    // (A byte outside ASCII, a backslash or a NUL declines where it stands: outside a token
+    // it is no token, and the readers of quotes and comments decline on one.)
     let Shape { key, constants } = out;
     key.reserve(text.len());
     let mut copied = 0;
@@ -159,23 +156,28 @@ fn ident_char(c: u8) -> bool {
     is(c, IS_IDENT)
 }
 
+/// A byte the reader declines on wherever it stands: outside ASCII, a backslash, a NUL.
+fn unread(c: u8) -> bool {
+    c == b'\\' || c == 0 || !c.is_ascii()
+}
+
 /// A `--` comment: up to the end of its line (the newline is not part of it); none with a
-/// backslash or a NUL.
+/// byte the reader declines on.
 fn line_end(b: &[u8], at: usize) -> Option<usize> {
     let end = b[at..]
         .iter()
-        .position(|&c| matches!(c, b'\n' | b'\r' | b'\\' | 0))
+        .position(|&c| matches!(c, b'\n' | b'\r') || unread(c))
         .map_or(b.len(), |p| at + p);
-    (!matches!(b.get(end), Some(b'\\' | 0))).then_some(end)
+    (!b.get(end).is_some_and(|&c| unread(c))).then_some(end)
 }
 
-/// A `/* */` comment, not nested, terminated, with no backslash or NUL.
+/// A `/* */` comment, not nested, terminated, with no byte the reader declines on.
 fn comment_end(b: &[u8], at: usize) -> Option<usize> {
     let body = &b[at + 2..];
     let close = body.windows(2).position(|w| w == b"*/")?;
     if body[..close].windows(2).any(|w| w == b"/*")
         || body.get(close.wrapping_sub(1)) == Some(&b'/')
-        || body[..close].iter().any(|&c| matches!(c, b'\\' | 0))
+        || body[..close].iter().any(|&c| unread(c))
     {
         // Nested (or `/*/`, where a nested start and the end overlap): the scanner counts.
         return None;
@@ -225,13 +227,13 @@ fn quoted_identifier(b: &[u8], at: usize) -> Option<usize> {
 }
 
 /// Where the quoted text starting at `at` (a `'` or a `"`, doubled inside) ends, past its
-/// closing quote; `None` when it is not closed or holds a backslash or a NUL.
+/// closing quote; `None` when it is not closed or holds a byte the reader declines on.
 fn closing(b: &[u8], at: usize) -> Option<usize> {
     let quote = b[at];
     let mut i = at + 1;
     loop {
         match *b.get(i)? {
-            b'\\' | 0 => return None,
+            c if unread(c) => return None,
             c if c == quote && b.get(i + 1) == Some(&quote) => i += 2,
             c if c == quote => return Some(i + 1),
             _ => i += 1,
@@ -366,8 +368,9 @@ mod tests {
             assert!(shape(text).is_none(), "read: {text:?}");
             // Whatever the scanner makes of it, nothing to compare: declined.
         }
-        // A backslash or a NUL anywhere: where it stands, in a quote or in a comment, after a
-        // string whose next meaningful character is looked for through that comment.
+        // A backslash, a NUL or a byte outside ASCII anywhere: where it stands, in a quote or
+        // in a comment, and after a string whose next meaningful character is looked for
+        // through that comment.
         for text in [
             "SELECT 1 \\ 2",
             "SELECT \"a\\b\" FROM t",
@@ -379,8 +382,13 @@ mod tests {
             "SELECT \"a\0b\" FROM t",
             "SELECT 1 -- a\0b\nFROM t",
             "SELECT 1 /* a\0b */ FROM t",
+            "SELECT \"é\" FROM t",
+            "SELECT 1 /* é */ FROM t",
+            "SELECT 'a' -- é\n'b'",
+            "SELECT café FROM t",
+            "SELECT 1 ¬ 2",
         ] {
-            assert!(text.contains(['\\', '\0']), "{text:?}");
+            assert!(text.bytes().any(unread), "{text:?}");
             assert!(shape(text).is_none(), "read: {text:?}");
         }
         // An operator as long as a name: the scanner refuses it.
