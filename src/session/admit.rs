@@ -1211,13 +1211,7 @@ impl Session {
             Work::Function => false,
         };
         if let (Some(t), Some(a)) = (read, &analysis) {
-            self.gate.analyzed = Some(Analyzed {
-                text: t.clone(),
-                context,
-                governance: Arc::clone(governance),
-                analysis: Arc::clone(a),
-                allowed: None,
-            });
+            Analyzed::remember(&mut self.gate.analyzed, t, context, governance, a);
         }
         let judged_next = judged_next && analysis.is_some();
         let facts = match &analysis {

@@ -92,6 +92,38 @@ impl std::fmt::Debug for Analyzed {
 }
 
 impl Analyzed {
+    /// Keeps `text`, read in `context` by the analyzer of `governance` as `analysis`, as the
+    /// last reading in `last` (not judged yet), in place: what is the same is kept.
+    pub fn remember(
+        last: &mut Option<Analyzed>,
+        text: &bytes::Bytes,
+        context: ParseContext,
+        governance: &Arc<Governance>,
+        analysis: &Arc<Analysis>,
+    ) {
+        let Some(last) = last else {
+            *last = Some(Analyzed {
+                text: text.clone(),
+                context,
+                governance: Arc::clone(governance),
+                analysis: Arc::clone(analysis),
+                allowed: None,
+            });
+            return;
+        };
+        if !crate::name::same_bytes(&last.text, text) {
+            last.text = text.clone();
+        }
+        last.context = context;
+        if !Arc::ptr_eq(&last.governance, governance) {
+            last.governance = Arc::clone(governance);
+        }
+        if !Arc::ptr_eq(&last.analysis, analysis) {
+            last.analysis = Arc::clone(analysis);
+        }
+        last.allowed = None;
+    }
+
     /// The analysis, if `text` was read in `context` by the analyzer of `governance`.
     pub fn of(
         &self,
