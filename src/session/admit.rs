@@ -937,10 +937,6 @@ impl Session {
         gate.pending.insert(name, parsed);
     }
 
-    /// A text that may define or free statements by SQL (PREPARE, DEALLOCATE, DISCARD ALL,
-    /// or EXECUTE of a statement that does) marks the names it touches: in session pooling
-    /// the gate follows them itself, and no longer knows what they hold (pgward's statement
-    /// map answers for the others).
     /// A Query read: PostgreSQL drops the unnamed statement, and the text may define or
     /// free statements.
     fn note_query(&mut self, text: &[u8]) {
@@ -957,6 +953,10 @@ impl Session {
         }
     }
 
+    /// A text that may define or free statements by SQL (PREPARE, DEALLOCATE, DISCARD ALL,
+    /// or EXECUTE of a statement that does) marks the names it touches: in session pooling
+    /// the gate follows them itself, and no longer knows what they hold (pgward's statement
+    /// map answers for the others).
     fn note_sql_touches(&mut self, text: &[u8]) {
         if !self.statements_mapped() {
             self.touch_by_sql(text, 0);
