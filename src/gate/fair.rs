@@ -9,7 +9,7 @@
 use super::pass::{Pass, TicketId};
 use crate::sql::Priority;
 use std::cmp::Ordering;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::Arc;
 
 /// Where a waiting tenant stands: lower goes first.
@@ -35,21 +35,28 @@ struct Waiting<W> {
     waiter: W,
 }
 
-/// Each tenant's line of one class, in arrival order: where each ticket is kept.
-type Lines = BTreeMap<Arc<str>, BTreeMap<u64, usize>>;
+/// One tenant's line of one class: each ticket's arrival number and where it is kept, in
+/// arrival order (tickets join at the back; most leave at the front or the back).
+type Line = VecDeque<(u64, usize)>;
 
-/// Where a ticket waits: its class, its tenant's line, its place in that line, and where
-/// it is kept.
-#[derive(Debug, Clone)]
+/// Each tenant's line of one class.
+type Lines = BTreeMap<Arc<str>, Line>;
+
+/// Where a ticket waits: its class (its tenant's line is its pass's), its place in that
+/// line, and where it is kept.
+#[derive(Debug, Clone, Copy)]
 struct Place {
     class: usize,
-    tenant: Arc<str>,
     seq: u64,
     kept: usize,
 }
 
 /// Room for tickets kept once the queue is empty again.
 const KEPT_ROOM: usize = 64;
+
+/// Lines kept, empty, for the next ticket of their tenant, while a class has no more lines
+/// than this (a tenant that waits again and again does not make a line each time).
+const KEPT_LINES: usize = 16;
 
 /// Which ticket of a tenant's line goes first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -65,6 +72,8 @@ pub enum Order {
 pub struct FairQueue<W> {
     /// Per priority class (critical, normal, best effort): per tenant, in arrival order.
     classes: [Lines; 3],
+    /// How many tickets wait in each class (its lines may be kept empty).
+    counts: [usize; 3],
     places: foldhash::HashMap<TicketId, Place>,
     /// The tickets, kept in place while the lines order them (a line's nodes then move
     /// small keys, never a ticket).
@@ -76,6 +85,7 @@ impl<W> Default for FairQueue<W> {
     fn default() -> Self {
         FairQueue {
             classes: Default::default(),
+            counts: [0; 3],
             places: foldhash::HashMap::default(),
             tickets: slab::Slab::new(),
             next_seq: 0,
@@ -95,23 +105,25 @@ impl<W> FairQueue<W> {
     /// Adds a ticket at the end of its tenant's line.
     pub fn push(&mut self, pass: Pass, waiter: W) {
         self.next_seq += 1;
-        let id = pass.id;
+        let (id, class) = (pass.id, class(pass.priority));
+        let lines = &mut self.classes[class];
+        let line = match lines.get_mut(&*pass.tenant) {
+            Some(line) => line,
+            None => lines.entry(Arc::clone(&pass.tenant)).or_default(),
+        };
         let place = Place {
-            class: class(pass.priority),
-            tenant: Arc::clone(&pass.tenant),
+            class,
             seq: self.next_seq,
             kept: self.tickets.insert(Waiting { pass, waiter }),
         };
-        self.classes[place.class]
-            .entry(Arc::clone(&place.tenant))
-            .or_default()
-            .insert(place.seq, place.kept);
+        line.push_back((place.seq, place.kept));
+        self.counts[class] += 1;
         self.places.insert(id, place);
     }
 
     /// Whether a ticket of class `priority` waits.
     pub fn has(&self, priority: Priority) -> bool {
-        !self.classes[class(priority)].is_empty()
+        self.counts[class(priority)] > 0
     }
 
     /// How many tickets wait.
@@ -139,8 +151,8 @@ impl<W> FairQueue<W> {
             lines
                 .values()
                 .filter_map(|line| match order {
-                    Order::OldestFirst => line.iter().next(),
-                    Order::NewestFirst => line.iter().next_back(),
+                    Order::OldestFirst => line.front(),
+                    Order::NewestFirst => line.back(),
                 })
                 .filter_map(|(seq, kept)| {
                     let pass = &self.tickets.get(*kept)?.pass;
@@ -160,12 +172,21 @@ impl<W> FairQueue<W> {
     /// Removes the ticket `id`, wherever it waits.
     pub fn remove(&mut self, id: TicketId) -> Option<(Pass, W)> {
         let place = self.places.remove(&id)?;
+        let tenant = &self.tickets.get(place.kept)?.pass.tenant;
         let lines = &mut self.classes[place.class];
-        let line = lines.get_mut(&place.tenant)?;
-        line.remove(&place.seq)?;
-        if line.is_empty() {
-            lines.remove(&place.tenant);
+        let line = lines.get_mut(&**tenant)?;
+        let at = match (line.front(), line.back()) {
+            (Some((seq, _)), _) if *seq == place.seq => 0,
+            (_, Some((seq, _))) if *seq == place.seq => line.len() - 1,
+            _ => line
+                .binary_search_by_key(&place.seq, |(seq, _)| *seq)
+                .ok()?,
+        };
+        line.remove(at);
+        if line.is_empty() && lines.len() > KEPT_LINES {
+            lines.remove(&**tenant);
         }
+        self.counts[place.class] -= 1;
         let w = self.tickets.try_remove(place.kept)?;
         if self.tickets.is_empty() && self.tickets.capacity() > KEPT_ROOM {
             // The crowd is gone: so is the room it took.
@@ -201,8 +222,8 @@ impl<W> FairQueue<W> {
         self.classes
             .iter()
             .flat_map(|lines| lines.values())
-            .flat_map(|line| line.values())
-            .filter_map(|kept| self.tickets.get(*kept))
+            .flat_map(|line| line.iter())
+            .filter_map(|(_, kept)| self.tickets.get(*kept))
             .map(|w| (&w.pass, &w.waiter))
     }
 
@@ -211,8 +232,96 @@ impl<W> FairQueue<W> {
         self.classes
             .iter()
             .flat_map(|lines| lines.values())
-            .filter_map(|line| line.values().next())
-            .filter_map(|kept| self.tickets.get(*kept))
+            .filter_map(|line| line.front())
+            .filter_map(|(_, kept)| self.tickets.get(*kept))
             .map(|w| &w.pass)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::pass::{PassFields, Payment};
+    use super::*;
+    use crate::gate::{Lane, RequestKind};
+    use std::time::{Duration, Instant};
+
+    fn pass(id: u64, tenant: &str) -> Pass {
+        let name: Arc<str> = Arc::from("db");
+        Pass::new(PassFields {
+            id: TicketId(id),
+            client_id: id,
+            tenant: Arc::from(tenant),
+            priority: Priority::Normal,
+            kind: RequestKind::Statement,
+            fingerprint: None,
+            upstream: Arc::clone(&name),
+            database: name,
+            lane: Lane::Fast,
+            sent_at: Instant::now(),
+            deadline: None,
+            enqueued_at: None,
+            waited: Duration::ZERO,
+            waited_for_budget: false,
+            payment: Payment::Unpaid,
+            places: Default::default(),
+        })
+    }
+
+    fn even(_: &Pass) -> Option<Rank> {
+        Some(Rank {
+            demoted: false,
+            score: 0.0,
+        })
+    }
+
+    #[test]
+    fn a_ticket_leaves_its_line_from_anywhere_and_the_rest_keep_their_order() {
+        let mut queue = FairQueue::default();
+        for id in 1..=5 {
+            queue.push(pass(id, "acme"), id);
+        }
+        // The middle, the back, then the head.
+        assert_eq!(queue.remove(TicketId(3)).map(|(_, w)| w), Some(3));
+        assert_eq!(queue.remove(TicketId(5)).map(|(_, w)| w), Some(5));
+        assert_eq!(queue.best(even), Some(TicketId(1)));
+        assert_eq!(queue.best_in(Order::NewestFirst, even), Some(TicketId(4)));
+        assert_eq!(queue.remove(TicketId(1)).map(|(_, w)| w), Some(1));
+        assert!(queue.remove(TicketId(1)).is_none());
+        let left: Vec<u64> = queue.iter().map(|(_, w)| *w).collect();
+        assert_eq!(left, [2, 4]);
+        assert_eq!(queue.len(), 2);
+    }
+
+    #[test]
+    fn a_line_kept_empty_holds_no_ticket() {
+        let mut queue = FairQueue::default();
+        queue.push(pass(1, "acme"), ());
+        queue.push(pass(2, "globex"), ());
+        assert!(queue.remove(TicketId(1)).is_some());
+        // acme's line is kept, empty: globex's ticket is the one to serve.
+        assert!(queue.has(Priority::Normal));
+        assert_eq!(queue.best(even), Some(TicketId(2)));
+        assert_eq!(queue.heads().count(), 1);
+        assert!(queue.remove(TicketId(2)).is_some());
+        assert!(!queue.has(Priority::Normal));
+        assert!(queue.is_empty());
+        assert_eq!(queue.best(even), None);
+        // acme comes back to its kept line.
+        queue.push(pass(3, "acme"), ());
+        assert_eq!(queue.best(even), Some(TicketId(3)));
+    }
+
+    #[test]
+    fn empty_lines_are_kept_only_while_there_are_few() {
+        let mut queue = FairQueue::default();
+        let tenants = KEPT_LINES as u64 * 2;
+        for id in 0..tenants {
+            queue.push(pass(id, &format!("t{id}")), ());
+        }
+        for id in 0..tenants {
+            assert!(queue.remove(TicketId(id)).is_some());
+        }
+        assert!(queue.classes[1].len() <= KEPT_LINES);
+        assert!(queue.is_empty());
     }
 }
