@@ -26,7 +26,7 @@ impl ClientIo {
 
     /// Reads more bytes; end of stream is [`SessionError::Gone`].
     pub async fn fill(&mut self) -> Result<(), SessionError> {
-        self.rbuf.reserve(8192);
+        wire::room_for_read(&mut self.rbuf);
         match self.stream.read_buf(&mut self.rbuf).await? {
             0 => Err(SessionError::Gone),
             _ => Ok(()),

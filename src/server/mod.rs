@@ -333,7 +333,7 @@ impl ServerConn {
             if let Some(frame) = wire::decode_frame(&mut self.rbuf, self.max_message)? {
                 return Ok(frame);
             }
-            self.rbuf.reserve(8192);
+            wire::room_for_read(&mut self.rbuf);
             if self.stream.read_buf(&mut self.rbuf).await? == 0 {
                 self.reusable = false;
                 return Err(ServerError::Closed);

@@ -217,6 +217,18 @@ pub fn decode_frame(buf: &mut BytesMut, max_len: usize) -> Result<Option<Frame>,
     }))
 }
 
+/// Bytes a read asks room for at the end of a read buffer.
+pub const READ_ROOM: usize = 8192;
+
+/// Makes room for a read at the end of `buf`, unless a little is there already: asking for
+/// [`READ_ROOM`] when almost that much is free would move or reallocate the buffer for
+/// nothing (a message left unread, such as one waiting for a slot, keeps its place).
+pub fn room_for_read(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < READ_ROOM / 8 {
+        buf.reserve(READ_ROOM);
+    }
+}
+
 /// A packet of the startup phase (sent before any tagged message).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StartupPacket {

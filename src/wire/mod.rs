@@ -32,8 +32,8 @@ pub use backend::{
 };
 pub use error::WireError;
 pub use frame::{
-    decode_frame, decode_startup, encode_startup_packet, scan_frame, BadFrameLength, Frame,
-    FrameHeader, FrameSpan, StartupPacket, CANCEL_REQUEST_CODE, DEFAULT_MAX_MESSAGE_LEN,
+    decode_frame, decode_startup, encode_startup_packet, room_for_read, scan_frame, BadFrameLength,
+    Frame, FrameHeader, FrameSpan, StartupPacket, CANCEL_REQUEST_CODE, DEFAULT_MAX_MESSAGE_LEN,
     ENCRYPTION_ACCEPTED, ENCRYPTION_REFUSED, GSSENC_REQUEST_CODE, HEADER_LEN,
     MAX_CANCEL_SECRET_LEN, MAX_STARTUP_PACKET_LEN, PROTOCOL_3_0, SSL_REQUEST_CODE,
 };
