@@ -396,7 +396,7 @@ pub struct Gate<W> {
     rng: StdRng,
     next_id: u64,
     /// When each waiting ticket's wait ends (deadline or queue timeout), soonest first.
-    ends: BTreeSet<(Instant, TicketId)>,
+    ends: super::ends::Ends,
     /// Until when the clock sleeps, as it said last ([`clock_sleeps`](Self::clock_sleeps));
     /// `None` before it has said, or while it sleeps until woken.
     clock_until: Option<Instant>,
@@ -438,7 +438,7 @@ impl<W> Gate<W> {
             kills: Kills::default(),
             rng: StdRng::seed_from_u64(seed),
             next_id: 0,
-            ends: BTreeSet::new(),
+            ends: super::ends::Ends::default(),
             clock_until: None,
             located: foldhash::HashMap::default(),
             names: super::names::Names::default(),

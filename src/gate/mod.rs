@@ -30,6 +30,7 @@ pub mod adapt;
 mod bucket;
 mod decide;
 pub mod decisions;
+mod ends;
 mod evict;
 mod events;
 mod fair;

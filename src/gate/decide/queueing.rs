@@ -278,7 +278,7 @@ impl<W> Gate<W> {
         pass.enqueued_at = Some(now);
         self.tenant_at(pass.places, &pass.tenant, now).waiting += 1;
         if let Some(end) = wait_end(&pass, self.settings.queue_timeout) {
-            self.ends.insert((end, pass.id));
+            self.ends.insert(end, pass.id);
         }
         self.located
             .insert(pass.id, (pass.upstream.clone(), pass.places, pass.lane));
@@ -305,7 +305,7 @@ impl<W> Gate<W> {
             up.evicted.clear();
         }
         if let Some(end) = wait_end(&pass, timeout) {
-            self.ends.remove(&(end, id));
+            self.ends.remove(end, id);
         }
         let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.waiting = state.waiting.saturating_sub(1);
@@ -486,7 +486,7 @@ impl<W> Gate<W> {
     /// Ends the waits whose deadline (57014) or queue timeout (53000) has come, refunded.
     pub fn expire(&mut self, now: Instant) -> Vec<Expired<W>> {
         let mut ended = self.shed_waiting(now);
-        while let Some(&(end, id)) = self.ends.first() {
+        while let Some((end, id)) = self.ends.first() {
             if end > now {
                 break;
             }
@@ -553,7 +553,7 @@ impl<W> Gate<W> {
     /// a moment of the adaptive limits later than `now` (the clock calls this right after
     /// `expire(now)`).
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
-        let end = self.ends.first().map(|(at, _)| *at);
+        let end = self.ends.first().map(|(at, _)| at);
         let paid = self
             .upstreams
             .values()
