@@ -305,6 +305,75 @@ fn identifier(b: &[u8], at: usize) -> Option<usize> {
     Some(end)
 }
 
+/// Whether `text` has the key of `last`, which this reader read with its constants at
+/// `constants`: the two texts differ only inside one integer constant of `last`, whose digits
+/// in `text` still make one integer of at most 32 bits, followed by what followed it. Every
+/// token before and after it is then the same, byte for byte, and so is every choice the
+/// reader made on them (what it looks at next to a token is the same kind of byte).
+pub(crate) fn same_key(last: &str, constants: &[Constant], text: &str) -> bool {
+    let (l, t) = (last.as_bytes(), text.as_bytes());
+    let p = common_prefix(l, t);
+    if p == l.len() && p == t.len() {
+        return true;
+    }
+    let s = common_suffix(&l[p..], &t[p..]);
+    let (l_end, t_end) = (l.len() - s, t.len() - s);
+    let Some(c) = constants
+        .partition_point(|c| usize::try_from(c.start).is_ok_and(|at| at <= p))
+        .checked_sub(1)
+    else {
+        return false;
+    };
+    let Ok(start) = usize::try_from(constants[c].start) else {
+        return false;
+    };
+    if !l.get(start).is_some_and(u8::is_ascii_digit) {
+        // A string, a decimal starting with a dot.
+        return false;
+    }
+    // The integer's digits in `last`, and where they end in `text`.
+    let run = run_end(l, start, IS_DIGIT);
+    if l_end > run || l.get(run) == Some(&b'.') {
+        return false;
+    }
+    let t_run = run - l_end + t_end;
+    t_run > start && t[p..t_end].iter().all(u8::is_ascii_digit) && fits_32_bits(&t[start..t_run])
+}
+
+/// How many bytes `a` and `b` share at their start.
+fn common_prefix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let mut i = 0;
+    while i + 8 <= n && word(a, i) == word(b, i) {
+        i += 8;
+    }
+    while i < n && a[i] == b[i] {
+        i += 1;
+    }
+    i
+}
+
+/// How many bytes `a` and `b` share at their end.
+fn common_suffix(a: &[u8], b: &[u8]) -> usize {
+    let n = a.len().min(b.len());
+    let (a_end, b_end) = (a.len(), b.len());
+    let mut i = 0;
+    while i + 8 <= n && word(a, a_end - i - 8) == word(b, b_end - i - 8) {
+        i += 8;
+    }
+    while i < n && a[a_end - i - 1] == b[b_end - i - 1] {
+        i += 1;
+    }
+    i
+}
+
+/// The eight bytes of `b` from `at`.
+fn word(b: &[u8], at: usize) -> u64 {
+    let mut w = [0u8; 8];
+    w.copy_from_slice(&b[at..at + 8]);
+    u64::from_ne_bytes(w)
+}
+
 #[cfg(test)]
 mod tests {
     use super::super::shape::Shape;
@@ -486,6 +555,69 @@ mod tests {
         fn agrees_with_the_scanner_on_generated_texts(parts in prop::collection::vec(fragment(), 0..24)) {
             agrees(&parts.concat());
         }
+
+        /// A text said to have the key of one read before is read to that very key.
+        #[test]
+        fn a_text_of_the_same_key_reads_to_it(
+            parts in prop::collection::vec(fragment(), 0..24),
+            which in 0usize..8,
+            digits in "[0-9]{0,12}",
+            edit in (0usize..64, prop::sample::select(vec!["", "1", "0", "a", " ", "-", ".", "'", "e"])),
+        ) {
+            let last = parts.concat();
+            let Some(read) = shape(&last) else {
+                return Ok(());
+            };
+            // Another integer in one of its constants, or another edit anywhere.
+            let mut text = last.clone();
+            if let Some(c) = read.constants.get(which % read.constants.len().max(1)) {
+                let start = c.start as usize;
+                let end = run_end(last.as_bytes(), start, IS_DIGIT);
+                text.replace_range(start..end, &digits);
+            }
+            let (at, with) = edit;
+            if which % 3 == 0 && at <= text.len() {
+                text.insert_str(at, with);
+            }
+            if same_key(&last, &read.constants, &text) {
+                let again = shape(&text);
+                prop_assert_eq!(again.map(|s| s.key), Some(read.key), "{:?} then {:?}", last, text);
+            }
+        }
+    }
+
+    #[test]
+    fn another_integer_in_one_constant_keeps_the_key() {
+        let last = "SELECT abalance FROM pgbench_accounts WHERE aid = 12345;";
+        let read = shape(last).unwrap();
+        for text in [
+            last,
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 12346;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 7;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 2147483647;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 0012345;",
+        ] {
+            assert!(same_key(last, &read.constants, text), "{text:?}");
+            assert_eq!(shape(text).unwrap().key, read.key);
+        }
+        for text in [
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 2147483648;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = ;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 1.5;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 1e5;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 12a;",
+            "SELECT abalance FROM pgbench_accounts WHERE bid = 12345;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 12345 ;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = 12345;;",
+            "SELECT abalance FROM pgbench_accounts WHERE aid = '12345';",
+        ] {
+            assert!(!same_key(last, &read.constants, text), "{text:?}");
+        }
+        // Two constants changed: another key may still be the same, but it is read again.
+        let two = "SELECT 1 + 2";
+        let read = shape(two).unwrap();
+        assert!(same_key(two, &read.constants, "SELECT 1 + 3"));
+        assert!(!same_key(two, &read.constants, "SELECT 4 + 3"));
     }
 
     /// PostgreSQL's own regression SQL (`src/test/regress/sql`), fetched by contrib/test.sh

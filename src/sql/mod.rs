@@ -328,6 +328,19 @@ pub struct ShapeMemo {
     bytes: usize,
     /// The shape of the text read last, its buffers kept for the next.
     scratch: Shape,
+    /// The last text read by shape.
+    last: LastRead,
+}
+
+/// The last text the fast reader read whose analysis stands for every text of its shape, in
+/// its mode: a next text that differs from it only inside one integer constant has its shape
+/// ([`fast_shape::same_key`]), and so its analysis, without a reading of its own.
+#[derive(Debug, Default)]
+struct LastRead {
+    text: String,
+    /// Its shape (its constants are where `same_key` looks).
+    shape: Shape,
+    read: Option<(Mode, Arc<Analysis>)>,
 }
 
 /// Shapes a session remembers.
@@ -345,6 +358,7 @@ impl Default for ShapeMemo {
             shapes: ModeCache::new(MEMO_SHAPES),
             bytes: 0,
             scratch: Shape::default(),
+            last: LastRead::default(),
         }
     }
 }
@@ -353,6 +367,32 @@ impl ShapeMemo {
     /// Forgets every reading (another analyzer's are not this one's).
     pub fn clear(&mut self) {
         *self = ShapeMemo::default();
+    }
+
+    /// The analysis of `text` in `mode`, when it has the shape of the last text read by shape.
+    /// (Differing from it only in digits, it is ASCII, holds a backslash or is short enough
+    /// exactly when that one is: it is as readable by shape.)
+    fn last_of(&self, text: &str, mode: Mode) -> Option<Arc<Analysis>> {
+        let (last_mode, analysis) = self.last.read.as_ref()?;
+        let same = *last_mode == mode
+            && fast_shape::same_key(&self.last.text, &self.last.shape.constants, text);
+        same.then(|| Arc::clone(analysis))
+    }
+
+    /// Keeps `text`, read in `mode` as `shape` (whose buffers it takes, leaving the last
+    /// one's), as the last text read by shape.
+    fn keep_last(&mut self, text: &str, mode: Mode, shape: &mut Shape, analysis: &Arc<Analysis>) {
+        if text.len() > MEMO_MAX_SHAPE {
+            return;
+        }
+        let last = &mut self.last;
+        last.text.clear();
+        last.text.push_str(text);
+        std::mem::swap(&mut last.shape, shape);
+        match &mut last.read {
+            Some((m, a)) if *m == mode && Arc::ptr_eq(a, analysis) => {}
+            read => *read = Some((mode, Arc::clone(analysis))),
+        }
     }
 
     fn put(&mut self, mode: Mode, key: &str, analysis: &Arc<Analysis>) {
@@ -440,12 +480,21 @@ impl Analyzer {
         let Some(key) = key else {
             return self.analyze(text, context);
         };
+        if let Some(hit) = memo.last_of(key, mode) {
+            return hit;
+        }
         // Only what the fast reader reads is looked up in the memo: a text it declines is
         // found in the analyzer's caches by its text, before any scan.
         let mut shape = std::mem::take(&mut memo.scratch);
         let read = self.shape_readable(key, mode) && fast_shape::shape_into(key, &mut shape);
         let analysis = match read {
-            true => self.analyze_read(text, key, mode, &shape, memo),
+            true => {
+                let (analysis, shared) = self.analyze_read(text, key, mode, &shape, memo);
+                if shared {
+                    memo.keep_last(key, mode, &mut shape, &analysis);
+                }
+                analysis
+            }
             false => self.analyze(text, context),
         };
         if shape.key.capacity() <= MEMO_MAX_SHAPE
@@ -465,18 +514,18 @@ impl Analyzer {
         mode: Mode,
         shape: &Shape,
         memo: &mut ShapeMemo,
-    ) -> Arc<Analysis> {
+    ) -> (Arc<Analysis>, bool) {
         if let Some(hit) = memo.shapes.get(mode, &shape.key) {
-            return hit;
+            return (hit, true);
         }
         if let Some(hit) = self.lock().texts.get(mode, key) {
-            return hit;
+            return (hit, false);
         }
         let (analysis, shared) = self.analyze_shaped(text, key, mode, Some(shape));
         if shared {
             memo.put(mode, &shape.key, &analysis);
         }
-        analysis
+        (analysis, shared)
     }
 
     /// `text` (`key`, its UTF-8) of `shape` read in `mode`: from the shape cache, or read now
