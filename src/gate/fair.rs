@@ -74,6 +74,8 @@ pub struct FairQueue<W> {
     classes: [Lines; 3],
     /// How many tickets wait in each class (its lines may be kept empty).
     counts: [usize; 3],
+    /// How many lines hold a ticket, in every class.
+    lines_waiting: usize,
     places: foldhash::HashMap<TicketId, Place>,
     /// The tickets, kept in place while the lines order them (a line's nodes then move
     /// small keys, never a ticket).
@@ -86,6 +88,7 @@ impl<W> Default for FairQueue<W> {
         FairQueue {
             classes: Default::default(),
             counts: [0; 3],
+            lines_waiting: 0,
             places: foldhash::HashMap::default(),
             tickets: slab::Slab::new(),
             next_seq: 0,
@@ -116,6 +119,9 @@ impl<W> FairQueue<W> {
             seq: self.next_seq,
             kept: self.tickets.insert(Waiting { pass, waiter }),
         };
+        if line.is_empty() {
+            self.lines_waiting += 1;
+        }
         line.push_back((place.seq, place.kept));
         self.counts[class] += 1;
         self.places.insert(id, place);
@@ -134,6 +140,11 @@ impl<W> FairQueue<W> {
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
         self.places.is_empty()
+    }
+
+    /// How many tenant lines hold a ticket (a tenant waiting in two classes has two).
+    pub fn lines_waiting(&self) -> usize {
+        self.lines_waiting
     }
 
     /// The ticket to serve next: in the highest class that has one, the head of the tenant
@@ -183,8 +194,11 @@ impl<W> FairQueue<W> {
                 .ok()?,
         };
         line.remove(at);
-        if line.is_empty() && lines.len() > KEPT_LINES {
-            lines.remove(&**tenant);
+        if line.is_empty() {
+            self.lines_waiting -= 1;
+            if lines.len() > KEPT_LINES {
+                lines.remove(&**tenant);
+            }
         }
         self.counts[place.class] -= 1;
         let w = self.tickets.try_remove(place.kept)?;
@@ -290,6 +304,7 @@ mod tests {
         let left: Vec<u64> = queue.iter().map(|(_, w)| *w).collect();
         assert_eq!(left, [2, 4]);
         assert_eq!(queue.len(), 2);
+        assert_eq!(queue.lines_waiting(), 1);
     }
 
     #[test]
@@ -297,12 +312,15 @@ mod tests {
         let mut queue = FairQueue::default();
         queue.push(pass(1, "acme"), ());
         queue.push(pass(2, "globex"), ());
+        assert_eq!(queue.lines_waiting(), 2);
         assert!(queue.remove(TicketId(1)).is_some());
         // acme's line is kept, empty: globex's ticket is the one to serve.
+        assert_eq!(queue.lines_waiting(), 1);
         assert!(queue.has(Priority::Normal));
         assert_eq!(queue.best(even), Some(TicketId(2)));
         assert_eq!(queue.heads().count(), 1);
         assert!(queue.remove(TicketId(2)).is_some());
+        assert_eq!(queue.lines_waiting(), 0);
         assert!(!queue.has(Priority::Normal));
         assert!(queue.is_empty());
         assert_eq!(queue.best(even), None);
@@ -323,5 +341,6 @@ mod tests {
         }
         assert!(queue.classes[1].len() <= KEPT_LINES);
         assert!(queue.is_empty());
+        assert_eq!(queue.lines_waiting(), 0);
     }
 }

@@ -13,6 +13,8 @@ pub(super) struct Room<'a> {
     demoted: BTreeSet<String>,
     by_database: Option<&'a NameCounts>,
     per_database: Option<usize>,
+    /// One tenant's tickets are ranked, against none of another: its rank orders nothing.
+    alone: bool,
 }
 
 impl Room<'_> {
@@ -30,9 +32,15 @@ pub(super) fn rank(
     now: Instant,
 ) -> Option<Rank> {
     let state = tenants.get_at(pass.places.tenant, &pass.tenant)?;
-    may_take(state, room, pass, now).then(|| Rank {
-        demoted: room.demoted.contains(&*pass.tenant),
-        score: state.recent.value(now) / state.config.share(),
+    may_take(state, room, pass, now).then(|| match room.alone {
+        true => Rank {
+            demoted: false,
+            score: 0.0,
+        },
+        false => Rank {
+            demoted: room.demoted.contains(&*pass.tenant),
+            score: state.recent.value(now) / state.config.share(),
+        },
     })
 }
 
@@ -155,6 +163,7 @@ impl<W> Gate<W> {
                 demoted: BTreeSet::new(),
                 by_database: None,
                 per_database: self.settings.per_database,
+                alone: false,
             },
         }
     }
@@ -165,6 +174,18 @@ impl<W> Gate<W> {
             demoted: self.demoted_at(place),
             by_database: Some(&self.upstreams.at(place).by_database),
             per_database: self.settings.per_database,
+            alone: false,
+        }
+    }
+
+    /// [`room_at`](Self::room_at) for ranking the tickets of one tenant line alone: who is
+    /// a runaway, and the tenant's recent use, only order tenants against each other.
+    fn room_alone_at(&self, place: Place) -> Room<'_> {
+        Room {
+            demoted: BTreeSet::new(),
+            by_database: Some(&self.upstreams.at(place).by_database),
+            per_database: self.settings.per_database,
+            alone: true,
         }
     }
 
@@ -217,6 +238,7 @@ impl<W> Gate<W> {
                 demoted: BTreeSet::new(),
                 by_database: Some(&up.by_database),
                 per_database: self.settings.per_database,
+                alone: false,
             };
             let state = self.tenants.get_at(pass.places.tenant, &pass.tenant)?;
             return may_take(state, &room, pass, now).then(|| self.take_slot(pass, now));
@@ -340,8 +362,11 @@ impl<W> Gate<W> {
             if !up.may_serve(lane) {
                 return None;
             }
-            let room = self.room_at(place);
             let queue = &up.lane_ref(lane).queue;
+            let room = match queue.lines_waiting() {
+                0 | 1 => self.room_alone_at(place),
+                _ => self.room_at(place),
+            };
             let rank = |p: &Pass| {
                 up.room_for(lane, p.priority)
                     .then(|| rank(&self.tenants, &room, p, now))?
