@@ -19,7 +19,7 @@ impl ClientIo {
     pub fn new(stream: Stream, max_message: usize) -> Self {
         ClientIo {
             stream,
-            rbuf: BytesMut::with_capacity(8192),
+            rbuf: BytesMut::with_capacity(wire::frame::READ_ROOM),
             max_message,
         }
     }

@@ -1272,8 +1272,8 @@ fn reserve_for_frame(buf: &mut BytesMut) {
         // The length word read unsigned: a bad one is refused by the scan that follows.
         Some(head) => (head.len as u32 as usize + 1)
             .saturating_sub(buf.len())
-            .clamp(8192, 1 << 20),
-        None => 8192,
+            .clamp(wire::frame::READ_ROOM, 1 << 20),
+        None => wire::frame::READ_ROOM,
     };
     if buf.capacity() - buf.len() < want {
         buf.reserve(want);
