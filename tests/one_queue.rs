@@ -578,6 +578,60 @@ async fn clients_waiting_for_a_slot_hold_no_server() {
     }
 }
 
+/// Clients that leave while they wait for the one slot take nothing with them, and sessions
+/// that wait for it again and again hear the answer to each of their waits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_leaving_the_queue_and_clients_waiting_again_are_answered_rightly() {
+    let _shared = shared().await;
+    let f = start("[gate]\nmax_active = 1\nqueue_timeout = \"30s\"\n", 4);
+    let admin = console(&f.pw).await;
+    let pg = watch(&f.pg).await;
+    let sleeper = psql_in_background(app(&f.pw, "trustuser"), "SELECT pg_sleep(2)");
+    assert!(sleeps_reach(&pg.client, 1).await, "the sleep did not start");
+    let connstr = app(&f.pw, "trustuser");
+    let mut leaving: Vec<Child> = (0..3)
+        .map(|_| psql_child(&connstr, "SELECT 'never'"))
+        .collect();
+    assert!(
+        queue_reaches(&admin.client, 3).await,
+        "the clients did not queue"
+    );
+    for child in &mut leaving {
+        child.kill().expect("kill psql");
+        child.wait().expect("reap psql");
+    }
+    assert!(
+        queue_reaches(&admin.client, 0).await,
+        "{:?}",
+        show(&admin.client, "SHOW LANES").await
+    );
+    let (out, _) = finished(sleeper, Duration::from_secs(20)).await;
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    // Two sessions taking turns at the slot: each statement of each waits for the other's.
+    let sql = "SELECT 'turn' FROM pg_sleep(0.05)";
+    let turns: Vec<_> = (0..2)
+        .map(|_| {
+            let connstr = connstr.clone();
+            tokio::task::spawn_blocking(move || psql(&connstr, &[sql; 8]))
+        })
+        .collect();
+    for turn in turns {
+        let out = tokio::time::timeout(Duration::from_secs(30), turn)
+            .await
+            .expect("the turns ended")
+            .expect("psql ran");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+        assert_eq!(stdout_of(&out).lines().filter(|l| *l == "turn").count(), 8);
+    }
+    let lanes = fast_lanes(&admin.client).await;
+    assert!(
+        lanes
+            .iter()
+            .all(|r| number(r, "running") == 0.0 && number(r, "waiting") == 0.0),
+        "{lanes:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // The fair queue without max_active
 // ---------------------------------------------------------------------------------------

@@ -385,7 +385,8 @@ impl<W> Upstream<W> {
     }
 }
 
-/// The admission gate. `W` is what a waiting client is told through (a oneshot sender).
+/// The admission gate. `W` is what a waiting client is told through (the sender of a
+/// session's mailbox).
 #[derive(Debug)]
 pub struct Gate<W> {
     settings: GateSettings,

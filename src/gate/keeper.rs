@@ -7,10 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use tokio::sync::{oneshot, Notify};
+use tokio::sync::Notify;
 
 use crate::cost::{Calibration, Flip, FlipReason, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::decisions::DecisionLog;
+use crate::gate::mailbox::{Mailbox, Sender};
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{
@@ -57,7 +58,10 @@ struct Paid<T> {
 }
 
 /// How a waiting ticket hears the end of its wait.
-pub type SlotWaiter = oneshot::Sender<SlotAnswer>;
+pub type SlotWaiter = Sender<SlotAnswer>;
+
+/// Where a session hears the ends of its waits for a slot, one at a time.
+pub type SlotMailbox = Mailbox<SlotAnswer>;
 
 /// The end of a wait for a slot.
 #[derive(Debug)]
@@ -415,24 +419,26 @@ impl Gatekeeper {
     /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
     /// When the ticket has to wait, `evict` is told how many idle servers of which tenants
     /// holding more than their share while others wait may be closed now (a few a second),
-    /// and answers how many of each it closed.
+    /// and answers how many of each it closed. The answer comes through `mailbox`, the
+    /// session's own.
     pub async fn acquire(
         self: &Arc<Self>,
         pass: Pass,
+        mailbox: &Arc<SlotMailbox>,
         evict: impl FnOnce(&[(String, usize)]) -> Vec<usize>,
     ) -> SlotAnswer {
         let now = Instant::now();
-        let (id, rx, over, look) = {
+        let (id, over, look) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
                 return SlotAnswer::Granted(pass, SlotGuard::new(self, slot));
             }
-            let (tx, rx) = oneshot::channel();
+            let tx = mailbox.sender();
             let id = pass.id;
             let upstream = pass.upstream.clone();
             gate.enqueue(pass, tx, now);
             let over = gate.evictions(&upstream, now);
-            (id, rx, (upstream, over), gate.clock_needed_for(id, now))
+            (id, (upstream, over), gate.clock_needed_for(id, now))
         };
         let (upstream, over) = over;
         if !over.is_empty() {
@@ -449,14 +455,15 @@ impl Gatekeeper {
         let mut withdraw = Withdraw {
             keeper: self,
             id: Some(id),
+            mailbox,
         };
-        let answer = rx.await;
+        let answer = mailbox.recv().await;
         withdraw.id = None;
         match answer {
-            Ok(answer) => answer,
+            Some(answer) => answer,
             // The gate dropped the ticket without an answer (it does not while the client
             // waits): a refusal is the safe reading.
-            Err(_) => {
+            None => {
                 let pass = self.lock().withdraw(id, Instant::now()).map(|(p, _)| p);
                 SlotAnswer::Refused(pass, Refusal::queue_timeout(now.elapsed()))
             }
@@ -556,7 +563,8 @@ impl Gatekeeper {
     /// [`Gate::admit`] of `request`, with its tenant's timeouts. With `priced` (its cost,
     /// known before admission, and whether it takes a slot first), an admitted request is
     /// charged as by [`spend`](Self::spend), or [`spend_and_try_acquire`] when it takes a
-    /// slot: admission, charge and slot in one turn of the lock.
+    /// slot: admission, charge and slot in one turn of the lock. `spare`, a pass the session
+    /// is done with, lends its allocation to the new one.
     ///
     /// [`spend_and_try_acquire`]: Self::spend_and_try_acquire
     pub fn admit(
@@ -564,10 +572,11 @@ impl Gatekeeper {
         request: &Request,
         now: Instant,
         priced: Option<(Cost, bool)>,
+        spare: Option<Pass>,
     ) -> Admitted {
         let (limits, decision, paid, hint) = {
             let mut gate = self.lock();
-            let (mut decision, hint) = gate.admit_hinted(request, now);
+            let (mut decision, hint) = gate.admit_hinted(request, now, spare);
             let limits = match &decision {
                 Decision::Admit(pass) | Decision::Bypass(pass) => gate.timeouts_of(pass),
                 Decision::Refuse(_) => gate.timeouts(request.tenant),
@@ -686,12 +695,15 @@ impl Gatekeeper {
 struct Withdraw<'a> {
     keeper: &'a Arc<Gatekeeper>,
     id: Option<crate::gate::TicketId>,
+    mailbox: &'a SlotMailbox,
 }
 
 impl Drop for Withdraw<'_> {
     fn drop(&mut self) {
         if let Some(id) = self.id.take() {
             self.keeper.lock().withdraw(id, Instant::now());
+            // A slot granted just before, not yet taken, goes back (outside the gate's lock).
+            drop(self.mailbox.close());
             self.keeper.wake.notify_one();
         }
     }
@@ -802,28 +814,28 @@ mod tests {
         let keeper = Gatekeeper::new();
         let now = Instant::now();
         let before = locks(&keeper);
-        let first = keeper.admit(&request(1, now), now, Some((PRICE, true)));
+        let first = keeper.admit(&request(1, now), now, Some((PRICE, true)), None);
         assert_eq!(locks(&keeper), before + 1);
         assert!(matches!(first.decision, Decision::Admit(ref p) if p.paid().is_some()));
         let Some(Ok((Spent::Run { .. }, SlotLook::Taken(slot)))) = first.paid else {
             panic!("no slot with the charge: {:?}", first.paid);
         };
         // The only slot is held: the next one is charged and finds it taken.
-        let second = keeper.admit(&request(2, now), now, Some((PRICE, true)));
+        let second = keeper.admit(&request(2, now), now, Some((PRICE, true)), None);
         assert!(matches!(
             second.paid,
             Some(Ok((Spent::Run { .. }, SlotLook::Full)))
         ));
         // Charged, but asked for no slot (its server comes first): the gate never looked,
         // so it cannot say the lane is full, even while it is.
-        let third = keeper.admit(&request(3, now), now, Some((PRICE, false)));
+        let third = keeper.admit(&request(3, now), now, Some((PRICE, false)), None);
         assert!(matches!(
             third.paid,
             Some(Ok((Spent::Run { .. }, SlotLook::NotAsked)))
         ));
         assert!(matches!(third.decision, Decision::Admit(ref p) if p.paid().is_some()));
         drop(slot);
-        let fourth = keeper.admit(&request(4, now), now, Some((PRICE, true)));
+        let fourth = keeper.admit(&request(4, now), now, Some((PRICE, true)), None);
         assert!(matches!(fourth.paid, Some(Ok((_, SlotLook::Taken(_))))));
     }
 
@@ -831,7 +843,7 @@ mod tests {
     fn a_request_without_a_price_or_refused_at_admission_is_not_charged() {
         let keeper = Gatekeeper::new();
         let now = Instant::now();
-        let unpriced = keeper.admit(&request(1, now), now, None);
+        let unpriced = keeper.admit(&request(1, now), now, None, None);
         assert!(unpriced.paid.is_none());
         assert!(matches!(unpriced.decision, Decision::Admit(ref p) if p.paid().is_none()));
         keeper.kill(
@@ -839,7 +851,7 @@ mod tests {
             Duration::from_secs(60),
             false,
         );
-        let killed = keeper.admit(&request(2, now), now, Some((PRICE, true)));
+        let killed = keeper.admit(&request(2, now), now, Some((PRICE, true)), None);
         assert!(matches!(killed.decision, Decision::Refuse(_)));
         assert!(killed.paid.is_none());
     }
@@ -848,11 +860,11 @@ mod tests {
     fn runs_settled_on_release_are_settled_in_the_releases_turn_of_the_lock() {
         let keeper = Gatekeeper::new();
         let now = Instant::now();
-        let admitted = keeper.admit(&request(1, now), now, Some((PRICE, true)));
+        let admitted = keeper.admit(&request(1, now), now, Some((PRICE, true)), None);
         let Some(Ok((_, SlotLook::Taken(mut slot)))) = admitted.paid else {
             panic!("a slot: {:?}", admitted.paid);
         };
-        let second = keeper.admit(&request(2, now), now, None);
+        let second = keeper.admit(&request(2, now), now, None, None);
         let Decision::Admit(waiting) = second.decision else {
             panic!("admitted");
         };

@@ -1,8 +1,9 @@
 //! The admission gate: the policy that decides whether a tenant's work may run, when, in
 //! which lane and at what price, and who gets a server next. Its core is pure: it takes the
 //! time as an argument and never touches a socket, so it is tested under simulated time.
-//! Two files are not pure and say so: [`keeper`], the core at run time (a sync mutex, oneshot
-//! waiters, the clock task), and [`decisions`], the decision log's file. Sessions reach the gate through `session::admit` alone.
+//! Two files are not pure and say so: [`keeper`], the core at run time (a sync mutex, the
+//! sessions' mailboxes for the ends of their waits, the clock task), and [`decisions`], the
+//! decision log's file. Sessions reach the gate through `session::admit` alone.
 //!
 //! # How the session and the pool use it
 //!
@@ -12,8 +13,8 @@
 //!    `Identity`, kind from [`RequestKind::of_sql`] or the session's own reading): a
 //!    [`Decision`]. `Bypass` (transaction control) runs at once without a slot; `Refuse` is
 //!    answered with its SQLSTATE; `Admit` gives a [`Pass`].
-//! 2. With a server checked out: [`Gate::try_acquire`], or [`Gate::enqueue`] with a
-//!    oneshot sender and wait on the receiver until the pass's deadline or the queue
+//! 2. With a server checked out: [`Gate::try_acquire`], or [`Gate::enqueue`] with the
+//!    sender of the session's mailbox and wait on the mailbox until the pass's deadline or the queue
 //!    timeout. A client that gives up calls [`Gate::withdraw`] (refunded). A timer at
 //!    [`Gate::next_wake`] calls [`Gate::expire`] (answer each with its refusal) and
 //!    [`Gate::dispatch`] (send each grant).
@@ -36,6 +37,7 @@ mod events;
 mod fair;
 pub mod keeper;
 mod kills;
+mod mailbox;
 mod kind;
 mod names;
 mod pass;

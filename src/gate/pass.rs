@@ -182,6 +182,18 @@ impl Pass {
         Pass(Box::new(fields))
     }
 
+    /// A pass holding `fields`, in the allocation of `spare` (a pass that served its turn)
+    /// when there is one.
+    pub(super) fn new_in(fields: PassFields, spare: Option<Pass>) -> Pass {
+        match spare {
+            Some(mut pass) => {
+                *pass.0 = fields;
+                pass
+            }
+            None => Pass::new(fields),
+        }
+    }
+
     /// Its upstream, and where the gate keeps it.
     pub fn near(&self) -> Near<'_> {
         Near {

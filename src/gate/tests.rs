@@ -1686,7 +1686,7 @@ fn admit_hinted(
         hint: kept.as_deref(),
         ..*r
     };
-    let (decision, hint) = g.admit_hinted(&r, now);
+    let (decision, hint) = g.admit_hinted(&r, now, None);
     if let Some(h) = hint {
         *kept = Some(h);
     }
@@ -1769,4 +1769,37 @@ fn a_hint_never_skips_noting_a_pool_whose_size_changed_or_a_new_pool() {
     for s in [held, second, third] {
         g.release(&s, t0);
     }
+}
+
+#[test]
+fn a_pass_made_in_a_spare_ones_allocation_holds_nothing_of_it() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    budget(&mut g, "a", "rate=100 burst=1000", t0);
+    budget(&mut g, "b", "rate=100 burst=1000", t0);
+    let mut old = admitted(g.admit(&req("a", 1, t0), t0));
+    g.spend(&mut old, cost(0.5), t0).expect("paid");
+    g.enqueue(old, 1, t0);
+    let (old, _) = g.withdraw(TicketId(1), t0).expect("withdrawn");
+    let at: *const PassFields = &*old;
+    let t1 = t0 + secs(1.0);
+    let r = Request {
+        fingerprint: None,
+        deadline: Some(secs(2.0)),
+        ..req("b", 2, t1)
+    };
+    let (decision, _) = g.admit_hinted(&r, t1, Some(old));
+    let new = admitted(decision);
+    assert!(std::ptr::eq(&*new, at), "the same allocation");
+    let fresh = admitted(g.admit(&r, t1));
+    assert_ne!(new.id, fresh.id);
+    assert_eq!(&*new.tenant, "b");
+    assert_eq!(new.client_id, 2);
+    assert_eq!(new.fingerprint, None);
+    assert_eq!(new.sent_at, t1);
+    assert_eq!(new.deadline, Some(t1 + secs(2.0)));
+    assert_eq!(new.enqueued_at, None);
+    assert_eq!(new.waited, Duration::ZERO);
+    assert!(matches!(new.payment(), Payment::Unpaid));
+    assert_eq!(new.places, fresh.places);
 }

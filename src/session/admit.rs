@@ -66,6 +66,11 @@ pub(in crate::session) struct GateState {
     pub stats_on: bool,
     /// The slot held while PostgreSQL owes this client answers.
     pub slot: Option<SlotGuard>,
+    /// Where the session hears the ends of its waits for a slot (made at its first wait).
+    mailbox: Option<Arc<crate::gate::keeper::SlotMailbox>>,
+    /// The pass of the last request admitted, once it is done with: the next one is made in
+    /// its allocation.
+    spare_pass: Option<Pass>,
     /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
     /// client's read buffer, in order; `Some` refuses the request.
     pub verdicts: VecDeque<Option<Box<RuleHit>>>,
@@ -1307,6 +1312,7 @@ impl Session {
             _ => {}
         }
         let settings = self.pool_settings();
+        let spare = self.gate.spare_pass.take();
         let request = Request {
             priority: facts.priority,
             kind,
@@ -1332,7 +1338,7 @@ impl Session {
             Some((estimate, None)) => Some((estimate.cost, self.takes_slot_first())),
             _ => None,
         };
-        let admitted = keeper.admit(&request, now, charge);
+        let admitted = keeper.admit(&request, now, charge, spare);
         self.gate.limits = admitted.limits;
         if let Some(hint) = admitted.hint {
             self.gate.hint = Some(hint);
@@ -1567,6 +1573,8 @@ impl Session {
                 ),
             };
             self.gate.run.add(part, Instant::now());
+            // The next request's pass is made in this one's allocation.
+            self.gate.spare_pass = Some(pass);
             return Ok(Step::Verdict(None));
         }
     }
@@ -2169,7 +2177,9 @@ impl Session {
         }
         let rt = self.rt.clone();
         let upstream = pass.upstream.clone();
-        let acquire = keeper.acquire(pass, move |over| evict_runaways(&rt, &upstream, over));
+        let mailbox = Arc::clone(self.gate.mailbox.get_or_insert_default());
+        let evict = move |over: &[(String, usize)]| evict_runaways(&rt, &upstream, over);
+        let acquire = keeper.acquire(pass, &mailbox, evict);
         tokio::pin!(acquire);
         self.hooks.gate_wait_starts();
         let answer = loop {
@@ -2934,7 +2944,7 @@ mod tests {
             known: true,
             learned: true,
         };
-        let admitted = keeper.admit(&request, now, Some((price, true)));
+        let admitted = keeper.admit(&request, now, Some((price, true)), None);
         let Some(Ok((_, crate::gate::keeper::SlotLook::Taken(guard)))) = admitted.paid else {
             panic!("a slot");
         };

@@ -21,12 +21,18 @@ impl<W> Gate<W> {
     /// budget check (reserve): if the tenant already owes time, there is no point paying
     /// for an EXPLAIN. Transaction control never waits and is charged `min_charge`.
     pub fn admit(&mut self, req: &Request, now: Instant) -> Decision {
-        self.admit_hinted(req, now).0
+        self.admit_hinted(req, now, None).0
     }
 
     /// [`admit`](Self::admit), with a new hint for the session's next request when the one
-    /// `req` brought did not hold (see [`Hint`]).
-    pub fn admit_hinted(&mut self, req: &Request, now: Instant) -> (Decision, Option<Box<Hint>>) {
+    /// `req` brought did not hold (see [`Hint`]). The pass is made in `spare`'s allocation,
+    /// if given.
+    pub fn admit_hinted(
+        &mut self,
+        req: &Request,
+        now: Instant,
+        spare: Option<Pass>,
+    ) -> (Decision, Option<Box<Hint>>) {
         let (upstream, pool_hinted) = self.note_pool_at(req);
         if req.kind.killable() {
             if let Some(target) = self.kills.is_killed(req.tenant, req.fingerprint, now) {
@@ -41,7 +47,7 @@ impl<W> Gate<W> {
             pool: pool_hinted,
             tenant: self.hinted_tenant(req),
         };
-        let pass = self.new_pass(req, upstream, hinted, now);
+        let pass = self.new_pass(req, upstream, hinted, now, spare);
         let hint = match (hinted.pool, hinted.tenant) {
             (true, Some(_)) => None,
             _ => self.hint(req, &pass),
@@ -101,7 +107,7 @@ impl<W> Gate<W> {
     pub fn server_pass(&mut self, req: &Request, now: Instant) -> Pass {
         let (upstream, pool) = self.note_pool_at(req);
         let tenant = self.hinted_tenant(req);
-        let mut pass = self.new_pass(req, upstream, Hinted { pool, tenant }, now);
+        let mut pass = self.new_pass(req, upstream, Hinted { pool, tenant }, now, None);
         pass.kind = RequestKind::Carrier;
         pass.deadline = None;
         pass.payment = Payment::Paid(0.0);
@@ -110,7 +116,14 @@ impl<W> Gate<W> {
 
     /// A pass for `req`, whose upstream is kept at `upstream`; what its hint held is
     /// `hinted`.
-    fn new_pass(&mut self, req: &Request, upstream: Place, hinted: Hinted, now: Instant) -> Pass {
+    fn new_pass(
+        &mut self,
+        req: &Request,
+        upstream: Place,
+        hinted: Hinted,
+        now: Instant,
+        spare: Option<Pass>,
+    ) -> Pass {
         let id = self.next_ticket();
         let database = match (req.hint, hinted.pool) {
             (Some(h), true) => Arc::clone(&h.database),
@@ -131,7 +144,7 @@ impl<W> Gate<W> {
             config.timeouts.statement,
         ];
         let within = limits.into_iter().flatten().filter(|d| !d.is_zero()).min();
-        Pass::new(PassFields {
+        let fields = PassFields {
             id,
             client_id: req.client_id,
             tenant,
@@ -148,7 +161,8 @@ impl<W> Gate<W> {
             waited_for_budget: false,
             payment: Payment::Unpaid,
             places,
-        })
+        };
+        Pass::new_in(fields, spare)
     }
 
     fn charge_min(&mut self, mut pass: Pass, now: Instant) -> Pass {

@@ -1,0 +1,242 @@
+//! Where a session hears the end of its waits in the gate's queue: one box made for the
+//! session and used for each of its waits in turn, where a channel made for every wait
+//! costs an allocation each time (and, with many clients waiting at once, the allocator's
+//! slow path). A wait's [`Sender`] answers at most once; dropped unanswered, it says so, as a
+//! channel's sender would. A sender of an earlier wait is turned away.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{Context, Poll, Waker};
+
+/// One session's box for the answers to its waits, one wait at a time.
+#[derive(Debug)]
+pub struct Mailbox<T> {
+    inner: Mutex<Inner<T>>,
+}
+
+#[derive(Debug)]
+struct Inner<T> {
+    /// The wait the box serves now.
+    wait: u64,
+    /// That wait's sender may still answer (it neither answered nor was dropped, and the
+    /// waiter did not give up).
+    open: bool,
+    answer: Option<T>,
+    waker: Option<Waker>,
+}
+
+/// The answering side of one wait.
+#[derive(Debug)]
+pub struct Sender<T> {
+    /// `None` once it answered.
+    mailbox: Option<Arc<Mailbox<T>>>,
+    wait: u64,
+}
+
+impl<T> Default for Mailbox<T> {
+    fn default() -> Self {
+        Mailbox {
+            inner: Mutex::new(Inner {
+                wait: 0,
+                open: false,
+                answer: None,
+                waker: None,
+            }),
+        }
+    }
+}
+
+impl<T> Mailbox<T> {
+    fn lock(&self) -> MutexGuard<'_, Inner<T>> {
+        // Nothing runs under this lock that can panic halfway: a poisoned box is still whole.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts a wait: its sender. Whatever an earlier wait left is dropped.
+    pub fn sender(self: &Arc<Self>) -> Sender<T> {
+        let (wait, left) = {
+            let mut inner = self.lock();
+            inner.wait = inner.wait.wrapping_add(1);
+            inner.open = true;
+            inner.waker = None;
+            (inner.wait, inner.answer.take())
+        };
+        drop(left);
+        Sender {
+            mailbox: Some(Arc::clone(self)),
+            wait,
+        }
+    }
+
+    /// The answer of the current wait: `None` when its sender was dropped unanswered.
+    pub fn recv(&self) -> Recv<'_, T> {
+        Recv { mailbox: self }
+    }
+
+    /// The waiter gives up: no sender of this wait may answer any more. An answer that came
+    /// and was not taken is returned, to be dropped by the caller (outside any lock).
+    pub fn close(&self) -> Option<T> {
+        let mut inner = self.lock();
+        inner.open = false;
+        inner.wait = inner.wait.wrapping_add(1);
+        inner.waker = None;
+        inner.answer.take()
+    }
+
+    /// Ends the wait `wait` with what `answer` holds (nothing: the sender went unanswered),
+    /// taking it; false, leaving it, when that wait is over.
+    fn end(&self, wait: u64, answer: &mut Option<T>) -> bool {
+        let waker = {
+            let mut inner = self.lock();
+            if inner.wait != wait || !inner.open {
+                return false;
+            }
+            inner.open = false;
+            inner.answer = answer.take();
+            inner.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+        true
+    }
+}
+
+impl<T> Sender<T> {
+    /// Answers the wait; gives `answer` back when the waiter gave up.
+    pub fn send(mut self, answer: T) -> Result<(), T> {
+        let Some(mailbox) = self.mailbox.take() else {
+            return Err(answer);
+        };
+        let mut answer = Some(answer);
+        match mailbox.end(self.wait, &mut answer) {
+            true => Ok(()),
+            false => answer.map_or(Ok(()), Err),
+        }
+    }
+
+    /// The waiter no longer waits for this sender's answer.
+    pub fn is_closed(&self) -> bool {
+        self.mailbox.as_ref().is_none_or(|m| {
+            let inner = m.lock();
+            inner.wait != self.wait || !inner.open
+        })
+    }
+}
+
+impl<T> Drop for Sender<T> {
+    fn drop(&mut self) {
+        if let Some(mailbox) = self.mailbox.take() {
+            mailbox.end(self.wait, &mut None);
+        }
+    }
+}
+
+/// The future of [`Mailbox::recv`].
+#[derive(Debug)]
+pub struct Recv<'a, T> {
+    mailbox: &'a Mailbox<T>,
+}
+
+impl<T> Future for Recv<'_, T> {
+    type Output = Option<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
+        let mut inner = self.mailbox.lock();
+        if let Some(answer) = inner.answer.take() {
+            return Poll::Ready(Some(answer));
+        }
+        if !inner.open {
+            return Poll::Ready(None);
+        }
+        match &mut inner.waker {
+            Some(w) if w.will_wake(cx.waker()) => {}
+            slot => *slot = Some(cx.waker().clone()),
+        }
+        Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn boxed() -> Arc<Mailbox<String>> {
+        Arc::new(Mailbox::default())
+    }
+
+    #[tokio::test]
+    async fn an_answer_reaches_the_wait_it_was_sent_for() {
+        let mailbox = boxed();
+        let tx = mailbox.sender();
+        assert!(!tx.is_closed());
+        let waiting = tokio::spawn({
+            let mailbox = Arc::clone(&mailbox);
+            async move { mailbox.recv().await }
+        });
+        tokio::task::yield_now().await;
+        tx.send("granted".into()).unwrap();
+        assert_eq!(waiting.await.unwrap().as_deref(), Some("granted"));
+        // The box serves the next wait the same way.
+        let tx = mailbox.sender();
+        tx.send("again".into()).unwrap();
+        assert_eq!(mailbox.recv().await.as_deref(), Some("again"));
+    }
+
+    #[tokio::test]
+    async fn a_sender_dropped_unanswered_ends_the_wait_with_nothing() {
+        let mailbox = boxed();
+        let tx = mailbox.sender();
+        drop(tx);
+        assert_eq!(mailbox.recv().await, None);
+    }
+
+    #[test]
+    fn a_waiter_that_gave_up_turns_its_answer_away() {
+        let mailbox = boxed();
+        let tx = mailbox.sender();
+        assert_eq!(mailbox.close(), None);
+        assert!(tx.is_closed());
+        assert_eq!(tx.send("late".into()), Err("late".to_string()));
+    }
+
+    #[test]
+    fn an_answer_that_came_before_the_waiter_gave_up_is_handed_back() {
+        let mailbox = boxed();
+        mailbox.sender().send("granted".into()).unwrap();
+        assert_eq!(mailbox.close().as_deref(), Some("granted"));
+        assert_eq!(mailbox.close(), None);
+    }
+
+    #[tokio::test]
+    async fn a_sender_of_an_earlier_wait_cannot_answer_a_later_one() {
+        let mailbox = boxed();
+        let old = mailbox.sender();
+        let _ = mailbox.close();
+        let new = mailbox.sender();
+        assert!(old.is_closed());
+        assert_eq!(old.send("stale".into()), Err("stale".to_string()));
+        assert!(!new.is_closed());
+        // Nor does dropping one end the later wait.
+        let older = {
+            let _ = mailbox.close();
+            mailbox.sender()
+        };
+        let newest = mailbox.sender();
+        drop(older);
+        assert!(!newest.is_closed());
+        newest.send("fresh".into()).unwrap();
+        assert_eq!(mailbox.recv().await.as_deref(), Some("fresh"));
+        drop(new);
+    }
+
+    #[test]
+    fn a_sender_answers_once() {
+        let mailbox = boxed();
+        let tx = mailbox.sender();
+        tx.send("one".into()).unwrap();
+        // The wait is over: a sender for it would be turned away.
+        assert_eq!(mailbox.close().as_deref(), Some("one"));
+    }
+}
