@@ -395,12 +395,12 @@ impl Gatekeeper {
         }
     }
 
-    /// Work of `tenant` charged `charged` seconds before it ran took `took`: the difference is
-    /// charged or given back; a refund may let a request waiting for pay-back go sooner, so
+    /// Work of `tenant` charged `charged` seconds before it ran took `took`, ending at `now`:
+    /// the difference is charged or given back; a refund may let a request waiting for pay-back go sooner, so
     /// the clock looks again.
-    pub fn settle(&self, tenant: &str, charged: f64, took: Duration) {
+    pub fn settle(&self, tenant: &str, charged: f64, took: Duration, now: Instant) {
         let mut gate = self.lock();
-        let added = gate.settle(tenant, charged, took.as_secs_f64(), Instant::now());
+        let added = gate.settle(tenant, charged, took.as_secs_f64(), now);
         let look = added < 0.0 && gate.has_waiters() && gate.budgeted(tenant);
         drop(gate);
         if look {
@@ -428,12 +428,14 @@ impl Gatekeeper {
         evict: impl FnOnce(&[(String, usize)]) -> Vec<usize>,
     ) -> SlotAnswer {
         let now = Instant::now();
+        // The wait starts before the gate's lock is taken: whatever an earlier wait left in
+        // the box (a slot) is dropped outside it.
+        let tx = mailbox.sender();
         let (id, over, look) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
                 return SlotAnswer::Granted(pass, SlotGuard::new(self, slot));
             }
-            let tx = mailbox.sender();
             let id = pass.id;
             let upstream = pass.upstream.clone();
             gate.enqueue(pass, tx, now);
@@ -610,7 +612,8 @@ impl Gatekeeper {
     /// Settles `run` with the slot's tenant (see [`settle`](Self::settle)), gives the slot
     /// back and hands out what can be handed out now, in one turn of the lock.
     fn release(self: &Arc<Self>, slot: Slot, run: Option<Settlement>) {
-        let now = Instant::now();
+        // A run kept for the release ended just now (nothing waited in between).
+        let now = run.map_or_else(Instant::now, |r| r.at);
         let granted = {
             let mut gate = self.lock();
             if let Some(run) = run {
@@ -720,11 +723,12 @@ pub struct SlotGuard {
 }
 
 /// A run's time, in seconds: charged before it ran, and what it took (see
-/// [`Gatekeeper::settle`]).
+/// [`Gatekeeper::settle`]); and when it ended.
 #[derive(Clone, Copy, Debug)]
 struct Settlement {
     charged: f64,
     took: f64,
+    at: Instant,
 }
 
 impl SlotGuard {
@@ -741,16 +745,23 @@ impl SlotGuard {
         self.slot.as_ref()
     }
 
-    /// Keeps a run of `tenant` to settle in the same turn of the gate's lock as the slot's
-    /// release, which the caller is about to drop this guard for; false when it cannot (the
-    /// run is not the slot's tenant's, or one is kept already): the caller settles it now.
-    pub fn settle_on_release(&mut self, tenant: &str, charged: f64, took: Duration) -> bool {
+    /// Keeps a run of `tenant` that ended at `at` to settle in the same turn of the gate's
+    /// lock as the slot's release, which the caller is about to drop this guard for (the
+    /// release then reads no clock of its own); false when it cannot (the run is not the
+    /// slot's tenant's, or one is kept already): the caller settles it now.
+    pub fn settle_on_release(
+        &mut self,
+        tenant: &str,
+        charged: f64,
+        took: Duration,
+        at: Instant,
+    ) -> bool {
         let own = self.slot.as_ref().is_some_and(|s| *s.tenant == *tenant);
         if !own || self.run.is_some() {
             return false;
         }
         let took = took.as_secs_f64();
-        self.run = Some(Settlement { charged, took });
+        self.run = Some(Settlement { charged, took, at });
         true
     }
 
@@ -759,8 +770,7 @@ impl SlotGuard {
     pub fn settle_kept(&mut self) {
         if let (Some(slot), Some(run)) = (&self.slot, self.run.take()) {
             let mut gate = self.keeper.lock();
-            self.keeper
-                .settle_locked(&mut gate, slot, run, Instant::now());
+            self.keeper.settle_locked(&mut gate, slot, run, run.at);
         }
     }
 }
@@ -875,9 +885,9 @@ mod tests {
         // The run took a second where a millisecond was charged; one run is kept, and
         // neither a second nor another tenant's.
         let took = Duration::from_secs(1);
-        assert!(slot.settle_on_release("acme", PRICE.seconds, took));
-        assert!(!slot.settle_on_release("acme", 0.0, took));
-        assert!(!slot.settle_on_release("other", 0.0, took));
+        assert!(slot.settle_on_release("acme", PRICE.seconds, took, now));
+        assert!(!slot.settle_on_release("acme", 0.0, took, now));
+        assert!(!slot.settle_on_release("other", 0.0, took, now));
         assert!(
             keeper.charged_of("acme") < 0.01,
             "nothing settled before the release"

@@ -53,7 +53,8 @@ impl<T> Mailbox<T> {
         self.inner.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Starts a wait: its sender. Whatever an earlier wait left is dropped.
+    /// Starts a wait: its sender. Whatever an earlier wait left is dropped (so no lock that
+    /// dropping it may take is to be held here).
     pub fn sender(self: &Arc<Self>) -> Sender<T> {
         let (wait, left) = {
             let mut inner = self.lock();
@@ -93,6 +94,7 @@ impl<T> Mailbox<T> {
                 return false;
             }
             inner.open = false;
+            // (An open box holds no answer: the one stored here replaces nothing.)
             inner.answer = answer.take();
             inner.waker.take()
         };

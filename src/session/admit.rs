@@ -467,12 +467,12 @@ impl GateState {
             // tenant last admitted pays it.
             if !self.tenant.is_empty() {
                 let tenant = Arc::clone(&self.tenant);
-                self.settle(keeper, slot, &tenant, 0.0, took);
+                self.settle(keeper, slot, &tenant, 0.0, (took, now));
             }
             return;
         }
         for (part, own) in run.parts.iter().zip(shares) {
-            self.settle(keeper, slot, &part.tenant, part.charged, own);
+            self.settle(keeper, slot, &part.tenant, part.charged, (own, now));
         }
         if let ([part], false) = (run.parts.as_slice(), run.failed) {
             // Its time against its usual one: the adaptive limit's measure of the fast
@@ -490,22 +490,23 @@ impl GateState {
         }
     }
 
-    /// Settles a run's `took` with `tenant`, charged `charged` before it ran: with the
-    /// slot's release when the slot goes back next, in the same turn of the gate's lock.
+    /// Settles a run's `took` (ended `at`) with `tenant`, charged `charged` before it ran:
+    /// with the slot's release when the slot goes back next, in the same turn of the gate's
+    /// lock.
     fn settle(
         &mut self,
         keeper: &crate::gate::keeper::Gatekeeper,
         slot: SlotAfter,
         tenant: &str,
         charged: f64,
-        took: Duration,
+        (took, at): (Duration, Instant),
     ) {
         let kept = match (slot, self.slot.as_mut()) {
-            (SlotAfter::Goes, Some(guard)) => guard.settle_on_release(tenant, charged, took),
+            (SlotAfter::Goes, Some(guard)) => guard.settle_on_release(tenant, charged, took, at),
             _ => false,
         };
         if !kept {
-            keeper.settle(tenant, charged, took);
+            keeper.settle(tenant, charged, took, at);
         }
     }
 
