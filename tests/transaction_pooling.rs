@@ -10,9 +10,9 @@ use std::thread;
 use std::time::Duration;
 
 use common::raw::{
-    bind_message, describe, error_code, execute_message, flush_message, new_client_value,
-    parse_message, query_message, sync_message, tags, terminate_message, values, Batch, Message,
-    Raw,
+    bind_message, describe, error_code, execute_message, first_error, flush_message,
+    new_client_value, parse_message, query_message, sync_message, tags, terminate_message, values,
+    Batch, Message, Raw,
 };
 use common::{eventually, Pgward, Postgres, SECOND};
 
@@ -165,6 +165,35 @@ fn error_before_sync_leaves_the_server_skipping_to_the_sync() {
         describe(&rest),
         describe(&direct_rest)
     );
+    assert_eq!(client.value("SELECT 'still here'"), "still here");
+}
+
+/// The unnamed statement of an earlier transaction is not the client's on the server its next
+/// transaction runs on: a Bind or a Describe of it fails as PostgreSQL fails them for an
+/// unnamed statement that does not exist, in PostgreSQL's words.
+#[test]
+fn using_an_earlier_transactions_unnamed_statement_fails_in_postgresqls_words() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "");
+    let mut client = pw.client();
+    let parse = [parse_message("", "SELECT 1"), sync_message()].concat();
+    let parsed = client.exchange_within(&parse, 3 * SECOND, "the parse");
+    assert_eq!(tags(&parsed), "1Z", "{}", describe(&parsed));
+    let mut fresh = pg.client();
+    let uses = [
+        [bind_message(""), execute_message(), sync_message()].concat(),
+        Batch::new().describe(b'S', "").sync().bytes,
+    ];
+    for (n, using) in uses.iter().enumerate() {
+        let direct = fresh.exchange_within(using, 3 * SECOND, "direct");
+        let pooled = client.exchange_within(using, 3 * SECOND, "pooled");
+        assert_eq!(error_code(&pooled), "26000", "{n}: {}", describe(&pooled));
+        let (Some(direct), Some(pooled)) = (first_error(&direct), first_error(&pooled)) else {
+            panic!("{n}: errors from both");
+        };
+        assert_eq!(pooled.message(), direct.message(), "{n}");
+        assert_eq!(pooled.code(), direct.code(), "{n}");
+    }
     assert_eq!(client.value("SELECT 'still here'"), "still here");
 }
 

@@ -1,6 +1,7 @@
 //! One message at a time: what each client message is owed and how it is rewritten for
 //! prepared statements in transaction pooling, and what each server message answers.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -32,6 +33,42 @@ pub(super) struct ClientSide<'a> {
 /// Handles one server message (where it lies in the server's buffer): matches it to what it
 /// answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
 /// once per message by the caller, which also counts it).
+/// What the name pgward gives a statement it makes sure cannot exist starts with (see
+/// [`MessageContext::foreign_statement`]); the client's name follows.
+const NOT_PREPARED_HERE: &str = "pgward_not_prepared_here_";
+
+/// PostgreSQL's message for a Bind or Describe of an unnamed statement that does not exist.
+const NO_UNNAMED: &[u8] = b"unnamed prepared statement does not exist";
+
+/// A server's error (26000) naming a statement pgward renamed so that it could not exist,
+/// worded for the name the client used: the renaming taken out of its message, and for the
+/// unnamed statement PostgreSQL's own message (when the server's is in English; its place in
+/// PostgreSQL's source, which is not where that message comes from, left out). None for any
+/// other error.
+pub(super) fn foreign_statement_error(body: &[u8]) -> Option<BytesMut> {
+    use backend::field;
+    let code = wire::ErrorFields::find(body, field::CODE)?;
+    let message = wire::ErrorFields::find(body, field::MESSAGE)?;
+    let at = memchr::memmem::find(message, NOT_PREPARED_HERE.as_bytes())?;
+    if code != sqlstate::UNDEFINED_PSTATEMENT.as_bytes() {
+        return None;
+    }
+    let unnamed =
+        message == format!("prepared statement \"{NOT_PREPARED_HERE}\" does not exist").as_bytes();
+    let mut out = BytesMut::new();
+    wire::encode_error_reworded(&mut out, body, |kind, value| match kind {
+        field::MESSAGE if unnamed => Some(Cow::Borrowed(NO_UNNAMED)),
+        field::MESSAGE => {
+            let mut reworded = value[..at].to_vec();
+            reworded.extend_from_slice(&value[at + NOT_PREPARED_HERE.len()..]);
+            Some(Cow::Owned(reworded))
+        }
+        field::FILE | field::LINE | field::ROUTINE if unnamed => None,
+        _ => Some(Cow::Borrowed(value)),
+    });
+    Some(out)
+}
+
 pub(super) fn server_message(
     link: &mut Link,
     client: &mut ClientSide,
@@ -589,7 +626,7 @@ impl MessageContext<'_> {
             self.capacity.is_some() && name.starts_with(prepared::OWN_PREFIX.as_bytes())
         };
         foreign.then(|| {
-            let mut out = b"pgward_not_prepared_here_".to_vec();
+            let mut out = NOT_PREPARED_HERE.as_bytes().to_vec();
             out.extend_from_slice(name);
             Bytes::from(out)
         })
@@ -783,7 +820,7 @@ mod tests {
     #[test]
     fn only_a_name_of_its_own_in_the_map_is_lost() {
         let statements = holding(NAME);
-        for other in ["a", "a_", "a$", "ñ", "pgward_not_prepared_here_"] {
+        for other in ["a", "a_", "a$", "ñ", NOT_PREPARED_HERE] {
             let message = format!("prepared statement \"{other}{NAME}\" does not exist");
             assert!(
                 !lost_own_statement(&statements, &error("26000", &message)),
@@ -799,5 +836,67 @@ mod tests {
             &error("26000", &missing)
         ));
         assert!(!lost_own_statement(&statements, b"not an error body"));
+    }
+    /// The fields of an ErrorResponse message (its header included).
+    fn fields_of(message: &[u8]) -> Vec<(u8, Vec<u8>)> {
+        message[wire::HEADER_LEN..]
+            .split(|b| *b == 0)
+            .filter_map(|f| f.split_first().map(|(k, v)| (*k, v.to_vec())))
+            .collect()
+    }
+
+    fn field_of(fields: &[(u8, Vec<u8>)], kind: u8) -> Option<&[u8]> {
+        fields.iter().find(|(k, _)| *k == kind).map(|(_, v)| &v[..])
+    }
+
+    #[test]
+    fn an_error_about_a_renamed_statement_names_the_clients_statement() {
+        use backend::field;
+        // The unnamed statement, in English: PostgreSQL's own message, without the place in
+        // PostgreSQL's source of another message.
+        let mut body = BytesMut::new();
+        let english = format!("prepared statement \"{NOT_PREPARED_HERE}\" does not exist");
+        for (kind, value) in [
+            (field::SEVERITY, "ERROR"),
+            (field::CODE, "26000"),
+            (field::MESSAGE, english.as_str()),
+            (field::FILE, "prepare.c"),
+            (field::LINE, "537"),
+            (field::ROUTINE, "FetchPreparedStatement"),
+        ] {
+            body.extend_from_slice(&[kind]);
+            body.extend_from_slice(value.as_bytes());
+            body.extend_from_slice(&[0]);
+        }
+        body.extend_from_slice(&[0]);
+        let out = foreign_statement_error(&body).expect("reworded");
+        assert_eq!(out[0], backend::tag::ERROR_RESPONSE);
+        let fields = fields_of(&out);
+        assert_eq!(field_of(&fields, field::MESSAGE), Some(NO_UNNAMED));
+        assert_eq!(field_of(&fields, field::SEVERITY), Some(&b"ERROR"[..]));
+        assert_eq!(field_of(&fields, field::CODE), Some(&b"26000"[..]));
+        assert!(
+            field_of(&fields, field::FILE).is_none() && field_of(&fields, field::ROUTINE).is_none()
+        );
+        // A name of pgward's own, in another language and encoding: the renaming is taken out,
+        // every other byte kept.
+        let mut german = b"Prepared Statement \xbb".to_vec();
+        german.extend_from_slice(NOT_PREPARED_HERE.as_bytes());
+        german.extend_from_slice(NAME.as_bytes());
+        german.extend_from_slice(b"\xab existiert nicht");
+        let mut body = b"SFEHLER\0C26000\0M".to_vec();
+        body.extend_from_slice(&german);
+        body.extend_from_slice(b"\0Fprepare.c\0\0");
+        let fields = fields_of(&foreign_statement_error(&body).expect("reworded"));
+        let mut want = b"Prepared Statement \xbb".to_vec();
+        want.extend_from_slice(NAME.as_bytes());
+        want.extend_from_slice(b"\xab existiert nicht");
+        assert_eq!(field_of(&fields, field::MESSAGE), Some(&want[..]));
+        assert_eq!(field_of(&fields, field::FILE), Some(&b"prepare.c"[..]));
+        // Any other error is left alone.
+        let other = format!("prepared statement \"{NAME}\" does not exist");
+        assert!(foreign_statement_error(&error("26000", &other)).is_none());
+        assert!(foreign_statement_error(&error("42P05", &english)).is_none());
+        assert!(foreign_statement_error(b"not an error body").is_none());
     }
 }

@@ -868,7 +868,13 @@ impl Session {
                         (self.gate.requests_sent + 1)
                             .saturating_sub(link.expected.requests_owed() as u64)
                     });
-                    own_cancel_error(body, &self.gate, &self.handle, request)
+                    let own = own_cancel_error(body, &self.gate, &self.handle, request);
+                    own.map(|err| {
+                        let mut out = BytesMut::new();
+                        crate::wire::encode_error(&mut out, &err);
+                        out
+                    })
+                    .or_else(|| messages::foreign_statement_error(body))
                 })
                 .flatten();
             let mut client = ClientSide {
@@ -878,12 +884,13 @@ impl Session {
                 views: &mut self.gate.views,
             };
             if let Some(err) = own_error {
-                // PostgreSQL's answer to pgward's cancel: say why pgward cancelled.
+                // PostgreSQL's answer to pgward's cancel: say why pgward cancelled; or its
+                // answer about a statement pgward renamed: in the client's words.
                 let route = server_message(link, &mut client, span, None)?;
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);
                 if route == Route::Forward {
-                    crate::wire::encode_error(out, &err);
+                    out.extend_from_slice(&err);
                 }
                 link.emit_synthetic(out);
                 run_start = end;

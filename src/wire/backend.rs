@@ -89,6 +89,12 @@ pub mod field {
     pub const INTERNAL_POSITION: u8 = b'p';
     /// The internally generated query.
     pub const INTERNAL_QUERY: u8 = b'q';
+    /// The source file of PostgreSQL that raised it.
+    pub const FILE: u8 = b'F';
+    /// Its line there.
+    pub const LINE: u8 = b'L';
+    /// Its routine there.
+    pub const ROUTINE: u8 = b'R';
 }
 
 const AUTH_OK: i32 = 0;
@@ -535,6 +541,28 @@ pub fn encode_error_fields(buf: &mut BytesMut, error: &ErrorFields, without: &[u
         for (kind, value) in error.fields.iter().filter(|(k, _)| !without.contains(k)) {
             b.put_u8(*kind);
             put_cstr(b, value.as_bytes());
+        }
+        b.put_u8(0);
+    });
+}
+
+/// An ErrorResponse of the fields of another's `body`, read in place (in any encoding), each
+/// passed through `reword` (its type and value): the value to send, or none to leave the
+/// field out.
+pub fn encode_error_reworded<'a>(
+    buf: &mut BytesMut,
+    body: &'a [u8],
+    mut reword: impl FnMut(u8, &'a [u8]) -> Option<Cow<'a, [u8]>>,
+) {
+    put_message(buf, tag::ERROR_RESPONSE, |b| {
+        for field in body.split(|c| *c == 0) {
+            let Some((&kind, value)) = field.split_first() else {
+                continue;
+            };
+            if let Some(value) = reword(kind, value) {
+                b.put_u8(kind);
+                put_cstr(b, &value);
+            }
         }
         b.put_u8(0);
     });

@@ -26,9 +26,10 @@ pub use backend::{
     decode_backend, encode_auth_cleartext, encode_auth_md5, encode_auth_ok, encode_auth_sasl,
     encode_auth_sasl_continue, encode_auth_sasl_final, encode_backend_key_data,
     encode_command_complete, encode_data_row, encode_empty_query_response, encode_error,
-    encode_negotiate_protocol_version, encode_notice, encode_parameter_status,
-    encode_ready_for_query, encode_row_description, encode_row_description_text, AuthRequest,
-    Backend, ErrorFields, ErrorResponse, Severity, TxStatus,
+    encode_error_reworded, encode_negotiate_protocol_version, encode_notice,
+    encode_parameter_status, encode_ready_for_query, encode_row_description,
+    encode_row_description_text, AuthRequest, Backend, ErrorFields, ErrorResponse, Severity,
+    TxStatus,
 };
 pub use error::WireError;
 pub use frame::{
