@@ -36,7 +36,9 @@ fn request(tenant: &str, client_id: u64, now: Instant) -> Request<'_> {
 fn queue(gate: &mut Gate<u64>, client: u64, now: Instant) {
     let tenant = TENANTS[client as usize % TENANTS.len()];
     match gate.admit(&request(tenant, client, now), now) {
-        Decision::Admit(pass) => gate.enqueue(pass, client, now),
+        Decision::Admit(pass) => {
+            gate.enqueue(pass, client, now);
+        }
         other => panic!("not admitted: {other:?}"),
     }
 }

@@ -438,9 +438,9 @@ impl Gatekeeper {
             }
             let id = pass.id;
             let upstream = pass.upstream.clone();
-            gate.enqueue(pass, tx, now);
+            let look = gate.enqueue(pass, tx, now);
             let over = gate.evictions(&upstream, now);
-            (id, (upstream, over), gate.clock_needed_for(id, now))
+            (id, (upstream, over), look)
         };
         let (upstream, over) = over;
         if !over.is_empty() {

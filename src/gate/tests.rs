@@ -284,9 +284,7 @@ fn the_clock_is_woken_only_for_a_ticket_it_would_sleep_past() {
     // Every lane full; each ticket's wait ends 5 s after it is queued.
     let queue = |g: &mut Gate<u64>, n: u64, at: Instant| {
         let pass = admitted(g.admit(&req("a", n, at), at));
-        let id = pass.id;
-        g.enqueue(pass, n, at);
-        g.clock_needed_for(id, at)
+        g.enqueue(pass, n, at)
     };
     assert!(queue(&mut g, 1, t0), "the clock has not said when it looks");
     g.clock_sleeps(Some(t0 + secs(5.0)));
@@ -346,11 +344,9 @@ fn the_clock_is_woken_for_a_free_slot_in_the_other_lane() {
     g.clock_sleeps(Some(t0 + secs(1.0)));
     // A ticket for the full fast lane, whose wait ends after the clock's next look.
     let pass = admitted(g.admit(&req("a", 3, t0), t0));
-    let id = pass.id;
     assert!(g.try_acquire(&pass, t0).is_none());
-    g.enqueue(pass, 3, t0);
     assert!(
-        g.clock_needed_for(id, t0),
+        g.enqueue(pass, 3, t0),
         "the slow lane's slot waits to be handed out"
     );
 }
@@ -365,10 +361,8 @@ fn wait_until_the_debt_is_paid_back() {
     let pass = admitted(g.admit(&req("a", 1, t0), t0));
     assert_eq!(pass.payment(), Payment::AwaitingPayBack);
     assert!(g.try_acquire(&pass, t0).is_none(), "free slot, but in debt");
-    let id = pass.id;
     g.clock_sleeps(Some(t0 + secs(60.0)));
-    g.enqueue(pass, 1, t0);
-    assert!(g.clock_needed_for(id, t0), "a free slot: the clock looks");
+    assert!(g.enqueue(pass, 1, t0), "a free slot: the clock looks");
     assert_eq!(g.next_wake(t0), Some(t0 + secs(2.0)));
     assert!(g.dispatch(t0 + secs(1.9), |_| true).is_empty());
     let mut granted = g.dispatch(t0 + secs(2.0), |_| true);
@@ -1324,10 +1318,8 @@ fn while_the_limit_falls_best_effort_work_is_shed() {
         g.try_acquire(&late, t1).is_none(),
         "shed, though a slot is free"
     );
-    let id = late.id;
     g.clock_sleeps(None);
-    g.enqueue(late, 7, t1);
-    assert!(g.clock_needed_for(id, t1), "the clock looks at once");
+    assert!(g.enqueue(late, 7, t1), "the clock looks at once");
     // A carrier (a Parse or a Sync alone) of a best-effort tenant is never turned away:
     // its refusal would end the session.
     budget(&mut g, "b", "priority=best_effort", t1);

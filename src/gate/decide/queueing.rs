@@ -295,13 +295,18 @@ impl<W> Gate<W> {
     }
 
     /// Queues `pass` for a slot in its lane; `waiter` is told through
-    /// [`next_waiter`](Self::next_waiter) or [`expire`](Self::expire).
-    pub fn enqueue(&mut self, mut pass: Pass, waiter: W, now: Instant) {
+    /// [`next_waiter`](Self::next_waiter) or [`expire`](Self::expire). Whether the clock must
+    /// look again for it: a lane of its upstream has a free slot and tickets waiting, or the
+    /// ticket has a moment the clock must act at (its wait ends, or its tenant's debt is paid
+    /// back) before the clock's next look.
+    pub fn enqueue(&mut self, mut pass: Pass, waiter: W, now: Instant) -> bool {
         pass.enqueued_at = Some(now);
         self.tenant_at(pass.places, &pass.tenant, now).waiting += 1;
-        if let Some(end) = wait_end(&pass, self.settings.queue_timeout) {
+        let end = wait_end(&pass, self.settings.queue_timeout);
+        if let Some(end) = end {
             self.ends.insert(end, pass.id);
         }
+        let paid = self.paid_back_at(&pass, now);
         self.located
             .insert(pass.id, (pass.upstream.clone(), pass.places, pass.lane));
         let up = self.upstream_at(pass.places, &pass.upstream);
@@ -309,6 +314,31 @@ impl<W> Gate<W> {
         let lane = up.lane(pass.lane).0;
         lane.waited_since.get_or_insert(now);
         lane.queue.push(pass, waiter);
+        // A lane with a free slot and tickets waiting (this one's, or the other lane's after
+        // the pools grew): the clock hands it out.
+        let free = [Lane::Fast, Lane::Slow]
+            .into_iter()
+            .any(|l| up.may_serve(l));
+        free || self.clock_sleeps_past([end, paid], now)
+    }
+
+    /// When `pass`'s tenant's debt is paid back, if it waits for that.
+    fn paid_back_at(&self, pass: &Pass, now: Instant) -> Option<Instant> {
+        match pass.payment {
+            Payment::AwaitingPayBack => self
+                .tenants
+                .get_at(pass.places.tenant, &pass.tenant)
+                .and_then(|t| t.paid_back_at(now)),
+            _ => None,
+        }
+    }
+
+    /// Whether the clock's next look comes after the first of `moments` (or of the adaptive
+    /// limit's), or it has not said when it looks.
+    fn clock_sleeps_past(&self, moments: [Option<Instant>; 2], now: Instant) -> bool {
+        let adaptive = self.adaptive_wake(now, false);
+        let need = moments.into_iter().flatten().chain(adaptive).min();
+        need.is_some_and(|t| self.clock_until.is_none_or(|at| t < at))
     }
 
     /// Takes the ticket `id` out of the queue it waits in, with every count that knows it.
@@ -599,39 +629,6 @@ impl<W> Gate<W> {
     /// that waits now.
     pub fn clock_sleeps(&mut self, at: Option<Instant>) {
         self.clock_until = at;
-    }
-
-    /// Whether the clock must look again for ticket `id`, just queued: a lane of its upstream
-    /// has a free slot and tickets waiting, or the ticket has a moment the clock must act at
-    /// (its wait ends, or its tenant's debt is paid back) before the clock's next look.
-    pub fn clock_needed_for(&self, id: TicketId, now: Instant) -> bool {
-        let Some((up, lane)) = self.located.get(&id).and_then(|(upstream, places, lane)| {
-            Some((self.upstreams.get_at(places.upstream, upstream)?, *lane))
-        }) else {
-            return false;
-        };
-        // A lane with a free slot and tickets waiting (this one's, or the other lane's after
-        // the pools grew): the clock hands it out.
-        let free = [Lane::Fast, Lane::Slow]
-            .into_iter()
-            .any(|l| up.may_serve(l));
-        if free {
-            return true;
-        }
-        let Some(pass) = up.lane_ref(lane).queue.get(id) else {
-            return false;
-        };
-        let end = wait_end(pass, self.settings.queue_timeout);
-        let paid = match pass.payment {
-            Payment::AwaitingPayBack => self
-                .tenants
-                .get_at(pass.places.tenant, &pass.tenant)
-                .and_then(|t| t.paid_back_at(now)),
-            _ => None,
-        };
-        let adaptive = self.adaptive_wake(now, false);
-        let need = end.into_iter().chain(paid).chain(adaptive).min();
-        need.is_some_and(|t| self.clock_until.is_none_or(|at| t < at))
     }
 
     /// The queue timeout changed: every waiting ticket's end moves with it.
