@@ -84,6 +84,9 @@ pub struct OwnNames {
     pub rollback: (String, String),
     /// The statement that reads a setting PostgreSQL never reports back from a server.
     pub unreported: String,
+    /// What a statement name starts with that pgward gives a client's statement to make sure
+    /// it cannot exist on the server (the client's name follows).
+    pub not_here: String,
 }
 
 impl OwnNames {
@@ -98,6 +101,7 @@ impl OwnNames {
             release: (name("release"), format!("RELEASE SAVEPOINT {point}")),
             rollback: (name("rollback"), format!("ROLLBACK TO SAVEPOINT {point}")),
             unreported: name("unreported"),
+            not_here: format!("{}_", name("not_prepared_here")),
         }
     }
 }

@@ -30,45 +30,44 @@ pub(super) struct ClientSide<'a> {
     pub views: &'a mut Views,
 }
 
-/// Handles one server message (where it lies in the server's buffer): matches it to what it
-/// answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
-/// once per message by the caller, which also counts it).
-/// What the name pgward gives a statement it makes sure cannot exist starts with (see
-/// [`MessageContext::foreign_statement`]); the client's name follows.
-const NOT_PREPARED_HERE: &str = "pgward_not_prepared_here_";
-
 /// PostgreSQL's message for a Bind or Describe of an unnamed statement that does not exist.
 const NO_UNNAMED: &[u8] = b"unnamed prepared statement does not exist";
 
 /// A server's error (26000) naming a statement pgward renamed so that it could not exist,
-/// worded for the name the client used: the renaming taken out of its message, and for the
-/// unnamed statement PostgreSQL's own message (when the server's is in English; its place in
+/// by putting `not_here` (see [`MessageContext::not_here`]) before the client's name: worded
+/// for the name the client used, the renaming taken out of its message, and for the unnamed
+/// statement PostgreSQL's own message (when the server's is in English; its place in
 /// PostgreSQL's source, which is not where that message comes from, left out). None for any
 /// other error.
-pub(super) fn foreign_statement_error(body: &[u8]) -> Option<BytesMut> {
+pub(super) fn foreign_statement_error(body: &[u8], not_here: &str) -> Option<BytesMut> {
     use backend::field;
     let code = wire::ErrorFields::find(body, field::CODE)?;
     let message = wire::ErrorFields::find(body, field::MESSAGE)?;
-    let at = memchr::memmem::find(message, NOT_PREPARED_HERE.as_bytes())?;
+    memchr::memmem::find(message, not_here.as_bytes())?;
     if code != sqlstate::UNDEFINED_PSTATEMENT.as_bytes() {
         return None;
     }
-    let unnamed =
-        message == format!("prepared statement \"{NOT_PREPARED_HERE}\" does not exist").as_bytes();
+    let unnamed = message == format!("prepared statement \"{not_here}\" does not exist").as_bytes();
     let mut out = BytesMut::new();
     wire::encode_error_reworded(&mut out, body, |kind, value| match kind {
         field::MESSAGE if unnamed => Some(Cow::Borrowed(NO_UNNAMED)),
-        field::MESSAGE => {
-            let mut reworded = value[..at].to_vec();
-            reworded.extend_from_slice(&value[at + NOT_PREPARED_HERE.len()..]);
-            Some(Cow::Owned(reworded))
-        }
+        field::MESSAGE => match memchr::memmem::find(value, not_here.as_bytes()) {
+            Some(at) => {
+                let mut reworded = value[..at].to_vec();
+                reworded.extend_from_slice(&value[at + not_here.len()..]);
+                Some(Cow::Owned(reworded))
+            }
+            None => Some(Cow::Borrowed(value)),
+        },
         field::FILE | field::LINE | field::ROUTINE if unnamed => None,
         _ => Some(Cow::Borrowed(value)),
     });
     Some(out)
 }
 
+/// Handles one server message (where it lies in the server's buffer): matches it to what it
+/// answers and learns from it. `ready_at` is when a ReadyForQuery arrived (read
+/// once per message by the caller, which also counts it).
 pub(super) fn server_message(
     link: &mut Link,
     client: &mut ClientSide,
@@ -270,6 +269,10 @@ pub(super) struct MessageContext<'a> {
     /// The client's unnamed statement as the gate knew it at each Bind or Describe of it
     /// that passed the gate, in order.
     pub unnamed_uses: &'a mut std::collections::VecDeque<Option<Arc<Parsed>>>,
+    /// What the name pgward gives a statement it makes sure cannot exist starts with (a part
+    /// drawn at random at start, so that no client's own name starts so); the client's name
+    /// follows.
+    pub not_here: &'a str,
 }
 
 impl MessageContext<'_> {
@@ -626,7 +629,7 @@ impl MessageContext<'_> {
             self.capacity.is_some() && name.starts_with(prepared::OWN_PREFIX.as_bytes())
         };
         foreign.then(|| {
-            let mut out = NOT_PREPARED_HERE.as_bytes().to_vec();
+            let mut out = self.not_here.as_bytes().to_vec();
             out.extend_from_slice(name);
             Bytes::from(out)
         })
@@ -805,6 +808,9 @@ mod tests {
 
     const NAME: &str = "pgw_81d68d7230ba0d375d2ce10a1112fbfc";
 
+    /// A start of pgward's names for statements that cannot exist, random part included.
+    const NOT_HERE: &str = "pgward_not_prepared_here_0123456789abcdef_";
+
     #[test]
     fn a_missing_statement_of_pgwards_is_lost() {
         let missing = format!("prepared statement \"{NAME}\" does not exist");
@@ -820,7 +826,7 @@ mod tests {
     #[test]
     fn only_a_name_of_its_own_in_the_map_is_lost() {
         let statements = holding(NAME);
-        for other in ["a", "a_", "a$", "ñ", NOT_PREPARED_HERE] {
+        for other in ["a", "a_", "a$", "ñ", NOT_HERE] {
             let message = format!("prepared statement \"{other}{NAME}\" does not exist");
             assert!(
                 !lost_own_statement(&statements, &error("26000", &message)),
@@ -855,7 +861,7 @@ mod tests {
         // The unnamed statement, in English: PostgreSQL's own message, without the place in
         // PostgreSQL's source of another message.
         let mut body = BytesMut::new();
-        let english = format!("prepared statement \"{NOT_PREPARED_HERE}\" does not exist");
+        let english = format!("prepared statement \"{NOT_HERE}\" does not exist");
         for (kind, value) in [
             (field::SEVERITY, "ERROR"),
             (field::CODE, "26000"),
@@ -869,7 +875,7 @@ mod tests {
             body.extend_from_slice(&[0]);
         }
         body.extend_from_slice(&[0]);
-        let out = foreign_statement_error(&body).expect("reworded");
+        let out = foreign_statement_error(&body, NOT_HERE).expect("reworded");
         assert_eq!(out[0], backend::tag::ERROR_RESPONSE);
         let fields = fields_of(&out);
         assert_eq!(field_of(&fields, field::MESSAGE), Some(NO_UNNAMED));
@@ -881,22 +887,39 @@ mod tests {
         // A name of pgward's own, in another language and encoding: the renaming is taken out,
         // every other byte kept.
         let mut german = b"Prepared Statement \xbb".to_vec();
-        german.extend_from_slice(NOT_PREPARED_HERE.as_bytes());
+        german.extend_from_slice(NOT_HERE.as_bytes());
         german.extend_from_slice(NAME.as_bytes());
         german.extend_from_slice(b"\xab existiert nicht");
         let mut body = b"SFEHLER\0C26000\0M".to_vec();
         body.extend_from_slice(&german);
         body.extend_from_slice(b"\0Fprepare.c\0\0");
-        let fields = fields_of(&foreign_statement_error(&body).expect("reworded"));
+        let fields = fields_of(&foreign_statement_error(&body, NOT_HERE).expect("reworded"));
         let mut want = b"Prepared Statement \xbb".to_vec();
         want.extend_from_slice(NAME.as_bytes());
         want.extend_from_slice(b"\xab existiert nicht");
         assert_eq!(field_of(&fields, field::MESSAGE), Some(&want[..]));
         assert_eq!(field_of(&fields, field::FILE), Some(&b"prepare.c"[..]));
-        // Any other error is left alone.
+        // Any other error is left alone: a client's own name, one that starts as pgward's
+        // would without its random part, another SQLSTATE.
+        let reworded = |body: &[u8]| foreign_statement_error(body, NOT_HERE);
         let other = format!("prepared statement \"{NAME}\" does not exist");
-        assert!(foreign_statement_error(&error("26000", &other)).is_none());
-        assert!(foreign_statement_error(&error("42P05", &english)).is_none());
-        assert!(foreign_statement_error(b"not an error body").is_none());
+        assert!(reworded(&error("26000", &other)).is_none());
+        let alike = "prepared statement \"pgward_not_prepared_here_\" does not exist";
+        assert!(reworded(&error("26000", alike)).is_none());
+        assert!(reworded(&error("42P05", &english)).is_none());
+        assert!(reworded(b"not an error body").is_none());
+        // A server's error with two messages, the second shorter: each is read for itself.
+        let mut twice = b"C26000\0M".to_vec();
+        let own = format!("prepared statement \"{NOT_HERE}{NAME}\" does not exist");
+        twice.extend_from_slice(own.as_bytes());
+        twice.extend_from_slice(b"\0Mx\0\0");
+        let fields = fields_of(&reworded(&twice).expect("reworded"));
+        let messages: Vec<_> = fields
+            .iter()
+            .filter(|(k, _)| *k == field::MESSAGE)
+            .collect();
+        assert_eq!(messages.len(), 2);
+        assert_eq!(messages[0].1, other.as_bytes());
+        assert_eq!(messages[1].1, b"x");
     }
 }

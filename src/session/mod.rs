@@ -654,6 +654,7 @@ impl Session {
             defines: &mut self.gate.defines,
             views: &mut self.gate.views,
             unnamed_uses: &mut self.gate.unnamed_uses,
+            not_here: &self.rt.gatekeeper.own.not_here,
         };
         let mut rebuilt: Option<BytesMut> = None;
         let mut run_start = 0;
@@ -874,7 +875,9 @@ impl Session {
                         crate::wire::encode_error(&mut out, &err);
                         out
                     })
-                    .or_else(|| messages::foreign_statement_error(body))
+                    .or_else(|| {
+                        messages::foreign_statement_error(body, &self.rt.gatekeeper.own.not_here)
+                    })
                 })
                 .flatten();
             let mut client = ClientSide {
