@@ -400,8 +400,8 @@ impl Gatekeeper {
     }
 
     /// Work of `tenant` charged `charged` seconds before it ran took `took`, ending at `now`:
-    /// the difference is charged or given back; a refund may let a request waiting for pay-back go sooner, so
-    /// the clock looks again.
+    /// the difference is charged or given back; a refund may let a request waiting for
+    /// pay-back go sooner, so the clock looks again.
     pub fn settle(&self, tenant: &str, charged: f64, took: Duration, now: Instant) {
         let mut gate = self.lock();
         let added = gate.settle(tenant, charged, took.as_secs_f64(), now);

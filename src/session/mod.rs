@@ -860,7 +860,8 @@ impl Session {
                     .run
                     .note_answer(tag, &link.server.rbuf[span.body()]);
             }
-            let own_error = (tag == backend::tag::ERROR_RESPONSE)
+            // An error pgward words itself, in place of the server's.
+            let replacement = (tag == backend::tag::ERROR_RESPONSE)
                 .then(|| {
                     let body = &link.server.rbuf[span.body()];
                     // Under a policy, the number of the request this error answers (the first
@@ -886,14 +887,14 @@ impl Session {
                 tracked: &self.tracked,
                 views: &mut self.gate.views,
             };
-            if let Some(err) = own_error {
+            if let Some(replacement) = replacement {
                 // PostgreSQL's answer to pgward's cancel: say why pgward cancelled; or its
                 // answer about a statement pgward renamed: in the client's words.
                 let route = server_message(link, &mut client, span, None)?;
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);
                 if route == Route::Forward {
-                    out.extend_from_slice(&err);
+                    out.extend_from_slice(&replacement);
                 }
                 link.emit_synthetic(out);
                 run_start = end;
