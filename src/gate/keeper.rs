@@ -906,4 +906,56 @@ mod tests {
         assert!((keeper.charged_of("acme") - 1.0).abs() < 1e-6);
         assert!(keeper.try_acquire(&waiting).is_some(), "the slot is back");
     }
+    /// Sessions on two threads take turns at two slots, a third of them giving up their wait
+    /// at any moment (a slot may be on its way to them): every wait ends, and afterwards no
+    /// slot is held and no ticket waits.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn waits_given_up_at_any_moment_leave_no_slot_held() {
+        let keeper = Gatekeeper::new();
+        let clock = tokio::spawn(Arc::clone(&keeper).clock());
+        let sessions: Vec<_> = (0..16u64)
+            .map(|client| {
+                let keeper = Arc::clone(&keeper);
+                tokio::spawn(async move {
+                    let mailbox = Arc::new(SlotMailbox::default());
+                    for round in 0..200u64 {
+                        let now = Instant::now();
+                        let request = Request {
+                            pool_size: 2,
+                            ..request(client, now)
+                        };
+                        let Decision::Admit(pass) =
+                            keeper.admit(&request, now, None, None).decision
+                        else {
+                            panic!("admitted");
+                        };
+                        let acquire = keeper.acquire(pass, &mailbox, |_| Vec::new());
+                        // Given up after 0 to 2.1 ms: often as a slot comes (the slots are
+                        // held about a millisecond at a time).
+                        let give_up = Duration::from_micros(700 * (round % 4));
+                        let answer = match (client + round) % 3 {
+                            0 => tokio::time::timeout(give_up, acquire).await.ok(),
+                            _ => Some(acquire.await),
+                        };
+                        if let Some(SlotAnswer::Granted(_, guard)) = answer {
+                            tokio::time::sleep(Duration::from_micros(100)).await;
+                            drop(guard);
+                        }
+                    }
+                })
+            })
+            .collect();
+        for session in sessions {
+            tokio::time::timeout(Duration::from_secs(60), session)
+                .await
+                .expect("every wait ended (no answer or wake-up lost)")
+                .expect("the session ran");
+        }
+        clock.abort();
+        let lanes = keeper.lock().lanes();
+        assert!(
+            lanes.iter().all(|l| l.running == 0 && l.waiting == 0),
+            "{lanes:?}"
+        );
+    }
 }
