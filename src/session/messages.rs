@@ -843,6 +843,7 @@ mod tests {
         ));
         assert!(!lost_own_statement(&statements, b"not an error body"));
     }
+
     /// The fields of an ErrorResponse message (its header included).
     fn fields_of(message: &[u8]) -> Vec<(u8, Vec<u8>)> {
         message[wire::HEADER_LEN..]
