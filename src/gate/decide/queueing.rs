@@ -615,12 +615,7 @@ impl<W> Gate<W> {
             .filter(|u| u.anyone_waits())
             .flat_map(|u| u.queues())
             .flat_map(|q| q.heads())
-            .filter(|p| p.payment == Payment::AwaitingPayBack)
-            .filter_map(|p| {
-                self.tenants
-                    .get_at(p.places.tenant, &p.tenant)?
-                    .paid_back_at(now)
-            });
+            .filter_map(|p| self.paid_back_at(p, now));
         let adaptive = self.adaptive_wake(now, true);
         end.into_iter().chain(paid).chain(adaptive).min()
     }
