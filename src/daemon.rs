@@ -51,6 +51,15 @@ pub async fn serve(config: Config) -> ExitCode {
         Ok(s) => s,
         Err(e) => return failed(format!("cannot install signal handlers: {e}")),
     };
+    // The metrics port is bound before the client listeners: once a client can connect, a
+    // scraper can too.
+    let metrics = match &config.settings.prometheus_listen {
+        Some(addr) => match crate::metrics::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => return failed(e),
+        },
+        None => None,
+    };
     let listeners = match Listeners::bind(&config.settings) {
         Ok(l) => l,
         Err(e) => return failed(e),
@@ -66,18 +75,11 @@ pub async fn serve(config: Config) -> ExitCode {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
     });
-    let metrics_addr = config.settings.prometheus_listen.clone();
     let rt = Runtime::new(config, userlist, governance, edge, gatekeeper, ops);
     load_state(&rt);
     let mut tasks = Vec::new();
-    if let Some(addr) = metrics_addr {
-        match crate::metrics::bind(&addr).await {
-            Ok(l) => tasks.push(tokio::spawn(crate::metrics::serve(rt.clone(), l))),
-            Err(e) => {
-                cleanup(pidfile.as_deref(), socket.as_ref());
-                return failed(e);
-            }
-        }
+    if let Some(l) = metrics {
+        tasks.push(tokio::spawn(crate::metrics::serve(rt.clone(), l)));
     }
     tracing::info!("pgward {} started", env!("CARGO_PKG_VERSION"));
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
