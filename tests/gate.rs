@@ -1322,6 +1322,20 @@ mod statement_names {
         }
     }
 
+    /// A request refused and answered by pgward itself leaves nothing owed by the server:
+    /// no statement timer runs while the client then sits idle with its server.
+    #[test]
+    fn a_refusal_answered_by_pgward_starts_no_query_timeout() {
+        let (_p, mut r) = client_with("pool_mode = session\nquery_timeout = 1\n");
+        r.send(&query_message(FULL_READ));
+        refused(&read_answers(&mut r, 1));
+        std::thread::sleep(Duration::from_millis(2500));
+        r.send(&query_message("SELECT 1"));
+        let got = read_answers(&mut r, 1);
+        assert!(got.contains("D["), "{got}");
+        assert!(!got.contains('E'), "{got}");
+    }
+
     /// PostgreSQL keys prepared statements by their first 63 bytes (NAMEDATALEN - 1): two
     /// protocol names that share them are one statement on the server, two in the gate.
     #[test]

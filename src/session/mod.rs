@@ -697,6 +697,9 @@ impl Session {
                 rbuf.advance(len);
             }
         }
+        // pgward's own answers go first: what is left is what the server owes, and only that
+        // starts the statement timers.
+        link.emit_synthetic(&mut self.to_client);
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
@@ -705,7 +708,6 @@ impl Session {
             // next rows) is work too: the run counts from here if it does not already.
             self.gate.run.touch(Instant::now());
         }
-        link.emit_synthetic(&mut self.to_client);
         Ok(())
     }
 
