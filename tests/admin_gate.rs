@@ -231,6 +231,13 @@ async fn kill_tenant_refuses_its_statements_until_unkill() {
         message(&err).contains("tenant \"acme\" is killed"),
         "{err:?}"
     );
+    // A comment PostgreSQL ends at a carriage return does not pass a SELECT off as a COMMIT.
+    let hidden = app
+        .client
+        .simple_query("--\rSELECT 1 AS\nCOMMIT")
+        .await
+        .unwrap_err();
+    assert_eq!(code(&hidden), "53000", "{hidden:?}");
     // Kills are checked at every Bind: the next run of a prepared statement is refused.
     let err = app.client.query(&lookup, &[&3i32]).await.unwrap_err();
     assert_eq!(code(&err), "53000", "{err:?}");
@@ -266,7 +273,7 @@ async fn kill_tenant_refuses_its_statements_until_unkill() {
     // No such kill any more.
     assert_eq!(outcome(c, "UNKILL TENANT acme").await, "42704");
     let row = tenant_row(c, "acme").await;
-    assert_eq!(row["refused_killed"], "4", "{row:?}");
+    assert_eq!(row["refused_killed"], "5", "{row:?}");
 
     // A kill ends by itself when its time is up.
     assert_eq!(outcome(c, "KILL TENANT acme FOR '300ms'").await, "");

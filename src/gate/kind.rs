@@ -78,12 +78,22 @@ pub fn first_keyword(sql: &str) -> &str {
     word(skip_blanks(sql)).0
 }
 
-/// `s` without leading whitespace and comments (`-- ...` and nested `/* ... */`).
+/// Whitespace as PostgreSQL's scanner reads it (`\v` from PostgreSQL 16; an older server
+/// refuses a text that has one, so taking it as a blank classifies nothing that runs).
+fn pg_space(c: char) -> bool {
+    matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0c' | '\x0b')
+}
+
+/// `s` without leading whitespace and comments (`-- ...` up to a newline, which for
+/// PostgreSQL's scanner is `\n` or `\r`, and nested `/* ... */`).
 fn skip_blanks(mut s: &str) -> &str {
     loop {
-        s = s.trim_start();
+        s = s.trim_start_matches(pg_space);
         if let Some(rest) = s.strip_prefix("--") {
-            s = rest.find('\n').and_then(|i| rest.get(i..)).unwrap_or("");
+            s = rest
+                .find(['\n', '\r'])
+                .and_then(|i| rest.get(i..))
+                .unwrap_or("");
         } else if s.starts_with("/*") {
             s = after_comment(s);
         } else {

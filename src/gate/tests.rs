@@ -551,6 +551,15 @@ fn statement_kinds_from_the_first_keyword() {
     assert_eq!(kind("BEGIN; DELETE FROM t"), RequestKind::Statement);
     assert_eq!(kind("SELECT 1"), RequestKind::Statement);
     assert_eq!(kind("/* unterminated"), RequestKind::Statement);
+    // PostgreSQL's scanner ends a `--` comment at a carriage return too: this is a SELECT.
+    assert_eq!(
+        kind("--\rSELECT pg_sleep(600) AS\nCOMMIT"),
+        RequestKind::Statement
+    );
+    assert_eq!(kind("-- c\r\nCOMMIT"), RequestKind::Transaction(Commit));
+    assert_eq!(kind("\x0c\x0bEND"), RequestKind::Transaction(Commit));
+    // Not a blank for PostgreSQL (part of an identifier).
+    assert_eq!(kind("\u{a0}COMMIT"), RequestKind::Statement);
     assert!(!RequestKind::Transaction(Commit).killable());
     assert!(RequestKind::Transaction(Begin).killable());
 }
