@@ -300,6 +300,36 @@ queue_timeout = "30s"
     );
 }
 
+/// In session pooling a request admitted as the client's server is closed by
+/// `server_fast_close` never runs: what the gate holds for it (here an unpriced DO block,
+/// which holds its tenant's other unpriced work until it has run) is let go.
+#[test]
+fn a_request_cut_short_by_server_fast_close_holds_nothing_in_the_gate() {
+    let f = Fixture(gated(
+        r#"
+[gate]
+queue_timeout = "2s"
+[tenants.acme]
+roles = ["trustuser"]
+when_over = "wait"
+burst = 10
+rate = 1
+"#,
+        "pool_mode = session\nserver_fast_close = 1\nadmin_users = admin\n",
+    ));
+    const BLOCK: &str = "DO $$ BEGIN PERFORM 1; END $$";
+    let mut client = common::raw::Raw::login(f.pw.port, "trustuser", None, "app");
+    client.query("SELECT 1").expect("first query");
+    let out = common::psql_at(f.pw.port, "admin", None, "pgward", "RECONNECT app");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let err = client.query(BLOCK).expect_err("the session ends");
+    assert_eq!(err.message(), "database configuration changed");
+    drop(client);
+    // Another client of the tenant: its unpriced block does not wait for the one that never ran.
+    let out = f.psql("trustuser", &[BLOCK]);
+    assert!(out.status.success(), "{}", stderr_of(&out));
+}
+
 #[test]
 fn a_wait_for_a_slot_ends_with_53000_at_the_queue_timeout() {
     let f = Fixture::start(

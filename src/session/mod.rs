@@ -1098,16 +1098,7 @@ impl Session {
                     // Stop what the server is running before closing it.
                     crate::cancel::cancel_in_background(&link.server.addr, &link.server.key);
                 }
-                self.gate.cut_short(
-                    &self.rt.gatekeeper,
-                    stats_sink(
-                        &self.rt,
-                        self.gate.stats_on,
-                        &self.role_name,
-                        &self.database_name,
-                    ),
-                    &err.code,
-                );
+                self.cut_run_short(&err.code);
                 self.handle.detach();
                 link.server.close(&err.message);
                 self.gate.slot = None;
@@ -1131,8 +1122,22 @@ impl Session {
             && self.rt.config.load().settings.server_fast_close
     }
 
+    /// The gate's run ends before the server answered it (see `GateState::cut_short`).
+    fn cut_run_short(&mut self, sqlstate: &str) {
+        let stats = stats_sink(
+            &self.rt,
+            self.gate.stats_on,
+            &self.role_name,
+            &self.database_name,
+        );
+        self.gate.cut_short(&self.rt.gatekeeper, stats, sqlstate);
+    }
+
     fn fast_close(&mut self) -> SessionError {
         const REASON: &str = "database configuration changed";
+        // A request the gate let through for this server never runs: what the gate holds
+        // for it is let go, as for a server lost.
+        self.cut_run_short(sqlstate::ADMIN_SHUTDOWN);
         if let Some(link) = self.link.take() {
             self.handle.detach();
             link.server.close(REASON);
@@ -1142,16 +1147,7 @@ impl Session {
 
     /// The server went away while this client was using it.
     fn server_lost(&mut self) -> SessionError {
-        self.gate.cut_short(
-            &self.rt.gatekeeper,
-            stats_sink(
-                &self.rt,
-                self.gate.stats_on,
-                &self.role_name,
-                &self.database_name,
-            ),
-            sqlstate::CONNECTION_FAILURE,
-        );
+        self.cut_run_short(sqlstate::CONNECTION_FAILURE);
         if let Some(mut link) = self.link.take() {
             link.server.poison();
             self.handle.detach();
