@@ -353,3 +353,39 @@ async fn kill_statement_refuses_it_for_every_tenant_until_unkill() {
     assert_eq!(code(&err), "08P01");
     assert!(message(&err).contains("no such database"), "{err:?}");
 }
+
+/// A price known before the wait (a cached plan) is charged at admission; when the request
+/// then gets no server (session pooling, the only server held by another client, past
+/// `query_wait_timeout`) it never runs, and its tenant gets the charge back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_that_gets_no_server_is_not_charged() {
+    let f = Fixture(gated(
+        "[tenants.acme]\nroles = [\"trustuser\"]\nburst = 10\nrate = 1\n",
+        "pool_mode = session\ndefault_pool_size = 1\nmax_db_connections = 1\n\
+         query_wait_timeout = 1\nadmin_users = admin\n",
+    ));
+    let admin = f.console("admin").await;
+    {
+        // Runs the full read once (its plan cached), then leaves: the server goes back.
+        let first = f.app("trustuser").await;
+        must_value(&first.client, FULL_READ).await;
+    }
+    let holder = f.app("postgres").await;
+    let mut charged = 0.0;
+    for _ in 0..50 {
+        // The first client's run is settled and its server back in the pool.
+        let row = tenant_row(&admin.client, "acme").await;
+        charged = number(&row, "charged");
+        if charged > 0.0 && must_value(&holder.client, "SELECT 1").await == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(charged > 0.0, "the first read was not charged");
+    // The holder keeps the only server; this client is admitted, charged, and gets none.
+    let waiting = f.app("trustuser").await;
+    let err = waiting.client.simple_query(FULL_READ).await.unwrap_err();
+    assert_eq!(code(&err), "57014", "{err:?}");
+    let row = tenant_row(&admin.client, "acme").await;
+    assert_eq!(number(&row, "charged"), charged, "{row:?}");
+}

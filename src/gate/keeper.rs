@@ -487,6 +487,15 @@ impl Gatekeeper {
         .0
     }
 
+    /// Gives back what `pass` was charged: its request never ran (it got no server). A
+    /// refund may pay a waiting request's debt sooner, so the clock looks again.
+    pub fn refund(&self, pass: &mut Pass) {
+        let mut gate = self.lock();
+        if gate.refund(pass, Instant::now()) > 0.0 && gate.has_waiters() {
+            self.wake.notify_one();
+        }
+    }
+
     /// [`spend`](Self::spend), and when `pass` may run now, a slot for it in the same turn of
     /// the lock, as [`try_acquire`](Self::try_acquire) would take one right after.
     pub fn spend_and_try_acquire(

@@ -1115,6 +1115,22 @@ impl Session {
         (known, unsettled)
     }
 
+    /// Takes a server for a request admitted with `pass`; when none comes (the client left,
+    /// the pool's wait timed out, the server's login failed) the request never runs, and
+    /// what `pass` was charged is given back.
+    async fn attach_paid(
+        &mut self,
+        io: &mut ClientIo,
+        keeper: &Arc<crate::gate::keeper::Gatekeeper>,
+        pass: &mut Pass,
+    ) -> Result<Duration, SessionError> {
+        let attached = self.attach(io).await;
+        if attached.is_err() {
+            keeper.refund(pass);
+        }
+        attached
+    }
+
     /// Whether the server has answered everything sent before the messages gated now.
     fn answered_before_gated(&self) -> bool {
         self.gate.gated == 0
@@ -1409,7 +1425,7 @@ impl Session {
             // waits for a slot: it may hold locks that the statements ahead of it in the
             // queue wait for.
             if self.link.is_none() && self.mode == crate::config::PoolMode::Session {
-                for_server += self.attach(io).await?;
+                for_server += self.attach_paid(io, &keeper, &mut pass).await?;
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
                 let answer = self
@@ -1431,7 +1447,7 @@ impl Session {
                 }
             }
             if self.link.is_none() {
-                for_server += self.attach(io).await?;
+                for_server += self.attach_paid(io, &keeper, &mut pass).await?;
             }
             if bypass {
                 self.note_waited(governance, &pass);
