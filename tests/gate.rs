@@ -416,6 +416,36 @@ statement_timeout = "500ms"
     assert!(out.status.success(), "{}", stderr_of(&out));
 }
 
+/// Two statements sent at once: the tenant's statement timeout bounds each, the second too
+/// once the first was cancelled.
+#[test]
+fn a_tenant_statement_timeout_bounds_every_statement_of_a_pipeline() {
+    use common::raw::{query_message, Raw};
+    let f = Fixture::start(
+        r#"
+[tenants.acme]
+roles = ["trustuser"]
+statement_timeout = "700ms"
+"#,
+    );
+    let mut r = Raw::login(f.pw.port, "trustuser", None, "app");
+    // Its plan cached, the second statement is let through while the first runs.
+    r.query("SELECT pg_sleep(0)").expect("first run");
+    let sleep = query_message("SELECT pg_sleep(4)");
+    let started = Instant::now();
+    r.send(&[sleep.clone(), sleep].concat());
+    for n in 1..=2 {
+        let got = pipelines::read_to_ready_within(&mut r, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("statement {n}: {e}"));
+        assert!(got.contains("E[57014]"), "statement {n}: {got}");
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_idle_in_transaction_timeout_ends_the_session() {
     let f = Fixture::start(

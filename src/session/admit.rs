@@ -59,6 +59,14 @@ const KEPT_BLOCK: usize = 1024;
 /// be mostly theirs, and kept alive by the session until the next copy.
 const KEPT_MAX: usize = KEPT_BLOCK / 2;
 
+/// The tenant's statement timeout fired: its `limit`, for the request the server was busy
+/// with `since` (the next request, once that one is answered, is timed anew).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::session) struct TimedOut {
+    pub limit: Duration,
+    pub since: Option<Instant>,
+}
+
 /// What the gate keeps per session.
 #[derive(Debug, Default)]
 pub(in crate::session) struct GateState {
@@ -109,7 +117,7 @@ pub(in crate::session) struct GateState {
     pub hint: Option<Box<crate::gate::Hint>>,
     /// pgward cancelled the running request at the tenant's statement timeout: its 57014
     /// says so.
-    pub timed_out: Option<Duration>,
+    pub timed_out: Option<TimedOut>,
     /// The work the server does for this client now, timed as one.
     pub run: Run,
     /// The last Query text read, for the rules.
@@ -2370,8 +2378,8 @@ impl Session {
         use crate::wire::backend::field;
         match self.gate.timed_out {
             // pgward's statement timeout cancelled it: say whose timeout it was.
-            Some(limit) if error.code() == Some(sqlstate::QUERY_CANCELED) => {
-                let err = statement_timeout_error(&self.gate.tenant, limit);
+            Some(t) if error.code() == Some(sqlstate::QUERY_CANCELED) => {
+                let err = statement_timeout_error(&self.gate.tenant, t.limit);
                 wire::encode_error(&mut self.to_client, &err);
             }
             _ => {

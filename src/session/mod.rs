@@ -388,7 +388,8 @@ impl Session {
                 let in_tx = link.server.tx != TxStatus::Idle;
                 if let Some(since) = link.busy_since {
                     consider(t.query, since, Timer::Query);
-                    if self.gate.timed_out.is_none() {
+                    // Not again for the request already cancelled.
+                    if self.gate.timed_out.is_none_or(|t| t.since != Some(since)) {
                         consider(tenant.statement, since, Timer::TenantStatement);
                     }
                 }
@@ -431,7 +432,8 @@ impl Session {
         let Some(limit) = self.gate.limits.statement else {
             return;
         };
-        self.gate.timed_out = Some(limit);
+        let since = self.link.as_ref().and_then(|l| l.busy_since);
+        self.gate.timed_out = Some(admit::TimedOut { limit, since });
         tracing::info!(client = self.id, tenant = %self.gate.tenant, "statement timeout: cancelling");
         let log = &self.rt.gatekeeper.decisions;
         if log.is_on() {
@@ -942,6 +944,14 @@ impl Session {
                 self.handle.note_owed(owed);
             }
         }
+        if self
+            .gate
+            .timed_out
+            .is_some_and(|t| t.since != link.busy_since)
+        {
+            // The cancelled request was answered: the next one's 57014 is its own.
+            self.gate.timed_out = None;
+        }
         if link.expected.is_empty() {
             link.busy_since = None;
             self.gate.timed_out = None;
@@ -1236,8 +1246,8 @@ fn own_cancel_error(
     if code != sqlstate::QUERY_CANCELED.as_bytes() {
         return None;
     }
-    if let Some(limit) = gate.timed_out {
-        return Some(admit::statement_timeout_error(&gate.tenant, limit));
+    if let Some(t) = gate.timed_out {
+        return Some(admit::statement_timeout_error(&gate.tenant, t.limit));
     }
     // Without a policy (no `request`) pgward cancels nothing of its own, and a reason left
     // from before is not this error's.
