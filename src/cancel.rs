@@ -39,6 +39,9 @@ struct CancelState {
     /// Why pgward itself cancels what the client runs, for the error the client gets, and
     /// which request (by its number in `sent`) it cancels.
     own_cancel: Option<(u64, OwnCancel)>,
+    /// A cancel reached the server's postmaster but was not known to have landed when its
+    /// time was up: it may yet land, on whatever the server then runs.
+    unsure: bool,
 }
 
 /// A cancel pgward sends on its own account, not the client's.
@@ -196,10 +199,10 @@ impl ClientHandle {
             self.in_flight.fetch_add(1, Ordering::AcqRel);
             target
         };
-        let in_flight = InFlight(Arc::clone(self));
+        let in_flight = InFlight::new(Arc::clone(self));
         tokio::spawn(async move {
-            deliver(&target, limit).await;
-            drop(in_flight);
+            let delivery = deliver(&target, limit).await;
+            in_flight.end(delivery);
         });
         true
     }
@@ -234,9 +237,17 @@ impl ClientHandle {
         Some(target)
     }
 
-    fn end_cancel(&self) {
+    /// Whether a cancel of this client's may still land on its server (see
+    /// [`Delivery::Unsure`]); asked once, as the server goes back: such a server is closed
+    /// rather than given to another client.
+    pub fn take_unsure(&self) -> bool {
+        std::mem::take(&mut lock(&self.state).unsure)
+    }
+
+    fn end_cancel(&self, delivery: Delivery) {
         {
-            let _state = lock(&self.state);
+            let mut state = lock(&self.state);
+            state.unsure |= delivery == Delivery::Unsure;
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
         self.done.notify_waiters();
@@ -362,22 +373,50 @@ impl ClientHandle {
         let Some(target) = self.begin_cancel() else {
             return false;
         };
-        let in_flight = InFlight(self);
+        let in_flight = InFlight::new(self);
         tokio::spawn(async move {
-            deliver(&target, limit).await;
-            drop(in_flight);
+            let delivery = deliver(&target, limit).await;
+            in_flight.end(delivery);
         });
         true
     }
 }
 
-/// A cancel being delivered for a client; dropping it (whatever the path) ends it.
-struct InFlight(Arc<ClientHandle>);
+/// A cancel being delivered for a client; dropping it (whatever the path) ends it, as
+/// unsure of having landed unless [`end`](Self::end) said how it went.
+struct InFlight {
+    handle: Arc<ClientHandle>,
+    delivery: Delivery,
+}
+
+impl InFlight {
+    fn new(handle: Arc<ClientHandle>) -> InFlight {
+        InFlight {
+            handle,
+            delivery: Delivery::Unsure,
+        }
+    }
+
+    fn end(mut self, delivery: Delivery) {
+        self.delivery = delivery;
+    }
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.end_cancel();
+        self.handle.end_cancel(self.delivery);
     }
+}
+
+/// How the delivery of a cancel ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// The postmaster took it and closed the connection: it has signalled the backend.
+    Landed,
+    /// It never reached the postmaster (no connection, or the time was up before).
+    Unsent,
+    /// The postmaster has it, but had not closed the connection when the time was up.
+    Unsure,
 }
 
 /// A new key: 31 random bits of "process id" and 32 of secret, or under peering the
@@ -460,14 +499,36 @@ pub async fn cancel_and_wait(addr: &Arc<ServerAddr>, key: &BackendKey, limit: Du
     deliver(&target, limit).await;
 }
 
-async fn deliver(target: &CancelTarget, limit: Duration) {
-    let sent = tokio::time::timeout(limit, send_cancel(target)).await;
-    if !matches!(sent, Ok(Ok(()))) {
-        tracing::warn!(server = %target.addr, "cancel request could not be delivered");
+/// Sends the cancel; `limit` bounds the whole delivery.
+async fn deliver(target: &CancelTarget, limit: Duration) -> Delivery {
+    let until = tokio::time::Instant::now() + limit;
+    let mut stream = match tokio::time::timeout_at(until, send_cancel(target)).await {
+        Ok(Ok(stream)) => stream,
+        _ => {
+            tracing::warn!(server = %target.addr, "cancel request could not be delivered");
+            return Delivery::Unsent;
+        }
+    };
+    // The postmaster closes the connection once it has signalled the backend (an error
+    // reading is the connection closed too).
+    let mut sink = [0u8; 64];
+    let closed = async { while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {} };
+    match tokio::time::timeout_at(until, closed).await {
+        Ok(()) => Delivery::Landed,
+        Err(_) => {
+            tracing::warn!(
+                server = %target.addr,
+                "cancel request not known to have landed when its time was up"
+            );
+            Delivery::Unsure
+        }
     }
 }
 
-async fn send_cancel(target: &CancelTarget) -> Result<(), crate::server::ServerError> {
+/// Connects to the server's postmaster and writes the CancelRequest.
+async fn send_cancel(
+    target: &CancelTarget,
+) -> Result<crate::net::Stream, crate::server::ServerError> {
     let mut stream = target
         .addr
         .connect(&crate::net::Keepalive::default())
@@ -475,10 +536,7 @@ async fn send_cancel(target: &CancelTarget) -> Result<(), crate::server::ServerE
     let mut out = BytesMut::new();
     wire::encode_cancel_request(&mut out, target.key.pid, &target.key.secret);
     stream.write_all(&out).await?;
-    // The postmaster closes the connection once it has signalled the backend.
-    let mut sink = [0u8; 64];
-    while stream.read(&mut sink).await? > 0 {}
-    Ok(())
+    Ok(stream)
 }
 
 #[cfg(test)]
@@ -551,9 +609,26 @@ mod tests {
         h.attach(target());
         assert!(h.begin_cancel().is_some());
         assert!(!h.detach(), "a cancel in flight holds the server");
-        h.end_cancel();
+        h.end_cancel(Delivery::Landed);
         assert!(h.detach());
         assert!(h.begin_cancel().is_none());
+        assert!(!h.take_unsure());
+    }
+
+    #[test]
+    fn a_cancel_not_known_to_have_landed_is_told_once() {
+        let reg = CancelRegistry::default();
+        let h = reg.register(1, 0);
+        h.attach(target());
+        assert!(h.begin_cancel().is_some());
+        h.end_cancel(Delivery::Unsure);
+        assert!(h.detach());
+        assert!(h.take_unsure());
+        assert!(!h.take_unsure());
+        h.attach(target());
+        assert!(h.begin_cancel().is_some());
+        h.end_cancel(Delivery::Unsent);
+        assert!(!h.take_unsure());
     }
 
     const REASON: OwnCancel = OwnCancel::LockQueue {

@@ -107,6 +107,7 @@ fn cancel_cut_short_by_client_login_timeout_still_ends() {
     let pg = Postgres::start();
     let slowness = Slowness {
         cancel_hold: 2 * SECOND,
+        cancel_delay: Duration::ZERO,
         pace: None,
     };
     let relay = slow_relay(pg.port, slowness);
@@ -139,6 +140,47 @@ fn cancel_cut_short_by_client_login_timeout_still_ends() {
     assert_eq!(
         client.value_within("SELECT 'after'", 3 * SECOND),
         Ok("after".to_string())
+    );
+}
+
+/// A cancel passed to the server's postmaster but not known to have landed when
+/// cancel_wait_timeout ends may still land later: the server it was meant for is closed
+/// rather than given to another client, whose statement it would cancel.
+#[test]
+fn a_cancel_not_known_to_have_landed_keeps_its_server_from_other_clients() {
+    let pg = Postgres::start();
+    let slowness = Slowness {
+        cancel_hold: Duration::ZERO,
+        cancel_delay: 3 * SECOND,
+        pace: None,
+    };
+    let relay = slow_relay(pg.port, slowness);
+    let dbs = format!("slow = host={HOST} port={relay} dbname=app pool_size=1\n");
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\ncancel_wait_timeout = 1\n",
+        &dbs,
+    );
+    let slow = [("user", "trustuser"), ("database", "slow")];
+    let mut first = Raw::connect(pw.port);
+    let key = first
+        .startup(&slow)
+        .unwrap_or_else(|err| panic!("login: {err:?}"))
+        .key
+        .unwrap_or_else(|| panic!("no BackendKeyData"));
+    first.send(&raw::query_message("SELECT pg_sleep(1)"));
+    thread::sleep(Duration::from_millis(200));
+    raw::send_cancel(pw.port, key.0, &key.1);
+    // The sleep ends before the cancel reaches PostgreSQL.
+    assert!(first.read_result(5 * SECOND).is_ok());
+    let mut second = Raw::connect(pw.port);
+    second
+        .startup(&slow)
+        .unwrap_or_else(|err| panic!("login: {err:?}"));
+    // Runs while the first client's cancel is passed on (3 s after it was sent).
+    assert_eq!(
+        second.value_within("SELECT pg_sleep(4)::text || 'done'", 10 * SECOND),
+        Ok("done".to_string())
     );
 }
 

@@ -70,6 +70,7 @@ fn failed_copy_with_data_still_streaming_gives_the_server_back() {
     // The network to the server is slower than the client, so data waits in pgward.
     let slowness = Slowness {
         cancel_hold: Duration::ZERO,
+        cancel_delay: Duration::ZERO,
         pace: Some((64 * 1024, Duration::from_millis(8))),
     };
     let relay = slow_relay(pg.port, slowness);

@@ -1071,6 +1071,14 @@ impl Session {
             self.gate.settle_kept();
             self.handle.wait_cancels().await;
         }
+        if self.handle.take_unsure() {
+            // A cancel of this client's may still land on what the server runs next.
+            tracing::info!(
+                client = self.id,
+                "a cancel may still land: its server is closed"
+            );
+            link.server.poison();
+        }
         if stays && link.unreported_named {
             // (No cancel of the client's can reach pgward's own statement now.)
             self.gate.settle_kept();

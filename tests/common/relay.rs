@@ -13,6 +13,8 @@ use super::HOST;
 pub struct Slowness {
     /// A cancel request's connection stays open this long after the request was passed on.
     pub cancel_hold: Duration,
+    /// A cancel request is passed on this long after it came (a postmaster slow to take it).
+    pub cancel_delay: Duration,
     /// Bytes towards PostgreSQL go in pieces of `.0` bytes, `.1` apart.
     pub pace: Option<(usize, Duration)>,
 }
@@ -36,15 +38,22 @@ fn relay_one(mut inbound: TcpStream, target: u16, slowness: Slowness) {
     if inbound.read_exact(&mut head).is_err() {
         return;
     }
+    let cancel = head[4..8] == 80_877_102u32.to_be_bytes();
+    let mut key = [0u8; 8];
+    if cancel {
+        if inbound.read_exact(&mut key).is_err() {
+            return;
+        }
+        thread::sleep(slowness.cancel_delay);
+    }
     let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
         return;
     };
     if outbound.write_all(&head).is_err() {
         return;
     }
-    if head[4..8] == 80_877_102u32.to_be_bytes() {
-        let mut key = [0u8; 8];
-        if inbound.read_exact(&mut key).is_ok() && outbound.write_all(&key).is_ok() {
+    if cancel {
+        if outbound.write_all(&key).is_ok() {
             let mut ack = [0u8; 1];
             let _ = outbound.read(&mut ack);
             thread::sleep(slowness.cancel_hold);
