@@ -138,6 +138,40 @@ fn idle_transaction_timeout_closes_with_25p03_and_the_server() {
     assert!(gone, "the server stayed idle in transaction");
 }
 
+/// Inside a transaction, a statement answered without a Sync (its batch ended by a Flush)
+/// ran all along: the idle time counts from its last answer, not from the ReadyForQuery
+/// before it.
+#[test]
+fn idle_transaction_timeout_counts_from_the_last_answer_of_a_flushed_batch() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "idle_transaction_timeout = 1\n");
+    let mut client = pw.client();
+    client.value("BEGIN");
+    let batch = raw::Batch::new()
+        .parse("", "SELECT pg_sleep(1.5)", &[])
+        .bind("", "", &[])
+        .execute("", 0)
+        .flush();
+    client.send(&batch.bytes);
+    let answered = client
+        .until_tag_within(b'C', 5 * SECOND)
+        .unwrap_or_else(|e| panic!("the statement's answers: {e}"));
+    assert!(
+        raw::first_error(&answered).is_none(),
+        "{}",
+        raw::describe(&answered)
+    );
+    thread::sleep(Duration::from_millis(300));
+    let ended = client.exchange_within(&raw::Batch::new().sync().bytes, 5 * SECOND, "Sync");
+    assert!(
+        raw::first_error(&ended).is_none(),
+        "{}",
+        raw::describe(&ended)
+    );
+    assert_eq!(client.value("SELECT 'still in'"), "still in");
+    client.value("COMMIT");
+}
+
 #[test]
 fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
     let pg = Postgres::start();

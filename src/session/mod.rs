@@ -838,6 +838,7 @@ impl Session {
         let max = link.server.max_message();
         let mut opened_block = false;
         let mut last_ready = None;
+        let owed_before = !link.expected.is_empty();
         while let Some(span) = server_frame_at(&mut link.server, offset, max)? {
             let (tag, end) = (span.tag, span.end);
             if tag == backend::tag::READY_FOR_QUERY
@@ -956,7 +957,13 @@ impl Session {
             link.busy_since = None;
             self.gate.timed_out = None;
             // Idle time counts from the last answer, not from the last request.
-            self.last_client_activity = last_ready.unwrap_or_else(Instant::now);
+            let answered = last_ready.unwrap_or_else(Instant::now);
+            self.last_client_activity = answered;
+            if owed_before {
+                // Inside a transaction too: a batch answered without a ReadyForQuery (ended
+                // by a Flush) ran until now.
+                link.ready_since = answered;
+            }
         }
         self.after_answers().await
     }
