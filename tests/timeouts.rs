@@ -172,6 +172,35 @@ fn idle_transaction_timeout_counts_from_the_last_answer_of_a_flushed_batch() {
     client.value("COMMIT");
 }
 
+/// A batch answered but left open (a Flush, no Sync) holds the server and its implicit
+/// transaction: the client idling in it is closed as in an idle transaction block.
+#[test]
+fn idle_transaction_timeout_closes_a_batch_left_open() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "idle_transaction_timeout = 1\n");
+    let mut client = pw.client();
+    let batch = raw::Batch::new()
+        .parse("", "SELECT 1", &[])
+        .bind("", "", &[])
+        .execute("", 0)
+        .flush();
+    client.send(&batch.bytes);
+    let answered = client
+        .until_tag_within(b'C', 5 * SECOND)
+        .unwrap_or_else(|e| panic!("the statement's answers: {e}"));
+    assert!(
+        raw::first_error(&answered).is_none(),
+        "{}",
+        raw::describe(&answered)
+    );
+    let err = client.expect_error_within(5 * SECOND);
+    assert_eq!(
+        (err.code(), err.message()),
+        ("25P03", "idle transaction timeout")
+    );
+    assert!(client.closes_within(2 * SECOND));
+}
+
 #[test]
 fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
     let pg = Postgres::start();

@@ -393,7 +393,10 @@ impl Session {
                         consider(tenant.statement, since, Timer::TenantStatement);
                     }
                 }
-                if in_tx && link.expected.is_empty() {
+                // A batch left open with everything answered (ended by a Flush) holds the
+                // server's implicit transaction as much as an idle transaction block does.
+                let batch_left_open = !link.expected.is_quiet();
+                if (in_tx || batch_left_open) && link.expected.is_empty() {
                     let limit = at_most(t.idle_transaction, tenant.idle_in_transaction);
                     consider(limit, link.ready_since, Timer::IdleTransaction);
                 }
