@@ -81,6 +81,42 @@ fn skipped_eviction_close_leaves_the_statement_usable() {
     assert_row(&fresh, "1", "the same text, another client");
 }
 
+/// The same, with the statement's next run sent before the failed batch is answered: pgward
+/// prepares it again, not knowing yet that the server skipped its Close; the server has it,
+/// and the run works as on PostgreSQL itself (and keeps working).
+#[test]
+fn a_run_pipelined_behind_a_skipped_eviction_close_works() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut client = pw.client();
+    let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
+    assert_row(&first, "1", "a");
+    let second = client.exchange_within(&run_named("a2", "SELECT 2"), 3 * SECOND, "a2");
+    assert_row(&second, "2", "a2");
+    let pipelined = [
+        parse_message("", "selec bad"),
+        parse_message("b", "SELECT 3"),
+        sync_message(),
+        run_prepared("a"),
+    ]
+    .concat();
+    client.send(&pipelined);
+    let refused = client
+        .until_ready_within(3 * SECOND)
+        .expect("the failed batch");
+    assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
+    let behind = client.until_ready_within(3 * SECOND).expect("a behind it");
+    assert_row(&behind, "1", "a behind the failed batch");
+    assert_eq!(tags(&behind), "2DCZ", "{}", describe(&behind));
+    for n in 0..2 {
+        let again = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a again");
+        assert_row(&again, "1", &format!("a again ({n})"));
+    }
+    let mut other = pw.client();
+    let fresh = other.exchange_within(&run_named("c", "SELECT 1"), 3 * SECOND, "another");
+    assert_row(&fresh, "1", "the same text, another client");
+}
+
 // ---------------------------------------------------------------------------------------------
 // What the drain after Terminate learns.
 

@@ -520,6 +520,7 @@ impl MessageContext<'_> {
         let known = server.statements.contains(&statement.server_name);
         if !known {
             self.evict_for_one(capacity, &mut out);
+            self.close_first(&statement.server_name, &mut out);
             self.link
                 .server
                 .statements
@@ -727,6 +728,7 @@ impl MessageContext<'_> {
             return;
         }
         self.evict_for_one(capacity, out);
+        self.close_first(&stmt.server_name, out);
         self.counters.add_server_parse();
         out.extend_from_slice(&stmt.parse);
         self.link.server.statements.use_in_batch(&stmt.server_name);
@@ -736,6 +738,20 @@ impl MessageContext<'_> {
             client_name: None,
             unnamed: false,
             defines: None,
+        });
+    }
+
+    /// Closes pgward's statement `name` before it is prepared on a server that should not
+    /// have it. The server may have it all the same: a Close of it sent in an earlier batch,
+    /// not answered yet, may be skipped after an error, or a DEALLOCATE ALL answered later may
+    /// be taken to have dropped it. PostgreSQL's Close of a statement that does not exist is no
+    /// error, so the Parse that follows works either way (pgward's names are made from the
+    /// text and types, so the statement is the same).
+    fn close_first(&mut self, name: &Bytes, out: &mut BytesMut) {
+        wire::encode_close(out, target::STATEMENT, name);
+        self.link.expected.push(Owed::Close {
+            client: false,
+            statement: None,
         });
     }
 
