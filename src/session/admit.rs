@@ -59,6 +59,20 @@ const KEPT_BLOCK: usize = 1024;
 /// be mostly theirs, and kept alive by the session until the next copy.
 const KEPT_MAX: usize = KEPT_BLOCK / 2;
 
+/// The server taken for a request admitted with `pass` (`attached`); when none came (the
+/// client left, the pool's wait timed out, the server's login failed) the request never runs,
+/// and what `pass` was charged is given back.
+fn refunded_unless_ok(
+    attached: Result<Duration, SessionError>,
+    keeper: &crate::gate::keeper::Gatekeeper,
+    pass: &mut Pass,
+) -> Result<Duration, SessionError> {
+    if attached.is_err() {
+        keeper.refund(pass);
+    }
+    attached
+}
+
 /// The tenant's statement timeout fired: its `limit`, for the request the server was busy
 /// with `since` (the next request, once that one is answered, is timed anew).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -1123,22 +1137,6 @@ impl Session {
         (known, unsettled)
     }
 
-    /// Takes a server for a request admitted with `pass`; when none comes (the client left,
-    /// the pool's wait timed out, the server's login failed) the request never runs, and
-    /// what `pass` was charged is given back.
-    async fn attach_paid(
-        &mut self,
-        io: &mut ClientIo,
-        keeper: &Arc<crate::gate::keeper::Gatekeeper>,
-        pass: &mut Pass,
-    ) -> Result<Duration, SessionError> {
-        let attached = self.attach(io).await;
-        if attached.is_err() {
-            keeper.refund(pass);
-        }
-        attached
-    }
-
     /// Whether the server has answered everything sent before the messages gated now.
     fn answered_before_gated(&self) -> bool {
         self.gate.gated == 0
@@ -1433,7 +1431,8 @@ impl Session {
             // waits for a slot: it may hold locks that the statements ahead of it in the
             // queue wait for.
             if self.link.is_none() && self.mode == crate::config::PoolMode::Session {
-                for_server += self.attach_paid(io, &keeper, &mut pass).await?;
+                let attached = self.attach(io).await;
+                for_server += refunded_unless_ok(attached, &keeper, &mut pass)?;
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
                 let answer = self
@@ -1455,7 +1454,8 @@ impl Session {
                 }
             }
             if self.link.is_none() {
-                for_server += self.attach_paid(io, &keeper, &mut pass).await?;
+                let attached = self.attach(io).await;
+                for_server += refunded_unless_ok(attached, &keeper, &mut pass)?;
             }
             if bypass {
                 self.note_waited(governance, &pass);
@@ -2376,7 +2376,8 @@ impl Session {
             return;
         };
         use crate::wire::backend::field;
-        match self.gate.timed_out {
+        let busy_since = link.busy_since;
+        match self.gate.timed_out.filter(|t| t.since == busy_since) {
             // pgward's statement timeout cancelled it: say whose timeout it was.
             Some(t) if error.code() == Some(sqlstate::QUERY_CANCELED) => {
                 let err = statement_timeout_error(&self.gate.tenant, t.limit);

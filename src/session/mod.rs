@@ -878,7 +878,8 @@ impl Session {
                         (self.gate.requests_sent + 1)
                             .saturating_sub(link.expected.requests_owed() as u64)
                     });
-                    let own = own_cancel_error(body, &self.gate, &self.handle, request);
+                    let gate = (&self.gate, link.busy_since);
+                    let own = own_cancel_error(body, gate, &self.handle, request);
                     own.map(|err| {
                         let mut out = BytesMut::new();
                         crate::wire::encode_error(&mut out, &err);
@@ -1256,7 +1257,7 @@ fn prepared_capacity(mode: PoolMode, configured: u32, governed: bool) -> Option<
 /// timeout, the lock-queue guard).
 fn own_cancel_error(
     body: &[u8],
-    gate: &admit::GateState,
+    (gate, busy_since): (&admit::GateState, Option<Instant>),
     handle: &crate::cancel::ClientHandle,
     request: Option<u64>,
 ) -> Option<ErrorResponse> {
@@ -1264,7 +1265,9 @@ fn own_cancel_error(
     if code != sqlstate::QUERY_CANCELED.as_bytes() {
         return None;
     }
-    if let Some(t) = gate.timed_out {
+    // The request the tenant's statement timeout cancelled (not a later one of the same
+    // pipeline, answered in the same read).
+    if let Some(t) = gate.timed_out.filter(|t| t.since == busy_since) {
         return Some(admit::statement_timeout_error(&gate.tenant, t.limit));
     }
     // Without a policy (no `request`) pgward cancels nothing of its own, and a reason left
