@@ -401,6 +401,40 @@ async fn pause_resume_disable_enable() {
     admin.simple_query("RESUME").await.unwrap();
 }
 
+/// A PAUSE still waiting for busy servers when a RESUME comes stops closing servers: after the
+/// RESUME a server given back is kept for the next transaction.
+#[tokio::test]
+async fn resume_ends_a_pause_still_waiting_for_busy_servers() {
+    let (_pg, pw) = start("");
+    let pauser = connect(&pw, "admin", "pgward").await;
+    let admin = connect(&pw, "admin", "pgward").await;
+    let busy = connect(&pw, "postgres", "app").await;
+    busy.simple_query("BEGIN").await.unwrap();
+    let pause = tokio::spawn(async move { pauser.simple_query("PAUSE").await.map(|_| ()) });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!pause.is_finished(), "PAUSE waits for the busy server");
+    admin.simple_query("RESUME").await.unwrap();
+    let app = connect(&pw, "postgres", "app").await;
+    let pid = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
+        rows.into_iter()
+            .find_map(|m| match m {
+                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
+                _ => None,
+            })
+            .expect("a row")
+    };
+    let first = pid(app.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let second = pid(app.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    assert_eq!(first, second, "the idle server was closed after the RESUME");
+    busy.simple_query("COMMIT").await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), pause)
+        .await
+        .expect("the PAUSE command ends")
+        .unwrap()
+        .unwrap();
+}
+
 #[tokio::test]
 async fn kill_kill_client_reconnect_wait_close() {
     let (_pg, pw) = start("");

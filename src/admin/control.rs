@@ -80,8 +80,17 @@ async fn pause(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
         Ok(())
     })?;
     tracing::info!("PAUSE {}", db.unwrap_or("(all)"));
-    // Servers still in use are closed as they come back; the command returns when none is.
+    // Servers still in use are closed as they come back; the command returns when none is,
+    // or when a RESUME (or a KILL's end) has lifted the pause meanwhile.
     loop {
+        let state = rt.ops.control.get();
+        let in_force = match db {
+            Some(db) => state.paused.contains(db),
+            None => state.pause == PauseMode::Paused,
+        };
+        if !in_force {
+            return Ok(());
+        }
         let pools = pools_of(rt, db);
         let mut busy = 0;
         for pool in &pools {
