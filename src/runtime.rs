@@ -346,7 +346,7 @@ pub fn pool_settings(
             .and_then(|u| u.reserve_pool_size)
             .or(db.reserve_pool)
             .unwrap_or(s.reserve_pool_size) as usize,
-        reserve_pool_timeout: s.reserve_pool_timeout.unwrap_or(Duration::ZERO),
+        reserve_pool_timeout: s.reserve_pool_timeout,
         max_db_connections: db.max_db_connections.unwrap_or(s.max_db_connections) as usize,
         max_user_connections: user_def
             .and_then(|u| u.max_user_connections)

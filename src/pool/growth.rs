@@ -8,7 +8,9 @@ pub struct Limits {
     pub pool_size: usize,
     pub min_pool_size: usize,
     pub reserve_pool_size: usize,
-    pub reserve_pool_timeout: Duration,
+    /// How long a ticket waits before the reserve opens; `None` (a setting of 0) keeps the
+    /// reserve closed, as in PgBouncer.
+    pub reserve_pool_timeout: Option<Duration>,
     /// `max_db_connections`: servers of all pools of this database; 0 is unlimited.
     pub max_db_connections: usize,
     /// `max_user_connections`: servers of all pools of this user; 0 is unlimited.
@@ -50,7 +52,8 @@ impl Limits {
     /// oldest ticket has waited.
     pub fn growth(&self, usage: &Usage, oldest_wait: Option<Duration>) -> Growth {
         let uncovered = usage.waiting > usage.connecting;
-        let below_min = usage.pool_total < self.min_pool_size;
+        // min_pool_size is capped at the pool's size, as PgBouncer's is.
+        let below_min = usage.pool_total < self.min_pool_size.min(self.pool_size);
         if !uncovered && !below_min {
             return Growth::NotNeeded;
         }
@@ -60,10 +63,13 @@ impl Limits {
         if self.max_user_connections > 0 && usage.user_total >= self.max_user_connections {
             return Growth::UserFull;
         }
-        if usage.pool_total < self.pool_size.max(self.min_pool_size) {
+        if usage.pool_total < self.pool_size {
             return Growth::Open;
         }
-        let reserve_due = oldest_wait.is_some_and(|w| w >= self.reserve_pool_timeout);
+        let reserve_due = match (oldest_wait, self.reserve_pool_timeout) {
+            (Some(waited), Some(timeout)) => waited >= timeout,
+            _ => false,
+        };
         if uncovered && reserve_due && usage.pool_total < self.pool_size + self.reserve_pool_size {
             return Growth::Reserve;
         }
@@ -80,7 +86,7 @@ mod tests {
             pool_size: 2,
             min_pool_size: 0,
             reserve_pool_size: 1,
-            reserve_pool_timeout: Duration::from_secs(5),
+            reserve_pool_timeout: Some(Duration::from_secs(5)),
             max_db_connections: 0,
             max_user_connections: 0,
         }
@@ -139,6 +145,32 @@ mod tests {
         };
         assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
         assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
+    }
+
+    #[test]
+    fn a_reserve_pool_timeout_of_zero_keeps_the_reserve_closed() {
+        let l = Limits {
+            reserve_pool_timeout: None,
+            ..limits()
+        };
+        assert_eq!(
+            l.growth(&usage(2, 0, 1), Some(Duration::from_secs(50))),
+            Growth::PoolFull
+        );
+    }
+
+    #[test]
+    fn min_pool_size_is_capped_at_the_pool_size() {
+        let l = Limits {
+            min_pool_size: 10,
+            ..limits()
+        };
+        assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
+        assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
+        assert_eq!(
+            l.growth(&usage(2, 0, 1), Some(Duration::ZERO)),
+            Growth::PoolFull
+        );
     }
 
     #[test]
