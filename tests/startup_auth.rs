@@ -403,6 +403,25 @@ fn unknown_database_is_refused_with_3d000() {
     assert_eq!(fields.message(), "no such database: nope");
 }
 
+/// An empty password in the auth file (the usual entry for a user who logs in by trust or
+/// certificate under hba) proves nothing: a password login as that user is refused, whatever
+/// the client sends, as in PgBouncer.
+#[test]
+fn an_empty_password_in_the_auth_file_admits_no_password_login() {
+    let pg = Postgres::start();
+    let dir = shared_tempdir("pgward-users-");
+    let userlist = write_userlist(dir.path(), &[("trustuser", "")]);
+    for method in ["plain", "md5"] {
+        let settings = format!("auth_type = {method}\nauth_file = {}\n", userlist.display());
+        let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+        let mut client = Raw::connect(pw.port);
+        let refused = client
+            .startup_with_password(&[("user", "trustuser"), ("database", "app")], Some(""))
+            .expect_err("an empty password let the client in");
+        assert_eq!(refused.code(), "28P01", "{method}: {refused:?}");
+    }
+}
+
 #[test]
 fn oversized_password_message_is_refused_at_once() {
     let pg = Postgres::start();

@@ -200,6 +200,9 @@ async fn authenticate_for(
         )));
     }
     let from_query = origin == Origin::AuthQuery;
+    // An empty password proves nothing (the auth file's entry for a user who logs in by
+    // trust or certificate): no password exchange can succeed with it, as in PgBouncer.
+    let secret = secret.filter(|s| !matches!(s, Secret::Plain(p) if p.is_empty()));
     match (method, &secret) {
         (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
         (HbaMethod::Md5, Some(Secret::Scram(_))) | (HbaMethod::ScramSha256, _) => {
