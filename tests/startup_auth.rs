@@ -422,6 +422,29 @@ fn an_empty_password_in_the_auth_file_admits_no_password_login() {
     }
 }
 
+/// `auth_type = any` ignores the name the client gives: a database without a forced user is
+/// refused with PgBouncer's "bouncer config error" (any name, a superuser's too, would log
+/// in), one with a forced user logs in as that user.
+#[test]
+fn auth_type_any_needs_a_forced_user() {
+    let pg = Postgres::start();
+    let forced = format!("forced = {} user=trustuser\n", pg.db_connstr("app"));
+    let pw = Pgward::start(&Pgward::ini(&pg, "auth_type = any\n", &forced));
+    let mut client = Raw::connect(pw.port);
+    let refused = client
+        .startup(&[("user", "postgres"), ("database", "app")])
+        .expect_err("a name of the client's choosing logged in");
+    assert_eq!(
+        (refused.code(), refused.message()),
+        ("F0000", "bouncer config error")
+    );
+    let mut client = Raw::connect(pw.port);
+    client
+        .startup(&[("user", "postgres"), ("database", "forced")])
+        .unwrap_or_else(|e| panic!("the forced user's database: {e:?}"));
+    assert_eq!(client.value("SELECT current_user"), "trustuser");
+}
+
 #[test]
 fn oversized_password_message_is_refused_at_once() {
     let pg = Postgres::start();

@@ -237,9 +237,25 @@ async fn known(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Known, Session
 /// password, as PgBouncer does; `auth_type = any` admits every name. Anyone else is
 /// refused: a forced user in `[databases]` must not lend its session to any name.
 async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated, SessionError> {
-    if rt.config.load().settings.auth_type == AuthType::Any {
+    let config = rt.config.load();
+    if config.settings.auth_type == AuthType::Any {
+        // The name the client gives is ignored, so the database must name the server's user
+        // (as in PgBouncer): otherwise any name, a superuser's included, would log in.
+        // (An unknown database is refused for what it is, later.)
+        let console = req.database == crate::config::databases::ADMIN_DB;
+        let unforced = config
+            .database(&req.database)
+            .is_some_and(|d| d.user.is_none());
+        if !console && unforced {
+            tracing::error!(database = %req.database, "auth_type=any requires forced user");
+            return Err(SessionError::Fatal(ErrorResponse::fatal(
+                sqlstate::CONFIG_FILE_ERROR,
+                "bouncer config error",
+            )));
+        }
         return Ok(Authenticated { credential: None });
     }
+    drop(config);
     admit_known(rt, req).await
 }
 
