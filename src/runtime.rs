@@ -193,7 +193,12 @@ impl Runtime {
                 pool.close_idle("database removed");
                 continue;
             };
+            let reinstated = pool.closing.retired();
+            if reinstated {
+                pool.closing.reinstate();
+            }
             if tls_changed
+                || reinstated
                 || old_config
                     .database(&pool.key.db)
                     .is_none_or(|old| connection_changed(&old, &db))

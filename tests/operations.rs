@@ -212,6 +212,31 @@ fn old_pool_servers_close_as_released_after_a_reload() {
     }
 }
 
+/// A database taken out by a reload and put back by the next one pools again: its servers
+/// are kept between transactions (they were closed after each, for good).
+#[test]
+fn a_database_removed_and_put_back_pools_again() {
+    let pg = Postgres::start();
+    let db = format!("d = {}", pg.db_connstr("app"));
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &db);
+    // Connected through both reloads, so the pool stays.
+    let mut client = pw.client_as("trustuser", "d");
+    assert_eq!(client.value("SELECT 1"), "1");
+    let with = read_lossy(&pw.ini_path);
+    std::fs::write(&pw.ini_path, with.replace(&db, "")).unwrap_or_else(|e| panic!("ini: {e}"));
+    pw.reload_and_wait();
+    std::fs::write(&pw.ini_path, &with).unwrap_or_else(|e| panic!("ini: {e}"));
+    pw.reload_and_wait();
+    let first = client.value("SELECT pg_backend_pid()");
+    let second = client.value("SELECT pg_backend_pid()");
+    assert_eq!(
+        first,
+        second,
+        "each transaction had a new server\n{}",
+        pw.log()
+    );
+}
+
 #[test]
 fn set_user_below_current_use_evicts_within_a_second() {
     let pg = Postgres::start();

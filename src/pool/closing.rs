@@ -46,6 +46,13 @@ impl Closing {
         self.armed.store(true, Ordering::Release);
     }
 
+    /// The pool's configuration is back (its database put back, its forced user as it was):
+    /// servers it opens from now on are kept again. (The reload that puts it back also closes
+    /// the servers opened before, as for a changed connection string.)
+    pub fn reinstate(&self) {
+        lock(&self.rules).retired = false;
+    }
+
     /// Whether the pool's configuration is gone (see [`Self::retire`]).
     pub fn retired(&self) -> bool {
         self.armed.load(Ordering::Acquire) && lock(&self.rules).retired
