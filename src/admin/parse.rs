@@ -271,14 +271,19 @@ fn unkill(args: &[Token]) -> Option<Command> {
 }
 
 /// `SET key = value`, `SET USER name = value`, `SET POOL user.db = value`,
-/// `SET TENANT name = value`.
+/// `SET TENANT name = value`; `TO` in place of `=` and a double-quoted key, as PgBouncer reads
+/// them.
 fn set(args: &[Token]) -> Option<Command> {
+    let equals = |t: &Token| *t == Token::Equals || t.keyword().as_deref() == Some("to");
     match args {
-        [key, Token::Equals, value] => Some(Command::Set {
-            key: key.keyword()?,
+        [key, eq, value] if equals(eq) => Some(Command::Set {
+            key: match key {
+                Token::Equals => return None,
+                _ => key.text().to_ascii_lowercase(),
+            },
             value: value.text().to_string(),
         }),
-        [kind, name, Token::Equals, value] => {
+        [kind, name, eq, value] if equals(eq) => {
             let name = name.text().to_string();
             let value = value.text().to_string();
             match kind.keyword()?.as_str() {
@@ -380,6 +385,21 @@ mod tests {
         );
         assert!(parse("set x = 'open").is_err());
         assert!(parse("set x").is_err());
+        // PgBouncer's other spellings.
+        let pool_size = Command::Set {
+            key: "default_pool_size".into(),
+            value: "30".into(),
+        };
+        assert_eq!(parse("SET default_pool_size TO 30;").unwrap(), pool_size);
+        assert_eq!(parse("set \"default_pool_size\" = 30").unwrap(), pool_size);
+        assert_eq!(
+            parse("SET USER app TO 'pool_size=3'").unwrap(),
+            Command::SetUser {
+                name: "app".into(),
+                value: "pool_size=3".into()
+            }
+        );
+        assert!(parse("set = = 1").is_err());
     }
 
     #[test]
