@@ -376,6 +376,30 @@ fn server_reset_query_runs_in_session_mode_only() {
     assert_eq!(logged_statements(&pg, "DISCARD ALL"), 2);
 }
 
+/// server_reset_query_always runs the reset at every release in statement pooling too, as
+/// in PgBouncer.
+#[test]
+fn server_reset_query_always_resets_in_statement_pooling() {
+    let pg = Postgres::start();
+    log_statements_of(&pg, "trustuser");
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = statement\ndefault_pool_size = 1\nserver_reset_query_always = 1\n",
+        "",
+    );
+    let mut a = pw.client();
+    a.value("SELECT 1");
+    a.value("SELECT 2");
+    assert!(
+        eventually(Duration::from_secs(3), || logged_statements(
+            &pg,
+            "DISCARD ALL"
+        ) == 2),
+        "DISCARD ALL ran {} times, expected once per statement",
+        logged_statements(&pg, "DISCARD ALL")
+    );
+}
+
 #[test]
 fn server_check_query_runs_after_server_check_delay() {
     let pg = Postgres::start();

@@ -1098,7 +1098,8 @@ impl Session {
         if link.expected.is_empty() {
             self.spare_expected = std::mem::take(&mut link.expected);
         }
-        let always = self.mode == PoolMode::Transaction && self.pool.resets_always();
+        // (In session pooling the reset runs as the client leaves.)
+        let always = self.mode != PoolMode::Session && self.pool.resets_always();
         let reset = always
             .then(|| self.pool.settings_now().reset_query.clone())
             .flatten();
