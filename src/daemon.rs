@@ -17,7 +17,8 @@ use crate::pool::PoolError;
 use crate::runtime::Runtime;
 
 /// Serves `config` until a signal or the console stops pgward; the process's exit code.
-pub async fn serve(config: Config) -> ExitCode {
+/// `logfile`: pgward's own log file, if it writes one (opened again at every reload).
+pub async fn serve(config: Config, logfile: Option<Arc<crate::ops::logfile::LogFile>>) -> ExitCode {
     let userlist = match &config.settings.auth_file {
         Some(path) => match config::load_userlist(path) {
             Ok(u) => u,
@@ -40,7 +41,10 @@ pub async fn serve(config: Config) -> ExitCode {
     if let Err(e) = crate::runtime::open_decision_log(&gatekeeper, governance.as_deref()) {
         return failed(e);
     }
-    let ops = crate::ops::Ops::default();
+    let ops = crate::ops::Ops {
+        logfile,
+        ..Default::default()
+    };
     if let Err(e) = crate::runtime::open_traffic_log(&ops, governance.as_deref()) {
         return failed(e);
     }

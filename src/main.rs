@@ -153,10 +153,13 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    if let Err(e) = init_logging(&config, &args) {
-        eprintln!("pgward: cannot open logfile: {e}");
-        return ExitCode::FAILURE;
-    }
+    let logfile = match init_logging(&config, &args) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("pgward: cannot open logfile: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
     for w in &config.warnings {
         tracing::warn!("{w}");
     }
@@ -172,7 +175,7 @@ fn main() -> ExitCode {
             .build()
     };
     match runtime {
-        Ok(rt) => rt.block_on(pgward::daemon::serve(config)),
+        Ok(rt) => rt.block_on(pgward::daemon::serve(config, logfile)),
         Err(e) => {
             eprintln!("pgward: cannot start: {e}");
             ExitCode::FAILURE
@@ -180,7 +183,12 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_logging(config: &Config, args: &Args) -> std::io::Result<()> {
+/// Sets up pgward's own log; the log file, when `logfile` names one (opened again at every
+/// reload).
+fn init_logging(
+    config: &Config,
+    args: &Args,
+) -> std::io::Result<Option<std::sync::Arc<pgward::ops::logfile::LogFile>>> {
     let level = match config.settings.verbose.max(0) + args.verbose {
         0 => tracing::Level::INFO,
         1 => tracing::Level::DEBUG,
@@ -191,17 +199,15 @@ fn init_logging(config: &Config, args: &Args) -> std::io::Result<()> {
         .with_target(false);
     match &config.settings.logfile {
         Some(path) => {
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)?;
+            let file = std::sync::Arc::new(pgward::ops::logfile::LogFile::open(path)?);
             builder
                 .with_ansi(false)
-                .with_writer(std::sync::Mutex::new(file))
+                .with_writer(std::sync::Arc::clone(&file))
                 .init();
+            return Ok(Some(file));
         }
         None if args.quiet => builder.with_writer(std::io::sink).init(),
         None => builder.with_writer(std::io::stderr).init(),
     }
-    Ok(())
+    Ok(None)
 }

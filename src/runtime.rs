@@ -129,6 +129,9 @@ impl Runtime {
         if let Err(e) = self.ops.traffic.reopen() {
             tracing::warn!("{e}");
         }
+        if let Some(Err(e)) = self.ops.logfile.as_ref().map(|l| l.reopen()) {
+            tracing::warn!("{e}");
+        }
         let path = self.config.load().path.clone();
         let mut config = crate::config::load(&path)?;
         let userlist = match &config.settings.auth_file {

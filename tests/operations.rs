@@ -237,6 +237,26 @@ fn a_database_removed_and_put_back_pools_again() {
     );
 }
 
+/// logrotate moves the log file away and sends SIGHUP: pgward writes to a new file at the
+/// configured path from then on, as PgBouncer does.
+#[test]
+fn a_reload_opens_a_moved_logfile_again() {
+    let pg = Postgres::start();
+    let pw = Pgward::start(&Pgward::ini(&pg, SETTINGS, ""));
+    let rotated = pw.log_path.with_extension("log.1");
+    std::fs::rename(&pw.log_path, &rotated).unwrap_or_else(|e| panic!("rotate: {e}"));
+    pw.reload();
+    let reopened = eventually(10 * SECOND, || {
+        read_lossy(&pw.log_path).contains("configuration reloaded")
+    });
+    assert!(
+        reopened,
+        "nothing logged at the path\n{}",
+        read_lossy(&rotated)
+    );
+    assert!(read_lossy(&rotated).contains("started"));
+}
+
 #[test]
 fn set_user_below_current_use_evicts_within_a_second() {
     let pg = Postgres::start();

@@ -5,6 +5,7 @@
 pub mod anomalies;
 pub mod clients;
 pub mod hooks;
+pub mod logfile;
 pub mod overrides;
 pub mod sketch;
 pub mod state;
@@ -39,6 +40,8 @@ pub struct Ops {
     pub anomalies: Mutex<Detector>,
     /// The traffic log (`pgward simulate` reads it), under a policy that names one.
     pub traffic: traffic::TrafficLog,
+    /// pgward's own log file, when `logfile` names one (opened again at every reload).
+    pub logfile: Option<std::sync::Arc<logfile::LogFile>>,
     /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
     pub os_uid: u32,
     pub os_user: Option<String>,
@@ -55,6 +58,7 @@ impl Default for Ops {
             statements: Mutex::new(Statements::default()),
             anomalies: Mutex::new(Detector::default()),
             traffic: traffic::TrafficLog::default(),
+            logfile: None,
             os_uid,
             os_user: user_name(os_uid),
         }

@@ -1,0 +1,88 @@
+//! pgward's own log (`logfile`), opened again at every reload (SIGHUP, RELOAD) so that
+//! logrotate can move it away and signal, as with PgBouncer.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::sync::lock;
+
+/// The log file, and where it is to be found.
+#[derive(Debug)]
+pub struct LogFile {
+    path: PathBuf,
+    file: Mutex<File>,
+}
+
+fn open(path: &Path) -> io::Result<File> {
+    OpenOptions::new().create(true).append(true).open(path)
+}
+
+impl LogFile {
+    pub fn open(path: &Path) -> io::Result<LogFile> {
+        Ok(LogFile {
+            path: path.to_path_buf(),
+            file: Mutex::new(open(path)?),
+        })
+    }
+
+    /// Opens the file at its path again (a new one if it was moved); on failure the file in
+    /// use stays.
+    pub fn reopen(&self) -> io::Result<()> {
+        let file = open(&self.path).map_err(|e| {
+            io::Error::new(e.kind(), format!("logfile {}: {e}", self.path.display()))
+        })?;
+        *lock(&self.file) = file;
+        Ok(())
+    }
+}
+
+/// Writes to the file in use (tracing's writer for an `Arc<LogFile>`: one formatted line a
+/// write).
+impl Write for &LogFile {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        lock(&self.file).write(buf)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        lock(&self.file).flush()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_moved_log_file_is_opened_again_at_its_path() {
+        let dir = tempfile::tempdir().expect("dir");
+        let path = dir.path().join("pgward.log");
+        let log = LogFile::open(&path).expect("open");
+        (&log).write_all(b"before\n").unwrap();
+        let moved = dir.path().join("pgward.log.1");
+        std::fs::rename(&path, &moved).unwrap();
+        (&log).write_all(b"still the old file\n").unwrap();
+        log.reopen().expect("reopen");
+        (&log).write_all(b"after\n").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&moved).unwrap(),
+            "before\nstill the old file\n"
+        );
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), "after\n");
+    }
+
+    #[test]
+    fn a_failed_reopen_keeps_the_file_in_use() {
+        let dir = tempfile::tempdir().expect("dir");
+        let sub = dir.path().join("sub");
+        std::fs::create_dir(&sub).unwrap();
+        let path = sub.join("pgward.log");
+        let log = LogFile::open(&path).expect("open");
+        std::fs::rename(&sub, dir.path().join("gone")).unwrap();
+        assert!(log.reopen().is_err());
+        (&log).write_all(b"kept\n").unwrap();
+        let kept = dir.path().join("gone").join("pgward.log");
+        assert_eq!(std::fs::read_to_string(kept).unwrap(), "kept\n");
+    }
+}
