@@ -322,12 +322,6 @@ fn method_for(
                 None => return Err(hba_refusal(io, req, "no pg_hba.conf entry")),
             }
         }
-        other => {
-            return Err(SessionError::Fatal(ErrorResponse::fatal(
-                sqlstate::FEATURE_NOT_SUPPORTED,
-                format!("auth_type {other:?} is not supported by this pgward build"),
-            )))
-        }
     };
     Ok((method, None))
 }

@@ -246,6 +246,19 @@ fn unknown_keys_warn_once_each() {
 }
 
 #[test]
+fn auth_types_this_build_cannot_check_are_refused_with_their_line() {
+    for method in ["pam", "ldap", "gss"] {
+        let err = parse(&format!(
+            "[pgbouncer]\nlisten_port = 7000\nauth_type = {method}\n"
+        ))
+        .expect_err(method)
+        .to_string();
+        assert!(err.contains("pgbouncer.ini:3"), "{method}: {err}");
+        assert!(err.contains("auth_type"), "{method}: {err}");
+    }
+}
+
+#[test]
 fn autodb_fallback() {
     let c =
         parse("[pgbouncer]\n[databases]\nexact = host=e\n* = host=fallback port=5433\n").unwrap();
