@@ -256,11 +256,20 @@ impl Runtime {
         }
         config.settings.validate()?;
         let edge = self.edge.reload(&config.settings);
-        self.install(config, None);
-        match edge.hba_kept {
-            Some(e) => Err(e),
-            None => Ok(edge.tls_kept.into_iter().collect()),
+        let mut notices: Vec<String> = edge.tls_kept.into_iter().collect();
+        if let Some(e) = edge.hba_kept {
+            // The hba file cannot be read: a SET of how clients log in changes nothing (the
+            // running rules stay); any other SET goes ahead, and says so.
+            if matches!(
+                key.to_ascii_lowercase().as_str(),
+                "auth_type" | "auth_hba_file"
+            ) {
+                return Err(e);
+            }
+            notices.push(e);
         }
+        self.install(config, None);
+        Ok(notices)
     }
 
     /// `SET USER name = 'settings'` / `SET POOL user.db = 'settings'`: recorded, laid over the

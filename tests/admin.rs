@@ -435,6 +435,29 @@ async fn resume_ends_a_pause_still_waiting_for_busy_servers() {
         .unwrap();
 }
 
+/// A SET whose hba file cannot be read changes nothing: the running auth_type stays, and so
+/// do logins.
+#[tokio::test]
+async fn a_set_refused_for_its_hba_file_changes_nothing() {
+    let (_pg, pw) = start("auth_hba_file = /nonexistent/pg_hba.conf\n");
+    let admin = connect(&pw, "admin", "pgward").await;
+    let err = admin
+        .simple_query("SET auth_type = 'hba'")
+        .await
+        .expect_err("an hba file that cannot be read");
+    assert!(msg(&err).contains("auth_hba_file"), "{err}");
+    let (cols, rows) = show(&admin, "SHOW CONFIG").await;
+    assert_eq!(
+        cell(&cols, &rows, ("key", "auth_type"), "value"),
+        vec!["trust"]
+    );
+    connect(&pw, "postgres", "app")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn kill_kill_client_reconnect_wait_close() {
     let (_pg, pw) = start("");
