@@ -375,6 +375,11 @@ async fn pause_resume_disable_enable() {
     );
     let (cols, rows) = show(&admin, "SHOW DATABASES").await;
     assert_eq!(cell(&cols, &rows, ("name", "app"), "paused"), vec!["1"]);
+    // A RESUME of the whole pooler leaves a database paused by name as it is.
+    let err = admin.simple_query("RESUME").await.unwrap_err();
+    assert!(msg(&err).contains("not paused"), "{err}");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!held.is_finished(), "RESUME lifted the pause of app");
     admin.simple_query("RESUME app").await.unwrap();
     held.await.unwrap().unwrap();
     let err = admin.simple_query("RESUME app").await.unwrap_err();

@@ -124,11 +124,12 @@ fn resume(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
                 }
             }
             None => {
-                if s.pause == PauseMode::Running && s.paused.is_empty() {
+                // As in PgBouncer, a RESUME of the whole pooler leaves databases paused (or
+                // killed) by name as they are: each has its own RESUME db.
+                if s.pause == PauseMode::Running {
                     return Err(AdminError::protocol("pooler is not paused/suspended"));
                 }
                 s.pause = PauseMode::Running;
-                s.paused.clear();
             }
         }
         Ok(())
