@@ -113,8 +113,6 @@ fn bad_protocol_versions_and_malformed_packets_get_08p01() {
     let pw = Pgward::transaction_pool(&pg, "");
     let params = [("user", "trustuser"), ("database", "app")];
     let cases: Vec<(&str, Vec<u8>)> = vec![
-        ("protocol 4.0", raw::startup_packet(4 << 16, &params)),
-        ("protocol 2.0", raw::startup_packet(2 << 16, &params)),
         ("length below 8", vec![0, 0, 0, 4, 0, 0, 0, 0]),
         (
             "no terminator",
@@ -123,10 +121,6 @@ fn bad_protocol_versions_and_malformed_packets_get_08p01() {
         (
             "SSLRequest with trailing bytes",
             raw::untagged(&[&80_877_103u32.to_be_bytes()[..], &[1, 2, 3, 4]].concat()),
-        ),
-        (
-            "no user",
-            raw::startup_packet(PROTOCOL_3_0, &[("database", "app")]),
         ),
         (
             "oversized length",
@@ -443,6 +437,30 @@ fn auth_type_any_needs_a_forced_user() {
         .startup(&[("user", "postgres"), ("database", "forced")])
         .unwrap_or_else(|e| panic!("the forced user's database: {e:?}"));
     assert_eq!(client.value("SELECT current_user"), "trustuser");
+}
+
+/// A startup packet with no user name, and one asking for protocol 2.0, are refused with the
+/// SQLSTATEs PostgreSQL uses (28000, 0A000).
+#[test]
+fn startup_refusals_carry_postgresqls_sqlstates() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "");
+    let fields = refusal(
+        pw.port,
+        &raw::startup_packet(PROTOCOL_3_0, &[("database", "app")]),
+    );
+    assert_eq!(fields.code(), "28000", "{fields:?}");
+    assert_eq!(
+        fields.message(),
+        "no PostgreSQL user name specified in startup packet"
+    );
+    for version in [2 << 16, 4 << 16] {
+        let fields = refusal(
+            pw.port,
+            &raw::startup_packet(version, &[("user", "trustuser"), ("database", "app")]),
+        );
+        assert_eq!(fields.code(), "0A000", "{fields:?}");
+    }
 }
 
 #[test]

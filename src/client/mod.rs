@@ -28,10 +28,7 @@ pub enum SessionError {
 
 impl From<WireError> for SessionError {
     fn from(e: WireError) -> Self {
-        SessionError::Fatal(ErrorResponse::fatal(
-            sqlstate::PROTOCOL_VIOLATION,
-            e.to_string(),
-        ))
+        SessionError::Fatal(ErrorResponse::fatal(e.sqlstate(), e.to_string()))
     }
 }
 

@@ -192,7 +192,7 @@ pub fn read_params(
     }
     let user = user
         .filter(|u| !u.is_empty())
-        .ok_or_else(|| protocol("no PostgreSQL user name specified in startup packet"))?;
+        .ok_or(crate::wire::WireError::NoUser)?;
     let database = database
         .filter(|d| !d.is_empty())
         .unwrap_or_else(|| user.clone());

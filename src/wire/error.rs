@@ -1,7 +1,8 @@
 //! Errors raised while decoding protocol messages.
 //!
-//! The `Display` texts are written to be sent verbatim to a client in a FATAL ErrorResponse
-//! (SQLSTATE 08P01, protocol violation).
+//! The `Display` texts are written to be sent verbatim to a client in a FATAL ErrorResponse,
+//! with the SQLSTATE PostgreSQL uses ([`WireError::sqlstate`]; 08P01, protocol violation, for
+//! most).
 
 /// A protocol message that cannot be accepted.
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -21,8 +22,23 @@ pub enum WireError {
     #[error("{0}")]
     Malformed(&'static str),
     /// The client asked for a protocol version other than 3.x. The value is the raw code.
-    #[error("unsupported frontend protocol {}.{}: server supports 3.0 to 3.2", .0 >> 16, .0 & 0xffff)]
+    /// (A 3.x client above 3.0 is answered with NegotiateProtocolVersion instead.)
+    #[error("unsupported frontend protocol {}.{}: server supports 3.0 to 3.0", .0 >> 16, .0 & 0xffff)]
     UnsupportedProtocol(u32),
+    /// The startup packet names no user.
+    #[error("no PostgreSQL user name specified in startup packet")]
+    NoUser,
+}
+
+impl WireError {
+    /// The SQLSTATE PostgreSQL sends for the same refusal.
+    pub fn sqlstate(&self) -> &'static str {
+        match self {
+            WireError::UnsupportedProtocol(_) => super::sqlstate::FEATURE_NOT_SUPPORTED,
+            WireError::NoUser => super::sqlstate::INVALID_AUTHORIZATION,
+            _ => super::sqlstate::PROTOCOL_VIOLATION,
+        }
+    }
 }
 
 #[cfg(test)]
@@ -34,8 +50,11 @@ mod tests {
         let e = WireError::UnsupportedProtocol(2 << 16);
         assert_eq!(
             e.to_string(),
-            "unsupported frontend protocol 2.0: server supports 3.0 to 3.2"
+            "unsupported frontend protocol 2.0: server supports 3.0 to 3.0"
         );
+        assert_eq!(e.sqlstate(), "0A000");
+        assert_eq!(WireError::NoUser.sqlstate(), "28000");
+        assert_eq!(WireError::BadLength(-1).sqlstate(), "08P01");
         let e = WireError::TooLarge { len: 20, max: 10 };
         assert_eq!(
             e.to_string(),

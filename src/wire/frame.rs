@@ -316,9 +316,7 @@ fn parse_params(mut r: Reader, code: u32) -> Result<StartupPacket, WireError> {
     }
     r.finish(LAYOUT)?;
     if !params.iter().any(|(k, _)| k == "user") {
-        return Err(WireError::Malformed(
-            "no PostgreSQL user name specified in startup packet",
-        ));
+        return Err(WireError::NoUser);
     }
     Ok(StartupPacket::Startup {
         major: 3,
@@ -436,10 +434,7 @@ mod tests {
     #[test]
     fn startup_rejections() {
         let mut b = startup_bytes(&[("database", "db")], PROTOCOL_3_0);
-        assert!(matches!(
-            decode_startup(&mut b, 1 << 20),
-            Err(WireError::Malformed(_))
-        ));
+        assert_eq!(decode_startup(&mut b, 1 << 20), Err(WireError::NoUser));
         let mut b = startup_bytes(&[("user", "x")], 2 << 16);
         assert_eq!(
             decode_startup(&mut b, 1 << 20),
