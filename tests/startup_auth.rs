@@ -111,7 +111,6 @@ fn assert_protocol_violation(what: &str, fields: &raw::Fields) {
 fn bad_protocol_versions_and_malformed_packets_get_08p01() {
     let pg = Postgres::start();
     let pw = Pgward::transaction_pool(&pg, "");
-    let params = [("user", "trustuser"), ("database", "app")];
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("length below 8", vec![0, 0, 0, 4, 0, 0, 0, 0]),
         (
