@@ -129,7 +129,7 @@ impl Runtime {
         if let Err(e) = self.ops.traffic.reopen() {
             tracing::warn!("{e}");
         }
-        if let Some(Err(e)) = self.ops.logfile.as_ref().map(|l| l.reopen()) {
+        if let Some(Err(e)) = self.ops.logfile.as_ref().map(|l| l.reopen(None)) {
             tracing::warn!("{e}");
         }
         let path = self.config.load().path.clone();
@@ -158,6 +158,18 @@ impl Runtime {
         configure_gate(&self.gatekeeper, governance.as_deref());
         configure_anomalies(&self.ops, governance.as_deref());
         self.governance.store(Arc::new(governance));
+        let new_log = config.settings.logfile.clone();
+        if new_log != self.config.load().settings.logfile {
+            // A changed logfile: the log goes there from now on (if it can be opened).
+            if let Some(Err(e)) = self
+                .ops
+                .logfile
+                .as_ref()
+                .map(|l| l.reopen(new_log.as_deref()))
+            {
+                tracing::warn!("{e}");
+            }
+        }
         self.install(config, Some(userlist));
         Ok(Reloaded {
             warnings,
@@ -260,10 +272,8 @@ impl Runtime {
         if let Some(e) = edge.hba_kept {
             // The hba file cannot be read: a SET of how clients log in changes nothing (the
             // running rules stay); any other SET goes ahead, and says so.
-            if matches!(
-                key.to_ascii_lowercase().as_str(),
-                "auth_type" | "auth_hba_file"
-            ) {
+            let login = ["auth_type", "auth_hba_file", "auth_ident_file"];
+            if login.contains(&key.to_ascii_lowercase().as_str()) {
                 return Err(e);
             }
             notices.push(e);

@@ -255,6 +255,18 @@ fn a_reload_opens_a_moved_logfile_again() {
         read_lossy(&rotated)
     );
     assert!(read_lossy(&rotated).contains("started"));
+    // A reload that names another logfile moves the log there.
+    let elsewhere = pw.log_path.with_extension("elsewhere");
+    let ini = read_lossy(&pw.ini_path).replace(
+        &pw.log_path.display().to_string(),
+        &elsewhere.display().to_string(),
+    );
+    std::fs::write(&pw.ini_path, ini).unwrap_or_else(|e| panic!("ini: {e}"));
+    pw.reload();
+    let moved = eventually(10 * SECOND, || {
+        read_lossy(&elsewhere).contains("configuration reloaded")
+    });
+    assert!(moved, "nothing logged at the new path\n{}", pw.log());
 }
 
 #[test]

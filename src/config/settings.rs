@@ -413,9 +413,6 @@ const RESTART_ONLY: &[&str] = &[
     "listen_addr",
     "listen_backlog",
     "listen_port",
-    // The log's file and level are set up at start (the file is opened again at each
-    // reload, at the path it was started with, for logrotate).
-    "logfile",
     // Every client's cancel key carries it: a change would misroute their cancels.
     "peer_id",
     "pidfile",
@@ -427,7 +424,6 @@ const RESTART_ONLY: &[&str] = &[
     "unix_socket_group",
     "unix_socket_mode",
     "user",
-    "verbose",
     "worker_threads",
     "prometheus_listen",
 ];

@@ -11,7 +11,7 @@ use crate::sync::lock;
 /// The log file, and where it is to be found.
 #[derive(Debug)]
 pub struct LogFile {
-    path: PathBuf,
+    path: Mutex<PathBuf>,
     file: Mutex<File>,
 }
 
@@ -22,18 +22,19 @@ fn open(path: &Path) -> io::Result<File> {
 impl LogFile {
     pub fn open(path: &Path) -> io::Result<LogFile> {
         Ok(LogFile {
-            path: path.to_path_buf(),
+            path: Mutex::new(path.to_path_buf()),
             file: Mutex::new(open(path)?),
         })
     }
 
-    /// Opens the file at its path again (a new one if it was moved); on failure the file in
-    /// use stays.
-    pub fn reopen(&self) -> io::Result<()> {
-        let file = open(&self.path).map_err(|e| {
-            io::Error::new(e.kind(), format!("logfile {}: {e}", self.path.display()))
-        })?;
+    /// Opens the file again, at `path` if given (a changed `logfile`) or where it was (a new
+    /// file if logrotate moved it); on failure the file in use stays.
+    pub fn reopen(&self, path: Option<&Path>) -> io::Result<()> {
+        let path = path.map_or_else(|| lock(&self.path).clone(), Path::to_path_buf);
+        let file = open(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("logfile {}: {e}", path.display())))?;
         *lock(&self.file) = file;
+        *lock(&self.path) = path;
         Ok(())
     }
 }
@@ -63,7 +64,7 @@ mod tests {
         let moved = dir.path().join("pgward.log.1");
         std::fs::rename(&path, &moved).unwrap();
         (&log).write_all(b"still the old file\n").unwrap();
-        log.reopen().expect("reopen");
+        log.reopen(None).expect("reopen");
         (&log).write_all(b"after\n").unwrap();
         assert_eq!(
             std::fs::read_to_string(&moved).unwrap(),
@@ -80,7 +81,7 @@ mod tests {
         let path = sub.join("pgward.log");
         let log = LogFile::open(&path).expect("open");
         std::fs::rename(&sub, dir.path().join("gone")).unwrap();
-        assert!(log.reopen().is_err());
+        assert!(log.reopen(None).is_err());
         (&log).write_all(b"kept\n").unwrap();
         let kept = dir.path().join("gone").join("pgward.log");
         assert_eq!(std::fs::read_to_string(kept).unwrap(), "kept\n");
