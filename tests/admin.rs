@@ -463,6 +463,25 @@ async fn a_set_refused_for_its_hba_file_changes_nothing() {
         .unwrap();
 }
 
+/// A database paused and then taken out of the configuration can still be resumed (its name
+/// stayed paused, and kept SUSPEND refused).
+#[tokio::test]
+async fn a_paused_database_taken_out_can_be_resumed() {
+    let (pg, pw) = start("");
+    let extra = format!("extra = {}\n", pg.db_connstr("app"));
+    let with = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    let with_extra = with.replace("[databases]\n", &format!("[databases]\n{extra}"));
+    std::fs::write(&pw.ini_path, &with_extra).expect("ini");
+    pw.reload_and_wait();
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("PAUSE extra").await.unwrap();
+    std::fs::write(&pw.ini_path, &with).expect("ini");
+    admin.simple_query("RELOAD").await.unwrap();
+    admin.simple_query("RESUME extra").await.unwrap();
+    admin.simple_query("SUSPEND").await.unwrap();
+    admin.simple_query("RESUME").await.unwrap();
+}
+
 #[tokio::test]
 async fn kill_kill_client_reconnect_wait_close() {
     let (_pg, pw) = start("");

@@ -110,7 +110,8 @@ fn resume(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     if rt.ops.control.get().stopping() {
         return Err(stopping());
     }
-    if let Some(db) = db {
+    // A database paused and then taken out of the configuration can still be resumed.
+    if let Some(db) = db.filter(|db| !rt.ops.control.get().paused.contains(*db)) {
         known_db(rt, db, "resume")?;
     }
     rt.ops.control.try_update(|s| {
