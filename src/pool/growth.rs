@@ -52,8 +52,13 @@ impl Limits {
     /// oldest ticket has waited.
     pub fn growth(&self, usage: &Usage, oldest_wait: Option<Duration>) -> Growth {
         let uncovered = usage.waiting > usage.connecting;
-        // min_pool_size is capped at the pool's size, as PgBouncer's is.
-        let below_min = usage.pool_total < self.min_pool_size.min(self.pool_size);
+        // min_pool_size is capped at the pool's size, as PgBouncer's is (a pool_size of 0
+        // caps nothing).
+        let min = match self.pool_size {
+            0 => self.min_pool_size,
+            size => self.min_pool_size.min(size),
+        };
+        let below_min = usage.pool_total < min;
         if !uncovered && !below_min {
             return Growth::NotNeeded;
         }
@@ -63,7 +68,7 @@ impl Limits {
         if self.max_user_connections > 0 && usage.user_total >= self.max_user_connections {
             return Growth::UserFull;
         }
-        if usage.pool_total < self.pool_size {
+        if usage.pool_total < self.pool_size.max(min) {
             return Growth::Open;
         }
         let reserve_due = match (oldest_wait, self.reserve_pool_timeout) {
@@ -171,6 +176,17 @@ mod tests {
             l.growth(&usage(2, 0, 1), Some(Duration::ZERO)),
             Growth::PoolFull
         );
+    }
+
+    #[test]
+    fn a_pool_size_of_zero_caps_no_minimum() {
+        let l = Limits {
+            pool_size: 0,
+            min_pool_size: 2,
+            ..limits()
+        };
+        assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
+        assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
     }
 
     #[test]
