@@ -234,7 +234,8 @@ async fn known(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Known, Session
 }
 
 /// `trust` admits a user pgward knows (in the auth file, or found by auth_query) without a
-/// password, as PgBouncer does; `auth_type = any` admits every name. Anyone else is
+/// password, as PgBouncer does; `auth_type = any` admits every name to a database that
+/// forces its server user (and to the console). Anyone else is
 /// refused: a forced user in `[databases]` must not lend its session to any name.
 async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated, SessionError> {
     let config = rt.config.load();
