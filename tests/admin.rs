@@ -5,6 +5,7 @@ mod common;
 
 use std::time::Duration;
 
+use common::driver::must_value;
 use common::{stderr_of, stdout_of, Pgward, Postgres};
 use tokio_postgres::{Client, NoTls, SimpleQueryMessage};
 
@@ -420,17 +421,9 @@ async fn resume_ends_a_pause_still_waiting_for_busy_servers() {
     assert!(!pause.is_finished(), "PAUSE waits for the busy server");
     admin.simple_query("RESUME").await.unwrap();
     let app = connect(&pw, "postgres", "app").await;
-    let pid = |rows: Vec<tokio_postgres::SimpleQueryMessage>| {
-        rows.into_iter()
-            .find_map(|m| match m {
-                tokio_postgres::SimpleQueryMessage::Row(r) => r.get(0).map(str::to_string),
-                _ => None,
-            })
-            .expect("a row")
-    };
-    let first = pid(app.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    let first = must_value(&app, "SELECT pg_backend_pid()").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let second = pid(app.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    let second = must_value(&app, "SELECT pg_backend_pid()").await;
     assert_eq!(first, second, "the idle server was closed after the RESUME");
     busy.simple_query("COMMIT").await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), pause)
@@ -488,14 +481,10 @@ async fn kill_kill_client_reconnect_wait_close() {
     let admin = connect(&pw, "admin", "pgward").await;
     let a = connect(&pw, "postgres", "app").await;
     let b = connect(&pw, "postgres", "app").await;
-    let pid = |rows: Vec<SimpleQueryMessage>| match &rows[1] {
-        SimpleQueryMessage::Row(r) => r.get(0).unwrap().to_string(),
-        _ => panic!("no row"),
-    };
-    let pid1 = pid(a.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    let pid1 = must_value(&a, "SELECT pg_backend_pid()").await;
     admin.simple_query("RECONNECT app").await.unwrap();
     admin.simple_query("WAIT_CLOSE app").await.unwrap();
-    let pid2 = pid(a.simple_query("SELECT pg_backend_pid()").await.unwrap());
+    let pid2 = must_value(&a, "SELECT pg_backend_pid()").await;
     assert_ne!(pid1, pid2, "RECONNECT closes servers");
     let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
     let ids = cell(&cols, &rows, ("database", "app"), "id");

@@ -46,32 +46,29 @@ fn assert_row(answer: &[Message], expected: &str, what: &str) {
 // ---------------------------------------------------------------------------------------------
 // An eviction Close that the server skipped.
 
-#[test]
-fn skipped_eviction_close_leaves_the_statement_usable() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+/// A client of a server with room for two statements, both taken (`a` is `SELECT 1`).
+fn server_full_of_a_and_a2(pw: &Pgward) -> Raw {
     let mut client = pw.client();
     let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
     assert_row(&first, "1", "a");
     let second = client.exchange_within(&run_named("a2", "SELECT 2"), 3 * SECOND, "a2");
     assert_row(&second, "2", "a2");
-    // The third statement evicts the first, but the error before it makes PostgreSQL skip the
-    // eviction's Close along with the Parse.
-    let bad = [
+    client
+}
+
+/// A batch whose third statement evicts the first, but whose error before it makes PostgreSQL
+/// skip the eviction's Close along with the Parse.
+fn eviction_skipped_after_an_error() -> Vec<u8> {
+    [
         parse_message("", "selec bad"),
         parse_message("b", "SELECT 3"),
         sync_message(),
     ]
-    .concat();
-    let refused = client.exchange_within(&bad, 3 * SECOND, "the failed batch");
-    assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
+    .concat()
+}
 
-    let again = client.exchange_within(
-        &run_prepared("a"),
-        3 * SECOND,
-        "a after the skipped eviction",
-    );
-    assert_row(&again, "1", "a after the skipped eviction");
+/// `SELECT 1` prepared by another client runs on the server.
+fn another_client_runs_select_1(pw: &Pgward) {
     let mut other = pw.client();
     let fresh = other.exchange_within(
         &run_named("c", "SELECT 1"),
@@ -81,6 +78,24 @@ fn skipped_eviction_close_leaves_the_statement_usable() {
     assert_row(&fresh, "1", "the same text, another client");
 }
 
+#[test]
+fn skipped_eviction_close_leaves_the_statement_usable() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut client = server_full_of_a_and_a2(&pw);
+    let bad = eviction_skipped_after_an_error();
+    let refused = client.exchange_within(&bad, 3 * SECOND, "the failed batch");
+    assert_eq!(error_code(&refused), "42601", "{}", describe(&refused));
+
+    let again = client.exchange_within(
+        &run_prepared("a"),
+        3 * SECOND,
+        "a after the skipped eviction",
+    );
+    assert_row(&again, "1", "a after the skipped eviction");
+    another_client_runs_select_1(&pw);
+}
+
 /// The same, with the statement's next run sent before the failed batch is answered: pgward
 /// prepares it again, not knowing yet that the server skipped its Close; the server has it,
 /// and the run works as on PostgreSQL itself (and keeps working).
@@ -88,18 +103,8 @@ fn skipped_eviction_close_leaves_the_statement_usable() {
 fn a_run_pipelined_behind_a_skipped_eviction_close_works() {
     let pg = Postgres::start();
     let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
-    let mut client = pw.client();
-    let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
-    assert_row(&first, "1", "a");
-    let second = client.exchange_within(&run_named("a2", "SELECT 2"), 3 * SECOND, "a2");
-    assert_row(&second, "2", "a2");
-    let pipelined = [
-        parse_message("", "selec bad"),
-        parse_message("b", "SELECT 3"),
-        sync_message(),
-        run_prepared("a"),
-    ]
-    .concat();
+    let mut client = server_full_of_a_and_a2(&pw);
+    let pipelined = [eviction_skipped_after_an_error(), run_prepared("a")].concat();
     client.send(&pipelined);
     let refused = client
         .until_ready_within(3 * SECOND)
@@ -112,9 +117,7 @@ fn a_run_pipelined_behind_a_skipped_eviction_close_works() {
         let again = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a again");
         assert_row(&again, "1", &format!("a again ({n})"));
     }
-    let mut other = pw.client();
-    let fresh = other.exchange_within(&run_named("c", "SELECT 1"), 3 * SECOND, "another");
-    assert_row(&fresh, "1", "the same text, another client");
+    another_client_runs_select_1(&pw);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -138,17 +138,11 @@ fn idle_transaction_timeout_closes_with_25p03_and_the_server() {
     assert!(gone, "the server stayed idle in transaction");
 }
 
-/// Inside a transaction, a statement answered without a Sync (its batch ended by a Flush)
-/// ran all along: the idle time counts from its last answer, not from the ReadyForQuery
-/// before it.
-#[test]
-fn idle_transaction_timeout_counts_from_the_last_answer_of_a_flushed_batch() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "idle_transaction_timeout = 1\n");
-    let mut client = pw.client();
-    client.value("BEGIN");
+/// Runs `sql` in a batch ended by a Flush (no Sync) and reads its answers, which must hold no
+/// error.
+fn run_flushed(client: &mut Raw, sql: &str) {
     let batch = raw::Batch::new()
-        .parse("", "SELECT pg_sleep(1.5)", &[])
+        .parse("", sql, &[])
         .bind("", "", &[])
         .execute("", 0)
         .flush();
@@ -161,6 +155,18 @@ fn idle_transaction_timeout_counts_from_the_last_answer_of_a_flushed_batch() {
         "{}",
         raw::describe(&answered)
     );
+}
+
+/// Inside a transaction, a statement answered without a Sync (its batch ended by a Flush)
+/// ran all along: the idle time counts from its last answer, not from the ReadyForQuery
+/// before it.
+#[test]
+fn idle_transaction_timeout_counts_from_the_last_answer_of_a_flushed_batch() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "idle_transaction_timeout = 1\n");
+    let mut client = pw.client();
+    client.value("BEGIN");
+    run_flushed(&mut client, "SELECT pg_sleep(1.5)");
     thread::sleep(Duration::from_millis(300));
     let ended = client.exchange_within(&raw::Batch::new().sync().bytes, 5 * SECOND, "Sync");
     assert!(
@@ -179,20 +185,7 @@ fn idle_transaction_timeout_closes_a_batch_left_open() {
     let pg = Postgres::start();
     let pw = Pgward::transaction_pool(&pg, "idle_transaction_timeout = 1\n");
     let mut client = pw.client();
-    let batch = raw::Batch::new()
-        .parse("", "SELECT 1", &[])
-        .bind("", "", &[])
-        .execute("", 0)
-        .flush();
-    client.send(&batch.bytes);
-    let answered = client
-        .until_tag_within(b'C', 5 * SECOND)
-        .unwrap_or_else(|e| panic!("the statement's answers: {e}"));
-    assert!(
-        raw::first_error(&answered).is_none(),
-        "{}",
-        raw::describe(&answered)
-    );
+    run_flushed(&mut client, "SELECT 1");
     let err = client.expect_error_within(5 * SECOND);
     assert_eq!(
         (err.code(), err.message()),
