@@ -401,6 +401,12 @@ fn shares(parts: &[Part], took: Duration) -> smallvec::SmallVec<[Duration; 2]> {
 }
 
 impl GateState {
+    /// The tenant's statement timeout, if it cancelled the request the server is busy with
+    /// since `busy_since` (not a later one of the same pipeline).
+    pub fn timed_out_for(&self, busy_since: Option<Instant>) -> Option<TimedOut> {
+        self.timed_out.filter(|t| t.since == busy_since)
+    }
+
     /// A copy of `bytes` out of the read buffer, for what the gate holds while it reads a
     /// request (a Query's text, a Bind's values): short copies share a block, so one
     /// allocation serves many and a copy's clones share it without one; a long one has its
@@ -2376,8 +2382,7 @@ impl Session {
             return;
         };
         use crate::wire::backend::field;
-        let busy_since = link.busy_since;
-        match self.gate.timed_out.filter(|t| t.since == busy_since) {
+        match self.gate.timed_out_for(link.busy_since) {
             // pgward's statement timeout cancelled it: say whose timeout it was.
             Some(t) if error.code() == Some(sqlstate::QUERY_CANCELED) => {
                 let err = statement_timeout_error(&self.gate.tenant, t.limit);

@@ -389,7 +389,7 @@ impl Session {
                 if let Some(since) = link.busy_since {
                     consider(t.query, since, Timer::Query);
                     // Not again for the request already cancelled.
-                    if self.gate.timed_out.is_none_or(|t| t.since != Some(since)) {
+                    if self.gate.timed_out_for(Some(since)).is_none() {
                         consider(tenant.statement, since, Timer::TenantStatement);
                     }
                 }
@@ -1268,7 +1268,7 @@ fn own_cancel_error(
     }
     // The request the tenant's statement timeout cancelled (not a later one of the same
     // pipeline, answered in the same read).
-    if let Some(t) = gate.timed_out.filter(|t| t.since == busy_since) {
+    if let Some(t) = gate.timed_out_for(busy_since) {
         return Some(admit::statement_timeout_error(&gate.tenant, t.limit));
     }
     // Without a policy (no `request`) pgward cancels nothing of its own, and a reason left
