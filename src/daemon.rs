@@ -192,9 +192,16 @@ pub async fn maintenance(rt: Arc<Runtime>) {
         tick.tick().await;
         let now = Instant::now();
         rt.ensure_forced_pools();
+        let with_clients = rt.ops.clients.pools_with_clients();
+        let config = rt.config.load();
         for pool in rt.pools.all() {
             if !rt.ops.control.holds(&pool.key.db) {
-                pool.maintain(now);
+                let forced = config
+                    .databases
+                    .iter()
+                    .any(|d| d.name == pool.key.db && d.user.is_some());
+                let key = (pool.key.db.clone(), pool.key.user.clone());
+                pool.maintain(now, forced || with_clients.contains(&key));
             }
         }
         let settings = &rt.config.load().settings;

@@ -242,32 +242,57 @@ fn reserve_pool_opens_after_reserve_pool_timeout_and_no_further() {
 }
 
 #[test]
-fn min_pool_size_is_kept_open() {
+fn a_reload_keeps_the_servers_of_the_reserve() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\nreserve_pool_size = 1\n\
+         reserve_pool_timeout = 0.3\nserver_idle_timeout = 0\n",
+        "",
+    );
+    let servers = || server_count(&pg, "trustuser", "app");
+    let mut holder = pw.client_as("trustuser", "app");
+    holder.query("BEGIN").expect("BEGIN");
+    holder.query("SELECT 1").expect("SELECT 1");
+    // The second client waits past reserve_pool_timeout: a server from the reserve.
+    let out = pw.psql("trustuser", None, "app", "SELECT 1");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(servers(), 2);
+    // Within pool_size + reserve_pool_size, as PgBouncer counts: a reload closes nothing.
+    pw.reload_and_wait();
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(servers(), 2, "a reload closed a server of the reserve");
+    holder.query("COMMIT").expect("COMMIT");
+}
+
+#[test]
+fn min_pool_size_is_kept_open_while_the_pool_has_a_client() {
     let pg = Postgres::start();
     let pw = Pgward::trusting(
         &pg,
         "pool_mode = transaction\ndefault_pool_size = 5\nmin_pool_size = 3\n",
         "",
     );
-    let out = pw.psql("trustuser", None, "app", "SELECT 1");
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    let reached = eventually(Duration::from_secs(4), || {
-        server_count(&pg, "trustuser", "app") == 3
-    });
-    assert!(
-        reached,
-        "min_pool_size 3: {} servers",
-        server_count(&pg, "trustuser", "app")
-    );
-    // Killed servers are replaced up to the minimum.
+    let servers = || server_count(&pg, "trustuser", "app");
+    let mut client = pw.client_as("trustuser", "app");
+    client.query("SELECT 1").expect("SELECT 1");
+    let reached = eventually(Duration::from_secs(4), || servers() == 3);
+    assert!(reached, "min_pool_size 3: {} servers", servers());
+    // Killed servers are replaced up to the minimum while a client is connected.
     pg.terminate_backends("trustuser");
-    let refilled = eventually(Duration::from_secs(4), || {
-        server_count(&pg, "trustuser", "app") == 3
-    });
-    assert!(
-        refilled,
-        "{} servers",
-        server_count(&pg, "trustuser", "app")
+    let refilled = eventually(Duration::from_secs(4), || servers() == 3);
+    assert!(refilled, "{} servers", servers());
+    // With no client, the pool is not filled again (PgBouncer fills only a pool with a
+    // client, or of a database with a forced user).
+    drop(client);
+    thread::sleep(Duration::from_millis(300));
+    pg.terminate_backends("trustuser");
+    assert!(eventually(Duration::from_secs(2), || servers() == 0));
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        servers(),
+        0,
+        "a clientless pool was filled to min_pool_size"
     );
 }
 

@@ -1,7 +1,7 @@
 //! Every connected client, for SHOW CLIENTS, SHOW SERVERS, KILL and the shutdown modes: who it
 //! is, where it stands (idle, waiting for a server, active on one), and which server it holds.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
@@ -290,6 +290,18 @@ impl ClientRegistry {
     /// Every client, by id.
     pub fn all(&self) -> Vec<Arc<ClientEntry>> {
         lock(&self.clients).values().cloned().collect()
+    }
+
+    /// The pools that have a client now, as (database, pool user).
+    pub fn pools_with_clients(&self) -> HashSet<(String, String)> {
+        self.all()
+            .iter()
+            .filter(|c| !c.is_admin())
+            .map(|c| {
+                let identity = lock(&c.identity);
+                (identity.database.clone(), identity.pool_user.clone())
+            })
+            .collect()
     }
 
     /// Clients that came for a pool (not the console) and are still connected.

@@ -81,14 +81,16 @@ fn merge_user(old: &mut UserDef, new: &UserDef) {
     );
 }
 
-/// Brings every pool within its limits: a pool over its pool size, or the pools of a server
+/// Brings every pool within its limits: a pool over its pool size and reserve, or the pools of a server
 /// user over max_user_connections, close idle servers first, then mark their oldest servers
 /// in use to close at release. Returns how many servers were closed or marked.
 pub fn enforce(pools: &[Arc<Pool>], clients: &ClientRegistry) -> usize {
     let in_use = servers_in_use(clients);
     let mut acted = 0;
     for pool in pools {
-        let limit = pool.settings().limits.pool_size;
+        // The reserve's servers are within the pool's limits, as in PgBouncer.
+        let limits = &pool.settings().limits;
+        let limit = limits.pool_size + limits.reserve_pool_size;
         acted += shed(std::slice::from_ref(pool), limit, &in_use);
     }
     let mut by_user: HashMap<String, Vec<Arc<Pool>>> = HashMap::new();

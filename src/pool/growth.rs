@@ -28,6 +28,9 @@ pub struct Usage {
     pub waiting: usize,
     pub db_total: usize,
     pub user_total: usize,
+    /// Whether min_pool_size applies: PgBouncer keeps it filled only for a pool with a
+    /// client, or of a database with a forced user.
+    pub min_wanted: bool,
 }
 
 /// The gate's answer to "may this pool open a server?".
@@ -54,9 +57,10 @@ impl Limits {
         let uncovered = usage.waiting > usage.connecting;
         // min_pool_size is capped at the pool's size, as PgBouncer's is (a pool_size of 0
         // caps nothing).
-        let min = match self.pool_size {
-            0 => self.min_pool_size,
-            size => self.min_pool_size.min(size),
+        let min = match (usage.min_wanted, self.pool_size) {
+            (false, _) => 0,
+            (true, 0) => self.min_pool_size,
+            (true, size) => self.min_pool_size.min(size),
         };
         let below_min = usage.pool_total < min;
         if !uncovered && !below_min {
@@ -104,6 +108,7 @@ mod tests {
             waiting,
             db_total: pool_total,
             user_total: pool_total,
+            min_wanted: true,
         }
     }
 
@@ -150,6 +155,24 @@ mod tests {
         };
         assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
         assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
+    }
+
+    #[test]
+    fn min_pool_size_fills_only_a_pool_that_wants_it() {
+        let l = Limits {
+            min_pool_size: 2,
+            ..limits()
+        };
+        let clientless = Usage {
+            min_wanted: false,
+            ..usage(0, 0, 0)
+        };
+        assert_eq!(l.growth(&clientless, None), Growth::NotNeeded);
+        let waiting = Usage {
+            min_wanted: false,
+            ..usage(0, 0, 1)
+        };
+        assert_eq!(l.growth(&waiting, Some(Duration::ZERO)), Growth::Open);
     }
 
     #[test]

@@ -56,6 +56,10 @@ struct Inner {
     alarm: Option<(Instant, u64)>,
     /// Watchdogs started so far (their ids).
     watchdogs: u64,
+    /// Whether min_pool_size is kept filled: the maintenance pass says so each time (a
+    /// pool with a client, or of a database with a forced user). A new pool has a client
+    /// or a forced user.
+    min_wanted: bool,
 }
 
 impl Inner {
@@ -71,6 +75,7 @@ impl Inner {
             failure: None,
             alarm: None,
             watchdogs: 0,
+            min_wanted: true,
         }
     }
 
@@ -522,6 +527,7 @@ impl Pool {
             waiting: inner.waiters.len(),
             db_total: self.db_count.load(Ordering::Acquire),
             user_total: self.user_count.load(Ordering::Acquire),
+            min_wanted: inner.min_wanted,
         };
         let growth = limits.growth(&usage, None);
         let reserve_may_open = growth == Growth::PoolFull
@@ -619,13 +625,15 @@ impl Pool {
 
     /// The periodic pass: closes idle servers that outlived server_lifetime or
     /// server_idle_timeout, or that the server closed; opens up to min_pool_size and the
-    /// reserve for tickets that waited too long.
-    pub fn maintain(self: &Arc<Self>, now: Instant) {
+    /// reserve for tickets that waited too long. `min_wanted`: whether the pool has a client
+    /// or a forced user, without which PgBouncer does not fill min_pool_size.
+    pub fn maintain(self: &Arc<Self>, now: Instant, min_wanted: bool) {
         let settings = self.settings.load();
         let mut closing = Vec::new();
         let blocked;
         {
             let mut inner = lock(&self.inner);
+            inner.min_wanted = min_wanted;
             let min = settings.limits.min_pool_size;
             let mut i = 0;
             while i < inner.idle.len() {
@@ -813,14 +821,15 @@ impl Pool {
     /// Whether the pool has had no client and no server for `after` (pool_idle_timeout),
     /// as the maintenance passes saw it. `self` is the pool map's own reference, looked at
     /// under the map's lock, so a session's reference is another count and no client can
-    /// pick the pool meanwhile. A pool kept at min_pool_size is never idle.
+    /// pick the pool meanwhile. A pool that keeps min_pool_size filled (a forced user's) is never
+    /// idle.
     pub(super) fn idle_for(self: &Arc<Self>, after: Duration, now: Instant) -> bool {
         let empty = {
             let inner = lock(&self.inner);
             Arc::strong_count(self) == 1
                 && inner.total() == 0
                 && inner.waiters.is_empty()
-                && inner.settings.limits.min_pool_size == 0
+                && (inner.settings.limits.min_pool_size == 0 || !inner.min_wanted)
         };
         let mut since = lock(&self.empty_since);
         if !empty {
