@@ -462,6 +462,42 @@ fn startup_refusals_carry_postgresqls_sqlstates() {
     }
 }
 
+/// A startup packet with `placeholder`'s last byte in `params` replaced by `byte`.
+fn startup_with_byte(params: &[(&str, &str)], placeholder: u8, byte: u8) -> Vec<u8> {
+    let mut packet = raw::startup_packet(PROTOCOL_3_0, params);
+    let at = packet
+        .iter()
+        .rposition(|&c| c == placeholder)
+        .expect("placeholder");
+    packet[at] = byte;
+    packet
+}
+
+/// A Latin-1 application_name (not UTF-8) logs in and reads as PostgreSQL cleans it; a user
+/// name that is not UTF-8 is refused with 22021, the SQLSTATE of an invalid byte sequence.
+#[test]
+fn startup_parameters_that_are_not_utf8() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "");
+    let latin1 = [
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("application_name", "M#ller"),
+    ];
+    let mut client = Raw::connect(pw.port);
+    client.send(&startup_with_byte(&latin1, b'#', 0xfc));
+    client
+        .finish_login()
+        .unwrap_or_else(|e| panic!("a Latin-1 application_name: {e:?}"));
+    assert_eq!(client.value("SHOW application_name"), "M?ller");
+    let fields = refusal(
+        pw.port,
+        &startup_with_byte(&[("user", "j#rg"), ("database", "app")], b'#', 0xf6),
+    );
+    assert_eq!(fields.code(), "22021", "{fields:?}");
+    assert!(fields.message().contains("\"user\""), "{fields:?}");
+}
+
 #[test]
 fn oversized_password_message_is_refused_at_once() {
     let pg = Postgres::start();

@@ -28,6 +28,10 @@ pub enum WireError {
     /// The startup packet names no user.
     #[error("no PostgreSQL user name specified in startup packet")]
     NoUser,
+    /// A startup parameter other than application_name is not UTF-8: pgward could not be
+    /// sure to read it (a user name, a database, a setting) as the server would.
+    #[error("invalid byte sequence for encoding \"UTF8\" in startup parameter \"{0}\"")]
+    NotUtf8Parameter(String),
 }
 
 impl WireError {
@@ -36,6 +40,7 @@ impl WireError {
         match self {
             WireError::UnsupportedProtocol(_) => super::sqlstate::FEATURE_NOT_SUPPORTED,
             WireError::NoUser => super::sqlstate::INVALID_AUTHORIZATION,
+            WireError::NotUtf8Parameter(_) => super::sqlstate::CHARACTER_NOT_IN_REPERTOIRE,
             _ => super::sqlstate::PROTOCOL_VIOLATION,
         }
     }

@@ -307,11 +307,21 @@ fn parse_params(mut r: Reader, code: u32) -> Result<StartupPacket, WireError> {
     const LAYOUT: &str = "invalid startup packet layout: expected terminator as last byte";
     let mut params = Vec::new();
     loop {
-        let key = r.cstr_utf8(LAYOUT)?;
+        let key = r.cstr(LAYOUT)?;
         if key.is_empty() {
             break;
         }
-        let value = r.cstr_utf8(LAYOUT)?;
+        let value = r.cstr(LAYOUT)?;
+        let key = String::from_utf8(key.to_vec()).map_err(|e| {
+            WireError::NotUtf8Parameter(String::from_utf8_lossy(e.as_bytes()).into_owned())
+        })?;
+        let value = match String::from_utf8(value.to_vec()) {
+            Ok(value) => value,
+            // PostgreSQL keeps only printable ASCII of an application_name and writes the
+            // rest as '?' (as releases before 16 do; 16 and later write \xNN).
+            Err(e) if key == "application_name" => clean_ascii(e.as_bytes()),
+            Err(_) => return Err(WireError::NotUtf8Parameter(key)),
+        };
         params.push((key, value));
     }
     r.finish(LAYOUT)?;
@@ -323,6 +333,17 @@ fn parse_params(mut r: Reader, code: u32) -> Result<StartupPacket, WireError> {
         minor: (code & 0xffff) as u16,
         params,
     })
+}
+
+/// PostgreSQL's `pg_clean_ascii`: each byte outside printable ASCII becomes '?'.
+fn clean_ascii(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|&b| match b {
+            32..=126 => char::from(b),
+            _ => '?',
+        })
+        .collect()
 }
 
 /// Re-encodes a startup packet (the inverse of [`decode_startup`]).
@@ -444,10 +465,10 @@ mod tests {
         if let Some(x) = b.iter().position(|&c| c == 0xc3) {
             b[x] = 0xff;
         }
-        assert!(matches!(
+        assert_eq!(
             decode_startup(&mut b, 1 << 20),
-            Err(WireError::Malformed(_))
-        ));
+            Err(WireError::NotUtf8Parameter("user".into()))
+        );
         let mut b = startup_bytes(&[("user", "x")], PROTOCOL_3_0);
         b.put_u8(7);
         let len = b.len() as u32;
@@ -469,6 +490,22 @@ mod tests {
             decode_startup(&mut b, 1 << 20),
             Err(WireError::BadLength(7))
         );
+    }
+
+    #[test]
+    fn a_latin1_application_name_is_cleaned_as_postgresql_cleans_it() {
+        // "Müller" in Latin-1: the ü is one byte, 0xfc, not UTF-8.
+        let mut b = startup_bytes(
+            &[("user", "x"), ("application_name", "M_ller")],
+            PROTOCOL_3_0,
+        );
+        let at = b.iter().rposition(|&c| c == b'_').expect("placeholder");
+        b[at] = 0xfc;
+        let Some(StartupPacket::Startup { params, .. }) = decode_startup(&mut b, 1 << 20).unwrap()
+        else {
+            panic!("not a startup packet");
+        };
+        assert_eq!(params[1], ("application_name".into(), "M?ller".into()));
     }
 
     #[test]

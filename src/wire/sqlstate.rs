@@ -10,6 +10,8 @@ pub const CONNECTION_FAILURE: &str = "08006";
 pub const PROTOCOL_VIOLATION: &str = "08P01";
 /// Class 0A: feature_not_supported.
 pub const FEATURE_NOT_SUPPORTED: &str = "0A000";
+/// Class 22: character_not_in_repertoire (an invalid byte sequence for an encoding).
+pub const CHARACTER_NOT_IN_REPERTOIRE: &str = "22021";
 /// Class 22: invalid_parameter_value.
 pub const INVALID_PARAMETER_VALUE: &str = "22023";
 /// Class 25: in_failed_sql_transaction.
