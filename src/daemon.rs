@@ -16,9 +16,17 @@ use crate::ops::Shutdown;
 use crate::pool::PoolError;
 use crate::runtime::Runtime;
 
+/// What main set up for pgward's own log.
+#[derive(Debug, Default)]
+pub struct Logging {
+    pub file: Option<Arc<crate::ops::logfile::LogFile>>,
+    pub level: Option<crate::ops::logfile::LogLevel>,
+}
+
 /// Serves `config` until a signal or the console stops pgward; the process's exit code.
-/// `logfile`: pgward's own log file, if it writes one (opened again at every reload).
-pub async fn serve(config: Config, logfile: Option<Arc<crate::ops::logfile::LogFile>>) -> ExitCode {
+/// `log`: pgward's own log file, if it writes one (opened again at every reload), and the
+/// control of its level.
+pub async fn serve(config: Config, log: Logging) -> ExitCode {
     let userlist = match &config.settings.auth_file {
         Some(path) => match config::load_userlist(path) {
             Ok(u) => u,
@@ -42,7 +50,8 @@ pub async fn serve(config: Config, logfile: Option<Arc<crate::ops::logfile::LogF
         return failed(e);
     }
     let ops = crate::ops::Ops {
-        logfile,
+        logfile: log.file,
+        log_level: log.level,
         ..Default::default()
     };
     if let Err(e) = crate::runtime::open_traffic_log(&ops, governance.as_deref()) {

@@ -153,7 +153,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let logfile = match init_logging(&config, &args) {
+    let log = match init_logging(&config, &args) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("pgward: cannot open logfile: {e}");
@@ -175,7 +175,7 @@ fn main() -> ExitCode {
             .build()
     };
     match runtime {
-        Ok(rt) => rt.block_on(pgward::daemon::serve(config, logfile)),
+        Ok(rt) => rt.block_on(pgward::daemon::serve(config, log)),
         Err(e) => {
             eprintln!("pgward: cannot start: {e}");
             ExitCode::FAILURE
@@ -183,31 +183,34 @@ fn main() -> ExitCode {
     }
 }
 
-/// Sets up pgward's own log; the log file, when `logfile` names one (opened again at every
-/// reload).
-fn init_logging(
-    config: &Config,
-    args: &Args,
-) -> std::io::Result<Option<std::sync::Arc<pgward::ops::logfile::LogFile>>> {
-    let level = match config.settings.verbose.max(0) + args.verbose {
-        0 => tracing::Level::INFO,
-        1 => tracing::Level::DEBUG,
-        _ => tracing::Level::TRACE,
+/// Sets up pgward's own log: the log file, when `logfile` names one (opened again at every
+/// reload), and its level, which a reload or SET verbose changes.
+fn init_logging(config: &Config, args: &Args) -> std::io::Result<pgward::daemon::Logging> {
+    use pgward::ops::logfile::{level_for, LogFile, LogLevel};
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let level = level_for(config.settings.verbose.max(0) + args.verbose);
+    let (filter, handle) = tracing_subscriber::reload::Layer::new(level);
+    let log = pgward::daemon::Logging {
+        file: None,
+        level: Some(LogLevel::new(handle, args.verbose)),
     };
-    let builder = tracing_subscriber::fmt()
-        .with_max_level(level)
-        .with_target(false);
+    let registry = tracing_subscriber::registry().with(filter);
+    let layer = tracing_subscriber::fmt::layer().with_target(false);
     match &config.settings.logfile {
         Some(path) => {
-            let file = std::sync::Arc::new(pgward::ops::logfile::LogFile::open(path)?);
-            builder
-                .with_ansi(false)
-                .with_writer(std::sync::Arc::clone(&file))
+            let file = std::sync::Arc::new(LogFile::open(path)?);
+            let writer = std::sync::Arc::clone(&file);
+            registry
+                .with(layer.with_ansi(false).with_writer(writer))
                 .init();
-            return Ok(Some(file));
+            return Ok(pgward::daemon::Logging {
+                file: Some(file),
+                ..log
+            });
         }
-        None if args.quiet => builder.with_writer(std::io::sink).init(),
-        None => builder.with_writer(std::io::stderr).init(),
+        None if args.quiet => registry.with(layer.with_writer(std::io::sink)).init(),
+        None => registry.with(layer.with_writer(std::io::stderr)).init(),
     }
-    Ok(None)
+    Ok(log)
 }

@@ -188,6 +188,9 @@ impl Runtime {
     /// pool in line with it.
     pub fn install(&self, config: Config, userlist: Option<HashMap<String, Secret>>) {
         lock(&self.ops.statements).set_max_rows(config.settings.max_statement_stats);
+        if let Some(level) = &self.ops.log_level {
+            level.set(config.settings.verbose);
+        }
         let old_config = self.config.load_full();
         let tracked = Arc::new(Tracked::of(&config.settings));
         let old_userlist = self.userlist.load_full();

@@ -645,3 +645,22 @@ async fn show_stats_counts_parses_and_binds_of_mapped_statements() {
     assert_eq!(stat("total_server_parse_count"), ["1"]);
     assert_eq!(stat("total_bind_count"), ["3"]);
 }
+
+/// SET verbose changes the log's level at once (a login is logged at DEBUG), as in PgBouncer.
+#[tokio::test]
+async fn set_verbose_changes_the_log_level_at_once() {
+    let (_pg, pw) = start("");
+    let logins = || pw.log().matches("client logged in").count();
+    connect(&pw, "postgres", "app").await;
+    assert_eq!(logins(), 0, "a login logged at the default level");
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("SET verbose = 1").await.unwrap();
+    connect(&pw, "postgres", "app").await;
+    let logged = common::eventually(common::SECOND, || logins() > 0);
+    assert!(logged, "no DEBUG line after SET verbose = 1\n{}", pw.log());
+    admin.simple_query("SET verbose = 0").await.unwrap();
+    let before = logins();
+    connect(&pw, "postgres", "app").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(logins(), before, "a DEBUG line after SET verbose = 0");
+}

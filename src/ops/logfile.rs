@@ -1,10 +1,13 @@
 //! pgward's own log (`logfile`), opened again at every reload (SIGHUP, RELOAD) so that
-//! logrotate can move it away and signal, as with PgBouncer.
+//! logrotate can move it away and signal, as with PgBouncer; and its level (`verbose`), which
+//! a reload or the console's SET changes at once.
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+
+use tracing_subscriber::filter::LevelFilter;
 
 use crate::sync::lock;
 
@@ -36,6 +39,47 @@ impl LogFile {
         *lock(&self.file) = file;
         *lock(&self.path) = path;
         Ok(())
+    }
+}
+
+/// The log's level: `verbose` from the configuration, plus the `-v` flags pgward was started
+/// with. 0 logs INFO, 1 DEBUG, 2 and more TRACE, as PgBouncer's levels go.
+pub struct LogLevel {
+    handle: tracing_subscriber::reload::Handle<LevelFilter, tracing_subscriber::Registry>,
+    flags: i32,
+}
+
+impl std::fmt::Debug for LogLevel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogLevel")
+            .field("flags", &self.flags)
+            .finish()
+    }
+}
+
+/// The filter for `verbose` (the configuration's plus the command line's).
+pub fn level_for(verbose: i32) -> LevelFilter {
+    match verbose.max(0) {
+        0 => LevelFilter::INFO,
+        1 => LevelFilter::DEBUG,
+        _ => LevelFilter::TRACE,
+    }
+}
+
+impl LogLevel {
+    pub fn new(
+        handle: tracing_subscriber::reload::Handle<LevelFilter, tracing_subscriber::Registry>,
+        flags: i32,
+    ) -> LogLevel {
+        LogLevel { handle, flags }
+    }
+
+    /// Logs at the level `verbose` (the configuration's) asks for from now on.
+    pub fn set(&self, verbose: i32) {
+        let level = level_for(verbose.max(0) + self.flags);
+        if let Err(e) = self.handle.modify(|filter| *filter = level) {
+            tracing::warn!("cannot change the log's level: {e}");
+        }
     }
 }
 

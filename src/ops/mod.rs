@@ -42,6 +42,9 @@ pub struct Ops {
     pub traffic: traffic::TrafficLog,
     /// pgward's own log file, when `logfile` names one (opened again at every reload).
     pub logfile: Option<std::sync::Arc<logfile::LogFile>>,
+    /// The log's level, changed by a reload or SET verbose (absent where nothing installed
+    /// pgward's log, as in tests that run the daemon in process).
+    pub log_level: Option<logfile::LogLevel>,
     /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
     pub os_uid: u32,
     pub os_user: Option<String>,
@@ -59,6 +62,7 @@ impl Default for Ops {
             anomalies: Mutex::new(Detector::default()),
             traffic: traffic::TrafficLog::default(),
             logfile: None,
+            log_level: None,
             os_uid,
             os_user: user_name(os_uid),
         }
