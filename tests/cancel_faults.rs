@@ -448,3 +448,67 @@ fn a_cancel_sent_to_a_peer_is_forwarded_to_the_instance_that_owns_the_key() {
     );
     client.terminate();
 }
+
+/// What one of pgward's own statements is made into: no row, like SAVEPOINT and RELEASE, and
+/// long enough for a cancel to land on it.
+const SLOW_OWN: &str = "DO $$BEGIN PERFORM pg_sleep(30); END$$";
+
+/// A client in a transaction block sends a statement the gate prices; the first of pgward's
+/// own statements named `prefix...` is made slow by a relay, and the client's cancel lands on
+/// it. The answer is the statement's 57014 with the transaction failed, as PostgreSQL gives a
+/// cancelled statement, and the session goes on.
+fn cancel_landing_on_own_statement(prefix: &'static str) {
+    let pg = Postgres::start();
+    pg.sql(common::gate::SCHEMA);
+    let relay = common::relay::rewriting_relay(pg.port, prefix, SLOW_OWN);
+    let dir = common::shared_tempdir("pgward-policy-");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, common::gate::ROOMY_POLICY).expect("write the policy");
+    let settings = format!("policy_file = {}\n", policy.display());
+    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
+    let settings = format!("pool_mode = transaction\n{settings}");
+    let pw = Pgward::trusting(&pg, &settings, &dbs);
+    let mut client = Raw::connect(pw.port);
+    let login = client
+        .startup(&[("user", "trustuser"), ("database", "slow")])
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    let key = login.key.expect("BackendKeyData");
+    client.query("BEGIN").expect("BEGIN");
+    client.send(&raw::query_message(common::gate::FULL_READ));
+    let running = eventually(5 * SECOND, || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE query LIKE 'DO $$BEGIN PERFORM pg_sleep(30)%' AND state = 'active'",
+        ) == "1"
+    });
+    assert!(running, "pgward's {prefix} never ran\n{}", pw.log());
+    raw::send_cancel(pw.port, key.0, &key.1);
+    let answer = client
+        .until_ready_within(5 * SECOND)
+        .unwrap_or_else(|e| panic!("no answer: {e}\n{}", pw.log()));
+    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
+    assert_eq!(fields.code(), "57014", "{fields:?}");
+    let ready = answer
+        .iter()
+        .rev()
+        .find(|m| m.tag == b'Z')
+        .expect("ReadyForQuery");
+    assert_eq!(ready.body, b"E", "{}", describe(&answer));
+    let err = client
+        .query("SELECT 1")
+        .expect_err("the transaction is not failed");
+    assert_eq!(err.code(), "25P02", "{err:?}");
+    client.query("ROLLBACK").expect("ROLLBACK");
+    assert_eq!(client.value("SELECT 'after'"), "after");
+}
+
+#[test]
+fn a_cancel_landing_on_pgwards_savepoint_cancels_the_statement() {
+    cancel_landing_on_own_statement("pgward_savepoint_");
+}
+
+#[test]
+fn a_cancel_landing_on_pgwards_release_cancels_the_statement() {
+    cancel_landing_on_own_statement("pgward_release_");
+}

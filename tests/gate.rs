@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use common::driver::{code, must_connect};
-use common::gate::{full_read_seconds, gated, FULL_READ, REJECT_POLICY};
+use common::gate::{full_read_seconds, gated, FULL_READ, REJECT_POLICY, ROOMY_POLICY};
 use common::policy::Policed;
 use common::{client_command, stderr_of, stdout_of};
 
@@ -203,15 +203,6 @@ async fn a_reload_changes_a_tenants_cost_limits_for_a_statement_the_session_has_
     let rows = conn.client.simple_query(FULL_READ).await;
     assert!(rows.is_ok(), "still refused in the session: {rows:?}");
 }
-
-/// A budget that pays for the few statements of a test, however slow the machine.
-const ROOMY_POLICY: &str = r#"
-[tenants.acme]
-roles = ["trustuser"]
-rate = 0.00001
-burst = 60
-when_over = "reject"
-"#;
 
 #[test]
 fn explain_inside_a_transaction_leaves_it_intact() {

@@ -2296,7 +2296,7 @@ impl Session {
             }
             Err(ServerError::Refused(fields)) => {
                 // The client's cancel, sent while pgward was pricing its statement, stopped
-                // the EXPLAIN: it is the statement's answer.
+                // the SAVEPOINT or the EXPLAIN (or their Close): it is the statement's answer.
                 cancelled = fields.code() == Some(sqlstate::QUERY_CANCELED);
                 None
             }
@@ -2308,22 +2308,47 @@ impl Session {
         if let (Some(plan), true) = (&plan, sizes) {
             match read_sizes(server, plan, &own.sizes, open_batch, &tracked).await? {
                 Sizes::Read(sizes) => self.rt.gatekeeper.learn_sizes(&key.database, sizes),
-                Sizes::Failed => failed = true,
+                Sizes::Failed { cancelled: c } => {
+                    failed = true;
+                    // The cancel landed on the size query: still the statement's answer.
+                    cancelled |= c;
+                }
                 Sizes::FailedInBatch(fields) => return Ok(Priced::FailedInBatch(fields)),
             }
         }
         if in_block {
             // Whatever failed since the savepoint, the transaction is put back as it was.
+            let rollback = OwnStatement::plain(&own.rollback.0, &own.rollback.1);
             let release = OwnStatement::plain(&own.release.0, &own.release.1);
             let undo = match failed {
-                true => vec![
-                    OwnStatement::plain(&own.rollback.0, &own.rollback.1),
-                    release,
-                ],
+                true => vec![rollback, release],
                 false => vec![release],
             };
-            let r = server.own_batch(&undo, 0, &tracked).await;
-            r.map_err(|e| lost(server, e))?;
+            match server.own_batch(&undo, 0, &tracked).await {
+                Ok(_) => {}
+                Err(ServerError::Refused(fields))
+                    if cancelled || fields.code() == Some(sqlstate::QUERY_CANCELED) =>
+                {
+                    // The client's cancel landed on pgward's own statements: on the RELEASE
+                    // or ROLLBACK TO (the savepoint may still be there, aborted), or earlier
+                    // on the SAVEPOINT (there is none to go back to). Put the transaction
+                    // back if the savepoint is there; if it is gone the client's transaction
+                    // has failed, as PostgreSQL leaves it after a cancel. Either way the
+                    // client's statement is answered with the cancel (57014).
+                    cancelled = true;
+                    let again = server.own_batch(&[rollback, release], 0, &tracked).await;
+                    match again {
+                        Ok(_) | Err(ServerError::Refused(_)) => {}
+                        Err(e) => return Err(lost(server, e)),
+                    }
+                    if server.tx == TxStatus::Idle {
+                        // Neither can end the client's transaction block.
+                        let e = ServerError::Protocol("transaction block ended while pricing");
+                        return Err(lost(server, e));
+                    }
+                }
+                Err(e) => return Err(lost(server, e)),
+            }
         }
         let keeper = &self.rt.gatekeeper;
         let Some(plan) = plan else {
@@ -2341,6 +2366,10 @@ impl Session {
             took,
             Instant::now(),
         );
+        if cancelled {
+            // The plan was read, but the cancel landed on what came after it.
+            return Ok(Priced::Cancelled);
+        }
         Ok(Priced::Plan(Some(plan)))
     }
 
@@ -2601,7 +2630,10 @@ async fn read_sizes(
     let rows = match answer {
         Ok(rows) => rows,
         Err(ServerError::Refused(fields)) if open_batch => return Ok(Sizes::FailedInBatch(fields)),
-        Err(ServerError::Refused(_)) => return Ok(Sizes::Failed),
+        Err(ServerError::Refused(fields)) => {
+            let cancelled = fields.code() == Some(sqlstate::QUERY_CANCELED);
+            return Ok(Sizes::Failed { cancelled });
+        }
         Err(e) => return Err(lost(server, e)),
     };
     Ok(Sizes::Read(
@@ -2623,8 +2655,11 @@ async fn read_sizes(
 /// What [`read_sizes`] found.
 enum Sizes {
     Read(Vec<(Relation, f64)>),
-    /// The query failed (its transaction was put back as it was).
-    Failed,
+    /// The query failed (its transaction is put back as it was); `cancelled`: by a cancel
+    /// (57014), the client's, which is then its statement's answer.
+    Failed {
+        cancelled: bool,
+    },
     /// It failed inside the client's open batch: see [`Priced::FailedInBatch`].
     FailedInBatch(crate::wire::ErrorFields),
 }

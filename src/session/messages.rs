@@ -342,9 +342,17 @@ impl MessageContext<'_> {
     }
 
     /// Nothing is in flight and no transaction or batch is open: pgward may answer a refusal
-    /// itself, as PostgreSQL would.
-    fn can_answer_alone(&self) -> bool {
-        self.link.expected.is_quiet() && self.link.server.tx == TxStatus::Idle
+    /// itself, as PostgreSQL would. So may it the client's cancel that landed on pgward's own
+    /// statements while it priced the request and left the transaction failed (the savepoint
+    /// gone): the server would answer anything raised there with 25P02, not the cancel.
+    fn can_answer_alone(&self, hit: &RuleHit) -> bool {
+        let cancel = hit.sqlstate == sqlstate::QUERY_CANCELED && hit.rule == "cancel";
+        self.link.expected.is_quiet()
+            && match self.link.server.tx {
+                TxStatus::Idle => true,
+                TxStatus::Failed => cancel,
+                TxStatus::InTransaction => false,
+            }
     }
 
     /// The rules' verdict on a statement text, if they refuse it. `verdict` is the gate's,
@@ -385,7 +393,7 @@ impl MessageContext<'_> {
             .refusal(sql, verdict.as_deref())
             .or(verdict.map(|v| *v));
         if let Some(hit) = hit.or_else(|| self.reserved(sql)) {
-            if self.can_answer_alone() {
+            if self.can_answer_alone(&hit) {
                 self.answer_alone(rules::error_message(&hit), true);
                 return Ok(Some(BytesMut::new()));
             }
@@ -445,7 +453,7 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::Query);
             return Ok(None);
         };
-        if self.can_answer_alone() {
+        if self.can_answer_alone(&hit) {
             self.answer_alone(rules::error_message(&hit), true);
             return Ok(Some(BytesMut::new()));
         }
@@ -542,7 +550,7 @@ impl MessageContext<'_> {
     /// A refused Parse or Bind: answered by pgward when nothing is in flight (then it drops
     /// messages until Sync, as PostgreSQL would), else raised by PostgreSQL in its place.
     fn refuse_in_batch(&mut self, hit: &RuleHit) -> BytesMut {
-        if self.can_answer_alone() {
+        if self.can_answer_alone(hit) {
             self.link.expected.push(Owed::Synthetic {
                 answer: rules::error_message(hit),
                 client_name: None,

@@ -23,6 +23,16 @@ burst = 0.001
 when_over = "reject"
 "#;
 
+/// A budget that pays for the few statements of a test, however slow the machine: under it
+/// every statement not yet priced is explained before it runs.
+pub const ROOMY_POLICY: &str = r#"
+[tenants.acme]
+roles = ["trustuser"]
+rate = 0.00001
+burst = 60
+when_over = "reject"
+"#;
+
 /// How long one [`FULL_READ`] takes straight on `pg`, as a client sees it (psql's
 /// `\timing`: from sending the query to its last answer; the median of five), in seconds.
 pub fn full_read_seconds(pg: &super::Postgres) -> f64 {

@@ -82,3 +82,81 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, pace: Option<(usize, Duration)>)
     let _ = from.shutdown(Shutdown::Both);
     let _ = to.shutdown(Shutdown::Both);
 }
+
+/// A relay to PostgreSQL at port `target` that passes everything on except the first Parse
+/// (of any connection) whose statement name starts with `prefix`: its text becomes `sql`.
+/// It makes one of pgward's own statements slow, so that a cancel surely lands on it.
+pub fn rewriting_relay(target: u16, prefix: &'static str, sql: &'static str) -> u16 {
+    let listener = TcpListener::bind((HOST, 0)).expect("bind the relay");
+    let port = listener.local_addr().expect("relay address").port();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(stream) = stream else { return };
+            let done = std::sync::Arc::clone(&done);
+            thread::spawn(move || rewrite_one(stream, target, (prefix, sql), &done));
+        }
+    });
+    port
+}
+
+/// Reads one message, untagged (a startup packet) or tagged: its header and its body.
+fn read_packet(from: &mut TcpStream, tagged: bool) -> Option<(Vec<u8>, Vec<u8>)> {
+    let mut head = vec![0u8; if tagged { 5 } else { 4 }];
+    from.read_exact(&mut head).ok()?;
+    let at = head.len() - 4;
+    let len = u32::from_be_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let mut body = vec![0u8; (len as usize).saturating_sub(4)];
+    from.read_exact(&mut body).ok()?;
+    Some((head, body))
+}
+
+fn rewrite_one(
+    mut inbound: TcpStream,
+    target: u16,
+    (prefix, sql): (&str, &str),
+    done: &std::sync::atomic::AtomicBool,
+) {
+    let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
+        return;
+    };
+    let (Ok(back_from), Ok(back_to)) = (outbound.try_clone(), inbound.try_clone()) else {
+        return;
+    };
+    thread::spawn(move || pipe(back_from, back_to, None));
+    // Untagged packets (an SSLRequest, then the startup packet or a cancel request).
+    loop {
+        let Some((head, body)) = read_packet(&mut inbound, false) else {
+            return;
+        };
+        if outbound.write_all(&[head, body.clone()].concat()).is_err() {
+            return;
+        }
+        if body.get(..4) != Some(&80_877_103u32.to_be_bytes()[..]) {
+            break;
+        }
+    }
+    while let Some((head, body)) = read_packet(&mut inbound, true) {
+        let mut out = [&head[..], &body[..]].concat();
+        let name_end = body.iter().position(|b| *b == 0).unwrap_or(0);
+        if head[0] == b'P'
+            && body[..name_end].starts_with(prefix.as_bytes())
+            && !done.swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            let text_end = name_end
+                + 1
+                + body[name_end + 1..]
+                    .iter()
+                    .position(|b| *b == 0)
+                    .unwrap_or(0);
+            let rest = &body[text_end + 1..];
+            let new_body = [&body[..=name_end], sql.as_bytes(), &[0], rest].concat();
+            out = super::raw::message(b'P', &new_body);
+        }
+        if outbound.write_all(&out).is_err() {
+            break;
+        }
+    }
+    let _ = inbound.shutdown(Shutdown::Both);
+    let _ = outbound.shutdown(Shutdown::Both);
+}
