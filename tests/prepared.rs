@@ -393,3 +393,44 @@ fn pgwards_statement_names_are_reserved() {
     let answer = owner.exchange_within(&again, 3 * SECOND, "a again");
     assert_row(&answer, "1", "a again");
 }
+
+// ---------------------------------------------------------------------------------------------
+// The unnamed statement of a Parse the server skipped.
+
+/// A client's Parse of the unnamed statement that the server skips (an error earlier in its
+/// batch) leaves the server's unnamed statement as it was, which may be another client's. A
+/// Bind of it in a later batch, pipelined before the answers, gets 26000 as on PostgreSQL, and
+/// never runs the other client's statement.
+#[test]
+fn a_later_batch_never_runs_another_clients_unnamed_statement() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let mut x = pw.client();
+    let secret = run_named("", "SELECT 'secret of x'");
+    let answer = x.exchange_within(&secret, 3 * SECOND, "x's unnamed statement");
+    assert_row(&answer, "secret of x", "x's unnamed statement");
+    let mut y = pw.client();
+    let skipped = [
+        parse_message("q", "SELECT 1/0"),
+        bind_message("q"),
+        execute_message(),
+        parse_message("", "SELECT 'mine'"),
+        sync_message(),
+    ];
+    let later = [bind_message(""), execute_message(), sync_message()];
+    let bytes = [skipped.concat(), later.concat()].concat();
+    let mut answers = Vec::new();
+    for client in [&mut y, &mut pg.client()] {
+        client.send(&bytes);
+        let failed = client
+            .until_ready_within(3 * SECOND)
+            .expect("the failed batch");
+        assert_eq!(error_code(&failed), "22012", "{}", describe(&failed));
+        let behind = client
+            .until_ready_within(3 * SECOND)
+            .expect("the later batch");
+        answers.push(describe(&behind));
+        assert_eq!(error_code(&behind), "26000", "{}", describe(&behind));
+    }
+    assert!(!answers[0].contains("secret"), "{}", answers[0]);
+}

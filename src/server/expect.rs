@@ -256,6 +256,15 @@ impl Expected {
             .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
     }
 
+    /// Whether a Parse of the unnamed statement in a batch closed by a Sync is still owed an
+    /// answer (the Sync makes sure that it comes).
+    pub fn owes_unnamed_parse(&self) -> bool {
+        self.queue
+            .iter()
+            .position(|o| matches!(o, Owed::Parse { unnamed: true, .. }))
+            .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
+    }
+
     /// Whether an error now would answer a Bind or a Describe of a statement, the messages
     /// that find a prepared statement missing (an error in a statement's run may carry any
     /// SQLSTATE and words its SQL raises).

@@ -22,8 +22,15 @@ pub struct Link {
     pub tx_since: Option<Instant>,
     /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
     pub reset_sent: bool,
-    /// The server's unnamed statement is one this client parsed on this link.
+    /// The server's unnamed statement is one this client parsed on this link (or will be,
+    /// once the Parse of it in the open batch runs: a message behind it in the batch is
+    /// skipped with it).
     pub unnamed_ours: bool,
+    /// The client parsed the unnamed statement in the open batch (since its last Sync).
+    pub unnamed_in_batch: bool,
+    /// A batch that parsed the unnamed statement ended (a Sync went out) and may not be
+    /// answered yet: until it is, whether the server skipped that Parse is not known.
+    pub unnamed_unsettled: bool,
     /// The client sent a text naming a setting PostgreSQL never reports: what the server
     /// holds is read when the server is given back (see [`Link::note_unreported`]).
     pub unreported_named: bool,
@@ -41,6 +48,24 @@ impl Link {
     /// Nothing owed, nothing buffered, no batch open.
     pub fn quiet(&self, to_server: &BytesMut) -> bool {
         self.expected.is_quiet() && to_server.is_empty() && self.server.rbuf.is_empty()
+    }
+
+    /// Whether the Bind or Describe in `tag`, `body` uses the unnamed statement while the
+    /// Parse of it, sent in an earlier batch, is still owed an answer: if the server skips
+    /// that Parse, it keeps the unnamed statement it had, which may be another client's.
+    /// (One in the same batch as its Parse needs no wait: it is skipped with it.)
+    pub fn waits_for_unnamed(&mut self, tag: u8, body: &[u8]) -> bool {
+        if !self.unnamed_unsettled || self.unnamed_in_batch {
+            return false;
+        }
+        if !super::views::uses_unnamed(tag, body) {
+            return false;
+        }
+        if self.expected.owes_unnamed_parse() {
+            return true;
+        }
+        self.unnamed_unsettled = false;
+        false
     }
 
     /// Whether the Parse in `body` names a statement whose creating Parse the server has

@@ -329,6 +329,11 @@ impl MessageContext<'_> {
             frontend::tag::SYNC => {
                 expected.push(Owed::Sync);
                 self.link.server.statements.end_batch();
+                if self.link.unnamed_in_batch {
+                    // Whether that Parse ran is known from its answer only.
+                    self.link.unnamed_in_batch = false;
+                    self.link.unnamed_unsettled = true;
+                }
             }
             frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => expected.end_copy_in(),
             frontend::tag::EXECUTE => expected.push(Owed::Execute),
@@ -474,7 +479,10 @@ impl MessageContext<'_> {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
         if name.is_empty() {
+            // Taken as the client's for the rest of this batch only (see `Link::
+            // waits_for_unnamed`): a later batch's use waits for the answer.
             self.link.unnamed_ours = true;
+            self.link.unnamed_in_batch = true;
         }
         let Some(capacity) = self.capacity.filter(|_| !name.is_empty()) else {
             self.link.expected.push(Owed::Parse {

@@ -684,6 +684,12 @@ impl Session {
                 self.held = true;
                 break;
             }
+            if ctx.pooled && ctx.link.waits_for_unnamed(span.tag, body) {
+                // Whose unnamed statement the server has depends on how an earlier Parse of
+                // it fares: hold the rest until the server has answered that one.
+                self.held = true;
+                break;
+            }
             if let Some(replacement) = ctx.client_message(span.tag, body)? {
                 let out = rebuilt.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&chunk[run_start..span.start]);
@@ -765,6 +771,8 @@ impl Session {
             tx_since: None,
             reset_sent: false,
             unnamed_ours: false,
+            unnamed_in_batch: false,
+            unnamed_unsettled: false,
             unreported_named: false,
         });
         Ok(now.saturating_duration_since(asked))
