@@ -230,6 +230,40 @@ fn deallocate_in_a_failed_transaction_is_refused() {
     assert_like_postgres(&pg, &query_message("DEALLOCATE a"));
 }
 
+#[test]
+fn deallocate_all_in_a_failed_transaction_is_refused() {
+    let pg = Postgres::start();
+    assert_like_postgres(&pg, &query_message("DEALLOCATE ALL"));
+}
+
+/// What `client` answers to `pipeline` (`readies` ReadyForQuery in all), then to a run of the
+/// statement `name`.
+fn pipeline_then_run(client: &mut Raw, pipeline: &[u8], readies: usize, name: &str) -> Vec<String> {
+    let answer = client.exchange(pipeline, readies);
+    let run = client.exchange_within(&run_prepared(name), 3 * SECOND, name);
+    vec![describe(&answer), describe(&run)]
+}
+
+/// A statement prepared behind a DEALLOCATE ALL in the same pipeline (sent before the reset
+/// is answered) stays the client's, as on PostgreSQL.
+#[test]
+fn a_name_prepared_behind_a_reset_in_the_same_pipeline_stays() {
+    let (pg, pw) = shared_server();
+    let simple = [query_message("DEALLOCATE ALL"), run_named("s1", "SELECT 1")].concat();
+    let extended = [
+        parse_message("", "DEALLOCATE ALL"),
+        bind_message(""),
+        execute_message(),
+        run_named("s2", "SELECT 2"),
+    ]
+    .concat();
+    for (pipeline, readies, name) in [(simple, 2, "s1"), (extended, 1, "s2")] {
+        let expected = pipeline_then_run(&mut pg.client(), &pipeline, readies, name);
+        let got = pipeline_then_run(&mut pw.client(), &pipeline, readies, name);
+        assert_eq!(got, expected, "pgward, then PostgreSQL");
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // pgward's own statement names.
 

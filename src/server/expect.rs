@@ -87,6 +87,22 @@ pub enum Owed {
 }
 
 impl Owed {
+    /// Whether this Parse (sent, or answered by pgward at its turn) creates the client's
+    /// statement `name`.
+    fn creates(&self, name: &[u8]) -> bool {
+        match self {
+            Owed::Parse {
+                client_name: Some(n),
+                ..
+            }
+            | Owed::Synthetic {
+                client_name: Some(n),
+                ..
+            } => &n[..] == name,
+            _ => false,
+        }
+    }
+
     fn ends_with_ready(&self) -> bool {
         matches!(self, Owed::Sync | Owed::Query)
     }
@@ -239,20 +255,9 @@ impl Expected {
     /// at its turn) in an earlier batch, closed by a Sync, is still owed an answer. Within one
     /// batch the question never arises: a second Parse of a name fails or is skipped.
     pub fn owes_parse_of(&self, name: &[u8]) -> bool {
-        let creates = |o: &Owed| match o {
-            Owed::Parse {
-                client_name: Some(n),
-                ..
-            }
-            | Owed::Synthetic {
-                client_name: Some(n),
-                ..
-            } => &n[..] == name,
-            _ => false,
-        };
         self.queue
             .iter()
-            .position(creates)
+            .position(|o| o.creates(name))
             .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
     }
 
@@ -263,6 +268,12 @@ impl Expected {
             .iter()
             .position(|o| matches!(o, Owed::Parse { unnamed: true, .. }))
             .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
+    }
+
+    /// Whether a Parse still owed an answer creates the client's statement `name` (sent, or
+    /// answered by pgward at its turn): it was sent after everything answered so far.
+    pub fn owes_creation_of(&self, name: &[u8]) -> bool {
+        self.queue.iter().any(|o| o.creates(name))
     }
 
     /// Whether an error now would answer a Bind or a Describe of a statement, the messages

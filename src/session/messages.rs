@@ -14,7 +14,7 @@ use super::views::Views;
 use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
-use crate::server::{Definition, Learned, Owed, Route, ServerStatements, Skipped};
+use crate::server::{Definition, Expected, Learned, Owed, Route, ServerStatements, Skipped};
 use crate::wire::frontend::target;
 use crate::wire::{
     self, backend, frontend, sqlstate, BindView, CloseView, DescribeView, ErrorResponse, FrameSpan,
@@ -118,6 +118,7 @@ pub(super) fn server_message(
         &mut server.statements,
         &mut server.params,
         client,
+        &link.expected,
     )?;
     if let Some(status) = ready {
         server.tx = status;
@@ -168,6 +169,7 @@ pub(super) fn lost_own_statement(statements: &ServerStatements, body: &[u8]) -> 
 /// have, parameters, and the transaction status of a ReadyForQuery (returned). Only
 /// ParameterStatus and CommandComplete teach anything beyond what the queue `learned`:
 /// [`server_message`] calls this for no other message unless the queue learned something.
+/// `owed`: what the server still owes after this message (sent after what it answers).
 pub(super) fn learn(
     tag: u8,
     body: &[u8],
@@ -175,6 +177,7 @@ pub(super) fn learn(
     server_statements: &mut ServerStatements,
     server_params: &mut ParamSet,
     client: &mut ClientSide,
+    owed: &Expected,
 ) -> Result<Option<TxStatus>, SessionError> {
     match learned {
         Learned::Ready => {
@@ -228,7 +231,13 @@ pub(super) fn learn(
             if body == b"DISCARD ALL\0" || body == b"DEALLOCATE ALL\0" =>
         {
             server_statements.clear();
-            client.statements.clear();
+            // Only the names that existed when the reset was sent: a Parse sent after it (in
+            // the same pipeline), whose answer is still owed, created its name after it.
+            if owed.is_empty() {
+                client.statements.clear();
+            } else {
+                client.statements.retain(|name| owed.owes_creation_of(name));
+            }
             if body == b"DISCARD ALL\0" {
                 // Every setting is back at its default, those PostgreSQL does not report too;
                 // but a value already unknown stays so (a text after the DISCARD, sent with
@@ -411,8 +420,12 @@ impl MessageContext<'_> {
                     // What follows in the same pipeline runs after the reset: the client's
                     // names are gone, and so are pgward's statements on this server. If the
                     // reset fails, the server may keep statements pgward forgot: it is then
-                    // closed rather than reused.
-                    self.statements.clear();
+                    // closed rather than reused. In a transaction last seen failed PostgreSQL
+                    // refuses it (25P02) and the client keeps its names: they go only if its
+                    // answer says it ran (see `learn`).
+                    if self.link.server.tx != TxStatus::Failed {
+                        self.statements.clear();
+                    }
                     self.link.server.statements.clear();
                     self.link.reset_sent = true;
                 }

@@ -569,6 +569,7 @@ impl Session {
                     &mut server.statements,
                     &mut server.params,
                     &mut client,
+                    &link.expected,
                 )
                 .ok()?;
                 if let Some(status) = ready {

@@ -82,6 +82,11 @@ impl ClientStatements {
     pub fn clear(&mut self) {
         self.by_name.clear();
     }
+
+    /// Keeps only the names `keep` says.
+    pub fn retain(&mut self, mut keep: impl FnMut(&[u8]) -> bool) {
+        self.by_name.retain(|name, _| keep(&name[..]));
+    }
 }
 
 /// What a simple Query does to prepared statements, read from its first words.
