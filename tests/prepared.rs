@@ -8,7 +8,7 @@ mod common;
 
 use common::raw::{
     bind_message, describe, error_code, execute_message, first_error, parse_message, query_message,
-    run_prepared, sync_message, tags, terminate_message, Message, Raw,
+    run_prepared, sync_message, tags, terminate_message, Batch, Message, Raw,
 };
 use common::{Pgward, Postgres, SECOND};
 
@@ -261,6 +261,35 @@ fn a_name_prepared_behind_a_reset_in_the_same_pipeline_stays() {
         let expected = pipeline_then_run(&mut pg.client(), &pipeline, readies, name);
         let got = pipeline_then_run(&mut pw.client(), &pipeline, readies, name);
         assert_eq!(got, expected, "pgward, then PostgreSQL");
+    }
+}
+
+/// A Close or DEALLOCATE of a statement that the server skips (an error before it in its
+/// batch) drops nothing: the name still runs afterwards, as on PostgreSQL. A Close and a new
+/// Parse of the name in one batch still work.
+#[test]
+fn a_skipped_close_or_deallocate_keeps_the_statement() {
+    let (pg, pw) = shared_server();
+    let failing = [
+        parse_message("", "SELECT 1/0"),
+        bind_message(""),
+        execute_message(),
+    ]
+    .concat();
+    let close = Batch::new().close(b'S', "s1").bytes;
+    let cases = [
+        [failing.clone(), close.clone(), sync_message()].concat(),
+        [failing, query_message("DEALLOCATE s1"), sync_message()].concat(),
+        [close, run_named("s1", "SELECT 2")].concat(),
+    ];
+    for case in cases {
+        let mut answers = Vec::new();
+        for client in [&mut pg.client(), &mut pw.client()] {
+            let prepared = client.exchange_within(&run_named("s1", "SELECT 1"), 3 * SECOND, "s1");
+            assert_row(&prepared, "1", "s1");
+            answers.push(pipeline_then_run(client, &case, 1, "s1"));
+        }
+        assert_eq!(answers[1], answers[0], "pgward, then PostgreSQL");
     }
 }
 

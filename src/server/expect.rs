@@ -77,13 +77,24 @@ pub enum Owed {
     /// ReadyForQuery when `ready` (a simple Query pgward answers itself). `client_name` is the
     /// client's statement a synthetic ParseComplete created, undone if the server skips it.
     /// `batch` says whether it stands for an extended-protocol message (a Parse, a Close),
-    /// which keeps the server until Sync like any other.
+    /// which keeps the server until Sync like any other. `reopens` is the client's statement
+    /// a Close or DEALLOCATE answered here dropped as it went out, put back if the server
+    /// skips it.
     Synthetic {
         answer: Bytes,
         client_name: Option<Bytes>,
         ready: bool,
         batch: bool,
+        reopens: Option<Box<Reopen>>,
     },
+}
+
+/// A client's statement dropped by a Close or DEALLOCATE that pgward answers itself: its
+/// name, and the Parse message of pgward's statement it named (which says what it was).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Reopen {
+    pub name: Bytes,
+    pub parse: Bytes,
 }
 
 impl Owed {
@@ -101,6 +112,12 @@ impl Owed {
             } => &n[..] == name,
             _ => false,
         }
+    }
+
+    /// Whether this is a Close or DEALLOCATE answered by pgward that dropped the client's
+    /// statement `name` (put back if the server skips it).
+    fn reopens(&self, name: &[u8]) -> bool {
+        matches!(self, Owed::Synthetic { reopens: Some(r), .. } if &r.name[..] == name)
     }
 
     fn ends_with_ready(&self) -> bool {
@@ -150,6 +167,10 @@ pub enum Learned {
 pub struct Skipped {
     pub server_statements: Vec<Bytes>,
     pub client_statements: Vec<Bytes>,
+    /// The client's statements dropped by skipped Closes that the skipped messages did not
+    /// create (see [`Reopen`]): each name as it was before the first of them that touched it.
+    /// Put back after `client_statements` are forgotten.
+    pub reopened: Vec<Reopen>,
     /// Statements whose Close the server skipped: it still has them.
     pub still_prepared: Vec<Bytes>,
     /// A Parse of the unnamed statement (the client's, or one of pgward's own) failed or was
@@ -252,12 +273,13 @@ impl Expected {
     }
 
     /// Whether a Parse creating the client's statement `name` (sent, or answered by pgward
-    /// at its turn) in an earlier batch, closed by a Sync, is still owed an answer. Within one
-    /// batch the question never arises: a second Parse of a name fails or is skipped.
+    /// at its turn), or a Close dropping it, in an earlier batch, closed by a Sync, is still
+    /// owed an answer. Within one batch the question never arises: a second Parse of a name
+    /// fails or is skipped, and so is a Parse behind a skipped Close.
     pub fn owes_parse_of(&self, name: &[u8]) -> bool {
         self.queue
             .iter()
-            .position(|o| o.creates(name))
+            .position(|o| o.creates(name) || o.reopens(name))
             .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
     }
 
@@ -481,6 +503,7 @@ impl Expected {
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
         let mut still_prepared = Vec::new();
+        let mut reopened: Vec<Reopen> = Vec::new();
         let mut unnamed_parse = false;
         if matches!(self.queue.front(), Some(Owed::Query)) {
             return (Route::Forward, Learned::Nothing);
@@ -510,7 +533,22 @@ impl Expected {
                     server_statements.extend(statement);
                     client_statements.extend(client_name);
                 }
-                Some(Owed::Synthetic { client_name, .. }) => client_statements.extend(client_name),
+                Some(Owed::Synthetic {
+                    client_name,
+                    reopens,
+                    ..
+                }) => {
+                    client_statements.extend(client_name);
+                    // Only the first skipped message touching a name says what it was: a
+                    // Parse of it (which creates only a name that is free) or a Close.
+                    if let Some(r) = reopens {
+                        let touched = client_statements.iter().any(|n| n == &r.name)
+                            || reopened.iter().any(|o| o.name == r.name);
+                        if !touched {
+                            reopened.push(*r);
+                        }
+                    }
+                }
                 Some(Owed::Close {
                     statement: Some(name),
                     ..
@@ -525,6 +563,7 @@ impl Expected {
         if server_statements.is_empty()
             && client_statements.is_empty()
             && still_prepared.is_empty()
+            && reopened.is_empty()
             && !unnamed_parse
         {
             return (Route::Forward, Learned::Nothing);
@@ -535,6 +574,7 @@ impl Expected {
                 server_statements,
                 client_statements,
                 still_prepared,
+                reopened,
                 unnamed_parse,
             })),
         )
@@ -667,6 +707,7 @@ mod tests {
                     server_statements: vec![Bytes::from_static(b"s2")],
                     client_statements: vec![Bytes::from_static(b"c2")],
                     still_prepared: vec![],
+                    reopened: vec![],
                     unnamed_parse: false,
                 }))
             )
@@ -706,6 +747,7 @@ mod tests {
                 server_statements: vec![Bytes::from_static(b"pgw_1")],
                 client_statements: vec![],
                 still_prepared: vec![],
+                reopened: vec![],
                 unnamed_parse: false,
             }))
         );
@@ -805,6 +847,7 @@ mod tests {
             client_name: None,
             ready: false,
             batch: true,
+            reopens: None,
         });
         assert_eq!(q.pop_synthetic(), Some((answer.clone(), false)));
         q.push(Owed::Bind);
@@ -813,6 +856,7 @@ mod tests {
             client_name: None,
             ready: false,
             batch: true,
+            reopens: None,
         });
         q.push(Owed::Sync);
         assert_eq!(q.pop_synthetic(), None, "not its turn yet");
@@ -825,6 +869,7 @@ mod tests {
             client_name: None,
             ready: true,
             batch: false,
+            reopens: None,
         });
         assert_eq!(q.pending_ready(), 1);
         assert_eq!(q.pop_synthetic(), Some((answer, true)));
@@ -841,6 +886,7 @@ mod tests {
             client_name: Some(Bytes::from_static(b"c1")),
             ready: false,
             batch: true,
+            reopens: None,
         });
         q.push(Owed::Sync);
         let r = feed(&mut q, b"E");
@@ -850,6 +896,7 @@ mod tests {
                 server_statements: vec![],
                 client_statements: vec![Bytes::from_static(b"c1")],
                 still_prepared: vec![],
+                reopened: vec![],
                 unnamed_parse: false,
             }))
         );
@@ -949,6 +996,7 @@ mod tests {
                 server_statements: vec![],
                 client_statements: vec![],
                 still_prepared: vec![Bytes::from_static(b"pgw_old")],
+                reopened: vec![],
                 unnamed_parse: true,
             }))
         );

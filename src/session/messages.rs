@@ -14,7 +14,9 @@ use super::views::Views;
 use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
-use crate::server::{Definition, Expected, Learned, Owed, Route, ServerStatements, Skipped};
+use crate::server::{
+    Definition, Expected, Learned, Owed, Reopen, Route, ServerStatements, Skipped,
+};
 use crate::wire::frontend::target;
 use crate::wire::{
     self, backend, frontend, sqlstate, BindView, CloseView, DescribeView, ErrorResponse, FrameSpan,
@@ -198,6 +200,7 @@ pub(super) fn learn(
                 server_statements: missing,
                 client_statements,
                 still_prepared,
+                reopened,
                 ..
             } = *skipped;
             for name in &missing {
@@ -208,6 +211,12 @@ pub(super) fn learn(
             }
             for name in &client_statements {
                 client.statements.remove(name);
+            }
+            // A skipped Close or DEALLOCATE dropped nothing: the name is the client's again.
+            for Reopen { name, parse } in reopened {
+                if let Some(statement) = Statement::from_parse_message(&parse) {
+                    client.statements.insert(name, Arc::new(statement));
+                }
             }
         }
         Learned::Defined(definition) => client.views.commit(&definition),
@@ -320,6 +329,7 @@ impl MessageContext<'_> {
                     client_name: None,
                     ready: true,
                     batch: false,
+                    reopens: None,
                 });
             }
             return Ok(Some(BytesMut::new()));
@@ -429,14 +439,23 @@ impl MessageContext<'_> {
                     self.link.server.statements.clear();
                     self.link.reset_sent = true;
                 }
-                Deallocation::One(name)
-                    if self.link.server.tx != TxStatus::Failed
-                        && self.statements.remove(&name).is_some() =>
-                {
-                    // The statement lives on servers under pgward's name; the client's
-                    // DEALLOCATE is answered here, at its turn.
-                    self.answer_alone(command_complete("DEALLOCATE"), true);
-                    return Ok(Some(BytesMut::new()));
+                Deallocation::One(name) if self.link.server.tx != TxStatus::Failed => {
+                    if let Some(statement) = self.statements.remove(&name) {
+                        // The statement lives on servers under pgward's name; the client's
+                        // DEALLOCATE is answered here, at its turn (put back if the server
+                        // skips the Query, sent inside a batch that failed).
+                        self.link.expected.push(Owed::Synthetic {
+                            answer: command_complete("DEALLOCATE"),
+                            client_name: None,
+                            ready: true,
+                            batch: false,
+                            reopens: Some(Box::new(Reopen {
+                                name,
+                                parse: statement.parse.clone(),
+                            })),
+                        });
+                        return Ok(Some(BytesMut::new()));
+                    }
                 }
                 _ => {}
             }
@@ -455,6 +474,7 @@ impl MessageContext<'_> {
             client_name: None,
             ready,
             batch: false,
+            reopens: None,
         });
     }
 
@@ -543,6 +563,7 @@ impl MessageContext<'_> {
                 client_name: Some(client_name),
                 ready: false,
                 batch: true,
+                reopens: None,
             });
             return Ok(Some(out));
         }
@@ -577,6 +598,7 @@ impl MessageContext<'_> {
                 client_name: None,
                 ready: false,
                 batch: false,
+                reopens: None,
             });
             *self.skip_to_sync = true;
             return BytesMut::new();
@@ -706,13 +728,21 @@ impl MessageContext<'_> {
             });
             return Ok(None);
         }
-        // The server keeps pgward's statement for other clients; the client's name goes.
-        self.statements.remove(name);
+        // The server keeps pgward's statement for other clients; the client's name goes now
+        // (what follows in the pipeline no longer finds it), and comes back if the server
+        // skips the Close after an error before it.
+        let reopens = self.statements.remove(name).map(|statement| {
+            Box::new(Reopen {
+                name: Bytes::copy_from_slice(name),
+                parse: statement.parse.clone(),
+            })
+        });
         self.link.expected.push(Owed::Synthetic {
             answer: Bytes::from_static(backend::CLOSE_COMPLETE_MESSAGE),
             client_name: None,
             ready: false,
             batch: true,
+            reopens,
         });
         Ok(Some(BytesMut::new()))
     }

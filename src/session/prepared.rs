@@ -37,6 +37,13 @@ impl Statement {
             names_unreported: crate::params::names_unreported(query),
         }
     }
+
+    /// The statement whose Parse message (under pgward's name) is `parse`.
+    pub fn from_parse_message(parse: &[u8]) -> Option<Self> {
+        let view = wire::ParseView::new(parse.get(wire::HEADER_LEN..)?).ok()?;
+        let types: Vec<u32> = view.param_types().ok()?.iter().collect();
+        Some(Statement::new(view.query, &types))
+    }
 }
 
 /// How the names of pgward's own statements on servers begin.
