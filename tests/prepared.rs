@@ -293,6 +293,64 @@ fn a_skipped_close_or_deallocate_keeps_the_statement() {
     }
 }
 
+/// A batch that fails before its end (the server skips the rest, up to its Sync).
+fn failing_batch_start() -> Vec<u8> {
+    [
+        parse_message("", "SELECT 1/0"),
+        bind_message(""),
+        execute_message(),
+    ]
+    .concat()
+}
+
+/// A text prepared in a batch the server skips, then under another name in a later batch
+/// sent before the answers: the later batch works as on PostgreSQL (pgward does not answer its
+/// Parse itself on the strength of the skipped one).
+#[test]
+fn a_later_parse_does_not_rely_on_a_parse_the_server_skipped() {
+    let (pg, pw) = shared_server();
+    let text = "SELECT 4242";
+    let pipeline = [
+        failing_batch_start(),
+        parse_message("a", text),
+        sync_message(),
+        run_named("b", text),
+    ]
+    .concat();
+    let expected = describe(&pg.client().exchange(&pipeline, 2));
+    let got = describe(&pw.client().exchange(&pipeline, 2));
+    assert_eq!(got, expected, "pgward, then PostgreSQL");
+}
+
+/// A statement closed on the server to make room, prepared again by pgward in a batch the
+/// server skips: a run of it in a later batch sent before the answers works as on PostgreSQL.
+#[test]
+fn a_later_run_does_not_rely_on_a_parse_the_server_skipped() {
+    let (pg, pw) = shared_server();
+    let pipeline = [
+        failing_batch_start(),
+        bind_message("c"),
+        execute_message(),
+        sync_message(),
+        run_prepared("c"),
+    ]
+    .concat();
+    let mut answers = Vec::new();
+    for client in [&mut pg.client(), &mut pw.client()] {
+        // With room for two statements, `c` is closed on the server to make room for `e`.
+        for (name, sql) in [
+            ("c", "SELECT 'c'"),
+            ("d", "SELECT 'd'"),
+            ("e", "SELECT 'e'"),
+        ] {
+            let ran = client.exchange_within(&run_named(name, sql), 3 * SECOND, name);
+            assert_row(&ran, &sql[8..9], name);
+        }
+        answers.push(describe(&client.exchange(&pipeline, 2)));
+    }
+    assert_eq!(answers[1], answers[0], "pgward, then PostgreSQL");
+}
+
 // ---------------------------------------------------------------------------------------------
 // pgward's own statement names.
 

@@ -160,6 +160,8 @@ pub enum Learned {
     Ready,
     /// The server created a statement the gate follows (its ParseComplete).
     Defined(Arc<Definition>),
+    /// The server created pgward's statement (the ParseComplete of a Parse of it).
+    Prepared(Bytes),
 }
 
 /// The statements an error made the server skip (see [`Learned::Skipped`]).
@@ -439,6 +441,10 @@ impl Expected {
                 defines: Some(definition),
                 ..
             }) => Learned::Defined(definition),
+            Some(Owed::Parse {
+                statement: Some(name),
+                ..
+            }) => Learned::Prepared(name),
             _ => Learned::Nothing,
         };
         Ok((route, learned))

@@ -220,6 +220,7 @@ pub(super) fn learn(
             }
         }
         Learned::Defined(definition) => client.views.commit(&definition),
+        Learned::Prepared(name) => server_statements.parse_answered(&name),
         Learned::Nothing => {}
     }
     match tag {
@@ -555,8 +556,9 @@ impl MessageContext<'_> {
             .insert(client_name.clone(), statement.clone());
         let server = &mut self.link.server;
         // In a failed transaction PostgreSQL refuses every Parse (25P02): send the real one
-        // so the client gets that error, not a ParseComplete.
-        if server.statements.contains(&statement.server_name) && server.tx != TxStatus::Failed {
+        // so the client gets that error, not a ParseComplete. A statement whose Parse went
+        // out in an earlier batch and is not answered may yet be skipped: prepared again.
+        if server.statements.settled(&statement.server_name) && server.tx != TxStatus::Failed {
             server.statements.use_in_batch(&statement.server_name);
             self.link.expected.push(Owed::Synthetic {
                 answer: Bytes::from_static(backend::PARSE_COMPLETE_MESSAGE),
@@ -567,14 +569,16 @@ impl MessageContext<'_> {
             });
             return Ok(Some(out));
         }
-        let known = server.statements.contains(&statement.server_name);
+        let known = server.statements.settled(&statement.server_name);
         if !known {
-            self.evict_for_one(capacity, &mut out);
+            if !server.statements.contains(&statement.server_name) {
+                self.evict_for_one(capacity, &mut out);
+            }
             self.close_first(&statement.server_name, &mut out);
             self.link
                 .server
                 .statements
-                .use_in_batch(&statement.server_name);
+                .parse_in_batch(&statement.server_name);
         }
         self.counters.add_server_parse();
         out.extend_from_slice(&statement.parse);
@@ -779,18 +783,24 @@ impl MessageContext<'_> {
         true
     }
 
-    /// Prepares `stmt` on this server first if it does not have it.
+    /// Prepares `stmt` on this server first if it does not have it (or if its Parse, sent in
+    /// an earlier batch, is not answered yet: the server may skip it).
     fn ensure(&mut self, stmt: &Statement, capacity: usize, out: &mut BytesMut) {
         let server = &mut self.link.server;
-        if server.statements.contains(&stmt.server_name) {
+        if server.statements.settled(&stmt.server_name) {
             server.statements.use_in_batch(&stmt.server_name);
             return;
         }
-        self.evict_for_one(capacity, out);
+        if !server.statements.contains(&stmt.server_name) {
+            self.evict_for_one(capacity, out);
+        }
         self.close_first(&stmt.server_name, out);
         self.counters.add_server_parse();
         out.extend_from_slice(&stmt.parse);
-        self.link.server.statements.use_in_batch(&stmt.server_name);
+        self.link
+            .server
+            .statements
+            .parse_in_batch(&stmt.server_name);
         self.link.expected.push(Owed::Parse {
             client: false,
             statement: Some(stmt.server_name.clone()),
