@@ -230,6 +230,20 @@ fn deallocate_in_a_failed_transaction_is_refused() {
     assert_like_postgres(&pg, &query_message("DEALLOCATE a"));
 }
 
+/// A Parse of a statement the server has, sent behind a ROLLBACK of a failed transaction in
+/// the same pipeline (the last status pgward saw says failed), works as on PostgreSQL.
+#[test]
+fn a_parse_behind_a_rollback_of_a_failed_transaction_works() {
+    let (pg, pw) = shared_server();
+    let pipeline = [query_message("ROLLBACK"), run_named("b", "SELECT 1")].concat();
+    let mut answers = Vec::new();
+    for client in [&mut pg.client(), &mut pw.client()] {
+        prepare_then_fail(client);
+        answers.push(pipeline_then_run(client, &pipeline, 2, "b"));
+    }
+    assert_eq!(answers[1], answers[0], "pgward, then PostgreSQL");
+}
+
 #[test]
 fn deallocate_all_in_a_failed_transaction_is_refused() {
     let pg = Postgres::start();

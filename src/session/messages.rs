@@ -555,9 +555,9 @@ impl MessageContext<'_> {
         self.statements
             .insert(client_name.clone(), statement.clone());
         let server = &mut self.link.server;
-        // In a failed transaction PostgreSQL refuses every Parse (25P02): send the real one
-        // so the client gets that error, not a ParseComplete. A statement whose Parse went
-        // out in an earlier batch and is not answered may yet be skipped: prepared again.
+        // A statement the server has is answered here, unless the transaction was last seen
+        // failed (below). One whose Parse went out in an earlier batch and is not answered
+        // yet may still be skipped: it is prepared again.
         if server.statements.settled(&statement.server_name) && server.tx != TxStatus::Failed {
             server.statements.use_in_batch(&statement.server_name);
             self.link.expected.push(Owed::Synthetic {
@@ -569,23 +569,44 @@ impl MessageContext<'_> {
             });
             return Ok(Some(out));
         }
-        let known = server.statements.settled(&statement.server_name);
-        if !known {
-            if !server.statements.contains(&statement.server_name) {
-                self.evict_for_one(capacity, &mut out);
-            }
-            self.close_first(&statement.server_name, &mut out);
-            self.link
-                .server
-                .statements
-                .parse_in_batch(&statement.server_name);
+        if server.statements.settled(&statement.server_name) {
+            // The transaction was last seen failed, where PostgreSQL refuses every Parse
+            // (25P02): the client must get the server's answer, not a ParseComplete. But a
+            // ROLLBACK sent ahead may have ended it, and a Parse of pgward's name, which the
+            // server has, would then fail (42P05). The text is parsed under a name no
+            // statement has, closed right behind it: it fails, or succeeds, as the client's
+            // own Parse would, and leaves the server's statement alone.
+            server.statements.use_in_batch(&statement.server_name);
+            self.counters.add_server_parse();
+            let probe = self.not_here.as_bytes();
+            wire::encode_parse(&mut out, probe, query, &types);
+            self.link.expected.push(Owed::Parse {
+                client: true,
+                statement: None,
+                client_name: Some(client_name),
+                unnamed: false,
+                defines: None,
+            });
+            wire::encode_close(&mut out, target::STATEMENT, probe);
+            self.link.expected.push(Owed::Close {
+                client: false,
+                statement: None,
+            });
+            return Ok(Some(out));
         }
+        if !server.statements.contains(&statement.server_name) {
+            self.evict_for_one(capacity, &mut out);
+        }
+        self.close_first(&statement.server_name, &mut out);
+        self.link
+            .server
+            .statements
+            .parse_in_batch(&statement.server_name);
         self.counters.add_server_parse();
         out.extend_from_slice(&statement.parse);
         self.link.expected.push(Owed::Parse {
             client: true,
-            // A failure of a statement the server already has must not forget it.
-            statement: (!known).then(|| statement.server_name.clone()),
+            statement: Some(statement.server_name.clone()),
             client_name: Some(client_name),
             unnamed: false,
             defines: None,
