@@ -226,8 +226,7 @@ impl Runtime {
                     pool.key.db,
                     pool.key.user
                 );
-                pool.closing.reconnect(now);
-                pool.close_idle("database configuration changed");
+                pool.reconnect(now, "database configuration changed");
             }
             let settings = pool_settings(
                 &config,

@@ -664,3 +664,17 @@ async fn set_verbose_changes_the_log_level_at_once() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(logins(), before, "a DEBUG line after SET verbose = 0");
 }
+
+/// After a RECONNECT new clients are welcomed with the parameters of a server logged in after
+/// it (here a database's changed TimeZone), as PgBouncer resets a pool's welcome.
+#[tokio::test]
+async fn a_reconnect_welcomes_new_clients_with_the_new_servers_parameters() {
+    let (pg, pw) = start("");
+    let before = must_value(&connect(&pw, "postgres", "app").await, "SHOW TimeZone").await;
+    assert_ne!(before, "Asia/Tokyo");
+    pg.sql("ALTER DATABASE app SET TimeZone = 'Asia/Tokyo'");
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("RECONNECT app").await.unwrap();
+    let after = must_value(&connect(&pw, "postgres", "app").await, "SHOW TimeZone").await;
+    assert_eq!(after, "Asia/Tokyo");
+}

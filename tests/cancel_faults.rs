@@ -108,6 +108,7 @@ fn cancel_cut_short_by_client_login_timeout_still_ends() {
     let slowness = Slowness {
         cancel_hold: 2 * SECOND,
         cancel_delay: Duration::ZERO,
+        first_packet_delay: Duration::ZERO,
         pace: None,
     };
     let relay = slow_relay(pg.port, slowness);
@@ -152,6 +153,7 @@ fn a_cancel_not_known_to_have_landed_keeps_its_server_from_other_clients() {
     let slowness = Slowness {
         cancel_hold: Duration::ZERO,
         cancel_delay: 3 * SECOND,
+        first_packet_delay: Duration::ZERO,
         pace: None,
     };
     let relay = slow_relay(pg.port, slowness);

@@ -71,6 +71,7 @@ fn failed_copy_with_data_still_streaming_gives_the_server_back() {
     let slowness = Slowness {
         cancel_hold: Duration::ZERO,
         cancel_delay: Duration::ZERO,
+        first_packet_delay: Duration::ZERO,
         pace: Some((64 * 1024, Duration::from_millis(8))),
     };
     let relay = slow_relay(pg.port, slowness);

@@ -877,3 +877,43 @@ fn a_host_list_without_round_robin_probes_its_host_with_one_attempt() {
     assert_eq!(failures, 1, "{log}");
     assert_eq!(log.matches("new connection to server").count(), 2, "{log}");
 }
+
+/// A server whose connect began before a RECONNECT is closed when it comes back, as one
+/// opened before it (PgBouncer drops servers in their login phase too); its client is served.
+#[test]
+fn a_server_still_logging_in_at_a_reconnect_is_closed_when_it_comes_back() {
+    let pg = Postgres::start();
+    let slowness = common::relay::Slowness {
+        cancel_hold: Duration::ZERO,
+        cancel_delay: Duration::ZERO,
+        first_packet_delay: Duration::from_millis(1500),
+        pace: None,
+    };
+    let relay = common::relay::slow_relay(pg.port, slowness);
+    let dbs = format!("slow = host={} port={relay} dbname=app\n", common::HOST);
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\nadmin_users = postgres\n",
+        &dbs,
+    );
+    let port = pw.port;
+    let client =
+        thread::spawn(move || common::psql_at(port, "trustuser", None, "slow", "SELECT 'served'"));
+    // The server's connect has begun: its first packet is held by the relay.
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(server_count(&pg, "trustuser", "app"), 0);
+    let out = pw.psql("postgres", None, "pgbouncer", "RECONNECT slow");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let out = client.join().expect("client");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "served");
+    // That server closed; the one opened after it (for the query) stays.
+    let closed = common::eventually(Duration::from_secs(3), || {
+        pw.log().contains("closing because: obsolete connection")
+    });
+    assert!(
+        closed,
+        "the server logged in across the RECONNECT was kept\n{}",
+        pw.log()
+    );
+}

@@ -173,8 +173,7 @@ fn reconnect(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     }
     let now = Instant::now();
     for pool in pools_of(rt, db) {
-        pool.closing.reconnect(now);
-        pool.close_idle("obsolete connection");
+        pool.reconnect(now, "obsolete connection");
     }
     tracing::info!("RECONNECT {}", db.unwrap_or("(all)"));
     Ok(())
@@ -203,8 +202,7 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
         .kill_where(|d| db.is_none_or(|want| want == d));
     let now = Instant::now();
     for pool in pools_of(rt, db) {
-        pool.closing.reconnect(now);
-        pool.close_idle("database killed");
+        pool.reconnect(now, "database killed");
     }
     tracing::info!("KILL {}: {killed} clients", db.unwrap_or("(all)"));
     Ok(())

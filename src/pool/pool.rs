@@ -206,7 +206,8 @@ impl Pool {
         }
     }
 
-    /// The ParameterStatus list of the first server login, for client welcomes.
+    /// The ParameterStatus list of the first server login (since the last RECONNECT), for
+    /// client welcomes.
     pub fn welcome(&self) -> Option<Welcome> {
         lock(&self.welcome).clone()
     }
@@ -583,7 +584,11 @@ impl Pool {
 
     fn opened(self: &Arc<Self>, conn: Box<ServerConn>) {
         tracing::debug!(pool = %self.key.db, user = %self.key.user, server = conn.id, "server connection opened");
-        lock(&self.welcome).get_or_insert_with(|| Arc::new(conn.welcome.clone()));
+        // The first login's parameters welcome new clients; after a RECONNECT, the first
+        // login that began after it (one begun before is closed when it comes back).
+        if !self.closing.close_needed(conn.id, conn.created) {
+            lock(&self.welcome).get_or_insert_with(|| Arc::new(conn.welcome.clone()));
+        }
         {
             let mut inner = lock(&self.inner);
             inner.connecting -= 1;
@@ -809,6 +814,15 @@ impl Pool {
             settings.max_message,
         )
         .await
+    }
+
+    /// Servers opened (their connect begun) before `now` close when they come back, idle ones
+    /// at once with `reason`; new clients are welcomed with the parameters of a login begun
+    /// after it (a server upgraded, a database's default changed), as PgBouncer does.
+    pub fn reconnect(&self, now: Instant, reason: &str) {
+        self.closing.reconnect(now);
+        *lock(&self.welcome) = None;
+        self.close_idle(reason);
     }
 
     /// A new server id, from the ids all pools share.

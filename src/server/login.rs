@@ -22,6 +22,9 @@ pub async fn connect(
     max_message: usize,
 ) -> Result<ServerConn, ServerError> {
     let (entry, addr) = target.hosts.pick();
+    // A server counts as opened when its connect starts (as PgBouncer's connect_time): a
+    // RECONNECT or a changed connection string during the connect and login closes it too.
+    let started = Instant::now();
     let attempt = async {
         let stream = negotiate_tls(addr.connect(&target.keepalive).await?, &addr, target).await?;
         let now = Instant::now();
@@ -36,7 +39,7 @@ pub async fn connect(
                 secret: Bytes::new(),
             },
             addr: addr.clone(),
-            created: now,
+            created: started,
             last_used: now,
             tx: TxStatus::Idle,
             reusable: true,

@@ -775,13 +775,13 @@ impl Pgward {
         self.signal(libc::SIGHUP);
     }
 
-    /// Sends SIGHUP and waits until the log says the configuration was reloaded.
+    /// Sends SIGHUP and waits until the log says the configuration was reloaded once more.
     pub fn reload_and_wait(&self) {
+        let reloads = || self.log().matches("configuration reloaded").count();
+        let before = reloads();
         self.reload();
         assert!(
-            eventually(10 * SECOND, || self
-                .log()
-                .contains("configuration reloaded")),
+            eventually(10 * SECOND, || reloads() > before),
             "no reload\n{}",
             self.log()
         );

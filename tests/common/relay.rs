@@ -15,6 +15,9 @@ pub struct Slowness {
     pub cancel_hold: Duration,
     /// A cancel request is passed on this long after it came (a postmaster slow to take it).
     pub cancel_delay: Duration,
+    /// A connection's first packet (an SSLRequest, a startup packet) is passed on this long
+    /// after it came (a server slow to answer a connect).
+    pub first_packet_delay: Duration,
     /// Bytes towards PostgreSQL go in pieces of `.0` bytes, `.1` apart.
     pub pace: Option<(usize, Duration)>,
 }
@@ -40,6 +43,9 @@ fn relay_one(mut inbound: TcpStream, target: u16, slowness: Slowness) {
     }
     let cancel = head[4..8] == 80_877_102u32.to_be_bytes();
     let mut key = [0u8; 8];
+    if !cancel {
+        thread::sleep(slowness.first_packet_delay);
+    }
     if cancel {
         if inbound.read_exact(&mut key).is_err() {
             return;
