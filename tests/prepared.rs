@@ -284,12 +284,7 @@ fn a_name_prepared_behind_a_reset_in_the_same_pipeline_stays() {
 #[test]
 fn a_skipped_close_or_deallocate_keeps_the_statement() {
     let (pg, pw) = shared_server();
-    let failing = [
-        parse_message("", "SELECT 1/0"),
-        bind_message(""),
-        execute_message(),
-    ]
-    .concat();
+    let failing = failing_batch_start();
     let close = Batch::new().close(b'S', "s1").bytes;
     let cases = [
         [failing.clone(), close.clone(), sync_message()].concat(),
@@ -568,4 +563,79 @@ fn a_later_batch_never_runs_another_clients_unnamed_statement() {
         assert_eq!(error_code(&behind), "26000", "{}", describe(&behind));
     }
     assert!(!answers[0].contains("secret"), "{}", answers[0]);
+}
+
+/// What PostgreSQL and pgward answer to `pipeline` (`readies` ReadyForQuery), each on a new
+/// connection that first ran `setup` (one ReadyForQuery): pgward's answers, then PostgreSQL's.
+fn both_answer(
+    pg: &Postgres,
+    pw: &Pgward,
+    setup: &[u8],
+    pipeline: &[u8],
+    readies: usize,
+) -> [String; 2] {
+    [pw.client(), pg.client()].map(|mut client| {
+        if !setup.is_empty() {
+            client.exchange(setup, 1);
+        }
+        describe(&client.exchange(pipeline, readies))
+    })
+}
+
+/// Batches pipelined behind failed or skipped Parses of the unnamed statement, then a Bind of
+/// it in a later batch: it binds what PostgreSQL's answers say the unnamed statement is.
+#[test]
+fn a_later_bind_of_the_unnamed_statement_follows_the_answers() {
+    let (pg, pw) = shared_server();
+    let bind_run = [bind_message(""), execute_message(), sync_message()].concat();
+    let failed_then_parsed = [
+        parse_message("", "SELEC 1"),
+        sync_message(),
+        run_named("", "SELECT 2"),
+        bind_run.clone(),
+    ]
+    .concat();
+    let parsed_then_skipped = [
+        parse_message("", "SELECT 'a'"),
+        sync_message(),
+        parse_message("q", "SELECT 1/0"),
+        bind_message("q"),
+        execute_message(),
+        parse_message("", "SELECT 'b'"),
+        sync_message(),
+        bind_run,
+    ]
+    .concat();
+    for pipeline in [failed_then_parsed, parsed_then_skipped] {
+        let [got, expected] = both_answer(&pg, &pw, &[], &pipeline, 3);
+        assert_eq!(got, expected, "pgward, then PostgreSQL");
+    }
+}
+
+/// A Bind of a name in a later batch than a message that drops or creates it, sent before
+/// the answers: a Close the server skipped leaves the statement to run; a Parse it skipped
+/// leaves no statement (26000), as on PostgreSQL.
+#[test]
+fn a_later_bind_of_a_name_waits_for_what_the_server_did_with_it() {
+    let (pg, pw) = shared_server();
+    let failing = failing_batch_start();
+    let skipped_close = [
+        failing.clone(),
+        Batch::new().close(b'S', "s1").bytes,
+        sync_message(),
+        run_prepared("s1"),
+    ]
+    .concat();
+    let skipped_parse = [
+        failing,
+        parse_message("a", "SELECT 'a'"),
+        sync_message(),
+        run_prepared("a"),
+    ]
+    .concat();
+    let setup = run_named("s1", "SELECT 's1'");
+    for pipeline in [skipped_close, skipped_parse] {
+        let [got, expected] = both_answer(&pg, &pw, &setup, &pipeline, 2);
+        assert_eq!(got, expected, "pgward, then PostgreSQL");
+    }
 }

@@ -120,6 +120,23 @@ impl Owed {
         matches!(self, Owed::Synthetic { reopens: Some(r), .. } if &r.name[..] == name)
     }
 
+    /// Whether this creates or drops one of the client's statement names.
+    fn changes_a_name(&self) -> bool {
+        matches!(
+            self,
+            Owed::Parse {
+                client_name: Some(_),
+                ..
+            } | Owed::Synthetic {
+                client_name: Some(_),
+                ..
+            } | Owed::Synthetic {
+                reopens: Some(_),
+                ..
+            }
+        )
+    }
+
     fn ends_with_ready(&self) -> bool {
         matches!(self, Owed::Sync | Owed::Query)
     }
@@ -200,6 +217,10 @@ pub struct Expected {
     /// An error in the extended protocol with no Sync sent yet: the server skips every
     /// message until the client's next Sync.
     skipping: bool,
+    /// A message that creates or drops one of the client's statement names may still be
+    /// owed an answer (see [`Expected::waits_for_name`]): set as one goes out, cleared once
+    /// none is owed.
+    names_changing: bool,
 }
 
 impl Expected {
@@ -216,7 +237,46 @@ impl Expected {
         if owed.owes_ready() {
             self.syncs += 1;
         }
+        self.names_changing |= owed.changes_a_name();
         self.queue.push_back(owed);
+    }
+
+    /// Whether a Bind or Describe of the client's statement `name` must wait: a message that
+    /// creates or drops the name, in an earlier batch closed by a Sync, is still owed an
+    /// answer (the server may skip it after an error before it). Asked only while
+    /// [`Expected::names_changing`].
+    pub fn waits_for_name(&mut self, name: &[u8]) -> bool {
+        if self.owes_parse_of(name) {
+            return true;
+        }
+        self.names_changing = self.queue.iter().any(Owed::changes_a_name);
+        false
+    }
+
+    /// Whether a message that changes one of the client's statement names may be owed (see
+    /// [`Expected::waits_for_name`]).
+    pub fn names_changing(&self) -> bool {
+        self.names_changing
+    }
+
+    /// Whether the message at the head of the queue is a Parse of the unnamed statement, and
+    /// then whether it is the client's own.
+    pub fn head_unnamed_parse(&self) -> Option<bool> {
+        match self.queue.front() {
+            Some(Owed::Parse {
+                unnamed: true,
+                client,
+                ..
+            }) => Some(*client),
+            _ => None,
+        }
+    }
+
+    /// Whether a Parse of the unnamed statement is still owed an answer.
+    pub fn owes_any_unnamed_parse(&self) -> bool {
+        self.queue
+            .iter()
+            .any(|o| matches!(o, Owed::Parse { unnamed: true, .. }))
     }
 
     /// The server skips what the client sends until Sync, after an error: nothing sent now

@@ -26,6 +26,11 @@ pub struct Link {
     /// once the Parse of it in the open batch runs: a message behind it in the batch is
     /// skipped with it).
     pub unnamed_ours: bool,
+    /// Whose the server's unnamed statement is, by the answers read so far: the client's
+    /// after the ParseComplete of its Parse of it; not after one of pgward's own or a Parse
+    /// that failed; as it was after a Parse the server skipped. Once no Parse of it is owed,
+    /// `unnamed_ours` is this.
+    pub unnamed_answered: bool,
     /// The client parsed the unnamed statement in the open batch (since its last Sync).
     pub unnamed_in_batch: bool,
     /// A batch that parsed the unnamed statement ended (a Sync went out) and may not be
@@ -66,6 +71,30 @@ impl Link {
         }
         self.unnamed_unsettled = false;
         false
+    }
+
+    /// Whether the Bind or Describe in `tag`, `body` uses a named statement of the client's
+    /// that a message in an earlier batch, not answered yet, creates or drops (see
+    /// [`Expected::waits_for_name`]).
+    pub fn waits_for_named(&mut self, tag: u8, body: &[u8]) -> bool {
+        if !self.expected.names_changing() {
+            return false;
+        }
+        super::views::named_statement(tag, body).is_some_and(|n| self.expected.waits_for_name(n))
+    }
+
+    /// What the server's answer `tag` to the head of the queue, read now, says of whose its
+    /// unnamed statement is; `head` is [`Expected::head_unnamed_parse`] before it was read.
+    pub fn learn_unnamed(&mut self, tag: u8, head: Option<bool>, skipped_unnamed: bool) {
+        match (tag, head) {
+            (wire::backend::tag::PARSE_COMPLETE, Some(client)) => self.unnamed_answered = client,
+            (wire::backend::tag::ERROR_RESPONSE, Some(_)) => self.unnamed_answered = false,
+            _ if !skipped_unnamed => return,
+            _ => {}
+        }
+        if !self.expected.owes_any_unnamed_parse() {
+            self.unnamed_ours = self.unnamed_answered;
+        }
     }
 
     /// Whether the Parse in `body` names a statement whose creating Parse the server has

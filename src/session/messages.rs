@@ -80,6 +80,12 @@ pub(super) fn server_message(
     let own_missing = tag == backend::tag::ERROR_RESPONSE
         && link.expected.statement_use_next()
         && lost_own_statement(&link.server.statements, &link.server.rbuf[span.body()]);
+    let unnamed_head = match tag {
+        backend::tag::PARSE_COMPLETE | backend::tag::ERROR_RESPONSE => {
+            link.expected.head_unnamed_parse()
+        }
+        _ => None,
+    };
     let (route, learned) = match link.expected.on_message(tag) {
         Ok(r) => r,
         Err(desync) => {
@@ -96,9 +102,11 @@ pub(super) fn server_message(
     if own_missing {
         link.server.poison();
     }
-    if let Learned::Skipped(skipped) = &learned {
-        // The server kept the unnamed statement it had, which may be another client's.
-        link.unnamed_ours &= !skipped.unnamed_parse;
+    let skipped_unnamed = matches!(&learned, Learned::Skipped(s) if s.unnamed_parse);
+    if unnamed_head.is_some() || skipped_unnamed {
+        // A Parse the server skipped left the unnamed statement it had, which may be
+        // another client's.
+        link.learn_unnamed(tag, unnamed_head, skipped_unnamed);
     }
     if matches!(learned, Learned::Nothing)
         && !matches!(

@@ -685,6 +685,12 @@ impl Session {
                 self.held = true;
                 break;
             }
+            if capacity.is_some() && ctx.link.waits_for_named(span.tag, body) {
+                // Whether this name is the client's depends on how an earlier message that
+                // creates or drops it fares: hold the rest until the server has answered.
+                self.held = true;
+                break;
+            }
             if ctx.pooled && ctx.link.waits_for_unnamed(span.tag, body) {
                 // Whose unnamed statement the server has depends on how an earlier Parse of
                 // it fares: hold the rest until the server has answered that one.
@@ -772,6 +778,7 @@ impl Session {
             tx_since: None,
             reset_sent: false,
             unnamed_ours: false,
+            unnamed_answered: false,
             unnamed_in_batch: false,
             unnamed_unsettled: false,
             unreported_named: false,

@@ -39,6 +39,18 @@ pub fn uses_unnamed(tag: u8, body: &[u8]) -> bool {
     }
 }
 
+/// The named statement a Bind or a Describe of a statement uses (none for the unnamed one).
+pub fn named_statement(tag: u8, body: &[u8]) -> Option<&[u8]> {
+    let rest = match tag {
+        // The portal's name, then the statement's.
+        tag::BIND => &body[memchr::memchr(0, body)? + 1..],
+        tag::DESCRIBE => body.strip_prefix(&[target::STATEMENT])?,
+        _ => return None,
+    };
+    let name = &rest[..memchr::memchr(0, rest)?];
+    (!name.is_empty()).then_some(name)
+}
+
 #[derive(Debug, Default)]
 pub struct Views {
     /// The unnamed statement the server last created for this client, with the gate's
