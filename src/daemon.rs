@@ -205,10 +205,11 @@ pub async fn maintenance(rt: Arc<Runtime>) {
         let config = rt.config.load();
         for pool in rt.pools.all() {
             if !rt.ops.control.holds(&pool.key.db) {
+                // The database's forced user is this pool's (not a pool left from before a
+                // reload that forced another); an auto-database's `*` entry counts too.
                 let forced = config
-                    .databases
-                    .iter()
-                    .any(|d| d.name == pool.key.db && d.user.is_some());
+                    .database(&pool.key.db)
+                    .is_some_and(|d| d.user.as_deref() == Some(pool.key.user.as_str()));
                 let key = (pool.key.db.clone(), pool.key.user.clone());
                 pool.maintain(now, forced || with_clients.contains(&key));
             }

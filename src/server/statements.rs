@@ -81,7 +81,9 @@ impl ServerStatements {
         }
         self.entries
             .iter()
-            .filter(|(_, (_, pinned, _))| !pinned)
+            // Not one whose Parse went out in an earlier batch and is not answered: if the
+            // server skipped that Parse and then the Close too, it would be taken as there.
+            .filter(|(_, (_, pinned, parse))| !pinned && *parse != ParseState::EarlierBatch)
             .min_by_key(|(_, (tick, _, _))| *tick)
             .map(|(name, _)| name.clone())
     }
@@ -131,6 +133,18 @@ mod tests {
         assert_eq!(s.len(), 1);
         s.clear();
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn a_statement_whose_parse_is_not_answered_is_no_victim() {
+        let mut s = ServerStatements::default();
+        s.parse_in_batch(&b("a"));
+        s.end_batch();
+        s.use_in_batch(&b("b"));
+        s.end_batch();
+        assert_eq!(s.victim(1), Some(b("b")), "a, older, is not answered");
+        s.parse_answered(b"a");
+        assert_eq!(s.victim(1), Some(b("a")));
     }
 
     #[test]
