@@ -2,7 +2,7 @@
 //! what that client runs at that moment, on the server it is using, and nothing else.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -104,6 +104,8 @@ pub struct ClientHandle {
     state: Mutex<CancelState>,
     /// Cancels being delivered; changed only under `state`'s lock, read without it.
     in_flight: AtomicUsize,
+    /// Cancels of what the client runs (its own CancelRequests, KILLs) asked for so far.
+    requested: AtomicU64,
     done: Notify,
 }
 
@@ -234,7 +236,14 @@ impl ClientHandle {
         let state = lock(&self.state);
         let target = state.target.clone()?;
         self.in_flight.fetch_add(1, Ordering::AcqRel);
+        self.requested.fetch_add(1, Ordering::AcqRel);
         Some(target)
+    }
+
+    /// How many cancels of what the client runs were asked for so far: one asked for while
+    /// pgward prices the client's statement is meant for that statement.
+    pub fn cancels_requested(&self) -> u64 {
+        self.requested.load(Ordering::Acquire)
     }
 
     /// Whether a cancel of this client's may still land on its server (see
@@ -287,6 +296,7 @@ impl CancelRegistry {
             secret,
             state: Mutex::new(CancelState::default()),
             in_flight: AtomicUsize::new(0),
+            requested: AtomicU64::new(0),
             done: Notify::new(),
         });
         clients.entry(pid).or_default().push(handle.clone());

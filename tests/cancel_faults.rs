@@ -514,3 +514,65 @@ fn a_cancel_landing_on_pgwards_savepoint_cancels_the_statement() {
 fn a_cancel_landing_on_pgwards_release_cancels_the_statement() {
     cancel_landing_on_own_statement("pgward_release_");
 }
+
+/// A cancel asked for while pgward's EXPLAIN of the statement waits, that reaches PostgreSQL
+/// only after the EXPLAIN ended (a postmaster slow to take it): the statement is answered with
+/// 57014, as PostgreSQL answers a statement cancelled while it runs, instead of running to its
+/// end once the cancel has landed on the idle server.
+#[test]
+fn a_cancel_asked_for_while_the_statement_is_priced_is_its_answer() {
+    let pg = Postgres::start();
+    pg.sql(common::gate::SCHEMA);
+    pg.sql("GRANT ALL ON big TO PUBLIC");
+    let slowness = Slowness {
+        cancel_hold: Duration::ZERO,
+        cancel_delay: SECOND,
+        first_packet_delay: Duration::ZERO,
+        pace: None,
+    };
+    let relay = slow_relay(pg.port, slowness);
+    let dir = common::shared_tempdir("pgward-policy-");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, common::gate::ROOMY_POLICY).expect("write the policy");
+    let settings = format!(
+        "pool_mode = transaction\npolicy_file = {}\n",
+        policy.display()
+    );
+    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
+    let pw = Pgward::trusting(&pg, &settings, &dbs);
+    let mut locker = pg.client();
+    locker.value("BEGIN");
+    locker
+        .query("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
+        .expect("lock");
+    let mut client = Raw::connect(pw.port);
+    let login = client
+        .startup(&[("user", "trustuser"), ("database", "slow")])
+        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
+    let key = login.key.expect("BackendKeyData");
+    client.send(&raw::query_message("SELECT pg_sleep(3) FROM big LIMIT 1"));
+    let waiting = eventually(5 * SECOND, || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND query ILIKE 'EXPLAIN%'",
+        ) == "1"
+    });
+    assert!(
+        waiting,
+        "pgward's EXPLAIN never waited for the lock\n{}",
+        pw.log()
+    );
+    let port = pw.port;
+    let canceller = thread::spawn(move || raw::send_cancel(port, key.0, &key.1));
+    thread::sleep(Duration::from_millis(200));
+    // The EXPLAIN goes on and ends before the cancel reaches PostgreSQL.
+    locker.query("ROLLBACK").expect("unlock");
+    let answer = client
+        .until_ready_within(10 * SECOND)
+        .unwrap_or_else(|e| panic!("no answer: {e}\n{}", pw.log()));
+    canceller.join().expect("cancel");
+    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
+    assert_eq!(fields.code(), "57014", "{fields:?}");
+    assert_eq!(client.value("SELECT 'after'"), "after");
+}

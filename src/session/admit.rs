@@ -2245,6 +2245,7 @@ impl Session {
             // A cancel of the client's earlier statement must not land on the EXPLAIN.
             self.handle.wait_cancels().await;
         }
+        let requested = self.handle.cancels_requested();
         let tracked = self.tracked.clone();
         let own = Arc::clone(&self.rt.gatekeeper.own);
         let Some(link) = self.link.as_mut() else {
@@ -2315,6 +2316,15 @@ impl Session {
                 }
                 Sizes::FailedInBatch(fields) => return Ok(Priced::FailedInBatch(fields)),
             }
+        }
+        if self.handle.cancels_requested() != requested {
+            // The client asked to cancel its statement while pgward priced it, and the
+            // cancel missed pgward's statements (or has not landed yet): it is the
+            // statement's answer all the same. It lands first, on an idle server (where
+            // PostgreSQL drops it), not on the RELEASE below nor on the statement, which
+            // would wait for it anyway.
+            cancelled = true;
+            self.handle.wait_cancels().await;
         }
         if in_block {
             // Whatever failed since the savepoint, the transaction is put back as it was.
