@@ -878,10 +878,11 @@ fn a_host_list_without_round_robin_probes_its_host_with_one_attempt() {
     assert_eq!(log.matches("new connection to server").count(), 2, "{log}");
 }
 
-/// A server whose connect began before a RECONNECT is closed when it comes back, as one
-/// opened before it (PgBouncer drops servers in their login phase too); its client is served.
+/// A server whose connect began before a RECONNECT serves no one, as one opened before it
+/// (PgBouncer drops servers in their login phase too): the client waiting for it is served by
+/// a new one, which stays.
 #[test]
-fn a_server_still_logging_in_at_a_reconnect_is_closed_when_it_comes_back() {
+fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
     let pg = Postgres::start();
     let slowness = common::relay::Slowness {
         cancel_hold: Duration::ZERO,
@@ -897,23 +898,38 @@ fn a_server_still_logging_in_at_a_reconnect_is_closed_when_it_comes_back() {
         &dbs,
     );
     let port = pw.port;
-    let client =
-        thread::spawn(move || common::psql_at(port, "trustuser", None, "slow", "SELECT 'served'"));
-    // The server's connect has begun: its first packet is held by the relay.
-    thread::sleep(Duration::from_millis(500));
-    assert_eq!(server_count(&pg, "trustuser", "app"), 0);
-    let out = pw.psql("postgres", None, "pgbouncer", "RECONNECT slow");
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    let out = client.join().expect("client");
-    assert!(out.status.success(), "{}", stderr_of(&out));
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "served");
-    // That server closed; the one opened after it (for the query) stays.
-    let closed = common::eventually(Duration::from_secs(3), || {
-        pw.log().contains("closing because: obsolete connection")
+    let reconnect = move || {
+        let out = common::psql_at(port, "postgres", None, "pgbouncer", "RECONNECT slow");
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    };
+    // A first client's login opens a server: the pool has its welcome, and an idle server
+    // that a first RECONNECT closes.
+    let mut client = pw.client_as("trustuser", "slow");
+    reconnect();
+    assert!(common::eventually(Duration::from_secs(2), || {
+        server_count(&pg, "trustuser", "app") == 0
+    }));
+    // The client's statement waits for a new server; a RECONNECT comes during its connect.
+    let later = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(500));
+        reconnect();
     });
+    let pid = client.value("SELECT pg_backend_pid()");
+    later.join().expect("reconnect");
     assert!(
-        closed,
-        "the server logged in across the RECONNECT was kept\n{}",
+        pw.log().contains("closing because: obsolete connection"),
+        "{}",
+        pw.log()
+    );
+    thread::sleep(Duration::from_millis(300));
+    let alive = pg.sql_in(
+        "postgres",
+        &format!("SELECT count(*) FROM pg_stat_activity WHERE pid = {pid}"),
+    );
+    assert_eq!(
+        alive,
+        "1",
+        "served by the server begun before the RECONNECT\n{}",
         pw.log()
     );
 }

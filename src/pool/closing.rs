@@ -39,6 +39,13 @@ impl Closing {
         rules.evict.remove(&conn.id) || outdated
     }
 
+    /// Whether a server was opened (its connect begun) before the last RECONNECT or change of
+    /// the connection string: it serves no one, not even just opened.
+    pub fn outdated(&self, conn: &ServerConn) -> bool {
+        self.armed.load(Ordering::Acquire)
+            && lock(&self.rules).before.is_some_and(|b| conn.created < b)
+    }
+
     /// The pool's configuration is gone: its clients finish, every server it has or opens
     /// closes when released.
     pub fn retire(&self) {

@@ -104,7 +104,7 @@ pub struct Pool {
     reset_always: AtomicBool,
     credential: Mutex<Credential>,
     inner: Mutex<Inner>,
-    welcome: Mutex<Option<Welcome>>,
+    welcome: Mutex<WelcomeState>,
     db_count: Arc<AtomicUsize>,
     user_count: Arc<AtomicUsize>,
     ids: Arc<AtomicU64>,
@@ -116,6 +116,13 @@ pub struct Pool {
     room: tokio::sync::Notify,
     /// Since when the maintenance pass has seen the pool without clients or servers.
     empty_since: Mutex<Option<Instant>>,
+}
+
+/// The parameters new clients are welcomed with, and whether a RECONNECT made them old.
+#[derive(Debug, Default)]
+struct WelcomeState {
+    params: Option<Welcome>,
+    stale: bool,
 }
 
 /// A pool's database and user names, one allocation each for all of its sessions.
@@ -152,7 +159,7 @@ impl Pool {
             settings: ArcSwap::new(settings.clone()),
             credential: Mutex::new(credential),
             inner: Mutex::new(Inner::new(settings)),
-            welcome: Mutex::new(None),
+            welcome: Mutex::new(WelcomeState::default()),
             db_count,
             user_count,
             ids,
@@ -206,10 +213,10 @@ impl Pool {
         }
     }
 
-    /// The ParameterStatus list of the first server login (since the last RECONNECT), for
-    /// client welcomes.
+    /// The ParameterStatus list new clients are welcomed with: the first server login's,
+    /// replaced by the first login begun after a RECONNECT once it is done.
     pub fn welcome(&self) -> Option<Welcome> {
-        lock(&self.welcome).clone()
+        lock(&self.welcome).params.clone()
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -445,6 +452,10 @@ impl Pool {
         // In this order: `must_close` forgets an eviction as it answers.
         let close = if !conn.is_clean() {
             Some("server not clean at check-in")
+        } else if fresh && self.closing.outdated(&conn) {
+            // Begun before a RECONNECT or a changed connection string: another is opened
+            // for the waiters.
+            Some("obsolete connection")
         } else if fresh {
             None
         } else if expired(&conn, inner.settings.lifetime, now) {
@@ -584,10 +595,16 @@ impl Pool {
 
     fn opened(self: &Arc<Self>, conn: Box<ServerConn>) {
         tracing::debug!(pool = %self.key.db, user = %self.key.user, server = conn.id, "server connection opened");
-        // The first login's parameters welcome new clients; after a RECONNECT, the first
-        // login that began after it (one begun before is closed when it comes back).
-        if !self.closing.close_needed(conn.id, conn.created) {
-            lock(&self.welcome).get_or_insert_with(|| Arc::new(conn.welcome.clone()));
+        {
+            // The first login's parameters welcome new clients; after a RECONNECT, those of
+            // the first login begun after it (looked at under the welcome's lock, which a
+            // RECONNECT takes after marking what it closes).
+            let mut welcome = lock(&self.welcome);
+            let wanted = welcome.params.is_none() || welcome.stale;
+            if wanted && !self.closing.close_needed(conn.id, conn.created) {
+                welcome.params = Some(Arc::new(conn.welcome.clone()));
+                welcome.stale = false;
+            }
         }
         {
             let mut inner = lock(&self.inner);
@@ -817,11 +834,13 @@ impl Pool {
     }
 
     /// Servers opened (their connect begun) before `now` close when they come back, idle ones
-    /// at once with `reason`; new clients are welcomed with the parameters of a login begun
-    /// after it (a server upgraded, a database's default changed), as PgBouncer does.
+    /// at once with `reason`, and never serve, even just opened; new clients are welcomed with
+    /// the parameters of the first login begun after it (a server upgraded, a database's
+    /// default changed) once it is done, with the old ones until then, so that no login
+    /// waits for a server.
     pub fn reconnect(&self, now: Instant, reason: &str) {
         self.closing.reconnect(now);
-        *lock(&self.welcome) = None;
+        lock(&self.welcome).stale = true;
         self.close_idle(reason);
     }
 
