@@ -339,18 +339,21 @@ impl Expected {
     /// owed an answer. Within one batch the question never arises: a second Parse of a name
     /// fails or is skipped, and so is a Parse behind a skipped Close.
     pub fn owes_parse_of(&self, name: &[u8]) -> bool {
-        self.queue
-            .iter()
-            .position(|o| o.creates(name) || o.reopens(name))
-            .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
+        self.owes_before_a_sync(|o| o.creates(name) || o.reopens(name))
     }
 
     /// Whether a Parse of the unnamed statement in a batch closed by a Sync is still owed an
     /// answer (the Sync makes sure that it comes).
     pub fn owes_unnamed_parse(&self) -> bool {
+        self.owes_before_a_sync(|o| matches!(o, Owed::Parse { unnamed: true, .. }))
+    }
+
+    /// Whether a message that `is` says is one of those wanted is owed, in a batch already
+    /// closed by a Sync (so that its answer comes whatever the client sends next).
+    fn owes_before_a_sync(&self, is: impl Fn(&Owed) -> bool) -> bool {
         self.queue
             .iter()
-            .position(|o| matches!(o, Owed::Parse { unnamed: true, .. }))
+            .position(is)
             .is_some_and(|at| self.queue.iter().skip(at).any(|o| matches!(o, Owed::Sync)))
     }
 

@@ -104,8 +104,8 @@ pub(super) fn server_message(
     }
     let skipped_unnamed = matches!(&learned, Learned::Skipped(s) if s.unnamed_parse);
     if unnamed_head.is_some() || skipped_unnamed {
-        // A Parse the server skipped left the unnamed statement it had, which may be
-        // another client's.
+        // Whose the server's unnamed statement is follows its answers: a Parse it skipped
+        // left the one it had, which may be another client's.
         link.learn_unnamed(tag, unnamed_head, skipped_unnamed);
     }
     if matches!(learned, Learned::Nothing)
@@ -566,7 +566,8 @@ impl MessageContext<'_> {
         // A statement the server has is answered here, unless the transaction was last seen
         // failed (below). One whose Parse went out in an earlier batch and is not answered
         // yet may still be skipped: it is prepared again.
-        if server.statements.settled(&statement.server_name) && server.tx != TxStatus::Failed {
+        let settled = server.statements.settled(&statement.server_name);
+        if settled && server.tx != TxStatus::Failed {
             server.statements.use_in_batch(&statement.server_name);
             self.link.expected.push(Owed::Synthetic {
                 answer: Bytes::from_static(backend::PARSE_COMPLETE_MESSAGE),
@@ -577,7 +578,7 @@ impl MessageContext<'_> {
             });
             return Ok(Some(out));
         }
-        if server.statements.settled(&statement.server_name) {
+        if settled {
             // The transaction was last seen failed, where PostgreSQL refuses every Parse
             // (25P02): the client must get the server's answer, not a ParseComplete. But a
             // ROLLBACK sent ahead may have ended it, and a Parse of pgward's name, which the
