@@ -283,8 +283,9 @@ fn open_pool(
     Ok(pool)
 }
 
-/// The server parameters a client is greeted with: those of the pool's first login (since
-/// the last RECONNECT); if there is none, one server is opened now to learn them.
+/// The server parameters a client is greeted with: those of the pool's first login (after a
+/// RECONNECT, of the first login begun after it, once it is done); if the pool has never
+/// logged in, one server is opened now to learn them.
 async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
     if let Some(w) = pool.welcome() {
         return Ok(w);
@@ -292,13 +293,8 @@ async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome,
     rt.ops.control.wait_open(&pool.key.db).await;
     let wait = pool.settings().query_wait;
     let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
-    let server = pool.checkout(ticket, wait).await?;
-    // A server opened before a RECONNECT leaves no welcome: its own parameters do then.
-    let welcome = pool.welcome().or_else(|| {
-        (!server.welcome.is_empty()).then(|| std::sync::Arc::new(server.welcome.clone()))
-    });
-    server.give_back_unused();
-    welcome.ok_or_else(|| {
+    pool.checkout(ticket, wait).await?.give_back_unused();
+    pool.welcome().ok_or_else(|| {
         SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::CONNECTION_FAILURE,
             "server sent no parameters at login".to_string(),
