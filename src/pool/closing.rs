@@ -21,6 +21,14 @@ struct CloseRules {
     retired: bool,
 }
 
+impl CloseRules {
+    /// Whether a server opened (its connect begun) at `created` came before the last
+    /// RECONNECT or change of the connection string.
+    fn opened_before(&self, created: Instant) -> bool {
+        self.before.is_some_and(|b| created < b)
+    }
+}
+
 /// What a pool closes at check-in. Checking costs one atomic load until a rule is set.
 #[derive(Debug, Default)]
 pub struct Closing {
@@ -35,15 +43,14 @@ impl Closing {
             return false;
         }
         let mut rules = lock(&self.rules);
-        let outdated = rules.retired || rules.before.is_some_and(|b| conn.created < b);
+        let outdated = rules.retired || rules.opened_before(conn.created);
         rules.evict.remove(&conn.id) || outdated
     }
 
     /// Whether a server was opened (its connect begun) before the last RECONNECT or change of
     /// the connection string: it serves no one, not even just opened.
     pub fn outdated(&self, conn: &ServerConn) -> bool {
-        self.armed.load(Ordering::Acquire)
-            && lock(&self.rules).before.is_some_and(|b| conn.created < b)
+        self.armed.load(Ordering::Acquire) && lock(&self.rules).opened_before(conn.created)
     }
 
     /// The pool's configuration is gone: its clients finish, every server it has or opens
@@ -84,7 +91,7 @@ impl Closing {
             return false;
         }
         let rules = lock(&self.rules);
-        rules.before.is_some_and(|b| created < b) || rules.evict.contains(&id)
+        rules.opened_before(created) || rules.evict.contains(&id)
     }
 
     /// Forgets evictions of servers that are gone.
