@@ -182,6 +182,15 @@ const COLUMNS: &[(&str, &[&str])] = &[
     ("totals", &["name", "value"]),
 ];
 
+/// A new client of `app` runs a statement.
+async fn app_serves(pw: &Pgward) {
+    connect(pw, "postgres", "app")
+        .await
+        .simple_query("SELECT 1")
+        .await
+        .unwrap();
+}
+
 fn start(extra: &str) -> (Postgres, Pgward) {
     let pg = Postgres::start();
     let settings = format!(
@@ -390,11 +399,7 @@ async fn pause_resume_disable_enable() {
     let err = refused.err().expect("disabled");
     assert!(msg(&err).contains("database \"app\" is disabled"), "{err}");
     admin.simple_query("ENABLE app").await.unwrap();
-    connect(&pw, "postgres", "app")
-        .await
-        .simple_query("SELECT 1")
-        .await
-        .unwrap();
+    app_serves(&pw).await;
     let err = admin.simple_query("PAUSE nosuchdb").await.unwrap_err();
     assert_eq!(sqlstate(&err), "08P01");
     assert!(msg(&err).contains("no such database: nosuchdb"), "{err}");
@@ -449,11 +454,7 @@ async fn a_set_refused_for_its_hba_file_changes_nothing() {
         cell(&cols, &rows, ("key", "auth_type"), "value"),
         vec!["trust"]
     );
-    connect(&pw, "postgres", "app")
-        .await
-        .simple_query("SELECT 1")
-        .await
-        .unwrap();
+    app_serves(&pw).await;
 }
 
 /// A database paused and then taken out of the configuration can still be resumed (its name
@@ -507,11 +508,7 @@ async fn kill_kill_client_reconnect_wait_close() {
     assert_eq!(rows.len(), 1, "only the console");
     assert!(a.simple_query("SELECT 1").await.is_err() && b.simple_query("SELECT 1").await.is_err());
     admin.simple_query("RESUME app").await.unwrap();
-    connect(&pw, "postgres", "app")
-        .await
-        .simple_query("SELECT 1")
-        .await
-        .unwrap();
+    app_serves(&pw).await;
 }
 
 #[tokio::test]
@@ -553,11 +550,7 @@ async fn set_and_reload() {
         cell(&cols, &rows, ("name", "postgres"), "pool_size")[0].trim(),
         "3"
     );
-    connect(&pw, "postgres", "app")
-        .await
-        .simple_query("SELECT 1")
-        .await
-        .unwrap();
+    app_serves(&pw).await;
     let (cols, rows) = show(&admin, "SHOW POOLS").await;
     assert_eq!(
         cell(&cols, &rows, ("database", "app"), "pool_size"),
@@ -575,11 +568,7 @@ async fn set_and_reload() {
     let err = admin.simple_query("RELOAD").await.unwrap_err();
     assert_eq!(sqlstate(&err), "F0000");
     assert!(msg(&err).contains("pgward.ini:"), "names the file: {err}");
-    connect(&pw, "postgres", "app")
-        .await
-        .simple_query("SELECT 1")
-        .await
-        .unwrap();
+    app_serves(&pw).await;
 }
 
 #[tokio::test]
