@@ -16,9 +16,14 @@ use common::{eventually, server_count, stderr_of, Pgward, Postgres, HOST, SECOND
 use tokio_postgres::NoTls;
 
 fn login(pw: &Pgward) -> (Raw, (u32, Vec<u8>)) {
+    login_to(pw, "app")
+}
+
+/// A client of `db` as trustuser, and its cancel key.
+fn login_to(pw: &Pgward, db: &str) -> (Raw, (u32, Vec<u8>)) {
     let mut client = Raw::connect(pw.port);
     let login = client
-        .startup(&[("user", "trustuser"), ("database", "app")])
+        .startup(&[("user", "trustuser"), ("database", db)])
         .unwrap_or_else(|err| panic!("login refused: {err:?}"));
     let key = login.key.unwrap_or_else(|| panic!("no BackendKeyData"));
     (client, key)
@@ -451,6 +456,20 @@ fn a_cancel_sent_to_a_peer_is_forwarded_to_the_instance_that_owns_the_key() {
     client.terminate();
 }
 
+/// pgward in transaction pooling under [`common::gate::ROOMY_POLICY`], its database `slow`
+/// reached through a relay at port `relay`; the policy's folder lives as long as it is kept.
+fn roomy_pgward(pg: &Postgres, relay: u16) -> (Pgward, tempfile::TempDir) {
+    let dir = common::shared_tempdir("pgward-policy-");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, common::gate::ROOMY_POLICY).expect("write the policy");
+    let settings = format!(
+        "pool_mode = transaction\npolicy_file = {}\n",
+        policy.display()
+    );
+    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
+    (Pgward::trusting(pg, &settings, &dbs), dir)
+}
+
 /// What one of pgward's own statements is made into: no row, like SAVEPOINT and RELEASE, and
 /// long enough for a cancel to land on it.
 const SLOW_OWN: &str = "DO $$BEGIN PERFORM pg_sleep(30); END$$";
@@ -463,18 +482,8 @@ fn cancel_landing_on_own_statement(prefix: &'static str) {
     let pg = Postgres::start();
     pg.sql(common::gate::SCHEMA);
     let relay = common::relay::rewriting_relay(pg.port, prefix, SLOW_OWN);
-    let dir = common::shared_tempdir("pgward-policy-");
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(&policy, common::gate::ROOMY_POLICY).expect("write the policy");
-    let settings = format!("policy_file = {}\n", policy.display());
-    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
-    let settings = format!("pool_mode = transaction\n{settings}");
-    let pw = Pgward::trusting(&pg, &settings, &dbs);
-    let mut client = Raw::connect(pw.port);
-    let login = client
-        .startup(&[("user", "trustuser"), ("database", "slow")])
-        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
-    let key = login.key.expect("BackendKeyData");
+    let (pw, _dir) = roomy_pgward(&pg, relay);
+    let (mut client, key) = login_to(&pw, "slow");
     client.query("BEGIN").expect("BEGIN");
     client.send(&raw::query_message(common::gate::FULL_READ));
     let running = eventually(5 * SECOND, || {
@@ -531,25 +540,13 @@ fn a_cancel_asked_for_while_the_statement_is_priced_is_its_answer() {
         pace: None,
     };
     let relay = slow_relay(pg.port, slowness);
-    let dir = common::shared_tempdir("pgward-policy-");
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(&policy, common::gate::ROOMY_POLICY).expect("write the policy");
-    let settings = format!(
-        "pool_mode = transaction\npolicy_file = {}\n",
-        policy.display()
-    );
-    let dbs = format!("slow = host={HOST} port={relay} dbname=app\n");
-    let pw = Pgward::trusting(&pg, &settings, &dbs);
+    let (pw, _dir) = roomy_pgward(&pg, relay);
     let mut locker = pg.client();
     locker.value("BEGIN");
     locker
         .query("LOCK TABLE big IN ACCESS EXCLUSIVE MODE")
         .expect("lock");
-    let mut client = Raw::connect(pw.port);
-    let login = client
-        .startup(&[("user", "trustuser"), ("database", "slow")])
-        .unwrap_or_else(|err| panic!("login refused: {err:?}"));
-    let key = login.key.expect("BackendKeyData");
+    let (mut client, key) = login_to(&pw, "slow");
     client.send(&raw::query_message("SELECT pg_sleep(3) FROM big LIMIT 1"));
     let waiting = eventually(5 * SECOND, || {
         pg.sql_in(
@@ -574,5 +571,61 @@ fn a_cancel_asked_for_while_the_statement_is_priced_is_its_answer() {
     canceller.join().expect("cancel");
     let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
     assert_eq!(fields.code(), "57014", "{fields:?}");
+    assert_eq!(client.value("SELECT 'after'"), "after");
+}
+
+/// What pgward's EXPLAIN is made into for a late cancel to find: no row, a while long.
+const LONG_OWN: &str = "DO $$BEGIN PERFORM pg_sleep(4); END$$";
+
+/// In a transaction block, a batch whose second statement has no known price runs unpriced
+/// and is priced once the client has its answers, under pgward's SAVEPOINT. A cancel the
+/// client sends meanwhile (a late one: its statements were answered) finds nothing of its
+/// own running, so PostgreSQL would drop it: pgward drops it too rather than let it land on
+/// its own statements (on the SAVEPOINT it would fail the client's transaction). The
+/// client has its answers before that pricing, and its transaction goes on.
+#[test]
+fn a_late_cancel_while_pgward_prices_a_batch_after_it_ran_is_dropped() {
+    let pg = Postgres::start();
+    pg.sql(common::gate::SCHEMA);
+    // The second EXPLAIN: the first prices the batch's first statement before it runs.
+    let relay = common::relay::rewriting_relay_at(pg.port, ("pgward_explain_", 1), LONG_OWN);
+    let (pw, _dir) = roomy_pgward(&pg, relay);
+    let (mut client, key) = login_to(&pw, "slow");
+    client.query("BEGIN").expect("BEGIN");
+    // Both unpriced: the first is priced before it runs, the second runs behind it in the
+    // batch and is priced after.
+    let batch = [
+        raw::parse_message("", "SELECT count(*) FROM small"),
+        raw::bind_message(""),
+        raw::execute_message(),
+        raw::parse_message("", common::gate::FULL_READ),
+        raw::bind_message(""),
+        raw::execute_message(),
+        raw::sync_message(),
+    ]
+    .concat();
+    let answer = client.exchange_within(&batch, 10 * SECOND, "the batch");
+    assert!(first_error(&answer).is_none(), "{}", describe(&answer));
+    let explaining = || {
+        pg.sql_in(
+            "postgres",
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE query LIKE 'DO $$BEGIN PERFORM pg_sleep(4)%' AND state = 'active'",
+        ) == "1"
+    };
+    assert!(
+        eventually(5 * SECOND, explaining),
+        "pgward's EXPLAIN never ran after the batch\n{}",
+        pw.log()
+    );
+    raw::send_cancel(pw.port, key.0, &key.1);
+    thread::sleep(Duration::from_millis(500));
+    assert!(
+        explaining(),
+        "the late cancel landed on pgward's own statement"
+    );
+    let after = client.value_within("SELECT 'still open'", 10 * SECOND);
+    assert_eq!(after.as_deref(), Ok("still open"), "{}", pw.log());
+    client.query("COMMIT").expect("COMMIT");
     assert_eq!(client.value("SELECT 'after'"), "after");
 }

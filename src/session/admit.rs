@@ -1555,7 +1555,7 @@ impl Session {
                     // Wait again, in the slow lane or until the debt is paid back, holding
                     // nothing: the server owes nothing and goes back to the pool meanwhile
                     // (before the slot, so the next holder finds it).
-                    self.maybe_release().await?;
+                    self.maybe_release(io).await?;
                     self.gate.slot = None;
                     continue;
                 }
@@ -2167,6 +2167,11 @@ impl Session {
         let Some(governance) = governance.as_ref() else {
             return Ok(());
         };
+        // The client's statements have run and been answered: a cancel it sends now finds
+        // nothing of its own running (a late one, say) and must not fail its transaction
+        // by landing on pgward's SAVEPOINT.
+        let handle = Arc::clone(&self.handle);
+        let _alone = handle.alone();
         for d in deferred {
             let limits = governance.policy.cost_limits(&d.tenant);
             let sizes = limits.max_scan_rows.is_some();
@@ -2204,7 +2209,7 @@ impl Session {
         }
         if self.mode != crate::config::PoolMode::Session {
             // A client that waits holds no server: one kept for held messages goes back.
-            self.maybe_release().await?;
+            self.maybe_release(io).await?;
         }
         let rt = self.rt.clone();
         let upstream = pass.upstream.clone();

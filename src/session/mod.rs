@@ -257,13 +257,13 @@ impl Session {
                 }
                 Event::ClientClosed => return Ok(()),
                 Event::ServerData => {
-                    self.on_server_data().await?;
+                    self.on_server_data(io).await?;
                     if self.held && self.retry_held(io).await? {
                         return Ok(());
                     }
                 }
                 Event::ServerDrained => {
-                    self.after_answers().await?;
+                    self.after_answers(io).await?;
                     // Held messages may go now that nothing waits to be written.
                     if self.held && self.retry_held(io).await? {
                         return Ok(());
@@ -525,7 +525,7 @@ impl Session {
             }
             // pgward may have answered everything itself (a DEALLOCATE, a Close).
             if self.link.as_ref().is_some_and(|l| l.quiet(&self.to_server)) {
-                self.maybe_release().await?;
+                self.maybe_release(io).await?;
             }
             if self.held {
                 return Ok(false);
@@ -846,7 +846,7 @@ impl Session {
     /// Moves the server's complete messages to the client, matching each to what it answers,
     /// following ReadyForQuery and ParameterStatus, and gives the server back when the pool
     /// mode allows.
-    async fn on_server_data(&mut self) -> Result<(), SessionError> {
+    async fn on_server_data(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let governed = self.governance.load().is_some();
         let Some(link) = self.link.as_mut() else {
             return Ok(());
@@ -985,7 +985,7 @@ impl Session {
                 link.ready_since = answered;
             }
         }
-        self.after_answers().await
+        self.after_answers(io).await
     }
 
     /// The server may have answered everything. Messages the client already sent that the
@@ -993,7 +993,7 @@ impl Session {
     /// as it would have with nothing held (the unnamed statement lives there only), unless
     /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
     /// one as any request does). Requests the gate already admitted keep the slot too.
-    async fn after_answers(&mut self) -> Result<(), SessionError> {
+    async fn after_answers(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         if self.gate.requests_unsent() {
             // Requests the gate admitted wait behind a Parse of their name that the server
             // has now answered: the run goes on with them, on this server and under the
@@ -1004,15 +1004,19 @@ impl Session {
         // (Held messages that passed the gate with no request among them, such as a Parse
         // behind a Parse of its name, give back both: they take a slot, then a server.)
         let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
-        self.release_when_quiet(keep).await
+        self.release_when_quiet(io, keep).await
     }
 
-    async fn maybe_release(&mut self) -> Result<(), SessionError> {
-        self.release_when_quiet(false).await
+    async fn maybe_release(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        self.release_when_quiet(io, false).await
     }
 
     /// `keep`: the server stays with the client even outside a transaction (its slot goes).
-    async fn release_when_quiet(&mut self, keep: bool) -> Result<(), SessionError> {
+    async fn release_when_quiet(
+        &mut self,
+        io: &mut ClientIo,
+        keep: bool,
+    ) -> Result<(), SessionError> {
         let Some(link) = &self.link else {
             return Ok(());
         };
@@ -1045,6 +1049,10 @@ impl Session {
                 .is_some_and(|l| l.server.tx != TxStatus::Idle);
         }
         if self.gate.has_deferred() {
+            // The client has its answers first: it need not wait for pgward's pricing of
+            // what already ran (nor time it as its statement's).
+            let to_client = &mut self.to_client;
+            poll_fn(|cx| Poll::Ready(flush(&mut io.stream, to_client, cx))).await?;
             self.price_deferred().await?;
         }
         let Some(link) = &self.link else {

@@ -93,14 +93,23 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, pace: Option<(usize, Duration)>)
 /// (of any connection) whose statement name starts with `prefix`: its text becomes `sql`.
 /// It makes one of pgward's own statements slow, so that a cancel surely lands on it.
 pub fn rewriting_relay(target: u16, prefix: &'static str, sql: &'static str) -> u16 {
+    rewriting_relay_at(target, (prefix, 0), sql)
+}
+
+/// [`rewriting_relay`] rewriting the Parse numbered `nth` (from 0) of those named `prefix...`.
+pub fn rewriting_relay_at(
+    target: u16,
+    (prefix, nth): (&'static str, usize),
+    sql: &'static str,
+) -> u16 {
     let listener = TcpListener::bind((HOST, 0)).expect("bind the relay");
     let port = listener.local_addr().expect("relay address").port();
-    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
-            let done = std::sync::Arc::clone(&done);
-            thread::spawn(move || rewrite_one(stream, target, (prefix, sql), &done));
+            let seen = std::sync::Arc::clone(&seen);
+            thread::spawn(move || rewrite_one(stream, target, (prefix, nth, sql), &seen));
         }
     });
     port
@@ -120,8 +129,8 @@ fn read_packet(from: &mut TcpStream, tagged: bool) -> Option<(Vec<u8>, Vec<u8>)>
 fn rewrite_one(
     mut inbound: TcpStream,
     target: u16,
-    (prefix, sql): (&str, &str),
-    done: &std::sync::atomic::AtomicBool,
+    (prefix, nth, sql): (&str, usize, &str),
+    seen: &std::sync::atomic::AtomicUsize,
 ) {
     let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
         return;
@@ -147,7 +156,7 @@ fn rewrite_one(
         let name_end = body.iter().position(|b| *b == 0).unwrap_or(0);
         if head[0] == b'P'
             && body[..name_end].starts_with(prefix.as_bytes())
-            && !done.swap(true, std::sync::atomic::Ordering::SeqCst)
+            && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == nth
         {
             let text_end = name_end
                 + 1
