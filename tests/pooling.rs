@@ -878,11 +878,10 @@ fn a_host_list_without_round_robin_probes_its_host_with_one_attempt() {
     assert_eq!(log.matches("new connection to server").count(), 2, "{log}");
 }
 
-/// A server whose connect began before a RECONNECT serves no one, as one opened before it
-/// (PgBouncer drops servers in their login phase too): the client waiting for it is served by
-/// a new one, which stays.
-#[test]
-fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
+/// PostgreSQL, and pgward (transaction pooling, admin user postgres) in front of it as database
+/// `slow` through a relay that holds each connection's first packet for 1.5 s: a server's
+/// login takes that long.
+fn slow_logins() -> (Postgres, Pgward) {
     let pg = Postgres::start();
     let slowness = common::relay::Slowness {
         cancel_hold: Duration::ZERO,
@@ -897,6 +896,15 @@ fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
         "pool_mode = transaction\nadmin_users = postgres\n",
         &dbs,
     );
+    (pg, pw)
+}
+
+/// A server whose connect began before a RECONNECT serves no one, as one opened before it
+/// (PgBouncer drops servers in their login phase too): the client waiting for it is served by
+/// a new one, which stays.
+#[test]
+fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
+    let (pg, pw) = slow_logins();
     let port = pw.port;
     let reconnect = move || {
         let out = common::psql_at(port, "postgres", None, "pgbouncer", "RECONNECT slow");
@@ -932,4 +940,43 @@ fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
         "served by the server begun before the RECONNECT\n{}",
         pw.log()
     );
+}
+
+/// WAIT_CLOSE waits for a server whose connect began before the RECONNECT, as for one in use:
+/// it returns once that server has come back and been closed.
+#[test]
+fn wait_close_waits_for_a_server_still_logging_in() {
+    let (pg, pw) = slow_logins();
+    let port = pw.port;
+    let console = move |cmd: &str| {
+        let out = common::psql_at(port, "postgres", None, "pgbouncer", cmd);
+        assert!(out.status.success(), "{}", stderr_of(&out));
+    };
+    let mut client = pw.client_as("trustuser", "slow");
+    console("RECONNECT slow");
+    assert!(common::eventually(Duration::from_secs(2), || {
+        server_count(&pg, "trustuser", "app") == 0
+    }));
+    // The client's statement waits for a new server; a RECONNECT comes during its connect,
+    // then WAIT_CLOSE.
+    let closed = |pw: &Pgward| {
+        pw.log()
+            .matches("closing because: obsolete connection")
+            .count()
+    };
+    let before = closed(&pw);
+    let waiter = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(500));
+        console("RECONNECT slow");
+        console("WAIT_CLOSE slow");
+    });
+    let statement = thread::spawn(move || client.value("SELECT 1"));
+    waiter.join().expect("WAIT_CLOSE");
+    assert_eq!(
+        closed(&pw),
+        before + 1,
+        "WAIT_CLOSE returned before the server begun before the RECONNECT was closed\n{}",
+        pw.log()
+    );
+    assert_eq!(statement.join().expect("the statement"), "1");
 }

@@ -237,7 +237,7 @@ async fn wait_close(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
                     && p.closing.close_needed(server.id, server.created)
             })
         });
-        if !pending {
+        if !pending && !pools.iter().any(|p| p.opening_outdated()) {
             return Ok(());
         }
         tokio::time::sleep(POLL).await;

@@ -50,7 +50,13 @@ impl Closing {
     /// Whether a server was opened (its connect begun) before the last RECONNECT or change of
     /// the connection string: it serves no one, not even just opened.
     pub fn outdated(&self, conn: &ServerConn) -> bool {
-        self.armed.load(Ordering::Acquire) && lock(&self.rules).opened_before(conn.created)
+        self.opened_before(conn.created)
+    }
+
+    /// Whether a connect begun at `at` came before the last RECONNECT or change of the
+    /// connection string.
+    pub fn opened_before(&self, at: Instant) -> bool {
+        self.armed.load(Ordering::Acquire) && lock(&self.rules).opened_before(at)
     }
 
     /// The pool's configuration is gone: its clients finish, every server it has or opens

@@ -43,7 +43,8 @@ struct Inner {
     #[allow(clippy::vec_box)]
     idle: Vec<Box<ServerConn>>,
     active: usize,
-    connecting: usize,
+    /// When each server being opened began its connect (how many are being opened).
+    connecting: Vec<Instant>,
     /// Servers opened for one replication client each: counted in the pool's size, never
     /// idle, never lent to anyone else.
     dedicated: usize,
@@ -68,7 +69,7 @@ impl Inner {
             settings,
             idle: Vec::new(),
             active: 0,
-            connecting: 0,
+            connecting: Vec::new(),
             dedicated: 0,
             room_waiters: 0,
             waiters: WaitQueue::default(),
@@ -80,7 +81,7 @@ impl Inner {
     }
 
     fn total(&self) -> usize {
-        self.idle.len() + self.active + self.connecting + self.dedicated
+        self.idle.len() + self.active + self.connecting.len() + self.dedicated
     }
 }
 
@@ -225,7 +226,7 @@ impl Pool {
         PoolStats {
             idle: inner.idle.len(),
             active: inner.active + inner.dedicated,
-            connecting: inner.connecting,
+            connecting: inner.connecting.len(),
             waiting: inner.waiters.len(),
         }
     }
@@ -512,7 +513,7 @@ impl Pool {
             if !matches!(growth, Growth::Open | Growth::Reserve) {
                 return growth;
             }
-            if inner.connecting > 0 && settings.target.hosts.probing() {
+            if !inner.connecting.is_empty() && settings.target.hosts.probing() {
                 // One attempt at a time until the current host of the list answers.
                 return Growth::NotNeeded;
             }
@@ -523,9 +524,10 @@ impl Pool {
                 // PgBouncer's words (a warning there too), which operators grep for.
                 tracing::warn!(pool = %self.key.db, user = %self.key.user, "taking connection from reserve_pool");
             }
-            inner.connecting += 1;
+            let begun = Instant::now();
+            inner.connecting.push(begun);
             let pool = self.clone();
-            tokio::spawn(async move { pool.open_one().await });
+            tokio::spawn(async move { pool.open_one(begun).await });
         }
     }
 
@@ -535,7 +537,7 @@ impl Pool {
         let limits = &settings.limits;
         let usage = Usage {
             pool_total: inner.total(),
-            connecting: inner.connecting,
+            connecting: inner.connecting.len(),
             waiting: inner.waiters.len(),
             db_total: self.db_count.load(Ordering::Acquire),
             user_total: self.user_count.load(Ordering::Acquire),
@@ -583,17 +585,26 @@ impl Pool {
         }
     }
 
-    async fn open_one(self: Arc<Self>) {
+    /// Opens one server, whose connect was counted as begun at `begun`.
+    async fn open_one(self: Arc<Self>, begun: Instant) {
         let settings = self.settings.load_full();
         let id = self.next_server_id();
         let result = self.connect(&settings.target, &settings, id).await;
         match result {
-            Ok(conn) => self.opened(Box::new(conn)),
-            Err(err) => self.open_failed(err, &settings).await,
+            Ok(conn) => self.opened(Box::new(conn), begun),
+            Err(err) => self.open_failed(err, &settings, begun).await,
         }
     }
 
-    fn opened(self: &Arc<Self>, conn: Box<ServerConn>) {
+    /// Whether a server still being opened began its connect before the last RECONNECT or
+    /// change of the connection string, so that it will close when it comes back (WAIT_CLOSE
+    /// waits for it, as PgBouncer's waits for its servers in login).
+    pub fn opening_outdated(&self) -> bool {
+        let begun = lock(&self.inner).connecting.clone();
+        begun.into_iter().any(|at| self.closing.opened_before(at))
+    }
+
+    fn opened(self: &Arc<Self>, conn: Box<ServerConn>, begun: Instant) {
         tracing::debug!(pool = %self.key.db, user = %self.key.user, server = conn.id, "server connection opened");
         {
             // The first login's parameters welcome new clients; after a RECONNECT, those of
@@ -608,7 +619,7 @@ impl Pool {
         }
         {
             let mut inner = lock(&self.inner);
-            inner.connecting -= 1;
+            forget_connect(&mut inner, begun);
             inner.active += 1;
             inner.failure = None;
         }
@@ -621,7 +632,12 @@ impl Pool {
         }
     }
 
-    async fn open_failed(self: &Arc<Self>, err: ServerError, settings: &PoolSettings) {
+    async fn open_failed(
+        self: &Arc<Self>,
+        err: ServerError,
+        settings: &PoolSettings,
+        begun: Instant,
+    ) {
         tracing::warn!(pool = %self.key.db, user = %self.key.user, server = %settings.target.hosts.first(), "server login failed: {err}");
         tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {} (age=0s)", err.closing_reason());
         let err = Arc::new(err);
@@ -630,7 +646,7 @@ impl Pool {
         }
         let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
-            inner.connecting -= 1;
+            forget_connect(&mut inner, begun);
             self.uncount_servers(1);
             if err.is_transient() {
                 let settings = inner.settings.clone();
@@ -1061,7 +1077,14 @@ async fn watch_queue(pool: Weak<Pool>, mut at: Instant, id: u64) {
 /// opened: new clients get it at once instead of waiting for a login that will fail again.
 fn recent_failure(inner: &Inner, retry: Duration, now: Instant) -> Option<Arc<ServerError>> {
     let (at, err) = inner.failure.as_ref()?;
-    (inner.connecting == 0 && now.duration_since(*at) < retry).then(|| err.clone())
+    (inner.connecting.is_empty() && now.duration_since(*at) < retry).then(|| err.clone())
+}
+
+/// A connect counted as begun at `begun` has ended.
+fn forget_connect(inner: &mut Inner, begun: Instant) {
+    if let Some(i) = inner.connecting.iter().position(|at| *at == begun) {
+        inner.connecting.swap_remove(i);
+    }
 }
 
 /// The gate's answer when another pool's servers could make room.
