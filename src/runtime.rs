@@ -197,7 +197,6 @@ impl Runtime {
         if let Some(u) = userlist {
             self.userlist.store(Arc::new(u));
         }
-        let now = Instant::now();
         let server_tls = ServerTls::clone(&self.edge.server_tls.load());
         for pool in self.pools.all() {
             let tls_changed = pool.settings().target.tls.source != server_tls.source;
@@ -215,19 +214,11 @@ impl Runtime {
             if reinstated {
                 pool.closing.reinstate();
             }
-            if tls_changed
+            let changed = tls_changed
                 || reinstated
                 || old_config
                     .database(&pool.key.db)
-                    .is_none_or(|old| connection_changed(&old, &db))
-            {
-                tracing::info!(
-                    "{}/{}: database configuration changed, its servers are replaced as they come back",
-                    pool.key.db,
-                    pool.key.user
-                );
-                pool.reconnect(now, "database configuration changed");
-            }
+                    .is_none_or(|old| connection_changed(&old, &db));
             let settings = pool_settings(
                 &config,
                 &db,
@@ -246,6 +237,16 @@ impl Runtime {
                 credential = kept;
             }
             pool.reconfigure(settings, credential);
+            if changed {
+                tracing::info!(
+                    "{}/{}: database configuration changed, its servers are replaced as they come back",
+                    pool.key.db,
+                    pool.key.user
+                );
+                // After the new settings are in place: every connect begun before this
+                // instant (the old settings' among them) is replaced.
+                pool.reconnect(Instant::now(), "database configuration changed");
+            }
         }
         self.tracked.store(tracked);
         self.config.store(Arc::new(config));

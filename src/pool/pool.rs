@@ -591,7 +591,12 @@ impl Pool {
         let id = self.next_server_id();
         let result = self.connect(&settings.target, &settings, id).await;
         match result {
-            Ok(conn) => self.opened(Box::new(conn), begun),
+            Ok(mut conn) => {
+                // Opened when its connect was counted, before it read the settings: a
+                // RECONNECT or reload after that replaces it whichever settings it read.
+                conn.created = begun;
+                self.opened(Box::new(conn), begun)
+            }
             Err(err) => self.open_failed(err, &settings, begun).await,
         }
     }
