@@ -284,14 +284,19 @@ fn open_pool(
 }
 
 /// The server parameters a client is greeted with: those of the pool's first login (after a
-/// RECONNECT, of the first login begun after it, once it is done); if the pool has never
-/// logged in, one server is opened now to learn them.
+/// RECONNECT, of a login begun after it, waited for); if the pool has never logged in, one
+/// server is opened now to learn them.
 async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
-    if let Some(w) = pool.welcome() {
+    if let Some(w) = pool.current_welcome() {
         return Ok(w);
     }
     rt.ops.control.wait_open(&pool.key.db).await;
     let wait = pool.settings().query_wait;
+    if pool.welcome().is_some() {
+        if let Some(w) = pool.renewed_welcome(wait).await? {
+            return Ok(w);
+        }
+    }
     let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
     pool.checkout(ticket, wait).await?.give_back_unused();
     pool.welcome().ok_or_else(|| {

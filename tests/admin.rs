@@ -670,3 +670,19 @@ async fn a_reconnect_welcomes_new_clients_with_the_new_servers_parameters() {
     let after = must_value(&connect(&pw, "postgres", "app").await, "SHOW TimeZone").await;
     assert_eq!(after, "Asia/Tokyo");
 }
+
+/// A login after a RECONNECT waits for the parameters of a server logged in after it, and
+/// with the pool full gets one opened above pool_size for them, as in PgBouncer: otherwise
+/// it would keep the old parameters (here a database's TimeZone) for its whole session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_after_a_reconnect_is_welcomed_with_a_new_servers_parameters() {
+    let (pg, pw) = start("default_pool_size = 1\nquery_wait_timeout = 5\n");
+    let busy = connect(&pw, "postgres", "app").await;
+    busy.simple_query("BEGIN").await.unwrap();
+    pg.sql("ALTER DATABASE app SET TimeZone = 'Asia/Tokyo'");
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("RECONNECT app").await.unwrap();
+    let after = must_value(&connect(&pw, "postgres", "app").await, "SHOW TimeZone").await;
+    assert_eq!(after, "Asia/Tokyo", "{}", pw.log());
+    busy.simple_query("COMMIT").await.unwrap();
+}

@@ -115,8 +115,21 @@ pub struct Pool {
     pub closing: super::Closing,
     /// Wakes replication clients waiting for room (see `room_waiters`).
     room: tokio::sync::Notify,
+    /// Wakes logins waiting for the parameters of a server logged in after a RECONNECT: a
+    /// login ended, done or failed.
+    welcomed: tokio::sync::Notify,
     /// Since when the maintenance pass has seen the pool without clients or servers.
     empty_since: Mutex<Option<Instant>>,
+}
+
+/// Where a login waiting for new parameters stands (see [`Pool::renewed_welcome`]).
+enum WelcomeOpening {
+    /// A server whose connect began after the RECONNECT is being opened.
+    Underway,
+    /// None can be opened: max_db_connections or max_user_connections is reached.
+    NoRoom,
+    /// The last login failed, within server_login_retry.
+    Failed(Arc<ServerError>),
 }
 
 /// The parameters new clients are welcomed with, and whether a RECONNECT made them old.
@@ -167,6 +180,7 @@ impl Pool {
             siblings,
             closing: Default::default(),
             room: tokio::sync::Notify::new(),
+            welcomed: tokio::sync::Notify::new(),
             empty_since: Mutex::new(None),
         }
     }
@@ -218,6 +232,71 @@ impl Pool {
     /// replaced by the first login begun after a RECONNECT once it is done.
     pub fn welcome(&self) -> Option<Welcome> {
         lock(&self.welcome).params.clone()
+    }
+
+    /// The welcome, unless a RECONNECT made it old since.
+    pub fn current_welcome(&self) -> Option<Welcome> {
+        let welcome = lock(&self.welcome);
+        welcome.params.clone().filter(|_| !welcome.stale)
+    }
+
+    /// After a RECONNECT, waits up to `wait` for the parameters of a server whose login began
+    /// after it, opening one unless one is being opened: above pool_size if the pool is full,
+    /// as PgBouncer opens one for a login waiting for them (within max_db_connections and
+    /// max_user_connections; with those reached, the old parameters are all there is).
+    pub async fn renewed_welcome(
+        self: &Arc<Self>,
+        wait: Option<Duration>,
+    ) -> Result<Option<Welcome>, PoolError> {
+        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+        loop {
+            let notified = self.welcomed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if let Some(w) = self.current_welcome() {
+                return Ok(Some(w));
+            }
+            match self.open_for_welcome() {
+                WelcomeOpening::Underway => {}
+                WelcomeOpening::NoRoom => return Ok(self.welcome()),
+                WelcomeOpening::Failed(err) => return Err(PoolError::Login(err)),
+            }
+            match deadline {
+                Some(at) => tokio::time::timeout_at(at, notified)
+                    .await
+                    .map_err(|_| PoolError::WaitTimeout)?,
+                None => notified.await,
+            }
+        }
+    }
+
+    /// Makes sure a server whose connect began after the last RECONNECT is being opened.
+    fn open_for_welcome(self: &Arc<Self>) -> WelcomeOpening {
+        let mut inner = lock(&self.inner);
+        let settings = inner.settings.clone();
+        if let Some(err) = recent_failure(&inner, settings.login_retry, Instant::now()) {
+            return WelcomeOpening::Failed(err);
+        }
+        if inner
+            .connecting
+            .iter()
+            .any(|at| !self.closing.opened_before(*at))
+        {
+            return WelcomeOpening::Underway;
+        }
+        if self.count_server(&settings.limits).is_err() {
+            return WelcomeOpening::NoRoom;
+        }
+        self.start_open(&mut inner);
+        WelcomeOpening::Underway
+    }
+
+    /// Opens a server (already counted against the shared limits), counted as begun now.
+    fn start_open(self: &Arc<Self>, inner: &mut Inner) {
+        let begun = Instant::now();
+        inner.connecting.push(begun);
+        let pool = self.clone();
+        tokio::spawn(async move { pool.open_one(begun).await });
     }
 
     pub fn stats(&self) -> PoolStats {
@@ -524,10 +603,7 @@ impl Pool {
                 // PgBouncer's words (a warning there too), which operators grep for.
                 tracing::warn!(pool = %self.key.db, user = %self.key.user, "taking connection from reserve_pool");
             }
-            let begun = Instant::now();
-            inner.connecting.push(begun);
-            let pool = self.clone();
-            tokio::spawn(async move { pool.open_one(begun).await });
+            self.start_open(inner);
         }
     }
 
@@ -622,6 +698,7 @@ impl Pool {
                 welcome.stale = false;
             }
         }
+        self.welcomed.notify_waiters();
         {
             let mut inner = lock(&self.inner);
             forget_connect(&mut inner, begun);
@@ -661,6 +738,7 @@ impl Pool {
             inner.failure = Some((Instant::now(), err.clone()));
             inner.waiters.drain().map(|(_, w)| w).collect()
         };
+        self.welcomed.notify_waiters();
         for w in waiters {
             w.refuse(PoolError::Login(err.clone()));
         }
@@ -856,9 +934,8 @@ impl Pool {
 
     /// Servers opened (their connect begun) before `now` close when they come back, idle ones
     /// at once with `reason`, and never serve, even just opened; new clients are welcomed with
-    /// the parameters of the first login begun after it (a server upgraded, a database's
-    /// default changed) once it is done, with the old ones until then, so that no login
-    /// waits for a server.
+    /// the parameters of a login begun after it (a server upgraded, a database's default
+    /// changed), waiting for one (see [`Self::renewed_welcome`]).
     pub fn reconnect(&self, now: Instant, reason: &str) {
         self.closing.reconnect(now);
         lock(&self.welcome).stale = true;
