@@ -686,3 +686,41 @@ async fn a_login_after_a_reconnect_is_welcomed_with_a_new_servers_parameters() {
     assert_eq!(after, "Asia/Tokyo", "{}", pw.log());
     busy.simple_query("COMMIT").await.unwrap();
 }
+
+/// A login waiting for new parameters after a RECONNECT is not left waiting when the server
+/// opened for them is turned away for now (too many connections for its role): another is
+/// opened, and logs in once there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_waiting_for_new_parameters_outlasts_a_refused_server() {
+    let (pg, pw) = start("default_pool_size = 1\nquery_wait_timeout = 10\n");
+    pg.sql("ALTER ROLE trustuser CONNECTION LIMIT 1");
+    let busy = connect(&pw, "trustuser", "app").await;
+    busy.simple_query("BEGIN").await.unwrap();
+    pg.sql("ALTER DATABASE app SET TimeZone = 'Asia/Tokyo'");
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("RECONNECT app").await.unwrap();
+    let login = {
+        let connstr = pw.connstr("trustuser", None, "app");
+        tokio::spawn(async move {
+            let (client, conn) = tokio_postgres::connect(&connstr, NoTls).await?;
+            tokio::spawn(conn);
+            client
+                .query_one("SHOW TimeZone", &[])
+                .await?
+                .try_get::<_, String>(0)
+        })
+    };
+    // The server opened for the login is refused while the old one stays in its transaction.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    busy.simple_query("COMMIT").await.unwrap();
+    let zone = tokio::time::timeout(Duration::from_secs(8), login)
+        .await
+        .unwrap_or_else(|_| panic!("the login still waits\n{}", pw.log()))
+        .expect("the login's task");
+    assert_eq!(
+        zone.as_deref().ok(),
+        Some("Asia/Tokyo"),
+        "{zone:?}\n{}",
+        pw.log()
+    );
+}

@@ -731,12 +731,15 @@ impl Pool {
             forget_connect(&mut inner, begun);
             self.uncount_servers(1);
             if err.is_transient() {
+                // Tried again for the queue's waiters, and for logins waiting for new
+                // parameters (woken below).
                 let settings = inner.settings.clone();
                 self.grow(&settings, &mut inner);
-                return;
+                Vec::new()
+            } else {
+                inner.failure = Some((Instant::now(), err.clone()));
+                inner.waiters.drain().map(|(_, w)| w).collect()
             }
-            inner.failure = Some((Instant::now(), err.clone()));
-            inner.waiters.drain().map(|(_, w)| w).collect()
         };
         self.welcomed.notify_waiters();
         for w in waiters {
