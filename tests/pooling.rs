@@ -980,3 +980,45 @@ fn wait_close_waits_for_a_server_still_logging_in() {
     );
     assert_eq!(statement.join().expect("the statement"), "1");
 }
+
+/// min_pool_size fills the pool of a database's forced user with no client, as PgBouncer does;
+/// once a reload forces another user, the pool of the old one is left empty and the new one's
+/// is filled.
+#[test]
+fn min_pool_size_follows_the_forced_user_across_a_reload() {
+    let pg = Postgres::start();
+    let forced = |user: &str| format!("forced = {} user={user}\n", pg.db_connstr("app"));
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 5\nmin_pool_size = 2\n",
+        &forced("trustuser"),
+    );
+    let servers = |user: &str| server_count(&pg, user, "app");
+    let visit = || {
+        let mut client = pw.client_as("postgres", "forced");
+        client.query("SELECT 1").expect("SELECT 1");
+    };
+    visit();
+    let filled = eventually(Duration::from_secs(4), || servers("trustuser") == 2);
+    assert!(
+        filled,
+        "{} servers of the forced user",
+        servers("trustuser")
+    );
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    let ini = ini.replace(&forced("trustuser"), &forced("postgres"));
+    std::fs::write(&pw.ini_path, ini).expect("ini");
+    pw.reload_and_wait();
+    visit();
+    let moved = eventually(Duration::from_secs(4), || {
+        servers("postgres") == 2 && servers("trustuser") == 0
+    });
+    assert!(moved, "{} / {}", servers("postgres"), servers("trustuser"));
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(
+        servers("trustuser"),
+        0,
+        "the old forced user's pool was filled"
+    );
+    assert_eq!(servers("postgres"), 2, "{}", pw.log());
+}
