@@ -42,10 +42,6 @@ struct CancelState {
     /// A cancel reached the server's postmaster but was not known to have landed when its
     /// time was up: it may yet land, on whatever the server then runs.
     unsure: bool,
-    /// pgward runs statements of its own on the client's server for no request of the
-    /// client's (it prices, after they ran, statements of a batch): nothing of the client's
-    /// runs there to cancel.
-    alone: bool,
 }
 
 /// A cancel pgward sends on its own account, not the client's.
@@ -238,24 +234,10 @@ impl ClientHandle {
 
     fn begin_cancel(&self) -> Option<CancelTarget> {
         let state = lock(&self.state);
-        if state.alone {
-            // PostgreSQL drops a cancel that finds the client's backend idle; here it would
-            // land on pgward's own statement (a SAVEPOINT, failing the transaction).
-            return None;
-        }
         let target = state.target.clone()?;
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.requested.fetch_add(1, Ordering::AcqRel);
         Some(target)
-    }
-
-    /// While the returned guard lives, the server runs only pgward's own statements, for
-    /// no request of the client's: cancels asked for meanwhile are dropped, as PostgreSQL
-    /// drops a cancel that finds the backend idle. Cancels already on their way must have
-    /// landed first (see [`Self::wait_cancels`]).
-    pub fn alone(&self) -> Alone<'_> {
-        lock(&self.state).alone = true;
-        Alone(self)
     }
 
     /// How many cancels of what the client runs were asked for so far: one asked for while
@@ -278,16 +260,6 @@ impl ClientHandle {
             self.in_flight.fetch_sub(1, Ordering::AcqRel);
         }
         self.done.notify_waiters();
-    }
-}
-
-/// See [`ClientHandle::alone`]: the client's cancels reach its server again once dropped.
-#[must_use]
-pub struct Alone<'a>(&'a ClientHandle);
-
-impl Drop for Alone<'_> {
-    fn drop(&mut self) {
-        lock(&self.0.state).alone = false;
     }
 }
 
@@ -651,19 +623,6 @@ mod tests {
         assert!(h.detach());
         assert!(h.begin_cancel().is_none());
         assert!(!h.take_unsure());
-    }
-
-    #[test]
-    fn a_cancel_asked_for_while_pgward_runs_alone_is_dropped() {
-        let reg = CancelRegistry::default();
-        let h = reg.register(1, 0);
-        h.attach(target());
-        let alone = h.alone();
-        assert!(h.begin_cancel().is_none());
-        assert_eq!(h.cancels_requested(), 0);
-        drop(alone);
-        assert!(h.begin_cancel().is_some());
-        assert_eq!(h.cancels_requested(), 1);
     }
 
     #[test]

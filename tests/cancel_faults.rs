@@ -495,10 +495,16 @@ fn cancel_landing_on_own_statement(prefix: &'static str) {
     });
     assert!(running, "pgward's {prefix} never ran\n{}", pw.log());
     raw::send_cancel(pw.port, key.0, &key.1);
+    answered_with_the_cancel(&mut client, &pw, 5 * SECOND);
+}
+
+/// The statement the client sent is answered within `wait` with the cancel (57014), its
+/// transaction left failed (25P02 next), and the session goes on after a ROLLBACK.
+fn answered_with_the_cancel(client: &mut Raw, pw: &Pgward, wait: Duration) {
     let answer = client
-        .until_ready_within(5 * SECOND)
+        .until_ready_within(wait)
         .unwrap_or_else(|e| panic!("no answer: {e}\n{}", pw.log()));
-    let fields = first_error(&answer).unwrap_or_else(|| panic!("{}", describe(&answer)));
+    let fields = first_error(&answer).unwrap_or_else(|| panic!("ran: {}", describe(&answer)));
     assert_eq!(fields.code(), "57014", "{fields:?}");
     let ready = answer
         .iter()
@@ -577,19 +583,15 @@ fn a_cancel_asked_for_while_the_statement_is_priced_is_its_answer() {
 /// What pgward's EXPLAIN is made into for a late cancel to find: no row, a while long.
 const LONG_OWN: &str = "DO $$BEGIN PERFORM pg_sleep(4); END$$";
 
-/// In a transaction block, a batch whose second statement has no known price runs unpriced
-/// and is priced once the client has its answers, under pgward's SAVEPOINT. A cancel the
-/// client sends meanwhile (a late one: its statements were answered) finds nothing of its
-/// own running, so PostgreSQL would drop it: pgward drops it too rather than let it land on
-/// its own statements (on the SAVEPOINT it would fail the client's transaction). The
-/// client has its answers before that pricing, and its transaction goes on.
-#[test]
-fn a_late_cancel_while_pgward_prices_a_batch_after_it_ran_is_dropped() {
+/// A client in a transaction block whose batch ran a statement with no known price unpriced:
+/// it has its answers, and pgward now prices that statement after the fact, under its
+/// SAVEPOINT, with an EXPLAIN a relay made slow (4 s). Returns once that EXPLAIN runs.
+fn pricing_after_the_batch() -> (Postgres, Pgward, tempfile::TempDir, Raw, (u32, Vec<u8>)) {
     let pg = Postgres::start();
     pg.sql(common::gate::SCHEMA);
     // The second EXPLAIN: the first prices the batch's first statement before it runs.
     let relay = common::relay::rewriting_relay_at(pg.port, ("pgward_explain_", 1), LONG_OWN);
-    let (pw, _dir) = roomy_pgward(&pg, relay);
+    let (pw, dir) = roomy_pgward(&pg, relay);
     let (mut client, key) = login_to(&pw, "slow");
     client.query("BEGIN").expect("BEGIN");
     // Both unpriced: the first is priced before it runs, the second runs behind it in the
@@ -606,26 +608,43 @@ fn a_late_cancel_while_pgward_prices_a_batch_after_it_ran_is_dropped() {
     .concat();
     let answer = client.exchange_within(&batch, 10 * SECOND, "the batch");
     assert!(first_error(&answer).is_none(), "{}", describe(&answer));
-    let explaining = || {
+    let explaining = eventually(5 * SECOND, || {
         pg.sql_in(
             "postgres",
             "SELECT count(*) FROM pg_stat_activity \
              WHERE query LIKE 'DO $$BEGIN PERFORM pg_sleep(4)%' AND state = 'active'",
         ) == "1"
-    };
+    });
     assert!(
-        eventually(5 * SECOND, explaining),
-        "pgward's EXPLAIN never ran after the batch\n{}",
+        explaining,
+        "pgward's EXPLAIN never ran after the batch was answered\n{}",
         pw.log()
     );
+    (pg, pw, dir, client, key)
+}
+
+/// A cancel the client sends while pgward prices its batch after the fact, having sent
+/// nothing since its answers (a late cancel), is nobody's answer: the transaction goes on, as
+/// with PostgreSQL, where such a cancel finds the backend idle.
+#[test]
+fn a_late_cancel_while_pgward_prices_a_batch_after_it_ran_fails_nothing() {
+    let (_pg, pw, _dir, mut client, key) = pricing_after_the_batch();
     raw::send_cancel(pw.port, key.0, &key.1);
     thread::sleep(Duration::from_millis(500));
-    assert!(
-        explaining(),
-        "the late cancel landed on pgward's own statement"
-    );
     let after = client.value_within("SELECT 'still open'", 10 * SECOND);
     assert_eq!(after.as_deref(), Ok("still open"), "{}", pw.log());
     client.query("COMMIT").expect("COMMIT");
     assert_eq!(client.value("SELECT 'after'"), "after");
+}
+
+/// The client's next statement, sent while pgward prices its batch after the fact, and then
+/// cancelled: its answer is the cancel (57014, the transaction failed), as PostgreSQL gives
+/// a statement cancelled while it runs, not a full run.
+#[test]
+fn a_statement_cancelled_while_pgward_prices_the_batch_before_it_gets_the_cancel() {
+    let (_pg, pw, _dir, mut client, key) = pricing_after_the_batch();
+    client.send(&raw::query_message("SELECT pg_sleep(8)"));
+    thread::sleep(Duration::from_millis(300));
+    raw::send_cancel(pw.port, key.0, &key.1);
+    answered_with_the_cancel(&mut client, &pw, 20 * SECOND);
 }

@@ -141,6 +141,9 @@ pub(in crate::session) struct GateState {
     batch_open: bool,
     /// Requests that ran unpriced inside a batch, to price once it is answered.
     deferred: Vec<Deferred>,
+    /// The next request is answered with the cancel the client asked for while pgward
+    /// priced those (see `Session::release_when_quiet`).
+    pub cancel_next: bool,
     /// A request inside an open batch must be judged by cost rules before it runs: the
     /// server is to be asked (a Flush) for the answers to what went before it.
     flush_wanted: bool,
@@ -1212,6 +1215,13 @@ impl Session {
             self.gate.flush_wanted = self.gate.batch_open && !self.gate.flush_sent;
             return Ok(Step::Hold);
         }
+        if std::mem::take(&mut self.gate.cancel_next) {
+            // The client asked for a cancel while pgward priced what ran before, and had sent
+            // this request by then (or the cancel failed its transaction on pgward's
+            // statement): it is this request's answer, as the cancel would have been on the
+            // server.
+            return Ok(Step::refuse(cancelled()));
+        }
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
         let in_flight = !self.link_quiet();
@@ -2160,18 +2170,16 @@ impl Session {
 
     /// Prices the requests that ran unpriced inside a batch, now that the server owes the
     /// client nothing, and charges their tenants (into debt if need be). Their plans are
-    /// cached, so their next runs are priced before they start.
-    pub(super) async fn price_deferred(&mut self) -> Result<(), SessionError> {
+    /// cached, so their next runs are priced before they start. Returns whether the client
+    /// asked for a cancel meanwhile (landed by now, on pgward's statements or on the idle
+    /// server).
+    pub(super) async fn price_deferred(&mut self) -> Result<bool, SessionError> {
         let deferred = std::mem::take(&mut self.gate.deferred);
         let governance = self.rt.governance.load_full();
         let Some(governance) = governance.as_ref() else {
-            return Ok(());
+            return Ok(false);
         };
-        // The client's statements have run and been answered: a cancel it sends now finds
-        // nothing of its own running (a late one, say) and must not fail its transaction
-        // by landing on pgward's SAVEPOINT.
-        let handle = Arc::clone(&self.handle);
-        let _alone = handle.alone();
+        let requested = self.handle.cancels_requested();
         for d in deferred {
             let limits = governance.policy.cost_limits(&d.tenant);
             let sizes = limits.max_scan_rows.is_some();
@@ -2189,7 +2197,12 @@ impl Session {
                 tracing::warn!(client = self.id, tenant = %d.tenant, rule = %hit.rule, "a statement priced after it ran in a batch broke a cost rule");
             }
         }
-        Ok(())
+        if self.handle.cancels_requested() == requested {
+            return Ok(false);
+        }
+        // Not on what the client sends next.
+        self.handle.wait_cancels().await;
+        Ok(true)
     }
 
     /// Waits in the gate's queue, reading what the client sends meanwhile (a client that

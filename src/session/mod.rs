@@ -1053,7 +1053,16 @@ impl Session {
             // what already ran (nor time it as its statement's).
             let to_client = &mut self.to_client;
             poll_fn(|cx| Poll::Ready(flush(&mut io.stream, to_client, cx))).await?;
-            self.price_deferred().await?;
+            let failed = |s: &Self| s.link.as_ref().map(|l| l.server.tx) == Some(TxStatus::Failed);
+            let failed_before = failed(self);
+            if self.price_deferred().await? {
+                // A cancel the client asked for meanwhile is for what it had sent by then,
+                // not yet on the server (on PostgreSQL it would have stopped it), or it took
+                // pgward's SAVEPOINT and failed the transaction; a late one that finds
+                // nothing sent is dropped, as PostgreSQL drops a cancel at an idle backend.
+                let sent = !io.rbuf.is_empty() || io.stream.readable_now();
+                self.gate.cancel_next = sent || (failed(self) && !failed_before);
+            }
         }
         let Some(link) = &self.link else {
             return Ok(());
