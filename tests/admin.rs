@@ -687,20 +687,17 @@ async fn a_login_after_a_reconnect_is_welcomed_with_a_new_servers_parameters() {
     busy.simple_query("COMMIT").await.unwrap();
 }
 
-/// A login waiting for new parameters after a RECONNECT is not left waiting when the server
-/// opened for them is turned away for now (too many connections for its role): another is
-/// opened, and logs in once there is room.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_login_waiting_for_new_parameters_outlasts_a_refused_server() {
-    let (pg, pw) = start("default_pool_size = 1\nquery_wait_timeout = 10\n");
-    pg.sql("ALTER ROLE trustuser CONNECTION LIMIT 1");
-    let busy = connect(&pw, "trustuser", "app").await;
+/// A database's TimeZone changed and a RECONNECT while `user`'s one server sits in a
+/// transaction; a new login of `user` is made meanwhile, the transaction ends after 1.5 s,
+/// and the login must then have the new TimeZone.
+async fn new_zone_after_the_transaction(pg: &Postgres, pw: &Pgward, user: &str) {
+    let busy = connect(pw, user, "app").await;
     busy.simple_query("BEGIN").await.unwrap();
     pg.sql("ALTER DATABASE app SET TimeZone = 'Asia/Tokyo'");
-    let admin = connect(&pw, "admin", "pgward").await;
+    let admin = connect(pw, "admin", "pgward").await;
     admin.simple_query("RECONNECT app").await.unwrap();
     let login = {
-        let connstr = pw.connstr("trustuser", None, "app");
+        let connstr = pw.connstr(user, None, "app");
         tokio::spawn(async move {
             let (client, conn) = tokio_postgres::connect(&connstr, NoTls).await?;
             tokio::spawn(conn);
@@ -710,7 +707,6 @@ async fn a_login_waiting_for_new_parameters_outlasts_a_refused_server() {
                 .try_get::<_, String>(0)
         })
     };
-    // The server opened for the login is refused while the old one stays in its transaction.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     busy.simple_query("COMMIT").await.unwrap();
     let zone = tokio::time::timeout(Duration::from_secs(8), login)
@@ -723,4 +719,24 @@ async fn a_login_waiting_for_new_parameters_outlasts_a_refused_server() {
         "{zone:?}\n{}",
         pw.log()
     );
+}
+
+/// A login waiting for new parameters after a RECONNECT is not left waiting when the server
+/// opened for them is turned away for now (too many connections for its role): another is
+/// opened, and logs in once there is room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_waiting_for_new_parameters_outlasts_a_refused_server() {
+    let (pg, pw) = start("default_pool_size = 1\nquery_wait_timeout = 10\n");
+    pg.sql("ALTER ROLE trustuser CONNECTION LIMIT 1");
+    new_zone_after_the_transaction(&pg, &pw, "trustuser").await;
+}
+
+/// With max_db_connections reached (by the server of the transaction), a login after a
+/// RECONNECT waits for room to open a server for new parameters, as PgBouncer's does, rather
+/// than keep the old ones for its session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_after_a_reconnect_waits_for_room_for_new_parameters() {
+    let (pg, pw) =
+        start("default_pool_size = 1\nmax_db_connections = 1\nquery_wait_timeout = 10\n");
+    new_zone_after_the_transaction(&pg, &pw, "postgres").await;
 }

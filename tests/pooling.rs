@@ -1022,3 +1022,49 @@ fn min_pool_size_follows_the_forced_user_across_a_reload() {
     );
     assert_eq!(servers("postgres"), 2, "{}", pw.log());
 }
+
+/// A login waiting for new parameters after a reload whose new connection string the server
+/// refuses (no such database) gets that refusal, after one attempt within
+/// server_login_retry, even while a server begun before the reload is still logging in.
+#[test]
+fn a_login_after_a_refused_reload_tries_once() {
+    let (pg, pw) = slow_logins();
+    let mut first = pw.client_as("trustuser", "slow");
+    assert_eq!(first.value("SELECT 1"), "1");
+    // A second client's statement opens a server through the slow relay (held 1.5 s)...
+    let mut second = pw.client_as("trustuser", "slow");
+    first.query("BEGIN").expect("BEGIN");
+    first.query("SELECT 1").expect("hold the server");
+    let held = thread::spawn(move || second.query("SELECT 1").map(|_| ()));
+    thread::sleep(Duration::from_millis(300));
+    // ...while a reload points the database at one that does not exist.
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    let slow = ini
+        .lines()
+        .find(|l| l.starts_with("slow ="))
+        .expect("the slow entry")
+        .to_string();
+    let gone = format!(
+        "slow = host={} port={} dbname=nosuchdb",
+        common::HOST,
+        pg.port
+    );
+    std::fs::write(&pw.ini_path, ini.replace(&slow, &gone)).expect("ini");
+    pw.reload_and_wait();
+    let login = Raw::login_within(
+        pw.port,
+        &[("user", "trustuser"), ("database", "slow")],
+        Duration::from_secs(10),
+    );
+    assert!(
+        login.is_err(),
+        "a login to a database that is gone succeeded"
+    );
+    let failures = pw.log().matches("server login failed").count();
+    assert!(
+        failures <= 2,
+        "{failures} server logins tried\n{}",
+        pw.log()
+    );
+    let _ = held.join();
+}

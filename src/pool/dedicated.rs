@@ -12,7 +12,7 @@ use crate::server::ServerConn;
 
 /// How often a client waiting for room under a limit shared with other pools looks again:
 /// a server closing in another pool does not wake this one's waiters.
-const SHARED_LIMIT_RECHECK: Duration = Duration::from_millis(250);
+pub(super) const SHARED_LIMIT_RECHECK: Duration = Duration::from_millis(250);
 
 /// A pool's place held for one dedicated server; given back when dropped.
 struct Place(Arc<Pool>);

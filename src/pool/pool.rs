@@ -126,8 +126,8 @@ pub struct Pool {
 enum WelcomeOpening {
     /// A server whose connect began after the RECONNECT is being opened.
     Underway,
-    /// None can be opened: max_db_connections or max_user_connections is reached.
-    NoRoom,
+    /// None can be opened now: max_db_connections or max_user_connections is reached.
+    NoRoom(Growth),
     /// The last login failed, within server_login_retry.
     Failed(Arc<ServerError>),
 }
@@ -242,30 +242,40 @@ impl Pool {
 
     /// After a RECONNECT, waits up to `wait` for the parameters of a server whose login began
     /// after it, opening one unless one is being opened: above pool_size if the pool is full,
-    /// as PgBouncer opens one for a login waiting for them (within max_db_connections and
-    /// max_user_connections; with those reached, the old parameters are all there is).
+    /// as PgBouncer opens one for a login waiting for them; under max_db_connections and
+    /// max_user_connections, after closing an idle server of another pool under the same
+    /// limit, or once a server closes.
     pub async fn renewed_welcome(
         self: &Arc<Self>,
         wait: Option<Duration>,
-    ) -> Result<Option<Welcome>, PoolError> {
-        let deadline = wait.map(|w| tokio::time::Instant::now() + w);
+    ) -> Result<Welcome, PoolError> {
+        let deadline = wait.map(|w| Instant::now() + w);
         loop {
             let notified = self.welcomed.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             if let Some(w) = self.current_welcome() {
-                return Ok(Some(w));
+                return Ok(w);
             }
+            let mut step = deadline.map(|d| d.saturating_duration_since(Instant::now()));
             match self.open_for_welcome() {
                 WelcomeOpening::Underway => {}
-                WelcomeOpening::NoRoom => return Ok(self.welcome()),
+                WelcomeOpening::NoRoom(blocked) => {
+                    // A server closing elsewhere does not wake this wait: it looks again.
+                    self.make_room_elsewhere(blocked);
+                    let recheck = super::dedicated::SHARED_LIMIT_RECHECK;
+                    step = Some(step.map_or(recheck, |s| s.min(recheck)));
+                }
                 WelcomeOpening::Failed(err) => return Err(PoolError::Login(err)),
             }
-            match deadline {
-                Some(at) => tokio::time::timeout_at(at, notified)
-                    .await
-                    .map_err(|_| PoolError::WaitTimeout)?,
+            match step {
+                Some(step) => {
+                    let _ = tokio::time::timeout(step, notified).await;
+                }
                 None => notified.await,
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(PoolError::WaitTimeout);
             }
         }
     }
@@ -274,8 +284,13 @@ impl Pool {
     fn open_for_welcome(self: &Arc<Self>) -> WelcomeOpening {
         let mut inner = lock(&self.inner);
         let settings = inner.settings.clone();
-        if let Some(err) = recent_failure(&inner, settings.login_retry, Instant::now()) {
-            return WelcomeOpening::Failed(err);
+        // A login refused within server_login_retry is the answer, even while servers begun
+        // before the RECONNECT are still logging in: no new one is tried before then.
+        let now = Instant::now();
+        if let Some((at, err)) = &inner.failure {
+            if now.duration_since(*at) < settings.login_retry {
+                return WelcomeOpening::Failed(err.clone());
+            }
         }
         if inner
             .connecting
@@ -284,8 +299,8 @@ impl Pool {
         {
             return WelcomeOpening::Underway;
         }
-        if self.count_server(&settings.limits).is_err() {
-            return WelcomeOpening::NoRoom;
+        if let Err(blocked) = self.count_server(&settings.limits) {
+            return WelcomeOpening::NoRoom(blocked);
         }
         self.start_open(&mut inner);
         WelcomeOpening::Underway
