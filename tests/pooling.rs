@@ -883,13 +883,7 @@ fn a_host_list_without_round_robin_probes_its_host_with_one_attempt() {
 /// login takes that long.
 fn slow_logins() -> (Postgres, Pgward) {
     let pg = Postgres::start();
-    let slowness = common::relay::Slowness {
-        cancel_hold: Duration::ZERO,
-        cancel_delay: Duration::ZERO,
-        first_packet_delay: Duration::from_millis(1500),
-        pace: None,
-    };
-    let relay = common::relay::slow_relay(pg.port, slowness);
+    let relay = relay_holding_logins(&pg, Duration::from_millis(1500));
     let dbs = format!("slow = host={} port={relay} dbname=app\n", common::HOST);
     let pw = Pgward::trusting(
         &pg,
@@ -897,6 +891,17 @@ fn slow_logins() -> (Postgres, Pgward) {
         &dbs,
     );
     (pg, pw)
+}
+
+/// A relay to `pg` that holds each connection's first packet for `delay`; its port.
+fn relay_holding_logins(pg: &Postgres, delay: Duration) -> u16 {
+    let slowness = common::relay::Slowness {
+        cancel_hold: Duration::ZERO,
+        cancel_delay: Duration::ZERO,
+        first_packet_delay: delay,
+        pace: None,
+    };
+    common::relay::slow_relay(pg.port, slowness)
 }
 
 /// A server whose connect began before a RECONNECT serves no one, as one opened before it
@@ -961,7 +966,7 @@ fn wait_close_waits_for_a_server_still_logging_in() {
     // then WAIT_CLOSE.
     let closed = |pw: &Pgward| {
         pw.log()
-            .matches("closing because: obsolete connection")
+            .matches("closing because: connect string changed")
             .count()
     };
     let before = closed(&pw);
@@ -1067,4 +1072,33 @@ fn a_login_after_a_refused_reload_tries_once() {
         pw.log()
     );
     let _ = held.join();
+}
+
+/// A reload that changes a database's connection string drops its servers still logging in
+/// at once, as PgBouncer does (`connect string changed`): a login waiting for its first
+/// server gets one from the new address, not after the old one's login ends.
+#[test]
+fn a_reload_drops_servers_still_logging_in() {
+    let pg = Postgres::start();
+    let relay = relay_holding_logins(&pg, Duration::from_secs(30));
+    let held = format!("slow = host={} port={relay} dbname=app", common::HOST);
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &format!("{held}\n"));
+    let port = pw.port;
+    let login = thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", "slow")];
+        let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
+        client.value_within("SELECT 'served'", Duration::from_secs(5))
+    });
+    thread::sleep(Duration::from_millis(500));
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    let direct = format!("slow = host={} port={} dbname=app", common::HOST, pg.port);
+    std::fs::write(&pw.ini_path, ini.replace(&held, &direct)).expect("ini");
+    pw.reload_and_wait();
+    let served = login.join().expect("the login");
+    assert_eq!(served.as_deref(), Ok("served"), "{}", pw.log());
+    assert!(
+        pw.log().contains("closing because: connect string changed"),
+        "{}",
+        pw.log()
+    );
 }

@@ -118,6 +118,9 @@ pub struct Pool {
     /// Wakes logins waiting for the parameters of a server logged in after a RECONNECT: a
     /// login ended, done or failed.
     welcomed: tokio::sync::Notify,
+    /// Wakes the servers being opened at a RECONNECT or a change of the connection string:
+    /// those begun before it are dropped in their login.
+    reconnected: tokio::sync::Notify,
     /// Since when the maintenance pass has seen the pool without clients or servers.
     empty_since: Mutex<Option<Instant>>,
 }
@@ -181,6 +184,7 @@ impl Pool {
             closing: Default::default(),
             room: tokio::sync::Notify::new(),
             welcomed: tokio::sync::Notify::new(),
+            reconnected: tokio::sync::Notify::new(),
             empty_since: Mutex::new(None),
         }
     }
@@ -680,7 +684,22 @@ impl Pool {
     async fn open_one(self: Arc<Self>, begun: Instant) {
         let settings = self.settings.load_full();
         let id = self.next_server_id();
-        let result = self.connect(&settings.target, &settings, id).await;
+        let connect = self.connect(&settings.target, &settings, id);
+        tokio::pin!(connect);
+        let result = loop {
+            let reconnected = self.reconnected.notified();
+            tokio::pin!(reconnected);
+            reconnected.as_mut().enable();
+            if self.closing.opened_before(begun) {
+                // A RECONNECT or a new connection string since it began: dropped in its
+                // login, as PgBouncer drops such servers, rather than waited for.
+                return self.open_dropped(begun);
+            }
+            tokio::select! {
+                result = &mut connect => break result,
+                () = &mut reconnected => {}
+            }
+        };
         match result {
             Ok(mut conn) => {
                 // Opened when its connect was counted, before it read the settings: a
@@ -692,9 +711,23 @@ impl Pool {
         }
     }
 
+    /// A server being opened, counted as begun at `begun`, was dropped in its login.
+    fn open_dropped(self: &Arc<Self>, begun: Instant) {
+        let age = begun.elapsed().as_secs();
+        tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: connect string changed (age={age}s)");
+        {
+            let mut inner = lock(&self.inner);
+            forget_connect(&mut inner, begun);
+            self.uncount_servers(1);
+            // Waiters it was opened for get one opened under the new settings.
+            let settings = inner.settings.clone();
+            self.grow(&settings, &mut inner);
+        }
+        self.welcomed.notify_waiters();
+    }
+
     /// Whether a server still being opened began its connect before the last RECONNECT or
-    /// change of the connection string, so that it will close when it comes back (WAIT_CLOSE
-    /// waits for it, as PgBouncer's waits for its servers in login).
+    /// change of the connection string: it is being dropped (WAIT_CLOSE waits until it is).
     pub fn opening_outdated(&self) -> bool {
         let begun = lock(&self.inner).connecting.clone();
         begun.into_iter().any(|at| self.closing.opened_before(at))
@@ -951,12 +984,14 @@ impl Pool {
     }
 
     /// Servers opened (their connect begun) before `now` close when they come back, idle ones
-    /// at once with `reason`, and never serve, even just opened; new clients are welcomed with
+    /// at once with `reason`, those still logging in at once too (`connect string changed`,
+    /// as in PgBouncer), and none of them serves again; new clients are welcomed with
     /// the parameters of a login begun after it (a server upgraded, a database's default
     /// changed), waiting for one (see [`Self::renewed_welcome`]).
     pub fn reconnect(&self, now: Instant, reason: &str) {
         self.closing.reconnect(now);
         lock(&self.welcome).stale = true;
+        self.reconnected.notify_waiters();
         self.close_idle(reason);
     }
 
