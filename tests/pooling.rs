@@ -1102,3 +1102,30 @@ fn a_reload_drops_servers_still_logging_in() {
         pw.log()
     );
 }
+
+/// A login waiting for new parameters after a RECONNECT is refused when pgward shuts down
+/// (SIGINT), as the clients waiting for a server are, rather than let in.
+#[test]
+fn a_shutdown_refuses_a_login_waiting_for_new_parameters() {
+    let pg = Postgres::start();
+    let relay = relay_holding_logins(&pg, Duration::from_secs(3));
+    let dbs = format!("slow = host={} port={relay} dbname=app\n", common::HOST);
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\nadmin_users = postgres\n",
+        &dbs,
+    );
+    let _first = pw.client_as("trustuser", "slow");
+    let out = common::psql_at(pw.port, "postgres", None, "pgbouncer", "RECONNECT slow");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let port = pw.port;
+    let login = thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", "slow")];
+        Raw::login_within(port, &params, Duration::from_secs(10)).map(|_| ())
+    });
+    thread::sleep(Duration::from_millis(500));
+    pw.signal(libc::SIGINT);
+    let refused = login.join().expect("the login");
+    let err = refused.expect_err("a login let in during a shutdown");
+    assert!(err.contains("shutting down"), "{err}\n{}", pw.log());
+}

@@ -57,6 +57,9 @@ struct Inner {
     alarm: Option<(Instant, u64)>,
     /// Watchdogs started so far (their ids).
     watchdogs: u64,
+    /// Set once the pool refuses every wait (a shutdown): logins waiting for new
+    /// parameters get it too.
+    refusing: Option<PoolError>,
     /// Whether min_pool_size is kept filled: the maintenance pass says so each time (a
     /// pool with a client, or of a database with a forced user). A new pool has a client
     /// or a forced user.
@@ -76,6 +79,7 @@ impl Inner {
             failure: None,
             alarm: None,
             watchdogs: 0,
+            refusing: None,
             min_wanted: true,
         }
     }
@@ -133,6 +137,8 @@ enum WelcomeOpening {
     NoRoom(Growth),
     /// The last login failed, within server_login_retry.
     Failed(Arc<ServerError>),
+    /// The pool refuses every wait (a shutdown).
+    Refused(PoolError),
 }
 
 /// The parameters new clients are welcomed with, and whether a RECONNECT made them old.
@@ -271,6 +277,7 @@ impl Pool {
                     step = Some(step.map_or(recheck, |s| s.min(recheck)));
                 }
                 WelcomeOpening::Failed(err) => return Err(PoolError::Login(err)),
+                WelcomeOpening::Refused(err) => return Err(err),
             }
             match step {
                 Some(step) => {
@@ -287,6 +294,9 @@ impl Pool {
     /// Makes sure a server whose connect began after the last RECONNECT is being opened.
     fn open_for_welcome(self: &Arc<Self>) -> WelcomeOpening {
         let mut inner = lock(&self.inner);
+        if let Some(err) = &inner.refusing {
+            return WelcomeOpening::Refused(err.clone());
+        }
         let settings = inner.settings.clone();
         // A login refused within server_login_retry is the answer, even while servers begun
         // before the RECONNECT are still logging in: no new one is tried before then.
@@ -845,10 +855,15 @@ impl Pool {
         }
     }
 
-    /// Refuses every client queued for a server now (the pooler shuts down).
+    /// Refuses every client queued for a server now, and every login waiting for new
+    /// parameters from now on (the pooler shuts down).
     pub fn refuse_waiters(&self, err: PoolError) {
-        let waiters: Vec<ServerWaiter> =
-            lock(&self.inner).waiters.drain().map(|(_, w)| w).collect();
+        let waiters: Vec<ServerWaiter> = {
+            let mut inner = lock(&self.inner);
+            inner.refusing = Some(err.clone());
+            inner.waiters.drain().map(|(_, w)| w).collect()
+        };
+        self.welcomed.notify_waiters();
         for w in waiters {
             w.refuse(err.clone());
         }
