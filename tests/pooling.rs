@@ -882,8 +882,13 @@ fn a_host_list_without_round_robin_probes_its_host_with_one_attempt() {
 /// `slow` through a relay that holds each connection's first packet for 1.5 s: a server's
 /// login takes that long.
 fn slow_logins() -> (Postgres, Pgward) {
+    logins_taking(Duration::from_millis(1500))
+}
+
+/// [`slow_logins`] with logins that take `delay`.
+fn logins_taking(delay: Duration) -> (Postgres, Pgward) {
     let pg = Postgres::start();
-    let relay = relay_holding_logins(&pg, Duration::from_millis(1500));
+    let relay = relay_holding_logins(&pg, delay);
     let dbs = format!("slow = host={} port={relay} dbname=app\n", common::HOST);
     let pw = Pgward::trusting(
         &pg,
@@ -1107,14 +1112,7 @@ fn a_reload_drops_servers_still_logging_in() {
 /// (SIGINT), as the clients waiting for a server are, rather than let in.
 #[test]
 fn a_shutdown_refuses_a_login_waiting_for_new_parameters() {
-    let pg = Postgres::start();
-    let relay = relay_holding_logins(&pg, Duration::from_secs(3));
-    let dbs = format!("slow = host={} port={relay} dbname=app\n", common::HOST);
-    let pw = Pgward::trusting(
-        &pg,
-        "pool_mode = transaction\nadmin_users = postgres\n",
-        &dbs,
-    );
+    let (_pg, pw) = logins_taking(Duration::from_secs(3));
     let _first = pw.client_as("trustuser", "slow");
     let out = common::psql_at(pw.port, "postgres", None, "pgbouncer", "RECONNECT slow");
     assert!(out.status.success(), "{}", stderr_of(&out));
