@@ -587,20 +587,32 @@ const LONG_OWN: &str = "DO $$BEGIN PERFORM pg_sleep(4); END$$";
 /// it has its answers, and pgward now prices that statement after the fact, under its
 /// SAVEPOINT, with an EXPLAIN a relay made slow (4 s). Returns once that EXPLAIN runs.
 fn pricing_after_the_batch() -> (Postgres, Pgward, tempfile::TempDir, Raw, (u32, Vec<u8>)) {
+    // The second EXPLAIN: the first prices the batch's first statement before it runs.
+    pricing_after_the_batch_slowed(("pgward_explain_", 1..2))
+}
+
+/// [`pricing_after_the_batch`], the relay slowing pgward's own statements `slowed` (a prefix
+/// of their name, and which of those Parses, from 0) instead.
+fn pricing_after_the_batch_slowed(
+    slowed: (&'static str, std::ops::Range<usize>),
+) -> (Postgres, Pgward, tempfile::TempDir, Raw, (u32, Vec<u8>)) {
     let pg = Postgres::start();
     pg.sql(common::gate::SCHEMA);
-    // The second EXPLAIN: the first prices the batch's first statement before it runs.
-    let relay = common::relay::rewriting_relay_at(pg.port, ("pgward_explain_", 1), LONG_OWN);
+    let name = slowed.0;
+    let relay = common::relay::rewriting_relay_over(pg.port, slowed, LONG_OWN);
     let (pw, dir) = roomy_pgward(&pg, relay);
     let (mut client, key) = login_to(&pw, "slow");
     client.query("BEGIN").expect("BEGIN");
-    // Both unpriced: the first is priced before it runs, the second runs behind it in the
-    // batch and is priced after.
+    // All unpriced: the first is priced before it runs, the others run behind it in the
+    // batch and are priced after, in their order.
     let batch = [
         raw::parse_message("", "SELECT count(*) FROM small"),
         raw::bind_message(""),
         raw::execute_message(),
         raw::parse_message("", common::gate::FULL_READ),
+        raw::bind_message(""),
+        raw::execute_message(),
+        raw::parse_message("", "SELECT count(*) FROM small WHERE id > 0"),
         raw::bind_message(""),
         raw::execute_message(),
         raw::sync_message(),
@@ -617,7 +629,7 @@ fn pricing_after_the_batch() -> (Postgres, Pgward, tempfile::TempDir, Raw, (u32,
     });
     assert!(
         explaining,
-        "pgward's EXPLAIN never ran after the batch was answered\n{}",
+        "pgward's {name} never ran after the batch was answered\n{}",
         pw.log()
     );
     (pg, pw, dir, client, key)
@@ -647,4 +659,48 @@ fn a_statement_cancelled_while_pgward_prices_the_batch_before_it_gets_the_cancel
     thread::sleep(Duration::from_millis(300));
     raw::send_cancel(pw.port, key.0, &key.1);
     answered_with_the_cancel(&mut client, &pw, 20 * SECOND);
+}
+
+/// A late cancel during pricing after the fact, with only a Sync sent before it (no request):
+/// the Sync's ReadyForQuery ends the matter, and a statement sent later runs.
+#[test]
+fn a_late_cancel_behind_a_lone_sync_cancels_nothing_later() {
+    let (_pg, pw, _dir, mut client, key) = pricing_after_the_batch();
+    client.send(&raw::sync_message());
+    thread::sleep(Duration::from_millis(300));
+    raw::send_cancel(pw.port, key.0, &key.1);
+    let ready = client
+        .until_ready_within(10 * SECOND)
+        .unwrap_or_else(|e| panic!("no answer to the Sync: {e}\n{}", pw.log()));
+    assert!(first_error(&ready).is_none(), "{}", describe(&ready));
+    thread::sleep(Duration::from_millis(500));
+    let later = client.value_within("SELECT 'later'", 10 * SECOND);
+    assert_eq!(later.as_deref(), Ok("later"), "{}", pw.log());
+}
+
+/// A late cancel that takes pgward's SAVEPOINT while it prices after the fact fails the
+/// transaction; the client's ROLLBACK still ends it (only a statement gets the cancel).
+#[test]
+fn a_rollback_after_a_cancel_that_took_pgwards_savepoint_ends_the_transaction() {
+    let (_pg, pw, _dir, mut client, key) =
+        pricing_after_the_batch_slowed(("pgward_savepoint_", 1..2));
+    raw::send_cancel(pw.port, key.0, &key.1);
+    thread::sleep(Duration::from_millis(500));
+    client
+        .query("ROLLBACK")
+        .unwrap_or_else(|e| panic!("ROLLBACK: {e:?}\n{}", pw.log()));
+    assert_eq!(client.value("SELECT 'after'"), "after");
+}
+
+/// A statement cancelled while pgward prices, after the fact, several statements of a batch
+/// gets its cancel once the pricing the cancel stopped has ended: pgward prices no more of
+/// them (each would make it wait again, each as slow here as the first).
+#[test]
+fn a_cancel_during_pricing_after_the_fact_stops_the_rest_of_it() {
+    let (_pg, pw, _dir, mut client, key) =
+        pricing_after_the_batch_slowed(("pgward_explain_", 1..3));
+    client.send(&raw::query_message("SELECT 'x'"));
+    thread::sleep(Duration::from_millis(300));
+    raw::send_cancel(pw.port, key.0, &key.1);
+    answered_with_the_cancel(&mut client, &pw, 3 * SECOND);
 }

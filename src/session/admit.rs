@@ -142,7 +142,8 @@ pub(in crate::session) struct GateState {
     /// Requests that ran unpriced inside a batch, to price once it is answered.
     deferred: Vec<Deferred>,
     /// The next request is answered with the cancel the client asked for while pgward
-    /// priced those (see `Session::release_when_quiet`).
+    /// priced those (see `Session::release_when_quiet`), unless a ReadyForQuery comes first
+    /// (what the client had sent held no request).
     pub cancel_next: bool,
     /// A request inside an open batch must be judged by cost rules before it runs: the
     /// server is to be asked (a Flush) for the answers to what went before it.
@@ -1215,13 +1216,6 @@ impl Session {
             self.gate.flush_wanted = self.gate.batch_open && !self.gate.flush_sent;
             return Ok(Step::Hold);
         }
-        if std::mem::take(&mut self.gate.cancel_next) {
-            // The client asked for a cancel while pgward priced what ran before, and had sent
-            // this request by then (or the cancel failed its transaction on pgward's
-            // statement): it is this request's answer, as the cancel would have been on the
-            // server.
-            return Ok(Step::refuse(cancelled()));
-        }
         let keeper = self.rt.gatekeeper.clone();
         let text = work.sql();
         let in_flight = !self.link_quiet();
@@ -1263,6 +1257,14 @@ impl Session {
             None => self.underived(governance),
         };
         let kind = facts.kind;
+        if self.gate.cancel_next && kind.killable() {
+            // The client asked for a cancel while pgward priced what ran before, and had sent
+            // this request by then (or the cancel failed its transaction on pgward's
+            // statement): it is this request's answer, as the cancel would have been on the
+            // server. What ends a transaction goes through, as under a kill.
+            self.gate.cancel_next = false;
+            return Ok(Step::refuse(cancelled()));
+        }
         let fingerprint = analysis.as_ref().and_then(|a| a.fingerprint);
         let tenant = Arc::clone(&facts.tenant);
         let key = facts.plan_key.as_ref().filter(|_| kind.waits_for_slot());
@@ -2181,6 +2183,11 @@ impl Session {
         };
         let requested = self.handle.cancels_requested();
         for d in deferred {
+            if self.handle.cancels_requested() != requested {
+                // The client asked for a cancel: the rest (plans for next runs only) is not
+                // read, so that it waits for nothing more.
+                break;
+            }
             let limits = governance.policy.cost_limits(&d.tenant);
             let sizes = limits.max_scan_rows.is_some();
             // Its price cannot be read any more (a failed transaction, an object it read is

@@ -973,6 +973,11 @@ impl Session {
             // The cancelled request was answered: the next one's 57014 is its own.
             self.gate.timed_out = None;
         }
+        if last_ready.is_some() {
+            // A cancel asked for during pricing after the fact is for a request sent by
+            // then: none came before this ReadyForQuery.
+            self.gate.cancel_next = false;
+        }
         if link.expected.is_empty() {
             link.busy_since = None;
             self.gate.timed_out = None;

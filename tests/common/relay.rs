@@ -102,6 +102,16 @@ pub fn rewriting_relay_at(
     (prefix, nth): (&'static str, usize),
     sql: &'static str,
 ) -> u16 {
+    rewriting_relay_over(target, (prefix, nth..nth + 1), sql)
+}
+
+/// [`rewriting_relay`] rewriting the Parses numbered `which` (from 0) of those named
+/// `prefix...`.
+pub fn rewriting_relay_over(
+    target: u16,
+    (prefix, which): (&'static str, std::ops::Range<usize>),
+    sql: &'static str,
+) -> u16 {
     let listener = TcpListener::bind((HOST, 0)).expect("bind the relay");
     let port = listener.local_addr().expect("relay address").port();
     let seen = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
@@ -109,7 +119,8 @@ pub fn rewriting_relay_at(
         for stream in listener.incoming() {
             let Ok(stream) = stream else { return };
             let seen = std::sync::Arc::clone(&seen);
-            thread::spawn(move || rewrite_one(stream, target, (prefix, nth, sql), &seen));
+            let which = which.clone();
+            thread::spawn(move || rewrite_one(stream, target, (prefix, which, sql), &seen));
         }
     });
     port
@@ -129,7 +140,7 @@ fn read_packet(from: &mut TcpStream, tagged: bool) -> Option<(Vec<u8>, Vec<u8>)>
 fn rewrite_one(
     mut inbound: TcpStream,
     target: u16,
-    (prefix, nth, sql): (&str, usize, &str),
+    (prefix, which, sql): (&str, std::ops::Range<usize>, &str),
     seen: &std::sync::atomic::AtomicUsize,
 ) {
     let Ok(mut outbound) = TcpStream::connect((HOST, target)) else {
@@ -156,7 +167,7 @@ fn rewrite_one(
         let name_end = body.iter().position(|b| *b == 0).unwrap_or(0);
         if head[0] == b'P'
             && body[..name_end].starts_with(prefix.as_bytes())
-            && seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == nth
+            && which.contains(&seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst))
         {
             let text_end = name_end
                 + 1
