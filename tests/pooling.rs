@@ -887,14 +887,16 @@ fn slow_logins() -> (Postgres, Pgward) {
 
 /// [`slow_logins`] with logins that take `delay`.
 fn logins_taking(delay: Duration) -> (Postgres, Pgward) {
+    logins_taking_with(delay, "")
+}
+
+/// [`logins_taking`] with more `settings`.
+fn logins_taking_with(delay: Duration, settings: &str) -> (Postgres, Pgward) {
     let pg = Postgres::start();
     let relay = relay_holding_logins(&pg, delay);
     let dbs = format!("slow = host={} port={relay} dbname=app\n", common::HOST);
-    let pw = Pgward::trusting(
-        &pg,
-        "pool_mode = transaction\nadmin_users = postgres\n",
-        &dbs,
-    );
+    let settings = format!("pool_mode = transaction\nadmin_users = postgres\n{settings}");
+    let pw = Pgward::trusting(&pg, &settings, &dbs);
     (pg, pw)
 }
 
@@ -1038,7 +1040,19 @@ fn min_pool_size_follows_the_forced_user_across_a_reload() {
 /// server_login_retry, even while a server begun before the reload is still logging in.
 #[test]
 fn a_login_after_a_refused_reload_tries_once() {
-    let (pg, pw) = slow_logins();
+    refused_reload_tries_once("");
+}
+
+/// The same with `server_login_retry = 0`: the refusal that comes while the login waits is
+/// its answer all the same, as PgBouncer ends the logins waiting for a server's parameters at
+/// a login error.
+#[test]
+fn a_login_after_a_refused_reload_tries_once_without_a_retry_delay() {
+    refused_reload_tries_once("server_login_retry = 0\n");
+}
+
+fn refused_reload_tries_once(settings: &str) {
+    let (pg, pw) = logins_taking_with(Duration::from_millis(1500), settings);
     let mut first = pw.client_as("trustuser", "slow");
     assert_eq!(first.value("SELECT 1"), "1");
     // A second client's statement opens a server through the slow relay (held 1.5 s)...

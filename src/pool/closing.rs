@@ -78,9 +78,13 @@ impl Closing {
         self.armed.load(Ordering::Acquire) && lock(&self.rules).retired
     }
 
-    /// Servers opened before `now` close at their next release (RECONNECT).
+    /// Servers opened before `now` close at their next release (RECONNECT). A RECONNECT that
+    /// took its instant before another's (a console RECONNECT and a reload at once) does not
+    /// move the mark back.
     pub fn reconnect(&self, now: Instant) {
-        lock(&self.rules).before = Some(now);
+        let mut rules = lock(&self.rules);
+        rules.before = Some(rules.before.map_or(now, |b| b.max(now)));
+        drop(rules);
         self.armed.store(true, Ordering::Release);
     }
 
@@ -103,5 +107,22 @@ impl Closing {
     /// Forgets evictions of servers that are gone.
     pub fn retain_evictions(&self, live: impl Fn(u64) -> bool) {
         lock(&self.rules).evict.retain(|id| live(*id));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_reconnect_never_moves_the_mark_back() {
+        let closing = Closing::default();
+        let t0 = Instant::now();
+        let (t1, t2) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(2));
+        closing.reconnect(t2);
+        closing.reconnect(t1);
+        assert!(closing.opened_before(t1 + Duration::from_millis(500)));
+        assert!(!closing.opened_before(t2));
     }
 }

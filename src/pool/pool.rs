@@ -60,6 +60,9 @@ struct Inner {
     /// Set once the pool refuses every wait (a shutdown): logins waiting for new
     /// parameters get it too.
     refusing: Option<PoolError>,
+    /// Server logins refused for good (not for now) so far: a login waiting for new
+    /// parameters gets the refusal that comes while it waits, whatever server_login_retry.
+    refused_logins: u64,
     /// Whether min_pool_size is kept filled: the maintenance pass says so each time (a
     /// pool with a client, or of a database with a forced user). A new pool has a client
     /// or a forced user.
@@ -80,6 +83,7 @@ impl Inner {
             alarm: None,
             watchdogs: 0,
             refusing: None,
+            refused_logins: 0,
             min_wanted: true,
         }
     }
@@ -260,6 +264,7 @@ impl Pool {
         wait: Option<Duration>,
     ) -> Result<Welcome, PoolError> {
         let deadline = wait.map(|w| Instant::now() + w);
+        let refused_before = lock(&self.inner).refused_logins;
         loop {
             let notified = self.welcomed.notified();
             tokio::pin!(notified);
@@ -268,11 +273,14 @@ impl Pool {
                 return Ok(w);
             }
             let mut step = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            match self.open_for_welcome() {
+            match self.open_for_welcome(refused_before) {
                 WelcomeOpening::Underway => {}
                 WelcomeOpening::NoRoom(blocked) => {
+                    if self.make_room_elsewhere(blocked) {
+                        // Room made: taken at once, before another pool takes it.
+                        continue;
+                    }
                     // A server closing elsewhere does not wake this wait: it looks again.
-                    self.make_room_elsewhere(blocked);
                     let recheck = super::dedicated::SHARED_LIMIT_RECHECK;
                     step = Some(step.map_or(recheck, |s| s.min(recheck)));
                 }
@@ -291,8 +299,9 @@ impl Pool {
         }
     }
 
-    /// Makes sure a server whose connect began after the last RECONNECT is being opened.
-    fn open_for_welcome(self: &Arc<Self>) -> WelcomeOpening {
+    /// Makes sure a server whose connect began after the last RECONNECT is being opened;
+    /// `refused_before`: the logins refused for good when the wait began.
+    fn open_for_welcome(self: &Arc<Self>, refused_before: u64) -> WelcomeOpening {
         let mut inner = lock(&self.inner);
         if let Some(err) = &inner.refusing {
             return WelcomeOpening::Refused(err.clone());
@@ -302,7 +311,8 @@ impl Pool {
         // before the RECONNECT are still logging in: no new one is tried before then.
         let now = Instant::now();
         if let Some((at, err)) = &inner.failure {
-            if now.duration_since(*at) < settings.login_retry {
+            let refused_since = inner.refused_logins != refused_before;
+            if refused_since || now.duration_since(*at) < settings.login_retry {
                 return WelcomeOpening::Failed(err.clone());
             }
         }
@@ -499,9 +509,9 @@ impl Pool {
     /// A limit shared with other pools (max_db_connections, max_user_connections) keeps
     /// this pool from growing: close an idle server of another pool under the same limit,
     /// as PgBouncer does, and try again.
-    fn relieve(self: &Arc<Self>, blocked: Growth) {
+    fn relieve(self: &Arc<Self>, blocked: Growth) -> bool {
         let Some(siblings) = self.siblings.upgrade() else {
-            return;
+            return false;
         };
         let others: Vec<Arc<Pool>> = lock(&siblings).values().cloned().collect();
         let server_user = &self.settings.load().target.user;
@@ -517,6 +527,7 @@ impl Pool {
             let mut inner = lock(&self.inner);
             self.grow(&settings, &mut inner);
         }
+        freed
     }
 
     /// Closes the least recently used idle server, if there is one.
@@ -796,6 +807,7 @@ impl Pool {
                 Vec::new()
             } else {
                 inner.failure = Some((Instant::now(), err.clone()));
+                inner.refused_logins += 1;
                 inner.waiters.drain().map(|(_, w)| w).collect()
             }
         };
@@ -972,11 +984,10 @@ impl Pool {
         self.grow(&settings, &mut inner);
     }
 
-    /// Frees a limit shared with other pools by evicting one of their idle servers.
-    pub(super) fn make_room_elsewhere(self: &Arc<Self>, blocked: Growth) {
-        if matches!(blocked, Growth::DbFull | Growth::UserFull) {
-            self.relieve(blocked);
-        }
+    /// Frees a limit shared with other pools by evicting one of their idle servers; whether
+    /// one was.
+    pub(super) fn make_room_elsewhere(self: &Arc<Self>, blocked: Growth) -> bool {
+        matches!(blocked, Growth::DbFull | Growth::UserFull) && self.relieve(blocked)
     }
 
     /// Opens and logs in one server for this pool, to `target`.
