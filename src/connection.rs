@@ -293,7 +293,8 @@ async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome,
     rt.ops.control.wait_open(&pool.key.db).await;
     let wait = pool.settings().query_wait;
     if pool.welcome().is_some() {
-        return Ok(pool.renewed_welcome(wait).await?);
+        let held = || rt.ops.control.holds(&pool.key.db);
+        return Ok(pool.renewed_welcome(wait, held).await?);
     }
     let ticket = crate::gate::Ticket::new(0, std::time::Instant::now());
     pool.checkout(ticket, wait).await?.give_back_unused();

@@ -1141,3 +1141,36 @@ fn a_shutdown_refuses_a_login_waiting_for_new_parameters() {
     let err = refused.expect_err("a login let in during a shutdown");
     assert!(err.contains("shutting down"), "{err}\n{}", pw.log());
 }
+
+/// A PAUSE completes while a login waits for new parameters after a RECONNECT with the server
+/// down: paused, the login opens no more servers (PgBouncer opens for such logins only when
+/// not paused), so nothing keeps the pause from taking hold.
+#[test]
+fn a_pause_takes_hold_while_a_login_waits_for_new_parameters() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = postgres\n", "");
+    let port = pw.port;
+    let console = move |cmd: &str| {
+        let out = common::psql_at(port, "postgres", None, "pgbouncer", cmd);
+        assert!(out.status.success(), "{cmd}: {}", stderr_of(&out));
+    };
+    let mut first = pw.client_as("trustuser", "app");
+    assert_eq!(first.value("SELECT 1"), "1");
+    pg.stop();
+    console("RECONNECT app");
+    let _login = thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", "app")];
+        Raw::login_within(port, &params, Duration::from_secs(20)).map(|_| ())
+    });
+    thread::sleep(Duration::from_millis(700));
+    let (done, paused) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        console("PAUSE app");
+        let _ = done.send(());
+    });
+    assert!(
+        paused.recv_timeout(Duration::from_secs(5)).is_ok(),
+        "PAUSE did not take hold\n{}",
+        pw.log()
+    );
+}

@@ -143,6 +143,8 @@ enum WelcomeOpening {
     Failed(Arc<ServerError>),
     /// The pool refuses every wait (a shutdown).
     Refused(PoolError),
+    /// The database is paused: nothing is opened.
+    Held,
 }
 
 /// The parameters new clients are welcomed with, and whether a RECONNECT made them old.
@@ -258,10 +260,11 @@ impl Pool {
     /// after it, opening one unless one is being opened: above pool_size if the pool is full,
     /// as PgBouncer opens one for a login waiting for them; under max_db_connections and
     /// max_user_connections, after closing an idle server of another pool under the same
-    /// limit, or once a server closes.
+    /// limit, or once a server closes; and none while `held` says the database is paused.
     pub async fn renewed_welcome(
         self: &Arc<Self>,
         wait: Option<Duration>,
+        held: impl Fn() -> bool,
     ) -> Result<Welcome, PoolError> {
         let deadline = wait.map(|w| Instant::now() + w);
         let refused_before = lock(&self.inner).refused_logins;
@@ -273,15 +276,21 @@ impl Pool {
                 return Ok(w);
             }
             let mut step = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            match self.open_for_welcome(refused_before) {
+            let recheck = super::dedicated::SHARED_LIMIT_RECHECK;
+            let opening = match held() {
+                // Paused: nothing is opened; it looks again.
+                true => WelcomeOpening::Held,
+                false => self.open_for_welcome(refused_before),
+            };
+            match opening {
                 WelcomeOpening::Underway => {}
+                WelcomeOpening::Held => step = Some(step.map_or(recheck, |s| s.min(recheck))),
                 WelcomeOpening::NoRoom(blocked) => {
                     if self.make_room_elsewhere(blocked) {
                         // Room made: taken at once, before another pool takes it.
                         continue;
                     }
                     // A server closing elsewhere does not wake this wait: it looks again.
-                    let recheck = super::dedicated::SHARED_LIMIT_RECHECK;
                     step = Some(step.map_or(recheck, |s| s.min(recheck)));
                 }
                 WelcomeOpening::Failed(err) => return Err(PoolError::Login(err)),
