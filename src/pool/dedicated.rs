@@ -126,19 +126,7 @@ impl Pool {
                 Room::Full(full) => full,
             };
             self.make_room_elsewhere(full);
-            let mut step = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            if full != Growth::PoolFull {
-                step = Some(step.map_or(SHARED_LIMIT_RECHECK, |s| s.min(SHARED_LIMIT_RECHECK)));
-            }
-            match step {
-                Some(step) => {
-                    let _ = tokio::time::timeout(step, changed).await;
-                }
-                None => changed.await,
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(PoolError::WaitTimeout);
-            }
+            super::pool::wait_turn(changed, deadline, full != Growth::PoolFull).await?;
         }
     }
 }

@@ -275,36 +275,26 @@ impl Pool {
             if let Some(w) = self.current_welcome() {
                 return Ok(w);
             }
-            let mut step = deadline.map(|d| d.saturating_duration_since(Instant::now()));
-            let recheck = super::dedicated::SHARED_LIMIT_RECHECK;
             let opening = match held() {
                 // Paused: nothing is opened; it looks again.
                 true => WelcomeOpening::Held,
                 false => self.open_for_welcome(refused_before),
             };
-            match opening {
-                WelcomeOpening::Underway => {}
-                WelcomeOpening::Held => step = Some(step.map_or(recheck, |s| s.min(recheck))),
+            let looks_again = match opening {
+                WelcomeOpening::Underway => false,
+                WelcomeOpening::Held => true,
                 WelcomeOpening::NoRoom(blocked) => {
                     if self.make_room_elsewhere(blocked) {
                         // Room made: taken at once, before another pool takes it.
                         continue;
                     }
                     // A server closing elsewhere does not wake this wait: it looks again.
-                    step = Some(step.map_or(recheck, |s| s.min(recheck)));
+                    true
                 }
                 WelcomeOpening::Failed(err) => return Err(PoolError::Login(err)),
                 WelcomeOpening::Refused(err) => return Err(err),
-            }
-            match step {
-                Some(step) => {
-                    let _ = tokio::time::timeout(step, notified).await;
-                }
-                None => notified.await,
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Err(PoolError::WaitTimeout);
-            }
+            };
+            wait_turn(notified, deadline, looks_again).await?;
         }
     }
 
@@ -1248,6 +1238,31 @@ async fn watch_queue(pool: Weak<Pool>, mut at: Instant, id: u64) {
 fn recent_failure(inner: &Inner, retry: Duration, now: Instant) -> Option<Arc<ServerError>> {
     let (at, err) = inner.failure.as_ref()?;
     (inner.connecting.is_empty() && now.duration_since(*at) < retry).then(|| err.clone())
+}
+
+/// One turn of a wait that ends at `deadline` (query_wait_timeout): until `woken`, or, when
+/// it `looks_again` (a limit shared with other pools, which do not wake it), at most
+/// [`SHARED_LIMIT_RECHECK`](super::dedicated::SHARED_LIMIT_RECHECK).
+pub(super) async fn wait_turn(
+    woken: Pin<&mut tokio::sync::futures::Notified<'_>>,
+    deadline: Option<Instant>,
+    looks_again: bool,
+) -> Result<(), PoolError> {
+    let recheck = super::dedicated::SHARED_LIMIT_RECHECK;
+    let mut step = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+    if looks_again {
+        step = Some(step.map_or(recheck, |s| s.min(recheck)));
+    }
+    match step {
+        Some(step) => {
+            let _ = tokio::time::timeout(step, woken).await;
+        }
+        None => woken.await,
+    }
+    match deadline.is_some_and(|d| Instant::now() >= d) {
+        true => Err(PoolError::WaitTimeout),
+        false => Ok(()),
+    }
 }
 
 /// A connect counted as begun at `begun` has ended.
