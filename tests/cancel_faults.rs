@@ -474,6 +474,16 @@ fn roomy_pgward(pg: &Postgres, relay: u16) -> (Pgward, tempfile::TempDir) {
 /// long enough for a cancel to land on it.
 const SLOW_OWN: &str = "DO $$BEGIN PERFORM pg_sleep(30); END$$";
 
+/// Whether one session of `pg` runs `sql` (what the relay made of one of pgward's own
+/// statements) now.
+fn runs(pg: &Postgres, sql: &str) -> bool {
+    let query = format!(
+        "SELECT count(*) FROM pg_stat_activity \
+         WHERE starts_with(query, '{sql}') AND state = 'active'"
+    );
+    pg.sql_in("postgres", &query) == "1"
+}
+
 /// A client in a transaction block sends a statement the gate prices; the first of pgward's
 /// own statements named `prefix...` is made slow by a relay, and the client's cancel lands on
 /// it. The answer is the statement's 57014 with the transaction failed, as PostgreSQL gives a
@@ -486,13 +496,7 @@ fn cancel_landing_on_own_statement(prefix: &'static str) {
     let (mut client, key) = login_to(&pw, "slow");
     client.query("BEGIN").expect("BEGIN");
     client.send(&raw::query_message(common::gate::FULL_READ));
-    let running = eventually(5 * SECOND, || {
-        pg.sql_in(
-            "postgres",
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE query LIKE 'DO $$BEGIN PERFORM pg_sleep(30)%' AND state = 'active'",
-        ) == "1"
-    });
+    let running = eventually(5 * SECOND, || runs(&pg, SLOW_OWN));
     assert!(running, "pgward's {prefix} never ran\n{}", pw.log());
     raw::send_cancel(pw.port, key.0, &key.1);
     answered_with_the_cancel(&mut client, &pw, 5 * SECOND);
@@ -620,13 +624,7 @@ fn pricing_after_the_batch_slowed(
     .concat();
     let answer = client.exchange_within(&batch, 10 * SECOND, "the batch");
     assert!(first_error(&answer).is_none(), "{}", describe(&answer));
-    let explaining = eventually(5 * SECOND, || {
-        pg.sql_in(
-            "postgres",
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE query LIKE 'DO $$BEGIN PERFORM pg_sleep(4)%' AND state = 'active'",
-        ) == "1"
-    });
+    let explaining = eventually(5 * SECOND, || runs(&pg, LONG_OWN));
     assert!(
         explaining,
         "pgward's {name} never ran after the batch was answered\n{}",

@@ -900,6 +900,13 @@ fn logins_taking_with(delay: Duration, settings: &str) -> (Postgres, Pgward) {
     (pg, pw)
 }
 
+/// Runs `cmd` on the console of the pgward at `port` as its admin user `postgres`, which must
+/// succeed.
+fn console_at(port: u16, cmd: &str) {
+    let out = common::psql_at(port, "postgres", None, "pgbouncer", cmd);
+    assert!(out.status.success(), "{cmd}: {}", stderr_of(&out));
+}
+
 /// A relay to `pg` that holds each connection's first packet for `delay`; its port.
 fn relay_holding_logins(pg: &Postgres, delay: Duration) -> u16 {
     let slowness = common::relay::Slowness {
@@ -918,10 +925,7 @@ fn relay_holding_logins(pg: &Postgres, delay: Duration) -> u16 {
 fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
     let (pg, pw) = slow_logins();
     let port = pw.port;
-    let reconnect = move || {
-        let out = common::psql_at(port, "postgres", None, "pgbouncer", "RECONNECT slow");
-        assert!(out.status.success(), "{}", stderr_of(&out));
-    };
+    let reconnect = move || console_at(port, "RECONNECT slow");
     // A first client's login opens a server: the pool has its welcome, and an idle server
     // that a first RECONNECT closes.
     let mut client = pw.client_as("trustuser", "slow");
@@ -960,10 +964,7 @@ fn a_server_still_logging_in_at_a_reconnect_serves_no_one() {
 fn wait_close_waits_for_a_server_still_logging_in() {
     let (pg, pw) = slow_logins();
     let port = pw.port;
-    let console = move |cmd: &str| {
-        let out = common::psql_at(port, "postgres", None, "pgbouncer", cmd);
-        assert!(out.status.success(), "{}", stderr_of(&out));
-    };
+    let console = move |cmd: &str| console_at(port, cmd);
     let mut client = pw.client_as("trustuser", "slow");
     console("RECONNECT slow");
     assert!(common::eventually(Duration::from_secs(2), || {
@@ -1128,8 +1129,7 @@ fn a_reload_drops_servers_still_logging_in() {
 fn a_shutdown_refuses_a_login_waiting_for_new_parameters() {
     let (_pg, pw) = logins_taking(Duration::from_secs(3));
     let _first = pw.client_as("trustuser", "slow");
-    let out = common::psql_at(pw.port, "postgres", None, "pgbouncer", "RECONNECT slow");
-    assert!(out.status.success(), "{}", stderr_of(&out));
+    console_at(pw.port, "RECONNECT slow");
     let port = pw.port;
     let login = thread::spawn(move || {
         let params = [("user", "trustuser"), ("database", "slow")];
@@ -1150,10 +1150,7 @@ fn a_pause_takes_hold_while_a_login_waits_for_new_parameters() {
     let pg = Postgres::start();
     let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = postgres\n", "");
     let port = pw.port;
-    let console = move |cmd: &str| {
-        let out = common::psql_at(port, "postgres", None, "pgbouncer", cmd);
-        assert!(out.status.success(), "{cmd}: {}", stderr_of(&out));
-    };
+    let console = move |cmd: &str| console_at(port, cmd);
     let mut first = pw.client_as("trustuser", "app");
     assert_eq!(first.value("SELECT 1"), "1");
     pg.stop();
