@@ -150,7 +150,17 @@ async fn open(
         if req.replication != client::Replication::None {
             return Ok(Some(Opened::Replication(req, pool, cap)));
         }
-        let welcome = welcome(rt, &pool).await?;
+        let welcome = welcome(rt, &pool, || {
+            let app_name = application_name(&req);
+            entry.waiting_for_welcome(
+                &req.user,
+                &req.database,
+                &pool.key.user,
+                app_name,
+                std::time::Instant::now(),
+            )
+        })
+        .await?;
         Ok(Some(Opened::Pool(req, pool, welcome, cap)))
     };
     let opened = match login_timeout {
@@ -196,13 +206,17 @@ async fn open(
 
 /// Records a completed login for the console and the pool's statistics.
 fn logged_in(rt: &Runtime, entry: &crate::ops::ClientEntry, req: &StartupRequest, pool: &Pool) {
-    let app_name = req
-        .params
-        .iter()
-        .find(|(n, _)| n == "application_name")
-        .map_or("", |(_, v)| v.as_str());
+    let app_name = application_name(req);
     entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
     rt.ops.stats.for_pool(&pool.key).add_login();
+}
+
+/// The `application_name` of the client's startup packet, or "".
+fn application_name(req: &StartupRequest) -> &str {
+    req.params
+        .iter()
+        .find(|(n, _)| n == "application_name")
+        .map_or("", |(_, v)| v.as_str())
 }
 
 /// A search_path set at startup (options -c) is judged by the schema rules like a SET.
@@ -285,11 +299,17 @@ fn open_pool(
 
 /// The server parameters a client is greeted with: those of the pool's first login (after a
 /// RECONNECT, of a login begun after it, waited for); if the pool has never logged in, one
-/// server is opened now to learn them.
-async fn welcome(rt: &Runtime, pool: &Arc<Pool>) -> Result<crate::pool::Welcome, SessionError> {
+/// server is opened now to learn them. `waits` is called when the client has to wait for
+/// them.
+async fn welcome(
+    rt: &Runtime,
+    pool: &Arc<Pool>,
+    waits: impl FnOnce(),
+) -> Result<crate::pool::Welcome, SessionError> {
     if let Some(w) = pool.current_welcome() {
         return Ok(w);
     }
+    waits();
     rt.ops.control.wait_open(&pool.key.db).await;
     let wait = pool.settings().query_wait;
     if pool.welcome().is_some() {

@@ -687,6 +687,37 @@ async fn a_login_after_a_reconnect_is_welcomed_with_a_new_servers_parameters() {
     busy.simple_query("COMMIT").await.unwrap();
 }
 
+/// A login waiting for the parameters of a new server after a RECONNECT is one of its
+/// pool's waiting clients (SHOW POOLS' cl_waiting, SHOW CLIENTS' state), as in PgBouncer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_login_waiting_for_new_parameters_is_counted_as_waiting() {
+    let (pg, pw) = start("query_wait_timeout = 20\n");
+    let first = connect(&pw, "postgres", "app").await;
+    first.simple_query("SELECT 1").await.unwrap();
+    // The server is down: the login waits for a server that cannot log in.
+    pg.stop();
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("RECONNECT app").await.unwrap();
+    let connstr = pw.connstr("postgres", None, "app");
+    let login = tokio::spawn(async move { tokio_postgres::connect(&connstr, NoTls).await });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    let waiting = cell(&cols, &rows, ("database", "app"), "cl_waiting");
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    let mut states = cell(&cols, &rows, ("database", "app"), "state");
+    states.sort();
+    assert_eq!(
+        (waiting, states),
+        (
+            vec!["1".to_string()],
+            vec!["idle".to_string(), "waiting".to_string()]
+        ),
+        "{}",
+        pw.log()
+    );
+    login.abort();
+}
+
 /// A database's TimeZone changed and a RECONNECT while `user`'s one server sits in a
 /// transaction; a new login of `user` is made meanwhile, the transaction ends after 1.5 s,
 /// and the login must then have the new TimeZone.

@@ -187,15 +187,40 @@ impl ClientEntry {
         application_name: &str,
         admin: bool,
     ) {
-        {
-            let mut i = lock(&self.identity);
-            i.user = user.to_string();
-            i.pool_user = pool_user.to_string();
-            i.database = database.to_string();
-            i.application_name = application_name.to_string();
-            i.admin = admin;
-        }
+        self.identify(user, database, pool_user, application_name, admin);
         self.set_state(ClientState::Idle);
+    }
+
+    /// The client, its login checked, waits from `since` for the parameters its pool's
+    /// server will greet it with (the pool's first server, or one logged in after a
+    /// RECONNECT): it is counted among its pool's waiting clients, as PgBouncer counts a
+    /// client waiting to finish its login.
+    pub fn waiting_for_welcome(
+        &self,
+        user: &str,
+        database: &str,
+        pool_user: &str,
+        application_name: &str,
+        since: Instant,
+    ) {
+        self.identify(user, database, pool_user, application_name, false);
+        self.set_waiting(since);
+    }
+
+    fn identify(
+        &self,
+        user: &str,
+        database: &str,
+        pool_user: &str,
+        application_name: &str,
+        admin: bool,
+    ) {
+        let mut i = lock(&self.identity);
+        i.user = user.to_string();
+        i.pool_user = pool_user.to_string();
+        i.database = database.to_string();
+        i.application_name = application_name.to_string();
+        i.admin = admin;
     }
 
     /// The client asked for a server at `since` and waits for one.
