@@ -245,7 +245,7 @@ impl Runtime {
                 );
                 // After the new settings are in place: every connect begun before this
                 // instant (the old settings' among them) is replaced.
-                pool.reconnect(Instant::now(), "database configuration changed");
+                pool.reconnect(Instant::now(), crate::pool::Renewal::Reload);
             }
         }
         self.tracked.store(tracked);

@@ -1123,6 +1123,36 @@ fn a_reload_drops_servers_still_logging_in() {
     );
 }
 
+/// A KILL of a database drops its servers still logging in, logged as PgBouncer logs them
+/// (`database removed`), and ends the client waiting for one.
+#[test]
+fn a_kill_drops_servers_still_logging_in_as_database_removed() {
+    let pg = Postgres::start();
+    let relay = relay_holding_logins(&pg, Duration::from_secs(30));
+    let held = format!("slow = host={} port={relay} dbname=app", common::HOST);
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\nadmin_users = postgres\n",
+        &format!("{held}\n"),
+    );
+    let port = pw.port;
+    let login = thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", "slow")];
+        Raw::login_within(port, &params, Duration::from_secs(10)).map(|_| ())
+    });
+    thread::sleep(Duration::from_millis(500));
+    console_at(port, "KILL slow");
+    let ended = login.join().expect("the login");
+    assert!(ended.is_err(), "{}", pw.log());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !pw.log().contains("closing because: database removed") && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    let log = pw.log();
+    assert!(log.contains("closing because: database removed"), "{log}");
+    assert!(!log.contains("connect string changed"), "{log}");
+}
+
 /// A login waiting for new parameters after a RECONNECT is refused when pgward shuts down
 /// (SIGINT), as the clients waiting for a server are, rather than let in.
 #[test]

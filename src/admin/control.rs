@@ -9,7 +9,7 @@ use bytes::BytesMut;
 use super::parse::{Command, ShutdownKind};
 use super::{is_console, AdminError};
 use crate::ops::{PauseMode, Shutdown};
-use crate::pool::Pool;
+use crate::pool::{Pool, Renewal};
 use crate::runtime::Runtime;
 use crate::wire;
 
@@ -173,7 +173,7 @@ fn reconnect(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     }
     let now = Instant::now();
     for pool in pools_of(rt, db) {
-        pool.reconnect(now, "obsolete connection");
+        pool.reconnect(now, Renewal::Reconnect);
     }
     tracing::info!("RECONNECT {}", db.unwrap_or("(all)"));
     Ok(())
@@ -202,7 +202,7 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
         .kill_where(|d| db.is_none_or(|want| want == d));
     let now = Instant::now();
     for pool in pools_of(rt, db) {
-        pool.reconnect(now, "database killed");
+        pool.reconnect(now, Renewal::Kill);
     }
     tracing::info!("KILL {}: {killed} clients", db.unwrap_or("(all)"));
     Ok(())

@@ -12,8 +12,8 @@ use crate::sync::lock;
 
 #[derive(Debug, Default)]
 struct CloseRules {
-    /// Servers opened before this instant are closed when released.
-    before: Option<Instant>,
+    /// Servers opened before this instant are closed when released; what marked them.
+    before: Option<(Instant, Renewal)>,
     /// Servers (by id) to close when released.
     evict: HashSet<u64>,
     /// The pool is no longer configured (its database was removed, or its forced user
@@ -25,7 +25,44 @@ impl CloseRules {
     /// Whether a server opened (its connect begun) at `created` came before the last
     /// RECONNECT or change of the connection string.
     fn opened_before(&self, created: Instant) -> bool {
-        self.before.is_some_and(|b| created < b)
+        self.dropped(created).is_some()
+    }
+
+    /// What marked servers opened before it, if a server opened at `created` was.
+    fn dropped(&self, created: Instant) -> Option<Renewal> {
+        self.before
+            .filter(|(b, _)| created < *b)
+            .map(|(_, why)| why)
+    }
+}
+
+/// What renews a pool's servers: those opened before it close.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Renewal {
+    /// The console's RECONNECT.
+    Reconnect,
+    /// A reload changed the database's connection string.
+    Reload,
+    /// The console's KILL of the database.
+    Kill,
+}
+
+impl Renewal {
+    /// Why an idle server is closed (PgBouncer's words).
+    pub fn idle_reason(self) -> &'static str {
+        match self {
+            Renewal::Reconnect => "obsolete connection",
+            Renewal::Reload => "database configuration changed",
+            Renewal::Kill => "database removed",
+        }
+    }
+
+    /// Why a server still logging in is dropped (PgBouncer's words).
+    pub fn login_reason(self) -> &'static str {
+        match self {
+            Renewal::Reconnect | Renewal::Reload => "connect string changed",
+            Renewal::Kill => "database removed",
+        }
     }
 }
 
@@ -56,7 +93,16 @@ impl Closing {
     /// Whether a connect begun at `at` came before the last RECONNECT or change of the
     /// connection string.
     pub fn opened_before(&self, at: Instant) -> bool {
-        self.armed.load(Ordering::Acquire) && lock(&self.rules).opened_before(at)
+        self.dropped(at).is_some()
+    }
+
+    /// What marked a connect begun at `at` as begun before the last RECONNECT or change of
+    /// the connection string, if anything did.
+    pub fn dropped(&self, at: Instant) -> Option<Renewal> {
+        match self.armed.load(Ordering::Acquire) {
+            true => lock(&self.rules).dropped(at),
+            false => None,
+        }
     }
 
     /// The pool's configuration is gone: its clients finish, every server it has or opens
@@ -81,9 +127,12 @@ impl Closing {
     /// Servers opened before `now` close at their next release (RECONNECT). A RECONNECT that
     /// took its instant before another's (a console RECONNECT and a reload at once) does not
     /// move the mark back.
-    pub fn reconnect(&self, now: Instant) {
+    pub fn reconnect(&self, now: Instant, why: Renewal) {
         let mut rules = lock(&self.rules);
-        rules.before = Some(rules.before.map_or(now, |b| b.max(now)));
+        rules.before = match rules.before {
+            Some((b, was)) if b > now => Some((b, was)),
+            _ => Some((now, why)),
+        };
         drop(rules);
         self.armed.store(true, Ordering::Release);
     }
@@ -120,9 +169,10 @@ mod tests {
         let closing = Closing::default();
         let t0 = Instant::now();
         let (t1, t2) = (t0 + Duration::from_secs(1), t0 + Duration::from_secs(2));
-        closing.reconnect(t2);
-        closing.reconnect(t1);
+        closing.reconnect(t2, Renewal::Kill);
+        closing.reconnect(t1, Renewal::Reconnect);
         assert!(closing.opened_before(t1 + Duration::from_millis(500)));
         assert!(!closing.opened_before(t2));
+        assert_eq!(closing.dropped(t1), Some(Renewal::Kill));
     }
 }

@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-pub use closing::Closing;
+pub use closing::{Closing, Renewal};
 pub use dedicated::Dedicated;
 pub use growth::{Growth, Limits, Usage};
 pub use guard::ServerGuard;

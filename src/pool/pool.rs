@@ -710,10 +710,10 @@ impl Pool {
             let reconnected = self.reconnected.notified();
             tokio::pin!(reconnected);
             reconnected.as_mut().enable();
-            if self.closing.opened_before(begun) {
+            if let Some(why) = self.closing.dropped(begun) {
                 // A RECONNECT or a new connection string since it began: dropped in its
                 // login, as PgBouncer drops such servers, rather than waited for.
-                return self.open_dropped(begun);
+                return self.open_dropped(begun, why);
             }
             tokio::select! {
                 result = &mut connect => break result,
@@ -732,9 +732,10 @@ impl Pool {
     }
 
     /// A server being opened, counted as begun at `begun`, was dropped in its login.
-    fn open_dropped(self: &Arc<Self>, begun: Instant) {
+    fn open_dropped(self: &Arc<Self>, begun: Instant, why: super::Renewal) {
         let age = begun.elapsed().as_secs();
-        tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: connect string changed (age={age}s)");
+        let reason = why.login_reason();
+        tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {reason} (age={age}s)");
         {
             let mut inner = lock(&self.inner);
             forget_connect(&mut inner, begun);
@@ -1013,11 +1014,11 @@ impl Pool {
     /// as in PgBouncer), and none of them serves again; new clients are welcomed with
     /// the parameters of a login begun after it (a server upgraded, a database's default
     /// changed), waiting for one (see [`Self::renewed_welcome`]).
-    pub fn reconnect(&self, now: Instant, reason: &str) {
-        self.closing.reconnect(now);
+    pub fn reconnect(&self, now: Instant, why: super::Renewal) {
+        self.closing.reconnect(now, why);
         lock(&self.welcome).stale = true;
         self.reconnected.notify_waiters();
-        self.close_idle(reason);
+        self.close_idle(why.idle_reason());
     }
 
     /// A new server id, from the ids all pools share.
