@@ -31,6 +31,8 @@ pub const ALPHA: f64 = 0.4;
 /// The most one run counts for, as a ratio to the average: a run three times slower than usual
 /// counts as three times, one a hundred times slower counts as three times too.
 pub const MAX_STEP: f64 = 3.0;
+/// `MAX_STEP.ln()`, which is not const.
+const LN_MAX_STEP: f64 = 1.098_612_288_668_109_8;
 /// Factors kept at most; the least recently used go first.
 pub const MAX_FACTORS: usize = 10_000;
 /// Runs a plan needs before its factor counts in the database's median.
@@ -108,7 +110,7 @@ impl LogAverage {
     fn learn(&mut self, x: f64, seconds: f64, tick: u64) {
         // One run moves the average by at most a factor of MAX_STEP^ALPHA: a run slowed ten
         // times by a busy machine does not spoil the next few predictions.
-        let step = (x.ln() - self.ln).clamp(-MAX_STEP.ln(), MAX_STEP.ln());
+        let step = (x.ln() - self.ln).clamp(-LN_MAX_STEP, LN_MAX_STEP);
         self.ln += ALPHA * step;
         self.runs = self.runs.saturating_add(1);
         self.used = tick;
@@ -608,6 +610,11 @@ mod tests {
         let p = c.predict_plan(&k, 2000.0);
         assert_eq!(p.basis, Basis::Learned);
         assert!((p.seconds - 1.0).abs() < 1e-9, "{p:?}");
+    }
+
+    #[test]
+    fn the_steps_bound_is_the_log_of_max_step() {
+        assert!((LN_MAX_STEP - MAX_STEP.ln()).abs() < 1e-15);
     }
 
     #[test]
