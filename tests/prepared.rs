@@ -250,6 +250,30 @@ fn deallocate_all_in_a_failed_transaction_is_refused() {
     assert_like_postgres(&pg, &query_message("DEALLOCATE ALL"));
 }
 
+/// DISCARD ALL inside a transaction block is refused by PostgreSQL (25001), and the client
+/// keeps its statements: after a ROLLBACK they run, as on PostgreSQL.
+#[test]
+fn discard_all_in_a_transaction_block_keeps_the_statements() {
+    let (pg, pw) = shared_server();
+    let mut answers = Vec::new();
+    for client in [&mut pg.client(), &mut pw.client()] {
+        let first = client.exchange_within(&run_named("a", "SELECT 1"), 3 * SECOND, "a");
+        assert_row(&first, "1", "a");
+        client.value("BEGIN");
+        let refused =
+            client.exchange_within(&query_message("DISCARD ALL"), 3 * SECOND, "DISCARD ALL");
+        let rollback = client.exchange_within(&query_message("ROLLBACK"), 3 * SECOND, "ROLLBACK");
+        let after = client.exchange_within(&run_prepared("a"), 3 * SECOND, "a after ROLLBACK");
+        answers.push([refused, rollback, after].map(|a| describe(&a)));
+    }
+    assert!(
+        answers[0][0].contains("25001"),
+        "PostgreSQL's answer: {:?}",
+        answers[0]
+    );
+    assert_eq!(answers[1], answers[0], "pgward, then PostgreSQL");
+}
+
 /// What `client` answers to `pipeline` (`readies` ReadyForQuery in all), then to a run of the
 /// statement `name`.
 fn pipeline_then_run(client: &mut Raw, pipeline: &[u8], readies: usize, name: &str) -> Vec<String> {

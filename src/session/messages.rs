@@ -435,14 +435,19 @@ impl MessageContext<'_> {
         }
         if self.capacity.is_some() {
             match prepared::deallocation(sql) {
-                Deallocation::All => {
+                reset @ (Deallocation::All | Deallocation::DiscardAll) => {
                     // What follows in the same pipeline runs after the reset: the client's
                     // names are gone, and so are pgward's statements on this server. If the
                     // reset fails, the server may keep statements pgward forgot: it is then
                     // closed rather than reused. In a transaction last seen failed PostgreSQL
-                    // refuses it (25P02) and the client keeps its names: they go only if its
-                    // answer says it ran (see `learn`).
-                    if self.link.server.tx != TxStatus::Failed {
+                    // refuses it (25P02), and DISCARD ALL in any transaction block (25001):
+                    // the client keeps its names, which go only if its answer says it ran
+                    // (see `learn`).
+                    let refused = match reset {
+                        Deallocation::DiscardAll => self.link.server.tx != TxStatus::Idle,
+                        _ => self.link.server.tx == TxStatus::Failed,
+                    };
+                    if !refused {
                         self.statements.clear();
                     }
                     self.link.server.statements.clear();

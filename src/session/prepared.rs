@@ -100,8 +100,10 @@ impl ClientStatements {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Deallocation {
     None,
-    /// `DEALLOCATE ALL` or `DISCARD ALL`.
+    /// `DEALLOCATE ALL`.
     All,
+    /// `DISCARD ALL`, which PostgreSQL refuses inside a transaction block (25001).
+    DiscardAll,
     /// `DEALLOCATE [PREPARE] name`.
     One(Bytes),
 }
@@ -145,9 +147,10 @@ fn read_deallocation(text: &str) -> Option<Deallocation> {
     }
     let kinds: Vec<Token> = words.iter().map(|w| w.kind).collect();
     match kinds.as_slice() {
-        [Token::Discard, Token::All]
-        | [Token::Deallocate, Token::All]
-        | [Token::Deallocate, Token::Prepare, Token::All] => Some(Deallocation::All),
+        [Token::Discard, Token::All] => Some(Deallocation::DiscardAll),
+        [Token::Deallocate, Token::All] | [Token::Deallocate, Token::Prepare, Token::All] => {
+            Some(Deallocation::All)
+        }
         [Token::Deallocate, Token::Prepare, _] | [Token::Deallocate, _] => {
             words.last()?.name().map(Deallocation::One)
         }
@@ -260,7 +263,10 @@ pub fn touches_reserved(sql: &[u8]) -> bool {
         Touches::Nothing => false,
         Touches::Names(names) => names.iter().any(|n| n.starts_with(OWN_PREFIX.as_bytes())),
         // DEALLOCATE ALL is pgward's to follow; anything else that cannot be read may name one.
-        Touches::All => deallocation(sql) != Deallocation::All,
+        Touches::All => !matches!(
+            deallocation(sql),
+            Deallocation::All | Deallocation::DiscardAll
+        ),
     }
 }
 
@@ -368,7 +374,7 @@ mod tests {
     #[test]
     fn deallocate_forms() {
         assert_eq!(deallocation(b"DEALLOCATE ALL"), Deallocation::All);
-        assert_eq!(deallocation(b" discard  all ; "), Deallocation::All);
+        assert_eq!(deallocation(b" discard  all ; "), Deallocation::DiscardAll);
         assert_eq!(deallocation(b"deallocate prepare all"), Deallocation::All);
         assert_eq!(
             deallocation(b"DEALLOCATE S_1"),
@@ -386,7 +392,7 @@ mod tests {
         assert_eq!(deallocation(b"select 1"), Deallocation::None);
         assert_eq!(deallocation(b"discard plans"), Deallocation::None);
         assert_eq!(deallocation(b"deallocate a; select 1"), Deallocation::None);
-        assert_eq!(deallocation(b"\n\tDisCard ALL"), Deallocation::All);
+        assert_eq!(deallocation(b"\n\tDisCard ALL"), Deallocation::DiscardAll);
         assert_eq!(
             deallocation("\u{a0}discard all".as_bytes()),
             Deallocation::None,
@@ -403,7 +409,7 @@ mod tests {
     fn deallocate_with_comments_is_read_as_postgresql_reads_it() {
         let one = |name: &'static [u8]| Deallocation::One(Bytes::from_static(name));
         assert_eq!(deallocation(b"/* app */ DEALLOCATE s_1"), one(b"s_1"));
-        assert_eq!(deallocation(b"-- note\nDISCARD ALL;"), Deallocation::All);
+        assert_eq!(deallocation(b"-- note\nDISCARD ALL;"), Deallocation::DiscardAll);
         assert_eq!(
             deallocation(b"DEALLOCATE /* x */ PREPARE s_1 ; -- done"),
             one(b"s_1")
