@@ -274,6 +274,42 @@ fn discard_all_in_a_transaction_block_keeps_the_statements() {
     assert_eq!(answers[1], answers[0], "pgward, then PostgreSQL");
 }
 
+/// A statement a client prepares by SQL (PREPARE) lives on the server it ran on: that server
+/// is closed when given back, so no other client of the pool can run it (by EXECUTE or by a
+/// Bind of its name), as no other client could on PostgreSQL; inside the transaction it runs.
+#[test]
+fn a_statement_prepared_by_sql_is_no_other_clients() {
+    let (_pg, pw) = shared_server();
+    let mut owner = pw.client();
+    let own = owner.exchange_within(
+        &query_message("BEGIN; PREPARE s9 AS SELECT 42; EXECUTE s9; COMMIT"),
+        3 * SECOND,
+        "PREPARE and EXECUTE in one transaction",
+    );
+    assert!(describe(&own).contains("D"), "{}", describe(&own));
+    let prepared = owner.exchange_within(
+        &query_message("PREPARE s8 AS SELECT 43"),
+        3 * SECOND,
+        "PREPARE",
+    );
+    assert_eq!(error_code(&prepared), "", "{}", describe(&prepared));
+    let mut other = pw.client();
+    for (what, bytes) in [
+        ("EXECUTE", query_message("EXECUTE s8")),
+        ("Bind", run_prepared("s8")),
+        ("EXECUTE of the first", query_message("EXECUTE s9")),
+    ] {
+        let answer = other.exchange_within(&bytes, 3 * SECOND, what);
+        assert_eq!(
+            error_code(&answer),
+            "26000",
+            "{what}: {}\n{}",
+            describe(&answer),
+            pw.log()
+        );
+    }
+}
+
 /// What `client` answers to `pipeline` (`readies` ReadyForQuery in all), then to a run of the
 /// statement `name`.
 fn pipeline_then_run(client: &mut Raw, pipeline: &[u8], readies: usize, name: &str) -> Vec<String> {
