@@ -39,6 +39,9 @@ pub struct Link {
     /// The client sent a text naming a setting PostgreSQL never reports: what the server
     /// holds is read when the server is given back (see [`Link::note_unreported`]).
     pub unreported_named: bool,
+    /// The server goes back to the pool for other clients after each transaction
+    /// (transaction and statement pooling).
+    pub shared: bool,
 }
 
 impl Link {

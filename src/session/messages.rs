@@ -121,6 +121,11 @@ pub(super) fn server_message(
     let body = &server.rbuf[span.body()];
     // (The value a client's RESET left is read when the server goes back.)
     link.unreported_named |= tag == backend::tag::COMMAND_COMPLETE && body == b"RESET\0";
+    if link.shared && tag == backend::tag::COMMAND_COMPLETE && body == b"PREPARE\0" {
+        // A statement prepared by SQL is its session's alone on PostgreSQL: the server that
+        // holds it is closed when given back, so no other client can EXECUTE or Bind it.
+        server.reusable = false;
+    }
     let ready = learn(
         tag,
         body,
@@ -398,15 +403,6 @@ impl MessageContext<'_> {
         rules.judge(text, in_flight, pooled)
     }
 
-    /// A text that may create a prepared statement by SQL, on a server clients share: the
-    /// server is closed when given back rather than reused, so that no other client can run
-    /// the statement (PostgreSQL keeps it for the session that prepared it alone).
-    fn note_sql_prepare(&mut self, text: &[u8]) {
-        if self.pooled && prepared::sql_prepares(text) {
-            self.link.server.poison();
-        }
-    }
-
     /// The refusal of a text that would define or free a statement under one of pgward's own
     /// names, where pgward maps statements (42939, as PostgreSQL refuses a reserved name).
     fn reserved(&self, text: &[u8]) -> Option<RuleHit> {
@@ -442,7 +438,6 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::Query);
             return Ok(Some(rules::raise_as_query(&hit)));
         }
-        self.note_sql_prepare(sql);
         if self.capacity.is_some() {
             match prepared::deallocation(sql) {
                 reset @ (Deallocation::All | Deallocation::DiscardAll) => {
@@ -535,7 +530,6 @@ impl MessageContext<'_> {
         if let Some(hit) = self.refusal(query, None).or_else(|| self.reserved(query)) {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
-        self.note_sql_prepare(query);
         if name.is_empty() {
             // Taken as the client's for the rest of this batch only (see `Link::
             // waits_for_unnamed`): a later batch's use waits for the answer.

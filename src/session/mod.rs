@@ -782,6 +782,7 @@ impl Session {
             unnamed_in_batch: false,
             unnamed_unsettled: false,
             unreported_named: false,
+            shared: self.mode != crate::config::PoolMode::Session,
         });
         Ok(now.saturating_duration_since(asked))
     }

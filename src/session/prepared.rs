@@ -179,57 +179,22 @@ pub fn sql_touches(sql: &[u8]) -> Touches {
     if !may {
         return Touches::Nothing;
     }
-    match statement_words(sql) {
-        // A name that cannot be read with certainty may be any.
-        Read::Words(words) => read_touches(&words).unwrap_or(Touches::All),
-        Read::Unsure => Touches::All,
-        Read::Refused => Touches::Nothing,
-    }
-}
-
-/// Whether a text may create a prepared statement by SQL: a PREPARE (not PREPARE
-/// TRANSACTION) starts one of its statements, as PostgreSQL's scanner reads it, or the text
-/// names PREPARE and cannot be read with certainty.
-pub fn sql_prepares(sql: &[u8]) -> bool {
-    use pg_query::protobuf::Token;
-    if !mentions(sql, b"prepare") {
-        return false;
-    }
-    match statement_words(sql) {
-        Read::Words(words) => statement_starts(&words).any(|i| {
-            words[i].kind == Token::Prepare
-                && words
-                    .get(i + 1)
-                    .is_none_or(|w| w.kind != Token::Transaction)
-        }),
-        Read::Unsure => true,
-        Read::Refused => false,
-    }
-}
-
-/// A text's words as PostgreSQL's scanner reads them (see [`statement_words`]).
-enum Read<'t> {
-    Words(Vec<Word<'t>>),
-    /// Not read with certainty.
-    Unsure,
-    /// The scanner cannot read it: PostgreSQL refuses it too, and nothing runs.
-    Refused,
-}
-
-/// The words of a text but its comments, unless PostgreSQL may read it otherwise: a vertical
-/// tab (a space from PostgreSQL 17 on, an error before; see `may_deallocate`) or a backslash
-/// (read otherwise with standard_conforming_strings off), or not UTF-8.
-fn statement_words(sql: &[u8]) -> Read<'_> {
     if sql.contains(&b'\x0b') || sql.contains(&b'\\') {
-        return Read::Unsure;
+        // Read differently by PostgreSQL 17 on and before (see `may_deallocate`), or by a
+        // session with standard_conforming_strings off.
+        return Touches::All;
     }
     let Ok(text) = std::str::from_utf8(sql) else {
-        return Read::Unsure;
+        return Touches::All;
     };
     let Some(tokens) = crate::sql::scan_tokens(text) else {
-        return Read::Refused;
+        // A text the scanner cannot read is refused by PostgreSQL's too: nothing runs.
+        return Touches::Nothing;
     };
-    words_of(text, &tokens).map_or(Read::Unsure, Read::Words)
+    // A name that cannot be read with certainty may be any.
+    words_of(text, &tokens)
+        .and_then(|words| read_touches(&words))
+        .unwrap_or(Touches::All)
 }
 
 /// A name read from SQL as PostgreSQL truncates an identifier: at most 63 bytes, cut at a
@@ -438,20 +403,6 @@ mod tests {
         // reads such a text itself.
         assert_eq!(deallocation(b"\x0bDEALLOCATE s_1"), Deallocation::None);
         assert_eq!(deallocation(b"DISCARD\x0bALL"), Deallocation::None);
-    }
-
-    #[test]
-    fn a_prepare_by_sql_is_seen_wherever_a_statement_starts() {
-        assert!(sql_prepares(b"PREPARE s AS SELECT 1"));
-        assert!(sql_prepares(b"/* x */ prepare s (int) AS SELECT $1"));
-        assert!(sql_prepares(b"BEGIN; PREPARE s AS SELECT 1; EXECUTE s"));
-        assert!(!sql_prepares(b"PREPARE TRANSACTION 'x'"));
-        assert!(!sql_prepares(b"SELECT prepared_at FROM t"));
-        assert!(!sql_prepares(b"SELECT 'PREPARE s AS SELECT 1'"));
-        assert!(!sql_prepares(b"DEALLOCATE PREPARE s"));
-        assert!(!sql_prepares(b"EXECUTE s"));
-        // Not read with certainty: it may.
-        assert!(sql_prepares(b"SELECT E'\\'; PREPARE s AS SELECT 1"));
     }
 
     #[test]
