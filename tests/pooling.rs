@@ -1123,6 +1123,45 @@ fn a_reload_drops_servers_still_logging_in() {
     );
 }
 
+/// A server login refused for good (here the role may no longer log in) while the pool
+/// has a working server refuses nobody: the clients waiting, and those that come within
+/// server_login_retry, wait for the server it has, as PgBouncer keeps them (it refuses the
+/// queue only when the pool has no server left).
+#[test]
+fn a_failed_login_refuses_no_one_while_the_pool_has_a_server() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\ndefault_pool_size = 4\n", "");
+    let mut holder = pw.client_as("trustuser", "app");
+    holder.value("BEGIN");
+    assert_eq!(holder.value("SELECT 1"), "1");
+    pg.sql("ALTER ROLE trustuser NOLOGIN");
+    let port = pw.port;
+    let ask = |name: &'static str| {
+        thread::spawn(move || {
+            let params = [("user", "trustuser"), ("database", "app")];
+            let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
+            client.value_within(&format!("SELECT '{name}'"), Duration::from_secs(20))
+        })
+    };
+    let first = ask("first");
+    // Its connect fails; then another client comes within server_login_retry.
+    thread::sleep(Duration::from_millis(800));
+    let second = ask("second");
+    thread::sleep(Duration::from_millis(800));
+    holder.value("COMMIT");
+    let answers = [first, second].map(|t| t.join().expect("a client"));
+    assert_eq!(
+        answers,
+        [Ok("first".to_string()), Ok("second".to_string())],
+        "{}",
+        pw.log()
+    );
+    // Within server_login_retry no other login was tried.
+    let tried = pw.log().matches("server login failed").count();
+    assert_eq!(tried, 1, "{}", pw.log());
+    pg.sql("ALTER ROLE trustuser LOGIN");
+}
+
 /// A KILL of a database drops its servers still logging in, logged as PgBouncer logs them
 /// (`database removed`), and ends the client waiting for one.
 #[test]

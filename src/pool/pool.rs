@@ -635,6 +635,11 @@ impl Pool {
                 // One attempt at a time until the current host of the list answers.
                 return Growth::NotNeeded;
             }
+            if refused_lately(inner, settings.login_retry) {
+                // As PgBouncer: no login is tried again within server_login_retry of one the
+                // server refused (its waiters wait for the servers the pool has).
+                return Growth::NotNeeded;
+            }
             if let Err(full) = self.count_server(&settings.limits) {
                 return full;
             }
@@ -795,6 +800,9 @@ impl Pool {
         if err.is_transient() {
             tokio::time::sleep(TRANSIENT_RETRY.min(settings.login_retry)).await;
         }
+        // After a RECONNECT the servers the pool has are closed as they come back: they serve
+        // no queue.
+        let renewing = lock(&self.welcome).stale;
         let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
             forget_connect(&mut inner, begun);
@@ -808,7 +816,12 @@ impl Pool {
             } else {
                 inner.failure = Some((Instant::now(), err.clone()));
                 inner.refused_logins += 1;
-                inner.waiters.drain().map(|(_, w)| w).collect()
+                // As PgBouncer: the queue is refused only when the pool has no server that
+                // can serve it; otherwise it waits for the servers the pool has.
+                match has_servers(&inner) && !renewing {
+                    true => Vec::new(),
+                    false => inner.waiters.drain().map(|(_, w)| w).collect(),
+                }
             }
         };
         self.welcomed.notify_waiters();
@@ -1235,10 +1248,26 @@ async fn watch_queue(pool: Weak<Pool>, mut at: Instant, id: u64) {
 }
 
 /// The login failure the server reported within server_login_retry, while nothing is being
-/// opened: new clients get it at once instead of waiting for a login that will fail again.
+/// opened and the pool has no server: new clients get it at once instead of waiting for a
+/// login that will fail again (with servers, they wait for them, as in PgBouncer).
 fn recent_failure(inner: &Inner, retry: Duration, now: Instant) -> Option<Arc<ServerError>> {
     let (at, err) = inner.failure.as_ref()?;
-    (inner.connecting.is_empty() && now.duration_since(*at) < retry).then(|| err.clone())
+    let waits_for_nothing = inner.connecting.is_empty() && !has_servers(inner);
+    (waits_for_nothing && now.duration_since(*at) < retry).then(|| err.clone())
+}
+
+/// Whether the server refused a login of the pool for good within `retry`.
+fn refused_lately(inner: &Inner, retry: Duration) -> bool {
+    inner
+        .failure
+        .as_ref()
+        .is_some_and(|(at, _)| at.elapsed() < retry)
+}
+
+/// Whether the pool has servers logged in for its clients (idle or in use; a replication
+/// client's own server is no one else's).
+fn has_servers(inner: &Inner) -> bool {
+    !inner.idle.is_empty() || inner.active > 0
 }
 
 /// One turn of a wait that ends at `deadline` (query_wait_timeout): until `woken`, or, when
