@@ -605,3 +605,39 @@ fn servers_opened_under_other_tls_settings_are_replaced() {
         pw.log()
     );
 }
+
+/// A server connection lost during its TLS handshake (a reset, the server gone) is a failed
+/// connect, tried again, not a login the server refused: the client is not turned away at
+/// once with the handshake's error (which PgBouncer keeps for a certificate that does not
+/// verify). The server here accepts the SSLRequest and closes.
+#[test]
+fn a_tls_handshake_cut_short_is_tried_again() {
+    let pg = Postgres::start();
+    let fake = std::net::TcpListener::bind((common::HOST, 0)).expect("bind");
+    let fake_port = fake.local_addr().expect("addr").port();
+    let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = Arc::clone(&tries);
+    std::thread::spawn(move || {
+        for conn in fake.incoming() {
+            let Ok(mut conn) = conn else { return };
+            counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let mut request = [0u8; 8];
+            let _ = std::io::Read::read_exact(&mut conn, &mut request);
+            let _ = conn.write_all(b"S");
+        }
+    });
+    let settings = "server_tls_sslmode = require\nquery_wait_timeout = 3\n";
+    let cut = format!("cut = host={} port={fake_port} dbname=app\n", common::HOST);
+    let pw = Pgward::trusting(&pg, settings, &cut);
+    let started = std::time::Instant::now();
+    let out = psql_at(pw.port, "trustuser", None, "cut", "SELECT 1");
+    let err = stderr_of(&out);
+    assert!(!out.status.success(), "{err}");
+    assert!(!err.contains("TLS handshake"), "{err}\n{}", pw.log());
+    assert!(started.elapsed() >= Duration::from_secs(2), "{err}");
+    assert!(
+        tries.load(std::sync::atomic::Ordering::SeqCst) >= 2,
+        "{}",
+        pw.log()
+    );
+}

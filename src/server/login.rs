@@ -99,7 +99,7 @@ async fn negotiate_tls(
             let tls = connector
                 .connect(name, tcp)
                 .await
-                .map_err(|e| ServerError::Auth(format!("TLS handshake with the server: {e}")))?;
+                .map_err(handshake_error)?;
             Ok(Stream::TlsOut(Box::new(tls)))
         }
         wire::ENCRYPTION_REFUSED if target.tls.required() => Err(ServerError::Auth(format!(
@@ -235,4 +235,16 @@ fn no_password(target: &ServerTarget, what: &str) -> ServerError {
         "wrong password type: server asks for {what} for user \"{}\" and pgward has none usable (set password= in [databases] or add the user to auth_file)",
         target.user
     ))
+}
+
+/// A failed TLS handshake with the server: what TLS refused (a certificate, a protocol
+/// version: rustls's error, as invalid data) fails the login for good; the connection lost
+/// meanwhile (reset, closed) is tried again, as any connect that failed.
+fn handshake_error(e: std::io::Error) -> ServerError {
+    match e.kind() {
+        std::io::ErrorKind::InvalidData => {
+            ServerError::Auth(format!("TLS handshake with the server: {e}"))
+        }
+        _ => ServerError::Io(e),
+    }
 }
