@@ -306,3 +306,33 @@ async fn a_killed_role_can_still_commit_with_a_prepared_statement() {
         .await
         .expect_err("BEGIN is refused");
 }
+
+/// With `disable_pqexec`, a simple Query ends the session with PgBouncer's error (FATAL 08P01
+/// `PQexec disallowed`); the extended protocol works.
+#[test]
+fn disable_pqexec_refuses_simple_queries() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "disable_pqexec = 1\n");
+    let mut extended = pw.client();
+    let batch = [
+        parse_message("", "SELECT 41 + 1"),
+        bind_message(""),
+        execute_message(),
+        sync_message(),
+    ]
+    .concat();
+    let answer = extended.exchange_within(&batch, 3 * SECOND, "extended");
+    assert_eq!(
+        values(&answer),
+        vec![Some("42".to_string())],
+        "{}",
+        describe(&answer)
+    );
+    let mut simple = pw.client();
+    simple.send(&query_message("SELECT 1"));
+    let refused = simple.expect_error_within(3 * SECOND);
+    assert_eq!(
+        (refused.code(), refused.message()),
+        ("08P01", "PQexec disallowed")
+    );
+}

@@ -137,6 +137,9 @@ type GovernanceCache = Cache<Arc<ArcSwap<Option<Arc<Governance>>>>, Arc<Option<A
 
 pub struct Session {
     id: u64,
+    /// `disable_pqexec`: a simple Query ends the session (FATAL 08P01 `PQexec disallowed`),
+    /// as in PgBouncer, where the setting is read at startup.
+    pqexec_disallowed: bool,
     rt: Arc<Runtime>,
     config: ConfigCache,
     governance: GovernanceCache,
@@ -199,6 +202,7 @@ impl Session {
         handle.set_work(&role_name, None);
         Session {
             id: hooks.client_id(),
+            pqexec_disallowed: rt.config.load().settings.disable_pqexec,
             config: Cache::new(rt.config.clone()),
             governance: Cache::new(rt.governance.clone()),
             rt,
@@ -460,7 +464,7 @@ impl Session {
     /// been queued for the server).
     async fn on_client_data(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
         loop {
-            let chunk = scan_client(&io.rbuf, io.max_message)?;
+            let chunk = scan_client(&io.rbuf, io.max_message, self.pqexec_disallowed)?;
             if chunk.len == 0 {
                 if chunk.terminate {
                     io.rbuf.clear();
@@ -1406,7 +1410,11 @@ fn server_frame_at(
 
 /// Reads the complete client messages at the front of `buf`: their size, and what they ask
 /// of the server. Unknown message types and oversized lengths are protocol violations.
-fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionError> {
+fn scan_client(
+    buf: &[u8],
+    max_message: usize,
+    pqexec_disallowed: bool,
+) -> Result<ClientChunk, SessionError> {
     use frontend::tag;
     let mut chunk = ClientChunk::default();
     let mut offset = 0;
@@ -1426,6 +1434,16 @@ fn scan_client(buf: &[u8], max_message: usize) -> Result<ClientChunk, SessionErr
             tag::TERMINATE => {
                 chunk.terminate = true;
                 break;
+            }
+            tag::QUERY if pqexec_disallowed => {
+                if offset > 0 {
+                    // What came before it goes first, as PgBouncer reads message by message.
+                    break;
+                }
+                return Err(SessionError::Fatal(ErrorResponse::fatal(
+                    sqlstate::PROTOCOL_VIOLATION,
+                    "PQexec disallowed".to_string(),
+                )));
             }
             tag::QUERY
             | tag::FUNCTION_CALL
@@ -1483,10 +1501,10 @@ mod tests {
         let mut buf = msg(tag::PARSE, b"\0select 1\0\0\0");
         buf.extend(msg(tag::BIND, b"\0\0\0\0\0\0\0\0"));
         buf.extend(msg(tag::EXECUTE, b"\0\0\0\0\0"));
-        let c = scan_client(&buf, 1 << 20).unwrap();
+        let c = scan_client(&buf, 1 << 20, false).unwrap();
         assert_eq!((c.asks, c.len), (true, buf.len()));
         let copy = msg(tag::COPY_DATA, b"data");
-        let c = scan_client(&copy, 1 << 20).unwrap();
+        let c = scan_client(&copy, 1 << 20, false).unwrap();
         assert!(c.asks_nothing());
     }
 
@@ -1495,11 +1513,11 @@ mod tests {
         let mut buf = msg(tag::QUERY, b"select 1\0");
         let whole = buf.len();
         buf.extend(&msg(tag::QUERY, b"select 2\0")[..6]);
-        let c = scan_client(&buf, 1 << 20).unwrap();
+        let c = scan_client(&buf, 1 << 20, false).unwrap();
         assert_eq!(c.len, whole);
         let mut buf = msg(tag::TERMINATE, b"");
         buf.extend(msg(tag::QUERY, b"select 1\0"));
-        let c = scan_client(&buf, 1 << 20).unwrap();
+        let c = scan_client(&buf, 1 << 20, false).unwrap();
         assert!(c.terminate);
         assert_eq!(c.len, 0);
     }
@@ -1523,8 +1541,8 @@ mod tests {
 
     #[test]
     fn scan_refuses_bad_lengths_and_types() {
-        assert!(scan_client(&[tag::QUERY, 0, 0, 0, 3], 1 << 20).is_err());
-        assert!(scan_client(&[tag::QUERY, 0x7f, 0xff, 0xff, 0xff], 1 << 20).is_err());
-        assert!(scan_client(&msg(b'z', b""), 1 << 20).is_err());
+        assert!(scan_client(&[tag::QUERY, 0, 0, 0, 3], 1 << 20, false).is_err());
+        assert!(scan_client(&[tag::QUERY, 0x7f, 0xff, 0xff, 0xff], 1 << 20, false).is_err());
+        assert!(scan_client(&msg(b'z', b""), 1 << 20, false).is_err());
     }
 }
