@@ -211,7 +211,10 @@ pub async fn maintenance(rt: Arc<Runtime>) {
                     .database(&pool.key.db)
                     .is_some_and(|d| d.user.as_deref() == Some(pool.key.user.as_str()));
                 let key = (pool.key.db.clone(), pool.key.user.clone());
-                pool.maintain(now, forced || with_clients.contains(&key));
+                // A pool whose database a reload removed (or whose forced user it changed)
+                // closes its servers as they come back: it is not filled for its clients.
+                let wanted = forced || with_clients.contains(&key);
+                pool.maintain(now, wanted && !pool.closing.retired());
             }
         }
         let settings = &rt.config.load().settings;

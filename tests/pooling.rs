@@ -296,6 +296,30 @@ fn min_pool_size_is_kept_open_while_the_pool_has_a_client() {
     );
 }
 
+/// A database removed by a reload is not filled to min_pool_size for the clients it still
+/// has: its servers would be closed as soon as opened (PgBouncer drops such a database).
+#[test]
+fn a_removed_database_is_not_refilled_for_its_clients() {
+    let pg = Postgres::start();
+    let line = format!("gone = {} min_pool_size=2", pg.db_connstr("app"));
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &format!("{line}\n"));
+    let mut client = pw.client_as("trustuser", "gone");
+    client.query("SELECT 1").expect("SELECT 1");
+    let servers = || server_count(&pg, "trustuser", "app");
+    assert!(
+        eventually(Duration::from_secs(4), || servers() == 2),
+        "{}",
+        pw.log()
+    );
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    std::fs::write(&pw.ini_path, ini.replace(&line, "")).expect("ini");
+    pw.reload_and_wait();
+    let opened_before = pw.log().matches("new connection to server").count();
+    thread::sleep(Duration::from_millis(2500));
+    let opened = pw.log().matches("new connection to server").count() - opened_before;
+    assert_eq!(opened, 0, "{}", pw.log());
+}
+
 #[test]
 fn max_db_connections_caps_servers_of_a_database() {
     let pg = Postgres::start();
