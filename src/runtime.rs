@@ -385,7 +385,7 @@ pub fn pool_settings(
     PoolSettings {
         target: ServerTarget {
             keepalive: crate::net::Keepalive::of(s),
-            ..server_target(db, server_user.clone(), server_tls)
+            ..server_target(db, server_user.clone(), server_tls, &s.unix_socket_dir)
         },
         limits,
         mode: config.pool_mode_for(db, user),
@@ -419,12 +419,12 @@ pub fn pool_settings(
     }
 }
 
-/// One `host` entry: a TCP host, or a Unix socket directory (a path, or nothing for the
-/// default directory).
-pub fn server_addr(host: String, port: u16) -> ServerAddr {
+/// One `host` entry: a TCP host, or a Unix socket directory (a path, or nothing for
+/// `unix_socket_dir`, `socket_dir`, as PgBouncer reads it).
+pub fn server_addr(host: String, port: u16, socket_dir: &str) -> ServerAddr {
     if host.is_empty() || host.starts_with('/') {
         let dir = if host.is_empty() {
-            "/var/run/postgresql".to_string()
+            socket_dir.to_string()
         } else {
             host
         };
@@ -434,13 +434,18 @@ pub fn server_addr(host: String, port: u16) -> ServerAddr {
     }
 }
 
-fn server_target(db: &DatabaseDef, server_user: String, tls: ServerTls) -> ServerTarget {
+fn server_target(
+    db: &DatabaseDef,
+    server_user: String,
+    tls: ServerTls,
+    socket_dir: &str,
+) -> ServerTarget {
     let addrs = match db.hosts.is_empty() {
-        true => vec![server_addr(String::new(), db.port)],
+        true => vec![server_addr(String::new(), db.port, socket_dir)],
         false => db
             .hosts
             .iter()
-            .map(|host| server_addr(host.clone(), db.port))
+            .map(|host| server_addr(host.clone(), db.port, socket_dir))
             .collect(),
     };
     let round_robin =

@@ -320,6 +320,22 @@ fn a_removed_database_is_not_refilled_for_its_clients() {
     assert_eq!(opened, 0, "{}", pw.log());
 }
 
+/// A database entry without a host reaches PostgreSQL's Unix socket in `unix_socket_dir`, as
+/// in PgBouncer.
+#[test]
+fn an_entry_without_a_host_uses_unix_socket_dir() {
+    let pg = Postgres::start();
+    let local = format!("local = dbname=app port={}\n", pg.port);
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &local);
+    // pgward's unix_socket_dir is its own directory: PostgreSQL's socket is linked there.
+    let socket = format!(".s.PGSQL.{}", pg.port);
+    std::os::unix::fs::symlink(pg.socket_dir.join(&socket), pw.socket_dir.join(&socket))
+        .expect("symlink");
+    let mut client = pw.client_as("trustuser", "local");
+    let got = client.value_within("SELECT 'by socket'", Duration::from_secs(5));
+    assert_eq!(got.as_deref(), Ok("by socket"), "{}", pw.log());
+}
+
 #[test]
 fn max_db_connections_caps_servers_of_a_database() {
     let pg = Postgres::start();

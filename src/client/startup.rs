@@ -146,7 +146,8 @@ async fn cancel_request(rt: &Runtime, pid: u32, secret: &[u8]) {
         PeerRoute::Spent => tracing::debug!("cancel request dropped: forwarded too often"),
         PeerRoute::Peer(id) => {
             let peer = config.peers.iter().find(|p| p.id == id);
-            let addr = peer.map(|p| crate::runtime::server_addr(p.host.clone(), p.port));
+            let dir = &config.settings.unix_socket_dir;
+            let addr = peer.map(|p| crate::runtime::server_addr(p.host.clone(), p.port, dir));
             drop(config);
             match addr {
                 Some(addr) => {
