@@ -336,6 +336,29 @@ fn an_entry_without_a_host_uses_unix_socket_dir() {
     assert_eq!(got.as_deref(), Ok("by socket"), "{}", pw.log());
 }
 
+/// Two databases with a forced user, whose min_pool_size together exceed
+/// max_user_connections, settle: min_pool_size is filled without closing the other's servers
+/// (PgBouncer fills it without evicting), where they closed each other's every second.
+#[test]
+fn min_pool_size_makes_no_room_under_a_shared_limit() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "one = {c} user=trustuser min_pool_size=3\ntwo = {c} user=trustuser min_pool_size=3\n",
+        c = pg.db_connstr("app")
+    );
+    let settings = "pool_mode = transaction\nmax_user_connections = 4\n";
+    let pw = Pgward::trusting(&pg, settings, &dbs);
+    let servers = || server_count(&pg, "trustuser", "app");
+    assert!(
+        eventually(Duration::from_secs(4), || servers() == 4),
+        "{}",
+        pw.log()
+    );
+    thread::sleep(Duration::from_millis(3000));
+    assert!(!pw.log().contains("evicted"), "{}", pw.log());
+    assert_eq!(servers(), 4, "{}", pw.log());
+}
+
 #[test]
 fn max_db_connections_caps_servers_of_a_database() {
     let pg = Postgres::start();

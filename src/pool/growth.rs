@@ -66,23 +66,29 @@ impl Limits {
         if !uncovered && !below_min {
             return Growth::NotNeeded;
         }
+        // The pool's own room first, as PgBouncer's launch_new_connection: a full pool is
+        // full whatever the shared limits say (so it makes no room under them for nothing).
+        let reserve_due = match (oldest_wait, self.reserve_pool_timeout) {
+            (Some(waited), Some(timeout)) => waited >= timeout,
+            _ => false,
+        };
+        let own = if usage.pool_total < self.pool_size.max(min) {
+            Growth::Open
+        } else if uncovered
+            && reserve_due
+            && usage.pool_total < self.pool_size + self.reserve_pool_size
+        {
+            Growth::Reserve
+        } else {
+            return Growth::PoolFull;
+        };
         if self.max_db_connections > 0 && usage.db_total >= self.max_db_connections {
             return Growth::DbFull;
         }
         if self.max_user_connections > 0 && usage.user_total >= self.max_user_connections {
             return Growth::UserFull;
         }
-        if usage.pool_total < self.pool_size.max(min) {
-            return Growth::Open;
-        }
-        let reserve_due = match (oldest_wait, self.reserve_pool_timeout) {
-            (Some(waited), Some(timeout)) => waited >= timeout,
-            _ => false,
-        };
-        if uncovered && reserve_due && usage.pool_total < self.pool_size + self.reserve_pool_size {
-            return Growth::Reserve;
-        }
-        Growth::PoolFull
+        own
     }
 }
 
@@ -110,6 +116,20 @@ mod tests {
             user_total: pool_total,
             min_wanted: true,
         }
+    }
+
+    #[test]
+    fn a_full_pool_is_full_whatever_the_shared_limits_say() {
+        let l = Limits {
+            max_db_connections: 2,
+            ..limits()
+        };
+        assert_eq!(l.growth(&usage(2, 0, 1), None), Growth::PoolFull);
+        let below = Usage {
+            db_total: 2,
+            ..usage(1, 0, 1)
+        };
+        assert_eq!(l.growth(&below, None), Growth::DbFull);
     }
 
     #[test]

@@ -866,11 +866,11 @@ impl Pool {
             self.uncount_servers(closing.len());
             inner.waiters.prune(ServerWaiter::live);
             let failing = recent_failure(&inner, settings.login_retry, now).is_some();
-            blocked = if failing {
-                None
-            } else {
-                shared_limit(self.grow(&settings, &mut inner))
-            };
+            let growth = (!failing).then(|| self.grow(&settings, &mut inner));
+            // As PgBouncer, min_pool_size is filled without closing another pool's servers
+            // under a shared limit: only waiters make room.
+            let uncovered = inner.waiters.len() > inner.connecting.len();
+            blocked = growth.and_then(shared_limit).filter(|_| uncovered);
         }
         for (conn, reason) in closing {
             self.close(conn, reason);
