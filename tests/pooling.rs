@@ -359,6 +359,52 @@ fn min_pool_size_makes_no_room_under_a_shared_limit() {
     assert_eq!(servers(), 4, "{}", pw.log());
 }
 
+/// Servers opened together do not all close together at server_lifetime: as in PgBouncer,
+/// one closes for its lifetime at most every server_lifetime / pool_size.
+#[test]
+fn server_lifetime_closes_are_spaced_out() {
+    let pg = Postgres::start();
+    let dbs = format!(
+        "both = {} user=trustuser min_pool_size=2\n",
+        pg.db_connstr("app")
+    );
+    let settings = "pool_mode = transaction\ndefault_pool_size = 2\nserver_lifetime = 1\n";
+    let pw = Pgward::trusting(&pg, settings, &dbs);
+    let closes = || {
+        pw.log()
+            .lines()
+            .filter(|l| l.contains("server lifetime over"))
+            .filter_map(|l| l.split_whitespace().next().map(str::to_string))
+            .collect::<Vec<String>>()
+    };
+    assert!(
+        eventually(Duration::from_secs(8), || closes().len() >= 4),
+        "{}",
+        pw.log()
+    );
+    let at = |stamp: &str| -> f64 {
+        // HH:MM:SS.ffffff of an RFC 3339 stamp, in seconds.
+        let time = stamp
+            .split('T')
+            .nth(1)
+            .unwrap_or_default()
+            .trim_end_matches('Z');
+        time.split(':').fold(0.0, |acc, part| {
+            acc * 60.0 + part.parse::<f64>().unwrap_or(0.0)
+        })
+    };
+    let stamps = closes();
+    for pair in stamps.windows(2) {
+        // (Across midnight, a day later.)
+        let gap = (at(&pair[1]) - at(&pair[0])).rem_euclid(86_400.0);
+        assert!(
+            gap >= 0.4,
+            "closed {gap:.3} s apart: {stamps:?}\n{}",
+            pw.log()
+        );
+    }
+}
+
 #[test]
 fn max_db_connections_caps_servers_of_a_database() {
     let pg = Postgres::start();

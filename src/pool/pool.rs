@@ -53,6 +53,10 @@ struct Inner {
     waiters: WaitQueue<ServerWaiter>,
     /// The last login failure the server itself reported, and when.
     failure: Option<(Instant, Arc<ServerError>)>,
+    /// When a server was last closed for its server_lifetime: the next one waits
+    /// server_lifetime / pool_size after it, as in PgBouncer, so servers opened together do
+    /// not all close together.
+    lifetime_closed: Option<Instant>,
     /// When the queue's watchdog looks at the waiters next, and which watchdog that is.
     alarm: Option<(Instant, u64)>,
     /// Watchdogs started so far (their ids).
@@ -80,6 +84,7 @@ impl Inner {
             room_waiters: 0,
             waiters: WaitQueue::default(),
             failure: None,
+            lifetime_closed: None,
             alarm: None,
             watchdogs: 0,
             refusing: None,
@@ -416,7 +421,7 @@ impl Pool {
         while let Some(conn) = inner.idle.pop() {
             let reason = if !conn.is_alive() {
                 "server conn crashed?"
-            } else if idle_expired(&conn, settings.lifetime, now) {
+            } else if idle_expired(&conn, &settings, now, &mut inner.lifetime_closed) {
                 "server lifetime over"
             } else {
                 inner.active += 1;
@@ -577,7 +582,7 @@ impl Pool {
             Some("obsolete connection")
         } else if fresh {
             None
-        } else if expired(&conn, inner.settings.lifetime, now) {
+        } else if lifetime_over(&mut inner, &conn, now) {
             Some("server lifetime over")
         } else if self.closing.must_close(&conn) {
             Some("obsolete connection")
@@ -844,14 +849,16 @@ impl Pool {
             let min = settings.limits.min_pool_size;
             let mut i = 0;
             while i < inner.idle.len() {
+                let total = inner.total();
+                let inner = &mut *inner;
                 let conn = &inner.idle[i];
                 let idle_too_long = settings
                     .idle_timeout
                     .is_some_and(|t| now.saturating_duration_since(conn.last_used) >= t)
-                    && inner.total() > min;
+                    && total > min;
                 let reason = if !conn.is_alive() {
                     Some("server conn crashed?")
-                } else if idle_expired(conn, settings.lifetime, now) {
+                } else if idle_expired(conn, &settings, now, &mut inner.lifetime_closed) {
                     Some("server lifetime over")
                 } else if idle_too_long {
                     Some("server idle timeout")
@@ -1307,16 +1314,48 @@ fn shared_limit(growth: Growth) -> Option<Growth> {
     matches!(growth, Growth::DbFull | Growth::UserFull).then_some(growth)
 }
 
-/// Whether a server coming back from a client outlived server_lifetime (with a lifetime of
-/// 0, every server has after its first use).
-fn expired(conn: &ServerConn, lifetime: Option<Duration>, now: Instant) -> bool {
-    lifetime.is_some_and(|l| now.saturating_duration_since(conn.created) >= l)
+/// Whether a server coming back from a client is to close for server_lifetime (with a
+/// lifetime of 0, every server is after its first use): it outlived it, and the last server
+/// closed for it was closed server_lifetime / pool_size ago or more, as PgBouncer spaces
+/// them (`closed` is then set to `now`: the caller closes it).
+fn expired(
+    conn: &ServerConn,
+    settings: &PoolSettings,
+    now: Instant,
+    closed: &mut Option<Instant>,
+) -> bool {
+    let Some(lifetime) = settings.lifetime else {
+        return false;
+    };
+    if now.saturating_duration_since(conn.created) < lifetime {
+        return false;
+    }
+    let gap = match settings.limits.pool_size {
+        0 => Duration::ZERO,
+        size => lifetime / u32::try_from(size).unwrap_or(u32::MAX),
+    };
+    let due = closed.is_none_or(|at| now.saturating_duration_since(at) >= gap);
+    if due {
+        *closed = Some(now);
+    }
+    due
 }
 
-/// Whether an idle server outlived server_lifetime. Under a lifetime of 0 an idle server has
-/// not served yet (one that has is closed at check-in): it waits for its one use.
-fn idle_expired(conn: &ServerConn, lifetime: Option<Duration>, now: Instant) -> bool {
-    lifetime.is_some_and(|l| !l.is_zero()) && expired(conn, lifetime, now)
+/// [`expired`] under the pool's lock, with its settings.
+fn lifetime_over(inner: &mut Inner, conn: &ServerConn, now: Instant) -> bool {
+    expired(conn, &inner.settings, now, &mut inner.lifetime_closed)
+}
+
+/// Whether an idle server is to close for server_lifetime (see [`expired`]). Under a lifetime
+/// of 0 an idle server has not served yet (one that has is closed at check-in): it waits for
+/// its one use.
+fn idle_expired(
+    conn: &ServerConn,
+    settings: &PoolSettings,
+    now: Instant,
+    closed: &mut Option<Instant>,
+) -> bool {
+    settings.lifetime.is_some_and(|l| !l.is_zero()) && expired(conn, settings, now, closed)
 }
 
 fn try_increment(counter: &AtomicUsize, max: usize) -> bool {
