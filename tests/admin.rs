@@ -771,3 +771,31 @@ async fn a_login_after_a_reconnect_waits_for_room_for_new_parameters() {
         start("default_pool_size = 1\nmax_db_connections = 1\nquery_wait_timeout = 10\n");
     new_zone_after_the_transaction(&pg, &pw, "postgres").await;
 }
+
+/// A KILL with no database pauses each database with a pool, not the pooler, as PgBouncer
+/// does: each is resumed by its RESUME db (a bare RESUME finds nothing paused), and a KILL is
+/// refused while the pooler is paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_pauses_each_database_not_the_pooler() {
+    let (_pg, pw) = start("");
+    let app = connect(&pw, "postgres", "app").await;
+    app.simple_query("SELECT 1").await.unwrap();
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin.simple_query("KILL").await.unwrap();
+    let bare = admin
+        .simple_query("RESUME")
+        .await
+        .expect_err("a bare RESUME");
+    assert_eq!(msg(&bare), "pooler is not paused/suspended");
+    admin.simple_query("RESUME app").await.unwrap();
+    let again = connect(&pw, "postgres", "app").await;
+    let value = must_value(&again, "SELECT 'served'").await;
+    assert_eq!(value, "served");
+    admin.simple_query("PAUSE").await.unwrap();
+    let refused = admin
+        .simple_query("KILL app")
+        .await
+        .expect_err("KILL while paused");
+    assert_eq!(msg(&refused), "already suspended/paused");
+    admin.simple_query("RESUME").await.unwrap();
+}

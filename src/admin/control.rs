@@ -180,28 +180,30 @@ fn reconnect(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
 }
 
 fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
-    let control = &rt.ops.control;
-    match db {
-        Some(db) => {
-            known_db(rt, db, "kill")?;
-            control.update(|s| {
-                s.paused.insert(db.to_string());
-            });
-        }
-        None => control.try_update(|s| {
-            if s.pause != PauseMode::Running {
-                return Err(AdminError::protocol("already suspended/paused"));
-            }
-            s.pause = PauseMode::Paused;
-            Ok(())
-        })?,
+    if let Some(db) = db {
+        known_db(rt, db, "kill")?;
     }
+    // As in PgBouncer, a KILL pauses the database it names, or each database with a pool
+    // (the pooler itself is not paused: each one has its RESUME db), and is refused while
+    // the pooler is paused or suspended.
+    let pools = pools_of(rt, db);
+    let killed: Vec<String> = match db {
+        Some(db) => vec![db.to_string()],
+        None => pools.iter().map(|p| p.key.db.clone()).collect(),
+    };
+    rt.ops.control.try_update(|s| {
+        if s.pause != PauseMode::Running {
+            return Err(AdminError::protocol("already suspended/paused"));
+        }
+        s.paused.extend(killed.iter().cloned());
+        Ok(())
+    })?;
     let killed = rt
         .ops
         .clients
         .kill_where(|d| db.is_none_or(|want| want == d));
     let now = Instant::now();
-    for pool in pools_of(rt, db) {
+    for pool in pools {
         pool.reconnect(now, Renewal::Kill);
     }
     tracing::info!("KILL {}: {killed} clients", db.unwrap_or("(all)"));
