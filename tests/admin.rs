@@ -799,3 +799,23 @@ async fn kill_pauses_each_database_not_the_pooler() {
     assert_eq!(msg(&refused), "already suspended/paused");
     admin.simple_query("RESUME").await.unwrap();
 }
+
+/// The console answers the session parameters client libraries set or read as PgBouncer
+/// does (psql's \encoding, a GUI's SHOW timezone): a SET of one is ignored with a notice, for
+/// any user; a SHOW gives a fixed value. A SET of a setting is tagged with what it set.
+#[test]
+fn the_console_fakes_session_parameters_and_tags_its_sets() {
+    let (_pg, pw) = start("");
+    let run = |user: &str, sql: &str| {
+        let out = common::psql_at(pw.port, user, None, "pgward", sql);
+        assert!(out.status.success(), "{sql}: {}", stderr_of(&out));
+        (stdout_of(&out), stderr_of(&out))
+    };
+    let (tag, notice) = run("watcher", "SET client_encoding = 'UTF8'");
+    assert_eq!(tag.trim(), "SET");
+    assert!(notice.contains("NOTICE:  SET ignored"), "{notice}");
+    assert_eq!(run("watcher", "SHOW client_encoding").0.trim(), "UTF-8");
+    assert_eq!(run("watcher", "SHOW TimeZone").0.trim(), "GMT");
+    let (tag, _) = run("admin", "SET server_login_retry = 3");
+    assert_eq!(tag.trim(), "SET server_login_retry=3");
+}

@@ -262,6 +262,14 @@ pub async fn execute(
             Ok(())
         }
         Command::Show(what) => show::show(rt, &what, out),
+        Command::Set { key, .. } if show::fake_param(&key).is_some() => {
+            // A client library setting its session up (psql's \encoding, say): answered for
+            // any user, changing nothing, as PgBouncer answers it.
+            let notice = ErrorResponse::new(wire::Severity::Notice, "00000", "SET ignored");
+            wire::encode_notice(out, &notice);
+            wire::encode_command_complete(out, "SET");
+            Ok(())
+        }
         Command::ShowStatements { limit, tenant } => {
             show_gate::statements(rt, limit, tenant.as_deref()).encode(out);
             Ok(())

@@ -26,7 +26,8 @@ pub fn run(rt: &Arc<Runtime>, cmd: Command, out: &mut BytesMut) -> Result<(), Ad
                 let notice = ErrorResponse::new(Severity::Notice, SUCCESSFUL_COMPLETION, n);
                 wire::encode_notice(out, &notice);
             }
-            wire::encode_command_complete(out, "SET");
+            // PgBouncer's tag names what was set.
+            wire::encode_command_complete(out, &format!("SET {key}={value}"));
             Ok(())
         }
         Command::SetUser { name, value } => limits(rt, LimitTarget::User(name), &value, out),

@@ -17,6 +17,12 @@ pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), Adm
         help(out);
         return Ok(());
     }
+    if let Some((columns, value)) = fake_param(what) {
+        let mut table = Table::new(columns);
+        table.push(vec![value.into()]);
+        table.encode(out);
+        return Ok(());
+    }
     let table = match what {
         "version" => version(),
         "config" => config(rt),
@@ -55,6 +61,28 @@ pub fn show(rt: &Arc<Runtime>, what: &str, out: &mut BytesMut) -> Result<(), Adm
     };
     table.encode(out);
     Ok(())
+}
+
+/// The session parameters client libraries set or read on connecting, which the console
+/// answers with fixed values as PgBouncer does (a SET of one is ignored): the one column of
+/// its SHOW, and its value.
+const FAKE_PARAMS: &[(&[(&str, Ty)], &str)] = &[
+    (&[("client_encoding", Ty::Text)], "UTF-8"),
+    (
+        &[("default_transaction_isolation", Ty::Text)],
+        "read committed",
+    ),
+    (&[("standard_conforming_strings", Ty::Text)], "on"),
+    (&[("datestyle", Ty::Text)], "ISO"),
+    (&[("timezone", Ty::Text)], "GMT"),
+];
+
+/// The fixed answer for the session parameter `name` (any case), if the console fakes it.
+pub fn fake_param(name: &str) -> Option<(&'static [(&'static str, Ty)], &'static str)> {
+    FAKE_PARAMS
+        .iter()
+        .find(|(columns, _)| columns[0].0.eq_ignore_ascii_case(name))
+        .copied()
 }
 
 /// The version string, the same as the first line of `pgward --version`.
