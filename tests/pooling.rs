@@ -1271,6 +1271,61 @@ fn a_failed_login_refuses_no_one_while_the_pool_has_a_server() {
     pg.sql("ALTER ROLE trustuser LOGIN");
 }
 
+/// After a server login refused for good, a pool under a full max_db_connections makes no
+/// room for logins it will not try within server_login_retry: the idle server of another
+/// pool of the database stays (PgBouncer tries nothing, and evicts nothing, meanwhile).
+#[test]
+fn a_refused_login_makes_no_room_under_a_shared_limit() {
+    let pg = Postgres::start();
+    let dbs = format!("capped = {} max_db_connections=2\n", pg.db_connstr("app"));
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &dbs);
+    let mut holder = pw.client_as("trustuser", "capped");
+    holder.value("BEGIN");
+    assert_eq!(holder.value("SELECT 1"), "1");
+    pg.sql("ALTER ROLE trustuser NOLOGIN");
+    let port = pw.port;
+    let waiter = thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", "capped")];
+        let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
+        client.value_within("SELECT 'waited'", Duration::from_secs(20))
+    });
+    thread::sleep(Duration::from_millis(800));
+    // Another pool of the database has an idle server now, the limit reached again.
+    let mut other = pw.client_as("postgres", "capped");
+    assert_eq!(other.value("SELECT 2"), "2");
+    let evicted = || pw.log().matches("evicted").count();
+    let before = evicted();
+    thread::sleep(Duration::from_millis(2500));
+    assert_eq!(evicted(), before, "{}", pw.log());
+    holder.value("COMMIT");
+    assert_eq!(waiter.join().expect("the waiter").as_deref(), Ok("waited"));
+    pg.sql("ALTER ROLE trustuser LOGIN");
+}
+
+/// A pool a reload retired (its database removed) has only servers that close as they come
+/// back: a server login refused for good then turns its queue away at once, as in a pool
+/// with no server, rather than after server_login_retry.
+#[test]
+fn a_refused_login_turns_away_the_queue_of_a_retired_pool() {
+    let pg = Postgres::start();
+    let line = format!("gone = {}", pg.db_connstr("app"));
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &format!("{line}\n"));
+    let mut holder = pw.client_as("trustuser", "gone");
+    holder.value("BEGIN");
+    assert_eq!(holder.value("SELECT 1"), "1");
+    let mut second = pw.client_as("trustuser", "gone");
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
+    std::fs::write(&pw.ini_path, ini.replace(&line, "")).expect("ini");
+    pw.reload_and_wait();
+    pg.sql("ALTER ROLE trustuser NOLOGIN");
+    let started = Instant::now();
+    let answer = second.value_within("SELECT 2", Duration::from_secs(12));
+    pg.sql("ALTER ROLE trustuser LOGIN");
+    let err = answer.expect_err("served by a retired pool");
+    assert!(err.contains("not permitted to log in"), "{err}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{err}");
+}
+
 /// A KILL of a database drops its servers still logging in, logged as PgBouncer logs them
 /// (`database removed`), and ends the client waiting for one.
 #[test]

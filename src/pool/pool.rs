@@ -620,6 +620,12 @@ impl Pool {
 
     /// Opens servers while the gate says the pool should grow; returns the gate's last word.
     fn grow(self: &Arc<Self>, settings: &PoolSettings, inner: &mut Inner) -> Growth {
+        if refused_lately(inner, settings.login_retry) {
+            // As PgBouncer: no login is tried again within server_login_retry of one the
+            // server refused (its waiters wait for the servers the pool has), and no room is
+            // made for one under a shared limit.
+            return Growth::NotNeeded;
+        }
         let mut pruned = false;
         loop {
             let growth = self.growth(settings, inner);
@@ -638,11 +644,6 @@ impl Pool {
             }
             if !inner.connecting.is_empty() && settings.target.hosts.probing() {
                 // One attempt at a time until the current host of the list answers.
-                return Growth::NotNeeded;
-            }
-            if refused_lately(inner, settings.login_retry) {
-                // As PgBouncer: no login is tried again within server_login_retry of one the
-                // server refused (its waiters wait for the servers the pool has).
                 return Growth::NotNeeded;
             }
             if let Err(full) = self.count_server(&settings.limits) {
@@ -805,8 +806,8 @@ impl Pool {
         if err.is_transient() {
             tokio::time::sleep(TRANSIENT_RETRY.min(settings.login_retry)).await;
         }
-        // After a RECONNECT the servers the pool has are closed as they come back: they serve
-        // no queue.
+        // After a RECONNECT (or once a reload retired the pool) the servers the pool has are
+        // closed as they come back: they serve no queue.
         let renewing = lock(&self.welcome).stale;
         let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
@@ -823,7 +824,7 @@ impl Pool {
                 inner.refused_logins += 1;
                 // As PgBouncer: the queue is refused only when the pool has no server that
                 // can serve it; otherwise it waits for the servers the pool has.
-                match has_servers(&inner) && !renewing {
+                match has_servers(&inner) && !renewing && !self.closing.retired() {
                     true => Vec::new(),
                     false => inner.waiters.drain().map(|(_, w)| w).collect(),
                 }
