@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 use rand::RngCore;
 
 use crate::cancel::CancelRegistry;
+use crate::config::databases::own_cap;
 use crate::config::{Config, ConfigError, DatabaseDef, Secret, ServerCheck, SetOutcome, Settings};
 use crate::edge::tls::ServerTls;
 use crate::edge::Edge;
@@ -377,9 +378,8 @@ pub fn pool_settings(
             .or(db.reserve_pool)
             .unwrap_or(s.reserve_pool_size) as usize,
         reserve_pool_timeout: s.reserve_pool_timeout,
-        max_db_connections: db.max_db_connections.unwrap_or(s.max_db_connections) as usize,
-        max_user_connections: user_def
-            .and_then(|u| u.max_user_connections)
+        max_db_connections: own_cap(db.max_db_connections).unwrap_or(s.max_db_connections) as usize,
+        max_user_connections: own_cap(user_def.and_then(|u| u.max_user_connections))
             .unwrap_or(s.max_user_connections) as usize,
     };
     PoolSettings {

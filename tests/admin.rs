@@ -819,3 +819,47 @@ fn the_console_fakes_session_parameters_and_tags_its_sets() {
     let (tag, _) = run("admin", "SET server_login_retry = 3");
     assert_eq!(tag.trim(), "SET server_login_retry=3");
 }
+
+/// SHOW DATABASES shows a host list whole, as PgBouncer does.
+#[tokio::test]
+async fn show_databases_shows_a_host_list_whole() {
+    let pg = Postgres::start();
+    let settings = "auth_type = trust\nadmin_users = admin\npool_mode = transaction\n";
+    let multi = format!(
+        "multi = host=127.0.0.1,localhost port={} dbname=app\n",
+        pg.port
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &multi));
+    let admin = connect(&pw, "admin", "pgward").await;
+    let (cols, rows) = show(&admin, "SHOW DATABASES").await;
+    assert_eq!(
+        cell(&cols, &rows, ("name", "multi"), "host"),
+        vec!["127.0.0.1,localhost"]
+    );
+}
+
+/// `SET USER name = 'max_user_connections=0'` puts the global cap back in force (0 is the
+/// global value, as in PgBouncer), over an earlier SET USER.
+#[tokio::test]
+async fn set_user_of_a_zero_cap_puts_the_global_one_back() {
+    let (_pg, pw) = start("max_user_connections = 7\n");
+    let admin = connect(&pw, "admin", "pgward").await;
+    admin
+        .simple_query("SET USER trustuser = 'max_user_connections=1'")
+        .await
+        .unwrap();
+    let cap = |rows: &(Vec<String>, Vec<Vec<Option<String>>>)| {
+        cell(
+            &rows.0,
+            &rows.1,
+            ("name", "trustuser"),
+            "max_user_connections",
+        )
+    };
+    assert_eq!(cap(&show(&admin, "SHOW USERS").await), vec!["1"]);
+    admin
+        .simple_query("SET USER trustuser = 'max_user_connections=0'")
+        .await
+        .unwrap();
+    assert_eq!(cap(&show(&admin, "SHOW USERS").await), vec!["7"]);
+}

@@ -4,6 +4,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::time::Instant;
 
 use super::result::{Cell, Table, Ty};
+use crate::config::databases::own_cap;
 use crate::config::{Config, DatabaseDef, LoadBalanceHosts};
 use crate::ops::{ClientInfo, ClientState};
 use crate::runtime::Runtime;
@@ -79,7 +80,8 @@ pub fn databases(rt: &Runtime) -> Table {
         let clients = infos.iter().filter(|i| i.database == db.name).count();
         t.push(vec![
             db.name.clone().into(),
-            db.host.clone().into(),
+            // A host list whole, as PgBouncer shows it.
+            db.host.as_ref().map(|_| db.hosts.join(",")).into(),
             db.port.into(),
             db.dbname.clone().unwrap_or_else(|| db.name.clone()).into(),
             db.user.clone().into(),
@@ -89,9 +91,11 @@ pub fn databases(rt: &Runtime) -> Table {
             db.server_lifetime_or(s.server_lifetime).as_secs().into(),
             db.pool_mode.map(|m| m.as_str().to_string()).into(),
             load_balance(&db),
-            db.max_db_connections.unwrap_or(s.max_db_connections).into(),
+            own_cap(db.max_db_connections)
+                .unwrap_or(s.max_db_connections)
+                .into(),
             servers.into(),
-            db.max_db_client_connections
+            own_cap(db.max_db_client_connections)
                 .unwrap_or(s.max_db_client_connections)
                 .into(),
             clients.into(),
@@ -282,11 +286,11 @@ pub fn users(rt: &Runtime) -> Table {
             def.and_then(|u| u.pool_mode)
                 .map(|m| m.as_str().to_string())
                 .into(),
-            def.and_then(|u| u.max_user_connections)
+            own_cap(def.and_then(|u| u.max_user_connections))
                 .unwrap_or(s.max_user_connections)
                 .into(),
             servers.get(&name).copied().unwrap_or(0).into(),
-            def.and_then(|u| u.max_user_client_connections)
+            own_cap(def.and_then(|u| u.max_user_client_connections))
                 .unwrap_or(s.max_user_client_connections)
                 .into(),
             infos.iter().filter(|i| i.user == name).count().into(),

@@ -125,11 +125,8 @@ impl DatabaseDef {
             "min_pool_size" => self.min_pool_size = cstr_count(&val)?,
             "reserve_pool" | "reserve_pool_size" => self.reserve_pool = cstr_count(&val)?,
             "pool_mode" => self.pool_mode = Some(pool_mode(&val)?),
-            // 0 is the global value, as in PgBouncer (not "no limit").
-            "max_db_connections" => self.max_db_connections = own_cap(cstr_count(&val)?),
-            "max_db_client_connections" => {
-                self.max_db_client_connections = own_cap(cstr_count(&val)?)
-            }
+            "max_db_connections" => self.max_db_connections = cstr_count(&val)?,
+            "max_db_client_connections" => self.max_db_client_connections = cstr_count(&val)?,
             "server_lifetime" => self.server_lifetime = cstr_seconds(&val)?,
             "query_wait_timeout" => self.query_wait_timeout = cstr_seconds(&val)?,
             "load_balance_hosts" => self.load_balance_hosts = load_balance(&val)?,
@@ -210,8 +207,9 @@ impl PeerDef {
     }
 }
 
-/// A database's or user's own connection cap: 0 (or none) leaves the global one in force, as
-/// PgBouncer reads these.
+/// A database's or user's own connection cap (max_db_connections, max_user_connections and
+/// the client caps), as the caps read it: 0 (or none) leaves the global one in force, as
+/// PgBouncer reads these. (Kept as given, so that `SET USER` can set 0.)
 pub fn own_cap(n: Option<u32>) -> Option<u32> {
     n.filter(|n| *n > 0)
 }
@@ -224,21 +222,15 @@ mod tests {
     fn a_cap_of_zero_is_the_global_one() {
         let db = DatabaseDef::parse(
             "app",
-            "host=h max_db_connections=0 max_db_client_connections=0",
+            "host=h max_db_connections=0 max_db_client_connections=3",
         )
         .unwrap();
         assert_eq!(
-            (db.max_db_connections, db.max_db_client_connections),
-            (None, None)
-        );
-        let u = crate::config::users::UserDef::parse(
-            "u",
-            "max_user_connections=0 max_user_client_connections=0",
-        )
-        .unwrap();
-        assert_eq!(
-            (u.max_user_connections, u.max_user_client_connections),
-            (None, None)
+            (
+                own_cap(db.max_db_connections),
+                own_cap(db.max_db_client_connections)
+            ),
+            (None, Some(3))
         );
     }
 

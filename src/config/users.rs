@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::connstr;
-use super::databases::{own_cap, pool_mode};
+use super::databases::pool_mode;
 use super::settings::PoolMode;
 use super::values::{cstr_count, cstr_seconds};
 
@@ -49,11 +49,8 @@ impl UserDef {
             "pool_mode" => self.pool_mode = Some(pool_mode(val)?),
             "pool_size" => self.pool_size = cstr_count(val)?,
             "reserve_pool_size" => self.reserve_pool_size = cstr_count(val)?,
-            // 0 is the global value, as in PgBouncer (not "no limit").
-            "max_user_connections" => self.max_user_connections = own_cap(cstr_count(val)?),
-            "max_user_client_connections" => {
-                self.max_user_client_connections = own_cap(cstr_count(val)?)
-            }
+            "max_user_connections" => self.max_user_connections = cstr_count(val)?,
+            "max_user_client_connections" => self.max_user_client_connections = cstr_count(val)?,
             "query_timeout" => self.query_timeout = positive(val)?,
             "query_wait_timeout" => self.query_wait_timeout = cstr_seconds(val)?,
             "idle_transaction_timeout" => self.idle_transaction_timeout = positive(val)?,

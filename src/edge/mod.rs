@@ -121,17 +121,19 @@ fn load_hba(s: &Settings) -> Result<Option<Hba>, HbaError> {
 /// The caps that apply to `user` logging in to client database `database`.
 pub fn cap_limits(config: &Config, database: &str, user: &str) -> CapLimits {
     let s = &config.settings;
-    let per_role = config
-        .user(user)
-        .and_then(|u| u.max_user_client_connections)
-        .unwrap_or(s.max_user_client_connections);
+    let own_cap = crate::config::databases::own_cap;
+    let per_role = own_cap(
+        config
+            .user(user)
+            .and_then(|u| u.max_user_client_connections),
+    )
+    .unwrap_or(s.max_user_client_connections);
     // The console has no entry of its own (a `*` entry is not it): the global cap.
     let entry = match database == crate::config::databases::ADMIN_DB {
         true => None,
         false => config.database(database),
     };
-    let per_database = entry
-        .and_then(|d| d.max_db_client_connections)
+    let per_database = own_cap(entry.and_then(|d| d.max_db_client_connections))
         .unwrap_or(s.max_db_client_connections);
     CapLimits {
         per_role: per_role as usize,
