@@ -51,6 +51,12 @@ impl ServerAddr {
                 keepalive.apply(&s)?;
                 Ok(Stream::from(s))
             }
+            ServerAddr::Unix { dir, .. } if dir.is_empty() => {
+                // A database without a host, and no unix_socket_dir (PgBouncer's words).
+                Err(ServerError::Auth(
+                    "unix socket dir not configured".to_string(),
+                ))
+            }
             ServerAddr::Unix { dir, port } => {
                 let path = format!("{dir}/.s.PGSQL.{port}");
                 Ok(Stream::from(tokio::net::UnixStream::connect(path).await?))
@@ -459,6 +465,24 @@ fn is_reset_all(sql: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A database without a host and no unix_socket_dir is refused with PgBouncer's words, for
+    /// good (not tried again as a socket in the file system's root).
+    #[tokio::test]
+    async fn a_socket_without_a_directory_is_refused() {
+        let addr = ServerAddr::Unix {
+            dir: String::new(),
+            port: 5432,
+        };
+        let Err(err) = addr.connect(&crate::net::Keepalive::default()).await else {
+            panic!("connected to a socket without a directory");
+        };
+        assert!(!err.is_transient(), "{err}");
+        assert!(
+            err.to_string().contains("unix socket dir not configured"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn only_reset_all_alone_is_taken_for_reset_all() {
