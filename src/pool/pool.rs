@@ -432,7 +432,7 @@ impl Pool {
             dead.push((conn, reason));
         }
         self.uncount_servers(dead.len());
-        if let Some(err) = recent_failure(&inner, settings.login_retry, now) {
+        if let Some(err) = self.recent_failure(&inner, settings.login_retry, now) {
             return Err(PoolError::Login(err));
         }
         let timeout = match limits.timeout {
@@ -806,9 +806,6 @@ impl Pool {
         if err.is_transient() {
             tokio::time::sleep(TRANSIENT_RETRY.min(settings.login_retry)).await;
         }
-        // After a RECONNECT (or once a reload retired the pool) the servers the pool has are
-        // closed as they come back: they serve no queue.
-        let renewing = lock(&self.welcome).stale;
         let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
             forget_connect(&mut inner, begun);
@@ -824,7 +821,7 @@ impl Pool {
                 inner.refused_logins += 1;
                 // As PgBouncer: the queue is refused only when the pool has no server that
                 // can serve it; otherwise it waits for the servers the pool has.
-                match has_servers(&inner) && !renewing && !self.closing.retired() {
+                match self.serves_queue(&inner) {
                     true => Vec::new(),
                     false => inner.waiters.drain().map(|(_, w)| w).collect(),
                 }
@@ -873,7 +870,9 @@ impl Pool {
             }
             self.uncount_servers(closing.len());
             inner.waiters.prune(ServerWaiter::live);
-            let failing = recent_failure(&inner, settings.login_retry, now).is_some();
+            let failing = self
+                .recent_failure(&inner, settings.login_retry, now)
+                .is_some();
             let growth = (!failing).then(|| self.grow(&settings, &mut inner));
             // As PgBouncer, min_pool_size is filled without closing another pool's servers
             // under a shared limit: only waiters make room.
@@ -1255,15 +1254,6 @@ async fn watch_queue(pool: Weak<Pool>, mut at: Instant, id: u64) {
     }
 }
 
-/// The login failure the server reported within server_login_retry, while nothing is being
-/// opened and the pool has no server: new clients get it at once instead of waiting for a
-/// login that will fail again (with servers, they wait for them, as in PgBouncer).
-fn recent_failure(inner: &Inner, retry: Duration, now: Instant) -> Option<Arc<ServerError>> {
-    let (at, err) = inner.failure.as_ref()?;
-    let waits_for_nothing = inner.connecting.is_empty() && !has_servers(inner);
-    (waits_for_nothing && now.duration_since(*at) < retry).then(|| err.clone())
-}
-
 /// Whether the server refused a login of the pool for good within `retry`.
 fn refused_lately(inner: &Inner, retry: Duration) -> bool {
     inner
@@ -1368,6 +1358,28 @@ fn try_increment(counter: &AtomicUsize, max: usize) -> bool {
 }
 
 impl Pool {
+    /// The login failure the server reported within server_login_retry, while nothing is
+    /// being opened and the pool has no server that can serve its queue: new clients get it
+    /// at once instead of waiting for a login that will fail again (with servers, they wait
+    /// for them, as in PgBouncer).
+    fn recent_failure(
+        &self,
+        inner: &Inner,
+        retry: Duration,
+        now: Instant,
+    ) -> Option<Arc<ServerError>> {
+        let (at, err) = inner.failure.as_ref()?;
+        let lately = inner.connecting.is_empty() && now.duration_since(*at) < retry;
+        (lately && !self.serves_queue(inner)).then(|| err.clone())
+    }
+
+    /// Whether the pool has servers that can serve its queue: logged in, and not all bound to
+    /// close as they come back (after a RECONNECT, until a server logs in after it; in a
+    /// pool a reload retired).
+    fn serves_queue(&self, inner: &Inner) -> bool {
+        has_servers(inner) && !self.closing.retired() && !lock(&self.welcome).stale
+    }
+
     /// A connection of pgward's own to `addr` (whatever host list the pool has now, and
     /// without touching its hosts' state), outside the pool's count: the pool's login under
     /// `application_name`. For the server reading and the fleet's state database.
