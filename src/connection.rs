@@ -152,13 +152,8 @@ async fn open(
         }
         let welcome = welcome(rt, &pool, || {
             let app_name = application_name(&req);
-            entry.waiting_for_welcome(
-                &req.user,
-                &req.database,
-                &pool.key.user,
-                app_name,
-                std::time::Instant::now(),
-            )
+            entry.identify(&req.user, &req.database, &pool.key.user, app_name, false);
+            entry.set_waiting(std::time::Instant::now());
         })
         .await?;
         Ok(Some(Opened::Pool(req, pool, welcome, cap)))

@@ -187,7 +187,7 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
     // (the pooler itself is not paused: each one has its RESUME db), and is refused while
     // the pooler is paused or suspended.
     let pools = pools_of(rt, db);
-    let killed: Vec<String> = match db {
+    let paused: Vec<String> = match db {
         Some(db) => vec![db.to_string()],
         None => pools.iter().map(|p| p.key.db.clone()).collect(),
     };
@@ -195,7 +195,7 @@ fn kill(rt: &Runtime, db: Option<&str>) -> Result<(), AdminError> {
         if s.pause != PauseMode::Running {
             return Err(AdminError::protocol("already suspended/paused"));
         }
-        s.paused.extend(killed.iter().cloned());
+        s.paused.extend(paused.iter().cloned());
         Ok(())
     })?;
     let killed = rt

@@ -191,23 +191,11 @@ impl ClientEntry {
         self.set_state(ClientState::Idle);
     }
 
-    /// The client, its login checked, waits from `since` for the parameters its pool's
-    /// server will greet it with (the pool's first server, or one logged in after a
-    /// RECONNECT): it is counted among its pool's waiting clients, as PgBouncer counts a
-    /// client waiting to finish its login.
-    pub fn waiting_for_welcome(
-        &self,
-        user: &str,
-        database: &str,
-        pool_user: &str,
-        application_name: &str,
-        since: Instant,
-    ) {
-        self.identify(user, database, pool_user, application_name, false);
-        self.set_waiting(since);
-    }
-
-    fn identify(
+    /// Who the client is, once its login is checked. A client that then waits for the
+    /// parameters its pool's server will greet it with (the pool's first server, or one
+    /// logged in after a RECONNECT) is set waiting: it is counted among its pool's waiting
+    /// clients, as PgBouncer counts a client waiting to finish its login.
+    pub fn identify(
         &self,
         user: &str,
         database: &str,

@@ -313,10 +313,9 @@ impl Pool {
         let settings = inner.settings.clone();
         // A login refused within server_login_retry is the answer, even while servers begun
         // before the RECONNECT are still logging in: no new one is tried before then.
-        let now = Instant::now();
-        if let Some((at, err)) = &inner.failure {
+        if let Some((_, err)) = &inner.failure {
             let refused_since = inner.refused_logins != refused_before;
-            if refused_since || now.duration_since(*at) < settings.login_retry {
+            if refused_since || refused_lately(&inner, settings.login_retry) {
                 return WelcomeOpening::Failed(err.clone());
             }
         }
@@ -432,7 +431,7 @@ impl Pool {
             dead.push((conn, reason));
         }
         self.uncount_servers(dead.len());
-        if let Some(err) = self.recent_failure(&inner, settings.login_retry, now) {
+        if let Some(err) = self.recent_failure(&inner, settings.login_retry) {
             return Err(PoolError::Login(err));
         }
         let timeout = match limits.timeout {
@@ -870,9 +869,7 @@ impl Pool {
             }
             self.uncount_servers(closing.len());
             inner.waiters.prune(ServerWaiter::live);
-            let failing = self
-                .recent_failure(&inner, settings.login_retry, now)
-                .is_some();
+            let failing = self.recent_failure(&inner, settings.login_retry).is_some();
             let growth = (!failing).then(|| self.grow(&settings, &mut inner));
             // As PgBouncer, min_pool_size is filled without closing another pool's servers
             // under a shared limit: only waiters make room.
@@ -1362,14 +1359,9 @@ impl Pool {
     /// being opened and the pool has no server that can serve its queue: new clients get it
     /// at once instead of waiting for a login that will fail again (with servers, they wait
     /// for them, as in PgBouncer).
-    fn recent_failure(
-        &self,
-        inner: &Inner,
-        retry: Duration,
-        now: Instant,
-    ) -> Option<Arc<ServerError>> {
-        let (at, err) = inner.failure.as_ref()?;
-        let lately = inner.connecting.is_empty() && now.duration_since(*at) < retry;
+    fn recent_failure(&self, inner: &Inner, retry: Duration) -> Option<Arc<ServerError>> {
+        let (_, err) = inner.failure.as_ref()?;
+        let lately = inner.connecting.is_empty() && refused_lately(inner, retry);
         (lately && !self.serves_queue(inner)).then(|| err.clone())
     }
 
