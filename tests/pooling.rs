@@ -1011,6 +1011,33 @@ fn logins_taking_with(delay: Duration, settings: &str) -> (Postgres, Pgward) {
 
 /// Runs `cmd` on the console of the pgward at `port` as its admin user `postgres`, which must
 /// succeed.
+/// In a thread: a client of trustuser logs in to `database` within `wait`.
+fn log_in_in_thread(
+    port: u16,
+    database: &'static str,
+    wait: Duration,
+) -> thread::JoinHandle<Result<(), String>> {
+    thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", database)];
+        Raw::login_within(port, &params, wait).map(|_| ())
+    })
+}
+
+/// In a thread: a client of trustuser logs in to `database` (within 10 s) and answers the
+/// value of `sql` (within `wait`).
+fn ask_in_thread(
+    port: u16,
+    database: &'static str,
+    sql: &'static str,
+    wait: Duration,
+) -> thread::JoinHandle<Result<String, String>> {
+    thread::spawn(move || {
+        let params = [("user", "trustuser"), ("database", database)];
+        let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
+        client.value_within(sql, wait)
+    })
+}
+
 fn console_at(port: u16, cmd: &str) {
     let out = common::psql_at(port, "postgres", None, "pgbouncer", cmd);
     assert!(out.status.success(), "{cmd}: {}", stderr_of(&out));
@@ -1213,11 +1240,7 @@ fn a_reload_drops_servers_still_logging_in() {
     let held = format!("slow = host={} port={relay} dbname=app", common::HOST);
     let pw = Pgward::trusting(&pg, "pool_mode = transaction\n", &format!("{held}\n"));
     let port = pw.port;
-    let login = thread::spawn(move || {
-        let params = [("user", "trustuser"), ("database", "slow")];
-        let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
-        client.value_within("SELECT 'served'", Duration::from_secs(5))
-    });
+    let login = ask_in_thread(port, "slow", "SELECT 'served'", Duration::from_secs(5));
     thread::sleep(Duration::from_millis(500));
     let ini = std::fs::read_to_string(&pw.ini_path).expect("ini");
     let direct = format!("slow = host={} port={} dbname=app", common::HOST, pg.port);
@@ -1245,17 +1268,10 @@ fn a_failed_login_refuses_no_one_while_the_pool_has_a_server() {
     assert_eq!(holder.value("SELECT 1"), "1");
     pg.sql("ALTER ROLE trustuser NOLOGIN");
     let port = pw.port;
-    let ask = |name: &'static str| {
-        thread::spawn(move || {
-            let params = [("user", "trustuser"), ("database", "app")];
-            let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
-            client.value_within(&format!("SELECT '{name}'"), Duration::from_secs(20))
-        })
-    };
-    let first = ask("first");
+    let first = ask_in_thread(port, "app", "SELECT 'first'", Duration::from_secs(20));
     // Its connect fails; then another client comes within server_login_retry.
     thread::sleep(Duration::from_millis(800));
-    let second = ask("second");
+    let second = ask_in_thread(port, "app", "SELECT 'second'", Duration::from_secs(20));
     thread::sleep(Duration::from_millis(800));
     holder.value("COMMIT");
     let answers = [first, second].map(|t| t.join().expect("a client"));
@@ -1284,11 +1300,7 @@ fn a_refused_login_makes_no_room_under_a_shared_limit() {
     assert_eq!(holder.value("SELECT 1"), "1");
     pg.sql("ALTER ROLE trustuser NOLOGIN");
     let port = pw.port;
-    let waiter = thread::spawn(move || {
-        let params = [("user", "trustuser"), ("database", "capped")];
-        let mut client = Raw::login_within(port, &params, Duration::from_secs(10))?;
-        client.value_within("SELECT 'waited'", Duration::from_secs(20))
-    });
+    let waiter = ask_in_thread(port, "capped", "SELECT 'waited'", Duration::from_secs(20));
     thread::sleep(Duration::from_millis(800));
     // Another pool of the database has an idle server now, the limit reached again.
     let mut other = pw.client_as("postgres", "capped");
@@ -1347,10 +1359,7 @@ fn a_kill_drops_servers_still_logging_in_as_database_removed() {
         &format!("{held}\n"),
     );
     let port = pw.port;
-    let login = thread::spawn(move || {
-        let params = [("user", "trustuser"), ("database", "slow")];
-        Raw::login_within(port, &params, Duration::from_secs(10)).map(|_| ())
-    });
+    let login = log_in_in_thread(port, "slow", Duration::from_secs(10));
     thread::sleep(Duration::from_millis(500));
     console_at(port, "KILL slow");
     let ended = login.join().expect("the login");
@@ -1372,10 +1381,7 @@ fn a_shutdown_refuses_a_login_waiting_for_new_parameters() {
     let _first = pw.client_as("trustuser", "slow");
     console_at(pw.port, "RECONNECT slow");
     let port = pw.port;
-    let login = thread::spawn(move || {
-        let params = [("user", "trustuser"), ("database", "slow")];
-        Raw::login_within(port, &params, Duration::from_secs(10)).map(|_| ())
-    });
+    let login = log_in_in_thread(port, "slow", Duration::from_secs(10));
     thread::sleep(Duration::from_millis(500));
     pw.signal(libc::SIGINT);
     let refused = login.join().expect("the login");
@@ -1396,10 +1402,7 @@ fn a_pause_takes_hold_while_a_login_waits_for_new_parameters() {
     assert_eq!(first.value("SELECT 1"), "1");
     pg.stop();
     console("RECONNECT app");
-    let _login = thread::spawn(move || {
-        let params = [("user", "trustuser"), ("database", "app")];
-        Raw::login_within(port, &params, Duration::from_secs(20)).map(|_| ())
-    });
+    let _login = log_in_in_thread(port, "app", Duration::from_secs(20));
     thread::sleep(Duration::from_millis(700));
     let (done, paused) = std::sync::mpsc::channel();
     thread::spawn(move || {
