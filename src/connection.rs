@@ -76,9 +76,8 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
             tracing::debug!(client = id, %peer, "client connection lost: {e}")
         }
         Err(SessionError::Fatal(err)) => {
-            // PgBouncer's wording, which operators grep for.
-            let age = entry.age().as_secs();
-            tracing::info!(client = id, %peer, code = %err.code, "closing because: {} (age={age}s)", err.message);
+            let log = rt.config.load().settings.log_lines();
+            crate::ops::routine::client_refused(log, id, &err, entry.age());
             io.send_error(&[], &err).await;
         }
     }
@@ -139,6 +138,9 @@ async fn open(
                 "no more connections allowed (max_client_conn)".to_string(),
             )));
         }
+        let log = rt.config.load().settings.log_lines();
+        let names = (req.database.as_str(), req.user.as_str());
+        crate::ops::routine::login_attempt(log, id, names, &io.stream, req.replication);
         if crate::admin::is_console(&req.database) {
             let (role, cap) = crate::admin::login(rt, io, &req.user).await?;
             return Ok(Some(Opened::Console(req, role, cap)));
@@ -172,6 +174,9 @@ async fn open(
         None => return Ok(None),
         Some(Opened::Console(req, role, _cap)) => {
             crate::admin::serve(rt, io, entry, &req, role).await?;
+            let log = rt.config.load().settings.log_lines();
+            let end = crate::ops::routine::ClientEnd::CloseRequest;
+            crate::ops::routine::client_closed(log, id, end, entry.age());
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {

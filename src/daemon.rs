@@ -221,7 +221,10 @@ pub async fn maintenance(rt: Arc<Runtime>) {
         if let Some(after) = settings.pool_idle_timeout {
             rt.pools.free_idle(after, now);
         }
-        rt.ops.stats.tick(now, settings.stats_period);
+        let averages = rt.ops.stats.tick(now, settings.stats_period);
+        if let (Some(avg), true) = (averages, settings.log_stats) {
+            tracing::info!("{}", crate::ops::routine::stats_line(&avg));
+        }
         rt.ops.judge_minute(now, std::time::SystemTime::now());
         rt.ops.traffic.flush();
         if now.saturating_duration_since(minute) >= Duration::from_secs(60) {

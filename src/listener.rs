@@ -187,5 +187,26 @@ fn bind_unix(s: &Settings) -> Result<(UnixListener, PathBuf), ListenError> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(s.unix_socket_mode))
         .map_err(err)?;
+    if let Some(group) = &s.unix_socket_group {
+        let gid = group_id(group).map_err(err)?;
+        nix::unistd::chown(&path, None, Some(gid)).map_err(|e| err(e.into()))?;
+    }
     Ok((listener, path))
+}
+
+/// The group `unix_socket_group` names, by number or by name.
+fn group_id(group: &str) -> io::Result<nix::unistd::Gid> {
+    if let Ok(n) = group.parse::<u32>() {
+        return Ok(nix::unistd::Gid::from_raw(n));
+    }
+    match nix::unistd::Group::from_name(group) {
+        Ok(Some(g)) => Ok(g.gid),
+        Ok(None) => Err(io::Error::new(
+            io::ErrorKind::NotFound,
+            format!("unix_socket_group: could not find group '{group}'"),
+        )),
+        Err(e) => Err(io::Error::other(format!(
+            "unix_socket_group: could not find group '{group}': {e}"
+        ))),
+    }
 }

@@ -129,6 +129,27 @@ impl Stream {
         matches!(self, Stream::Tcp(_))
     }
 
+    /// The TLS version and cipher suite agreed in the handshake (`TLSv1.3/TLS13_AES_..`),
+    /// for the logs; `None` for a stream without TLS.
+    pub fn tls_label(&self) -> Option<String> {
+        let state: &rustls::CommonState = match self {
+            Stream::TlsIn(s) => s.get_ref().1,
+            Stream::TlsOut(s) => s.get_ref().1,
+            _ => return None,
+        };
+        let version = match state.protocol_version() {
+            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_string(),
+            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_string(),
+            Some(v) => format!("{v:?}"),
+            None => "?".to_string(),
+        };
+        let suite = state
+            .negotiated_cipher_suite()
+            .and_then(|s| s.suite().as_str())
+            .unwrap_or("?");
+        Some(format!("{version}/{suite}"))
+    }
+
     /// The ALPN protocol agreed in the TLS handshake, if any.
     pub fn alpn(&self) -> Option<&[u8]> {
         match self {

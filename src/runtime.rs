@@ -385,6 +385,7 @@ pub fn pool_settings(
     PoolSettings {
         target: ServerTarget {
             keepalive: crate::net::Keepalive::of(s),
+            log: s.log_lines(),
             ..server_target(db, server_user.clone(), server_tls, &s.unix_socket_dir)
         },
         limits,
@@ -469,6 +470,7 @@ fn server_target(
         connect_query: db.connect_query.clone(),
         tls,
         keepalive: crate::net::Keepalive::default(),
+        log: crate::config::LogLines::default(),
     }
 }
 

@@ -108,6 +108,38 @@ fn broken_ini_exits_non_zero_naming_file_and_line() {
 }
 
 #[test]
+fn unix_socket_group_owns_the_socket() {
+    use std::os::unix::fs::MetadataExt;
+    let pg = Postgres::start();
+    let pw = Pgward::start(&Pgward::ini(
+        &pg,
+        "auth_type = trust\nunix_socket_group = nogroup\nunix_socket_mode = 0770\n",
+        "",
+    ));
+    let socket = pw.socket_dir.join(format!(".s.PGSQL.{}", pw.port));
+    let meta = fs::metadata(&socket).expect("the socket");
+    assert_eq!(meta.gid(), 65534, "nogroup's");
+    assert_eq!(meta.mode() & 0o777, 0o770);
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pgward.ini");
+    let ini = format!(
+        "[pgbouncer]\nlisten_addr =\nlisten_port = {}\nunix_socket_dir = {}\n\
+         unix_socket_group = no-such-group-here\n",
+        common::free_port(),
+        dir.path().display()
+    );
+    fs::write(&path, ini).expect("write ini");
+    let out = pgward(&[path.to_str().expect("utf-8 path")]);
+    assert!(!out.status.success(), "pgward started");
+    assert!(
+        stderr_of(&out).contains("could not find group 'no-such-group-here'"),
+        "{}",
+        stderr_of(&out)
+    );
+}
+
+#[test]
 fn unknown_keys_are_accepted_with_a_warning_naming_them() {
     let pg = Postgres::start();
     let pw = Pgward::start(&Pgward::ini(

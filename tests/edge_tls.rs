@@ -52,6 +52,9 @@ fn psql_require_and_verify_full_and_plain_text_refused() {
         psql_ok(pw.port, "trustuser", "dbname=app sslmode=require"),
         "1"
     );
+    // log_connections names the TLS version and cipher suite of the login.
+    let attempt = "login attempt: db=app user=trustuser tls=TLSv1.3/TLS13_";
+    assert!(pw.log().contains(attempt), "{}", pw.log());
     let verify = format!(
         "dbname=app sslmode=verify-full sslrootcert={}",
         ca_path.display()

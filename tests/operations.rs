@@ -736,3 +736,68 @@ fn server_fast_close_ends_a_session_whose_server_was_marked() {
         &pg, "postgres", "app"
     ) == 0));
 }
+
+/// One client that says Terminate, one that just goes, and one refused by pgward, through
+/// `pw`: what PgBouncer's routine log lines tell of them.
+fn routine_traffic(pw: &Pgward) {
+    let mut polite = Raw::login(pw.port, "postgres", None, "app");
+    polite.query("SELECT 1").expect("a query");
+    polite.terminate();
+    let mut abrupt = Raw::login(pw.port, "postgres", None, "app");
+    abrupt.query("SELECT 1").expect("a query");
+    drop(abrupt);
+    let refused = Raw::connect(pw.port).startup(&[("user", "postgres"), ("database", "nope")]);
+    assert!(refused.is_err(), "an unknown database is refused");
+}
+
+#[test]
+fn the_routine_log_lines_follow_their_settings() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "stats_period = 1\n", "");
+    routine_traffic(&pw);
+    for line in [
+        "login attempt: db=app user=postgres tls=no replication=no",
+        "new connection to server",
+        "closing because: client close request (age=",
+        "closing because: client unexpected eof (age=",
+        "pooler error: no such database: nope",
+        "closing because: no such database: nope",
+    ] {
+        assert!(
+            eventually(5 * SECOND, || pw.log().contains(line)),
+            "{line}: {}",
+            pw.log()
+        );
+    }
+    assert!(
+        eventually(5 * SECOND, || pw.log().contains(" xacts/s, ")),
+        "{}",
+        pw.log()
+    );
+    let stats = pw.log();
+    let stats = stats
+        .lines()
+        .find(|l| l.contains("stats: "))
+        .expect("a stats line");
+    assert!(
+        stats.contains(" queries/s, ") && stats.contains(" client logins/s, in "),
+        "{stats}"
+    );
+
+    let quiet = "stats_period = 1\nlog_connections = 0\nlog_disconnections = 0\n\
+                 log_pooler_errors = 0\nlog_stats = 0\n";
+    let pw = Pgward::trusting(&pg, quiet, "");
+    routine_traffic(&pw);
+    // Two stats periods go by.
+    sleep(Duration::from_millis(2500));
+    let log = pw.log();
+    for line in [
+        "login attempt",
+        "new connection to server",
+        "closing because",
+        "pooler error",
+        "xacts/s",
+    ] {
+        assert!(!log.contains(line), "{line}: {log}");
+    }
+}

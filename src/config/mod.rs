@@ -26,7 +26,8 @@ pub use databases::{DatabaseDef, LoadBalanceHosts, PeerDef};
 pub use error::ConfigError;
 pub use ini::Loc;
 pub use settings::{
-    AuthType, PoolMode, ServerCheck, SetOutcome, Settings, SslMode, DEFAULT_MAX_STATEMENT_STATS,
+    AuthType, LogLines, PoolMode, ServerCheck, SetOutcome, Settings, SslMode,
+    DEFAULT_MAX_STATEMENT_STATS,
 };
 pub use userlist::{load_userlist, parse_userlist, Secret};
 pub use users::{PoolOverride, UserDef};
@@ -215,7 +216,10 @@ impl Builder {
             .map_err(|m| e.loc.error(m))?;
         let key = e.key.to_ascii_lowercase();
         let note = match outcome {
-            SetOutcome::Applied => return Ok(()),
+            SetOutcome::Applied => match settings::unapplied(&key, &e.value) {
+                Some(note) => note,
+                None => return Ok(()),
+            },
             SetOutcome::NotImplemented => "is not implemented by pgward; ignored",
             SetOutcome::Unknown => "is unknown; ignored",
         };

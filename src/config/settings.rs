@@ -403,6 +403,20 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "user",
 ];
 
+/// A note when `key` = `value` asks for something pgward does not do (the value is checked
+/// and kept, and SHOW CONFIG shows it): the operator is told at load rather than left to
+/// find out.
+pub fn unapplied(key: &str, value: &str) -> Option<&'static str> {
+    let on = values::boolean(value).unwrap_or(false);
+    match key {
+        "syslog" if on => Some("is not implemented by pgward (it logs to logfile and stderr); ignored"),
+        "application_name_add_host" if on => {
+            Some("is not implemented by pgward (application_name is passed on as the client set it); ignored")
+        }
+        _ => None,
+    }
+}
+
 /// `max_statement_stats` when not set: rows of statement statistics kept.
 pub const DEFAULT_MAX_STATEMENT_STATS: usize = 5_000;
 
@@ -452,7 +466,42 @@ const KEPT_ON_RESET: &[&str] = &[
 /// Result of one group setter: `Ok(false)` when the key is not in the group.
 type Handled = Result<bool, String>;
 
+/// Which of PgBouncer's routine log lines are written (`log_connections`,
+/// `log_disconnections`, `log_pooler_errors`, `log_stats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogLines {
+    /// `login attempt`, `new connection to server`.
+    pub connections: bool,
+    /// `closing because`, of clients and of servers.
+    pub disconnections: bool,
+    /// `pooler error`: an error of pgward's own sent to a client.
+    pub pooler_errors: bool,
+    /// The `stats:` line every `stats_period`.
+    pub stats: bool,
+}
+
+impl Default for LogLines {
+    fn default() -> Self {
+        LogLines {
+            connections: true,
+            disconnections: true,
+            pooler_errors: true,
+            stats: true,
+        }
+    }
+}
+
 impl Settings {
+    /// The routine log lines these settings ask for.
+    pub fn log_lines(&self) -> LogLines {
+        LogLines {
+            connections: self.log_connections,
+            disconnections: self.log_disconnections,
+            pooler_errors: self.log_pooler_errors,
+            stats: self.log_stats,
+        }
+    }
+
     /// Sets `key` (case-insensitive) from its textual value, as a configuration line or an
     /// admin `SET` would. Bad values are refused with a message; unknown keys are accepted
     /// and reported through the outcome. The raw value is remembered in [`Settings::raw`].

@@ -7,6 +7,7 @@ pub mod clients;
 pub mod hooks;
 pub mod logfile;
 pub mod overrides;
+pub mod routine;
 pub mod sketch;
 pub mod state;
 pub mod statements;

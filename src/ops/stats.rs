@@ -241,25 +241,30 @@ impl StatsRegistry {
         lock(&self.period).averages.clone()
     }
 
-    /// Closes the current period if `period` has passed since it began.
-    pub fn tick(&self, now: Instant, period: Duration) {
+    /// Closes the current period if `period` has passed since it began; then the averages
+    /// over every pool of the period just closed.
+    pub fn tick(&self, now: Instant, period: Duration) -> Option<StatValues> {
         let mut p = lock(&self.period);
         let started = *p.started.get_or_insert(now);
         let elapsed = now.saturating_duration_since(started);
         if elapsed < period {
-            return;
+            return None;
         }
         let totals = self.totals();
+        let (mut all, mut all_old) = (StatValues::default(), StatValues::default());
         let averages = totals
             .iter()
             .map(|(k, v)| {
                 let old = p.start.get(k).copied().unwrap_or_default();
+                all = all.plus(v);
+                all_old = all_old.plus(&old);
                 (k.clone(), v.average_since(&old, elapsed))
             })
             .collect();
         p.averages = averages;
         p.start = totals.into_iter().collect();
         p.started = Some(now);
+        Some(all.average_since(&all_old, elapsed))
     }
 }
 
@@ -306,10 +311,25 @@ mod tests {
         reg.tick(t0, Duration::from_secs(1));
         c.add_query(Duration::from_micros(10), Some(Duration::from_micros(30)));
         c.add_query(Duration::from_micros(30), None);
-        reg.tick(t0 + Duration::from_secs(1), Duration::from_secs(1));
+        let all = reg.tick(t0 + Duration::from_secs(1), Duration::from_secs(1));
         let avg = reg.averages()[&key];
+        assert_eq!(all, Some(avg), "one pool: its averages are the whole's");
+        let other = reg.for_pool(&PoolKey {
+            db: "e".into(),
+            user: "u".into(),
+        });
+        other.add_query(Duration::from_micros(40), None);
+        c.add_query(Duration::from_micros(20), None);
+        let all = reg.tick(t0 + Duration::from_secs(3), Duration::from_secs(1));
+        let all = all.expect("a period closed");
+        // Two queries in two seconds, of 30 us on average over both pools.
+        assert_eq!((all.queries, all.query_time), (1, 30));
+        assert_eq!(
+            reg.tick(t0 + Duration::from_secs(3), Duration::from_secs(1)),
+            None
+        );
         assert_eq!((avg.queries, avg.query_time, avg.xact_time), (2, 20, 30));
         let by_db = by_database(&reg.totals());
-        assert_eq!(by_db[0].1.queries, 2);
+        assert_eq!(by_db[0].1.queries, 3);
     }
 }

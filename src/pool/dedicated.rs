@@ -104,7 +104,9 @@ impl Pool {
             Err(err) => {
                 tracing::warn!(pool = %self.key.db, user = %self.key.user, server = id, "server login failed: {err}");
                 // A replication login is the client's alone: PgBouncer's words for it.
-                tracing::info!(server = id, pool = %self.key.db, user = %self.key.user, "closing because: login failed (age=0s)");
+                if target.log.disconnections {
+                    tracing::info!(server = id, pool = %self.key.db, user = %self.key.user, "closing because: login failed (age=0s)");
+                }
                 Err(PoolError::Login(Arc::new(err)))
             }
         }

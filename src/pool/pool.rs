@@ -703,8 +703,10 @@ impl Pool {
 
     /// Closes a server that is no longer counted, with PgBouncer's log line for it.
     pub(super) fn close(&self, conn: Box<ServerConn>, reason: &str) {
-        let age = conn.created.elapsed().as_secs();
-        tracing::info!(server = conn.id, pool = %self.key.db, user = %self.key.user, "closing because: {reason} (age={age}s)");
+        if self.settings_now().target.log.disconnections {
+            let age = conn.created.elapsed().as_secs();
+            tracing::info!(server = conn.id, pool = %self.key.db, user = %self.key.user, "closing because: {reason} (age={age}s)");
+        }
         if tokio::runtime::Handle::try_current().is_ok() {
             tokio::spawn(conn.terminate());
         }
@@ -743,9 +745,11 @@ impl Pool {
 
     /// A server being opened, counted as begun at `begun`, was dropped in its login.
     fn open_dropped(self: &Arc<Self>, begun: Instant, why: super::Renewal) {
-        let age = begun.elapsed().as_secs();
-        let reason = why.login_reason();
-        tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {reason} (age={age}s)");
+        if self.settings_now().target.log.disconnections {
+            let age = begun.elapsed().as_secs();
+            let reason = why.login_reason();
+            tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {reason} (age={age}s)");
+        }
         {
             let mut inner = lock(&self.inner);
             forget_connect(&mut inner, begun);
@@ -800,7 +804,9 @@ impl Pool {
         begun: Instant,
     ) {
         tracing::warn!(pool = %self.key.db, user = %self.key.user, server = %settings.target.hosts.first(), "server login failed: {err}");
-        tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {} (age=0s)", err.closing_reason());
+        if settings.target.log.disconnections {
+            tracing::info!(pool = %self.key.db, user = %self.key.user, "closing because: {} (age=0s)", err.closing_reason());
+        }
         let err = Arc::new(err);
         if err.is_transient() {
             tokio::time::sleep(TRANSIENT_RETRY.min(settings.login_retry)).await;

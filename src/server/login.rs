@@ -59,7 +59,7 @@ pub async fn connect(
         .map_err(|_| ServerError::Timeout)
         .and_then(|r| r);
     match &result {
-        Ok(conn) => {
+        Ok(conn) if target.log.connections => {
             target.hosts.succeeded(entry);
             tracing::info!(
                 server = id,
@@ -68,6 +68,7 @@ pub async fn connect(
                 conn.stream.local_label()
             );
         }
+        Ok(_) => target.hosts.succeeded(entry),
         Err(_) => target.hosts.failed(entry),
     }
     result

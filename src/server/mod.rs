@@ -211,6 +211,8 @@ pub struct ServerTarget {
     pub tls: crate::edge::tls::ServerTls,
     /// TCP keepalive and user timeout of its sockets.
     pub keepalive: crate::net::Keepalive,
+    /// The routine log lines written for its connections.
+    pub log: crate::config::LogLines,
 }
 
 /// The key the server gave at login, to cancel what it runs.

@@ -235,12 +235,22 @@ impl Session {
 
     pub async fn run(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
         let result = self.relay(io).await;
-        if let Err(SessionError::Fatal(err)) = &result {
-            // PgBouncer's words, which operators grep for.
-            let age = self.hooks.age().as_secs();
-            tracing::info!(client = self.hooks.client_id(), code = %err.code, "closing because: {} (age={age}s)", err.message);
-            let pending = std::mem::take(&mut self.to_client);
-            io.send_error(&pending, err).await;
+        let log = self.rt.config.load().settings.log_lines();
+        let (client, age) = (self.hooks.client_id(), self.hooks.age());
+        match &result {
+            Err(SessionError::Fatal(err)) => {
+                crate::ops::routine::client_refused(log, client, err, age);
+                let pending = std::mem::take(&mut self.to_client);
+                io.send_error(&pending, err).await;
+            }
+            Ok(()) => {
+                let end = crate::ops::routine::ClientEnd::CloseRequest;
+                crate::ops::routine::client_closed(log, client, end, age);
+            }
+            Err(SessionError::Gone | SessionError::Io(_)) => {
+                let end = crate::ops::routine::ClientEnd::UnexpectedEof;
+                crate::ops::routine::client_closed(log, client, end, age);
+            }
         }
         self.finish().await;
         match result {
@@ -259,7 +269,7 @@ impl Session {
                         return Ok(());
                     }
                 }
-                Event::ClientClosed => return Ok(()),
+                Event::ClientClosed => return Err(SessionError::Gone),
                 Event::ServerData => {
                     self.on_server_data(io).await?;
                     if self.held && self.retry_held(io).await? {

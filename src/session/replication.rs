@@ -162,7 +162,9 @@ async fn relay(
                     if pool.closing.close_needed(id, created) || pool.closing.retired() {
                         // No ErrorResponse: the client may be in the middle of a message
                         // of the stream, which one would corrupt. The connection just ends.
-                        tracing::info!(client = client_id, "closing because: database configuration changed");
+                        if pool.settings_now().target.log.disconnections {
+                            tracing::info!(client = client_id, "closing because: database configuration changed");
+                        }
                         break Ok(());
                     }
                 }
