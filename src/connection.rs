@@ -128,10 +128,18 @@ async fn open(
     let id = entry.id;
     let login_timeout = rt.config.load().settings.client_login_timeout;
     let login = async {
-        let req = match client::read_opening(io, rt).await? {
+        let mut req = match client::read_opening(io, rt).await? {
             Opening::Cancel => return Ok(None),
             Opening::Login(req) => req,
         };
+        let add_host = {
+            let config = rt.config.load();
+            let s = &config.settings;
+            s.application_name_add_host.then_some(s.listen_port)
+        };
+        if let Some(port) = add_host {
+            req.add_host(&io.stream.peer_details(port));
+        }
         if admit.over_limit {
             return Err(SessionError::Fatal(ErrorResponse::fatal(
                 sqlstate::TOO_MANY_CONNECTIONS,

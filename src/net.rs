@@ -232,6 +232,26 @@ impl Stream {
         }
     }
 
+    /// The peer as `application_name_add_host` names it, in PgBouncer's words: `host:port`
+    /// (`[v6]:port`) for TCP, `unix(pid@hostname):port` for a Unix socket on `listen_port`
+    /// (`unix:port` when the peer's process is unknown).
+    pub fn peer_details(&self, listen_port: u16) -> String {
+        if let Some(addr) = self.tcp().and_then(|s| s.peer_addr().ok()) {
+            return addr.to_string();
+        }
+        let pid = match self {
+            Stream::Unix(s) => s.get_ref().peer_cred().ok().and_then(|c| c.pid()),
+            _ => None,
+        };
+        match pid.filter(|&p| p > 0) {
+            Some(pid) => {
+                let host = nix::unistd::gethostname().unwrap_or_default();
+                format!("unix({pid}@{}):{listen_port}", host.to_string_lossy())
+            }
+            None => format!("unix:{listen_port}"),
+        }
+    }
+
     /// This end's address, for logs ("unix" for a Unix socket).
     pub fn local_label(&self) -> String {
         match self.tcp() {

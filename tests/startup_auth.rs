@@ -89,6 +89,33 @@ fn options_from_libpq_reach_the_server() {
     assert_eq!(stdout_of(&out), "America/Denver\niso_8601");
 }
 
+#[test]
+fn application_name_add_host_names_where_the_client_connects_from() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "application_name_add_host = 1\n");
+    let out = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app application_name=myapp",
+        "SHOW application_name; \
+         SELECT application_name FROM pg_stat_activity WHERE pid = pg_backend_pid()",
+    );
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    let stdout = stdout_of(&out);
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 2, "{stdout}");
+    assert!(lines[0].starts_with("myapp - 127.0.0.1:"), "{stdout}");
+    assert_eq!(lines[0], lines[1], "the server has the same name");
+    // Without one of its own, over the Unix socket.
+    let socket = pw.socket_dir.join(format!(".s.PGSQL.{}", pw.port));
+    let mut client = Raw::connect_unix(&socket).logged_in("trustuser", None, "app");
+    let name = client.value("SHOW application_name");
+    let expected = format!("app - unix({}@", std::process::id());
+    assert!(name.starts_with(&expected), "{name}");
+    assert!(name.ends_with(&format!("):{}", pw.port)), "{name}");
+}
+
 /// Sends `bytes` as the opening of a connection and returns the FATAL pgward answers with.
 fn refusal(port: u16, bytes: &[u8]) -> raw::Fields {
     let mut client = Raw::connect(port);

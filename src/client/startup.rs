@@ -25,6 +25,23 @@ pub struct StartupRequest {
     pub options: Option<String>,
 }
 
+impl StartupRequest {
+    /// `application_name_add_host`: the client's `application_name` (`app` if it set none)
+    /// followed by ` - ` and where it connects from, as PgBouncer names it.
+    pub fn add_host(&mut self, details: &str) {
+        match self
+            .params
+            .iter_mut()
+            .find(|(n, _)| n == "application_name")
+        {
+            Some((_, value)) => *value = format!("{value} - {details}"),
+            None => self
+                .params
+                .push(("application_name".to_string(), format!("app - {details}"))),
+        }
+    }
+}
+
 /// What the `replication` startup parameter asks for, as PostgreSQL reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Replication {

@@ -409,9 +409,8 @@ const NOT_IMPLEMENTED: &[&str] = &[
 pub fn unapplied(key: &str, value: &str) -> Option<&'static str> {
     let on = values::boolean(value).unwrap_or(false);
     match key {
-        "syslog" if on => Some("is not implemented by pgward (it logs to logfile and stderr); ignored"),
-        "application_name_add_host" if on => {
-            Some("is not implemented by pgward (application_name is passed on as the client set it); ignored")
+        "syslog" if on => {
+            Some("is not implemented by pgward (it logs to logfile and stderr); ignored")
         }
         _ => None,
     }
