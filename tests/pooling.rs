@@ -17,11 +17,18 @@ use common::{
     Postgres, SECOND,
 };
 
-/// Samples `server_count(user, db)` every 100 ms until `stop` is set; returns the maximum.
+/// Samples the servers of pools of `user` on `db` (not the connection of pgward's server
+/// reading, which no pool counts) every 100 ms until `stop` is set; returns the maximum.
 fn watch_servers(pg: &Postgres, user: &'static str, db: &'static str, stop: &AtomicBool) -> u32 {
     let mut max = 0;
+    let sql = format!(
+        "SELECT count(*) FROM pg_stat_activity WHERE usename = '{user}' AND datname = '{db}' \
+         AND backend_type = 'client backend' AND pid <> pg_backend_pid() \
+         AND application_name <> 'pgward server reading'"
+    );
     while !stop.load(Ordering::Acquire) {
-        max = max.max(server_count(pg, user, db));
+        let count = pg.sql_in("postgres", &sql);
+        max = max.max(count.parse().expect("a count"));
         thread::sleep(Duration::from_millis(100));
     }
     max
@@ -239,6 +246,36 @@ fn reserve_pool_opens_after_reserve_pool_timeout_and_no_further() {
         "{:?}",
         started.elapsed()
     );
+}
+
+#[test]
+fn a_pool_size_of_zero_is_bounded_by_the_shared_limits_alone() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-policy-");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[tenants.acme]\nroles = [\"trustuser\"]\n").expect("the policy");
+    let governed = format!("policy_file = {}\n", policy.display());
+    for extra in ["", governed.as_str()] {
+        let settings = format!(
+            "pool_mode = transaction\ndefault_pool_size = 0\nmax_db_connections = 3\n\
+             query_wait_timeout = 6\n{extra}"
+        );
+        let pw = Pgward::trusting(&pg, &settings, "");
+        let runs = [("trustuser", "app"); 5];
+        let started = Instant::now();
+        let (max, failures) = sleepers(&pg, &pw, &runs, 1.0, ("trustuser", "app"));
+        assert!(failures.is_empty(), "{extra}: {failures:?}");
+        assert_eq!(max, 3, "{extra}: max_db_connections alone bounds the pool");
+        // Three at once, then two: about 2 s.
+        let took = started.elapsed();
+        assert!(took < Duration::from_millis(3500), "{extra}: {took:?}");
+        drop(pw);
+        assert!(eventually(5 * SECOND, || server_count(
+            &pg,
+            "trustuser",
+            "app"
+        ) == 0));
+    }
 }
 
 #[test]

@@ -502,7 +502,11 @@ impl<W> Gate<W> {
         }
         let place = self.upstream_place(req.upstream);
         let up = self.upstreams.at_mut(place);
-        let servers = req.pool_size.max(1);
+        // A pool_size of 0 puts no bound of the pool's own on its servers.
+        let servers = match req.pool_size {
+            0 => usize::MAX,
+            n => n,
+        };
         let same_pool = up
             .pools
             .get(req.pool)

@@ -72,7 +72,9 @@ impl Limits {
             (Some(waited), Some(timeout)) => waited >= timeout,
             _ => false,
         };
-        let own = if usage.pool_total < self.pool_size.max(min) {
+        // A pool_size of 0 is no cap of the pool's own (PgBouncer 1.24 and later): only the
+        // shared limits bound it.
+        let own = if self.pool_size == 0 || usage.pool_total < self.pool_size.max(min) {
             Growth::Open
         } else if uncovered
             && reserve_due
@@ -230,6 +232,22 @@ mod tests {
         };
         assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
         assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
+    }
+
+    #[test]
+    fn a_pool_size_of_zero_leaves_only_the_shared_limits() {
+        let l = Limits {
+            pool_size: 0,
+            ..limits()
+        };
+        assert_eq!(l.growth(&usage(50, 0, 1), None), Growth::Open);
+        assert_eq!(l.growth(&usage(50, 1, 1), None), Growth::NotNeeded);
+        let capped = Limits {
+            max_db_connections: 3,
+            ..l
+        };
+        assert_eq!(capped.growth(&usage(2, 0, 1), None), Growth::Open);
+        assert_eq!(capped.growth(&usage(3, 0, 1), None), Growth::DbFull);
     }
 
     #[test]

@@ -963,7 +963,7 @@ impl Pool {
     pub(super) fn reserve_dedicated(self: &Arc<Self>) -> Room {
         let mut inner = lock(&self.inner);
         let limits = &inner.settings.limits;
-        let full = if inner.total() >= limits.pool_size {
+        let full = if limits.pool_size > 0 && inner.total() >= limits.pool_size {
             Some(Growth::PoolFull)
         } else {
             self.count_server(limits).err()
