@@ -818,6 +818,13 @@ fn the_console_fakes_session_parameters_and_tags_its_sets() {
     assert_eq!(run("watcher", "SHOW TimeZone").0.trim(), "GMT");
     let (tag, _) = run("admin", "SET server_login_retry = 3");
     assert_eq!(tag.trim(), "SET server_login_retry=3");
+    // SELECT is SHOW's other name.
+    let (lists, _) = run("watcher", "SELECT LISTS");
+    assert!(
+        lists.lines().any(|l| l.starts_with("databases|")),
+        "{lists}"
+    );
+    assert_eq!(run("watcher", "SELECT TimeZone").0.trim(), "GMT");
 }
 
 /// SHOW DATABASES shows a host list whole, as PgBouncer does.
@@ -862,4 +869,36 @@ async fn set_user_of_a_zero_cap_puts_the_global_one_back() {
         .await
         .unwrap();
     assert_eq!(cap(&show(&admin, "SHOW USERS").await), vec!["7"]);
+}
+
+/// A database the `*` entry would serve takes the console's commands before any client has
+/// used it, as PgBouncer registers it for them.
+#[test]
+fn console_commands_take_a_database_the_star_entry_serves() {
+    let pg = Postgres::start();
+    let settings = "auth_type = trust\nadmin_users = admin\npool_mode = transaction\n";
+    let star = format!("* = host={} port={}\n", common::HOST, pg.port);
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &star));
+    let run = |sql: &str| {
+        let out = common::psql_at(pw.port, "admin", None, "pgward", sql);
+        assert!(out.status.success(), "{sql}: {}", stderr_of(&out));
+    };
+    for sql in [
+        "PAUSE auto1",
+        "RESUME auto1",
+        "RECONNECT auto1",
+        "WAIT_CLOSE auto1",
+        "DISABLE auto1",
+    ] {
+        run(sql);
+    }
+    let refused = common::psql_at(pw.port, "trustuser", None, "auto1", "SELECT 1");
+    assert!(
+        stderr_of(&refused).contains("database \"auto1\" is disabled"),
+        "{}",
+        stderr_of(&refused)
+    );
+    run("ENABLE auto1");
+    let unknown = common::psql_at(pw.port, "admin", None, "pgward", "PAUSE pgward");
+    assert!(!unknown.status.success());
 }

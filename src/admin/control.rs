@@ -41,7 +41,8 @@ fn known_db(rt: &Runtime, db: &str, verb: &str) -> Result<(), AdminError> {
             "cannot {verb} admin db: {db}"
         )));
     }
-    let configured = rt.config.load().databases.iter().any(|d| d.name == db);
+    // A name the `*` entry serves counts as PgBouncer registers it for the command.
+    let configured = rt.config.load().database(db).is_some();
     if configured || rt.pools.all().iter().any(|p| p.key.db == db) {
         Ok(())
     } else {

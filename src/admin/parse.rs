@@ -204,6 +204,11 @@ pub fn parse(sql: &str) -> Result<Command, ParseError> {
         1 => arg(0).ok_or_else(invalid),
         _ => Err(invalid()),
     };
+    // SELECT is SHOW's other name on PgBouncer's console.
+    let verb = match verb.as_str() {
+        "select" => "show".to_string(),
+        _ => verb,
+    };
     let cmd = match verb.as_str() {
         "show" if args.first().and_then(Token::keyword).as_deref() == Some("statements") => {
             show_statements(&args[1..]).ok_or_else(invalid)?
@@ -304,6 +309,10 @@ mod tests {
     #[test]
     fn commands() {
         assert_eq!(parse("show POOLS;").unwrap(), Command::Show("pools".into()));
+        assert_eq!(
+            parse("SELECT pools").unwrap(),
+            Command::Show("pools".into())
+        );
         let statements = |limit, tenant: Option<&str>| Command::ShowStatements {
             limit,
             tenant: tenant.map(str::to_string),
