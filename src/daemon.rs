@@ -221,6 +221,11 @@ pub async fn maintenance(rt: Arc<Runtime>) {
         if let Some(after) = settings.pool_idle_timeout {
             rt.pools.free_idle(after, now);
         }
+        if let (Some(after), true) = (settings.autodb_idle_timeout, config.autodb.is_some()) {
+            let is_auto = |db: &str| !config.databases.iter().any(|d| d.name == db);
+            let paused = |db: &str| rt.ops.control.get().is_paused(db);
+            rt.pools.free_idle_auto(after, now, is_auto, paused);
+        }
         let averages = rt.ops.stats.tick(now, settings.stats_period);
         if let (Some(avg), true) = (averages, settings.log_stats) {
             tracing::info!("{}", crate::ops::routine::stats_line(&avg));

@@ -961,6 +961,36 @@ fn pool_idle_timeout_frees_a_pool_with_no_client_and_no_server() {
 }
 
 #[test]
+fn autodb_idle_timeout_frees_an_auto_database_left_unused() {
+    let pg = Postgres::start();
+    pg.sql_in("postgres", "CREATE DATABASE auto1");
+    let star = format!("* = host={} port={}\n", common::HOST, pg.port);
+    let settings = "admin_users = admin\nautodb_idle_timeout = 1\nserver_idle_timeout = 1\n";
+    let pw = Pgward::trusting(&pg, settings, &star);
+    for db in ["auto1", "app"] {
+        let out = pw.psql("postgres", None, db, "SELECT 1");
+        assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
+    }
+    let pools = || stdout_of(&pw.psql("admin", None, "pgbouncer", "SHOW POOLS"));
+    assert!(pools().contains("auto1|postgres|"), "{}", pools());
+    assert!(
+        eventually(10 * SECOND, || !pools().contains("auto1|postgres|")),
+        "{}\n{}",
+        pools(),
+        pw.log()
+    );
+    assert!(
+        pw.log().contains("auto1/postgres: cleaning up idle pool"),
+        "{}",
+        pw.log()
+    );
+    // A database of its own entry stays (pool_idle_timeout is not set).
+    assert!(pools().contains("app|postgres|"), "{}", pools());
+    let out = pw.psql("postgres", None, "auto1", "SELECT 1");
+    assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
+}
+
+#[test]
 fn a_reload_that_changes_the_host_list_replaces_the_servers() {
     let pg = Postgres::start();
     let db = |hosts: &str| {

@@ -118,6 +118,33 @@ impl Pools {
         });
     }
 
+    /// Frees every pool of each auto-database (`is_auto`: served by the `*` entry) whose
+    /// pools have all had no client and no server for `after` (autodb_idle_timeout), as
+    /// PgBouncer frees the whole database; a paused one (`paused`) is kept.
+    pub fn free_idle_auto(
+        &self,
+        after: Duration,
+        now: std::time::Instant,
+        is_auto: impl Fn(&str) -> bool,
+        paused: impl Fn(&str) -> bool,
+    ) {
+        let mut map = lock(&self.map);
+        let mut idle: HashMap<String, bool> = HashMap::new();
+        for (key, pool) in map.iter() {
+            if is_auto(&key.db) && !paused(&key.db) {
+                let all = idle.entry(key.db.clone()).or_insert(true);
+                *all = pool.idle_for(after, now) && *all;
+            }
+        }
+        map.retain(|key, _| {
+            let free = idle.get(&key.db).copied().unwrap_or(false);
+            if free {
+                tracing::info!("{}/{}: cleaning up idle pool", key.db, key.user);
+            }
+            !free
+        });
+    }
+
     /// A new socket id (clients and servers share the counter), from 1.
     pub fn next_socket_id(&self) -> u64 {
         self.ids.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
