@@ -415,6 +415,7 @@ pub fn pool_settings(
         },
         reset_query: non_empty(&s.server_reset_query),
         reset_always: s.server_reset_query_always,
+        round_robin: s.server_round_robin,
         tracked,
         max_message: (s.max_packet_size as usize).min(crate::wire::DEFAULT_MAX_MESSAGE_LEN),
     }

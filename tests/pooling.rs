@@ -961,6 +961,31 @@ fn pool_idle_timeout_frees_a_pool_with_no_client_and_no_server() {
 }
 
 #[test]
+fn server_round_robin_takes_the_idle_servers_in_turn() {
+    let pg = Postgres::start();
+    for (round_robin, distinct) in [(0, 1), (1, 2)] {
+        let settings = format!(
+            "pool_mode = transaction\ndefault_pool_size = 2\nserver_round_robin = {round_robin}\n"
+        );
+        let pw = Pgward::trusting(&pg, &settings, "");
+        let mut a = Raw::login(pw.port, "trustuser", None, "app");
+        let mut b = Raw::login(pw.port, "trustuser", None, "app");
+        // Two servers at once, then both idle.
+        a.query("BEGIN").expect("begin");
+        b.query("BEGIN").expect("begin");
+        a.query("COMMIT").expect("commit");
+        b.query("COMMIT").expect("commit");
+        let pids: std::collections::BTreeSet<String> =
+            (0..4).map(|_| a.value("SELECT pg_backend_pid()")).collect();
+        assert_eq!(
+            pids.len(),
+            distinct,
+            "server_round_robin = {round_robin}: {pids:?}"
+        );
+    }
+}
+
+#[test]
 fn autodb_idle_timeout_frees_an_auto_database_left_unused() {
     let pg = Postgres::start();
     pg.sql_in("postgres", "CREATE DATABASE auto1");

@@ -52,6 +52,9 @@ pub struct PoolSettings {
     pub check_query: Option<String>,
     pub reset_query: Option<String>,
     pub reset_always: bool,
+    /// `server_round_robin`: idle servers are taken in the order they came back (each used
+    /// in turn) rather than the most recently used first.
+    pub round_robin: bool,
     pub tracked: Arc<Tracked>,
     pub max_message: usize,
 }

@@ -417,7 +417,7 @@ impl Pool {
         let now = Instant::now();
         let mut inner = lock(&self.inner);
         let settings = inner.settings.clone();
-        while let Some(conn) = inner.idle.pop() {
+        while let Some(conn) = next_idle(&mut inner, settings.round_robin) {
             let reason = if !conn.is_alive() {
                 "server conn crashed?"
             } else if idle_expired(&conn, &settings, now, &mut inner.lifetime_closed) {
@@ -1333,6 +1333,15 @@ fn expired(
         *closed = Some(now);
     }
     due
+}
+
+/// The idle server to take next: the most recently used (PgBouncer's default, which keeps
+/// the fewest servers busy), or with `round_robin` the one idle longest.
+fn next_idle(inner: &mut Inner, round_robin: bool) -> Option<Box<ServerConn>> {
+    match round_robin {
+        true => (!inner.idle.is_empty()).then(|| inner.idle.remove(0)),
+        false => inner.idle.pop(),
+    }
 }
 
 /// [`expired`] under the pool's lock, with its settings.
