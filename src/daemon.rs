@@ -21,6 +21,7 @@ use crate::runtime::Runtime;
 pub struct Logging {
     pub file: Option<Arc<crate::ops::logfile::LogFile>>,
     pub level: Option<crate::ops::logfile::LogLevel>,
+    pub syslog: Option<Arc<crate::ops::syslog::Syslog>>,
 }
 
 /// Serves `config` until a signal or the console stops pgward; the process's exit code.
@@ -52,6 +53,7 @@ pub async fn serve(config: Config, log: Logging) -> ExitCode {
     let ops = crate::ops::Ops {
         logfile: log.file,
         log_level: log.level,
+        syslog: log.syslog,
         ..Default::default()
     };
     if let Err(e) = crate::runtime::open_traffic_log(&ops, governance.as_deref()) {

@@ -187,15 +187,28 @@ fn main() -> ExitCode {
 /// reload), and its level, which a reload or SET verbose changes.
 fn init_logging(config: &Config, args: &Args) -> std::io::Result<pgward::daemon::Logging> {
     use pgward::ops::logfile::{level_for, LogFile, LogLevel};
+    use pgward::ops::syslog::{Syslog, SyslogWriter, SYSLOG_SOCKET};
     use tracing_subscriber::layer::SubscriberExt;
     use tracing_subscriber::util::SubscriberInitExt;
+    use tracing_subscriber::Layer;
     let level = level_for(config.settings.verbose.max(0) + args.verbose);
     let (filter, handle) = tracing_subscriber::reload::Layer::new(level);
+    let syslog = Syslog::new(SYSLOG_SOCKET);
+    syslog.configure(&config.settings);
     let log = pgward::daemon::Logging {
         file: None,
         level: Some(LogLevel::new(handle, args.verbose)),
+        syslog: Some(std::sync::Arc::clone(&syslog)),
     };
-    let registry = tracing_subscriber::registry().with(filter);
+    // Lines are made for syslog only while it is on.
+    let on = std::sync::Arc::clone(&syslog);
+    let to_syslog = tracing_subscriber::fmt::layer()
+        .with_target(false)
+        .without_time()
+        .with_ansi(false)
+        .with_writer(SyslogWriter(syslog))
+        .with_filter(tracing_subscriber::filter::filter_fn(move |_| on.is_on()));
+    let registry = tracing_subscriber::registry().with(filter).with(to_syslog);
     let layer = tracing_subscriber::fmt::layer().with_target(false);
     match &config.settings.logfile {
         Some(path) => {

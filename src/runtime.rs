@@ -192,6 +192,9 @@ impl Runtime {
         if let Some(level) = &self.ops.log_level {
             level.set(config.settings.verbose);
         }
+        if let Some(syslog) = &self.ops.syslog {
+            syslog.configure(&config.settings);
+        }
         let old_config = self.config.load_full();
         let tracked = Arc::new(Tracked::of(&config.settings));
         let old_userlist = self.userlist.load_full();

@@ -216,10 +216,7 @@ impl Builder {
             .map_err(|m| e.loc.error(m))?;
         let key = e.key.to_ascii_lowercase();
         let note = match outcome {
-            SetOutcome::Applied => match settings::unapplied(&key, &e.value) {
-                Some(note) => note,
-                None => return Ok(()),
-            },
+            SetOutcome::Applied => return Ok(()),
             SetOutcome::NotImplemented => "is not implemented by pgward; ignored",
             SetOutcome::Unknown => "is unknown; ignored",
         };

@@ -403,19 +403,6 @@ const NOT_IMPLEMENTED: &[&str] = &[
     "user",
 ];
 
-/// A note when `key` = `value` asks for something pgward does not do (the value is checked
-/// and kept, and SHOW CONFIG shows it): the operator is told at load rather than left to
-/// find out.
-pub fn unapplied(key: &str, value: &str) -> Option<&'static str> {
-    let on = values::boolean(value).unwrap_or(false);
-    match key {
-        "syslog" if on => {
-            Some("is not implemented by pgward (it logs to logfile and stderr); ignored")
-        }
-        _ => None,
-    }
-}
-
 /// `max_statement_stats` when not set: rows of statement statistics kept.
 pub const DEFAULT_MAX_STATEMENT_STATS: usize = 5_000;
 

@@ -246,17 +246,6 @@ fn unknown_keys_warn_once_each() {
 }
 
 #[test]
-fn settings_pgward_does_not_act_on_warn_with_their_line() {
-    let c = parse("[pgbouncer]\nsyslog = 1\napplication_name_add_host = 1\nsyslog_ident = x\n")
-        .unwrap();
-    assert_eq!(c.warnings.len(), 1, "{:?}", c.warnings);
-    assert!(c.warnings[0].starts_with("pgbouncer.ini:2: parameter syslog is not implemented"));
-    assert!(c.settings.syslog);
-    let quiet = parse("[pgbouncer]\nsyslog = 0\napplication_name_add_host = 0\n").unwrap();
-    assert!(quiet.warnings.is_empty(), "{:?}", quiet.warnings);
-}
-
-#[test]
 fn auth_types_this_build_cannot_check_are_refused_with_their_line() {
     for method in ["pam", "ldap", "gss"] {
         let err = parse(&format!(

@@ -11,6 +11,7 @@ pub mod routine;
 pub mod sketch;
 pub mod state;
 pub mod statements;
+pub mod syslog;
 pub mod stats;
 pub mod traffic;
 
@@ -46,6 +47,9 @@ pub struct Ops {
     /// The log's level, changed by a reload or SET verbose (absent where nothing installed
     /// pgward's log, as in tests that run the daemon in process).
     pub log_level: Option<logfile::LogLevel>,
+    /// pgward's log to syslog, switched on and off by `syslog` (absent where nothing installed
+    /// pgward's log).
+    pub syslog: Option<std::sync::Arc<syslog::Syslog>>,
     /// The OS user pgward runs as, and its name, for console logins over the Unix socket.
     pub os_uid: u32,
     pub os_user: Option<String>,
@@ -64,6 +68,7 @@ impl Default for Ops {
             traffic: traffic::TrafficLog::default(),
             logfile: None,
             log_level: None,
+            syslog: None,
             os_uid,
             os_user: user_name(os_uid),
         }
