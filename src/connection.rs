@@ -240,14 +240,9 @@ fn check_startup_search_path(
     ) else {
         return Ok(());
     };
-    let application_name = req
-        .params
-        .iter()
-        .find(|(n, _)| n == "application_name")
-        .map_or("", |(_, v)| v.as_str());
     let who = crate::policy::Who {
         role: &req.user,
-        application_name,
+        application_name: req.own_application_name(),
         client_addr,
     };
     match g.policy.judge_startup_search_path(value, &who) {
@@ -384,7 +379,13 @@ async fn greet(
     let timeouts = Timeouts::for_login(&settings, &req.user, &pool.key.user);
     Ok(Session::new(
         rt.clone(),
-        (req.user.clone(), io.stream.peer_ip()),
+        (
+            req.user.clone(),
+            crate::session::Peer {
+                addr: io.stream.peer_ip(),
+                app_host: req.app_host.as_deref().map(Arc::from),
+            },
+        ),
         pool,
         handle.clone(),
         params,

@@ -92,7 +92,25 @@ fn options_from_libpq_reach_the_server() {
 #[test]
 fn application_name_add_host_names_where_the_client_connects_from() {
     let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "application_name_add_host = 1\n");
+    // A rule for one application reaches it still: the policy reads the name the client gave.
+    let dir = shared_tempdir("pgward-policy-");
+    let policy = dir.path().join("policy.toml");
+    let rule = "[[rules]]\nrule = \"deny_ddl\"\nwhen = { application_names = [\"myapp\"] }\n";
+    std::fs::write(&policy, rule).expect("the policy");
+    let settings = format!(
+        "application_name_add_host = 1\npolicy_file = {}\n",
+        policy.display()
+    );
+    let pw = Pgward::transaction_pool(&pg, &settings);
+    let ddl = psql_at(
+        pw.port,
+        "trustuser",
+        None,
+        "dbname=app application_name=myapp",
+        "CREATE TABLE by_myapp (a int)",
+    );
+    assert!(!ddl.status.success(), "the rule let it through");
+    assert!(stderr_of(&ddl).contains("deny_ddl"), "{}", stderr_of(&ddl));
     let out = psql_at(
         pw.port,
         "trustuser",

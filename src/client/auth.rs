@@ -73,6 +73,7 @@ pub async fn authenticate(
         params: Vec::new(),
         replication: Default::default(),
         options: None,
+        app_host: None,
     };
     throttled(io, rt, &req).await
 }

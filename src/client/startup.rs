@@ -23,22 +23,38 @@ pub struct StartupRequest {
     /// A replication client's `options`, passed to its server as they came: a server of its
     /// own can take any setting, even one that is not reported back.
     pub options: Option<String>,
+    /// What `application_name_add_host` added to `application_name` (` - host:port`).
+    pub app_host: Option<String>,
 }
 
 impl StartupRequest {
     /// `application_name_add_host`: the client's `application_name` (`app` if it set none)
     /// followed by ` - ` and where it connects from, as PgBouncer names it.
+    /// The policy still reads the name the client gave ([`StartupRequest::app_host`]).
     pub fn add_host(&mut self, details: &str) {
+        let added = format!(" - {details}");
         match self
             .params
             .iter_mut()
             .find(|(n, _)| n == "application_name")
         {
-            Some((_, value)) => *value = format!("{value} - {details}"),
+            Some((_, value)) => value.push_str(&added),
             None => self
                 .params
-                .push(("application_name".to_string(), format!("app - {details}"))),
+                .push(("application_name".to_string(), format!("app{added}"))),
         }
+        self.app_host = Some(added);
+    }
+
+    /// The `application_name` the client gave, as the policy reads it: without what
+    /// `application_name_add_host` added; "" if it gave none.
+    pub fn own_application_name(&self) -> &str {
+        let name = self
+            .params
+            .iter()
+            .find(|(n, _)| n == "application_name")
+            .map_or("", |(_, v)| v.as_str());
+        crate::session::without_host(name, self.app_host.as_deref())
     }
 }
 
@@ -220,6 +236,7 @@ pub fn read_params(
         params: set,
         replication,
         options,
+        app_host: None,
     })
 }
 

@@ -1819,7 +1819,7 @@ impl Session {
         let Some(governance) = governance else {
             return Ok(());
         };
-        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let who = super::rules::who_of(&self.user, &self.params, &self.peer);
         let tenant = governance
             .policy
             .identify(&who, &crate::sql::Tags::default())
@@ -1963,7 +1963,7 @@ impl Session {
         let analysis = governance
             .analyzer
             .analyze(text, &parse_context(&self.params));
-        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let who = super::rules::who_of(&self.user, &self.params, &self.peer);
         let tenant = governance.policy.identify(&who, &analysis.tags).tenant;
         let subject = self.subject(&tenant, analysis.fingerprint);
         super::rules::log_rule_refusal(&self.rt.gatekeeper, hit, subject, &self.user);
@@ -2097,7 +2097,7 @@ impl Session {
         if derived.as_ref().is_some_and(|d| d.allowed == Some(true)) {
             return Some(Verdict::Allow);
         }
-        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let who = super::rules::who_of(&self.user, &self.params, &self.peer);
         let verdict = governance.policy.judge(analysis, &who);
         if let Some(d) = self.readings.get_mut(governance, at, analysis) {
             d.allowed = Some(matches!(verdict, Verdict::Allow));
@@ -2117,7 +2117,7 @@ impl Session {
         if let Some(d) = self.readings.get_mut(governance, at, analysis) {
             return Arc::clone(&d.facts);
         }
-        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let who = super::rules::who_of(&self.user, &self.params, &self.peer);
         let identity = governance.policy.identify(&who, &analysis.tags);
         let tenant = self.tenant_name(&identity.tenant);
         let words = work.words().unwrap_or_default();
@@ -2154,7 +2154,7 @@ impl Session {
     /// What the gate knows of a request with no reading (a FunctionCall, the Bind of a
     /// statement pgward never saw): its tenant is the role's.
     fn underived(&self, governance: &Governance) -> Arc<Facts> {
-        let who = super::rules::who_of(&self.user, &self.params, self.client_addr);
+        let who = super::rules::who_of(&self.user, &self.params, &self.peer);
         let no_tags = crate::sql::Tags::default();
         let identity = governance.policy.identify(&who, &no_tags);
         Arc::new(Facts {

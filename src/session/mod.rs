@@ -5,7 +5,6 @@
 //! slows the other (backpressure) and neither side's writes can deadlock the other's.
 
 use std::future::poll_fn;
-use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -23,6 +22,8 @@ mod readings;
 pub mod replication;
 mod rules;
 mod views;
+
+pub use rules::{without_host, Peer};
 
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::client::{ClientIo, SessionError, CLOSE_GRACE};
@@ -148,7 +149,7 @@ pub struct Session {
     /// That role and the pool's database, as the gate and the plan cache key them.
     role_name: Arc<str>,
     database_name: Arc<str>,
-    client_addr: Option<IpAddr>,
+    peer: rules::Peer,
     rule_state: RuleState,
     pool: Arc<Pool>,
     /// The pool as the gate counts it: `database/user`.
@@ -185,7 +186,7 @@ impl Session {
     #[allow(clippy::too_many_arguments)]
     pub fn new(
         rt: Arc<Runtime>,
-        (user, client_addr): (String, Option<IpAddr>),
+        (user, peer): (String, rules::Peer),
         pool: Arc<Pool>,
         handle: Arc<ClientHandle>,
         params: ParamSet,
@@ -209,7 +210,7 @@ impl Session {
             role_name,
             database_name: Arc::clone(&pool.names.database),
             user,
-            client_addr,
+            peer,
             rule_state: RuleState::default(),
             pool_label: format!("{}/{}", pool.key.db, pool.key.user),
             pool,
@@ -646,7 +647,7 @@ impl Session {
             governance,
             client_id: self.id,
             role: &self.user,
-            client_addr: self.client_addr,
+            peer: &self.peer,
             params: &self.params,
             settled,
             state: &mut self.rule_state,

@@ -28,7 +28,7 @@ pub struct RuleCheck<'a> {
     pub governance: &'a Governance,
     pub client_id: u64,
     pub role: &'a str,
-    pub client_addr: Option<IpAddr>,
+    pub peer: &'a Peer,
     pub params: &'a ParamSet,
     /// How the server reads a statement as `params` say, with nothing in flight.
     pub settled: &'a ParseContext,
@@ -190,7 +190,7 @@ impl RuleCheck<'_> {
             return None;
         }
         // (Built from the fields, not `self`: the state below is written while it is held.)
-        let who = who_of(self.role, self.params, self.client_addr);
+        let who = who_of(self.role, self.params, self.peer);
         if tagged && !self.state.tags_logged && policy.identify(&who, &analysis.tags).ignored_tags {
             tracing::warn!(
                 client = self.client_id,
@@ -223,7 +223,7 @@ impl RuleCheck<'_> {
 
     /// The tenant a statement of `analysis` runs for.
     fn tenant_of(&self, analysis: &Analysis) -> String {
-        let who = who_of(self.role, self.params, self.client_addr);
+        let who = who_of(self.role, self.params, self.peer);
         let identity = self.governance.policy.identify(&who, &analysis.tags);
         identity.tenant.to_string()
     }
@@ -247,13 +247,28 @@ impl RuleCheck<'_> {
     }
 }
 
+/// Where a session's client is, as the policy reads it: its address, and what
+/// `application_name_add_host` added to its application_name (the policy reads the name the
+/// client gave, so that turning the setting on changes no rule's reach).
+#[derive(Debug, Clone, Default)]
+pub struct Peer {
+    pub addr: Option<IpAddr>,
+    pub app_host: Option<Arc<str>>,
+}
+
+/// `name` without `added` at its end.
+pub fn without_host<'a>(name: &'a str, added: Option<&str>) -> &'a str {
+    added.and_then(|a| name.strip_suffix(a)).unwrap_or(name)
+}
+
 /// Who sends a session's statements, as the policy reads it: its role, its application_name
 /// and its address.
-pub fn who_of<'a>(role: &'a str, params: &'a ParamSet, client_addr: Option<IpAddr>) -> Who<'a> {
+pub fn who_of<'a>(role: &'a str, params: &'a ParamSet, peer: &'a Peer) -> Who<'a> {
+    let name = params.get("application_name").unwrap_or("");
     Who {
         role,
-        application_name: params.get("application_name").unwrap_or(""),
-        client_addr,
+        application_name: without_host(name, peer.app_host.as_deref()),
+        client_addr: peer.addr,
     }
 }
 
