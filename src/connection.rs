@@ -9,6 +9,7 @@ use bytes::BytesMut;
 use crate::cancel::ClientHandle;
 use crate::client::{self, ClientIo, Opening, SessionError, StartupRequest};
 use crate::net::Stream;
+use crate::ops::routine::ClientEnd;
 use crate::params::ParamSet;
 use crate::pool::Pool;
 use crate::runtime::Runtime;
@@ -61,24 +62,33 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
     };
     // The session's relay runs here, not inside the login's future: every turn of the relay
     // resumes this task, and each enclosing future is one more step on the way in.
-    let result = match open(&rt, &mut io, &entry, limits).await {
+    let ended = match open(&rt, &mut io, &entry, limits).await {
         Ok(Some(mut relay)) => {
+            // The session logs how it ended.
             let result = relay.session.run(&mut io).await;
             rt.cancels.remove(&relay.handle);
-            result
+            if let Err(SessionError::Io(e)) = result {
+                tracing::debug!(client = id, %peer, "client connection lost: {e}");
+            }
+            return;
         }
-        Ok(None) => Ok(()),
-        Err(e) => Err(e),
+        Ok(None) => return,
+        Err(e) => e,
     };
-    match result {
-        Ok(()) | Err(SessionError::Gone) => {}
-        Err(SessionError::Io(e)) => {
-            tracing::debug!(client = id, %peer, "client connection lost: {e}")
-        }
-        Err(SessionError::Fatal(err)) => {
-            let log = rt.config.load().settings.log_lines();
+    // The login did not end in a session: the client left, or pgward refused it.
+    let log = rt.config.load().settings.log_lines();
+    match ended {
+        SessionError::Fatal(err) => {
             crate::ops::routine::client_refused(log, id, &err, entry.age());
             io.send_error(&[], &err).await;
+        }
+        left => {
+            if let SessionError::Io(e) = &left {
+                tracing::debug!(client = id, %peer, "client connection lost: {e}");
+            }
+            if let Some(end) = ClientEnd::of(&Err(left), entry.killed()) {
+                crate::ops::routine::client_closed(log, id, end, entry.age());
+            }
         }
     }
 }
@@ -181,10 +191,15 @@ async fn open(
     let (req, pool, welcome, cap) = match opened {
         None => return Ok(None),
         Some(Opened::Console(req, role, _cap)) => {
-            crate::admin::serve(rt, io, entry, &req, role).await?;
+            let ended = crate::admin::serve(rt, io, entry, &req, role).await;
+            if let Err(SessionError::Fatal(_)) = ended {
+                // Logged and answered as a refusal.
+                return ended.map(|()| None);
+            }
             let log = rt.config.load().settings.log_lines();
-            let end = crate::ops::routine::ClientEnd::CloseRequest;
-            crate::ops::routine::client_closed(log, id, end, entry.age());
+            if let Some(end) = ClientEnd::of(&ended, entry.killed()) {
+                crate::ops::routine::client_closed(log, id, end, entry.age());
+            }
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {

@@ -753,7 +753,7 @@ fn routine_traffic(pw: &Pgward) {
 #[test]
 fn the_routine_log_lines_follow_their_settings() {
     let pg = Postgres::start();
-    let pw = Pgward::trusting(&pg, "stats_period = 1\n", "");
+    let pw = Pgward::trusting(&pg, "stats_period = 1\nadmin_users = admin\n", "");
     routine_traffic(&pw);
     for line in [
         "login attempt: db=app user=postgres tls=no replication=no",
@@ -769,6 +769,45 @@ fn the_routine_log_lines_follow_their_settings() {
             pw.log()
         );
     }
+    // A console client that says Terminate, one that just goes, and a client that goes
+    // before its startup packet: each one more line of its kind.
+    let eofs = || {
+        pw.log()
+            .matches("closing because: client unexpected eof")
+            .count()
+    };
+    let requests = || {
+        pw.log()
+            .matches("closing because: client close request")
+            .count()
+    };
+    let (eof, request) = (eofs(), requests());
+    Raw::login(pw.port, "admin", None, "pgbouncer").terminate();
+    assert!(
+        eventually(5 * SECOND, || requests() == request + 1),
+        "{}",
+        pw.log()
+    );
+    drop(Raw::login(pw.port, "admin", None, "pgbouncer"));
+    assert!(eventually(5 * SECOND, || eofs() == eof + 1), "{}", pw.log());
+    drop(Raw::connect(pw.port));
+    assert!(eventually(5 * SECOND, || eofs() == eof + 2), "{}", pw.log());
+    // A client the console ends.
+    let mut killed = Raw::login(pw.port, "postgres", None, "app");
+    killed.query("SELECT 1").expect("a query");
+    let out = console(pw.port, "KILL app");
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    for line in [
+        "pooler error: admin forced disconnect",
+        "closing because: admin forced disconnect (age=",
+    ] {
+        assert!(
+            eventually(5 * SECOND, || pw.log().contains(line)),
+            "{line}: {}",
+            pw.log()
+        );
+    }
+    assert_eq!(eofs(), eof + 2, "{}", pw.log());
     assert!(
         eventually(5 * SECOND, || pw.log().contains(" xacts/s, ")),
         "{}",

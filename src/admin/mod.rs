@@ -163,7 +163,6 @@ pub async fn serve(
     loop {
         let frame = match io.read_frame().await {
             Ok(f) => f,
-            Err(SessionError::Gone) => return Ok(()),
             Err(e) => return Err(e),
         };
         counters.add_received(frame.len());

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -136,6 +136,8 @@ pub struct ClientEntry {
     /// plus one; zero before the first request.
     request: AtomicU64,
     identity: Mutex<Identity>,
+    /// The console ended the connection (KILL, KILL_CLIENT).
+    killed: AtomicBool,
 }
 
 impl ClientEntry {
@@ -156,6 +158,11 @@ impl ClientEntry {
             wait_since: request.filter(|_| state == ClientState::Waiting),
             server: identity.server.filter(|_| state == ClientState::Active),
         }
+    }
+
+    /// Whether the console ended the connection.
+    pub fn killed(&self) -> bool {
+        self.killed.load(Ordering::Acquire)
     }
 
     /// How long the client has been connected.
@@ -250,6 +257,7 @@ impl ClientEntry {
     /// Ends the connection: both directions are shut down, so the session sees the client
     /// leave and closes (or returns) its server as it would for any client that left.
     fn shut_down(&self) {
+        self.killed.store(true, Ordering::Release);
         let _ = socket2::SockRef::from(&self.fd).shutdown(std::net::Shutdown::Both);
     }
 }
@@ -292,6 +300,7 @@ impl ClientRegistry {
             state: AtomicU8::new(ClientState::Login as u8),
             request: AtomicU64::new(0),
             identity: Mutex::new(Identity::default()),
+            killed: AtomicBool::new(false),
         });
         lock(&self.clients).insert(id, entry.clone());
         Some(Registration {

@@ -63,6 +63,11 @@ impl SessionHooks {
         self.entry.id
     }
 
+    /// Whether the console ended the client's connection.
+    pub fn killed(&self) -> bool {
+        self.entry.killed()
+    }
+
     /// Takes a server for this session: waits while the database is paused or the pooler
     /// suspended, refuses new work while the pooler shuts down waiting for servers, then
     /// checks out through the pool's wait queue (bounded by query_wait_timeout). A session told

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::client::SessionError;
 use crate::config::LogLines;
 use crate::net::Stream;
 use crate::wire::ErrorResponse;
@@ -18,13 +19,27 @@ pub enum ClientEnd {
     CloseRequest,
     /// The connection ended without a Terminate.
     UnexpectedEof,
+    /// The console ended it (KILL, KILL_CLIENT).
+    AdminKill,
 }
 
 impl ClientEnd {
+    /// How a session or a login that came back with `result` ended (`killed`: the console
+    /// shut its connection down); `None` for pgward's own error, logged as a refusal.
+    pub fn of(result: &Result<(), SessionError>, killed: bool) -> Option<ClientEnd> {
+        match result {
+            Err(SessionError::Fatal(_)) => None,
+            _ if killed => Some(ClientEnd::AdminKill),
+            Ok(()) => Some(ClientEnd::CloseRequest),
+            Err(SessionError::Gone | SessionError::Io(_)) => Some(ClientEnd::UnexpectedEof),
+        }
+    }
+
     fn reason(self) -> &'static str {
         match self {
             ClientEnd::CloseRequest => "client close request",
             ClientEnd::UnexpectedEof => "client unexpected eof",
+            ClientEnd::AdminKill => "admin forced disconnect",
         }
     }
 }
@@ -46,6 +61,8 @@ pub fn login_attempt(
         crate::client::Replication::Logical => "database",
         crate::client::Replication::Physical => "yes",
     };
+    // The names as the client sent them, a line break in them shown escaped.
+    let (db, user) = (db.escape_debug(), user.escape_debug());
     tracing::info!(
         client,
         "login attempt: db={db} user={user} tls={tls} replication={replication}"
@@ -54,6 +71,9 @@ pub fn login_attempt(
 
 /// A client's connection ended as `end` says, `age` after it was accepted.
 pub fn client_closed(log: LogLines, client: u64, end: ClientEnd, age: Duration) {
+    if end == ClientEnd::AdminKill && log.pooler_errors {
+        tracing::warn!(client, "pooler error: {}", end.reason());
+    }
     if log.disconnections {
         let age = age.as_secs();
         tracing::info!(client, "closing because: {} (age={age}s)", end.reason());

@@ -185,9 +185,12 @@ impl StatValues {
     /// second; times per transaction, per query and per assignment.
     pub fn average_since(&self, older: &StatValues, period: Duration) -> StatValues {
         let d = self.minus(older);
-        let secs = period.as_secs().max(1);
+        // Over the period's exact length, as PgBouncer's calc_average (whole seconds would
+        // count a period of 1.99 s as 1 s).
+        let micros = period.as_micros().max(1);
         let per = |total: u64, n: u64| total.checked_div(n).unwrap_or(0);
-        let per_sec = |n: u64| n / secs;
+        let per_sec =
+            |n: u64| u64::try_from(u128::from(n) * 1_000_000 / micros).unwrap_or(u64::MAX);
         StatValues {
             server_assignments: per_sec(d.server_assignments),
             xacts: per_sec(d.xacts),
@@ -296,6 +299,9 @@ mod tests {
         };
         let avg = new.average_since(&old, Duration::from_secs(10));
         assert_eq!((avg.xacts, avg.queries), (2, 4));
+        // A period a little short of two seconds is not one of one second.
+        let avg = new.average_since(&old, Duration::from_millis(1990));
+        assert_eq!((avg.xacts, avg.queries), (10, 20));
         assert_eq!((avg.xact_time, avg.query_time, avg.wait_time), (100, 20, 5));
     }
 

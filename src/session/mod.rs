@@ -244,13 +244,11 @@ impl Session {
                 let pending = std::mem::take(&mut self.to_client);
                 io.send_error(&pending, err).await;
             }
-            Ok(()) => {
-                let end = crate::ops::routine::ClientEnd::CloseRequest;
-                crate::ops::routine::client_closed(log, client, end, age);
-            }
-            Err(SessionError::Gone | SessionError::Io(_)) => {
-                let end = crate::ops::routine::ClientEnd::UnexpectedEof;
-                crate::ops::routine::client_closed(log, client, end, age);
+            ended => {
+                let end = crate::ops::routine::ClientEnd::of(ended, self.hooks.killed());
+                if let Some(end) = end {
+                    crate::ops::routine::client_closed(log, client, end, age);
+                }
             }
         }
         self.finish().await;
