@@ -808,6 +808,14 @@ fn the_routine_log_lines_follow_their_settings() {
         );
     }
     assert_eq!(eofs(), eof + 2, "{}", pw.log());
+    // A console command that fails is a pooler error too.
+    assert!(!console(pw.port, "PAUSE nosuchdb").status.success());
+    let refused = "pooler error: no such database: nosuchdb";
+    assert!(
+        eventually(5 * SECOND, || pw.log().contains(refused)),
+        "{}",
+        pw.log()
+    );
     assert!(
         eventually(5 * SECOND, || pw.log().contains(" xacts/s, ")),
         "{}",
@@ -823,13 +831,15 @@ fn the_routine_log_lines_follow_their_settings() {
         "{stats}"
     );
 
-    let quiet = "stats_period = 1\nlog_connections = 0\nlog_disconnections = 0\n\
+    let quiet =
+        "stats_period = 1\nadmin_users = admin\nlog_connections = 0\nlog_disconnections = 0\n\
                  log_pooler_errors = 0\nlog_stats = 0\n";
     let pw = Pgward::trusting(&pg, quiet, "");
     routine_traffic(&pw);
     // Two stats periods go by.
     sleep(Duration::from_millis(2500));
     let log = pw.log();
+    assert!(!console(pw.port, "PAUSE nosuchdb").status.success());
     for line in [
         "login attempt",
         "new connection to server",

@@ -242,7 +242,10 @@ async fn run_query(rt: &Arc<Runtime>, role: Role, sql: &str, out: &mut BytesMut)
         Err(e) => Err(AdminError::protocol(e.to_string())),
     };
     if let Err(e) = result {
-        tracing::warn!("admin console: {}", e.message);
+        // PgBouncer's admin_error goes through its pooler errors.
+        if rt.config.load().settings.log_pooler_errors {
+            tracing::warn!(code = %e.code, "pooler error: {}", e.message);
+        }
         wire::encode_error(out, &ErrorResponse::error(e.code, e.message));
     }
     wire::encode_ready_for_query(out, TxStatus::Idle);
