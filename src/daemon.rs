@@ -180,8 +180,13 @@ fn failed(e: impl std::fmt::Display) -> ExitCode {
 /// down), plus the servers and a margin for listeners and files.
 fn raise_fd_limit(config: &Config) {
     let s = &config.settings;
-    let servers = u64::from(s.default_pool_size.max(1)) * (config.databases.len() as u64 + 1)
-        + u64::from(s.max_db_connections);
+    // A pool_size of 0 is no cap of its own: as many servers as clients, at most.
+    let per_pool = match s.default_pool_size {
+        0 => s.max_client_conn,
+        n => n,
+    };
+    let servers =
+        u64::from(per_pool) * (config.databases.len() as u64 + 1) + u64::from(s.max_db_connections);
     let wanted = 2 * u64::from(s.max_client_conn) + servers + 100;
     match crate::edge::raise_fd_limit(wanted) {
         Ok(limit) if limit < wanted => tracing::warn!(

@@ -797,9 +797,10 @@ fn the_routine_log_lines_follow_their_settings() {
     killed.query("SELECT 1").expect("a query");
     let out = console(pw.port, "KILL app");
     assert!(out.status.success(), "{}", stderr_of(&out));
+    // PgBouncer's words for a client its database's KILL ended.
     for line in [
-        "pooler error: admin forced disconnect",
-        "closing because: admin forced disconnect (age=",
+        "pooler error: database removed",
+        "closing because: database removed (age=",
     ] {
         assert!(
             eventually(5 * SECOND, || pw.log().contains(line)),

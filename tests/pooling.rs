@@ -276,6 +276,26 @@ fn a_pool_size_of_zero_is_bounded_by_the_shared_limits_alone() {
             "app"
         ) == 0));
     }
+    // A reload keeps such a pool's idle servers: it has no size to bring them within.
+    let settings = "pool_mode = transaction\ndefault_pool_size = 0\nmax_db_connections = 3\n";
+    let pw = Pgward::trusting(&pg, settings, "");
+    let _clients = two_idle_servers(&pw);
+    assert_eq!(server_count(&pg, "trustuser", "app"), 2);
+    pw.reload_and_wait();
+    thread::sleep(Duration::from_millis(300));
+    assert_eq!(server_count(&pg, "trustuser", "app"), 2, "{}", pw.log());
+}
+
+/// Two clients of `app` in transaction pooling, each of which held a server at the same
+/// time: the pool has two idle servers.
+fn two_idle_servers(pw: &Pgward) -> (Raw, Raw) {
+    let mut a = Raw::login(pw.port, "trustuser", None, "app");
+    let mut b = Raw::login(pw.port, "trustuser", None, "app");
+    a.query("BEGIN").expect("begin");
+    b.query("BEGIN").expect("begin");
+    a.query("COMMIT").expect("commit");
+    b.query("COMMIT").expect("commit");
+    (a, b)
 }
 
 #[test]
@@ -968,13 +988,7 @@ fn server_round_robin_takes_the_idle_servers_in_turn() {
             "pool_mode = transaction\ndefault_pool_size = 2\nserver_round_robin = {round_robin}\n"
         );
         let pw = Pgward::trusting(&pg, &settings, "");
-        let mut a = Raw::login(pw.port, "trustuser", None, "app");
-        let mut b = Raw::login(pw.port, "trustuser", None, "app");
-        // Two servers at once, then both idle.
-        a.query("BEGIN").expect("begin");
-        b.query("BEGIN").expect("begin");
-        a.query("COMMIT").expect("commit");
-        b.query("COMMIT").expect("commit");
+        let (mut a, _b) = two_idle_servers(&pw);
         let pids: std::collections::BTreeSet<String> =
             (0..4).map(|_| a.value("SELECT pg_backend_pid()")).collect();
         assert_eq!(

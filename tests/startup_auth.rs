@@ -95,7 +95,8 @@ fn application_name_add_host_names_where_the_client_connects_from() {
     // A rule for one application reaches it still: the policy reads the name the client gave.
     let dir = shared_tempdir("pgward-policy-");
     let policy = dir.path().join("policy.toml");
-    let rule = "[[rules]]\nrule = \"deny_ddl\"\nwhen = { application_names = [\"myapp\"] }\n";
+    let rule = "[[rules]]\nrule = \"deny_ddl\"\nwhen = { application_names = [\"myapp\"] }\n\
+                [[rules]]\nrule = \"read_only\"\nwhen = { application_names = [\"app\"] }\n";
     std::fs::write(&policy, rule).expect("the policy");
     let settings = format!(
         "application_name_add_host = 1\npolicy_file = {}\n",
@@ -129,6 +130,10 @@ fn application_name_add_host_names_where_the_client_connects_from() {
     let socket = pw.socket_dir.join(format!(".s.PGSQL.{}", pw.port));
     let mut client = Raw::connect_unix(&socket).logged_in("trustuser", None, "app");
     let name = client.value("SHOW application_name");
+    // It gave no name: a rule for the name pgward filled in does not reach it.
+    client
+        .query("CREATE TABLE by_nameless (a int)")
+        .expect("no rule for a client without a name");
     let expected = format!("app - unix({}@", std::process::id());
     assert!(name.starts_with(&expected), "{name}");
     assert!(name.ends_with(&format!("):{}", pw.port)), "{name}");

@@ -38,12 +38,18 @@ impl StartupRequest {
             .iter_mut()
             .find(|(n, _)| n == "application_name")
         {
-            Some((_, value)) => value.push_str(&added),
-            None => self
-                .params
-                .push(("application_name".to_string(), format!("app{added}"))),
+            Some((_, value)) => {
+                value.push_str(&added);
+                self.app_host = Some(added);
+            }
+            None => {
+                // The client gave none: the policy reads none.
+                let name = format!("app{added}");
+                self.params
+                    .push(("application_name".to_string(), name.clone()));
+                self.app_host = Some(name);
+            }
         }
-        self.app_host = Some(added);
     }
 
     /// The `application_name` the client gave, as the policy reads it: without what

@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime};
 
@@ -136,8 +136,17 @@ pub struct ClientEntry {
     /// plus one; zero before the first request.
     request: AtomicU64,
     identity: Mutex<Identity>,
-    /// The console ended the connection (KILL, KILL_CLIENT).
-    killed: AtomicBool,
+    /// The console ended the connection: 0 not, else a [`Kill`] as a number.
+    killed: AtomicU8,
+}
+
+/// How the console ended a client's connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kill {
+    /// KILL_CLIENT.
+    Client = 1,
+    /// KILL of its database (or of every database).
+    Database = 2,
 }
 
 impl ClientEntry {
@@ -160,9 +169,13 @@ impl ClientEntry {
         }
     }
 
-    /// Whether the console ended the connection.
-    pub fn killed(&self) -> bool {
-        self.killed.load(Ordering::Acquire)
+    /// How the console ended the connection, if it did.
+    pub fn killed(&self) -> Option<Kill> {
+        match self.killed.load(Ordering::Acquire) {
+            1 => Some(Kill::Client),
+            2 => Some(Kill::Database),
+            _ => None,
+        }
     }
 
     /// How long the client has been connected.
@@ -256,8 +269,8 @@ impl ClientEntry {
 
     /// Ends the connection: both directions are shut down, so the session sees the client
     /// leave and closes (or returns) its server as it would for any client that left.
-    fn shut_down(&self) {
-        self.killed.store(true, Ordering::Release);
+    fn shut_down(&self, why: Kill) {
+        self.killed.store(why as u8, Ordering::Release);
         let _ = socket2::SockRef::from(&self.fd).shutdown(std::net::Shutdown::Both);
     }
 }
@@ -300,7 +313,7 @@ impl ClientRegistry {
             state: AtomicU8::new(ClientState::Login as u8),
             request: AtomicU64::new(0),
             identity: Mutex::new(Identity::default()),
-            killed: AtomicBool::new(false),
+            killed: AtomicU8::new(0),
         });
         lock(&self.clients).insert(id, entry.clone());
         Some(Registration {
@@ -336,7 +349,7 @@ impl ClientRegistry {
         let mut clients = lock(&self.clients);
         match clients.remove(&id) {
             Some(entry) => {
-                entry.shut_down();
+                entry.shut_down(Kill::Client);
                 true
             }
             None => false,
@@ -354,7 +367,7 @@ impl ClientRegistry {
             .collect();
         for id in &doomed {
             if let Some(entry) = clients.remove(id) {
-                entry.shut_down();
+                entry.shut_down(Kill::Database);
             }
         }
         doomed.len()

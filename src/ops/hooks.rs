@@ -63,8 +63,8 @@ impl SessionHooks {
         self.entry.id
     }
 
-    /// Whether the console ended the client's connection.
-    pub fn killed(&self) -> bool {
+    /// How the console ended the client's connection, if it did.
+    pub fn killed(&self) -> Option<super::clients::Kill> {
         self.entry.killed()
     }
 

@@ -88,10 +88,13 @@ pub fn enforce(pools: &[Arc<Pool>], clients: &ClientRegistry) -> usize {
     let in_use = servers_in_use(clients);
     let mut acted = 0;
     for pool in pools {
-        // The reserve's servers are within the pool's limits, as in PgBouncer.
+        // The reserve's servers are within the pool's limits, as in PgBouncer; a pool_size of
+        // 0 is no limit of the pool's own.
         let limits = &pool.settings().limits;
-        let limit = limits.pool_size + limits.reserve_pool_size;
-        acted += shed(std::slice::from_ref(pool), limit, &in_use);
+        if limits.pool_size > 0 {
+            let limit = limits.pool_size + limits.reserve_pool_size;
+            acted += shed(std::slice::from_ref(pool), limit, &in_use);
+        }
     }
     let mut by_user: HashMap<String, Vec<Arc<Pool>>> = HashMap::new();
     for pool in pools {

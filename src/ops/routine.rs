@@ -8,6 +8,7 @@ use std::time::Duration;
 use crate::client::SessionError;
 use crate::config::LogLines;
 use crate::net::Stream;
+use crate::ops::clients::Kill;
 use crate::wire::ErrorResponse;
 
 use super::StatValues;
@@ -19,19 +20,19 @@ pub enum ClientEnd {
     CloseRequest,
     /// The connection ended without a Terminate.
     UnexpectedEof,
-    /// The console ended it (KILL, KILL_CLIENT).
-    AdminKill,
+    /// The console ended it.
+    Killed(Kill),
 }
 
 impl ClientEnd {
-    /// How a session or a login that came back with `result` ended (`killed`: the console
-    /// shut its connection down); `None` for pgward's own error, logged as a refusal.
-    pub fn of(result: &Result<(), SessionError>, killed: bool) -> Option<ClientEnd> {
-        match result {
-            Err(SessionError::Fatal(_)) => None,
-            _ if killed => Some(ClientEnd::AdminKill),
-            Ok(()) => Some(ClientEnd::CloseRequest),
-            Err(SessionError::Gone | SessionError::Io(_)) => Some(ClientEnd::UnexpectedEof),
+    /// How a session or a login that came back with `result` ended (`killed`: how the
+    /// console shut its connection down); `None` for pgward's own error, logged as a refusal.
+    pub fn of(result: &Result<(), SessionError>, killed: Option<Kill>) -> Option<ClientEnd> {
+        match (result, killed) {
+            (Err(SessionError::Fatal(_)), _) => None,
+            (_, Some(kill)) => Some(ClientEnd::Killed(kill)),
+            (Ok(()), None) => Some(ClientEnd::CloseRequest),
+            (Err(SessionError::Gone | SessionError::Io(_)), None) => Some(ClientEnd::UnexpectedEof),
         }
     }
 
@@ -39,7 +40,9 @@ impl ClientEnd {
         match self {
             ClientEnd::CloseRequest => "client close request",
             ClientEnd::UnexpectedEof => "client unexpected eof",
-            ClientEnd::AdminKill => "admin forced disconnect",
+            // PgBouncer's words: KILL_CLIENT's, and kill_pool's for KILL.
+            ClientEnd::Killed(Kill::Client) => "admin forced disconnect",
+            ClientEnd::Killed(Kill::Database) => "database removed",
         }
     }
 }
@@ -62,16 +65,31 @@ pub fn login_attempt(
         crate::client::Replication::Physical => "yes",
     };
     // The names as the client sent them, a line break in them shown escaped.
-    let (db, user) = (db.escape_debug(), user.escape_debug());
+    let (db, user) = (printable(db), printable(user));
     tracing::info!(
         client,
         "login attempt: db={db} user={user} tls={tls} replication={replication}"
     );
 }
 
+/// `text` with its control characters (a line break, say) escaped, so that a name cannot
+/// write a line of its own into the log.
+fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    match text.chars().any(char::is_control) {
+        false => std::borrow::Cow::Borrowed(text),
+        true => text
+            .chars()
+            .map(|c| match c.is_control() {
+                true => c.escape_default().to_string(),
+                false => c.to_string(),
+            })
+            .collect(),
+    }
+}
+
 /// A client's connection ended as `end` says, `age` after it was accepted.
 pub fn client_closed(log: LogLines, client: u64, end: ClientEnd, age: Duration) {
-    if end == ClientEnd::AdminKill && log.pooler_errors {
+    if matches!(end, ClientEnd::Killed(_)) && log.pooler_errors {
         tracing::warn!(client, "pooler error: {}", end.reason());
     }
     if log.disconnections {
@@ -114,6 +132,26 @@ pub fn stats_line(avg: &StatValues) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_client_end_is_named_as_pgbouncer_names_it() {
+        let of = |r: Result<(), SessionError>, k| ClientEnd::of(&r, k).map(ClientEnd::reason);
+        assert_eq!(of(Ok(()), None), Some("client close request"));
+        assert_eq!(
+            of(Err(SessionError::Gone), None),
+            Some("client unexpected eof")
+        );
+        let kill = Some(Kill::Client);
+        assert_eq!(
+            of(Err(SessionError::Gone), kill),
+            Some("admin forced disconnect")
+        );
+        let kill = Some(Kill::Database);
+        assert_eq!(of(Ok(()), kill), Some("database removed"));
+        assert_eq!(printable("app"), "app");
+        assert_eq!(printable("a\nstats: x"), "a\\nstats: x");
+        assert_eq!(printable("o'brien é"), "o'brien é");
+    }
 
     #[test]
     fn the_stats_line_reads_as_pgbouncers() {

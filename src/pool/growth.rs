@@ -55,12 +55,11 @@ impl Limits {
     /// oldest ticket has waited.
     pub fn growth(&self, usage: &Usage, oldest_wait: Option<Duration>) -> Growth {
         let uncovered = usage.waiting > usage.connecting;
-        // min_pool_size is capped at the pool's size, as PgBouncer's is (a pool_size of 0
-        // caps nothing).
-        let min = match (usage.min_wanted, self.pool_size) {
-            (false, _) => 0,
-            (true, 0) => self.min_pool_size,
-            (true, size) => self.min_pool_size.min(size),
+        // min_pool_size is capped at the pool's size, as PgBouncer's is; a pool without a
+        // size of its own (0) is not filled to it, as PgBouncer's janitor fills none.
+        let min = match usage.min_wanted {
+            false => 0,
+            true => self.min_pool_size.min(self.pool_size),
         };
         let below_min = usage.pool_total < min;
         if !uncovered && !below_min {
@@ -224,14 +223,14 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_size_of_zero_caps_no_minimum() {
+    fn a_pool_size_of_zero_fills_no_minimum() {
         let l = Limits {
             pool_size: 0,
             min_pool_size: 2,
             ..limits()
         };
-        assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::Open);
-        assert_eq!(l.growth(&usage(2, 0, 0), None), Growth::NotNeeded);
+        assert_eq!(l.growth(&usage(1, 0, 0), None), Growth::NotNeeded);
+        assert_eq!(l.growth(&usage(1, 0, 1), None), Growth::Open);
     }
 
     #[test]
