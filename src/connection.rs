@@ -86,7 +86,7 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
             if let SessionError::Io(e) = &left {
                 tracing::debug!(client = id, %peer, "client connection lost: {e}");
             }
-            if let Some(end) = ClientEnd::of(&Err(left), entry.killed()) {
+            if let Some(end) = crate::client::client_end(&Err(left), entry.killed()) {
                 crate::ops::routine::client_closed(log, id, end, entry.age());
             }
         }
@@ -158,7 +158,13 @@ async fn open(
         }
         let log = rt.config.load().settings.log_lines();
         let names = (req.database.as_str(), req.user.as_str());
-        crate::ops::routine::login_attempt(log, id, names, &io.stream, req.replication);
+        crate::ops::routine::login_attempt(
+            log,
+            id,
+            names,
+            &io.stream,
+            req.replication.startup_value().unwrap_or("no"),
+        );
         if crate::admin::is_console(&req.database) {
             let (role, cap) = crate::admin::login(rt, io, &req.user).await?;
             return Ok(Some(Opened::Console(req, role, cap)));
@@ -197,14 +203,24 @@ async fn open(
                 return ended.map(|()| None);
             }
             let log = rt.config.load().settings.log_lines();
-            if let Some(end) = ClientEnd::of(&ended, entry.killed()) {
+            if let Some(end) = crate::client::client_end(&ended, entry.killed()) {
                 crate::ops::routine::client_closed(log, id, end, entry.age());
             }
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {
             logged_in(rt, entry, &req, &pool);
-            crate::session::replication::serve(rt, io, entry, &req, pool).await?;
+            let ended = crate::session::replication::serve(rt, io, entry, &req, pool).await;
+            if let (Some(kill), false) =
+                (entry.killed(), matches!(ended, Err(SessionError::Fatal(_))))
+            {
+                // A stream relayed whole cannot tell a Terminate from an end of stream: only
+                // the console's ending is told.
+                let log = rt.config.load().settings.log_lines();
+                crate::ops::routine::client_closed(log, id, ClientEnd::Killed(kill), entry.age());
+                return Ok(None);
+            }
+            ended?;
             return Ok(None);
         }
         Some(Opened::Pool(req, pool, welcome, cap)) => (req, pool, welcome, cap),
@@ -398,7 +414,7 @@ async fn greet(
             req.user.clone(),
             crate::session::Peer {
                 addr: io.stream.peer_ip(),
-                app_host: req.app_host.as_deref().map(Arc::from),
+                app_host: req.app_host.clone(),
             },
         ),
         pool,

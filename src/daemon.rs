@@ -180,13 +180,12 @@ fn failed(e: impl std::fmt::Display) -> ExitCode {
 /// down), plus the servers and a margin for listeners and files.
 fn raise_fd_limit(config: &Config) {
     let s = &config.settings;
-    // A pool_size of 0 is no cap of its own: as many servers as clients, at most.
-    let per_pool = match s.default_pool_size {
-        0 => s.max_client_conn,
-        n => n,
+    // Pools without a size of their own (0) have as many servers as clients, at most.
+    let pools = match s.default_pool_size {
+        0 => u64::from(s.max_client_conn),
+        n => u64::from(n) * (config.databases.len() as u64 + 1),
     };
-    let servers =
-        u64::from(per_pool) * (config.databases.len() as u64 + 1) + u64::from(s.max_db_connections);
+    let servers = pools + u64::from(s.max_db_connections);
     let wanted = 2 * u64::from(s.max_client_conn) + servers + 100;
     match crate::edge::raise_fd_limit(wanted) {
         Ok(limit) if limit < wanted => tracing::warn!(

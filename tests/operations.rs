@@ -748,6 +748,10 @@ fn routine_traffic(pw: &Pgward) {
     drop(abrupt);
     let refused = Raw::connect(pw.port).startup(&[("user", "postgres"), ("database", "nope")]);
     assert!(refused.is_err(), "an unknown database is refused");
+    // A name cannot write a line of its own into the log.
+    let forged =
+        Raw::connect(pw.port).startup(&[("user", "postgres"), ("database", "x\nstats: 0")]);
+    assert!(forged.is_err(), "an unknown database is refused");
 }
 
 #[test]
@@ -762,6 +766,7 @@ fn the_routine_log_lines_follow_their_settings() {
         "closing because: client unexpected eof (age=",
         "pooler error: no such database: nope",
         "closing because: no such database: nope",
+        "pooler error: no such database: x\\nstats: 0",
     ] {
         assert!(
             eventually(5 * SECOND, || pw.log().contains(line)),
@@ -822,10 +827,11 @@ fn the_routine_log_lines_follow_their_settings() {
         "{}",
         pw.log()
     );
-    let stats = pw.log();
-    let stats = stats
+    let log = pw.log();
+    assert!(!log.lines().any(|l| l.starts_with("stats: ")), "{log}");
+    let stats = log
         .lines()
-        .find(|l| l.contains("stats: "))
+        .find(|l| l.contains(" stats: "))
         .expect("a stats line");
     assert!(
         stats.contains(" queries/s, ") && stats.contains(" client logins/s, in "),
@@ -839,8 +845,15 @@ fn the_routine_log_lines_follow_their_settings() {
     routine_traffic(&pw);
     // Two stats periods go by.
     sleep(Duration::from_millis(2500));
-    let log = pw.log();
     assert!(!console(pw.port, "PAUSE nosuchdb").status.success());
+    // A failed console command is logged whatever log_pooler_errors says.
+    let failed = "admin console: no such database: nosuchdb";
+    assert!(
+        eventually(5 * SECOND, || pw.log().contains(failed)),
+        "{}",
+        pw.log()
+    );
+    let log = pw.log();
     for line in [
         "login attempt",
         "new connection to server",

@@ -224,34 +224,57 @@ fn a_replication_client_that_leaves_while_waiting_gives_up_its_turn() {
     assert_eq!(walsenders(&pg, "postgres"), 0);
 }
 
-#[test]
-fn reconnect_closes_a_replication_client_and_its_server_at_once() {
-    let pg = Postgres::start();
-    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = admin\n", "");
+/// A replication client of `app` that streams until the console's `command` ends it: the
+/// client's output once it ended.
+fn stream_ended_by(pg: &Postgres, pw: &Pgward, command: &str) -> std::process::Output {
     thread::scope(|scope| {
         let streaming = scope.spawn(|| {
             replication_psql(
-                &pw,
+                pw,
                 "postgres",
                 "replication=database",
                 "SELECT pg_sleep(30)",
             )
         });
-        assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 1));
-        let out = pw.psql("admin", None, "pgbouncer", "RECONNECT app");
+        assert!(eventually(5 * SECOND, || walsenders(pg, "postgres") == 1));
+        let out = pw.psql("admin", None, "pgbouncer", command);
         assert!(out.status.success(), "{}", stderr_of(&out));
-        // The connection just ends: an error in the middle of a stream would corrupt it.
-        let out = streaming.join().expect("streaming client");
-        assert!(!out.status.success());
+        streaming.join().expect("streaming client")
+    })
+}
+
+#[test]
+fn reconnect_closes_a_replication_client_and_its_server_at_once() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = admin\n", "");
+    // The connection just ends: an error in the middle of a stream would corrupt it.
+    let out = stream_ended_by(&pg, &pw, "RECONNECT app");
+    assert!(!out.status.success());
+    assert!(
+        pw.log()
+            .contains("closing because: database configuration changed"),
+        "{}\n{}",
+        stderr_of(&out),
+        pw.log()
+    );
+    assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 0));
+}
+
+#[test]
+fn a_replication_client_ended_by_kill_is_logged_so() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = admin\n", "");
+    assert!(!stream_ended_by(&pg, &pw, "KILL app").status.success());
+    for line in [
+        "pooler error: database removed",
+        "closing because: database removed",
+    ] {
         assert!(
-            pw.log()
-                .contains("closing because: database configuration changed"),
-            "{}\n{}",
-            stderr_of(&out),
+            eventually(5 * SECOND, || pw.log().contains(line)),
+            "{line}: {}",
             pw.log()
         );
-    });
-    assert!(eventually(5 * SECOND, || walsenders(&pg, "postgres") == 0));
+    }
 }
 
 #[test]

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 pub use auth::{admit_to_caps, authenticate, login, Authenticated};
 pub use io::ClientIo;
-pub use startup::{parse_options, read_opening, read_params, Opening, Replication, StartupRequest};
+pub use startup::{
+    parse_options, read_opening, read_params, without_host, AddedHost, Opening, Replication,
+    StartupRequest, DEFAULT_APP,
+};
 
 use crate::pool::PoolError;
 use crate::wire::{sqlstate, ErrorResponse, WireError};
@@ -60,3 +63,42 @@ pub const LOGIN_MAX_MESSAGE: usize = 65535;
 
 /// How long to wait for a session's final writes.
 pub const CLOSE_GRACE: Duration = Duration::from_secs(5);
+
+/// How a session or a login that came back with `result` ended, in PgBouncer's words
+/// (`killed`: how the console shut its connection down); `None` for pgward's own error,
+/// logged as a refusal.
+pub fn client_end(
+    result: &Result<(), SessionError>,
+    killed: Option<crate::ops::clients::Kill>,
+) -> Option<crate::ops::routine::ClientEnd> {
+    use crate::ops::routine::ClientEnd;
+    match (result, killed) {
+        (Err(SessionError::Fatal(_)), _) => None,
+        (_, Some(kill)) => Some(ClientEnd::Killed(kill)),
+        (Ok(()), None) => Some(ClientEnd::CloseRequest),
+        (Err(SessionError::Gone | SessionError::Io(_)), None) => Some(ClientEnd::UnexpectedEof),
+    }
+}
+
+#[cfg(test)]
+mod end_tests {
+    use super::*;
+    use crate::ops::clients::Kill;
+
+    #[test]
+    fn a_client_end_is_named_as_pgbouncer_names_it() {
+        let of = |r: Result<(), SessionError>, k| client_end(&r, k).map(|e| e.reason());
+        assert_eq!(of(Ok(()), None), Some("client close request"));
+        assert_eq!(
+            of(Err(SessionError::Gone), None),
+            Some("client unexpected eof")
+        );
+        let kill = Some(Kill::Client);
+        assert_eq!(
+            of(Err(SessionError::Gone), kill),
+            Some("admin forced disconnect")
+        );
+        let kill = Some(Kill::Database);
+        assert_eq!(of(Ok(()), kill), Some("database removed"));
+    }
+}

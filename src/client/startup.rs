@@ -23,8 +23,8 @@ pub struct StartupRequest {
     /// A replication client's `options`, passed to its server as they came: a server of its
     /// own can take any setting, even one that is not reported back.
     pub options: Option<String>,
-    /// What `application_name_add_host` added to `application_name` (` - host:port`).
-    pub app_host: Option<String>,
+    /// What `application_name_add_host` added to `application_name`.
+    pub app_host: Option<AddedHost>,
 }
 
 impl StartupRequest {
@@ -33,23 +33,22 @@ impl StartupRequest {
     /// The policy still reads the name the client gave ([`StartupRequest::app_host`]).
     pub fn add_host(&mut self, details: &str) {
         let added = format!(" - {details}");
-        match self
+        let given = self
             .params
             .iter_mut()
-            .find(|(n, _)| n == "application_name")
-        {
-            Some((_, value)) => {
-                value.push_str(&added);
-                self.app_host = Some(added);
-            }
-            None => {
-                // The client gave none: the policy reads none.
-                let name = format!("app{added}");
-                self.params
-                    .push(("application_name".to_string(), name.clone()));
-                self.app_host = Some(name);
-            }
+            .find(|(n, _)| n == "application_name");
+        let defaulted = given.is_none();
+        match given {
+            Some((_, value)) => value.push_str(&added),
+            None => self.params.push((
+                "application_name".to_string(),
+                format!("{}{added}", DEFAULT_APP),
+            )),
         }
+        self.app_host = Some(AddedHost {
+            suffix: Arc::from(added),
+            defaulted,
+        });
     }
 
     /// The `application_name` the client gave, as the policy reads it: without what
@@ -60,9 +59,34 @@ impl StartupRequest {
             .iter()
             .find(|(n, _)| n == "application_name")
             .map_or("", |(_, v)| v.as_str());
-        crate::session::without_host(name, self.app_host.as_deref())
+        without_host(name, self.app_host.as_ref())
     }
 }
+
+/// What `application_name_add_host` added to a client's application_name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AddedHost {
+    /// ` - host:port`.
+    pub suffix: Arc<str>,
+    /// The client gave no name: pgward's `app` stands before the suffix.
+    pub defaulted: bool,
+}
+
+/// `name` without what `added` says pgward added to it: the name the client gave ("" if it
+/// gave none and still has pgward's).
+pub fn without_host<'a>(name: &'a str, added: Option<&AddedHost>) -> &'a str {
+    let Some(added) = added else {
+        return name;
+    };
+    match name.strip_suffix(&*added.suffix) {
+        Some(DEFAULT_APP) if added.defaulted => "",
+        Some(own) => own,
+        None => name,
+    }
+}
+
+/// The name `application_name_add_host` puts before the host of a client that gave none.
+pub const DEFAULT_APP: &str = "app";
 
 /// What the `replication` startup parameter asks for, as PostgreSQL reads it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

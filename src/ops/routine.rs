@@ -5,7 +5,6 @@
 
 use std::time::Duration;
 
-use crate::client::SessionError;
 use crate::config::LogLines;
 use crate::net::Stream;
 use crate::ops::clients::Kill;
@@ -25,18 +24,7 @@ pub enum ClientEnd {
 }
 
 impl ClientEnd {
-    /// How a session or a login that came back with `result` ended (`killed`: how the
-    /// console shut its connection down); `None` for pgward's own error, logged as a refusal.
-    pub fn of(result: &Result<(), SessionError>, killed: Option<Kill>) -> Option<ClientEnd> {
-        match (result, killed) {
-            (Err(SessionError::Fatal(_)), _) => None,
-            (_, Some(kill)) => Some(ClientEnd::Killed(kill)),
-            (Ok(()), None) => Some(ClientEnd::CloseRequest),
-            (Err(SessionError::Gone | SessionError::Io(_)), None) => Some(ClientEnd::UnexpectedEof),
-        }
-    }
-
-    fn reason(self) -> &'static str {
+    pub fn reason(self) -> &'static str {
         match self {
             ClientEnd::CloseRequest => "client close request",
             ClientEnd::UnexpectedEof => "client unexpected eof",
@@ -53,17 +41,12 @@ pub fn login_attempt(
     client: u64,
     (db, user): (&str, &str),
     stream: &Stream,
-    replication: crate::client::Replication,
+    replication: &str,
 ) {
     if !log.connections {
         return;
     }
     let tls = stream.tls_label().unwrap_or_else(|| "no".to_string());
-    let replication = match replication {
-        crate::client::Replication::None => "no",
-        crate::client::Replication::Logical => "database",
-        crate::client::Replication::Physical => "yes",
-    };
     // The names as the client sent them, a line break in them shown escaped.
     let (db, user) = (printable(db), printable(user));
     tracing::info!(
@@ -74,7 +57,7 @@ pub fn login_attempt(
 
 /// `text` with its control characters (a line break, say) escaped, so that a name cannot
 /// write a line of its own into the log.
-fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
     match text.chars().any(char::is_control) {
         false => std::borrow::Cow::Borrowed(text),
         true => text
@@ -100,12 +83,14 @@ pub fn client_closed(log: LogLines, client: u64, end: ClientEnd, age: Duration) 
 
 /// pgward ends a client's connection with its own error `err`, `age` after it was accepted.
 pub fn client_refused(log: LogLines, client: u64, err: &ErrorResponse, age: Duration) {
+    // The message may name what the client sent (a user, a database).
+    let message = printable(&err.message);
     if log.pooler_errors {
-        tracing::warn!(client, code = %err.code, "pooler error: {}", err.message);
+        tracing::warn!(client, code = %err.code, "pooler error: {message}");
     }
     if log.disconnections {
         let age = age.as_secs();
-        tracing::info!(client, code = %err.code, "closing because: {} (age={age}s)", err.message);
+        tracing::info!(client, code = %err.code, "closing because: {message} (age={age}s)");
     }
 }
 
@@ -134,20 +119,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_client_end_is_named_as_pgbouncer_names_it() {
-        let of = |r: Result<(), SessionError>, k| ClientEnd::of(&r, k).map(ClientEnd::reason);
-        assert_eq!(of(Ok(()), None), Some("client close request"));
-        assert_eq!(
-            of(Err(SessionError::Gone), None),
-            Some("client unexpected eof")
-        );
-        let kill = Some(Kill::Client);
-        assert_eq!(
-            of(Err(SessionError::Gone), kill),
-            Some("admin forced disconnect")
-        );
-        let kill = Some(Kill::Database);
-        assert_eq!(of(Ok(()), kill), Some("database removed"));
+    fn names_are_printed_without_control_characters() {
         assert_eq!(printable("app"), "app");
         assert_eq!(printable("a\nstats: x"), "a\\nstats: x");
         assert_eq!(printable("o'brien é"), "o'brien é");

@@ -51,6 +51,12 @@ pub enum Growth {
 }
 
 impl Limits {
+    /// The servers min_pool_size keeps open: at most the pool's size, and none in a pool
+    /// without a size of its own (0).
+    pub fn min_filled(&self) -> usize {
+        self.min_pool_size.min(self.pool_size)
+    }
+
     /// Decides whether one more server should be opened, given what is in use and how long the
     /// oldest ticket has waited.
     pub fn growth(&self, usage: &Usage, oldest_wait: Option<Duration>) -> Growth {
@@ -59,7 +65,7 @@ impl Limits {
         // size of its own (0) is not filled to it, as PgBouncer's janitor fills none.
         let min = match usage.min_wanted {
             false => 0,
-            true => self.min_pool_size.min(self.pool_size),
+            true => self.min_filled(),
         };
         let below_min = usage.pool_total < min;
         if !uncovered && !below_min {

@@ -1062,7 +1062,7 @@ impl Pool {
             Arc::strong_count(self) == 1
                 && inner.total() == 0
                 && inner.waiters.is_empty()
-                && (inner.settings.limits.min_pool_size == 0 || !inner.min_wanted)
+                && (inner.settings.limits.min_filled() == 0 || !inner.min_wanted)
         };
         let mut since = lock(&self.empty_since);
         if !empty {

@@ -23,7 +23,7 @@ pub mod replication;
 mod rules;
 mod views;
 
-pub use rules::{without_host, Peer};
+pub use rules::Peer;
 
 use crate::cancel::{CancelTarget, ClientHandle};
 use crate::client::{ClientIo, SessionError, CLOSE_GRACE};
@@ -245,7 +245,7 @@ impl Session {
                 io.send_error(&pending, err).await;
             }
             ended => {
-                let end = crate::ops::routine::ClientEnd::of(ended, self.hooks.killed());
+                let end = crate::client::client_end(ended, self.hooks.killed());
                 if let Some(end) = end {
                     crate::ops::routine::client_closed(log, client, end, age);
                 }

@@ -253,12 +253,7 @@ impl RuleCheck<'_> {
 #[derive(Debug, Clone, Default)]
 pub struct Peer {
     pub addr: Option<IpAddr>,
-    pub app_host: Option<Arc<str>>,
-}
-
-/// `name` without `added` at its end.
-pub fn without_host<'a>(name: &'a str, added: Option<&str>) -> &'a str {
-    added.and_then(|a| name.strip_suffix(a)).unwrap_or(name)
+    pub app_host: Option<crate::client::AddedHost>,
 }
 
 /// Who sends a session's statements, as the policy reads it: its role, its application_name
@@ -267,7 +262,7 @@ pub fn who_of<'a>(role: &'a str, params: &'a ParamSet, peer: &'a Peer) -> Who<'a
     let name = params.get("application_name").unwrap_or("");
     Who {
         role,
-        application_name: without_host(name, peer.app_host.as_deref()),
+        application_name: crate::client::without_host(name, peer.app_host.as_ref()),
         client_addr: peer.addr,
     }
 }
@@ -413,6 +408,26 @@ pub fn raise_in_batch(hit: &RuleHit) -> BytesMut {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::{without_host, AddedHost};
+
+    #[test]
+    fn the_policy_reads_the_application_name_the_client_gave() {
+        let added = |defaulted| AddedHost {
+            suffix: Arc::from(" - 10.0.0.1:5555"),
+            defaulted,
+        };
+        let (given, none) = (Some(added(false)), Some(added(true)));
+        assert_eq!(without_host("psql - 10.0.0.1:5555", given.as_ref()), "psql");
+        assert_eq!(without_host("app - 10.0.0.1:5555", given.as_ref()), "app");
+        assert_eq!(without_host("app - 10.0.0.1:5555", none.as_ref()), "");
+        // A name set later keeps what the client made of it.
+        assert_eq!(
+            without_host("worker:app - 10.0.0.1:5555", none.as_ref()),
+            "worker:app"
+        );
+        assert_eq!(without_host("other", none.as_ref()), "other");
+        assert_eq!(without_host("psql", None), "psql");
+    }
 
     #[test]
     fn what_the_gate_reads_from_the_parameters_follows_them() {
