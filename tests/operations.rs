@@ -822,6 +822,9 @@ fn the_routine_log_lines_follow_their_settings() {
         "{}",
         pw.log()
     );
+    // Once: the reason of a failed command (a RELOAD's) is not repeated.
+    let times = pw.log().matches("no such database: nosuchdb").count();
+    assert_eq!(times, 1, "{}", pw.log());
     assert!(
         eventually(5 * SECOND, || pw.log().contains(" xacts/s, ")),
         "{}",

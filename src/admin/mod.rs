@@ -242,12 +242,13 @@ async fn run_query(rt: &Arc<Runtime>, role: Role, sql: &str, out: &mut BytesMut)
         Err(e) => Err(AdminError::protocol(e.to_string())),
     };
     if let Err(e) = result {
-        // Always logged (a failed RELOAD points the operator here), and as a pooler error
-        // when log_pooler_errors says so, as PgBouncer's admin_error.
+        // Always logged once (a failed RELOAD points the operator here, its reason
+        // included): as a pooler error when log_pooler_errors says so, as PgBouncer's
+        // admin_error.
         let message = crate::ops::routine::printable(&e.message);
-        tracing::warn!(code = %e.code, "admin console: {message}");
-        if rt.config.load().settings.log_pooler_errors {
-            tracing::warn!(code = %e.code, "pooler error: {message}");
+        match rt.config.load().settings.log_pooler_errors {
+            true => tracing::warn!(code = %e.code, "pooler error: {message}"),
+            false => tracing::warn!(code = %e.code, "admin console: {message}"),
         }
         wire::encode_error(out, &ErrorResponse::error(e.code, e.message));
     }
