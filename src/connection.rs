@@ -9,7 +9,6 @@ use bytes::BytesMut;
 use crate::cancel::ClientHandle;
 use crate::client::{self, ClientIo, Opening, SessionError, StartupRequest};
 use crate::net::Stream;
-use crate::ops::routine::ClientEnd;
 use crate::params::ParamSet;
 use crate::pool::Pool;
 use crate::runtime::Runtime;
@@ -76,9 +75,9 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
         Err(e) => e,
     };
     // The login did not end in a session: the client left, or pgward refused it.
-    let log = rt.config.load().settings.log_lines();
     match ended {
         SessionError::Fatal(err) => {
+            let log = rt.config.load().settings.log_lines();
             crate::ops::routine::client_refused(log, id, &err, entry.age());
             io.send_error(&[], &err).await;
         }
@@ -86,10 +85,17 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
             if let SessionError::Io(e) = &left {
                 tracing::debug!(client = id, %peer, "client connection lost: {e}");
             }
-            if let Some(end) = crate::client::client_end(&Err(left), entry.killed()) {
-                crate::ops::routine::client_closed(log, id, end, entry.age());
-            }
+            log_end(&rt, &entry, &Err(left));
         }
+    }
+}
+
+/// Logs how a client's connection ended (`ended`), unless pgward ended it with an error of
+/// its own (logged as a refusal).
+fn log_end(rt: &Runtime, entry: &crate::ops::ClientEntry, ended: &Result<(), SessionError>) {
+    if let Some(end) = client::client_end(ended, entry.killed()) {
+        let log = rt.config.load().settings.log_lines();
+        crate::ops::routine::client_closed(log, entry.id, end, entry.age());
     }
 }
 
@@ -177,7 +183,7 @@ async fn open(
             return Ok(Some(Opened::Replication(req, pool, cap)));
         }
         let welcome = welcome(rt, &pool, || {
-            let app_name = application_name(&req);
+            let app_name = req.application_name();
             entry.identify(&req.user, &req.database, &pool.key.user, app_name, false);
             entry.set_waiting(std::time::Instant::now());
         })
@@ -202,22 +208,16 @@ async fn open(
                 // Logged and answered as a refusal.
                 return ended.map(|()| None);
             }
-            let log = rt.config.load().settings.log_lines();
-            if let Some(end) = crate::client::client_end(&ended, entry.killed()) {
-                crate::ops::routine::client_closed(log, id, end, entry.age());
-            }
+            log_end(rt, entry, &ended);
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {
             logged_in(rt, entry, &req, &pool);
             let ended = crate::session::replication::serve(rt, io, entry, &req, pool).await;
-            if let (Some(kill), false) =
-                (entry.killed(), matches!(ended, Err(SessionError::Fatal(_))))
-            {
+            if entry.killed().is_some() && !matches!(ended, Err(SessionError::Fatal(_))) {
                 // A stream relayed whole cannot tell a Terminate from an end of stream: only
                 // the console's ending is told.
-                let log = rt.config.load().settings.log_lines();
-                crate::ops::routine::client_closed(log, id, ClientEnd::Killed(kill), entry.age());
+                log_end(rt, entry, &ended);
                 return Ok(None);
             }
             ended?;
@@ -245,17 +245,9 @@ async fn open(
 
 /// Records a completed login for the console and the pool's statistics.
 fn logged_in(rt: &Runtime, entry: &crate::ops::ClientEntry, req: &StartupRequest, pool: &Pool) {
-    let app_name = application_name(req);
+    let app_name = req.application_name();
     entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
     rt.ops.stats.for_pool(&pool.key).add_login();
-}
-
-/// The `application_name` of the client's startup packet, or "".
-fn application_name(req: &StartupRequest) -> &str {
-    req.params
-        .iter()
-        .find(|(n, _)| n == "application_name")
-        .map_or("", |(_, v)| v.as_str())
 }
 
 /// A search_path set at startup (options -c) is judged by the schema rules like a SET.

@@ -228,7 +228,7 @@ pub async fn maintenance(rt: Arc<Runtime>) {
             rt.pools.free_idle(after, now);
         }
         if let (Some(after), true) = (settings.autodb_idle_timeout, config.autodb.is_some()) {
-            let is_auto = |db: &str| !config.databases.iter().any(|d| d.name == db);
+            let is_auto = |db: &str| config.own_entry(db).is_none();
             let paused = |db: &str| rt.ops.control.get().is_paused(db);
             rt.pools.free_idle_auto(after, now, is_auto, paused);
         }

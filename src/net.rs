@@ -236,8 +236,8 @@ impl Stream {
     /// (`[v6]:port`) for TCP, `unix(pid@hostname):port` for a Unix socket on `listen_port`
     /// (`unix:port` when the peer's process is unknown).
     pub fn peer_details(&self, listen_port: u16) -> String {
-        if let Some(addr) = self.tcp().and_then(|s| s.peer_addr().ok()) {
-            return addr.to_string();
+        if self.tcp().is_some() {
+            return self.peer_label();
         }
         let pid = match self {
             Stream::Unix(s) => s.get_ref().peer_cred().ok().and_then(|c| c.pid()),

@@ -333,7 +333,7 @@ impl Runtime {
         self.pools.get_or_create(
             &key,
             || {
-                if !config.databases.iter().any(|d| d.name == db.name) {
+                if config.own_entry(&db.name).is_none() {
                     // PgBouncer's words for a name served by the `*` entry.
                     tracing::info!(user = %key.user, "registered new auto-database: {}", db.name);
                 }

@@ -51,15 +51,19 @@ impl StartupRequest {
         });
     }
 
+    /// The `application_name` of the startup packet (with what `application_name_add_host`
+    /// added), or "".
+    pub fn application_name(&self) -> &str {
+        self.params
+            .iter()
+            .find(|(n, _)| n == "application_name")
+            .map_or("", |(_, v)| v.as_str())
+    }
+
     /// The `application_name` the client gave, as the policy reads it: without what
     /// `application_name_add_host` added; "" if it gave none.
     pub fn own_application_name(&self) -> &str {
-        let name = self
-            .params
-            .iter()
-            .find(|(n, _)| n == "application_name")
-            .map_or("", |(_, v)| v.as_str());
-        without_host(name, self.app_host.as_ref())
+        without_host(self.application_name(), self.app_host.as_ref())
     }
 }
 

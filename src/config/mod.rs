@@ -77,10 +77,15 @@ pub fn parse_str(text: &str, file_name: &str, base_dir: &Path) -> Result<Config,
 }
 
 impl Config {
+    /// The `[databases]` entry of `name` itself (not one the `*` entry would make).
+    pub fn own_entry(&self, name: &str) -> Option<&DatabaseDef> {
+        self.databases.iter().find(|d| d.name == name)
+    }
+
     /// The entry for client-side database `name`: its own entry, or else one made from the
     /// `*` entry, named `name` and keeping the `*` entry's `dbname` if it has one.
     pub fn database(&self, name: &str) -> Option<DatabaseDef> {
-        if let Some(db) = self.databases.iter().find(|d| d.name == name) {
+        if let Some(db) = self.own_entry(name) {
             return Some(db.clone());
         }
         let mut db = self.autodb.clone()?;
