@@ -85,7 +85,9 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
             if let SessionError::Io(e) = &left {
                 tracing::debug!(client = id, %peer, "client connection lost: {e}");
             }
-            log_end(&rt, &entry, &Err(left));
+            let ended = Err(left);
+            log_end(&rt, &entry, &ended);
+            client::tell_killed(&mut io, &ended, entry.killed(), &[]).await;
         }
     }
 }
@@ -209,6 +211,7 @@ async fn open(
                 return ended.map(|()| None);
             }
             log_end(rt, entry, &ended);
+            client::tell_killed(io, &ended, entry.killed(), &[]).await;
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {

@@ -1521,3 +1521,59 @@ fn a_pause_takes_hold_while_a_login_waits_for_new_parameters() {
         pw.log()
     );
 }
+
+/// A client the console ends is told why before its connection closes, as PgBouncer tells it
+/// (FATAL, in its words), with PostgreSQL's SQLSTATE for a connection its administrator ended
+/// (57P01): KILL_CLIENT's `admin forced disconnect`, KILL's `database removed`. A client that
+/// reads nothing of a long answer is cut off all the same, and its server let go.
+#[test]
+fn a_killed_client_is_told_why() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\nadmin_users = postgres\n", "");
+    let port = pw.port;
+    let told = |raw: &mut common::raw::Raw, words: &str| {
+        let err = raw.expect_error_within(Duration::from_secs(5));
+        assert_eq!(
+            (err.severity(), err.code(), err.message()),
+            ("FATAL", "57P01", words),
+            "{}",
+            pw.log()
+        );
+        assert!(raw.closes_within(Duration::from_secs(5)), "{}", pw.log());
+    };
+    let mut killed = pw.client_as("trustuser", "app");
+    assert_eq!(killed.value("SELECT 1"), "1");
+    let clients = common::psql_at(port, "postgres", None, "pgbouncer", "SHOW CLIENTS");
+    let id = stdout_of(&clients)
+        .lines()
+        .find(|row| row.split('|').nth(1) == Some("trustuser"))
+        .and_then(|row| row.rsplit('|').next().map(str::to_string))
+        .expect("the client in SHOW CLIENTS");
+    console_at(port, &format!("KILL_CLIENT {id}"));
+    told(&mut killed, "admin forced disconnect");
+
+    let mut removed = pw.client_as("trustuser", "app");
+    assert_eq!(removed.value("SELECT 1"), "1");
+    console_at(port, "KILL app");
+    told(&mut removed, "database removed");
+    console_at(port, "RESUME app");
+
+    // Forty megabytes it never reads: its session waits to write.
+    let mut deaf = pw.client_as("trustuser", "app");
+    deaf.send(&common::raw::query_message(
+        "SELECT repeat('x', 1000000) FROM generate_series(1, 40)",
+    ));
+    let busy = || {
+        pg.sql("SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'SELECT repeat%' AND state = 'active'")
+    };
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while busy() != "1" && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(50));
+    }
+    console_at(port, "KILL app");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while busy() != "0" && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(busy(), "0", "the server still sends\n{}", pw.log());
+}

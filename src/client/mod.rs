@@ -80,6 +80,19 @@ pub fn client_end(
     }
 }
 
+/// Tells a client the console ended (`killed`) why, after `pending` (what was queued for it
+/// still), unless pgward ended it with an error of its own already (`ended`).
+pub async fn tell_killed(
+    io: &mut ClientIo,
+    ended: &Result<(), SessionError>,
+    killed: Option<crate::ops::clients::Kill>,
+    pending: &[u8],
+) {
+    if let (Some(kill), false) = (killed, matches!(ended, Err(SessionError::Fatal(_)))) {
+        io.send_error(pending, &kill.farewell()).await;
+    }
+}
+
 #[cfg(test)]
 mod end_tests {
     use super::*;

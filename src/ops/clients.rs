@@ -10,6 +10,7 @@ use std::time::{Duration, Instant, SystemTime};
 use crate::net::Stream;
 use crate::server::{ServerAddr, ServerConn};
 use crate::sync::lock;
+use crate::wire::{sqlstate, ErrorResponse};
 
 /// Where a client stands, as SHOW CLIENTS names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +150,21 @@ pub enum Kill {
     Database = 2,
 }
 
+impl Kill {
+    /// What the client is told as its connection ends: PgBouncer's words (KILL_CLIENT's, and
+    /// kill_pool's for KILL), with the SQLSTATE PostgreSQL gives a connection its
+    /// administrator ended (57P01, as pg_terminate_backend).
+    pub fn farewell(self) -> ErrorResponse {
+        let reason = super::routine::ClientEnd::Killed(self).reason();
+        ErrorResponse::fatal(sqlstate::ADMIN_SHUTDOWN, reason)
+    }
+}
+
+/// How long a client the console ended has to be told so: its session sees its reads end at
+/// once, and writes the error then; a session that does not get to read (its client reads
+/// nothing of what it is sent, and the session waits to write) is cut off whole after this.
+pub const KILL_GRACE: Duration = Duration::from_secs(2);
+
 impl ClientEntry {
     pub fn info(&self) -> ClientInfo {
         // The state first: writers set the identity before the state they publish, so the
@@ -267,11 +283,27 @@ impl ClientEntry {
         (!i.admin).then(|| i.database.clone())
     }
 
-    /// Ends the connection: both directions are shut down, so the session sees the client
-    /// leave and closes (or returns) its server as it would for any client that left.
-    fn shut_down(&self, why: Kill) {
+    /// Ends the connection: its reading side is shut down, so the session sees the client
+    /// leave, closes (or returns) its server as it would for any client that left, and tells
+    /// the client why ([`Kill::farewell`]) before it closes; both directions are shut down
+    /// [`KILL_GRACE`] later, for a session that never got to read.
+    fn shut_down(self: &Arc<Self>, why: Kill) {
         self.killed.store(why as u8, Ordering::Release);
-        let _ = socket2::SockRef::from(&self.fd).shutdown(std::net::Shutdown::Both);
+        let socket = socket2::SockRef::from(&self.fd);
+        let cut_off = |entry: &ClientEntry| {
+            let _ = socket2::SockRef::from(&entry.fd).shutdown(std::net::Shutdown::Both);
+        };
+        let later = tokio::runtime::Handle::try_current();
+        match (socket.shutdown(std::net::Shutdown::Read), later) {
+            (Ok(()), Ok(runtime)) => {
+                let entry = Arc::clone(self);
+                runtime.spawn(async move {
+                    tokio::time::sleep(KILL_GRACE).await;
+                    cut_off(&entry);
+                });
+            }
+            _ => cut_off(self),
+        }
     }
 }
 
@@ -393,6 +425,7 @@ fn stream_addresses(stream: &Stream) -> (Endpoint, Endpoint) {
 mod tests {
     use super::*;
     use std::io::Read;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     #[tokio::test]
     async fn a_request_is_timed_whether_or_not_it_waits() {
@@ -422,12 +455,19 @@ mod tests {
         let mut peer = std::net::TcpStream::connect(listener.local_addr().unwrap()).unwrap();
         let (accepted, _) = listener.accept().unwrap();
         accepted.set_nonblocking(true).unwrap();
-        let stream = Stream::client_tcp(tokio::net::TcpStream::from_std(accepted).unwrap());
+        let mut stream = Stream::client_tcp(tokio::net::TcpStream::from_std(accepted).unwrap());
         let registration = registry.register(2, &stream).expect("registered");
         assert_eq!(registry.all().len(), 1);
         assert!(registry.kill(2));
-        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
         let mut byte = [0u8; 1];
+        // The session's reads end at once; it may still write (the client is told why).
+        let read = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut byte));
+        assert_eq!(read.await.expect("the read ended").unwrap(), 0);
+        stream.write_all(b"E").await.unwrap();
+        // After the grace the peer sees the end, though nothing else closed the socket.
+        tokio::time::sleep(KILL_GRACE + Duration::from_millis(200)).await;
+        peer.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        assert_eq!(peer.read(&mut byte).unwrap(), 1);
         assert_eq!(peer.read(&mut byte).unwrap(), 0, "the peer saw no end");
         drop(registration);
         assert!(!registry.kill(2));

@@ -245,10 +245,12 @@ impl Session {
                 io.send_error(&pending, err).await;
             }
             ended => {
-                let end = crate::client::client_end(ended, self.hooks.killed());
-                if let Some(end) = end {
+                let killed = self.hooks.killed();
+                if let Some(end) = crate::client::client_end(ended, killed) {
                     crate::ops::routine::client_closed(log, client, end, age);
                 }
+                let pending = std::mem::take(&mut self.to_client);
+                crate::client::tell_killed(io, ended, killed, &pending).await;
             }
         }
         self.finish().await;
