@@ -173,6 +173,15 @@ fn bind_unix(s: &Settings) -> Result<(UnixListener, PathBuf), ListenError> {
         addr: path.display().to_string(),
         source,
     };
+    if crate::net::is_abstract(&s.unix_socket_dir) {
+        // No file: nothing left behind to remove, and no mode or group to give it (as in
+        // PgBouncer); a name in use is refused by the bind itself.
+        let addr = crate::net::unix_socket_addr(&s.unix_socket_dir, s.listen_port);
+        let bound = addr.and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
+        let listener = bound.and_then(|l| l.set_nonblocking(true).map(|()| l));
+        let listener = listener.and_then(UnixListener::from_std).map_err(err)?;
+        return Ok((listener, path));
+    }
     if path.exists() {
         // A socket file left by a process that is gone; a live one answers connect.
         if std::os::unix::net::UnixStream::connect(&path).is_ok() && !s.so_reuseport {

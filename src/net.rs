@@ -14,6 +14,38 @@ pub type TlsFromClient = tokio_rustls::server::TlsStream<TcpStream>;
 /// TLS pgward opened to a server.
 pub type TlsToServer = tokio_rustls::client::TlsStream<TcpStream>;
 
+/// The address of the Unix socket of `port` in `dir`, a directory as PgBouncer and libpq read
+/// one: a path, or, starting with `@`, a name in Linux's abstract namespace (the rest of the
+/// directory, then `/.s.PGSQL.<port>`), which no file stands for.
+pub fn unix_socket_addr(dir: &str, port: u16) -> io::Result<std::os::unix::net::SocketAddr> {
+    use std::os::linux::net::SocketAddrExt;
+    match dir.strip_prefix('@') {
+        Some(name) => {
+            std::os::unix::net::SocketAddr::from_abstract_name(format!("{name}/.s.PGSQL.{port}"))
+        }
+        None => std::os::unix::net::SocketAddr::from_pathname(format!("{dir}/.s.PGSQL.{port}")),
+    }
+}
+
+/// Whether `dir` names a socket in the abstract namespace (see [`unix_socket_addr`]).
+pub fn is_abstract(dir: &str) -> bool {
+    dir.starts_with('@')
+}
+
+/// Connects to the Unix socket at `addr` without blocking the runtime's thread (a name in the
+/// abstract namespace through a blocking connect on tokio's blocking pool).
+pub async fn connect_unix(addr: std::os::unix::net::SocketAddr) -> io::Result<UnixStream> {
+    if let Some(path) = addr.as_pathname() {
+        return UnixStream::connect(path).await;
+    }
+    let connect = move || std::os::unix::net::UnixStream::connect_addr(&addr);
+    let stream = tokio::task::spawn_blocking(connect)
+        .await
+        .map_err(io::Error::other)??;
+    stream.set_nonblocking(true)?;
+    UnixStream::from_std(stream)
+}
+
 /// TCP keepalive and user timeout, as `tcp_keepalive`, `tcp_keepidle`, `tcp_keepintvl`,
 /// `tcp_keepcnt` and `tcp_user_timeout` set them on every client and server socket (a zero
 /// leaves the operating system's default), so a peer whose machine vanished (no FIN, no RST)

@@ -424,10 +424,10 @@ pub fn pool_settings(
     }
 }
 
-/// One `host` entry: a TCP host, or a Unix socket directory (a path, or nothing for
-/// `unix_socket_dir`, `socket_dir`, as PgBouncer reads it).
+/// One `host` entry: a TCP host, or a Unix socket directory (a path, a name in the abstract
+/// namespace after `@`, or nothing for `unix_socket_dir`, `socket_dir`, as PgBouncer reads it).
 pub fn server_addr(host: String, port: u16, socket_dir: &str) -> ServerAddr {
-    if host.is_empty() || host.starts_with('/') {
+    if host.is_empty() || host.starts_with('/') || crate::net::is_abstract(&host) {
         let dir = if host.is_empty() {
             socket_dir.to_string()
         } else {

@@ -139,6 +139,54 @@ fn unix_socket_group_owns_the_socket() {
     );
 }
 
+/// `unix_socket_dir = @name` listens in Linux's abstract namespace, as PgBouncer does (no file
+/// stands for the socket), and a database's `host=@name` connects to such a socket: psql reaches
+/// pgward there, and a second pgward pools onto the first through it.
+#[test]
+fn an_abstract_unix_socket_is_listened_on_and_connected_to() {
+    let pg = Postgres::start();
+    let name = format!(
+        "@pgward-test-{}-{}",
+        std::process::id(),
+        common::free_port()
+    );
+    let settings = format!("auth_type = trust\nunix_socket_dir = {name}\n");
+    let first = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let file = first.socket_dir.join(format!(".s.PGSQL.{}", first.port));
+    assert!(!file.exists(), "a socket file for an abstract name");
+    assert!(
+        !std::path::Path::new(&name).exists(),
+        "a directory named {name}"
+    );
+    let port = first.port.to_string();
+    let out = common::client_command("psql", None)
+        .args([
+            "-X",
+            "-At",
+            "-h",
+            &name,
+            "-p",
+            &port,
+            "-U",
+            "trustuser",
+            "app",
+        ])
+        .args(["-c", "SELECT 1"])
+        .output()
+        .expect("run psql");
+    assert_eq!(stdout_of(&out), "1", "{}\n{}", stderr_of(&out), first.log());
+    let through = format!("through = host={name} port={port} dbname=app\n");
+    let second = Pgward::trusting(&pg, "", &through);
+    let out = second.psql("trustuser", None, "through", "SELECT 2");
+    assert_eq!(
+        stdout_of(&out),
+        "2",
+        "{}\n{}",
+        stderr_of(&out),
+        second.log()
+    );
+}
+
 #[test]
 fn unknown_keys_are_accepted_with_a_warning_naming_them() {
     let pg = Postgres::start();

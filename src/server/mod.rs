@@ -58,8 +58,8 @@ impl ServerAddr {
                 ))
             }
             ServerAddr::Unix { dir, port } => {
-                let path = format!("{dir}/.s.PGSQL.{port}");
-                Ok(Stream::from(tokio::net::UnixStream::connect(path).await?))
+                let addr = crate::net::unix_socket_addr(dir, *port)?;
+                Ok(Stream::from(crate::net::connect_unix(addr).await?))
             }
         }
     }

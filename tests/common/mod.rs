@@ -873,11 +873,19 @@ impl PgwardPaths {
         }
     }
 
+    /// `body` with the test's listener, log and pidfile; a `unix_socket_dir` of the body's own
+    /// stays.
     fn ini_with_listener(&self, body: &str, listen_addr: &str, port: u16) -> String {
+        let own_dir = body
+            .lines()
+            .any(|l| l.trim_start().starts_with("unix_socket_dir"));
+        let socket_dir = match own_dir {
+            true => String::new(),
+            false => format!("unix_socket_dir = {}\n", self.dir.display()),
+        };
         let lines = format!(
-            "listen_addr = {listen_addr}\nlisten_port = {port}\nunix_socket_dir = {}\n\
+            "listen_addr = {listen_addr}\nlisten_port = {port}\n{socket_dir}\
              logfile = {}\npidfile = {}\n",
-            self.dir.display(),
             self.log.display(),
             self.dir.join("pgward.pid").display()
         );
