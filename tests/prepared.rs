@@ -310,6 +310,31 @@ fn a_statement_prepared_by_sql_is_no_other_clients() {
     }
 }
 
+/// A PREPARE whose answer pgward reads only after the client's Terminate (sent with it) closes
+/// the server all the same: the next client cannot run the statement.
+#[test]
+fn a_statement_prepared_by_sql_before_a_terminate_is_no_other_clients() {
+    let (_pg, pw) = shared_server();
+    let mut owner = pw.client();
+    owner.send(
+        &[
+            query_message("PREPARE s7 AS SELECT 44"),
+            terminate_message(),
+        ]
+        .concat(),
+    );
+    assert!(owner.closes_within(3 * SECOND), "{}", pw.log());
+    let mut other = pw.client();
+    let answer = other.exchange_within(&query_message("EXECUTE s7"), 3 * SECOND, "EXECUTE");
+    assert_eq!(
+        error_code(&answer),
+        "26000",
+        "{}\n{}",
+        describe(&answer),
+        pw.log()
+    );
+}
+
 /// What `client` answers to `pipeline` (`readies` ReadyForQuery in all), then to a run of the
 /// statement `name`.
 fn pipeline_then_run(client: &mut Raw, pipeline: &[u8], readies: usize, name: &str) -> Vec<String> {

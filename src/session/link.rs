@@ -9,6 +9,32 @@ use crate::pool::ServerGuard;
 use crate::server::Expected;
 use crate::wire;
 
+/// What an answer leaves on a server that the statement map and the parameters do not follow.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mark {
+    Nothing,
+    /// An error: to pgward's DEALLOCATE ALL or DISCARD ALL, it leaves the server's statements
+    /// unknown (the server is closed).
+    Error,
+    /// A RESET: the value it left is read back when the server goes back.
+    Reset,
+    /// A statement prepared by SQL, its session's alone on PostgreSQL: a shared server that
+    /// holds one is closed when given back, so no other client can EXECUTE or Bind it.
+    Prepare,
+}
+
+impl Mark {
+    pub fn of(tag: u8, body: &[u8]) -> Mark {
+        use wire::backend::tag;
+        match (tag, body) {
+            (tag::ERROR_RESPONSE, _) => Mark::Error,
+            (tag::COMMAND_COMPLETE, b"RESET\0") => Mark::Reset,
+            (tag::COMMAND_COMPLETE, b"PREPARE\0") => Mark::Prepare,
+            _ => Mark::Nothing,
+        }
+    }
+}
+
 /// A server checked out by this client, and where the conversation with it stands.
 pub struct Link {
     pub server: ServerGuard,
@@ -51,6 +77,17 @@ impl Link {
     pub fn note_unreported(&mut self) {
         self.unreported_named = true;
         self.server.params.forget_unreported();
+    }
+
+    /// What an answer leaves on the server beyond what the statement map and the parameters
+    /// follow, whoever read it (the relay, or the drain after a Terminate): see [`Mark`].
+    pub fn note_answer(&mut self, mark: Mark) {
+        match mark {
+            Mark::Error if self.reset_sent => self.server.poison(),
+            Mark::Reset => self.unreported_named = true,
+            Mark::Prepare if self.shared => self.server.reusable = false,
+            _ => {}
+        }
     }
 
     /// Nothing owed, nothing buffered, no batch open.

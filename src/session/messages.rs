@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
 
-use super::link::Link;
+use super::link::{Link, Mark};
 use super::prepared::{self, ClientStatements, Deallocation, Statement};
 use super::rules::{self, RuleCheck};
 use super::views::Views;
@@ -96,9 +96,8 @@ pub(super) fn server_message(
             )));
         }
     };
-    if tag == backend::tag::ERROR_RESPONSE && link.reset_sent {
-        link.server.poison();
-    }
+    let mark = Mark::of(tag, &link.server.rbuf[span.body()]);
+    link.note_answer(mark);
     if own_missing {
         link.server.poison();
     }
@@ -119,13 +118,6 @@ pub(super) fn server_message(
     }
     let server = &mut *link.server;
     let body = &server.rbuf[span.body()];
-    // (The value a client's RESET left is read when the server goes back.)
-    link.unreported_named |= tag == backend::tag::COMMAND_COMPLETE && body == b"RESET\0";
-    if link.shared && tag == backend::tag::COMMAND_COMPLETE && body == b"PREPARE\0" {
-        // A statement prepared by SQL is its session's alone on PostgreSQL: the server that
-        // holds it is closed when given back, so no other client can EXECUTE or Bind it.
-        server.reusable = false;
-    }
     let ready = learn(
         tag,
         body,

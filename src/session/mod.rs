@@ -567,6 +567,7 @@ impl Session {
                     && link.expected.statement_use_next()
                     && lost_own_statement(&link.server.statements, &body);
                 let (_, learned) = link.expected.on_message(frame.tag()).ok()?;
+                link.note_answer(link::Mark::of(frame.tag(), &body));
                 let mut client = ClientSide {
                     statements: &mut self.statements,
                     params: &mut self.params,
