@@ -745,6 +745,32 @@ fn backslashes_are_unchecked_while_the_setting_may_change() {
     assert_eq!(raw.value(r"select 'a\'b'"), "a'b");
 }
 
+/// A batch left open (answered through Flush, no Sync) may have changed how the server reads
+/// the next text: PostgreSQL reports a changed setting only before its ReadyForQuery, so a text
+/// whose reading depends on it is unchecked there, not judged under the setting of before.
+#[test]
+fn backslashes_are_unchecked_in_a_batch_left_open() {
+    let f = Fixture::start(POLICY);
+    let mut raw = f.raw("postgres", "schema");
+    let set = [
+        parse_message("", "SET standard_conforming_strings = off"),
+        bind_message(""),
+        execute_message(),
+        flush_message(),
+    ];
+    raw.send(&set.concat());
+    raw.until_tag_within(b'C', 10 * SECOND)
+        .unwrap_or_else(|err| panic!("SET: {err}"));
+    // On: one SELECT of two strings and a comment. Off: a string, then secret.s's rows.
+    let hidden = r"SELECT '\', ' , (SELECT count(*) FROM secret.s) , '--'";
+    raw.send(&[parse_message("s", hidden), flush_message()].concat());
+    let err = raw.expect_error_within(10 * SECOND);
+    assert_raw_refused(&err, "unchecked");
+    raw.send(&sync_message());
+    raw.until_ready_within(10 * SECOND)
+        .unwrap_or_else(|err| panic!("Sync: {err}"));
+}
+
 #[test]
 fn statement_pipelined_behind_commit_is_read_as_the_server_reads_it() {
     let f = Fixture::one_server(WHERE_POLICY, "");

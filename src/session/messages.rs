@@ -388,7 +388,9 @@ impl MessageContext<'_> {
     /// The rules' verdict on a statement text, if they refuse it. `verdict` is the gate's,
     /// if it refused the request already (and logged it, unless it was a rule's).
     fn refusal(&mut self, text: &[u8], verdict: Option<&RuleHit>) -> Option<RuleHit> {
-        let in_flight = !self.link.expected.is_empty();
+        // A batch still open counts as in flight though all of it was answered (through a
+        // Flush): PostgreSQL reports a setting changed in it only before its ReadyForQuery.
+        let in_flight = !self.link.expected.is_quiet();
         let pooled = self.pooled;
         let rules = self.rules.as_mut()?;
         rules.log_refusals = verdict.is_none_or(|v| v.by_rule);

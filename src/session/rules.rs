@@ -140,7 +140,8 @@ impl Analyzed {
 
 impl RuleCheck<'_> {
     /// Judges a statement text; `in_flight` says whether earlier statements are still
-    /// unanswered: any of them may change how the server reads this one (a SET, a COMMIT
+    /// unanswered, or their batch still open (PostgreSQL reports a changed setting only
+    /// before its ReadyForQuery): any of them may change how the server reads this one (a SET, a COMMIT
     /// or ROLLBACK undoing a SET LOCAL, a function calling set_config), so while one is,
     /// text whose reading depends on standard_conforming_strings or client_encoding is
     /// unchecked. `pooled` says the server is shared between clients: a SQL-level EXECUTE
