@@ -336,3 +336,41 @@ fn disable_pqexec_refuses_simple_queries() {
         ("08P01", "PQexec disallowed")
     );
 }
+
+/// What pgward answers by itself (a CloseComplete for each Close of a statement no server has)
+/// waits within the same bound as the server's answers for a client that reads nothing:
+/// pgward stops reading the client rather than keep every answer in memory.
+#[test]
+fn answers_of_pgward_s_own_are_bounded_for_a_client_that_reads_nothing() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "");
+    let status = format!("/proc/{}/status", pw.pid());
+    let rss_kb = || -> u64 {
+        let text = std::fs::read_to_string(&status).expect("pgward's status");
+        let line = text.lines().find(|l| l.starts_with("VmRSS:"));
+        let kb = line.and_then(|l| l.split_whitespace().nth(1));
+        kb.and_then(|n| n.parse().ok()).expect("VmRSS")
+    };
+    let mut client = pw.client();
+    let mut chunk = Batch::new();
+    for _ in 0..8192 {
+        chunk = chunk.close(b'S', "x");
+    }
+    let chunk = chunk.bytes;
+    let total = 48 << 20;
+    let before = rss_kb();
+    let flood = |client: &mut Raw| {
+        let mut sent = 0;
+        while sent < total && client.send_within(&chunk, 2 * SECOND) {
+            sent += chunk.len();
+        }
+        assert!(sent < total, "pgward read all {sent} bytes\n{}", pw.log());
+        let grown_kb = rss_kb().saturating_sub(before);
+        assert!(grown_kb < 16 << 10, "pgward grew by {grown_kb} kB");
+    };
+    flood(&mut client);
+    // Behind an answer the server has not sent yet, they wait in the queue of what is owed.
+    let mut behind = pw.client();
+    behind.send(&query_message("SELECT pg_sleep(3)"));
+    flood(&mut behind);
+}

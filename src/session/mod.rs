@@ -48,6 +48,10 @@ const DEFAULT_MAX_PREPARED: usize = 200;
 
 /// Bytes buffered towards one side before pgward stops reading from the other.
 const HIGH_WATER: usize = 256 * 1024;
+/// Answers owed by a server past which the client is not read until some come (what pgward
+/// answers by itself queues behind an answer the server has not sent yet): far more than
+/// PostgreSQL's output buffer holds unsent, so a pipeline without Flush still moves.
+const MAX_OWED: usize = 65_536;
 
 /// The client-side time limits, from the settings.
 #[derive(Debug, Clone, Copy, Default)]
@@ -349,11 +353,18 @@ impl Session {
         self.poll_server_read(cx).map(Ok)
     }
 
-    /// Reads what the client sent, unless enough waits to go to the server already.
+    /// Reads what the client sent, unless enough waits to go to the server already, or to the
+    /// client (answers pgward gives by itself, which no server's pace bounds), or enough
+    /// answers are owed.
     fn poll_client_read(&mut self, io: &mut ClientIo, cx: &mut Context<'_>) -> Poll<Event> {
         // While messages are held, what the client sends waits in the read buffer: bounded.
         let held_full = self.held && io.rbuf.len() >= HIGH_WATER;
-        if self.to_server.len() >= HIGH_WATER || held_full {
+        let owed_full = self
+            .link
+            .as_ref()
+            .is_some_and(|l| l.expected.len() >= MAX_OWED);
+        let out_full = self.to_server.len() >= HIGH_WATER || self.to_client.len() >= HIGH_WATER;
+        if out_full || held_full || owed_full {
             return Poll::Pending;
         }
         reserve_for_frame(&mut io.rbuf);

@@ -204,6 +204,14 @@ impl Stream {
         }
     }
 
+    fn set_write_timeout(&self, wait: Option<Duration>) -> io::Result<()> {
+        match self {
+            Stream::Tcp(s) => s.set_write_timeout(wait),
+            Stream::Unix(s) => s.set_write_timeout(wait),
+            Stream::Tls(s) => s.sock.set_write_timeout(wait),
+        }
+    }
+
     fn set_nonblocking(&self, on: bool) -> io::Result<()> {
         match self {
             Stream::Tcp(s) => s.set_nonblocking(on),
@@ -310,6 +318,14 @@ impl Raw {
     /// Sends `bytes`; a closed connection is not an error here (the next read shows it).
     pub fn send(&mut self, bytes: &[u8]) {
         let _ = self.stream.write_all(bytes);
+    }
+
+    /// Sends `bytes` unless the peer stops reading them for `wait`: whether all went.
+    pub fn send_within(&mut self, bytes: &[u8], wait: Duration) -> bool {
+        let _ = self.stream.set_write_timeout(Some(wait));
+        let sent = self.stream.write_all(bytes).is_ok();
+        let _ = self.stream.set_write_timeout(None);
+        sent
     }
 
     /// Reads more bytes into the buffer before `deadline`: false on end of stream.
