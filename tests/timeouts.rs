@@ -226,6 +226,39 @@ fn transaction_timeout_closes_a_busy_transaction_with_25p04() {
     );
 }
 
+/// A batch kept open (each statement answered through a Flush, no Sync) is one transaction on
+/// the server from its first message: transaction_timeout ends it as it ends a transaction
+/// block, though no ReadyForQuery ever said a transaction began.
+#[test]
+fn transaction_timeout_closes_a_batch_kept_open() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "transaction_timeout = 1\n");
+    let mut client = pw.client();
+    let since = Instant::now();
+    for _ in 0..10 {
+        let batch = raw::Batch::new()
+            .parse("", "SELECT pg_sleep(0.3)", &[])
+            .bind("", "", &[])
+            .execute("", 0)
+            .flush();
+        client.send(&batch.bytes);
+        loop {
+            let message = client.read_message_within(5 * SECOND).expect("an answer");
+            match message.tag {
+                b'C' => break,
+                b'E' => {
+                    let err = message.fields();
+                    let timeout = ("25P04", "transaction timeout");
+                    assert_fatal(&mut client, &err, timeout, since, 2 * SECOND);
+                    return;
+                }
+                _ => {}
+            }
+        }
+    }
+    panic!("the batch kept open ran for 3 s\n{}", pw.log());
+}
+
 #[test]
 fn transaction_timeout_counts_from_begin_not_from_attach() {
     let pg = Postgres::start();

@@ -748,6 +748,12 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
+        if link.tx_since.is_none() && link.expected.batch_open() {
+            // A batch is one transaction on the server from its first message to its Sync
+            // (the implicit one, or a block begun in it), though no ReadyForQuery says so
+            // while it stays open.
+            link.tx_since = Some(link.busy_since.unwrap_or_else(Instant::now));
+        }
         if governance.is_some() && executes {
             // Under a policy an Execute no request passed the gate for (a suspended portal's
             // next rows) is work too: the run counts from here if it does not already.
