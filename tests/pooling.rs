@@ -1577,3 +1577,30 @@ fn a_killed_client_is_told_why() {
     }
     assert_eq!(busy(), "0", "the server still sends\n{}", pw.log());
 }
+
+/// The statement that brings a server's parameters in line with a client's is read by the
+/// server in the client_encoding the last client left it in: in SJIS a byte of a character may
+/// be a backslash. A value whose bytes would end the literal there runs no SQL of its own
+/// (where `backslash_quote` lets such a backslash through), nor fails the client's session
+/// (where it does not, by default).
+#[test]
+fn a_parameter_value_runs_no_sql_under_a_multibyte_client_encoding() {
+    let pg = Postgres::start();
+    pg.sql("ALTER DATABASE app SET backslash_quote = on");
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\ndefault_pool_size = 1\n", "");
+    let sjis = [
+        ("user", "trustuser"),
+        ("database", "app"),
+        ("client_encoding", "SJIS"),
+    ];
+    let mut first = pw.client_with(&sjis);
+    assert_eq!(first.value("SELECT 1"), "1");
+    // U+0441 is D1 81 in UTF-8; in SJIS, D1 is one character and 81 5C another.
+    let name = "\u{441}\\'; CREATE TABLE pwned (); --";
+    let mut params = sjis.to_vec();
+    params.push(("application_name", name));
+    let mut second = pw.client_with(&params);
+    assert_eq!(second.value("SELECT 1"), "1", "{}", pw.log());
+    let made = pg.sql("SELECT count(*) FROM pg_class WHERE relname = 'pwned'");
+    assert_eq!(made, "0", "{}", pw.log());
+}
