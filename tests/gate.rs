@@ -143,6 +143,23 @@ max_cost = 500
     assert_eq!(stdout_of(&cheap).trim(), "v7", "{}", stderr_of(&cheap));
 }
 
+/// With standard_conforming_strings off, a backslash moves where a string ends: the scanner
+/// that finds the statement to price reads strings as with it on, and would take this one
+/// full read for two statements and price neither. Under cost rules it is refused, not run
+/// unpriced.
+#[test]
+fn max_cost_refuses_a_text_it_cannot_read_as_the_server_does() {
+    let f = Fixture::start("[gate]\nmax_cost = 500\n");
+    let hidden = r"SELECT count(*) FROM big WHERE pad <> '\'; x; --'";
+    let out = f.psql(
+        "trustuser",
+        &["SET standard_conforming_strings = off", hidden],
+    );
+    let err = stderr_of(&out);
+    assert!(!out.status.success(), "ran: {}", stdout_of(&out));
+    assert!(err.contains("54000"), "{err}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_cost_judges_a_prepared_statement_with_its_bound_values() {
     let f = Fixture::start(

@@ -51,6 +51,10 @@ pub enum Judged<'a> {
     /// Nothing EXPLAIN can plan (BEGIN, SET, several statements, a plain EXPLAIN, COPY FROM,
     /// text the scanner refuses): charged `min_charge`.
     MinCharge,
+    /// A backslash where `standard_conforming_strings` may be off: the scanner reads strings
+    /// as with it on, so where the statement (or its statements) ends cannot be known; under
+    /// cost rules it cannot be priced.
+    Unreadable,
 }
 
 /// How many `EXPLAIN ANALYZE` / `COPY (...)` wrappers are looked through.
@@ -59,8 +63,12 @@ const MAX_NESTING: usize = 4;
 /// The options of every EXPLAIN pgward sends.
 pub const EXPLAIN_PREFIX: &str = "EXPLAIN (FORMAT JSON, VERBOSE) ";
 
-/// Which statement of `sql` to judge.
-pub fn judged_statement(sql: &str) -> Judged<'_> {
+/// Which statement of `sql` to judge; `conforming` says the server reads it with
+/// `standard_conforming_strings` on (as PostgreSQL's scanner here always does).
+pub fn judged_statement(sql: &str, conforming: bool) -> Judged<'_> {
+    if !conforming && sql.contains('\\') {
+        return Judged::Unreadable;
+    }
     let Ok(scanned) = pg_query::scan(sql) else {
         return Judged::MinCharge;
     };
@@ -82,7 +90,7 @@ pub fn explain_sql(judged: &Judged) -> Option<String> {
         Judged::Plan(text) => Some(format!("{EXPLAIN_PREFIX}{text}")),
         Judged::Execute { statement, .. } => Some(format!("{EXPLAIN_PREFIX}{statement}")),
         Judged::WholeTable(table) => Some(format!("{EXPLAIN_PREFIX}TABLE {table}")),
-        Judged::MinCharge => None,
+        Judged::MinCharge | Judged::Unreadable => None,
     }
 }
 

@@ -220,8 +220,20 @@ fn max_scan_rows_sums_table_sizes() {
 
 #[test]
 fn judged_statements() {
-    let plan = |s| judged_statement(s);
+    let plan = |s| judged_statement(s, true);
     assert_eq!(plan("SELECT 1"), Judged::Plan("SELECT 1"));
+    // standard_conforming_strings off (or unknown): a backslash leaves the ends unknown.
+    let hidden = r"SELECT count(*) FROM t WHERE x <> '\'; x; --'";
+    assert_eq!(
+        plan(hidden),
+        Judged::MinCharge,
+        "two statements, with it on"
+    );
+    assert_eq!(judged_statement(hidden, false), Judged::Unreadable);
+    assert_eq!(
+        judged_statement("SELECT 1", false),
+        Judged::Plan("SELECT 1")
+    );
     assert_eq!(
         plan("  /* c */ with x as (select 1) select * from x; "),
         Judged::Plan("with x as (select 1) select * from x")

@@ -1224,6 +1224,7 @@ impl Session {
             context_from(&settled.context, in_flight),
             settled.statement_timeout,
         );
+        let scs_on = conforming(&context);
         let at = self.params.changes();
         let read = work.bytes();
         let analysis = read.map(|t| {
@@ -1274,7 +1275,7 @@ impl Session {
             .as_ref()
             .and_then(|k| keeper.plans().get_for(k, || work.constants(), now));
         let judged = match (text, &key, &cached) {
-            (Some(t), Some(_), None) => Some(judged_statement(t)),
+            (Some(t), Some(_), None) => Some(judged_statement(t, scs_on)),
             _ => None,
         };
         let sql = judged.as_ref().and_then(explain_sql);
@@ -1300,6 +1301,13 @@ impl Session {
             // No Parse the server answered created it: a PREPARE in SQL, say, whose text the
             // gate never read.
             let hit = self.unpriceable(governance, &tenant, UNKNOWN_STATEMENT);
+            if let Some(hit) = hit {
+                self.note_cost_refusal(&tenant, fingerprint, &hit);
+                return Ok(Step::refuse(hit));
+            }
+        }
+        if ruled && matches!(judged, Some(Judged::Unreadable)) {
+            let hit = self.unpriceable(governance, &tenant, UNREADABLE);
             if let Some(hit) = hit {
                 self.note_cost_refusal(&tenant, fingerprint, &hit);
                 return Ok(Step::refuse(hit));
@@ -1656,13 +1664,17 @@ impl Session {
                 changed = true;
                 continue;
             }
-            let Some(sql) = explain_sql(&judged_statement(part)) else {
+            let context = parse_context(&self.params);
+            let judged = judged_statement(part, conforming(&context));
+            if judged == Judged::Unreadable {
+                return Ok(self.unpriceable(governance, tenant, UNREADABLE));
+            }
+            let Some(sql) = explain_sql(&judged) else {
                 continue;
             };
             if changed {
                 return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
             }
-            let context = parse_context(&self.params);
             let analysis = governance.analyzer.analyze(part.as_bytes(), &context);
             let Some(fp) = analysis.fingerprint else {
                 return Ok(self.unpriceable(governance, tenant, AFTER_PLAN_CHANGE));
@@ -2783,6 +2795,17 @@ const NOT_UTF8: (&str, &str) = (
     "its text is not UTF-8, which pgward can neither parse nor explain as the server reads it",
     "send it with client_encoding UTF8",
 );
+
+/// ... a text with a backslash where standard_conforming_strings may be off.
+const UNREADABLE: (&str, &str) = (
+    "it has a backslash and standard_conforming_strings is not known to be on, so where its statements end cannot be read as the server reads them",
+    "set standard_conforming_strings to on, or write the string with E'' or $$ quoting",
+);
+
+/// Whether the server reads a text as with `standard_conforming_strings` on.
+fn conforming(context: &crate::sql::ParseContext) -> bool {
+    context.standard_conforming_strings == crate::sql::Setting::Known(true)
+}
 
 /// ... inside an extended batch still open, where an EXPLAIN cannot read it as itself.
 const IN_OPEN_BATCH: (&str, &str) = (
