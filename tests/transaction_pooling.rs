@@ -374,3 +374,28 @@ fn answers_of_pgward_s_own_are_bounded_for_a_client_that_reads_nothing() {
     behind.send(&query_message("SELECT pg_sleep(3)"));
     flood(&mut behind);
 }
+
+/// A cursor declared WITH HOLD outlives its transaction on PostgreSQL: it is closed before the
+/// server goes back, so the next client of the server cannot FETCH another's rows.
+#[test]
+fn a_cursor_held_past_its_transaction_is_no_other_clients() {
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = transaction\ndefault_pool_size = 1\n", "");
+    let mut owner = pw.client();
+    let declared = owner.exchange_within(
+        &query_message("BEGIN; DECLARE c CURSOR WITH HOLD FOR SELECT 42; COMMIT"),
+        3 * SECOND,
+        "DECLARE",
+    );
+    assert_eq!(error_code(&declared), "", "{}", describe(&declared));
+    let mut other = pw.client();
+    let fetched = other.exchange_within(&query_message("FETCH ALL FROM c"), 3 * SECOND, "FETCH");
+    assert_eq!(error_code(&fetched), "34000", "{}", describe(&fetched));
+    // Its own cursor is the owner's to use within its transaction, as before.
+    let own = owner.exchange_within(
+        &query_message("BEGIN; DECLARE d CURSOR FOR SELECT 7; FETCH ALL FROM d; COMMIT"),
+        3 * SECOND,
+        "its own cursor",
+    );
+    assert_eq!(error_code(&own), "", "{}", describe(&own));
+}

@@ -21,6 +21,9 @@ pub enum Mark {
     /// A statement prepared by SQL, its session's alone on PostgreSQL: a shared server that
     /// holds one is closed when given back, so no other client can EXECUTE or Bind it.
     Prepare,
+    /// A cursor declared: one declared WITH HOLD outlives its transaction, so a shared
+    /// server's cursors are closed before it goes back (no other client can FETCH from one).
+    Cursor,
 }
 
 impl Mark {
@@ -30,6 +33,7 @@ impl Mark {
             (tag::ERROR_RESPONSE, _) => Mark::Error,
             (tag::COMMAND_COMPLETE, b"RESET\0") => Mark::Reset,
             (tag::COMMAND_COMPLETE, b"PREPARE\0") => Mark::Prepare,
+            (tag::COMMAND_COMPLETE, b"DECLARE CURSOR\0") => Mark::Cursor,
             _ => Mark::Nothing,
         }
     }
@@ -68,6 +72,8 @@ pub struct Link {
     /// The server goes back to the pool for other clients after each transaction
     /// (transaction and statement pooling).
     pub shared: bool,
+    /// The client declared a cursor on this shared server (see [`Mark::Cursor`]).
+    pub cursor_declared: bool,
 }
 
 impl Link {
@@ -86,6 +92,7 @@ impl Link {
             Mark::Error if self.reset_sent => self.server.poison(),
             Mark::Reset => self.unreported_named = true,
             Mark::Prepare if self.shared => self.server.reusable = false,
+            Mark::Cursor if self.shared => self.cursor_declared = true,
             _ => {}
         }
     }

@@ -815,6 +815,7 @@ impl Session {
             unnamed_in_batch: false,
             unnamed_unsettled: false,
             unreported_named: false,
+            cursor_declared: false,
             shared: self.mode != crate::config::PoolMode::Session,
         });
         Ok(now.saturating_duration_since(asked))
@@ -1166,6 +1167,15 @@ impl Session {
             // (No cancel of the client's can reach pgward's own statement now.)
             self.gate.settle_kept();
             self.read_unreported(&mut link).await;
+        }
+        if link.cursor_declared && link.server.is_clean() {
+            // A cursor declared WITH HOLD outlives its transaction: the next client of the
+            // server could FETCH from it.
+            self.gate.settle_kept();
+            let closed = link.server.simple_query("CLOSE ALL", &self.tracked).await;
+            if closed.is_err() {
+                link.server.poison();
+            }
         }
         if link.expected.is_empty() {
             self.spare_expected = std::mem::take(&mut link.expected);
