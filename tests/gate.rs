@@ -1834,6 +1834,50 @@ mod held_messages {
         answers(&mut e, 1);
     }
 
+    /// A request the gate sends to the slow lane (its tenant in debt under when_over =
+    /// "slow"), pipelined behind another tenant's request whose fast-lane slot the session
+    /// holds, does not run in that slot: it waits for a slot of its own lane, busy here.
+    #[test]
+    fn a_pipelined_request_of_another_lane_waits_for_its_own() {
+        let policy = "trusted_roles = [\"trustuser\"]\n[gate]\nqueue_timeout = \"30s\"\n\
+             slow_active = 1\n[tenants.acme]\nwhen_over = \"slow\"\nburst = 0.001\n\
+             rate = 0.1\n[tenants.free]\n";
+        let p = gated(policy, POOLED);
+        let mut r = p.pw.client_as("trustuser", "app");
+        let mut e = p.pw.client_as("trustuser", "app");
+        let cached = "SELECT 41 /*tenant='acme'*/";
+        // Its plan cached while acme owes nothing, so it is priced before admission.
+        r.send(&Batch::new().query(cached).bytes);
+        answers(&mut r, 1);
+        // About a second of debt, paid back in about ten.
+        r.send(
+            &Batch::new()
+                .query("SELECT pg_sleep(1) /*tenant='acme'*/")
+                .bytes,
+        );
+        answers(&mut r, 1);
+        // The slow lane's one slot, busy for three seconds.
+        e.send(
+            &Batch::new()
+                .query("SELECT pg_sleep(3) /*tenant='acme'*/")
+                .bytes,
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        let pipeline = Batch::new()
+            .query("SELECT pg_sleep(0.2) /*tenant='free'*/")
+            .query(cached);
+        r.send(&pipeline.bytes);
+        let got = answers(&mut r, 2);
+        let took = started.elapsed();
+        assert!(!got.contains('E'), "{got}");
+        assert!(
+            took > Duration::from_millis(2000),
+            "ran in the other tenant's fast-lane slot: {took:?}"
+        );
+        answers(&mut e, 1);
+    }
+
     /// `SELECT count(*)` of the active `sql` on the server, as another tenant asks it.
     fn running(b: &mut common::raw::Raw, sql: &str) -> (String, Duration) {
         let started = Instant::now();

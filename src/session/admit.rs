@@ -1449,6 +1449,21 @@ impl Session {
         // queues, beside the gate's).
         let mut for_server = Duration::ZERO;
         loop {
+            if !bypass && self.holds_another_slot(&pass) && !self.in_transaction() {
+                // Pipelined behind a request of another lane or tenant, whose slot the
+                // session holds: it does not run there (a quarantined flip or a tenant in debt
+                // in the fast lane, a tenant past its max_active), but waits for a slot of its
+                // own once what runs in that one is answered. A batch still open on the server
+                // cannot wait (its Sync is behind it): it runs, as a debt does there.
+                if !self.gate.batch_open {
+                    keeper.refund(&mut pass);
+                    if !first {
+                        return Ok(Step::Hold);
+                    }
+                    self.maybe_release(io).await?;
+                    self.gate.slot = None;
+                }
+            }
             // The slot first, then the server: a client waiting for a slot holds no server.
             // In session pooling the server is the client's own for the whole session: it
             // is taken first (never while holding a slot, which a client holding its server
@@ -1628,6 +1643,13 @@ impl Session {
             self.gate.spare_pass = Some(pass);
             return Ok(Step::Verdict(None));
         }
+    }
+
+    /// Whether the session holds a slot that is not `pass`'s to use: of another lane, or of
+    /// another tenant.
+    fn holds_another_slot(&self, pass: &Pass) -> bool {
+        let held = self.gate.slot.as_ref().and_then(|g| g.slot());
+        held.is_some_and(|s| s.lane() != pass.lane || s.tenant() != &*pass.tenant)
     }
 
     /// Whether this request's wait for a slot comes before anything else: it holds none, is
