@@ -51,9 +51,9 @@ pub enum Judged<'a> {
     /// Nothing EXPLAIN can plan (BEGIN, SET, several statements, a plain EXPLAIN, COPY FROM,
     /// text the scanner refuses): charged `min_charge`.
     MinCharge,
-    /// A backslash where `standard_conforming_strings` may be off: the scanner reads strings
-    /// as with it on, so where the statement (or its statements) ends cannot be known; under
-    /// cost rules it cannot be priced.
+    /// A backslash in a plain string where `standard_conforming_strings` may be off: the
+    /// scanner reads strings as with it on, so where the statement (or its statements) ends
+    /// cannot be known; under cost rules it cannot be priced.
     Unreadable,
 }
 
@@ -66,12 +66,16 @@ pub const EXPLAIN_PREFIX: &str = "EXPLAIN (FORMAT JSON, VERBOSE) ";
 /// Which statement of `sql` to judge; `conforming` says the server reads it with
 /// `standard_conforming_strings` on (as PostgreSQL's scanner here always does).
 pub fn judged_statement(sql: &str, conforming: bool) -> Judged<'_> {
-    if !conforming && sql.contains('\\') {
+    let doubt = !conforming && sql.contains('\\');
+    let Ok(scanned) = pg_query::scan(sql) else {
+        return match doubt {
+            true => Judged::Unreadable,
+            false => Judged::MinCharge,
+        };
+    };
+    if doubt && crate::sql::backslash_in_plain_string(sql, &scanned.tokens) {
         return Judged::Unreadable;
     }
-    let Ok(scanned) = pg_query::scan(sql) else {
-        return Judged::MinCharge;
-    };
     let tokens: Vec<Tok> = scanned
         .tokens
         .iter()

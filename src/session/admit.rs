@@ -2820,8 +2820,8 @@ const NOT_UTF8: (&str, &str) = (
 
 /// ... a text with a backslash where standard_conforming_strings may be off.
 const UNREADABLE: (&str, &str) = (
-    "it has a backslash and standard_conforming_strings is not known to be on, so where its statements end cannot be read as the server reads them",
-    "set standard_conforming_strings to on, or write the string with E'' or $$ quoting",
+    "a string of it holds a backslash and standard_conforming_strings is not known to be on (it may be off, or a statement still in flight may change it), so where its statements end cannot be read as the server reads them",
+    "write the string with E'' or $$ quoting, or send it once nothing is in flight with standard_conforming_strings on",
 );
 
 /// Whether the server reads a text as with `standard_conforming_strings` on.

@@ -42,6 +42,7 @@ pub use facts::{
     split_identifiers, Facts, Finding, FunctionName, IndexOp, SearchPathChange, SettingAction,
     SettingChange,
 };
+pub(crate) use tags::backslash_in_plain_string;
 pub use tags::{Priority, Tags};
 
 use cache::ModeCache;
