@@ -259,6 +259,28 @@ fn transaction_timeout_closes_a_batch_kept_open() {
     panic!("the batch kept open ran for 3 s\n{}", pw.log());
 }
 
+/// One statement through the extended protocol is no transaction block: its batch arriving
+/// in two writes (its Sync later) does not make transaction_timeout count its run.
+#[test]
+fn transaction_timeout_leaves_a_batch_sent_in_two_writes_alone() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "transaction_timeout = 1\n");
+    let mut client = pw.client();
+    let batch = raw::Batch::new()
+        .parse("", "SELECT pg_sleep(1.5)", &[])
+        .bind("", "", &[])
+        .execute("", 0);
+    client.send(&batch.bytes);
+    thread::sleep(Duration::from_millis(200));
+    let answered = client.exchange_within(&raw::Batch::new().sync().bytes, 5 * SECOND, "Sync");
+    assert!(
+        raw::first_error(&answered).is_none(),
+        "{}\n{}",
+        raw::describe(&answered),
+        pw.log()
+    );
+}
+
 #[test]
 fn transaction_timeout_counts_from_begin_not_from_attach() {
     let pg = Postgres::start();

@@ -748,12 +748,6 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
-        if link.tx_since.is_none() && link.expected.batch_open() {
-            // A batch is one transaction on the server from its first message to its Sync
-            // (the implicit one, or a block begun in it), though no ReadyForQuery says so
-            // while it stays open.
-            link.tx_since = Some(link.busy_since.unwrap_or_else(Instant::now));
-        }
         if governance.is_some() && executes {
             // Under a policy an Execute no request passed the gate for (a suspended portal's
             // next rows) is work too: the run counts from here if it does not already.
@@ -1019,6 +1013,12 @@ impl Session {
             // Idle time counts from the last answer, not from the last request.
             let answered = last_ready.unwrap_or_else(Instant::now);
             self.last_client_activity = answered;
+            if link.tx_since.is_none() && link.expected.batch_open() {
+                // Everything answered (through a Flush) and the batch still open: the client
+                // holds the server's transaction (the implicit one, or a block begun in the
+                // batch) though no ReadyForQuery says so; it counts from here at the latest.
+                link.tx_since = Some(answered);
+            }
             if owed_before {
                 // Inside a transaction too: a batch answered without a ReadyForQuery (ended
                 // by a Flush) ran until now.
