@@ -191,14 +191,16 @@ pub fn names_unreported(text: &[u8]) -> bool {
     })
 }
 
+/// The statement that makes a server read the next text as UTF-8 (see [`set_statement`]).
+pub const UTF8_FIRST: &str = "SET client_encoding TO 'UTF8'";
+
 /// `SET name TO E'value'; ...` for each pair, quoted so that no value can end the literal
-/// whatever `standard_conforming_strings` says, and written in ASCII alone (each other
-/// character as a Unicode escape, which PostgreSQL 13 and later convert to any server
-/// encoding): the server reads the text in the client_encoding the last client left it in,
-/// and in one such as SJIS or BIG5 a byte of a character may be a backslash, which would end
-/// the literal early and run the rest as SQL.
+/// whatever `standard_conforming_strings` says. The server reads the text in the
+/// client_encoding it holds when the text arrives: one with a value outside ASCII goes only to
+/// a server that reads UTF-8 ([`UTF8_FIRST`] first where it does not), since in an encoding
+/// such as SJIS or BIG5 a byte of a character may be a backslash, which would end the literal
+/// early and run the rest as SQL.
 pub fn set_statement(pairs: &[(&str, &str)]) -> String {
-    use std::fmt::Write;
     let mut sql = String::new();
     for (name, value) in pairs {
         sql.push_str("SET ");
@@ -212,13 +214,7 @@ pub fn set_statement(pairs: &[(&str, &str)]) -> String {
             match c {
                 '\'' => sql.push_str("''"),
                 '\\' => sql.push_str("\\\\"),
-                c if c.is_ascii() => sql.push(c),
-                c if u32::from(c) <= 0xFFFF => {
-                    let _ = write!(sql, "\\u{:04X}", u32::from(c));
-                }
-                c => {
-                    let _ = write!(sql, "\\U{:08X}", u32::from(c));
-                }
+                c => sql.push(c),
             }
         }
         sql.push_str("';");
@@ -329,11 +325,6 @@ mod tests {
         assert_eq!(
             set_statement(&[("application_name", "it's a \\ test")]),
             "SET application_name TO E'it''s a \\\\ test';"
-        );
-        // In ASCII alone: no byte of the text can be read as part of another character.
-        assert_eq!(
-            set_statement(&[("application_name", "с\\'é😀")]),
-            "SET application_name TO E'\\u0441\\\\''\\u00E9\\U0001F600';"
         );
     }
 }

@@ -1604,3 +1604,30 @@ fn a_parameter_value_runs_no_sql_under_a_multibyte_client_encoding() {
     let made = pg.sql("SELECT count(*) FROM pg_class WHERE relname = 'pwned'");
     assert_eq!(made, "0", "{}", pw.log());
 }
+
+/// A value outside ASCII reaches a SQL_ASCII database's server byte for byte, as the client
+/// gave it (no conversion to that encoding exists from any other).
+#[test]
+fn a_parameter_value_outside_ascii_reaches_a_sql_ascii_database() {
+    let pg = Postgres::start();
+    pg.sql(
+        "CREATE DATABASE plain TEMPLATE template0 ENCODING 'SQL_ASCII' \
+         LC_COLLATE 'C' LC_CTYPE 'C'",
+    );
+    let plain = format!("plain = {}\n", pg.db_connstr("plain"));
+    let pw = Pgward::trusting(
+        &pg,
+        "pool_mode = transaction\ndefault_pool_size = 1\n",
+        &plain,
+    );
+    let first = [("user", "trustuser"), ("database", "plain")];
+    let mut client = pw.client_with(&first);
+    assert_eq!(client.value("SELECT 1"), "1");
+    let named = [
+        ("user", "trustuser"),
+        ("database", "plain"),
+        ("application_name", "café"),
+    ];
+    let mut second = pw.client_with(&named);
+    assert_eq!(second.value("SELECT 2"), "2", "{}", pw.log());
+}

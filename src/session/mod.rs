@@ -818,9 +818,17 @@ impl Session {
     /// Sets on `server` the tracked parameters whose values differ from the client's (the
     /// caller has seen that some do).
     async fn sync_params(&mut self, server: &mut ServerGuard) -> Result<(), SessionError> {
-        let diffs = self.params.to_set_on(&mut server.params);
+        let mut diffs = self.params.to_set_on(&mut server.params);
         if diffs.is_empty() {
             return Ok(());
+        }
+        let utf8 = server.params.get("client_encoding") == Some("UTF8");
+        if !utf8 && diffs.iter().any(|(_, v)| !v.is_ascii()) {
+            // Values outside ASCII go in a text the server reads as UTF-8 (see
+            // `params::set_statement`); the client's own encoding is set back in it.
+            let set = server.simple_query(params::UTF8_FIRST, &self.tracked).await;
+            set.map_err(|e| internal_failure(server, e))?;
+            diffs = self.params.to_set_on(&mut server.params);
         }
         let pairs: Vec<(&str, &str)> = diffs
             .iter()
