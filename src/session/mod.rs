@@ -249,15 +249,16 @@ impl Session {
                 io.send_error(&pending, err).await;
             }
             ended => {
-                let killed = self.hooks.killed();
-                if let Some(end) = crate::client::client_end(ended, killed) {
+                if let Some(end) = crate::client::client_end(ended, self.hooks.killed()) {
                     crate::ops::routine::client_closed(log, client, end, age);
                 }
-                let pending = std::mem::take(&mut self.to_client);
-                crate::client::tell_killed(io, ended, killed, &pending).await;
             }
         }
         self.finish().await;
+        // A client the console ended is told why once what it left running is stopped and
+        // its server let go (it may read nothing, and the write wait).
+        let pending = std::mem::take(&mut self.to_client);
+        crate::client::tell_killed(io, &result, self.hooks.killed(), &pending).await;
         match result {
             Err(SessionError::Fatal(_)) => Ok(()),
             other => other,
