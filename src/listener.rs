@@ -178,6 +178,15 @@ fn bind_unix(s: &Settings) -> Result<(UnixListener, PathBuf), ListenError> {
         // PgBouncer); a name in use is refused by the bind itself.
         let addr = crate::net::unix_socket_addr(&s.unix_socket_dir, s.listen_port);
         let bound = addr.and_then(|a| std::os::unix::net::UnixListener::bind_addr(&a));
+        let bound = bound.map_err(|e| match e.kind() {
+            // Two processes cannot share one (so_reuseport's restart needs a directory).
+            io::ErrorKind::AddrInUse => io::Error::new(
+                io::ErrorKind::AddrInUse,
+                "another process is listening there (a name in the abstract namespace \
+                 cannot be shared, even under so_reuseport)",
+            ),
+            _ => e,
+        });
         let listener = bound.and_then(|l| l.set_nonblocking(true).map(|()| l));
         let listener = listener.and_then(UnixListener::from_std).map_err(err)?;
         return Ok((listener, path));

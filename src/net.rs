@@ -32,18 +32,21 @@ pub fn is_abstract(dir: &str) -> bool {
     dir.starts_with('@')
 }
 
-/// Connects to the Unix socket at `addr` without blocking the runtime's thread (a name in the
-/// abstract namespace through a blocking connect on tokio's blocking pool).
+/// Connects to the Unix socket at `addr` without blocking: a name in the abstract namespace
+/// through a non-blocking socket of its own, refused at once (EAGAIN) when its listener's
+/// queue is full, as tokio refuses a path's.
 pub async fn connect_unix(addr: std::os::unix::net::SocketAddr) -> io::Result<UnixStream> {
+    use nix::sys::socket::{connect, socket, AddressFamily, SockFlag, SockType, UnixAddr};
+    use std::os::fd::AsRawFd;
+    use std::os::linux::net::SocketAddrExt;
     if let Some(path) = addr.as_pathname() {
         return UnixStream::connect(path).await;
     }
-    let connect = move || std::os::unix::net::UnixStream::connect_addr(&addr);
-    let stream = tokio::task::spawn_blocking(connect)
-        .await
-        .map_err(io::Error::other)??;
-    stream.set_nonblocking(true)?;
-    UnixStream::from_std(stream)
+    let name = addr.as_abstract_name().unwrap_or_default();
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let fd = socket(AddressFamily::Unix, SockType::Stream, flags, None)?;
+    connect(fd.as_raw_fd(), &UnixAddr::new_abstract(name)?)?;
+    UnixStream::from_std(std::os::unix::net::UnixStream::from(fd))
 }
 
 /// TCP keepalive and user timeout, as `tcp_keepalive`, `tcp_keepidle`, `tcp_keepintvl`,
