@@ -399,3 +399,31 @@ fn a_cursor_held_past_its_transaction_is_no_other_clients() {
     );
     assert_eq!(error_code(&own), "", "{}", describe(&own));
 }
+
+/// A batch whose answers pgward gives by itself pile up past its bound behind an answer the
+/// server keeps unflushed (no Sync or Flush yet) still moves: pgward asks the server for its
+/// answers rather than stop reading the client for ever.
+#[test]
+fn a_long_batch_of_pgward_s_own_answers_still_moves() {
+    use std::io::Write;
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "");
+    let mut client = pw.client();
+    let mut writer = client.writer();
+    let mut batch = Batch::new()
+        .parse("", "SELECT 1", &[])
+        .bind("", "", &[])
+        .execute("", 0);
+    let closes = 70_000;
+    for _ in 0..closes {
+        batch = batch.close(b'S', "x");
+    }
+    let bytes = batch.sync().bytes;
+    let sent = thread::spawn(move || writer.write_all(&bytes));
+    let answers = client
+        .until_ready_within(30 * SECOND)
+        .unwrap_or_else(|err| panic!("{}\n{}", &err[..err.len().min(300)], pw.log()));
+    assert!(sent.join().expect("the writer").is_ok());
+    assert_eq!(error_code(&answers), "", "an error");
+    assert_eq!(answers.iter().filter(|m| m.tag == b'3').count(), closes);
+}

@@ -48,9 +48,9 @@ const DEFAULT_MAX_PREPARED: usize = 200;
 
 /// Bytes buffered towards one side before pgward stops reading from the other.
 const HIGH_WATER: usize = 256 * 1024;
-/// Answers owed by a server past which the client is not read until some come (what pgward
-/// answers by itself queues behind an answer the server has not sent yet): far more than
-/// PostgreSQL's output buffer holds unsent, so a pipeline without Flush still moves.
+/// Answers owed past which the client is not read until some come (what pgward answers by
+/// itself queues behind an answer the server has not sent yet). A batch still open when the
+/// bound is passed is flushed on the server, whose output buffer may hold the answers.
 const MAX_OWED: usize = 65_536;
 
 /// The client-side time limits, from the settings.
@@ -748,6 +748,12 @@ impl Session {
         link.emit_synthetic(&mut self.to_client);
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
+        }
+        if link.expected.len() >= MAX_OWED && link.expected.batch_open() {
+            // The client is read no further until answers come (see `poll_client_read`), and
+            // the server may keep the one at the head unflushed until a Sync not read yet:
+            // it is asked for them.
+            crate::wire::encode_flush(&mut self.to_server);
         }
         if governance.is_some() && executes {
             // Under a policy an Execute no request passed the gate for (a suspended portal's

@@ -269,6 +269,15 @@ impl Raw {
         Raw::over(Stream::Tcp(stream))
     }
 
+    /// A second handle on this client's TCP connection, for a thread that writes while this
+    /// one reads.
+    pub fn writer(&self) -> TcpStream {
+        match &self.stream {
+            Stream::Tcp(s) => s.try_clone().expect("a second handle on the connection"),
+            _ => panic!("not a plain TCP client"),
+        }
+    }
+
     /// Connects to the Unix socket at `path`.
     pub fn connect_unix(path: &Path) -> Raw {
         let stream = UnixStream::connect(path)
