@@ -96,8 +96,13 @@ pub(super) fn server_message(
             )));
         }
     };
-    let mark = Mark::of(tag, &link.server.rbuf[span.body()]);
-    link.note_answer(mark);
+    if matches!(
+        tag,
+        backend::tag::ERROR_RESPONSE | backend::tag::COMMAND_COMPLETE
+    ) {
+        let mark = Mark::of(tag, &link.server.rbuf[span.body()]);
+        link.note_answer(mark);
+    }
     if own_missing {
         link.server.poison();
     }

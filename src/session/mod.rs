@@ -357,15 +357,17 @@ impl Session {
     /// Reads what the client sent, unless enough waits to go to the server already, or to the
     /// client (answers pgward gives by itself, which no server's pace bounds), or enough
     /// answers are owed.
+    #[inline]
     fn poll_client_read(&mut self, io: &mut ClientIo, cx: &mut Context<'_>) -> Poll<Event> {
         // While messages are held, what the client sends waits in the read buffer: bounded.
-        let held_full = self.held && io.rbuf.len() >= HIGH_WATER;
-        let owed_full = self
-            .link
-            .as_ref()
-            .is_some_and(|l| l.expected.len() >= MAX_OWED);
+        let held_full = || self.held && io.rbuf.len() >= HIGH_WATER;
+        let owed_full = || {
+            self.link
+                .as_ref()
+                .is_some_and(|l| l.expected.len() >= MAX_OWED)
+        };
         let out_full = self.to_server.len() >= HIGH_WATER || self.to_client.len() >= HIGH_WATER;
-        if out_full || held_full || owed_full {
+        if out_full || held_full() || owed_full() {
             return Poll::Pending;
         }
         reserve_for_frame(&mut io.rbuf);
