@@ -1878,6 +1878,28 @@ mod held_messages {
         answers(&mut e, 1);
     }
 
+    /// A Bind the gate holds inside a batch (to explain it once what went before is answered)
+    /// does not make the batch a transaction the client holds: the client sent its Sync, and
+    /// transaction_timeout leaves the batch's long statement alone.
+    #[test]
+    fn a_batch_the_gate_holds_is_no_transaction_of_the_client_s() {
+        let settings = format!("{POOLED}transaction_timeout = 1\n");
+        let p = gated("[gate]\nmax_cost = 1000000\n", &settings);
+        let mut client = p.pw.client_as("trustuser", "app");
+        let batch = Batch::new()
+            .parse("", "SELECT 1", &[])
+            .bind("", "", &[])
+            .execute("", 0)
+            .parse("", "SELECT pg_sleep(1.5)", &[])
+            .bind("", "", &[])
+            .execute("", 0)
+            .sync();
+        client.send(&batch.bytes);
+        let got = read_to_ready_within(&mut client, Duration::from_secs(10))
+            .unwrap_or_else(|e| panic!("{e}\n{}", p.pw.log()));
+        assert!(!got.contains('E'), "{got}\n{}", p.pw.log());
+    }
+
     /// `SELECT count(*)` of the active `sql` on the server, as another tenant asks it.
     fn running(b: &mut common::raw::Raw, sql: &str) -> (String, Duration) {
         let started = Instant::now();

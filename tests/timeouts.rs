@@ -259,6 +259,29 @@ fn transaction_timeout_closes_a_batch_kept_open() {
     panic!("the batch kept open ran for 3 s\n{}", pw.log());
 }
 
+/// A batch sent without Flush or Sync holds its transaction (and its locks) on the server,
+/// though nothing of it is answered: transaction_timeout ends it all the same.
+#[test]
+fn transaction_timeout_closes_a_batch_sent_without_flush_or_sync() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "transaction_timeout = 1\n");
+    let mut client = pw.client();
+    let since = Instant::now();
+    let batch = raw::Batch::new()
+        .parse("", "SELECT 1", &[])
+        .bind("", "", &[])
+        .execute("", 0);
+    client.send(&batch.bytes);
+    let err = client.expect_error_within(5 * SECOND);
+    assert_fatal(
+        &mut client,
+        &err,
+        ("25P04", "transaction timeout"),
+        since,
+        2 * SECOND,
+    );
+}
+
 /// One statement through the extended protocol is no transaction block: its batch arriving
 /// in two writes (its Sync later) does not make transaction_timeout count its run.
 #[test]

@@ -50,6 +50,10 @@ pub struct Link {
     pub ready_since: Instant,
     /// When the transaction in progress began (the request that opened it was sent).
     pub tx_since: Option<Instant>,
+    /// When the batch open on the server (its Sync not sent) became the server's work, every
+    /// earlier one answered: a transaction the client holds while it sends no Sync (see
+    /// [`Link::note_batch`]).
+    pub batch_since: Option<Instant>,
     /// A DEALLOCATE ALL or DISCARD ALL was sent and not yet answered.
     pub reset_sent: bool,
     /// The server's unnamed statement is one this client parsed on this link (or will be,
@@ -95,6 +99,19 @@ impl Link {
             Mark::Cursor if self.shared => self.cursor_declared = true,
             _ => {}
         }
+    }
+
+    /// Follows the batch open on the server, after messages went out or a ReadyForQuery
+    /// came (`now`): from the moment it is the server's work (no earlier batch's
+    /// ReadyForQuery still to come) until its Sync goes out. A COPY FROM STDIN inside it is
+    /// one statement's run, not counted.
+    pub fn note_batch(&mut self, now: Instant) {
+        let open = self.expected.batch_open() && !self.expected.copy_in();
+        self.batch_since = match open && self.expected.pending_ready() == 0 {
+            true => self.batch_since.or(Some(now)),
+            false if open => self.batch_since,
+            false => None,
+        };
     }
 
     /// Nothing owed, nothing buffered, no batch open.

@@ -141,6 +141,7 @@ pub(super) fn server_message(
         };
         link.ready_since = now;
         link.busy_since = (!link.expected.is_empty()).then_some(now);
+        link.note_batch(now);
         if link.expected.is_empty() {
             link.reset_sent = false;
         }

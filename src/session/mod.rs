@@ -429,7 +429,10 @@ impl Session {
                     let limit = at_most(t.idle_transaction, tenant.idle_in_transaction);
                     consider(limit, link.ready_since, Timer::IdleTransaction);
                 }
-                if let Some(since) = link.tx_since {
+                // A batch the client keeps open (no Sync) is a transaction it holds, unless
+                // pgward holds the rest of it.
+                let held_open = link.batch_since.filter(|_| !self.held);
+                if let Some(since) = link.tx_since.or(held_open) {
                     let limit = at_most(t.transaction, tenant.transaction);
                     consider(limit, since, Timer::Transaction);
                 }
@@ -751,6 +754,7 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
+        link.note_batch(Instant::now());
         if link.expected.len() >= MAX_OWED && link.expected.batch_open() {
             // The client is read no further until answers come (see `poll_client_read`), and
             // the server may keep the one at the head unflushed until a Sync not read yet:
@@ -812,6 +816,7 @@ impl Session {
             busy_since: None,
             ready_since: now,
             tx_since: None,
+            batch_since: None,
             reset_sent: false,
             unnamed_ours: false,
             unnamed_answered: false,
@@ -1030,12 +1035,7 @@ impl Session {
             // Idle time counts from the last answer, not from the last request.
             let answered = last_ready.unwrap_or_else(Instant::now);
             self.last_client_activity = answered;
-            if link.tx_since.is_none() && link.expected.batch_open() {
-                // Everything answered (through a Flush) and the batch still open: the client
-                // holds the server's transaction (the implicit one, or a block begun in the
-                // batch) though no ReadyForQuery says so; it counts from here at the latest.
-                link.tx_since = Some(answered);
-            }
+
             if owed_before {
                 // Inside a transaction too: a batch answered without a ReadyForQuery (ended
                 // by a Flush) ran until now.
