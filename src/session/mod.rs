@@ -754,7 +754,9 @@ impl Session {
         if was_idle && !link.expected.is_empty() {
             link.busy_since = Some(Instant::now());
         }
-        link.note_batch(Instant::now());
+        if link.expected.batch_open() || link.batch_since.is_some() {
+            link.note_batch(Instant::now());
+        }
         if link.expected.len() >= MAX_OWED && link.expected.batch_open() {
             // The client is read no further until answers come (see `poll_client_read`), and
             // the server may keep the one at the head unflushed until a Sync not read yet:
@@ -1035,7 +1037,6 @@ impl Session {
             // Idle time counts from the last answer, not from the last request.
             let answered = last_ready.unwrap_or_else(Instant::now);
             self.last_client_activity = answered;
-
             if owed_before {
                 // Inside a transaction too: a batch answered without a ReadyForQuery (ended
                 // by a Flush) ran until now.
