@@ -161,8 +161,9 @@ impl Kill {
 }
 
 /// How long a client the console ended has to be told so: its session sees its reads end at
-/// once, and writes the error then; a session that does not get to read (its client reads
-/// nothing of what it is sent, and the session waits to write) is cut off whole after this.
+/// once, stops what the client left running, and writes the error; a session that does not
+/// get to read (its client reads nothing of what it is sent, and the session waits to write)
+/// is cut off whole after this.
 pub const KILL_GRACE: Duration = Duration::from_secs(2);
 
 impl ClientEntry {
