@@ -85,9 +85,7 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
             if let SessionError::Io(e) = &left {
                 tracing::debug!(client = id, %peer, "client connection lost: {e}");
             }
-            let ended = Err(left);
-            log_end(&rt, &entry, &ended);
-            client::tell_killed(&mut io, &ended, entry.killed(), &[]).await;
+            close(&rt, &entry, &mut io, &Err(left)).await;
         }
     }
 }
@@ -99,6 +97,18 @@ fn log_end(rt: &Runtime, entry: &crate::ops::ClientEntry, ended: &Result<(), Ses
         let log = rt.config.load().settings.log_lines();
         crate::ops::routine::client_closed(log, entry.id, end, entry.age());
     }
+}
+
+/// Logs how a client's connection ended, and tells a client the console ended why (a client
+/// outside a pool's relay: still logging in, or at the console).
+async fn close(
+    rt: &Runtime,
+    entry: &crate::ops::ClientEntry,
+    io: &mut ClientIo,
+    ended: &Result<(), SessionError>,
+) {
+    log_end(rt, entry, ended);
+    client::tell_killed(io, ended, entry.killed(), &[]).await;
 }
 
 /// What an accepted connection is allowed.
@@ -210,8 +220,7 @@ async fn open(
                 // Logged and answered as a refusal.
                 return ended.map(|()| None);
             }
-            log_end(rt, entry, &ended);
-            client::tell_killed(io, &ended, entry.killed(), &[]).await;
+            close(rt, entry, io, &ended).await;
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {
