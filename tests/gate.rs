@@ -1283,11 +1283,7 @@ mod statement_names {
     fn a_name_freed_by_an_extended_deallocate_is_priced_as_its_new_text() {
         let (_p, mut r) = client("session");
         answers(&mut r, Batch::new().parse("s1", "SELECT 1", &[]).sync(), 1);
-        let free = Batch::new()
-            .parse("", "DEALLOCATE s1", &[])
-            .bind("", "", &[])
-            .execute("", 0)
-            .sync();
+        let free = Batch::new().unnamed("DEALLOCATE s1", &[]).sync();
         let got = answers(&mut r, free, 1);
         assert!(got.contains('C') && !got.contains('E'), "{got}");
         answers(&mut r, Batch::new().parse("s1", FULL_READ, &[]).sync(), 1);
@@ -1556,15 +1552,7 @@ mod statement_names {
         );
         let mut x = policed.pw.client_as("trustuser", "app");
         // The gate learns "SELECT 1" as x's unnamed statement.
-        let got = answers(
-            &mut x,
-            Batch::new()
-                .parse("", "SELECT 1", &[])
-                .bind("", "", &[])
-                .execute("", 0)
-                .sync(),
-            1,
-        );
+        let got = answers(&mut x, Batch::new().unnamed("SELECT 1", &[]).sync(), 1);
         assert!(got.contains("D[1]"), "{got}");
         // Another client leaves a full read as the server's unnamed statement.
         let mut y = policed.pw.client_as("trustuser", "app");
@@ -1887,12 +1875,8 @@ mod held_messages {
         let p = gated("[gate]\nmax_cost = 1000000\n", &settings);
         let mut client = p.pw.client_as("trustuser", "app");
         let batch = Batch::new()
-            .parse("", "SELECT 1", &[])
-            .bind("", "", &[])
-            .execute("", 0)
-            .parse("", "SELECT pg_sleep(1.5)", &[])
-            .bind("", "", &[])
-            .execute("", 0)
+            .unnamed("SELECT 1", &[])
+            .unnamed("SELECT pg_sleep(1.5)", &[])
             .sync();
         client.send(&batch.bytes);
         let got = read_to_ready_within(&mut client, Duration::from_secs(10))
@@ -2047,14 +2031,7 @@ mod held_messages {
     fn priced_after_a_debt(r: &mut common::raw::Raw, a: &mut common::raw::Raw) {
         r.send(&Batch::new().query("SELECT pg_sleep(1)").bytes);
         std::thread::sleep(Duration::from_millis(300));
-        a.send(
-            &Batch::new()
-                .parse("", "SELECT 7", &[])
-                .bind("", "", &[])
-                .execute("", 0)
-                .sync()
-                .bytes,
-        );
+        a.send(&Batch::new().unnamed("SELECT 7", &[]).sync().bytes);
         answers(r, 1);
     }
 
@@ -2121,11 +2098,7 @@ mod held_messages {
     fn a_waiting_unnamed_run_is_not_changed_by_a_parse_behind_it() {
         let p = gated(IN_DEBT, POOLED);
         let mut a = unnamed_after_a_debt(&p, "SELECT 7", Batch::new());
-        let after = Batch::new()
-            .parse("", "SELECT 8", &[])
-            .bind("", "", &[])
-            .execute("", 0)
-            .sync();
+        let after = Batch::new().unnamed("SELECT 8", &[]).sync();
         a.send(&after.bytes);
         let got = answers(&mut a, 3);
         assert!(

@@ -237,9 +237,7 @@ fn transaction_timeout_closes_a_batch_kept_open() {
     let since = Instant::now();
     for _ in 0..10 {
         let batch = raw::Batch::new()
-            .parse("", "SELECT pg_sleep(0.3)", &[])
-            .bind("", "", &[])
-            .execute("", 0)
+            .unnamed("SELECT pg_sleep(0.3)", &[])
             .flush();
         client.send(&batch.bytes);
         loop {
@@ -267,10 +265,7 @@ fn transaction_timeout_closes_a_batch_sent_without_flush_or_sync() {
     let pw = Pgward::transaction_pool(&pg, "transaction_timeout = 1\n");
     let mut client = pw.client();
     let since = Instant::now();
-    let batch = raw::Batch::new()
-        .parse("", "SELECT 1", &[])
-        .bind("", "", &[])
-        .execute("", 0);
+    let batch = raw::Batch::new().unnamed("SELECT 1", &[]);
     client.send(&batch.bytes);
     let err = client.expect_error_within(5 * SECOND);
     assert_fatal(
@@ -289,10 +284,7 @@ fn transaction_timeout_leaves_a_batch_sent_in_two_writes_alone() {
     let pg = Postgres::start();
     let pw = Pgward::transaction_pool(&pg, "transaction_timeout = 1\n");
     let mut client = pw.client();
-    let batch = raw::Batch::new()
-        .parse("", "SELECT pg_sleep(1.5)", &[])
-        .bind("", "", &[])
-        .execute("", 0);
+    let batch = raw::Batch::new().unnamed("SELECT pg_sleep(1.5)", &[]);
     client.send(&batch.bytes);
     thread::sleep(Duration::from_millis(200));
     let answered = client.exchange_within(&raw::Batch::new().sync().bytes, 5 * SECOND, "Sync");

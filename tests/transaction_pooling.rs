@@ -410,10 +410,7 @@ fn a_long_batch_of_pgward_s_own_answers_still_moves() {
     let pw = Pgward::transaction_pool(&pg, "");
     let mut client = pw.client();
     let mut writer = client.writer();
-    let mut batch = Batch::new()
-        .parse("", "SELECT 1", &[])
-        .bind("", "", &[])
-        .execute("", 0);
+    let mut batch = Batch::new().unnamed("SELECT 1", &[]);
     let closes = 70_000;
     for _ in 0..closes {
         batch = batch.close(b'S', "x");
