@@ -1212,3 +1212,87 @@ fn under_cost_rules_a_text_that_is_not_utf8_cannot_be_priced_and_is_refused() {
     );
     assert_eq!(error_code(&ok), "", "{}", describe(&ok));
 }
+
+/// On: a SELECT of two strings and a comment. Off: a string, then secret.s's rows counted.
+const READ_BY_SCS: &str = r"SELECT '\', ' , (SELECT count(*) FROM secret.s) , '--'";
+
+/// Turns standard_conforming_strings off for the client's session (through a statement of
+/// its own name, which leaves the unnamed one alone).
+fn conforming_strings_off(raw: &mut Raw) {
+    let set = [
+        parse_message("off", "SET standard_conforming_strings = off"),
+        bind_message("off"),
+        execute_message(),
+        sync_message(),
+    ];
+    let answer = raw.exchange_within(&set.concat(), 10 * SECOND, "SET");
+    assert_eq!(error_code(&answer), "", "SET: {}", describe(&answer));
+}
+
+/// Prepares `name` as [`READ_BY_SCS`] with the setting on: allowed, read as two strings.
+fn prepare_read_by_scs(raw: &mut Raw, name: &str) {
+    let parse = [parse_message(name, READ_BY_SCS), sync_message()].concat();
+    let answer = raw.exchange_within(&parse, 10 * SECOND, "Parse");
+    assert_eq!(error_code(&answer), "", "Parse: {}", describe(&answer));
+}
+
+fn run_statement(raw: &mut Raw, name: &str) -> Vec<Message> {
+    let run = [bind_message(name), execute_message(), sync_message()].concat();
+    raw.exchange_within(&run, 10 * SECOND, "Bind")
+}
+
+/// The unnamed statement of an earlier transaction is prepared again by pgward on the server
+/// of the next: the server reads it under the settings it has then, which the rules judge.
+#[test]
+fn an_unnamed_statement_prepared_again_is_judged_as_the_server_then_reads_it() {
+    let f = Fixture::start(POLICY);
+    let mut raw = f.raw("postgres", "schema");
+    prepare_read_by_scs(&mut raw, "");
+    conforming_strings_off(&mut raw);
+    let answer = run_statement(&mut raw, "");
+    assert_eq!(error_code(&answer), "42501", "{}", describe(&answer));
+}
+
+/// A named statement prepared again on a server that lacks it: read there under the settings
+/// the server has then, which the rules judge.
+#[test]
+fn a_named_statement_prepared_again_elsewhere_is_judged_as_that_server_reads_it() {
+    let f = Fixture::start(POLICY);
+    let mut raw = f.raw("postgres", "schema");
+    prepare_read_by_scs(&mut raw, "s");
+    conforming_strings_off(&mut raw);
+    // Another client holds the only server that has the statement: the run takes the other.
+    let mut other = f.raw("postgres", "free");
+    other.value("BEGIN");
+    let answer = run_statement(&mut raw, "s");
+    assert_eq!(error_code(&answer), "42501", "{}", describe(&answer));
+    other.value("ROLLBACK");
+}
+
+/// Two clients prepare the same text under different settings: each runs its own reading, as
+/// on a server of its own (here the one with the setting off has no rule to obey, the other
+/// must not run its reading).
+#[test]
+fn a_text_prepared_under_other_settings_is_not_another_client_s_statement() {
+    let f = Fixture::start(POLICY);
+    let mut free = f.raw("postgres", "free");
+    conforming_strings_off(&mut free);
+    prepare_read_by_scs(&mut free, "a");
+    let counted = run_statement(&mut free, "a");
+    assert_eq!(error_code(&counted), "", "{}", describe(&counted));
+    drop(free);
+    let mut governed = f.raw("postgres", "schema");
+    prepare_read_by_scs(&mut governed, "b");
+    let answer = run_statement(&mut governed, "b");
+    assert_eq!(error_code(&answer), "", "{}", describe(&answer));
+    let row = answer.iter().find(|m| m.tag == b'D').expect("a row");
+    assert_eq!(
+        row.columns(),
+        vec![
+            Some("\\".to_string()),
+            Some(" , (SELECT count(*) FROM secret.s) , ".to_string())
+        ],
+        "{}",
+        describe(&answer)
+    );
+}

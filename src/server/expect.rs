@@ -90,11 +90,13 @@ pub enum Owed {
 }
 
 /// A client's statement dropped by a Close or DEALLOCATE that pgward answers itself: its
-/// name, and the Parse message of pgward's statement it named (which says what it was).
+/// name, and the Parse message of pgward's statement it named (which says what it was), with
+/// the settings its text was read under where they matter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Reopen {
     pub name: Bytes,
     pub parse: Bytes,
+    pub reading: Option<Bytes>,
 }
 
 impl Owed {

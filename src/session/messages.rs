@@ -224,8 +224,13 @@ pub(super) fn learn(
                 client.statements.remove(name);
             }
             // A skipped Close or DEALLOCATE dropped nothing: the name is the client's again.
-            for Reopen { name, parse } in reopened {
-                if let Some(statement) = Statement::from_parse_message(&parse) {
+            for Reopen {
+                name,
+                parse,
+                reading,
+            } in reopened
+            {
+                if let Some(statement) = Statement::from_parse_message(&parse, reading) {
                     client.statements.insert(name, Arc::new(statement));
                 }
             }
@@ -471,6 +476,7 @@ impl MessageContext<'_> {
                             reopens: Some(Box::new(Reopen {
                                 name,
                                 parse: statement.parse.clone(),
+                                reading: statement.reading.clone(),
                             })),
                         });
                         return Ok(Some(BytesMut::new()));
@@ -555,9 +561,12 @@ impl MessageContext<'_> {
                 "prepared statement '{}' was already prepared",
                 String::from_utf8_lossy(name)
             );
-            self.ensure(&existing, capacity, &mut out);
+            let here = match self.ensure(&existing, capacity, &mut out) {
+                Ok(here) => here,
+                Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
+            };
             self.counters.add_server_parse();
-            out.extend_from_slice(&existing.parse);
+            out.extend_from_slice(&here.as_ref().unwrap_or(&existing).parse);
             self.link.expected.push(Owed::Parse {
                 client: true,
                 statement: None,
@@ -568,7 +577,8 @@ impl MessageContext<'_> {
             return Ok(Some(out));
         }
         let types: Vec<u32> = types.iter().collect();
-        let statement = Arc::new(Statement::new(query, &types));
+        let reading = prepared::reading(query, &self.link.server.params);
+        let statement = Arc::new(Statement::new(query, &types, reading));
         let client_name = Bytes::copy_from_slice(name);
         self.statements
             .insert(client_name.clone(), statement.clone());
@@ -684,7 +694,10 @@ impl MessageContext<'_> {
                 self.link.server.params.forget_unreported();
             }
             let mut out = BytesMut::new();
-            let injected = self.ensure_unnamed(bind.statement, unnamed, &mut out);
+            let injected = match self.ensure_unnamed(bind.statement, unnamed, &mut out) {
+                Ok(injected) => injected,
+                Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
+            };
             self.link.expected.push(Owed::Bind);
             let foreign = self.foreign_statement(bind.statement).filter(|_| !injected);
             if foreign.is_none() && out.is_empty() {
@@ -699,8 +712,11 @@ impl MessageContext<'_> {
             self.link.note_unreported();
         }
         let mut out = BytesMut::new();
-        self.ensure(&stmt, capacity, &mut out);
-        bind.encode_renamed(&mut out, &stmt.server_name);
+        let here = match self.ensure(&stmt, capacity, &mut out) {
+            Ok(here) => here,
+            Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
+        };
+        bind.encode_renamed(&mut out, &here.as_ref().unwrap_or(&stmt).server_name);
         self.link.expected.push(Owed::Bind);
         Ok(Some(out))
     }
@@ -745,7 +761,10 @@ impl MessageContext<'_> {
         let name = described.name;
         let Some((stmt, capacity)) = self.mapped(name) else {
             let mut out = BytesMut::new();
-            let injected = self.ensure_unnamed(name, unnamed, &mut out);
+            let injected = match self.ensure_unnamed(name, unnamed, &mut out) {
+                Ok(injected) => injected,
+                Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
+            };
             self.link.expected.push(Owed::DescribeStatement);
             let foreign = self.foreign_statement(name).filter(|_| !injected);
             if foreign.is_none() && out.is_empty() {
@@ -756,8 +775,12 @@ impl MessageContext<'_> {
             return Ok(Some(out));
         };
         let mut out = BytesMut::new();
-        self.ensure(&stmt, capacity, &mut out);
-        wire::encode_describe(&mut out, target::STATEMENT, &stmt.server_name);
+        let here = match self.ensure(&stmt, capacity, &mut out) {
+            Ok(here) => here,
+            Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
+        };
+        let name = &here.as_ref().unwrap_or(&stmt).server_name;
+        wire::encode_describe(&mut out, target::STATEMENT, name);
         self.link.expected.push(Owed::DescribeStatement);
         Ok(Some(out))
     }
@@ -779,6 +802,7 @@ impl MessageContext<'_> {
             Box::new(Reopen {
                 name: Bytes::copy_from_slice(name),
                 parse: statement.parse.clone(),
+                reading: statement.reading.clone(),
             })
         });
         self.link.expected.push(Owed::Synthetic {
@@ -797,7 +821,8 @@ impl MessageContext<'_> {
     /// since that dropped it), as it would be on a server of the client's own. (A run that
     /// waited in the gate after the Sync of its Parse comes here on the next server.) True
     /// when it did: the message goes right behind that Parse, and is skipped with it if the
-    /// server skips it. The server's unnamed statement is not taken as the client's after it
+    /// server skips it; the rules' refusal of the text, read as the server reads it here, is
+    /// the error. The server's unnamed statement is not taken as the client's after it
     /// (a later batch's use of it is prepared again): the Parse may yet be skipped, leaving
     /// another client's there.
     fn ensure_unnamed(
@@ -805,13 +830,17 @@ impl MessageContext<'_> {
         name: &[u8],
         known: Option<Arc<Parsed>>,
         out: &mut BytesMut,
-    ) -> bool {
+    ) -> Result<bool, Box<RuleHit>> {
         if !name.is_empty() || !self.pooled || self.link.unnamed_ours {
-            return false;
+            return Ok(false);
         }
         let Some(parsed) = known else {
-            return false;
+            return Ok(false);
         };
+        // Judged again as the server reads it here (see `ensure`).
+        if let Some(hit) = self.refusal(&parsed.text, None) {
+            return Err(Box::new(hit));
+        }
         wire::encode_parse_raw(out, b"", &parsed.text, &parsed.types);
         self.link.expected.push(Owed::Parse {
             client: false,
@@ -820,18 +849,35 @@ impl MessageContext<'_> {
             unnamed: true,
             defines: None,
         });
-        true
+        Ok(true)
     }
 
     /// Prepares `stmt` on this server first if it does not have it (or if its Parse, sent in
-    /// an earlier batch, is not answered yet: the server may skip it).
-    fn ensure(&mut self, stmt: &Statement, capacity: usize, out: &mut BytesMut) {
-        let server = &mut self.link.server;
-        if server.statements.settled(&stmt.server_name) {
-            server.statements.use_in_batch(&stmt.server_name);
-            return;
+    /// an earlier batch, is not answered yet: the server may skip it). The server reads the
+    /// text under the settings it has now: where they make another statement of it, that one
+    /// is prepared and returned (the name is then its own). A text pgward prepares on its own
+    /// is judged again by the rules, as the server reads it there and then: their refusal is
+    /// the error.
+    fn ensure(
+        &mut self,
+        stmt: &Arc<Statement>,
+        capacity: usize,
+        out: &mut BytesMut,
+    ) -> Result<Option<Arc<Statement>>, Box<RuleHit>> {
+        if self.use_settled(&stmt.server_name) {
+            return Ok(None);
         }
-        if !server.statements.contains(&stmt.server_name) {
+        let here = stmt.read_under(&self.link.server.params).map(Arc::new);
+        let stmt = here.as_ref().unwrap_or(stmt);
+        if here.is_some() && self.use_settled(&stmt.server_name) {
+            return Ok(here);
+        }
+        // (Judged as the client's Parse was: where it goes out, under the policy of then.)
+        let text = stmt.parsed.as_ref().map(|p| &p.text);
+        if let Some(hit) = text.and_then(|t| self.refusal(t, None)) {
+            return Err(Box::new(hit));
+        }
+        if !self.link.server.statements.contains(&stmt.server_name) {
             self.evict_for_one(capacity, out);
         }
         self.close_first(&stmt.server_name, out);
@@ -848,6 +894,17 @@ impl MessageContext<'_> {
             unnamed: false,
             defines: None,
         });
+        Ok(here)
+    }
+
+    /// Whether the server has statement `name` (answered): then this batch uses it.
+    fn use_settled(&mut self, name: &Bytes) -> bool {
+        let statements = &mut self.link.server.statements;
+        let settled = statements.settled(name);
+        if settled {
+            statements.use_in_batch(name);
+        }
+        settled
     }
 
     /// Closes pgward's statement `name` before it is prepared on a server that should not

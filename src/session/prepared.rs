@@ -8,6 +8,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use sha2::{Digest, Sha256};
 
+use crate::params::ParamSet;
 use crate::wire;
 pub use crate::wire::Parsed;
 
@@ -22,11 +23,16 @@ pub struct Statement {
     pub names_unreported: bool,
     /// Its text and parameter types, as the gate reads them at each Bind.
     pub parsed: Option<Arc<Parsed>>,
+    /// The settings the server read its text under, where they change how it does
+    /// ([`reading`]): part of the name, so that clients share a server's statement only if
+    /// they would read its text alike.
+    pub reading: Option<Bytes>,
 }
 
 impl Statement {
-    pub fn new(query: &[u8], param_types: &[u32]) -> Self {
-        let server_name = server_name(query, param_types);
+    /// `reading`: see [`reading`].
+    pub fn new(query: &[u8], param_types: &[u32], reading: Option<Bytes>) -> Self {
+        let server_name = server_name(query, param_types, reading.as_deref());
         let mut parse = BytesMut::new();
         wire::encode_parse(&mut parse, &server_name, query, param_types);
         let parse = parse.freeze();
@@ -35,28 +41,61 @@ impl Statement {
             parsed: Parsed::of_message(&parse).map(Arc::new),
             parse,
             names_unreported: crate::params::names_unreported(query),
+            reading,
         }
     }
 
-    /// The statement whose Parse message (under pgward's name) is `parse`.
-    pub fn from_parse_message(parse: &[u8]) -> Option<Self> {
+    /// The statement whose Parse message (under pgward's name) is `parse`, read under
+    /// `reading`.
+    pub fn from_parse_message(parse: &[u8], reading: Option<Bytes>) -> Option<Self> {
         let view = wire::ParseView::new(parse.get(wire::HEADER_LEN..)?).ok()?;
         let types: Vec<u32> = view.param_types().ok()?.iter().collect();
-        Some(Statement::new(view.query, &types))
+        Some(Statement::new(view.query, &types, reading))
     }
+
+    /// The statement a server with settings `params` makes of this one's text when it is
+    /// prepared there now, if that is another: its text reads differently under them.
+    pub fn read_under(&self, params: &ParamSet) -> Option<Statement> {
+        let ours = self.reading.as_ref()?;
+        let theirs = settings_read_under(params);
+        if theirs == *ours {
+            return None;
+        }
+        Statement::from_parse_message(&self.parse, Some(theirs))
+    }
+}
+
+/// The settings under which a server with `params` reads `query`, where they change how it
+/// splits the text into tokens: `standard_conforming_strings` if it holds a backslash,
+/// `client_encoding` if it holds a byte outside ASCII. `None` for a text every server reads
+/// alike (pgward's name for it is then the same under any settings).
+pub fn reading(query: &[u8], params: &ParamSet) -> Option<Bytes> {
+    let depends = query.iter().any(|&b| b == b'\\' || !b.is_ascii());
+    depends.then(|| settings_read_under(params))
+}
+
+fn settings_read_under(params: &ParamSet) -> Bytes {
+    let scs = params.get("standard_conforming_strings").unwrap_or("");
+    let encoding = params.get("client_encoding").unwrap_or("");
+    Bytes::from(format!("{scs}\0{encoding}"))
 }
 
 /// How the names of pgward's own statements on servers begin.
 pub const OWN_PREFIX: &str = "pgw_";
 
-/// `pgw_` and 128 bits of SHA-256 over the text and the parameter types: the same statement
-/// gets the same name everywhere, and two different statements never share one in practice.
-pub fn server_name(query: &[u8], param_types: &[u32]) -> Bytes {
+/// `pgw_` and 128 bits of SHA-256 over the text, the parameter types and the settings it is
+/// read under if they matter ([`reading`]): the same statement gets the same name
+/// everywhere, and two different statements never share one in practice.
+pub fn server_name(query: &[u8], param_types: &[u32], reading: Option<&[u8]>) -> Bytes {
     let mut h = Sha256::new();
     h.update((query.len() as u64).to_be_bytes());
     h.update(query);
     for t in param_types {
         h.update(t.to_be_bytes());
+    }
+    if let Some(reading) = reading {
+        h.update((reading.len() as u64).to_be_bytes());
+        h.update(reading);
     }
     let digest = h.finalize();
     let mut name = String::with_capacity(36);
@@ -363,12 +402,47 @@ mod tests {
 
     #[test]
     fn names_depend_on_text_and_types() {
-        let a = server_name(b"select $1", &[23]);
-        assert_eq!(a, server_name(b"select $1", &[23]));
-        assert_ne!(a, server_name(b"select $1", &[25]));
-        assert_ne!(a, server_name(b"select $2", &[23]));
+        let a = server_name(b"select $1", &[23], None);
+        assert_eq!(a, server_name(b"select $1", &[23], None));
+        assert_ne!(a, server_name(b"select $1", &[25], None));
+        assert_ne!(a, server_name(b"select $2", &[23], None));
+        assert_ne!(a, server_name(b"select $1", &[23], Some(b"on\0UTF8")));
         assert_eq!(a.len(), 36);
         assert!(a.starts_with(b"pgw_"));
+    }
+
+    fn settings(scs: &str, encoding: &str) -> ParamSet {
+        let mut params = ParamSet::default();
+        params.set("standard_conforming_strings", scs);
+        params.set("client_encoding", encoding);
+        params
+    }
+
+    #[test]
+    fn a_text_the_settings_read_differently_is_named_with_them() {
+        let (on, off) = (settings("on", "UTF8"), settings("off", "UTF8"));
+        let plain = b"select 'a' || $1";
+        assert_eq!(reading(plain, &on), None);
+        let statement = Statement::new(plain, &[25], reading(plain, &on));
+        assert!(statement.read_under(&off).is_none());
+        for (text, other) in [
+            (r"select 'a\'".as_bytes(), &off),
+            ("select 'é'".as_bytes(), &settings("on", "LATIN1")),
+        ] {
+            let statement = Statement::new(text, &[], reading(text, &on));
+            assert_ne!(statement.server_name, server_name(text, &[], None));
+            assert!(statement.read_under(&on).is_none());
+            let there = statement.read_under(other).expect("read otherwise");
+            assert_ne!(there.server_name, statement.server_name);
+            assert_eq!(
+                there.parsed,
+                statement
+                    .parsed
+                    .as_ref()
+                    .map(|p| { Arc::new(Parsed::new(p.text.clone(), p.types.clone())) })
+            );
+            assert!(there.read_under(other).is_none());
+        }
     }
 
     #[test]
