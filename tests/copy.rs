@@ -63,6 +63,30 @@ fn extended_copy_from_stdin_gives_the_server_back() {
     assert_eq!(copier.value("SELECT 'copier again'"), "copier again");
 }
 
+/// A client that sends its COPY data, CopyDone and a second Sync without waiting for the
+/// CopyInResponse: PostgreSQL ignores the Sync sent with the batch and answers the one after
+/// CopyDone, as pgward must let it.
+#[test]
+fn extended_copy_sent_whole_with_a_sync_after_its_end_is_answered() {
+    let pg = Postgres::start();
+    let pw = copy_table(&pg);
+    let mut copier = pw.client();
+    let whole = [
+        parse_message("", "COPY ct FROM STDIN"),
+        bind_message(""),
+        execute_message(),
+        sync_message(),
+        copy_data_message(b"1\n2\n"),
+        copy_done_message(),
+        sync_message(),
+    ]
+    .concat();
+    let answer = copier.exchange_within(&whole, 3 * SECOND, "the whole COPY");
+    assert_eq!(tags(&answer), "12GCZ", "{}", describe(&answer));
+    assert_eq!(pg.sql("SELECT count(*) FROM ct"), "2", "the copied rows");
+    assert_eq!(copier.value("SELECT 'copier again'"), "copier again");
+}
+
 #[test]
 fn failed_copy_with_data_still_streaming_gives_the_server_back() {
     let pg = Postgres::start();

@@ -216,6 +216,10 @@ pub struct Expected {
     syncs: usize,
     /// The server is in COPY FROM STDIN: it ignores Sync and Flush until CopyDone or CopyFail.
     copy_in: bool,
+    /// The client ended a COPY FROM STDIN (CopyDone or CopyFail) before the server began
+    /// it: how many Syncs had been sent right behind the statement by then. Only those are
+    /// ignored by the server; one sent after the end is answered.
+    copy_ended_early: Option<usize>,
     /// An error in the extended protocol with no Sync sent yet: the server skips every
     /// message until the client's next Sync.
     skipping: bool,
@@ -300,8 +304,13 @@ impl Expected {
         self.copy_in
     }
 
-    /// The client sent CopyDone or CopyFail: the server leaves COPY FROM STDIN.
+    /// The client sent CopyDone or CopyFail: the server leaves COPY FROM STDIN (or, if its
+    /// CopyInResponse has not come yet, will leave it as soon as it enters).
     pub fn end_copy_in(&mut self) {
+        if !self.copy_in {
+            let behind = self.queue.iter().rev();
+            self.copy_ended_early = Some(behind.take_while(|o| matches!(o, Owed::Sync)).count());
+        }
         self.copy_in = false;
     }
 
@@ -439,9 +448,11 @@ impl Expected {
         }
         // The Syncs sent right behind the statement (libpq sends one with the batch) will be
         // ignored; the batch stays open until the client's Sync after CopyDone.
+        // If the client ended the copy already, only the Syncs sent before its end are.
         let extended = matches!(self.queue.front(), Some(Owed::Execute));
+        let ended = self.copy_ended_early.take();
         let mut ignored = 0;
-        while matches!(self.queue.get(1), Some(Owed::Sync)) {
+        while ended.is_none_or(|n| ignored < n) && matches!(self.queue.get(1), Some(Owed::Sync)) {
             self.queue.remove(1);
             ignored += 1;
         }
@@ -449,7 +460,7 @@ impl Expected {
         if extended && self.queue.len() == 1 {
             self.batch_open = true;
         }
-        self.copy_in = true;
+        self.copy_in = ended.is_none();
         Ok((Route::Forward, Learned::Nothing))
     }
 
@@ -551,6 +562,8 @@ impl Expected {
         self.copy_in = false;
         match self.queue.front() {
             Some(Owed::Execute) => {
+                // (A CopyDone sent for it, if it was no COPY, ends nothing later.)
+                self.copy_ended_early = None;
                 self.queue.pop_front();
                 Ok((Route::Forward, Learned::Nothing))
             }
@@ -571,6 +584,7 @@ impl Expected {
     /// nothing owed at the head (a Sync whose commit failed) ends nothing either.
     fn error(&mut self) -> (Route, Learned) {
         self.copy_in = false;
+        self.copy_ended_early = None;
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
         let mut still_prepared = Vec::new();
@@ -652,6 +666,7 @@ impl Expected {
     }
 
     fn ready(&mut self) -> Result<(Route, Learned), Desync> {
+        self.copy_ended_early = None;
         match self.queue.front() {
             Some(o) if o.ends_with_ready() => {
                 self.queue.pop_front();
@@ -1014,6 +1029,19 @@ mod tests {
         );
         q.end_copy_in();
         q.push(Owed::Sync);
+        feed(&mut q, b"CZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn a_copy_ended_before_the_server_began_it_answers_the_sync_sent_after_its_end() {
+        let mut q = Expected::default();
+        batch(&mut q);
+        q.end_copy_in();
+        q.push(Owed::Sync);
+        feed(&mut q, b"12nG");
+        assert!(!q.copy_in(), "the client ended it already");
+        assert_eq!(q.pending_ready(), 1, "the Sync behind its end is answered");
         feed(&mut q, b"CZ");
         assert!(q.is_quiet());
     }
