@@ -136,6 +136,9 @@ async fn show_tenants_counts_refusals_and_set_tenant_changes_the_budget() {
     assert!(message(&err).contains("rate"), "{}", message(&err));
     let c = &admin.client;
     assert_eq!(outcome(c, "SET TENANT acme = 'colour=red'").await, "22023");
+    // A timeout past PostgreSQL's largest (INT_MAX milliseconds) is no timeout it knows.
+    let endless = "SET TENANT acme = 'statement_timeout=200000000000000d'";
+    assert_eq!(outcome(c, endless).await, "22023");
     assert_eq!(outcome(c, "SET TENANT acme 'rate=5'").await, "08P01");
     assert!(tenant_row(c, "acme").await["settings"].contains("rate=0.00001 burst=0.001"));
 

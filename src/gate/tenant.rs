@@ -158,11 +158,16 @@ impl TenantConfig {
             "transaction_timeout" => &mut self.timeouts.transaction,
             _ => return Err(TenantConfigError::UnknownKey(key.to_string())),
         };
-        let d = parse_duration(value).ok_or_else(|| TenantConfigError::BadValue {
+        let bad = |reason| TenantConfigError::BadValue {
             key: key.to_string(),
             value: value.to_string(),
-            reason: "a duration such as 250ms, 30s, 10m or 1h",
-        })?;
+            reason,
+        };
+        let d =
+            parse_duration(value).ok_or_else(|| bad("a duration such as 250ms, 30s, 10m or 1h"))?;
+        if d > LONGEST_TIMEOUT {
+            return Err(bad("at most 2147483647ms, as PostgreSQL's own timeouts"));
+        }
         *slot = (!d.is_zero()).then_some(d);
         Ok(())
     }
@@ -219,6 +224,10 @@ fn non_negative(s: &str) -> Option<f64> {
 fn positive(s: &str) -> Option<f64> {
     non_negative(s).filter(|v| *v > 0.0)
 }
+
+/// The longest timeout a tenant may have: PostgreSQL's own (`statement_timeout` and its kin
+/// are at most `INT_MAX` milliseconds).
+const LONGEST_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
 
 /// A duration such as `250ms`, `30s`, `10m`, `10min` or `1h`; a bare number is milliseconds.
 /// Quotes around it are ignored (`'10m'`).

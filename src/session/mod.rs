@@ -404,8 +404,8 @@ impl Session {
         };
         let mut next: Option<(Instant, Timer)> = None;
         let mut consider = |limit: Option<Duration>, since: Instant, timer: Timer| {
-            if let Some(limit) = limit {
-                let at = since + limit;
+            // (A limit past the clock's range is none.)
+            if let Some(at) = limit.and_then(|limit| since.checked_add(limit)) {
                 if next.is_none_or(|(n, _)| at < n) {
                     next = Some((at, timer));
                 }
