@@ -184,7 +184,7 @@ async fn open(
             req.replication.startup_value().unwrap_or("no"),
         );
         if crate::admin::is_console(&req.database) {
-            let (role, cap) = crate::admin::login(rt, io, &req.user).await?;
+            let (role, cap) = crate::admin::login(rt, io, &req.user, &req.database).await?;
             return Ok(Some(Opened::Console(req, role, cap)));
         }
         check_accepts(rt, &req.database, admit.accepts)?;

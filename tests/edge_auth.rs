@@ -160,6 +160,35 @@ fn hba_rules_pick_the_method() {
     assert!(login(&pw, "passworduser", Some("plainpass"), "app").is_err());
 }
 
+/// The console is reached by either of its names, and an hba line is matched against the one
+/// the client asked for, as PostgreSQL and PgBouncer match the name in the startup packet.
+#[test]
+fn hba_rules_see_the_console_name_the_client_asked_for() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-hba-");
+    let hba = dir.path().join("hba.conf");
+    let rules = "host pgward all 127.0.0.1/32 reject\nhost all all 127.0.0.1/32 md5\n";
+    std::fs::write(&hba, rules).unwrap();
+    let secret = common::md5_secret("md5user", "md5pass");
+    let userlist = write_userlist(dir.path(), &[("md5user", &secret)]);
+    let settings = format!(
+        "auth_type = hba\nauth_hba_file = {}\nauth_file = {}\nadmin_users = md5user\n",
+        hba.display(),
+        userlist.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let console = |db: &str| psql_at(pw.port, "md5user", Some("md5pass"), db, "SHOW VERSION");
+    let allowed = console("pgbouncer");
+    assert!(allowed.status.success(), "{}", stderr_of(&allowed));
+    let refused = console("pgward");
+    assert!(!refused.status.success(), "{}", stdout_of(&refused));
+    let err = stderr_of(&refused);
+    assert!(
+        err.contains("pg_hba.conf rejects connection") && err.contains("database \"pgward\""),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_broken_hba_file_stops_the_start() {
     let dir = common::shared_tempdir("pgward-hba-");

@@ -88,11 +88,12 @@ pub async fn login(
     rt: &Arc<Runtime>,
     io: &mut ClientIo,
     user: &str,
+    database: &str,
 ) -> Result<(Role, Option<CapGuard>), SessionError> {
     let role = if local_os_user(rt, &io.stream, user) {
         Some(Role::Admin)
     } else {
-        crate::client::authenticate(io, rt, user).await?;
+        crate::client::authenticate(io, rt, user, database).await?;
         configured_role(rt, user)
     };
     let Some(role) = role else {

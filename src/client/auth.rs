@@ -61,15 +61,17 @@ pub fn admit_to_caps(rt: &Runtime, user: &str, database: &str) -> Result<CapGuar
 }
 
 /// Authenticates `user` for the admin console (no AuthenticationOk is sent), through the
-/// same throttle as every login; hba rules see the database `pgbouncer`.
+/// same throttle as every login; hba rules see the console's name the client asked for
+/// (`database`), as PostgreSQL matches the name in the startup packet.
 pub async fn authenticate(
     io: &mut ClientIo,
     rt: &Arc<Runtime>,
     user: &str,
+    database: &str,
 ) -> Result<Authenticated, SessionError> {
     let req = StartupRequest {
         user: user.to_string(),
-        database: crate::config::databases::ADMIN_DB.to_string(),
+        database: database.to_string(),
         params: Vec::new(),
         replication: Default::default(),
         options: None,
