@@ -1,6 +1,7 @@
 //! `auth_hba_file`: the subset of pg_hba.conf that PgBouncer reads. Connection types `local`,
 //! `host`, `hostssl`, `hostnossl`; database and user lists (`all`, `sameuser`, names, quoted
-//! names, comma-separated); addresses as CIDR, address and mask, or `all`; methods `trust`,
+//! names, comma-separated; `samerole`, `samegroup` and regular expressions are refused);
+//! addresses as CIDR, address and mask, or `all`; methods `trust`,
 //! `reject`, `md5`, `scram-sha-256`, `password`, `cert` and `peer` (Unix sockets), the last
 //! two with an optional `map=` naming a map of `auth_ident_file`. The first matching line
 //! decides; no match refuses. Anything else is a load error naming the file and line.
@@ -406,6 +407,12 @@ fn names(items: Vec<Item>, database: bool) -> Result<Vec<Name>, String> {
             (false, t) if t.starts_with('@') || t.starts_with('+') => Err(format!(
                 "\"{t}\": files and group membership are not supported"
             )),
+            (false, t @ ("samerole" | "samegroup")) if database => {
+                Err(format!("\"{t}\": group membership is not supported"))
+            }
+            (false, t) if t.starts_with('/') => Err(format!(
+                "\"{t}\": regular expressions are not supported (quote the name to match it as it is)"
+            )),
             (_, "") => Err("empty name in list".into()),
             (_, t) => Ok(Name::Literal(t.to_string())),
         })
@@ -591,6 +598,10 @@ host    all         all       all               password
                 "host names are not supported",
             ),
             ("host all +admins all trust", "group membership"),
+            ("host samerole all all reject", "group membership"),
+            ("host samegroup all all reject", "group membership"),
+            ("host all /^etl_ all reject", "regular expressions"),
+            ("host /^app all all reject", "regular expressions"),
             ("host all all all trust map=x", "option"),
             ("host all all all peer", "local sockets"),
             ("local all all peer opt=1", "option"),

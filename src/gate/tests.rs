@@ -861,7 +861,9 @@ fn set_tenant_words() {
     ] {
         assert!(g.set_tenant("a", bad, t0).is_err(), "{bad}");
     }
-    assert!(g.set_tenant("a", "statement_timeout=2147483647", t0).is_ok());
+    assert!(g
+        .set_tenant("a", "statement_timeout=2147483647", t0)
+        .is_ok());
     assert!(g.set_tenant("a", "statement_timeout=0", t0).is_ok());
     assert!(stats(&g, "a", t0).settings.contains("burst=1000"));
     assert_eq!(parse_duration("'10m'"), Some(Duration::from_secs(600)));
