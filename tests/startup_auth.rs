@@ -14,6 +14,25 @@ use common::{
     psql_at, shared_tempdir, stderr_of, stdout_of, write_userlist, Pgward, Postgres, HOST, SECOND,
 };
 
+/// Each encryption is asked for at most once, as PostgreSQL allows: a second request is a
+/// protocol violation, not a loop the client may keep going.
+#[test]
+fn a_second_encryption_request_is_refused() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, "");
+    for second in [raw::ssl_request(), raw::gssenc_request()] {
+        let mut client = Raw::connect(pw.port);
+        client.send(&raw::ssl_request());
+        assert_eq!(client.read_byte(), Ok(b'N'), "SSLRequest answer");
+        client.send(&raw::gssenc_request());
+        assert_eq!(client.read_byte(), Ok(b'N'), "GSSENCRequest answer");
+        client.send(&second);
+        let err = client.expect_error_within(5 * SECOND);
+        assert_eq!(err.code(), "08P01", "{err:?}");
+        assert!(client.closes_within(5 * SECOND));
+    }
+}
+
 #[test]
 fn ssl_and_gssenc_requests_are_refused_then_startup_proceeds() {
     let pg = Postgres::start();

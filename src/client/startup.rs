@@ -147,6 +147,9 @@ pub enum Opening {
 /// Reads packets until a startup message or a cancel request.
 pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Opening, SessionError> {
     super::tls::accept_direct(io, rt).await?;
+    // Each encryption is negotiated at most once (or not at all after direct TLS); PostgreSQL
+    // reads a second request as a startup packet of a protocol it does not speak.
+    let (mut ssl_done, mut gss_done) = (io.stream.is_tls(), false);
     loop {
         let packet = loop {
             if let Some(p) = wire::decode_startup(&mut io.rbuf, io.max_message)? {
@@ -158,6 +161,15 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
             StartupPacket::SslRequest | StartupPacket::GssEncRequest => {
                 if !io.rbuf.is_empty() {
                     return Err(protocol("data received before the encryption answer"));
+                }
+                let done = match packet {
+                    StartupPacket::SslRequest => &mut ssl_done,
+                    _ => &mut gss_done,
+                };
+                if std::mem::replace(done, true) {
+                    return Err(protocol(
+                        "unsupported frontend protocol: encryption was negotiated already",
+                    ));
                 }
                 if packet == StartupPacket::GssEncRequest
                     || !super::tls::accept_requested(io, rt).await?
