@@ -189,6 +189,25 @@ fn hba_rules_see_the_console_name_the_client_asked_for() {
     );
 }
 
+/// An empty password in the cleartext exchange is refused before any compare, as PostgreSQL
+/// does, even where the stored secret is of the empty password.
+#[test]
+fn an_empty_cleartext_password_is_refused() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-empty-");
+    let userlist = write_userlist(
+        dir.path(),
+        &[("md5user", &common::md5_secret("md5user", ""))],
+    );
+    let settings = format!("auth_type = plain\nauth_file = {}\n", userlist.display());
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let mut raw = Raw::connect(pw.port);
+    let params = [("user", "md5user"), ("database", "app")];
+    let err = raw.startup_with_password(&params, Some("")).unwrap_err();
+    assert_eq!(err.code(), "28P01", "{err:?}");
+    assert_eq!(err.message(), "empty password returned by client");
+}
+
 #[test]
 fn a_broken_hba_file_stops_the_start() {
     let dir = common::shared_tempdir("pgward-hba-");

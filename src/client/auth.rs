@@ -465,6 +465,13 @@ async fn plain(
     io.send(&out).await?;
     let body = read_password_message(io).await?;
     let given = wire::parse_password(&body)?;
+    if given.is_empty() {
+        // As PostgreSQL: never compared, whatever the secret is of.
+        return Err(SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INVALID_PASSWORD,
+            "empty password returned by client".to_string(),
+        )));
+    }
     let given = String::from_utf8_lossy(&given);
     let ok = match secret {
         Some(Secret::Plain(p)) => wire::ct_eq(p.as_bytes(), given.as_bytes()),
