@@ -208,6 +208,96 @@ fn an_empty_cleartext_password_is_refused() {
     assert_eq!(err.message(), "empty password returned by client");
 }
 
+/// The salt a SCRAM exchange as `user` shows (the `s=` of its AuthenticationSASLContinue).
+fn scram_salt(port: u16, user: &str) -> String {
+    let mut client = Raw::connect(port);
+    client.send(&raw::startup_packet(
+        PROTOCOL_3_0,
+        &[("user", user), ("database", "app")],
+    ));
+    let start = client.recv();
+    assert_eq!(
+        (start.tag, &start.body[..4]),
+        (b'R', &10i32.to_be_bytes()[..])
+    );
+    let first = b"n,,n=,r=abcdefghijklmnopqrstuvwx";
+    let mut body = b"SCRAM-SHA-256\0".to_vec();
+    body.extend_from_slice(&(first.len() as i32).to_be_bytes());
+    body.extend_from_slice(first);
+    client.send(&raw::message(b'p', &body));
+    let next = client.recv();
+    assert_eq!(
+        (next.tag, &next.body[..4]),
+        (b'R', &11i32.to_be_bytes()[..])
+    );
+    let text = String::from_utf8_lossy(&next.body[4..]).into_owned();
+    let salt = text.split(',').find_map(|f| f.strip_prefix("s="));
+    salt.unwrap_or_else(|| panic!("no salt in {text}"))
+        .to_string()
+}
+
+/// A role whose password the auth file holds as plain text shows the same salt at every try,
+/// as one with a stored SCRAM secret and one that does not exist do: a try tells nothing of
+/// how the password is kept.
+#[test]
+fn a_plain_password_shows_one_salt_in_every_scram_exchange() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-salt-");
+    let userlist = write_userlist(dir.path(), &[("passworduser", "plainpass")]);
+    let settings = format!(
+        "auth_type = scram-sha-256\nauth_file = {}\n",
+        userlist.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    for user in ["passworduser", "nosuchuser"] {
+        assert_eq!(
+            scram_salt(pw.port, user),
+            scram_salt(pw.port, user),
+            "{user}"
+        );
+    }
+    assert_eq!(
+        login(&pw, "passworduser", Some("plainpass"), "app"),
+        Ok("passworduser".into())
+    );
+}
+
+/// A stored secret's iteration count is the role's to set: checking a password against a
+/// costly one keeps no other client waiting.
+#[test]
+fn a_costly_password_check_holds_up_no_other_client() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-costly-");
+    let costly = "SCRAM-SHA-256$300000:c2FsdHNhbHQ=$\
+         AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=:AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA=";
+    let userlist = write_userlist(dir.path(), &[("md5user", costly), ("trustuser", "")]);
+    let hba = dir.path().join("hba.conf");
+    let rules = "host app md5user 127.0.0.1/32 password\nhost all all 127.0.0.1/32 trust\n";
+    std::fs::write(&hba, rules).unwrap();
+    let settings = format!(
+        "auth_type = hba\nauth_hba_file = {}\nauth_file = {}\n",
+        hba.display(),
+        userlist.display()
+    );
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let port = pw.port;
+    let checked = std::thread::spawn(move || {
+        let mut raw = Raw::connect(port);
+        let params = [("user", "md5user"), ("database", "app")];
+        let refused = raw.startup_with_password(&params, Some("wrong"));
+        (refused.map(|_| ()), std::time::Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(login(&pw, "trustuser", None, "app"), Ok("trustuser".into()));
+    let answered = std::time::Instant::now();
+    let (refused, checked_at) = checked.join().unwrap();
+    assert_eq!(refused.unwrap_err().code(), "28P01");
+    assert!(
+        answered < checked_at,
+        "the other client waited for the check"
+    );
+}
+
 #[test]
 fn a_broken_hba_file_stops_the_start() {
     let dir = common::shared_tempdir("pgward-hba-");

@@ -18,9 +18,6 @@ use crate::runtime::Runtime;
 use crate::server::Credential;
 use crate::wire::{self, sqlstate, ErrorResponse, ScramSecret, ScramServer};
 
-/// Iterations for SCRAM secrets made from a plain password in the auth file.
-const SCRAM_ITERATIONS: u32 = 4096;
-
 /// A successful login; `credential` holds what the client proved that pgward may reuse to
 /// log in to the server (SCRAM keys, or the secret auth_query found), if any.
 pub struct Authenticated {
@@ -454,6 +451,20 @@ async fn read_password_message(io: &mut ClientIo) -> Result<bytes::Bytes, Sessio
     Ok(frame.body())
 }
 
+/// Runs a password's key derivation on the blocking pool: its iteration count comes from a
+/// stored secret (a role may set its own), and the loop that serves every other client must
+/// not wait for it, as PostgreSQL spends it in the one connection's backend.
+async fn off_the_loop(
+    derive: impl FnOnce() -> ScramSecret + Send + 'static,
+) -> Result<ScramSecret, SessionError> {
+    tokio::task::spawn_blocking(derive).await.map_err(|_| {
+        SessionError::Fatal(ErrorResponse::fatal(
+            sqlstate::INTERNAL_ERROR,
+            "the password check stopped".to_string(),
+        ))
+    })
+}
+
 async fn plain(
     io: &mut ClientIo,
     user: &str,
@@ -478,10 +489,16 @@ async fn plain(
         Some(Secret::Md5(m)) => {
             wire::ct_eq(m.as_bytes(), wire::md5_secret(user, &given).as_bytes())
         }
-        Some(Secret::Scram(s)) => ScramSecret::parse(s).is_some_and(|sec| {
-            let again = ScramSecret::from_password(&given, &sec.salt, sec.iterations);
-            wire::ct_eq(&again.stored_key, &sec.stored_key)
-        }),
+        Some(Secret::Scram(s)) => match ScramSecret::parse(s) {
+            Some(sec) => {
+                let given = given.to_string();
+                let (salt, iterations) = (sec.salt.clone(), sec.iterations);
+                let again =
+                    off_the_loop(move || ScramSecret::from_password(&given, &salt, iterations));
+                wire::ct_eq(&again.await?.stored_key, &sec.stored_key)
+            }
+            None => false,
+        },
         None => false,
     };
     if ok {
@@ -533,12 +550,9 @@ async fn scram(
             None => (None, false),
         },
         Some(Secret::Plain(p)) => {
-            let mut salt = [0u8; 16];
-            rand::thread_rng().fill_bytes(&mut salt);
-            (
-                Some(ScramSecret::from_password(p, &salt, SCRAM_ITERATIONS)),
-                false,
-            )
+            let (seed, user, password) = (rt.mock_key, user.to_string(), p.clone());
+            let derived = off_the_loop(move || ScramSecret::of_plain(&seed, &user, &password));
+            (Some(derived.await?), false)
         }
         _ => (None, false),
     };

@@ -209,14 +209,27 @@ impl ScramSecret {
     /// A deterministic secret for a role that does not exist, so that the exchange looks the
     /// same as for a real role and then fails. `seed_key` should be random per process.
     pub fn mock(seed_key: &[u8], user: &str) -> Self {
-        let salt = hmac(seed_key, &[b"salt", user.as_bytes()]);
         Self {
             iterations: DEFAULT_SCRAM_ITERATIONS,
-            salt: salt.iter().take(MOCK_SALT_LEN).copied().collect(),
+            salt: mock_salt(seed_key, user),
             stored_key: hmac(seed_key, &[b"stored", user.as_bytes()]),
             server_key: hmac(seed_key, &[b"server", user.as_bytes()]),
         }
     }
+
+    /// The secret a SCRAM exchange uses for a role whose password pgward holds as plain
+    /// text: the salt and iteration count a mock for the role would show, so that every try
+    /// shows the same, and a role that exists cannot be told from one that does not.
+    pub fn of_plain(seed_key: &[u8], user: &str, password: &str) -> Self {
+        let salt = mock_salt(seed_key, user);
+        Self::from_password(password, &salt, DEFAULT_SCRAM_ITERATIONS)
+    }
+}
+
+/// The salt of [`ScramSecret::mock`] and [`ScramSecret::of_plain`] for `user`.
+fn mock_salt(seed_key: &[u8], user: &str) -> Vec<u8> {
+    let salt = hmac(seed_key, &[b"salt", user.as_bytes()]);
+    salt.iter().take(MOCK_SALT_LEN).copied().collect()
 }
 
 impl fmt::Display for ScramSecret {
