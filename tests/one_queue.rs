@@ -1264,3 +1264,41 @@ async fn a_statement_that_waited_through_a_reload_is_judged_on_the_new_policys_r
     assert!(out.status.success(), "{}", stderr_of(&out));
     assert_printed(&finished(waiter, Duration::from_secs(20)).await.0, "served");
 }
+
+// ---------------------------------------------------------------------------------------
+// A paused database's clients
+// ---------------------------------------------------------------------------------------
+
+/// A client of a paused database waits for the RESUME holding no slot: another database on
+/// the same PostgreSQL server runs meanwhile. A kill issued while it waits refuses its
+/// request at the RESUME, as at its admission.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_database_s_client_holds_no_slot_and_a_kill_meanwhile_refuses_it() {
+    let _shared = shared().await;
+    let f = Policed::start_with_databases(
+        SCHEMA,
+        "[gate]\nmax_active = 1\nslow_active = 0\nqueue_timeout = \"30s\"\n",
+        &settings(4),
+        "second = {pg} dbname=app\n",
+    );
+    let admin = console(&f.pw).await;
+    // Logged in before the PAUSE: its next request is what waits.
+    let waiting = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    admin.client.simple_query("PAUSE app").await.unwrap();
+    let paused = tokio::spawn(async move {
+        let answer = waiting.client.simple_query("SELECT 'paused ran'").await;
+        answer.map(|_| ()).map_err(|e| code(&e))
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let other = psql_in_background(f.pw.connstr("trustuser", None, "second"), "SELECT 2");
+    let (out, _) = finished(other, Duration::from_secs(10)).await;
+    assert!(out.status.success(), "{}", stderr_of(&out));
+    admin
+        .client
+        .simple_query("KILL TENANT trustuser FOR '1m'")
+        .await
+        .unwrap();
+    admin.client.simple_query("RESUME app").await.unwrap();
+    let answer = tokio::time::timeout(Duration::from_secs(10), paused).await;
+    assert_eq!(answer.expect("answered").unwrap(), Err("53000".to_string()));
+}

@@ -56,6 +56,8 @@ pub struct KillRow {
 struct Kill {
     target: KillTarget,
     until: Instant,
+    /// `SOFT`: it stops only what is admitted after it.
+    soft: bool,
 }
 
 /// The kills in force.
@@ -66,11 +68,15 @@ pub struct Kills {
 
 impl Kills {
     /// Kills `target` for `duration` from `now` (a second kill of the same target replaces
-    /// the first).
-    pub fn kill(&mut self, target: KillTarget, duration: Duration, now: Instant) {
+    /// the first); a `soft` one stops only what is admitted after it.
+    pub fn kill(&mut self, target: KillTarget, duration: Duration, soft: bool, now: Instant) {
         self.kills.retain(|k| k.target != target && k.until > now);
         let until = now.checked_add(duration).unwrap_or(now);
-        self.kills.push(Kill { target, until });
+        self.kills.push(Kill {
+            target,
+            until,
+            soft,
+        });
     }
 
     /// Lifts a kill; whether there was one.
@@ -90,6 +96,21 @@ impl Kills {
         self.kills
             .iter()
             .filter(|k| k.until > now)
+            .map(|k| &k.target)
+            .find(|t| t.stops(tenant, fingerprint))
+    }
+
+    /// The kill that stops this tenant's statement, admitted before the kill and not sent
+    /// yet, if any (a soft kill lets it go).
+    pub fn stops_admitted(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+    ) -> Option<&KillTarget> {
+        self.kills
+            .iter()
+            .filter(|k| k.until > now && !k.soft)
             .map(|k| &k.target)
             .find(|t| t.stops(tenant, fingerprint))
     }

@@ -110,6 +110,18 @@ impl SessionHooks {
         }
     }
 
+    /// Whether the pool's database is paused or the pooler suspended: a client of it waits.
+    pub fn held(&self, pool: &Pool) -> bool {
+        self.ops.control.holds(&pool.key.db)
+    }
+
+    /// Waits until the pool's database is neither paused nor the pooler suspended, counted in
+    /// SHOW CLIENTS and SHOW POOLS as waiting (ended with [`SessionHooks::gate_wait_ends`]).
+    pub async fn until_open(&self, pool: &Pool) {
+        self.entry.set_waiting(Instant::now());
+        self.ops.control.wait_open(&pool.key.db).await;
+    }
+
     /// Waits while the pool's database is paused or the pooler suspended (the caller has seen
     /// that it is); false when `notify_at` came first (the client is to be told it waits).
     async fn wait_while_paused(&self, pool: &Pool, notify_at: Option<Instant>) -> bool {

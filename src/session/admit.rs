@@ -1476,6 +1476,10 @@ impl Session {
                 for_server += refunded_unless_ok(attached, &keeper, &mut pass)?;
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
+                if let Err(gone) = self.wait_while_held(io).await {
+                    keeper.refund(&mut pass);
+                    return Err(gone);
+                }
                 let answer = self
                     .wait_for_slot(io, pass, std::mem::take(&mut full))
                     .await;
@@ -1497,6 +1501,10 @@ impl Session {
             if self.link.is_none() {
                 let attached = self.attach(io).await;
                 for_server += refunded_unless_ok(attached, &keeper, &mut pass)?;
+            }
+            if let Some(r) = self.killed_while_waiting(&tenant, fingerprint, kind) {
+                keeper.refund(&mut pass);
+                return Ok(self.refuse(&r, &tenant, fingerprint, (arrival.as_deref(), None)));
             }
             if bypass {
                 self.note_waited(governance, &pass);
@@ -2100,6 +2108,56 @@ impl Session {
         let who = self.subject(&self.user, None);
         gate.note_refusal(who, RefusalReason::Killed, "killed", refusal.sqlstate, now);
         Some(refusal)
+    }
+
+    /// A kill issued while the request waited after its admission (for a slot, a paused
+    /// database, a server): refused now, before it goes out, as at admission (unless the
+    /// kill is soft, which stops only what is admitted after it).
+    fn killed_while_waiting(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        kind: RequestKind,
+    ) -> Option<Refusal> {
+        let keeper = &self.rt.gatekeeper;
+        if !kind.killable() || !keeper.may_have_kills() {
+            return None;
+        }
+        let now = Instant::now();
+        let mut gate = keeper.lock();
+        let what = gate.stops_admitted(tenant, fingerprint, now)?.describe();
+        let refusal = Refusal::killed(&what);
+        let who = self.subject(tenant, fingerprint);
+        gate.note_refusal(who, RefusalReason::Killed, "killed", refusal.sqlstate, now);
+        Some(refusal)
+    }
+
+    /// In transaction and statement pooling, a client of a paused database (or a suspended
+    /// pooler) waits for the RESUME before it takes a slot: the slots are the upstream's,
+    /// which other databases share, and a client that waits holds none.
+    async fn wait_while_held(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        let session = self.mode == crate::config::PoolMode::Session;
+        if session || !self.hooks.held(&self.pool) {
+            return Ok(());
+        }
+        self.maybe_release(io).await?;
+        let pool = Arc::clone(&self.pool);
+        let open = self.hooks.until_open(&pool);
+        tokio::pin!(open);
+        let waited = loop {
+            tokio::select! {
+                biased;
+                () = &mut open => break Ok(()),
+                more = io.fill(), if io.rbuf.len() < HIGH_WATER => {
+                    if let Err(e) = more {
+                        break Err(e);
+                    }
+                }
+            }
+        };
+        self.hooks
+            .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
+        waited
     }
 
     /// Whether the client is inside a transaction block on its server (the last

@@ -395,7 +395,7 @@ impl<W> Gate<W> {
         soft: bool,
         now: Instant,
     ) -> Vec<Expired<W>> {
-        self.kills.kill(target.clone(), duration, now);
+        self.kills.kill(target.clone(), duration, soft, now);
         if soft {
             return Vec::new();
         }
@@ -425,6 +425,17 @@ impl<W> Gate<W> {
         now: Instant,
     ) -> Option<&KillTarget> {
         self.kills.is_killed(tenant, fingerprint, now)
+    }
+
+    /// The kill stopping this statement of `tenant`, admitted already and about to go out,
+    /// if any: a kill issued while it waited, unless soft.
+    pub fn stops_admitted(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+    ) -> Option<&KillTarget> {
+        self.kills.stops_admitted(tenant, fingerprint, now)
     }
 
     /// `SHOW KILLS`.
