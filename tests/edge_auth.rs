@@ -298,6 +298,29 @@ fn a_costly_password_check_holds_up_no_other_client() {
     );
 }
 
+/// Under `auth_type = any` the name a client gives is ignored: it counts against
+/// max_user_client_connections as the database's forced user, as in PgBouncer, whatever name
+/// it gives.
+#[test]
+fn any_counts_every_client_as_the_forced_user() {
+    let pg = Postgres::start();
+    let forced = format!("forced = {} user=trustuser\n", pg.db_connstr("app"));
+    let settings = "auth_type = any\nmax_user_client_connections = 2\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &forced));
+    let mut held = Vec::new();
+    for name in ["a", "b"] {
+        let mut raw = Raw::connect(pw.port);
+        let login = raw.startup(&[("user", name), ("database", "forced")]);
+        assert!(login.is_ok(), "{name}: {login:?}");
+        held.push(raw);
+    }
+    let mut third = Raw::connect(pw.port);
+    let err = third
+        .startup(&[("user", "c"), ("database", "forced")])
+        .unwrap_err();
+    assert_eq!(err.code(), "53300", "{err:?}");
+}
+
 #[test]
 fn a_broken_hba_file_stops_the_start() {
     let dir = common::shared_tempdir("pgward-hba-");

@@ -36,8 +36,20 @@ pub async fn login(
     let mut out = BytesMut::new();
     wire::encode_auth_ok(&mut out);
     io.send(&out).await?;
-    let cap = admit_to_caps(rt, &req.user, &req.database)?;
+    let cap = admit_to_caps(rt, &cap_user(rt, req), &req.database)?;
     Ok((authed, cap))
+}
+
+/// The role a client counts as under max_user_client_connections: under `auth_type = any` the
+/// name it gives is ignored, and it counts as the database's forced user, as in PgBouncer
+/// (a name of its choosing would escape the cap).
+fn cap_user(rt: &Runtime, req: &StartupRequest) -> String {
+    let config = rt.config.load();
+    let forced = match config.settings.auth_type {
+        AuthType::Any => config.database(&req.database).and_then(|d| d.user.clone()),
+        _ => None,
+    };
+    forced.unwrap_or_else(|| req.user.clone())
 }
 
 /// Counts an authenticated client of `database` against its caps (max_user_client_connections,
