@@ -205,8 +205,10 @@ impl Runtime {
         for pool in self.pools.all() {
             let tls_changed = pool.settings().target.tls.source != server_tls.source;
             let db = config.database(&pool.key.db).filter(|db| {
-                // A pool logs in as its key's user; a forced user that changed makes a new pool.
+                // A pool logs in as its key's user; a forced user that changed makes a new pool
+                // (an auth_user's pool, where auth_query runs, is its own).
                 db.user.as_deref().unwrap_or(&pool.key.user) == pool.key.user
+                    || config.is_auth_user(&pool.key.user)
             });
             let Some(db) = db else {
                 // Removed: clients still on it finish, its servers close as they come back.
@@ -223,7 +225,7 @@ impl Runtime {
                 || old_config
                     .database(&pool.key.db)
                     .is_none_or(|old| connection_changed(&old, &db));
-            let settings = pool_settings(
+            let settings = pool_settings_as(
                 &config,
                 &db,
                 &pool.key.user,
@@ -322,9 +324,17 @@ impl Runtime {
 
     /// The pool serving `user` on database entry `db`, created on first use.
     pub fn pool_for(&self, db: &DatabaseDef, user: &str) -> Arc<Pool> {
-        let config = self.config.load();
         // A database with a forced user has one pool, whoever logs in, as in PgBouncer.
-        let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
+        self.pool_as(db, db.user.as_deref().unwrap_or(user))
+    }
+
+    /// The pool of database entry `db` whose servers log in as `server_user` (whatever user
+    /// the entry forces: auth_query runs as `auth_user`, as in PgBouncer), created on first
+    /// use.
+    pub fn pool_as(&self, db: &DatabaseDef, server_user: &str) -> Arc<Pool> {
+        let config = self.config.load();
+        let server_user = server_user.to_string();
+        let user = &server_user;
         let key = PoolKey {
             db: db.name.clone(),
             user: server_user.clone(),
@@ -338,16 +348,17 @@ impl Runtime {
                     tracing::info!(user = %key.user, "registered new auto-database: {}", db.name);
                 }
                 let server_tls = ServerTls::clone(&self.edge.server_tls.load());
-                pool_settings(&config, db, user, self.tracked.load_full(), server_tls)
+                pool_settings_as(&config, db, user, self.tracked.load_full(), server_tls)
             },
             credential,
         )
     }
 
-    /// What pgward proves to the server for `server_user`: the connection string's password,
-    /// else the auth file's secret.
+    /// What pgward proves to the server for `server_user`: the connection string's password
+    /// (for the user it names, if it names one), else the auth file's secret.
     fn server_credential(&self, db: &DatabaseDef, server_user: &str) -> Credential {
-        if let Some(p) = &db.password {
+        let its_user = db.user.as_deref().is_none_or(|u| u == server_user);
+        if let (Some(p), true) = (&db.password, its_user) {
             return Credential::Password(p.clone());
         }
         match self.userlist.load().get(server_user) {
@@ -358,7 +369,8 @@ impl Runtime {
     }
 }
 
-/// Builds one pool's settings from the configuration.
+/// Builds the settings of the pool serving `user` on `db` from the configuration: with a
+/// forced user, that user's settings apply, not those of whoever logged in.
 pub fn pool_settings(
     config: &Config,
     db: &DatabaseDef,
@@ -366,9 +378,20 @@ pub fn pool_settings(
     tracked: Arc<Tracked>,
     server_tls: ServerTls,
 ) -> PoolSettings {
+    let server_user = db.user.as_deref().unwrap_or(user);
+    pool_settings_as(config, db, server_user, tracked, server_tls)
+}
+
+/// Builds the settings of a pool of `db` whose servers log in as `server_user`.
+pub fn pool_settings_as(
+    config: &Config,
+    db: &DatabaseDef,
+    server_user: &str,
+    tracked: Arc<Tracked>,
+    server_tls: ServerTls,
+) -> PoolSettings {
     let s = &config.settings;
-    let server_user = db.user.clone().unwrap_or_else(|| user.to_string());
-    // With a forced user, that user's settings apply, not those of whoever logged in.
+    let server_user = server_user.to_string();
     let user = server_user.as_str();
     let pool_size = config.pool_size_for(db, user) as usize;
     let user_def = config.user(user);

@@ -321,6 +321,24 @@ fn any_counts_every_client_as_the_forced_user() {
     assert_eq!(err.code(), "53300", "{err:?}");
 }
 
+/// auth_query runs as auth_user, on a pool of its own, also for a database whose entry
+/// forces another user (who may not read the secrets), as in PgBouncer.
+#[test]
+fn auth_query_runs_as_auth_user_where_the_database_forces_another() {
+    let pg = Postgres::start();
+    let forced = format!("forced = {} user=trustuser\n", pg.db_connstr("app"));
+    let settings = "auth_type = md5\nauth_user = postgres\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &forced));
+    for _reloaded in [false, true] {
+        assert_eq!(
+            login(&pw, "md5user", Some("md5pass"), "forced"),
+            Ok("trustuser".into())
+        );
+        pw.reload();
+    }
+    assert!(!pw.log().contains("database removed"), "{}", pw.log());
+}
+
 #[test]
 fn a_broken_hba_file_stops_the_start() {
     let dir = common::shared_tempdir("pgward-hba-");

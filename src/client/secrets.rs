@@ -106,7 +106,7 @@ async fn fetch(
     if rt.ops.control.get().is_disabled(name) {
         return Err(LookupError::Disabled(name.clone()));
     }
-    let pool = rt.pool_for(&db, &source.auth_user);
+    let pool = rt.pool_as(&db, &source.auth_user);
     let wait = pool.settings().query_wait;
     let ticket = crate::gate::Ticket::new(0, Instant::now());
     let mut server = pool.checkout(ticket, wait).await?;

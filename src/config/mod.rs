@@ -77,6 +77,16 @@ pub fn parse_str(text: &str, file_name: &str, base_dir: &Path) -> Result<Config,
 }
 
 impl Config {
+    /// Whether `user` is an `auth_user` (the global one, or a database's), as whom auth_query
+    /// runs.
+    pub fn is_auth_user(&self, user: &str) -> bool {
+        self.settings.auth_user.as_deref() == Some(user)
+            || self
+                .databases
+                .iter()
+                .any(|d| d.auth_user.as_deref() == Some(user))
+    }
+
     /// The `[databases]` entry of `name` itself (not one the `*` entry would make).
     pub fn own_entry(&self, name: &str) -> Option<&DatabaseDef> {
         self.databases.iter().find(|d| d.name == name)
