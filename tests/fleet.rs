@@ -40,6 +40,17 @@ struct Fleet {
 
 /// Instances numbered `ids` with `policy`, whose state database is reached at `store_port`.
 fn start_fleet(pg: Postgres, store_port: u16, policy: &str, ids: &[u32]) -> Fleet {
+    start_fleet_as(pg, store_port, "postgres", policy, ids)
+}
+
+/// [`start_fleet`], the store reached as `store_user`.
+fn start_fleet_as(
+    pg: Postgres,
+    store_port: u16,
+    store_user: &str,
+    policy: &str,
+    ids: &[u32],
+) -> Fleet {
     let dir = shared_tempdir("pgward-fleet-");
     let path = dir.path().join("policy.toml");
     std::fs::write(&path, policy).expect("write the policy");
@@ -51,8 +62,9 @@ fn start_fleet(pg: Postgres, store_port: u16, policy: &str, ids: &[u32]) -> Flee
                  peer_id = {id}\npolicy_file = {}\n",
                 path.display()
             );
-            let dbs =
-                format!("state = host={HOST} port={store_port} dbname=postgres user=postgres\n");
+            let dbs = format!(
+                "state = host={HOST} port={store_port} dbname=postgres user={store_user}\n"
+            );
             Pgward::start(&Pgward::ini(&pg, &settings, &dbs))
         })
         .collect();
@@ -322,6 +334,25 @@ async fn a_crash_of_the_store_loses_no_grant_nor_the_sequence() {
         .parse()
         .expect("grants");
     assert!(renewed > after, "no renewal after the crash");
+}
+
+/// A store role that may use the tables but not create any (PostgreSQL 15 gives no one CREATE
+/// on `public`) leases once they exist: they are made only where missing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_role_that_may_not_create_tables_leases_once_they_exist() {
+    let pg = Postgres::start();
+    let port = pg.port;
+    let first = start_fleet(pg, port, &policy("10s", "20s"), &[1]);
+    leased(&first).await;
+    let Fleet { pg, members, _dir } = first;
+    drop(members);
+    pg.sql_in(
+        "postgres",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON pgward_fleet_members, pgward_fleet_grants, \
+         pgward_fleet_sequence TO trustuser",
+    );
+    let f = start_fleet_as(pg, port, "trustuser", &policy("10s", "20s"), &[2]);
+    leased(&f).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -110,12 +110,29 @@ struct GrantRow {
     fallback_ends: f64,
 }
 
+/// Whether the three tables exist (PostgreSQL checks CREATE on the schema before it sees
+/// that a table of `CREATE TABLE IF NOT EXISTS` exists: a role that may only use them asks
+/// first).
+const TABLES_EXIST: &str = "
+SELECT (to_regclass('pgward_fleet_members') IS NOT NULL
+    AND to_regclass('pgward_fleet_grants') IS NOT NULL
+    AND to_regclass('pgward_fleet_sequence') IS NOT NULL)::text";
+
+/// The sequence's one row, where the table is there without it.
+const FIRST_SEQUENCE: &str =
+    "INSERT INTO pgward_fleet_sequence VALUES (true, 1) ON CONFLICT DO NOTHING";
+
 /// Makes the tables if they are missing (under the lock: instances starting together do not
 /// race to create them).
 pub async fn prepare(conn: &mut ServerConn, tracked: &Tracked) -> Result<(), StoreError> {
     conn.simple_query(BEGIN, tracked).await?;
     lock(conn, tracked).await?;
-    conn.simple_query(SCHEMA, tracked).await?;
+    let exist = conn.query_row(TABLES_EXIST, &[], tracked).await?;
+    let exist = exist.and_then(|mut row| row.first_mut().and_then(Option::take));
+    match exist.as_deref() {
+        Some("true") => conn.simple_query(FIRST_SEQUENCE, tracked).await?,
+        _ => conn.simple_query(SCHEMA, tracked).await?,
+    };
     conn.simple_query("COMMIT", tracked).await?;
     Ok(())
 }
