@@ -405,8 +405,9 @@ pub struct Gate<W> {
     located: foldhash::HashMap<TicketId, (Arc<str>, Places, Lane)>,
     /// Tenant, upstream and database names, shared by passes, slots and counts.
     names: super::names::Names,
-    /// Statements whose plan flipped, and until when they run in the slow lane.
-    quarantined: HashMap<Fingerprint, Instant>,
+    /// Statements whose plan flipped, the databases where it did, and until when they run
+    /// in the slow lane there.
+    quarantined: HashMap<Fingerprint, Vec<(Box<str>, Instant)>>,
     /// Decisions for the decision log, gathered under the lock and written after it.
     decisions: Vec<Record>,
     /// What every tenant ran and had refused since the start, forgotten tenants included.

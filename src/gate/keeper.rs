@@ -331,7 +331,7 @@ impl Gatekeeper {
         let now = Instant::now();
         let until = self
             .lock()
-            .quarantine(crate::sql::Fingerprint(fingerprint), now);
+            .quarantine(database, crate::sql::Fingerprint(fingerprint), now);
         let wall = std::time::SystemTime::now();
         let quarantined_until =
             until.and_then(|u| wall.checked_add(u.saturating_duration_since(now)));

@@ -1189,7 +1189,7 @@ fn a_quarantined_statement_runs_in_the_slow_lane_for_a_while() {
     let mut g = gate();
     let fp = Fingerprint(0xabc);
     assert_eq!(
-        g.quarantine(fp, t0),
+        g.quarantine("db1", fp, t0),
         None,
         "no quarantine without the setting"
     );
@@ -1197,11 +1197,15 @@ fn a_quarantined_statement_runs_in_the_slow_lane_for_a_while() {
         flip_quarantine: Some(Duration::from_secs(60)),
         ..GateSettings::default()
     });
-    assert_eq!(g.quarantine(fp, t0), Some(t0 + secs(60.0)));
+    assert_eq!(g.quarantine("db1", fp, t0), Some(t0 + secs(60.0)));
     assert_eq!(admitted(g.admit(&req("a", 1, t0), t0)).lane, Lane::Slow);
     let mut other = req("a", 2, t0);
     other.fingerprint = Some(Fingerprint(0xdef));
     assert_eq!(admitted(g.admit(&other, t0)).lane, Lane::Fast);
+    // The same statement in another database kept its plan.
+    let mut elsewhere = req("a", 4, t0);
+    elsewhere.database = "db2";
+    assert_eq!(admitted(g.admit(&elsewhere, t0)).lane, Lane::Fast);
     let later = t0 + secs(61.0);
     assert_eq!(
         admitted(g.admit(&req("a", 3, later), later)).lane,
@@ -1218,7 +1222,7 @@ fn a_quarantined_statement_pays_as_any_other() {
         ..GateSettings::default()
     });
     budget(&mut g, "a", "rate=0.001 burst=1 when_over=reject", t0);
-    g.quarantine(Fingerprint(0xabc), t0);
+    g.quarantine("db1", Fingerprint(0xabc), t0);
     let mut first = admitted(g.admit(&req("a", 1, t0), t0));
     assert_eq!(first.lane, Lane::Slow);
     let mut second = admitted(g.admit(&req("a", 2, t0), t0));

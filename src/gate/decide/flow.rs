@@ -67,38 +67,58 @@ impl<W> Gate<W> {
             return Decision::Refuse(self.refused(req.subject(), Refusal::deadline(), now));
         }
         let mut pass = pass;
-        if self.is_quarantined(req.fingerprint, now) {
+        if self.is_quarantined(req.database, req.fingerprint, now) {
             pass.lane = Lane::Slow;
         }
         self.reserve(pass, now)
     }
 
-    /// The plan of statement `fingerprint` flipped: for `flip_quarantine` (if set) it runs in
-    /// the slow lane, where it can only hurt other slow work. Whether it was quarantined.
-    pub fn quarantine(&mut self, fingerprint: Fingerprint, now: Instant) -> Option<Instant> {
+    /// The plan of statement `fingerprint` flipped in `database`: for `flip_quarantine` (if
+    /// set) it runs in the slow lane there, where it can only hurt other slow work (the same
+    /// statement in another database keeps its plan). Until when it was quarantined.
+    pub fn quarantine(
+        &mut self,
+        database: &str,
+        fingerprint: Fingerprint,
+        now: Instant,
+    ) -> Option<Instant> {
         let until = now.checked_add(self.settings.flip_quarantine?)?;
         if self.quarantined.len() >= MAX_QUARANTINED {
-            self.quarantined.retain(|_, end| *end > now);
+            self.quarantined.retain(|_, places| {
+                places.retain(|(_, end)| *end > now);
+                !places.is_empty()
+            });
         }
-        if self.quarantined.len() >= MAX_QUARANTINED {
+        if self.quarantined.len() >= MAX_QUARANTINED && !self.quarantined.contains_key(&fingerprint)
+        {
             return None;
         }
-        self.quarantined.insert(fingerprint, until);
+        let places = self.quarantined.entry(fingerprint).or_default();
+        match places.iter_mut().find(|(d, _)| &**d == database) {
+            Some(place) => place.1 = until,
+            None => places.push((database.into(), until)),
+        }
         Some(until)
     }
 
-    fn is_quarantined(&mut self, fingerprint: Option<Fingerprint>, now: Instant) -> bool {
+    fn is_quarantined(
+        &mut self,
+        database: &str,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+    ) -> bool {
         let Some(fp) = fingerprint.filter(|_| !self.quarantined.is_empty()) else {
             return false;
         };
-        match self.quarantined.get(&fp) {
-            Some(until) if *until > now => true,
-            Some(_) => {
-                self.quarantined.remove(&fp);
-                false
-            }
-            None => false,
+        let Some(places) = self.quarantined.get_mut(&fp) else {
+            return false;
+        };
+        places.retain(|(_, until)| *until > now);
+        let here = places.iter().any(|(d, _)| &**d == database);
+        if places.is_empty() {
+            self.quarantined.remove(&fp);
         }
+        here
     }
 
     /// A pass for a client that needs a server for messages carrying no request of their
