@@ -71,19 +71,30 @@ fn extended_copy_sent_whole_with_a_sync_after_its_end_is_answered() {
     let pg = Postgres::start();
     let pw = copy_table(&pg);
     let mut copier = pw.client();
-    let whole = [
-        parse_message("", "COPY ct FROM STDIN"),
+    let select = [
+        parse_message("", "SELECT 1"),
         bind_message(""),
         execute_message(),
-        sync_message(),
-        copy_data_message(b"1\n2\n"),
-        copy_done_message(),
-        sync_message(),
     ]
     .concat();
-    let answer = copier.exchange_within(&whole, 3 * SECOND, "the whole COPY");
-    assert_eq!(tags(&answer), "12GCZ", "{}", describe(&answer));
-    assert_eq!(pg.sql("SELECT count(*) FROM ct"), "2", "the copied rows");
+    // Alone in its batch, and behind a statement answered before the COPY begins.
+    for (before, tags_before) in [(Vec::new(), ""), (select, "12DC")] {
+        let whole = [
+            before,
+            parse_message("", "COPY ct FROM STDIN"),
+            bind_message(""),
+            execute_message(),
+            sync_message(),
+            copy_data_message(b"1\n2\n"),
+            copy_done_message(),
+            sync_message(),
+        ]
+        .concat();
+        let answer = copier.exchange_within(&whole, 3 * SECOND, "the whole COPY");
+        let want = format!("{tags_before}12GCZ");
+        assert_eq!(tags(&answer), want, "{}", describe(&answer));
+    }
+    assert_eq!(pg.sql("SELECT count(*) FROM ct"), "4", "the copied rows");
     assert_eq!(copier.value("SELECT 'copier again'"), "copier again");
 }
 

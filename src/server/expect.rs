@@ -216,10 +216,14 @@ pub struct Expected {
     syncs: usize,
     /// The server is in COPY FROM STDIN: it ignores Sync and Flush until CopyDone or CopyFail.
     copy_in: bool,
-    /// The client ended a COPY FROM STDIN (CopyDone or CopyFail) before the server began
-    /// it: how many Syncs had been sent right behind the statement by then. Only those are
+    /// COPY FROM STDIN the client ended (CopyDone or CopyFail) before the server began it:
+    /// the statement that starts it (its place among every message ever owed, see
+    /// `popped`), and how many Syncs had been sent right behind it by then. Only those are
     /// ignored by the server; one sent after the end is answered.
-    copy_ended_early: Option<usize>,
+    copy_ends: VecDeque<(u64, usize)>,
+    /// How many owed messages have left the front of the queue: the one at the front now is
+    /// the `popped`-th.
+    popped: u64,
     /// An error in the extended protocol with no Sync sent yet: the server skips every
     /// message until the client's next Sync.
     skipping: bool,
@@ -308,10 +312,40 @@ impl Expected {
     /// CopyInResponse has not come yet, will leave it as soon as it enters).
     pub fn end_copy_in(&mut self) {
         if !self.copy_in {
-            let behind = self.queue.iter().rev();
-            self.copy_ended_early = Some(behind.take_while(|o| matches!(o, Owed::Sync)).count());
+            // The statement it ends is the last one sent, behind which only Syncs went.
+            let syncs = self.queue.iter().rev();
+            let syncs = syncs.take_while(|o| matches!(o, Owed::Sync)).count();
+            let at = self.queue.len().checked_sub(syncs + 1);
+            let starts = at.filter(|&i| matches!(self.queue[i], Owed::Execute | Owed::Query));
+            if let Some(i) = starts {
+                self.copy_ends.push_back((self.popped + i as u64, syncs));
+            }
         }
         self.copy_in = false;
+    }
+
+    /// Takes the owed message at the front of the queue.
+    fn pop_front(&mut self) -> Option<Owed> {
+        let owed = self.queue.pop_front();
+        if owed.is_some() {
+            self.popped += 1;
+        }
+        owed
+    }
+
+    /// For the statement at the front, which starts COPY FROM STDIN now: how many of the
+    /// Syncs behind it the client sent before it ended the copy, if it did already.
+    fn copy_ended_early(&mut self) -> Option<usize> {
+        let head = self.popped;
+        // (Ends of statements answered otherwise, or a CopyDone sent after a failed COPY.)
+        while self.copy_ends.front().is_some_and(|(at, _)| *at < head) {
+            self.copy_ends.pop_front();
+        }
+        let (at, syncs) = *self.copy_ends.front()?;
+        (at == head).then(|| {
+            self.copy_ends.pop_front();
+            syncs
+        })
     }
 
     /// Nothing is owed and no batch is open: the server is between transactions or idle in
@@ -395,7 +429,7 @@ impl Expected {
         if !matches!(self.queue.front(), Some(Owed::Synthetic { .. })) {
             return None;
         }
-        match self.queue.pop_front() {
+        match self.pop_front() {
             Some(Owed::Synthetic { answer, ready, .. }) => {
                 if ready {
                     self.syncs -= 1;
@@ -450,13 +484,17 @@ impl Expected {
         // ignored; the batch stays open until the client's Sync after CopyDone.
         // If the client ended the copy already, only the Syncs sent before its end are.
         let extended = matches!(self.queue.front(), Some(Owed::Execute));
-        let ended = self.copy_ended_early.take();
+        let ended = self.copy_ended_early();
         let mut ignored = 0;
         while ended.is_none_or(|n| ignored < n) && matches!(self.queue.get(1), Some(Owed::Sync)) {
             self.queue.remove(1);
             ignored += 1;
         }
         self.syncs -= ignored;
+        // What was behind the removed Syncs moved up.
+        for (at, _) in &mut self.copy_ends {
+            *at -= ignored as u64;
+        }
         if extended && self.queue.len() == 1 {
             self.batch_open = true;
         }
@@ -492,7 +530,7 @@ impl Expected {
             .front()
             .and_then(route_of)
             .ok_or(Desync { tag, expected })?;
-        self.queue.pop_front();
+        self.pop_front();
         Ok((route, Learned::Nothing))
     }
 
@@ -512,7 +550,7 @@ impl Expected {
             });
         };
         let route = visible(*client);
-        let learned = match self.queue.pop_front() {
+        let learned = match self.pop_front() {
             Some(Owed::Parse {
                 defines: Some(definition),
                 ..
@@ -536,7 +574,7 @@ impl Expected {
     fn row_description(&mut self) -> Result<(Route, Learned), Desync> {
         match self.queue.front() {
             Some(Owed::DescribeStatement | Owed::DescribePortal) => {
-                self.queue.pop_front();
+                self.pop_front();
                 Ok((Route::Forward, Learned::Nothing))
             }
             Some(Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
@@ -562,13 +600,11 @@ impl Expected {
         self.copy_in = false;
         match self.queue.front() {
             Some(Owed::Execute) => {
-                // (A CopyDone sent for it, if it was no COPY, ends nothing later.)
-                self.copy_ended_early = None;
-                self.queue.pop_front();
+                self.pop_front();
                 Ok((Route::Forward, Learned::Nothing))
             }
             Some(Owed::InternalExecute) => {
-                self.queue.pop_front();
+                self.pop_front();
                 Ok((Route::Swallow, Learned::Nothing))
             }
             Some(Owed::Query) => Ok((Route::Forward, Learned::Nothing)),
@@ -584,7 +620,6 @@ impl Expected {
     /// nothing owed at the head (a Sync whose commit failed) ends nothing either.
     fn error(&mut self) -> (Route, Learned) {
         self.copy_in = false;
-        self.copy_ended_early = None;
         let mut server_statements = Vec::new();
         let mut client_statements = Vec::new();
         let mut still_prepared = Vec::new();
@@ -603,7 +638,7 @@ impl Expected {
             if matches!(head, Owed::Sync) {
                 break;
             }
-            let skipped = self.queue.pop_front();
+            let skipped = self.pop_front();
             if skipped.as_ref().is_some_and(Owed::owes_ready) {
                 self.syncs -= 1;
             }
@@ -666,10 +701,9 @@ impl Expected {
     }
 
     fn ready(&mut self) -> Result<(Route, Learned), Desync> {
-        self.copy_ended_early = None;
         match self.queue.front() {
             Some(o) if o.ends_with_ready() => {
-                self.queue.pop_front();
+                self.pop_front();
                 self.syncs -= 1;
                 Ok((Route::Forward, Learned::Ready))
             }
@@ -1042,6 +1076,47 @@ mod tests {
         feed(&mut q, b"12nG");
         assert!(!q.copy_in(), "the client ended it already");
         assert_eq!(q.pending_ready(), 1, "the Sync behind its end is answered");
+        feed(&mut q, b"CZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn a_copy_ended_early_behind_other_statements_is_the_copy_s() {
+        // SELECT, then COPY with its data, CopyDone and a second Sync, in one batch.
+        let mut q = Expected::default();
+        for o in [
+            parse(),
+            Owed::Bind,
+            Owed::Execute,
+            parse(),
+            Owed::Bind,
+            Owed::Execute,
+        ] {
+            q.push(o);
+        }
+        q.push(Owed::Sync);
+        q.end_copy_in();
+        q.push(Owed::Sync);
+        feed(&mut q, b"12DC12G");
+        assert!(!q.copy_in());
+        assert_eq!(q.pending_ready(), 1);
+        feed(&mut q, b"CZ");
+        assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn a_copydone_after_a_failed_copy_ends_no_later_copy() {
+        let mut q = Expected::default();
+        q.push(Owed::Query);
+        feed(&mut q, b"GEZ");
+        // The client still streamed when the COPY failed: its CopyDone comes after.
+        q.end_copy_in();
+        batch(&mut q);
+        feed(&mut q, b"12nG");
+        assert!(q.copy_in(), "the next COPY runs until its own end");
+        assert_eq!(q.pending_ready(), 0);
+        q.end_copy_in();
+        q.push(Owed::Sync);
         feed(&mut q, b"CZ");
         assert!(q.is_quiet());
     }
