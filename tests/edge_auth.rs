@@ -160,14 +160,15 @@ fn hba_rules_pick_the_method() {
     assert!(login(&pw, "passworduser", Some("plainpass"), "app").is_err());
 }
 
-/// The console is reached by either of its names, and an hba line is matched against the one
-/// the client asked for, as PostgreSQL and PgBouncer match the name in the startup packet.
+/// The console answers to either of its names, and an hba line naming either matches a login
+/// by both (a file written for PgBouncer names only `pgbouncer`); a refusal names the one the
+/// client asked for.
 #[test]
-fn hba_rules_see_the_console_name_the_client_asked_for() {
+fn hba_lines_naming_the_console_match_either_of_its_names() {
     let pg = Postgres::start();
     let dir = common::shared_tempdir("pgward-hba-");
     let hba = dir.path().join("hba.conf");
-    let rules = "host pgward all 127.0.0.1/32 reject\nhost all all 127.0.0.1/32 md5\n";
+    let rules = "host pgbouncer all 127.0.0.1/32 reject\nhost all all 127.0.0.1/32 md5\n";
     std::fs::write(&hba, rules).unwrap();
     let secret = common::md5_secret("md5user", "md5pass");
     let userlist = write_userlist(dir.path(), &[("md5user", &secret)]);
@@ -177,15 +178,19 @@ fn hba_rules_see_the_console_name_the_client_asked_for() {
         userlist.display()
     );
     let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
-    let console = |db: &str| psql_at(pw.port, "md5user", Some("md5pass"), db, "SHOW VERSION");
-    let allowed = console("pgbouncer");
-    assert!(allowed.status.success(), "{}", stderr_of(&allowed));
-    let refused = console("pgward");
-    assert!(!refused.status.success(), "{}", stdout_of(&refused));
-    let err = stderr_of(&refused);
-    assert!(
-        err.contains("pg_hba.conf rejects connection") && err.contains("database \"pgward\""),
-        "{err}"
+    for db in ["pgward", "pgbouncer"] {
+        let refused = psql_at(pw.port, "md5user", Some("md5pass"), db, "SHOW VERSION");
+        assert!(!refused.status.success(), "{db}: {}", stdout_of(&refused));
+        let err = stderr_of(&refused);
+        let named = format!("database \"{db}\"");
+        assert!(
+            err.contains("pg_hba.conf rejects connection") && err.contains(&named),
+            "{err}"
+        );
+    }
+    assert_eq!(
+        login(&pw, "md5user", Some("md5pass"), "app"),
+        Ok("md5user".into())
     );
 }
 
@@ -337,6 +342,20 @@ fn auth_query_runs_as_auth_user_where_the_database_forces_another() {
         pw.reload();
     }
     assert!(!pw.log().contains("database removed"), "{}", pw.log());
+}
+
+/// Under `auth_type = any` the console is no database that must force a user, by either of
+/// its names, also beside a `*` entry that forces none.
+#[test]
+fn any_lets_the_console_in_by_either_name() {
+    let pg = Postgres::start();
+    let auto = format!("* = host={} port={}\n", common::HOST, pg.port);
+    let settings = "auth_type = any\nadmin_users = admin\n";
+    let pw = Pgward::start(&Pgward::ini(&pg, settings, &auto));
+    for db in ["pgward", "pgbouncer"] {
+        let out = psql_at(pw.port, "admin", None, db, "SHOW VERSION");
+        assert!(out.status.success(), "{db}: {}", stderr_of(&out));
+    }
 }
 
 #[test]

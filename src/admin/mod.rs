@@ -38,13 +38,7 @@ use crate::wire::frontend::tag;
 use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
 use parse::Command;
 
-/// The names the console answers to.
-pub const CONSOLE_NAMES: [&str; 2] = ["pgward", "pgbouncer"];
-
-/// Whether `database` names the console.
-pub fn is_console(database: &str) -> bool {
-    CONSOLE_NAMES.contains(&database)
-}
+pub use crate::config::databases::{is_console, CONSOLE_NAMES};
 
 /// What a console user may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -89,6 +89,15 @@ pub async fn authenticate(
     throttled(io, rt, &req).await
 }
 
+/// The database whose auth settings find a user's secret: the console's by either of its
+/// names.
+fn lookup_database(req: &StartupRequest) -> &str {
+    match crate::config::databases::is_console(&req.database) {
+        true => crate::config::databases::ADMIN_DB,
+        false => &req.database,
+    }
+}
+
 /// Refuses an address that failed too often as this role or as any roles, else
 /// authenticates and records the outcome.
 async fn throttled(
@@ -200,7 +209,7 @@ async fn authenticate_for(
         HbaMethod::Reject => return Err(hba_refusal(io, req, "pg_hba.conf rejects connection")),
         _ => {}
     }
-    let (secret, origin) = secrets::find_secret(rt, &req.database, user)
+    let (secret, origin) = secrets::find_secret(rt, lookup_database(req), user)
         .await
         .map_err(lookup_failed(user))?;
     if origin == Origin::NoRow {
@@ -234,7 +243,7 @@ enum Known {
 
 /// Looks `req.user` up in the auth file, else with auth_query.
 async fn known(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Known, SessionError> {
-    let (secret, origin) = secrets::find_secret(rt, &req.database, &req.user)
+    let (secret, origin) = secrets::find_secret(rt, lookup_database(req), &req.user)
         .await
         .map_err(lookup_failed(&req.user))?;
     Ok(match origin {
@@ -255,7 +264,7 @@ async fn trust(rt: &Arc<Runtime>, req: &StartupRequest) -> Result<Authenticated,
         // The name the client gives is ignored, so the database must name the server's user
         // (as in PgBouncer): otherwise any name, a superuser's included, would log in.
         // (An unknown database is refused for what it is, later.)
-        let console = req.database == crate::config::databases::ADMIN_DB;
+        let console = crate::config::databases::is_console(&req.database);
         let unforced = config
             .database(&req.database)
             .is_some_and(|d| d.user.is_none());
@@ -329,6 +338,7 @@ fn method_for(
                 database: &req.database,
                 user: &req.user,
                 physical_replication: req.replication == Replication::Physical,
+                console: crate::config::databases::is_console(&req.database),
             };
             match hba.as_ref().as_ref().and_then(|h| h.find(&peer)) {
                 Some(rule) => return Ok((rule.method, rule.map.clone())),

@@ -9,6 +9,14 @@ use super::values::{cstr_count, cstr_int, cstr_seconds};
 /// Name reserved for the admin console; it cannot appear in `[databases]`.
 pub const ADMIN_DB: &str = "pgbouncer";
 
+/// The names the console answers to.
+pub const CONSOLE_NAMES: [&str; 2] = ["pgward", ADMIN_DB];
+
+/// Whether `database` names the console.
+pub fn is_console(database: &str) -> bool {
+    CONSOLE_NAMES.contains(&database)
+}
+
 /// How a host list is walked for new connections (`load_balance_hosts`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum LoadBalanceHosts {

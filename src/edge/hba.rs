@@ -9,6 +9,7 @@
 use std::net::IpAddr;
 use std::path::Path;
 
+use crate::config::databases::is_console;
 use crate::policy::Cidr;
 
 #[derive(Debug, thiserror::Error)]
@@ -99,6 +100,9 @@ pub struct HbaPeer<'a> {
     pub user: &'a str,
     /// A physical replication connection, which only the `replication` keyword matches.
     pub physical_replication: bool,
+    /// A login to the console, which answers to each of its names: a line naming either
+    /// matches (a PgBouncer file names only `pgbouncer`).
+    pub console: bool,
 }
 
 /// A parsed hba file.
@@ -192,7 +196,9 @@ impl HbaRule {
                     (_, true) => false,
                     (Name::All, false) => true,
                     (Name::SameUser, false) => peer.database == peer.user,
-                    (Name::Literal(name), false) => name == peer.database,
+                    (Name::Literal(name), false) => {
+                        name == peer.database || peer.console && is_console(name)
+                    }
                 })
             && self.users.iter().any(|u| match u {
                 Name::All => true,
@@ -487,6 +493,25 @@ mod tests {
             database,
             user,
             physical_replication: false,
+            console: is_console(database),
+        }
+    }
+
+    #[test]
+    fn a_line_naming_either_console_name_matches_the_console() {
+        for named in ["pgbouncer", "pgward"] {
+            let text = format!("host {named} all all reject\nhost all all all trust\n");
+            let hba = Hba::parse(&text, "hba.conf").unwrap();
+            for asked in ["pgbouncer", "pgward"] {
+                let p = peer(Some("10.0.0.1"), false, asked, "admin");
+                assert_eq!(
+                    method_for(&hba, p),
+                    Some(HbaMethod::Reject),
+                    "{named} {asked}"
+                );
+            }
+            let p = peer(Some("10.0.0.1"), false, "app", "admin");
+            assert_eq!(method_for(&hba, p), Some(HbaMethod::Trust));
         }
     }
 
