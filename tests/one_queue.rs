@@ -1277,13 +1277,19 @@ async fn a_paused_database_s_client_holds_no_slot_and_a_kill_meanwhile_refuses_i
     let _shared = shared().await;
     let f = Policed::start_with_databases(
         SCHEMA,
-        "[gate]\nmax_active = 1\nslow_active = 0\nqueue_timeout = \"30s\"\n",
+        "[gate]\nmax_active = 1\nslow_active = 0\nqueue_timeout = \"30s\"\n\n\
+         [tenants.t]\nroles = [\"trustuser\"]\nrate = 1000\nburst = 1000\n",
         &settings(4),
         "second = {pg} dbname=app\n",
     );
     let admin = console(&f.pw).await;
-    // Logged in before the PAUSE: its next request is what waits.
+    // Logged in before the PAUSE: its next request is what waits. It ran once, so its price
+    // is known (a cached plan) and admission would take a slot at once.
     let waiting = must_connect(&f.pw.connstr("trustuser", None, "app")).await;
+    assert_eq!(
+        must_value(&waiting.client, "SELECT 'paused ran'").await,
+        "paused ran"
+    );
     admin.client.simple_query("PAUSE app").await.unwrap();
     let paused = tokio::spawn(async move {
         let answer = waiting.client.simple_query("SELECT 'paused ran'").await;
@@ -1295,7 +1301,7 @@ async fn a_paused_database_s_client_holds_no_slot_and_a_kill_meanwhile_refuses_i
     assert!(out.status.success(), "{}", stderr_of(&out));
     admin
         .client
-        .simple_query("KILL TENANT trustuser FOR '1m'")
+        .simple_query("KILL TENANT t FOR '1m'")
         .await
         .unwrap();
     admin.client.simple_query("RESUME app").await.unwrap();

@@ -1476,9 +1476,13 @@ impl Session {
                 for_server += refunded_unless_ok(attached, &keeper, &mut pass)?;
             }
             if self.gate.slot.is_none() && !self.in_transaction() {
-                if let Err(gone) = self.wait_while_held(io).await {
-                    keeper.refund(&mut pass);
-                    return Err(gone);
+                match self.wait_while_held(io).await {
+                    // What the gate said of its slots before the wait is old news.
+                    Ok(waited) => full &= !waited,
+                    Err(gone) => {
+                        keeper.refund(&mut pass);
+                        return Err(gone);
+                    }
                 }
                 let answer = self
                     .wait_for_slot(io, pass, std::mem::take(&mut full))
@@ -1665,7 +1669,9 @@ impl Session {
     /// before the slot there).
     fn takes_slot_first(&self) -> bool {
         let server_first = self.link.is_none() && self.mode == crate::config::PoolMode::Session;
-        self.gate.slot.is_none() && !self.in_transaction() && !server_first
+        // (A client of a paused database takes none before the RESUME.)
+        let held = !server_first && self.hooks.held(&self.pool);
+        self.gate.slot.is_none() && !self.in_transaction() && !server_first && !held
     }
 
     /// The cost rules on each statement of a text of several, before it runs: each that
@@ -2134,11 +2140,11 @@ impl Session {
 
     /// In transaction and statement pooling, a client of a paused database (or a suspended
     /// pooler) waits for the RESUME before it takes a slot: the slots are the upstream's,
-    /// which other databases share, and a client that waits holds none.
-    async fn wait_while_held(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+    /// which other databases share, and a client that waits holds none. Whether it waited.
+    async fn wait_while_held(&mut self, io: &mut ClientIo) -> Result<bool, SessionError> {
         let session = self.mode == crate::config::PoolMode::Session;
         if session || !self.hooks.held(&self.pool) {
-            return Ok(());
+            return Ok(false);
         }
         self.maybe_release(io).await?;
         let pool = Arc::clone(&self.pool);
@@ -2147,7 +2153,7 @@ impl Session {
         let waited = loop {
             tokio::select! {
                 biased;
-                () = &mut open => break Ok(()),
+                () = &mut open => break Ok(true),
                 more = io.fill(), if io.rbuf.len() < HIGH_WATER => {
                     if let Err(e) = more {
                         break Err(e);
