@@ -171,9 +171,12 @@ pub async fn read_opening(io: &mut ClientIo, rt: &Arc<Runtime>) -> Result<Openin
                         "unsupported frontend protocol: encryption was negotiated already",
                     ));
                 }
-                if packet == StartupPacket::GssEncRequest
-                    || !super::tls::accept_requested(io, rt).await?
-                {
+                if packet == StartupPacket::GssEncRequest {
+                    io.send(&[wire::ENCRYPTION_REFUSED]).await?;
+                } else if super::tls::accept_requested(io, rt).await? {
+                    // Inside TLS no other encryption is negotiated either.
+                    gss_done = true;
+                } else {
                     io.send(&[wire::ENCRYPTION_REFUSED]).await?;
                 }
             }
