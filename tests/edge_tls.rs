@@ -644,3 +644,30 @@ fn a_tls_handshake_cut_short_is_tried_again() {
         pw.log()
     );
 }
+
+/// Inside TLS no other encryption is negotiated: a GSSENCRequest there is refused with
+/// 08P01, as PostgreSQL refuses a second negotiation.
+#[test]
+fn a_gssenc_request_inside_tls_is_refused() {
+    let pg = Postgres::start();
+    let dir = common::shared_tempdir("pgward-tls-");
+    let ca = Ca::new("pgward test CA");
+    let ca_path = ca.write(&dir.path().join("ca.crt"));
+    let server = ca.issue(dir.path(), "server", "localhost", &["localhost"]);
+    let settings = tls_settings(&server, &ca_path, "require");
+    let pw = Pgward::start(&Pgward::ini(&pg, &settings, ""));
+    let mut sock = TcpStream::connect(("127.0.0.1", pw.port)).unwrap();
+    sock.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    sock.write_all(&raw::ssl_request()).unwrap();
+    let mut answer = [0u8; 1];
+    std::io::Read::read_exact(&mut sock, &mut answer).unwrap();
+    assert_eq!(&answer, b"S");
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(rustls_client(&ca_path, &[]), name).unwrap();
+    let mut tls = rustls::StreamOwned::new(conn, sock);
+    tls.write_all(&raw::gssenc_request()).unwrap();
+    let mut client = raw::Raw::over_tls(tls);
+    let err = client.expect_error_within(common::SECOND * 10);
+    assert_eq!(err.code(), "08P01", "{err:?}");
+}
