@@ -3,6 +3,7 @@
 //! watches it to know when to stop.
 
 use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::sync::watch;
 
@@ -70,12 +71,17 @@ impl OpState {
 #[derive(Debug)]
 pub struct Control {
     tx: watch::Sender<OpState>,
+    /// Some database is paused or the pooler suspended: [`Control::holds`] looks further
+    /// only then (one load for every request otherwise). Written with each change, under
+    /// the state's lock.
+    holds_some: AtomicBool,
 }
 
 impl Default for Control {
     fn default() -> Self {
         Control {
             tx: watch::Sender::new(OpState::default()),
+            holds_some: AtomicBool::new(false),
         }
     }
 }
@@ -85,9 +91,16 @@ impl Control {
         self.tx.borrow().clone()
     }
 
-    /// Whether a client of `db` must wait now (cheap: no clone).
+    /// Whether a client of `db` must wait now (cheap: no clone, and one load while nothing
+    /// is paused).
     pub fn holds(&self, db: &str) -> bool {
-        self.tx.borrow().holds(db)
+        self.holds_some.load(Ordering::Acquire) && self.tx.borrow().holds(db)
+    }
+
+    /// Notes after a change whether anything may hold a client now.
+    fn note_holds(&self, state: &OpState) {
+        let some = state.pause != PauseMode::Running || !state.paused.is_empty();
+        self.holds_some.store(some, Ordering::Release);
     }
 
     pub fn shutdown(&self) -> Shutdown {
@@ -96,7 +109,10 @@ impl Control {
 
     /// Changes the state; waiters re-check it.
     pub fn update(&self, change: impl FnOnce(&mut OpState)) {
-        self.tx.send_modify(change);
+        self.tx.send_modify(|state| {
+            change(state);
+            self.note_holds(state);
+        });
     }
 
     /// Checks and changes the state as one step, so two consoles cannot both pass the same
@@ -109,6 +125,7 @@ impl Control {
         let mut outcome = Ok(());
         self.tx.send_if_modified(|state| {
             outcome = change(state);
+            self.note_holds(state);
             outcome.is_ok()
         });
         outcome
