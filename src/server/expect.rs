@@ -318,7 +318,13 @@ impl Expected {
             let at = self.queue.len().checked_sub(syncs + 1);
             let starts = at.filter(|&i| matches!(self.queue[i], Owed::Execute | Owed::Query));
             if let Some(i) = starts {
-                self.copy_ends.push_back((self.popped + i as u64, syncs));
+                // One mark per statement (a client may send CopyDone after CopyDone), none
+                // for statements answered already.
+                let at = self.popped + i as u64;
+                let popped = self.popped;
+                self.copy_ends
+                    .retain(|(marked, _)| *marked >= popped && *marked != at);
+                self.copy_ends.push_back((at, syncs));
             }
         }
         self.copy_in = false;
@@ -1102,6 +1108,24 @@ mod tests {
         assert_eq!(q.pending_ready(), 1);
         feed(&mut q, b"CZ");
         assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn copydones_for_one_statement_mark_it_once() {
+        let mut q = Expected::default();
+        q.push(Owed::Query);
+        for _ in 0..1000 {
+            q.end_copy_in();
+        }
+        assert_eq!(q.copy_ends.len(), 1);
+        feed(&mut q, b"CZ");
+        q.push(Owed::Query);
+        q.end_copy_in();
+        assert_eq!(
+            q.copy_ends.len(),
+            1,
+            "the answered statement's mark is gone"
+        );
     }
 
     #[test]
