@@ -208,7 +208,7 @@ impl Runtime {
                 // A pool logs in as its key's user; a forced user that changed makes a new pool
                 // (an auth_user's pool, where auth_query runs, is its own).
                 db.user.as_deref().unwrap_or(&pool.key.user) == pool.key.user
-                    || config.is_auth_user(&pool.key.user)
+                    || config.runs_auth_query_as(db, &pool.key.user)
             });
             let Some(db) = db else {
                 // Removed: clients still on it finish, its servers close as they come back.

@@ -77,14 +77,17 @@ pub fn parse_str(text: &str, file_name: &str, base_dir: &Path) -> Result<Config,
 }
 
 impl Config {
-    /// Whether `user` is an `auth_user` (the global one, or a database's), as whom auth_query
-    /// runs.
-    pub fn is_auth_user(&self, user: &str) -> bool {
-        self.settings.auth_user.as_deref() == Some(user)
-            || self
-                .databases
-                .iter()
-                .any(|d| d.auth_user.as_deref() == Some(user))
+    /// Whether auth_query runs as `user` on database `db` for the clients of some database:
+    /// of `db` itself (its auth_dbname, by default itself), or of an entry whose auth_dbname
+    /// names `db`.
+    pub fn runs_auth_query_as(&self, db: &DatabaseDef, user: &str) -> bool {
+        let s = &self.settings;
+        let runs_on = |d: &DatabaseDef| {
+            let auth_user = d.auth_user.as_deref().or(s.auth_user.as_deref());
+            let auth_db = d.auth_dbname.as_deref().or(s.auth_dbname.as_deref());
+            auth_user == Some(user) && auth_db.unwrap_or(&d.name) == db.name
+        };
+        runs_on(db) || self.databases.iter().any(runs_on)
     }
 
     /// The `[databases]` entry of `name` itself (not one the `*` entry would make).

@@ -369,3 +369,27 @@ fn debug_output_hides_connection_string_passwords() {
     assert!(!shown.contains("hunter2"), "{shown}");
     assert!(shown.contains("(hidden)"), "{shown}");
 }
+
+#[test]
+fn auth_query_runs_as_its_auth_user_on_its_auth_database() {
+    let config = parse(
+        "[databases]\napp = host=h user=owner\nother = host=h auth_user=lookup auth_dbname=app\n\
+         [pgbouncer]\nauth_user = admin\n",
+    )
+    .unwrap();
+    let app = config.database("app").unwrap();
+    let other = config.database("other").unwrap();
+    assert!(
+        config.runs_auth_query_as(&app, "admin"),
+        "app's own clients"
+    );
+    assert!(
+        config.runs_auth_query_as(&app, "lookup"),
+        "other's clients, on app"
+    );
+    assert!(!config.runs_auth_query_as(&app, "owner"));
+    assert!(
+        !config.runs_auth_query_as(&other, "lookup"),
+        "it runs on app"
+    );
+}

@@ -4,6 +4,10 @@ use super::*;
 use crate::gate::pass::PassFields;
 use crate::gate::RequestKind;
 
+/// Databases where one statement is kept in quarantine at most (scanned under the gate's lock
+/// at each of its admissions).
+const MAX_QUARANTINED_PLACES: usize = 64;
+
 /// Statements kept in quarantine at most (a flood of flips cannot grow the map).
 const MAX_QUARANTINED: usize = 10_000;
 
@@ -94,9 +98,11 @@ impl<W> Gate<W> {
             return None;
         }
         let places = self.quarantined.entry(fingerprint).or_default();
+        let full = places.len() >= MAX_QUARANTINED_PLACES;
         match places.iter_mut().find(|(d, _)| &**d == database) {
             Some(place) => place.1 = until,
-            None => places.push((database.into(), until)),
+            None if !full => places.push((database.into(), until)),
+            None => return None,
         }
         Some(until)
     }
