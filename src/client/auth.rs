@@ -225,7 +225,7 @@ async fn authenticate_for(
     // trust or certificate): no password exchange can succeed with it, as in PgBouncer.
     let secret = secret.filter(|s| !matches!(s, Secret::Plain(p) if p.is_empty()));
     match (method, &secret) {
-        (HbaMethod::Password, _) => plain(io, user, secret.as_ref(), from_query).await,
+        (HbaMethod::Password, _) => plain(io, rt, user, secret.as_ref(), from_query).await,
         (HbaMethod::Md5, Some(Secret::Scram(_))) | (HbaMethod::ScramSha256, _) => {
             scram(io, rt, user, secret.as_ref(), from_query).await
         }
@@ -475,20 +475,28 @@ async fn read_password_message(io: &mut ClientIo) -> Result<bytes::Bytes, Sessio
 
 /// Runs a password's key derivation on the blocking pool: its iteration count comes from a
 /// stored secret (a role may set its own), and the loop that serves every other client must
-/// not wait for it, as PostgreSQL spends it in the one connection's backend.
+/// not wait for it, as PostgreSQL spends it in the one connection's backend. At most
+/// [`Runtime::derivations`] run at once: tries against a costly secret queue behind each
+/// other rather than fill the blocking pool.
 async fn off_the_loop(
+    rt: &Runtime,
     derive: impl FnOnce() -> ScramSecret + Send + 'static,
 ) -> Result<ScramSecret, SessionError> {
-    tokio::task::spawn_blocking(derive).await.map_err(|_| {
+    let stopped = || {
         SessionError::Fatal(ErrorResponse::fatal(
             sqlstate::INTERNAL_ERROR,
             "the password check stopped".to_string(),
         ))
-    })
+    };
+    let _turn = rt.derivations.acquire().await.map_err(|_| stopped())?;
+    tokio::task::spawn_blocking(derive)
+        .await
+        .map_err(|_| stopped())
 }
 
 async fn plain(
     io: &mut ClientIo,
+    rt: &Runtime,
     user: &str,
     secret: Option<&Secret>,
     from_query: bool,
@@ -515,8 +523,9 @@ async fn plain(
             Some(sec) => {
                 let given = given.to_string();
                 let (salt, iterations) = (sec.salt.clone(), sec.iterations);
-                let again =
-                    off_the_loop(move || ScramSecret::from_password(&given, &salt, iterations));
+                let again = off_the_loop(rt, move || {
+                    ScramSecret::from_password(&given, &salt, iterations)
+                });
                 wire::ct_eq(&again.await?.stored_key, &sec.stored_key)
             }
             None => false,
@@ -573,7 +582,7 @@ async fn scram(
         },
         Some(Secret::Plain(p)) => {
             let (seed, user, password) = (rt.mock_key, user.to_string(), p.clone());
-            let derived = off_the_loop(move || ScramSecret::of_plain(&seed, &user, &password));
+            let derived = off_the_loop(rt, move || ScramSecret::of_plain(&seed, &user, &password));
             (Some(derived.await?), false)
         }
         _ => (None, false),
