@@ -1308,3 +1308,32 @@ async fn a_paused_database_s_client_holds_no_slot_and_a_kill_meanwhile_refuses_i
     let answer = tokio::time::timeout(Duration::from_secs(10), paused).await;
     assert_eq!(answer.expect("answered").unwrap(), Err("53000".to_string()));
 }
+
+/// A client that leaves while its request waits for a RESUME is in the traffic log, as one
+/// that leaves while it waits for a slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_leaving_during_a_pause_is_in_the_traffic_log() {
+    let _shared = shared().await;
+    let f = Policed::start_with_databases(
+        SCHEMA,
+        "[gate]\nmax_active = 1\n\n[traffic]\nfile = \"traffic.jsonl\"\n",
+        &settings(4),
+        "",
+    );
+    let admin = console(&f.pw).await;
+    let mut leaving = common::raw::Raw::login(f.pw.port, "trustuser", None, "app");
+    admin.client.simple_query("PAUSE app").await.unwrap();
+    leaving.send(&common::raw::query_message("SELECT 'left'"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(leaving);
+    let traffic = f
+        .policy
+        .parent()
+        .expect("a directory")
+        .join("traffic.jsonl");
+    let logged = common::eventually(Duration::from_secs(5), || {
+        std::fs::read_to_string(&traffic).is_ok_and(|t| t.contains("client_left"))
+    });
+    admin.client.simple_query("RESUME app").await.unwrap();
+    assert!(logged, "{:?}", std::fs::read_to_string(&traffic));
+}

@@ -1481,6 +1481,11 @@ impl Session {
                     Ok(waited) => full &= !waited,
                     Err(gone) => {
                         keeper.refund(&mut pass);
+                        if let Some(arrival) = &arrival {
+                            // As for a client that leaves while it waits for its slot.
+                            let left = crate::ops::traffic::CLIENT_LEFT;
+                            self.log_unrun(arrival, &tenant, left, None);
+                        }
                         return Err(gone);
                     }
                 }
