@@ -724,33 +724,3 @@ fn a_later_bind_of_a_name_waits_for_what_the_server_did_with_it() {
         assert_eq!(got, expected, "pgward, then PostgreSQL");
     }
 }
-
-// ---------------------------------------------------------------------------------------------
-// A text whose reading depends on the settings.
-
-/// On: the string `\`, named `a`, then a comment. Off: one string, `' AS a --`.
-const READ_BY_SCS: &str = r"SELECT '\' AS a --'";
-
-/// A client turns standard_conforming_strings off and prepares a text that setting reads
-/// otherwise, in one batch (the Parse goes out before the server reports the change): another
-/// client, with the setting on, prepares the same text and gets its own reading, as on a
-/// server of its own.
-#[test]
-fn a_text_prepared_behind_a_set_in_flight_is_no_other_client_s() {
-    let pg = Postgres::start();
-    let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
-    let mut off = pw.client();
-    let batch = [
-        parse_message("off", "SET standard_conforming_strings = off"),
-        bind_message("off"),
-        execute_message(),
-        run_named("s1", READ_BY_SCS),
-    ]
-    .concat();
-    let answers = off.exchange_within(&batch, 3 * SECOND, "SET and the text");
-    assert_row(&answers, "' AS a --", "the reading with the setting off");
-    drop(off);
-    let mut on = pw.client();
-    let mine = on.exchange_within(&run_named("s1", READ_BY_SCS), 3 * SECOND, "the same text");
-    assert_row(&mine, "\\", "the reading with the setting on");
-}

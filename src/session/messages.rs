@@ -577,14 +577,7 @@ impl MessageContext<'_> {
             return Ok(Some(out));
         }
         let types: Vec<u32> = types.iter().collect();
-        let quiet = self.link.expected.is_quiet();
-        let reading = prepared::reading(query, &self.link.server.params).map(|known| {
-            if quiet {
-                known
-            } else {
-                prepared::unsure_reading()
-            }
-        });
+        let reading = prepared::reading(query, &self.link.server.params);
         let statement = Arc::new(Statement::new(query, &types, reading));
         let client_name = Bytes::copy_from_slice(name);
         self.statements

@@ -74,13 +74,6 @@ pub fn reading(query: &[u8], params: &ParamSet) -> Option<Bytes> {
     depends.then(|| settings_read_under(params))
 }
 
-/// The reading of a text that depends on the settings, parsed while something still in
-/// flight may change them (a SET earlier in the batch): no one knows it, so its name is its
-/// own, shared with no other client.
-pub fn unsure_reading() -> Bytes {
-    Bytes::from(format!("unsure {:016x}", rand::random::<u64>()))
-}
-
 fn settings_read_under(params: &ParamSet) -> Bytes {
     let scs = params.get("standard_conforming_strings").unwrap_or("");
     let encoding = params.get("client_encoding").unwrap_or("");
