@@ -56,7 +56,7 @@ pub struct Runtime {
     /// Seeds the fake SCRAM secrets shown to unknown users, so a probe cannot tell them apart.
     pub mock_key: [u8; 32],
     /// Turns for password key derivations on the blocking pool (one per core).
-    pub derivations: tokio::sync::Semaphore,
+    pub derivations: Arc<tokio::sync::Semaphore>,
     /// Clients, counters, pause state and runtime limits.
     pub ops: Arc<Ops>,
     /// When the process started (SHOW MEM, metrics).
@@ -98,9 +98,9 @@ impl Runtime {
             cancels: CancelRegistry::default(),
             clients: AtomicUsize::new(0),
             mock_key,
-            derivations: tokio::sync::Semaphore::new(
+            derivations: Arc::new(tokio::sync::Semaphore::new(
                 std::thread::available_parallelism().map_or(2, |n| n.get()),
-            ),
+            )),
             ops: Arc::new(ops),
             started: Instant::now(),
             reconfiguring: Mutex::new(()),

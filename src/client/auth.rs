@@ -488,10 +488,17 @@ async fn off_the_loop(
             "the password check stopped".to_string(),
         ))
     };
-    let _turn = rt.derivations.acquire().await.map_err(|_| stopped())?;
-    tokio::task::spawn_blocking(derive)
-        .await
-        .map_err(|_| stopped())
+    // The turn goes with the work: a login that gives up its wait (a timeout) does not give
+    // it back while the derivation still runs.
+    let turn = Arc::clone(&rt.derivations).acquire_owned().await;
+    let turn = turn.map_err(|_| stopped())?;
+    tokio::task::spawn_blocking(move || {
+        let derived = derive();
+        drop(turn);
+        derived
+    })
+    .await
+    .map_err(|_| stopped())
 }
 
 async fn plain(
