@@ -93,11 +93,7 @@ impl Kills {
         fingerprint: Option<Fingerprint>,
         now: Instant,
     ) -> Option<&KillTarget> {
-        self.kills
-            .iter()
-            .filter(|k| k.until > now)
-            .map(|k| &k.target)
-            .find(|t| t.stops(tenant, fingerprint))
+        self.stopping(tenant, fingerprint, now, true)
     }
 
     /// The kill that stops this tenant's statement, admitted before the kill and not sent
@@ -108,9 +104,20 @@ impl Kills {
         fingerprint: Option<Fingerprint>,
         now: Instant,
     ) -> Option<&KillTarget> {
+        self.stopping(tenant, fingerprint, now, false)
+    }
+
+    /// The first kill in force that stops the statement, soft ones only if `soft_too`.
+    fn stopping(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+        soft_too: bool,
+    ) -> Option<&KillTarget> {
         self.kills
             .iter()
-            .filter(|k| k.until > now && !k.soft)
+            .filter(|k| k.until > now && (soft_too || !k.soft))
             .map(|k| &k.target)
             .find(|t| t.stops(tenant, fingerprint))
     }

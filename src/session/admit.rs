@@ -2113,10 +2113,25 @@ impl Session {
     /// The refusal of a request of the client's role, if a kill of it is in force (and then
     /// counted).
     fn killed_role(&self, now: Instant) -> Option<Refusal> {
+        self.killed_by(&self.user, None, now, false)
+    }
+
+    /// The refusal of `tenant`'s statement `fingerprint` by a kill in force, counted by the
+    /// gate; `admitted`: the statement was admitted before (a soft kill lets it go).
+    fn killed_by(
+        &self,
+        tenant: &str,
+        fingerprint: Option<Fingerprint>,
+        now: Instant,
+        admitted: bool,
+    ) -> Option<Refusal> {
         let mut gate = self.rt.gatekeeper.lock();
-        let what = gate.is_killed(&self.user, None, now)?.describe();
-        let refusal = Refusal::killed(&what);
-        let who = self.subject(&self.user, None);
+        let target = match admitted {
+            true => gate.stops_admitted(tenant, fingerprint, now),
+            false => gate.is_killed(tenant, fingerprint, now),
+        };
+        let refusal = Refusal::killed(&target?.describe());
+        let who = self.subject(tenant, fingerprint);
         gate.note_refusal(who, RefusalReason::Killed, "killed", refusal.sqlstate, now);
         Some(refusal)
     }
@@ -2130,17 +2145,10 @@ impl Session {
         fingerprint: Option<Fingerprint>,
         kind: RequestKind,
     ) -> Option<Refusal> {
-        let keeper = &self.rt.gatekeeper;
-        if !kind.killable() || !keeper.may_have_kills() {
+        if !kind.killable() || !self.rt.gatekeeper.may_have_kills() {
             return None;
         }
-        let now = Instant::now();
-        let mut gate = keeper.lock();
-        let what = gate.stops_admitted(tenant, fingerprint, now)?.describe();
-        let refusal = Refusal::killed(&what);
-        let who = self.subject(tenant, fingerprint);
-        gate.note_refusal(who, RefusalReason::Killed, "killed", refusal.sqlstate, now);
-        Some(refusal)
+        self.killed_by(tenant, fingerprint, Instant::now(), true)
     }
 
     /// In transaction and statement pooling, a client of a paused database (or a suspended
