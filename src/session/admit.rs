@@ -62,6 +62,22 @@ const KEPT_MAX: usize = KEPT_BLOCK / 2;
 /// The server taken for a request admitted with `pass` (`attached`); when none came (the
 /// client left, the pool's wait timed out, the server's login failed) the request never runs,
 /// and what `pass` was charged is given back.
+/// Awaits `wait` while reading what the client sends meanwhile (while less than
+/// [`HIGH_WATER`] is buffered), so that a client that leaves ends the wait.
+async fn reading_while<F: std::future::Future>(
+    io: &mut ClientIo,
+    wait: F,
+) -> Result<F::Output, SessionError> {
+    tokio::pin!(wait);
+    loop {
+        tokio::select! {
+            biased;
+            out = &mut wait => return Ok(out),
+            more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+        }
+    }
+}
+
 fn refunded_unless_ok(
     attached: Result<Duration, SessionError>,
     keeper: &crate::gate::keeper::Gatekeeper,
@@ -2161,22 +2177,10 @@ impl Session {
         }
         self.maybe_release(io).await?;
         let pool = Arc::clone(&self.pool);
-        let open = self.hooks.until_open(&pool);
-        tokio::pin!(open);
-        let waited = loop {
-            tokio::select! {
-                biased;
-                () = &mut open => break Ok(true),
-                more = io.fill(), if io.rbuf.len() < HIGH_WATER => {
-                    if let Err(e) = more {
-                        break Err(e);
-                    }
-                }
-            }
-        };
+        let waited = reading_while(io, self.hooks.until_open(&pool)).await;
         self.hooks
             .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
-        waited
+        waited.map(|()| true)
     }
 
     /// Whether the client is inside a transaction block on its server (the last
@@ -2347,23 +2351,11 @@ impl Session {
         let mailbox = Arc::clone(self.gate.mailbox.get_or_insert_default());
         let evict = move |over: &[(String, usize)]| evict_runaways(&rt, &upstream, over);
         let acquire = keeper.acquire(pass, &mailbox, evict);
-        tokio::pin!(acquire);
         self.hooks.gate_wait_starts();
-        let answer = loop {
-            tokio::select! {
-                biased;
-                answer = &mut acquire => break answer,
-                more = io.fill(), if io.rbuf.len() < HIGH_WATER => {
-                    if let Err(e) = more {
-                        self.hooks.gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
-                        return Err(e);
-                    }
-                }
-            }
-        };
+        let answer = reading_while(io, acquire).await;
         self.hooks
             .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
-        Ok(answer)
+        answer
     }
 
     /// The plan of the request, from an EXPLAIN on the checked-out server (which owes the
