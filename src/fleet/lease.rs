@@ -10,7 +10,9 @@
 //! than there is. A grant is its target cut to what the other instances may still be using: the
 //! store counts every grant an instance may hold, the newest it acknowledged and every newer
 //! one (a reply lost on its way is still counted), until that grant's lease and fallback have
-//! ended on the store's clock.
+//! ended on the store's clock. Each report renews the grant it acknowledges for a lease and a
+//! fallback: an instance whose slots are held past a lease by long transactions, above a share
+//! since cut, acknowledges no newer grant until they end, and the slots stay counted.
 //!
 //! An instance that cannot reach the store keeps its lease to its end, then falls back to the
 //! fallback share its grant carried (never more than the grant, at most an even part of the
@@ -153,6 +155,19 @@ impl Member {
             .fold(0.0, f64::max)
     }
 
+    /// The instance reported at `now` that its use still keeps within the grant it
+    /// acknowledged (not yet within a newer one: slots held by transactions that outlast
+    /// the lease): that grant is counted for a lease and a fallback from this report, as
+    /// a new one would be.
+    fn renew_acked(&mut self, now: Time, terms: Terms) {
+        let acked = self.acked;
+        if let Some(g) = self.issued.iter_mut().find(|g| g.seq == acked) {
+            g.ends = g.ends.max(now + terms.lease + terms.margin);
+            let fallback_ends = now + terms.lease + terms.fallback + terms.margin;
+            g.fallback_ends = g.fallback_ends.max(fallback_ends);
+        }
+    }
+
     fn forget_spent(&mut self, now: Time) {
         let acked = self.acked;
         self.issued
@@ -197,6 +212,7 @@ impl Ledger {
         member.acked = member.acked.max(report.acked);
         member.reported = now;
         member.demands = report.demands.clone();
+        member.renew_acked(now, self.terms);
         // A sequence that went back (its rows rewritten) still never repeats a grant held.
         self.next_seq = self.next_seq.max(report.acked.saturating_add(1));
         self.forget_spent(now);
@@ -632,6 +648,33 @@ mod tests {
         // a gives two back and says it keeps within its share: b gets the other half.
         assert_eq!(turn(&mut a, 4, 4.0, 2.0), 2.0);
         assert_eq!(turn(&mut b, 4, 4.0, 0.0), 2.0);
+    }
+
+    #[test]
+    fn slots_held_past_a_lease_and_its_fallback_are_still_counted() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("lane", 4.0)]));
+        ledger.whole.insert("lane".into());
+        let lane = |n: f64| amounts(&[("lane", n)]);
+        let mut a = Holder::new(1, 1, terms());
+        let mut b = Holder::new(2, 1, terms());
+        let mut turn = |h: &mut Holder, at: u64, want: f64, using: f64| {
+            let report = h.report(secs(at), lane(want), &lane(using));
+            let grant = ledger.answer(secs(at), &report).expect("answered");
+            assert!(h.receive(&grant));
+            grant.shares["lane"].amount
+        };
+        assert_eq!(turn(&mut a, 0, 4.0, 0.0), 4.0);
+        assert_eq!(turn(&mut a, 1, 4.0, 4.0), 4.0);
+        // a's four slots are taken by transactions that outlast the grant's lease and
+        // fallback (30 s here) by far, while both go on reporting each second.
+        for at in 1..120 {
+            turn(&mut a, at, 4.0, 4.0);
+            let got = turn(&mut b, at, 4.0, 0.0);
+            assert_eq!(got, 0.0, "at {at} s b was granted slots a still holds");
+        }
+        // They end: b gets its half.
+        assert_eq!(turn(&mut a, 120, 4.0, 2.0), 2.0);
+        assert_eq!(turn(&mut b, 120, 4.0, 0.0), 2.0);
     }
 
     #[test]
