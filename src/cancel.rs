@@ -27,8 +27,9 @@ pub struct CancelTarget {
 #[derive(Debug, Default)]
 struct CancelState {
     target: Option<CancelTarget>,
-    /// Whose work the client sends its server: the tenant, and the fingerprint of the
-    /// statement last let through (for KILL TENANT and KILL STATEMENT).
+    /// Whose work the client sends its server: the tenant of the request last let through,
+    /// and the fingerprint of the statement the server runs now, the oldest request not
+    /// answered (for KILL TENANT and KILL STATEMENT).
     tenant: Arc<str>,
     fingerprint: Option<u64>,
     /// Requests (Execute, Query, FunctionCall) the session has sent to its servers so far
@@ -81,7 +82,7 @@ pub struct Seen {
     /// [`CancelState::owed`] then.
     pub owed: usize,
     pub tenant: String,
-    /// The fingerprint of the statement last let through.
+    /// The fingerprint of the statement the server ran then.
     pub fingerprint: Option<u64>,
 }
 
@@ -126,41 +127,44 @@ impl ClientHandle {
         let mut state = lock(&self.state);
         state.target = None;
         state.owed = 0;
+        state.fingerprint = None;
         state.own_cancel = None;
         drop(state);
         self.in_flight.load(Ordering::Acquire) == 0
     }
 
-    /// Whose work the client sends its server now: a kill of that tenant or statement
-    /// cancels it.
-    pub fn set_work(&self, tenant: &Arc<str>, fingerprint: Option<u64>) {
+    /// Whose work the client sends its server now: a kill of that tenant cancels it.
+    pub fn set_tenant(&self, tenant: &Arc<str>) {
         let mut state = lock(&self.state);
         if !crate::name::same(&state.tenant, tenant) {
             state.tenant = Arc::clone(tenant);
         }
-        state.fingerprint = fingerprint;
     }
 
-    /// The fingerprint of the statement last let through.
+    /// The fingerprint of the statement the server runs now, if the gate read it.
     pub fn fingerprint(&self) -> Option<u64> {
         lock(&self.state).fingerprint
     }
 
     /// The session has sent `sent` requests (Execute, Query, FunctionCall) in all, of which
-    /// `owed` are not answered yet. Returns whether a cancel is on its way: the new requests
-    /// must wait until it has landed (it was meant for what ran before them).
-    pub fn note_sent(&self, sent: u64, owed: usize) -> bool {
+    /// `owed` are not answered yet, the oldest of them running the statement `running`.
+    /// Returns whether a cancel is on its way: the new requests must wait until it has
+    /// landed (it was meant for what ran before them).
+    pub fn note_sent(&self, sent: u64, owed: usize, running: Option<u64>) -> bool {
         let mut state = lock(&self.state);
         state.sent = sent;
         state.owed = owed;
+        state.fingerprint = running;
         state.forget_answered();
         self.in_flight.load(Ordering::Acquire) > 0
     }
 
-    /// Of the requests sent, `owed` are not answered yet.
-    pub fn note_owed(&self, owed: usize) {
+    /// Of the requests sent, `owed` are not answered yet, the oldest of them running the
+    /// statement `running`.
+    pub fn note_owed(&self, owed: usize, running: Option<u64>) {
         let mut state = lock(&self.state);
         state.owed = owed;
+        state.fingerprint = running;
         state.forget_answered();
     }
 
@@ -660,17 +664,17 @@ mod tests {
         h.attach(target());
         // Two requests pipelined: the first may end and the second start before the cancel
         // lands, so neither is cancelled.
-        assert!(!h.note_sent(2, 2));
+        assert!(!h.note_sent(2, 2, None));
         let two = seen(&reg);
         assert!(!h.cancel_seen(7, two, REASON, LIMIT));
-        h.note_owed(1);
+        h.note_owed(1, None);
         assert!(!h.cancel_seen(7, two, REASON, LIMIT), "the second runs now");
         // One request, alone; then another sent after the reading was asked for.
-        h.note_owed(0);
-        assert!(!h.note_sent(3, 1));
+        h.note_owed(0, None);
+        assert!(!h.note_sent(3, 1, None));
         let one = seen(&reg);
-        h.note_owed(0);
-        assert!(!h.note_sent(4, 1));
+        h.note_owed(0, None);
+        assert!(!h.note_sent(4, 1, None));
         assert!(!h.cancel_seen(7, one, REASON, LIMIT), "a later request");
         // Another server process: not this client.
         let now = seen(&reg);
@@ -690,14 +694,14 @@ mod tests {
         let reg = CancelRegistry::default();
         let h = reg.register(1, 0);
         h.attach(target());
-        assert!(!h.note_sent(1, 1));
+        assert!(!h.note_sent(1, 1, None));
         assert!(h.cancel_seen(7, seen(&reg), REASON, LIMIT));
         h.wait_cancels().await;
         // The request was answered before the cancel landed: its reason is forgotten, and
         // the next request's 57014 (the client's own cancel, a statement_timeout) is not
         // pgward's.
-        h.note_owed(0);
-        assert!(!h.note_sent(2, 1));
+        h.note_owed(0, None);
+        assert!(!h.note_sent(2, 1, None));
         assert_eq!(h.take_own_cancel(1), None);
         assert_eq!(h.take_own_cancel(2), None);
     }

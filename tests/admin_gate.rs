@@ -392,3 +392,57 @@ async fn a_request_that_gets_no_server_is_not_charged() {
     let row = tenant_row(&admin.client, "acme").await;
     assert_eq!(number(&row, "charged"), charged, "{row:?}");
 }
+
+/// The answers up to ReadyForQuery (read off the runtime's threads), as tags with each
+/// error's SQLSTATE in brackets.
+async fn answers(mut r: common::raw::Raw) -> (common::raw::Raw, String) {
+    tokio::task::spawn_blocking(move || {
+        let messages = r.until_ready_within(Duration::from_secs(10)).unwrap();
+        let mut tags = String::new();
+        for m in &messages {
+            tags.push(m.tag as char);
+            if m.tag == b'E' {
+                tags.push_str(&format!("[{}]", m.fields().code()));
+            }
+        }
+        (r, tags)
+    })
+    .await
+    .unwrap()
+}
+
+/// KILL STATEMENT cancels the statement the server runs, not the one the gate let through
+/// last: in a pipeline, a kill of a statement queued behind the running one cancels
+/// nothing, and a kill of the running one cancels it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_statement_in_a_pipeline_cancels_the_running_statement_only() {
+    use common::raw::{named_extended_query, sync_message};
+    let f = Fixture::start(TENANT_POLICY);
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    let sleep = "SELECT pg_sleep(1.5)";
+    let lookup = "SELECT v FROM small WHERE id = 3";
+    let mut pipeline = named_extended_query("", sleep);
+    pipeline.extend(named_extended_query("", lookup));
+    pipeline.extend(sync_message());
+    let mut r = f.0.pw.client_as("trustuser", "app");
+
+    r.send(&pipeline);
+    f.0.wait_until_running("pg_sleep").await;
+    let kill_lookup = format!("KILL STATEMENT {} FOR '1m'", fingerprint(lookup));
+    assert_eq!(outcome(c, &kill_lookup).await, "");
+    let (mut r, got) = answers(r).await;
+    assert_eq!(
+        got, "12DC12DCZ",
+        "the kill of the statement behind it cancelled the sleep"
+    );
+    let unkill = format!("UNKILL STATEMENT {}", fingerprint(lookup));
+    assert_eq!(outcome(c, &unkill).await, "");
+
+    r.send(&pipeline);
+    f.0.wait_until_running("pg_sleep").await;
+    let kill_sleep = format!("KILL STATEMENT {} FOR '1m'", fingerprint(sleep));
+    assert_eq!(outcome(c, &kill_sleep).await, "");
+    let (_, got) = answers(r).await;
+    assert_eq!(got, "12E[57014]Z", "the running sleep was not cancelled");
+}

@@ -136,7 +136,7 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     let sleep = "SELECT pg_sleep(20) WHERE 'secret-9137' <> ''";
     let running = tokio::spawn(async move { sleeper.client.simple_query(sleep).await.err() });
     let fp = fingerprint(sleep);
-    wait_until_running(&f, "pg_sleep").await;
+    f.wait_until_running("pg_sleep").await;
     let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
     let kill = format!("KILL STATEMENT {fp} FOR '1m'");
     assert_eq!(outcome(&admin.client, &kill).await, "");
@@ -194,20 +194,6 @@ async fn a_refused_a_delayed_and_a_killed_statement_each_write_one_line_without_
     assert!(log.exists(), "the log is opened again");
     assert_eq!(outcome(&acme.client, read).await, "53000");
     assert_eq!(wait_for_lines(&log, 1).await.len(), 1);
-}
-
-/// Waits until a statement containing `needle` runs on the server.
-async fn wait_until_running(f: &Policed, needle: &str) {
-    let sql = format!(
-        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%{needle}%' AND pid <> pg_backend_pid()"
-    );
-    for _ in 0..50 {
-        if f.pg.sql(&sql).trim() == "1" {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("{needle} never ran");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -221,6 +221,9 @@ pub struct Expected {
     /// `popped`), and how many Syncs had been sent right behind it by then. Only those are
     /// ignored by the server; one sent after the end is answered.
     copy_ends: VecDeque<(u64, usize)>,
+    /// The statements requests run (an Execute, a Query), by the request's place among
+    /// every message ever owed (see `popped`): what a KILL STATEMENT finds running.
+    works: VecDeque<(u64, u64)>,
     /// How many owed messages have left the front of the queue: the one at the front now is
     /// the `popped`-th.
     popped: u64,
@@ -335,8 +338,29 @@ impl Expected {
         let owed = self.queue.pop_front();
         if owed.is_some() {
             self.popped += 1;
+            let head = self.popped;
+            while self.works.front().is_some_and(|(at, _)| *at < head) {
+                self.works.pop_front();
+            }
         }
         owed
+    }
+
+    /// The request just pushed (an Execute or a Query) runs the statement `fingerprint`.
+    pub fn mark_work(&mut self, fingerprint: Option<u64>) {
+        let at = (self.popped + self.queue.len() as u64).checked_sub(1);
+        let last = self.queue.back();
+        if let (Some(at), Some(fp), Some(Owed::Execute | Owed::Query)) = (at, fingerprint, last) {
+            self.works.push_back((at, fp));
+        }
+    }
+
+    /// The statement the server runs now (or runs next: the oldest request not answered),
+    /// if it was marked.
+    pub fn running_work(&self) -> Option<u64> {
+        let requests = |o: &Owed| matches!(o, Owed::Execute | Owed::InternalExecute | Owed::Query);
+        let at = self.popped + self.queue.iter().position(requests)? as u64;
+        self.works.iter().find(|(w, _)| *w == at).map(|(_, fp)| *fp)
     }
 
     /// For the statement at the front, which starts COPY FROM STDIN now: how many of the
@@ -499,6 +523,10 @@ impl Expected {
         self.syncs -= ignored;
         // What was behind the removed Syncs moved up.
         for (at, _) in &mut self.copy_ends {
+            *at -= ignored as u64;
+        }
+        let head = self.popped;
+        for (at, _) in self.works.iter_mut().filter(|(at, _)| *at > head) {
             *at -= ignored as u64;
         }
         if extended && self.queue.len() == 1 {
@@ -774,6 +802,37 @@ mod tests {
         assert_eq!(last[0].1, Learned::Ready);
         assert!(q.is_quiet());
         assert_eq!(q.pending_ready(), 0);
+    }
+
+    #[test]
+    fn the_running_work_is_the_oldest_request_not_answered() {
+        let mut q = Expected::default();
+        q.push(Owed::Query);
+        q.mark_work(Some(1));
+        q.push(Owed::Parse {
+            client: true,
+            statement: None,
+            client_name: None,
+            defines: None,
+            unnamed: true,
+        });
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        q.mark_work(Some(2));
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        q.mark_work(None);
+        q.push(Owed::Sync);
+        assert_eq!(q.running_work(), Some(1));
+        feed(&mut q, b"TDC");
+        assert_eq!(q.running_work(), Some(1), "until its ReadyForQuery");
+        feed(&mut q, b"Z12");
+        assert_eq!(q.running_work(), Some(2));
+        feed(&mut q, b"DC");
+        assert_eq!(q.running_work(), None, "an Execute the gate did not read");
+        feed(&mut q, b"2CZ");
+        assert_eq!(q.running_work(), None);
+        assert!(q.works.is_empty());
     }
 
     #[test]

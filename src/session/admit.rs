@@ -97,6 +97,16 @@ pub(in crate::session) struct TimedOut {
     pub since: Option<Instant>,
 }
 
+/// The gate's verdict on a request (Query, Bind, FunctionCall) that passed it.
+#[derive(Debug)]
+pub(in crate::session) struct Gated {
+    /// `Some` refuses the request.
+    pub hit: Option<Box<RuleHit>>,
+    /// The statement it runs, when the gate read it: what a KILL STATEMENT finds running
+    /// once the server runs it.
+    pub work: Option<u64>,
+}
+
 /// What the gate keeps per session.
 #[derive(Debug, Default)]
 pub(in crate::session) struct GateState {
@@ -110,8 +120,10 @@ pub(in crate::session) struct GateState {
     /// its allocation.
     spare_pass: Option<Pass>,
     /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
-    /// client's read buffer, in order; `Some` refuses the request.
-    pub verdicts: VecDeque<Option<Box<RuleHit>>>,
+    /// client's read buffer, in order.
+    pub verdicts: VecDeque<Gated>,
+    /// The statement of the request admitted last, until its verdict is queued.
+    admitted_work: Option<u64>,
     /// Bytes at the front of the client's read buffer that passed the gate.
     gated: usize,
     /// The Parses that passed the gate and may not have gone out yet, by statement name.
@@ -624,7 +636,7 @@ impl GateState {
     /// buffer to go out: they are part of the current run, under the slot the session holds
     /// (a refused one has no part in it).
     pub fn requests_unsent(&self) -> bool {
-        self.gated > 0 && self.verdicts.iter().any(Option::is_none)
+        self.gated > 0 && self.verdicts.iter().any(|v| v.hit.is_none())
     }
 
     /// `n` gated bytes went to the server.
@@ -934,7 +946,8 @@ impl Session {
                     Step::Verdict(v) => {
                         // The Flush it may have waited for is spent.
                         self.gate.flush_sent = false;
-                        self.gate.verdicts.push_back(v);
+                        let work = self.gate.admitted_work.take();
+                        self.gate.verdicts.push_back(Gated { hit: v, work });
                         // (Known now: what went before it has been answered.)
                         self.note_unnamed_use(span.tag, &io.rbuf[span.body()]);
                     }
@@ -1533,7 +1546,8 @@ impl Session {
             }
             if bypass {
                 self.note_waited(governance, &pass);
-                self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
+                self.handle.set_tenant(&tenant);
+                self.gate.admitted_work = fingerprint.map(|f| f.0);
                 let charged = pass.charged();
                 self.gate.run.add(
                     Part {
@@ -1649,7 +1663,8 @@ impl Session {
                 });
             }
             self.note_waited(governance, &pass);
-            self.handle.set_work(&tenant, fingerprint.map(|f| f.0));
+            self.handle.set_tenant(&tenant);
+            self.gate.admitted_work = fingerprint.map(|f| f.0);
             if held {
                 self.gate.run.held.push((tenant.clone(), pass.id));
             }
@@ -1927,7 +1942,8 @@ impl Session {
         let mut spans = Vec::new();
         while let Some(span) = frame_at(&rbuf[..len], at) {
             let n = spans.len();
-            if span.tag != tag::QUERY || !matches!(self.gate.verdicts.get(n), Some(Some(_))) {
+            let refused = self.gate.verdicts.get(n).is_some_and(|v| v.hit.is_some());
+            if span.tag != tag::QUERY || !refused {
                 return false;
             }
             at = span.end;
@@ -1940,7 +1956,7 @@ impl Session {
             .gate
             .verdicts
             .drain(..spans.len())
-            .flatten()
+            .filter_map(|v| v.hit)
             .map(|h| *h)
             .collect();
         for (hit, body) in hits.into_iter().zip(spans) {
@@ -1994,9 +2010,8 @@ impl Session {
             };
             if let Some(kind) = kind {
                 let hit = kind.killable().then(|| self.killed_role(now)).flatten();
-                self.gate
-                    .verdicts
-                    .push_back(hit.as_ref().map(|h| Box::new(refusal_hit(h))));
+                let hit = hit.as_ref().map(|h| Box::new(refusal_hit(h)));
+                self.gate.verdicts.push_back(Gated { hit, work: None });
             }
             // Kept in step with the messages, as the gate's own reading keeps it: a policy
             // that comes with a reload before these go out reads on after them.

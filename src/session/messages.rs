@@ -293,7 +293,7 @@ pub(super) struct MessageContext<'a> {
     pub skip_to_sync: &'a mut bool,
     /// The admission gate's verdicts on the Query, Bind and FunctionCall messages to come,
     /// in order (empty without a policy).
-    pub verdicts: &'a mut std::collections::VecDeque<Option<Box<RuleHit>>>,
+    pub verdicts: &'a mut std::collections::VecDeque<super::admit::Gated>,
     /// SHOW STATS' parse and bind counts.
     pub counters: &'a crate::ops::PoolCounters,
     /// What each Parse that passed the gate defines for it, in order (see
@@ -320,11 +320,12 @@ impl MessageContext<'_> {
     ) -> Result<Option<BytesMut>, SessionError> {
         // Each gated request has its verdict, even one that is skipped below, and each gated
         // Parse what it defines for the gate.
-        let verdict = match tag {
-            frontend::tag::QUERY | frontend::tag::BIND | frontend::tag::FUNCTION_CALL => {
-                self.verdicts.pop_front().flatten()
-            }
-            _ => None,
+        let (verdict, work) = match tag {
+            frontend::tag::QUERY | frontend::tag::BIND | frontend::tag::FUNCTION_CALL => self
+                .verdicts
+                .pop_front()
+                .map_or((None, None), |g| (g.hit, g.work)),
+            _ => (None, None),
         };
         let definition = match tag {
             frontend::tag::PARSE => self.defines.pop_front().unwrap_or_else(|| {
@@ -358,7 +359,11 @@ impl MessageContext<'_> {
             return Ok(None);
         }
         match tag {
-            frontend::tag::QUERY => return self.query(body, verdict),
+            frontend::tag::QUERY => {
+                let out = self.query(body, verdict)?;
+                self.link.expected.mark_work(work);
+                return Ok(out);
+            }
             frontend::tag::FUNCTION_CALL => return self.function_call(verdict),
             // PostgreSQL ignores Sync and Flush during COPY FROM STDIN.
             frontend::tag::SYNC if expected.copy_in() => {}
@@ -372,9 +377,13 @@ impl MessageContext<'_> {
                 }
             }
             frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => expected.end_copy_in(),
-            frontend::tag::EXECUTE => expected.push(Owed::Execute),
+            frontend::tag::EXECUTE => {
+                expected.push(Owed::Execute);
+                let portal = body.split(|b| *b == 0).next().unwrap_or_default();
+                expected.mark_work(self.link.portals.work_of(portal));
+            }
             frontend::tag::PARSE => return self.parse(body, definition),
-            frontend::tag::BIND => return self.bind(body, verdict, unnamed),
+            frontend::tag::BIND => return self.bind(body, (verdict, work), unnamed),
             frontend::tag::DESCRIBE => return self.describe(body, unnamed),
             frontend::tag::CLOSE => return self.close(body),
             _ => {}
@@ -677,13 +686,16 @@ impl MessageContext<'_> {
 
     /// `unnamed`: the client's unnamed statement where the gate read the Bind, if it binds
     /// that one.
+    /// `work`: the statement the portal runs, if the gate read it.
     fn bind(
         &mut self,
         body: &[u8],
-        verdict: Option<Box<RuleHit>>,
+        (verdict, work): (Option<Box<RuleHit>>, Option<u64>),
         unnamed: Option<Arc<Parsed>>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let bind = BindView::new(body).map_err(|_| malformed("Bind"))?;
+        let made = work.filter(|_| verdict.is_none());
+        self.link.portals.bound(bind.portal, made);
         if let Some(hit) = verdict {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }

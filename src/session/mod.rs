@@ -204,7 +204,7 @@ impl Session {
             true => Arc::clone(&pool.names.user),
             false => Arc::from(user.as_str()),
         };
-        handle.set_work(&role_name, None);
+        handle.set_tenant(&role_name);
         Session {
             id: hooks.client_id(),
             pqexec_disallowed: rt.config.load().settings.disable_pqexec,
@@ -457,7 +457,9 @@ impl Session {
         let now_owed = self.requests_owed();
         self.gate.requests_sent += now_owed.saturating_sub(owed) as u64;
         self.gate.published_owed = now_owed;
-        self.handle.note_sent(self.gate.requests_sent, now_owed)
+        let running = self.link.as_ref().and_then(|l| l.expected.running_work());
+        self.handle
+            .note_sent(self.gate.requests_sent, now_owed, running)
     }
 
     /// The tenant's statement timeout passed: the request is cancelled as a client's
@@ -826,6 +828,7 @@ impl Session {
             unnamed_unsettled: false,
             unreported_named: false,
             cursor_declared: false,
+            portals: Default::default(),
             shared: self.mode != crate::config::PoolMode::Session,
         });
         Ok(now.saturating_duration_since(asked))
@@ -1015,7 +1018,7 @@ impl Session {
             let owed = link.expected.requests_owed();
             if owed != self.gate.published_owed {
                 self.gate.published_owed = owed;
-                self.handle.note_owed(owed);
+                self.handle.note_owed(owed, link.expected.running_work());
             }
         }
         if self

@@ -16,6 +16,20 @@ pub struct Policed {
 }
 
 impl Policed {
+    /// Waits until one statement containing `needle` runs on PostgreSQL (5 s at most).
+    pub async fn wait_until_running(&self, needle: &str) {
+        let sql = format!(
+            "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%{needle}%' AND pid <> pg_backend_pid()"
+        );
+        for _ in 0..50 {
+            if self.pg.sql(&sql).trim() == "1" {
+                return;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        panic!("{needle} never ran");
+    }
+
     /// PostgreSQL with `schema`, and pgward in transaction mode (trust) with `policy` as its
     /// policy file and `settings` (one `key = value` per line) added to its ini.
     pub fn start(schema: &str, policy: &str, settings: &str) -> Policed {
