@@ -10,9 +10,11 @@
 //! than there is. A grant is its target cut to what the other instances may still be using: the
 //! store counts every grant an instance may hold, the newest it acknowledged and every newer
 //! one (a reply lost on its way is still counted), until that grant's lease and fallback have
-//! ended on the store's clock. Each report renews the grant it acknowledges for a lease and a
-//! fallback: an instance whose slots are held past a lease by long transactions, above a share
-//! since cut, acknowledges no newer grant until they end, and the slots stay counted.
+//! ended on the store's clock. Each report also says what the instance holds of the resources
+//! taken and given back (slots), and that is counted for it too, for as long as its last grant
+//! would be: slots held by transactions longer than a lease, above a share since cut, stay
+//! counted while the instance reports them (one that cannot report for longer than a lease and
+//! its fallback is counted at nothing, whatever it still holds).
 //!
 //! An instance that cannot reach the store keeps its lease to its end, then falls back to the
 //! fallback share its grant carried (never more than the grant, at most an even part of the
@@ -55,6 +57,14 @@ pub struct Terms {
     pub margin: Duration,
 }
 
+impl Terms {
+    /// How long after a report the store counts what it said the instance holds: as long as
+    /// the grant answering it.
+    pub fn using_counted(&self) -> Duration {
+        self.lease + self.fallback + self.margin
+    }
+}
+
 impl Default for Terms {
     fn default() -> Self {
         Terms {
@@ -78,6 +88,8 @@ pub struct Report {
     pub acked: u64,
     /// What it used and wants of each resource, in the resource's unit.
     pub demands: Amounts,
+    /// What it holds now of the resources taken and given back (slots).
+    pub using: Amounts,
 }
 
 /// One resource's part of a grant.
@@ -142,30 +154,26 @@ pub struct Member {
     /// The store's time of its last report.
     pub reported: Time,
     pub demands: Amounts,
+    /// What it held at its last report, counted until `using_ends` (the store's time the
+    /// last grant's fallback ends, margin included).
+    pub using: Amounts,
+    pub using_ends: Time,
     /// Every grant it may still be using.
     pub issued: Vec<Issued>,
 }
 
 impl Member {
-    /// What it may be using of `resource` at `now`: the most of any grant it may hold.
+    /// What it may be using of `resource` at `now`: the most of any grant it may hold, or
+    /// what it last said it holds, if more.
     pub fn in_use(&self, resource: &str, now: Time) -> f64 {
+        let held = match now < self.using_ends {
+            true => self.using.get(resource).copied().unwrap_or(0.0).max(0.0),
+            false => 0.0,
+        };
         self.issued
             .iter()
             .map(|g| g.level(resource, now))
-            .fold(0.0, f64::max)
-    }
-
-    /// The instance reported at `now` that its use still keeps within the grant it
-    /// acknowledged (not yet within a newer one: slots held by transactions that outlast
-    /// the lease): that grant is counted for a lease and a fallback from this report, as
-    /// a new one would be.
-    fn renew_acked(&mut self, now: Time, terms: Terms) {
-        let acked = self.acked;
-        if let Some(g) = self.issued.iter_mut().find(|g| g.seq == acked) {
-            g.ends = g.ends.max(now + terms.lease + terms.margin);
-            let fallback_ends = now + terms.lease + terms.fallback + terms.margin;
-            g.fallback_ends = g.fallback_ends.max(fallback_ends);
-        }
+            .fold(held, f64::max)
     }
 
     fn forget_spent(&mut self, now: Time) {
@@ -212,7 +220,8 @@ impl Ledger {
         member.acked = member.acked.max(report.acked);
         member.reported = now;
         member.demands = report.demands.clone();
-        member.renew_acked(now, self.terms);
+        member.using = report.using.clone();
+        member.using_ends = now + self.terms.using_counted();
         // A sequence that went back (its rows rewritten) still never repeats a grant held.
         self.next_seq = self.next_seq.max(report.acked.saturating_add(1));
         self.forget_spent(now);
@@ -223,7 +232,7 @@ impl Ledger {
             seq,
             shares: shares.clone(),
             ends: now + self.terms.lease + self.terms.margin,
-            fallback_ends: now + self.terms.lease + self.terms.fallback + self.terms.margin,
+            fallback_ends: now + self.terms.using_counted(),
         };
         if let Some(member) = self.members.get_mut(&key) {
             member.issued.push(issued);
@@ -424,6 +433,7 @@ impl Holder {
             number,
             acked: self.acked,
             demands,
+            using: using.clone(),
         }
     }
 
@@ -678,6 +688,41 @@ mod tests {
     }
 
     #[test]
+    fn what_an_instance_says_it_holds_counts_beyond_any_grant_it_acknowledged() {
+        let mut ledger = Ledger::new(terms(), amounts(&[("u", 4.0), ("v", 4.0)]));
+        ledger.whole.extend(["u".to_string(), "v".to_string()]);
+        let mut number = 0;
+        let mut report =
+            |instance: u32, acked: u64, want: &[(&str, f64)], using: &[(&str, f64)]| {
+                number += 1;
+                Report {
+                    instance,
+                    incarnation: 1,
+                    number,
+                    acked,
+                    demands: amounts(want),
+                    using: amounts(using),
+                }
+            };
+        // a acknowledged a grant of two slots of u (its use of v never fit a later one),
+        // but holds four of u, taken under a newer grant that has since run out.
+        let first = report(1, 0, &[("u", 2.0), ("v", 2.0)], &[]);
+        ledger.answer(secs(0), &first).expect("answered");
+        let both = [("u", 4.0), ("v", 4.0)];
+        for at in 1..120 {
+            let mine = report(1, 1, &both, &both);
+            ledger.answer(secs(at), &mine).expect("answered");
+            let theirs = report(2, 0, &both, &[]);
+            let grant = ledger.answer(secs(at), &theirs).expect("answered");
+            assert_eq!(grant.shares["u"].amount, 0.0, "at {at} s");
+            assert!(ledger.counted("u", secs(at)) >= 4.0, "at {at} s");
+        }
+        // What a says it holds once it stops reporting counts as long as its grants would.
+        assert!(ledger.counted("u", secs(119 + 30 - 1)) >= 4.0);
+        assert_eq!(ledger.counted("u", secs(119 + 30)), 0.0);
+    }
+
+    #[test]
     fn slots_are_shared_in_whole_units_that_add_up_to_all_of_them() {
         let mut ledger = Ledger::new(terms(), amounts(&[("lane", 3.0)]));
         ledger.whole.insert("lane".into());
@@ -704,6 +749,7 @@ mod tests {
             number: 9,
             acked: 50,
             demands: Amounts::new(),
+            using: Amounts::new(),
         };
         assert_eq!(ledger.answer(secs(0), &report).expect("answered").seq, 51);
     }

@@ -89,6 +89,11 @@ pub enum StoreError {
     Unreadable(String),
 }
 
+/// What a member holds is kept in its row's `demands`, each resource under this prefix: the
+/// tables of an earlier pgward serve unchanged (an earlier instance reads the keys as demands
+/// for resources it does not know, and writes them back as it read them).
+const USING_PREFIX: &str = "using:";
+
 #[derive(Serialize, Deserialize)]
 struct MemberRow {
     instance: u32,
@@ -225,13 +230,24 @@ fn ledger_of(
     let mut ledger = Ledger::new(terms, capacities);
     ledger.next_seq = next_seq.max(1);
     for m in members {
+        let (using, demands): (Amounts, Amounts) = m
+            .demands
+            .into_iter()
+            .partition(|(r, _)| r.starts_with(USING_PREFIX));
+        let using = using
+            .into_iter()
+            .map(|(r, n)| (r[USING_PREFIX.len()..].to_string(), n))
+            .collect();
+        let reported = epoch(m.reported);
         ledger.members.insert(
             (m.instance, m.incarnation as u64),
             Member {
                 number: m.number as u64,
                 acked: m.acked as u64,
-                reported: epoch(m.reported),
-                demands: m.demands,
+                reported,
+                demands,
+                using,
+                using_ends: reported + terms.using_counted(),
                 issued: Vec::new(),
             },
         );
@@ -268,7 +284,16 @@ fn rows_of(ledger: &Ledger) -> (Vec<MemberRow>, Vec<GrantRow>) {
             number: m.number as i64,
             acked: m.acked as i64,
             reported: m.reported.as_secs_f64(),
-            demands: m.demands.clone(),
+            demands: m
+                .demands
+                .iter()
+                .map(|(r, n)| (r.clone(), *n))
+                .chain(
+                    m.using
+                        .iter()
+                        .map(|(r, n)| (format!("{USING_PREFIX}{r}"), *n)),
+                )
+                .collect(),
         });
         for g in &m.issued {
             grants.push(GrantRow {
@@ -304,7 +329,15 @@ mod tests {
                 incarnation: 40 + u64::from(i),
                 number: at + 1,
                 acked: 0,
-                demands: [("tenant:acme".to_string(), 0.5)].into_iter().collect(),
+                demands: [
+                    ("tenant:acme".to_string(), 0.5),
+                    ("upstream:db".to_string(), 2.0),
+                ]
+                .into_iter()
+                .collect(),
+                using: [("upstream:db".to_string(), f64::from(i))]
+                    .into_iter()
+                    .collect(),
             };
             ledger.answer(base + Duration::from_secs(at), &report);
         }
@@ -316,12 +349,15 @@ mod tests {
         for (id, m) in &ledger.members {
             let n = &again.members[id];
             assert_eq!(
-                (n.number, n.acked, n.demands.clone()),
-                (m.number, m.acked, m.demands.clone())
+                (n.number, n.acked, n.demands.clone(), n.using.clone()),
+                (m.number, m.acked, m.demands.clone(), m.using.clone())
             );
+            assert_eq!(n.using_ends, m.using_ends);
             assert_eq!(n.issued.len(), m.issued.len());
             let now = base + Duration::from_secs(5);
-            assert!((n.in_use("tenant:acme", now) - m.in_use("tenant:acme", now)).abs() < 1e-9);
+            for r in ["tenant:acme", "upstream:db"] {
+                assert!((n.in_use(r, now) - m.in_use(r, now)).abs() < 1e-9);
+            }
         }
     }
 }
