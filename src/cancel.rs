@@ -32,6 +32,9 @@ struct CancelState {
     /// answered (for KILL TENANT and KILL STATEMENT).
     tenant: Arc<str>,
     fingerprint: Option<u64>,
+    /// The fingerprint of the statement the server ran last (what a session idle in a
+    /// transaction is shown with).
+    last_run: Option<u64>,
     /// Requests (Execute, Query, FunctionCall) the session has sent to its servers so far
     /// (kept only under a policy, for pgward's own cancels).
     sent: u64,
@@ -82,11 +85,20 @@ pub struct Seen {
     /// [`CancelState::owed`] then.
     pub owed: usize,
     pub tenant: String,
-    /// The fingerprint of the statement the server ran then.
+    /// The fingerprint of the statement the server ran then, or ran last if it was idle.
     pub fingerprint: Option<u64>,
 }
 
 impl CancelState {
+    /// The server runs the statement `running` now (`None`: nothing, or one the gate did not
+    /// read).
+    fn runs(&mut self, running: Option<u64>) {
+        self.fingerprint = running;
+        if running.is_some() {
+            self.last_run = running;
+        }
+    }
+
     /// Forgets a reason whose request has been answered (a cancel that landed on nothing).
     fn forget_answered(&mut self) {
         let answered = self.sent.saturating_sub(self.owed as u64);
@@ -128,6 +140,7 @@ impl ClientHandle {
         state.target = None;
         state.owed = 0;
         state.fingerprint = None;
+        state.last_run = None;
         state.own_cancel = None;
         drop(state);
         self.in_flight.load(Ordering::Acquire) == 0
@@ -154,7 +167,7 @@ impl ClientHandle {
         let mut state = lock(&self.state);
         state.sent = sent;
         state.owed = owed;
-        state.fingerprint = running;
+        state.runs(running);
         state.forget_answered();
         self.in_flight.load(Ordering::Acquire) > 0
     }
@@ -164,7 +177,7 @@ impl ClientHandle {
     pub fn note_owed(&self, owed: usize, running: Option<u64>) {
         let mut state = lock(&self.state);
         state.owed = owed;
-        state.fingerprint = running;
+        state.runs(running);
         state.forget_answered();
     }
 
@@ -213,12 +226,6 @@ impl ClientHandle {
         true
     }
 
-    /// Whether the client holds a server and its work matches `hit` (tenant, fingerprint).
-    fn works_for(&self, hit: &impl Fn(&str, Option<u64>) -> bool) -> bool {
-        let state = lock(&self.state);
-        state.target.is_some() && hit(&state.tenant, state.fingerprint)
-    }
-
     pub fn cancels_in_flight(&self) -> bool {
         self.in_flight.load(Ordering::Acquire) > 0
     }
@@ -236,8 +243,13 @@ impl ClientHandle {
         }
     }
 
-    fn begin_cancel(&self) -> Option<CancelTarget> {
+    /// Begins a cancel if the client holds a server and its work matches `hit` (tenant,
+    /// fingerprint), looked at under the same lock: the work cannot move on in between.
+    fn begin_cancel_if(&self, hit: impl Fn(&str, Option<u64>) -> bool) -> Option<CancelTarget> {
         let state = lock(&self.state);
+        if !hit(&state.tenant, state.fingerprint) {
+            return None;
+        }
         let target = state.target.clone()?;
         self.in_flight.fetch_add(1, Ordering::AcqRel);
         self.requested.fetch_add(1, Ordering::AcqRel);
@@ -314,8 +326,7 @@ impl CancelRegistry {
             lock(&self.clients).values().flatten().cloned().collect();
         handles
             .into_iter()
-            .filter(|h| h.works_for(&hit))
-            .filter(|h| h.clone().cancel_now(limit))
+            .filter(|h| h.clone().cancel_if(&hit, limit))
             .count()
     }
 
@@ -331,7 +342,7 @@ impl CancelRegistry {
                 let target = state.target.as_ref().filter(|t| *t.addr == *addr)?;
                 let pid = target.key.pid;
                 let (sent, owed, tenant) = (state.sent, state.owed, state.tenant.to_string());
-                let fingerprint = state.fingerprint;
+                let fingerprint = state.fingerprint.or(state.last_run);
                 drop(state);
                 Some((
                     pid,
@@ -384,7 +395,17 @@ impl ClientHandle {
     /// until the cancel connection has closed (or `limit` has passed), the client's next
     /// message waits and its server is not given back. Returns whether a server was attached.
     pub fn cancel_now(self: Arc<Self>, limit: Duration) -> bool {
-        let Some(target) = self.begin_cancel() else {
+        self.cancel_if(|_, _| true, limit)
+    }
+
+    /// [`cancel_now`](Self::cancel_now), if the work the client's server runs matches `hit`
+    /// (tenant, fingerprint) as the cancel begins.
+    fn cancel_if(
+        self: Arc<Self>,
+        hit: impl Fn(&str, Option<u64>) -> bool,
+        limit: Duration,
+    ) -> bool {
+        let Some(target) = self.begin_cancel_if(hit) else {
             return false;
         };
         let in_flight = InFlight::new(self);
@@ -619,14 +640,35 @@ mod tests {
     fn a_detached_client_cannot_be_cancelled() {
         let reg = CancelRegistry::default();
         let h = reg.register(1, 0);
-        assert!(h.begin_cancel().is_none());
+        assert!(h.begin_cancel_if(|_, _| true).is_none());
         h.attach(target());
-        assert!(h.begin_cancel().is_some());
+        assert!(h.begin_cancel_if(|_, _| true).is_some());
         assert!(!h.detach(), "a cancel in flight holds the server");
         h.end_cancel(Delivery::Landed);
         assert!(h.detach());
-        assert!(h.begin_cancel().is_none());
+        assert!(h.begin_cancel_if(|_, _| true).is_none());
         assert!(!h.take_unsure());
+    }
+
+    #[test]
+    fn a_kill_matches_the_statement_running_and_an_idle_session_shows_its_last() {
+        let reg = CancelRegistry::default();
+        let h = reg.register(1, 0);
+        h.attach(target());
+        h.note_sent(2, 2, Some(7));
+        let seen = |reg: &CancelRegistry| reg.seen_at(&target().addr)[&7].fingerprint;
+        assert_eq!(seen(&reg), Some(7));
+        // The statement behind it is not what runs: no cancel begins.
+        assert!(h.begin_cancel_if(|_, fp| fp == Some(8)).is_none());
+        h.note_owed(1, Some(8));
+        assert!(h.begin_cancel_if(|_, fp| fp == Some(7)).is_none());
+        assert!(h.begin_cancel_if(|_, fp| fp == Some(8)).is_some());
+        h.end_cancel(Delivery::Landed);
+        // Idle in its transaction: nothing to cancel, but it is shown with what ran last.
+        h.note_owed(0, None);
+        assert_eq!(h.fingerprint(), None);
+        assert!(h.begin_cancel_if(|_, fp| fp == Some(8)).is_none());
+        assert_eq!(seen(&reg), Some(8));
     }
 
     #[test]
@@ -634,13 +676,13 @@ mod tests {
         let reg = CancelRegistry::default();
         let h = reg.register(1, 0);
         h.attach(target());
-        assert!(h.begin_cancel().is_some());
+        assert!(h.begin_cancel_if(|_, _| true).is_some());
         h.end_cancel(Delivery::Unsure);
         assert!(h.detach());
         assert!(h.take_unsure());
         assert!(!h.take_unsure());
         h.attach(target());
-        assert!(h.begin_cancel().is_some());
+        assert!(h.begin_cancel_if(|_, _| true).is_some());
         h.end_cancel(Delivery::Unsent);
         assert!(!h.take_unsure());
     }
