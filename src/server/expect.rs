@@ -100,6 +100,11 @@ pub struct Reopen {
 }
 
 impl Owed {
+    /// A request: an Execute (the client's or pgward's own) or a Query.
+    fn is_request(&self) -> bool {
+        matches!(self, Owed::Execute | Owed::InternalExecute | Owed::Query)
+    }
+
     /// Whether this Parse (sent, or answered by pgward at its turn) creates the client's
     /// statement `name`.
     fn creates(&self, name: &[u8]) -> bool {
@@ -224,6 +229,8 @@ pub struct Expected {
     /// The statements requests run (an Execute, a Query), by the request's place among
     /// every message ever owed (see `popped`): what a KILL STATEMENT finds running.
     works: VecDeque<(u64, u64)>,
+    /// How many requests (Execute, pgward's own Execute, Query) the queue holds.
+    requests: usize,
     /// How many owed messages have left the front of the queue: the one at the front now is
     /// the `popped`-th.
     popped: u64,
@@ -251,6 +258,7 @@ impl Expected {
             self.syncs += 1;
         }
         self.names_changing |= owed.changes_a_name();
+        self.requests += usize::from(owed.is_request());
         self.queue.push_back(owed);
     }
 
@@ -336,7 +344,8 @@ impl Expected {
     /// Takes the owed message at the front of the queue.
     fn pop_front(&mut self) -> Option<Owed> {
         let owed = self.queue.pop_front();
-        if owed.is_some() {
+        if let Some(o) = &owed {
+            self.requests -= usize::from(o.is_request());
             self.popped += 1;
             let head = self.popped;
             while self.works.front().is_some_and(|(at, _)| *at < head) {
@@ -358,8 +367,10 @@ impl Expected {
     /// The statement the server runs now (or runs next: the oldest request not answered),
     /// if it was marked.
     pub fn running_work(&self) -> Option<u64> {
-        let requests = |o: &Owed| matches!(o, Owed::Execute | Owed::InternalExecute | Owed::Query);
-        let at = self.popped + self.queue.iter().position(requests)? as u64;
+        if self.works.is_empty() {
+            return None;
+        }
+        let at = self.popped + self.queue.iter().position(Owed::is_request)? as u64;
         self.works.iter().find(|(w, _)| *w == at).map(|(_, fp)| *fp)
     }
 
@@ -399,10 +410,7 @@ impl Expected {
 
     /// Requests the server runs (Execute, a simple Query, a FunctionCall) not answered yet.
     pub fn requests_owed(&self) -> usize {
-        self.queue
-            .iter()
-            .filter(|o| matches!(o, Owed::Execute | Owed::InternalExecute | Owed::Query))
-            .count()
+        self.requests
     }
 
     pub fn len(&self) -> usize {
@@ -824,15 +832,19 @@ mod tests {
         q.mark_work(None);
         q.push(Owed::Sync);
         assert_eq!(q.running_work(), Some(1));
+        assert_eq!(q.requests_owed(), 3);
         feed(&mut q, b"TDC");
         assert_eq!(q.running_work(), Some(1), "until its ReadyForQuery");
+        assert_eq!(q.requests_owed(), 3);
         feed(&mut q, b"Z12");
         assert_eq!(q.running_work(), Some(2));
+        assert_eq!(q.requests_owed(), 2);
         feed(&mut q, b"DC");
         assert_eq!(q.running_work(), None, "an Execute the gate did not read");
         feed(&mut q, b"2CZ");
         assert_eq!(q.running_work(), None);
         assert!(q.works.is_empty());
+        assert_eq!(q.requests_owed(), 0);
     }
 
     #[test]
