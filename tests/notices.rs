@@ -64,6 +64,38 @@ fn a_queued_client_is_told_after_query_wait_notify() {
     assert_eq!(notices(&quick), "");
 }
 
+/// Under a policy a client waits for its slot in the admission gate, or for a RESUME, before
+/// it takes a server: it is told it is queued there as well.
+#[test]
+fn a_client_queued_by_the_gate_or_a_pause_is_told_after_query_wait_notify() {
+    let f = common::gate::gated(
+        "[tenants.acme]\nroles = [\"postgres\"]\n",
+        "default_pool_size = 1\nquery_wait_notify = 1\nadmin_users = admin\n",
+    );
+    let port = f.pw.port;
+    let queued = "NOTICE:  No server connection available in app backend, client being queued";
+    let holder =
+        thread::spawn(move || psql_at(port, "postgres", None, "app", "select pg_sleep(2.5)"));
+    thread::sleep(Duration::from_millis(500));
+    let out = psql_at(port, "postgres", None, "app", "select 1");
+    holder.join().expect("the holding client");
+    assert_eq!(stdout_of(&out).trim(), "1", "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains(queued), "{}", stderr_of(&out));
+
+    let pause = psql_at(port, "admin", None, "pgward", "PAUSE app");
+    assert!(pause.status.success(), "{}", stderr_of(&pause));
+    let resume = thread::spawn(move || {
+        thread::sleep(Duration::from_millis(1800));
+        psql_at(port, "admin", None, "pgward", "RESUME app")
+    });
+    let out = psql_at(port, "postgres", None, "app", "select 2");
+    assert!(resume.join().expect("resumed").status.success());
+    assert_eq!(stdout_of(&out).trim(), "2", "{}", stderr_of(&out));
+    assert!(stderr_of(&out).contains(queued), "{}", stderr_of(&out));
+    let quick = psql_at(port, "postgres", None, "app", "select 3");
+    assert_eq!(notices(&quick), "");
+}
+
 #[test]
 fn startup_options_are_refused_in_pgbouncers_words() {
     let (_pg, pw) = start("");

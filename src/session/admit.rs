@@ -59,9 +59,6 @@ const KEPT_BLOCK: usize = 1024;
 /// be mostly theirs, and kept alive by the session until the next copy.
 const KEPT_MAX: usize = KEPT_BLOCK / 2;
 
-/// The server taken for a request admitted with `pass` (`attached`); when none came (the
-/// client left, the pool's wait timed out, the server's login failed) the request never runs,
-/// and what `pass` was charged is given back.
 /// Awaits `wait` while reading what the client sends meanwhile (while less than
 /// [`HIGH_WATER`] is buffered), so that a client that leaves ends the wait.
 async fn reading_while<F: std::future::Future>(
@@ -78,6 +75,9 @@ async fn reading_while<F: std::future::Future>(
     }
 }
 
+/// The server taken for a request admitted with `pass` (`attached`); when none came (the
+/// client left, the pool's wait timed out, the server's login failed) the request never runs,
+/// and what `pass` was charged is given back.
 fn refunded_unless_ok(
     attached: Result<Duration, SessionError>,
     keeper: &crate::gate::keeper::Gatekeeper,
@@ -2191,8 +2191,8 @@ impl Session {
             return Ok(false);
         }
         self.maybe_release(io).await?;
-        let pool = Arc::clone(&self.pool);
-        let waited = reading_while(io, self.hooks.until_open(&pool)).await;
+        let (pool, hooks) = (Arc::clone(&self.pool), self.hooks.clone());
+        let waited = self.queued_while(io, hooks.until_open(&pool)).await;
         self.hooks
             .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
         waited.map(|()| true)
@@ -2342,6 +2342,25 @@ impl Session {
         Ok(true)
     }
 
+    /// Awaits `wait`, a wait in a queue, while reading the client (see [`reading_while`]): a
+    /// client still waiting after query_wait_notify is told it is queued, once, as one that
+    /// waits for a server is.
+    async fn queued_while<F: std::future::Future>(
+        &mut self,
+        io: &mut ClientIo,
+        wait: F,
+    ) -> Result<F::Output, SessionError> {
+        let Some(after) = self.config.load().settings.query_wait_notify else {
+            return reading_while(io, wait).await;
+        };
+        tokio::pin!(wait);
+        if let Ok(out) = reading_while(io, tokio::time::timeout(after, wait.as_mut())).await? {
+            return Ok(out);
+        }
+        super::tell_queued(io, &mut self.to_client, &self.pool.key.db).await?;
+        reading_while(io, wait).await
+    }
+
     /// Waits in the gate's queue, reading what the client sends meanwhile (a client that
     /// leaves ends the wait and takes its ticket out). `full`: the gate had no slot for
     /// `pass` a moment ago (the queueing still looks once more, under its lock).
@@ -2367,7 +2386,7 @@ impl Session {
         let evict = move |over: &[(String, usize)]| evict_runaways(&rt, &upstream, over);
         let acquire = keeper.acquire(pass, &mailbox, evict);
         self.hooks.gate_wait_starts();
-        let answer = reading_while(io, acquire).await;
+        let answer = self.queued_while(io, acquire).await;
         self.hooks
             .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
         answer

@@ -793,13 +793,7 @@ impl Session {
                         Checkout::Server(server, at) => break (server, at),
                         Checkout::Waiting(step) => {
                             checkout.set(self.hooks.checkout(&self.pool, step, None));
-                            // Behind what the client is still owed, and never waiting on a
-                            // client that reads nothing.
-                            let mut out = std::mem::take(&mut self.to_client);
-                            out.extend_from_slice(&queued_notice(&self.pool.key.db));
-                            tokio::time::timeout(CLOSE_GRACE, io.send(&out))
-                                .await
-                                .map_err(|_| SessionError::Gone)??;
+                            tell_queued(io, &mut self.to_client, &self.pool.key.db).await?;
                         }
                     },
                     more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
@@ -1381,16 +1375,25 @@ fn own_cancel_error(
         .map(|c| c.error())
 }
 
-/// The notice for a client that has waited query_wait_notify for a server.
-fn queued_notice(db: &str) -> BytesMut {
+/// Tells a client that has waited query_wait_notify (for a server, a slot, a RESUME) of
+/// database `db` that it is queued: behind what it is still owed (`to_client`, sent with
+/// it), and never waiting on a client that reads nothing.
+async fn tell_queued(
+    io: &mut ClientIo,
+    to_client: &mut BytesMut,
+    db: &str,
+) -> Result<(), SessionError> {
     let notice = ErrorResponse::new(
         crate::wire::Severity::Notice,
         "00000",
         format!("No server connection available in {db} backend, client being queued"),
     );
-    let mut out = BytesMut::new();
+    let mut out = std::mem::take(to_client);
     crate::wire::encode_notice(&mut out, &notice);
-    out
+    tokio::time::timeout(CLOSE_GRACE, io.send(&out))
+        .await
+        .map_err(|_| SessionError::Gone)??;
+    Ok(())
 }
 
 /// Writes as much of `buf` as the socket takes now.
