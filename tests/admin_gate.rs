@@ -446,3 +446,53 @@ async fn kill_statement_in_a_pipeline_cancels_the_running_statement_only() {
     let (_, got) = answers(r).await;
     assert_eq!(got, "12E[57014]Z", "the running sleep was not cancelled");
 }
+
+/// A portal bound before a kill goes on only if the kill is SOFT: each later Execute of it
+/// (a cursor's next rows) is refused by one that is not, and what ends the transaction
+/// still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portal_bound_before_a_kill_is_stopped_at_its_next_execute() {
+    use common::raw::{query_message, Batch};
+    let f = Fixture::start(TENANT_POLICY);
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    let series = "SELECT generate_series(1, 10)";
+    let fetch = |portal: &str| Batch::new().execute(portal, 2).sync().bytes;
+    let mut r = f.0.pw.client_as("trustuser", "app");
+    for (kill, unkill, refused) in [
+        (
+            "KILL TENANT acme FOR '1m' SOFT",
+            "UNKILL TENANT acme",
+            false,
+        ),
+        ("KILL TENANT acme FOR '1m'", "UNKILL TENANT acme", true),
+        (
+            &*format!("KILL STATEMENT {} FOR '1m'", fingerprint(series)),
+            &*format!("UNKILL STATEMENT {}", fingerprint(series)),
+            true,
+        ),
+    ] {
+        r.send(&query_message("BEGIN"));
+        let got;
+        (r, got) = answers(r).await;
+        assert_eq!(got, "CZ");
+        let bound = Batch::new().parse("", series, &[]).bind("c1", "", &[]);
+        r.send(&bound.execute("c1", 2).sync().bytes);
+        let got;
+        (r, got) = answers(r).await;
+        assert_eq!(got, "12DDsZ", "{kill}");
+        assert_eq!(outcome(c, kill).await, "", "{kill}");
+        r.send(&fetch("c1"));
+        let got;
+        (r, got) = answers(r).await;
+        match refused {
+            true => assert_eq!(got, "E[53000]Z", "{kill}"),
+            false => assert_eq!(got, "DDsZ", "{kill}"),
+        }
+        r.send(&query_message("ROLLBACK"));
+        let got;
+        (r, got) = answers(r).await;
+        assert_eq!(got, "CZ", "{kill}: what ends the transaction runs");
+        assert_eq!(outcome(c, unkill).await, "", "{kill}");
+    }
+}

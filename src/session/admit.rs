@@ -97,14 +97,80 @@ pub(in crate::session) struct TimedOut {
     pub since: Option<Instant>,
 }
 
-/// The gate's verdict on a request (Query, Bind, FunctionCall) that passed it.
+/// The gate's verdict on a message (Query, Bind, FunctionCall, Execute) that passed it.
 #[derive(Debug)]
 pub(in crate::session) struct Gated {
-    /// `Some` refuses the request.
+    /// `Some` refuses the message.
     pub hit: Option<Box<RuleHit>>,
-    /// The statement it runs, when the gate read it: what a KILL STATEMENT finds running
-    /// once the server runs it.
+    /// The statement it runs, when the gate read it (an Execute: its portal's, by the Bind
+    /// that made the portal): what a KILL STATEMENT finds running once the server runs it.
     pub work: Option<u64>,
+    /// A request the gate admitted (Query, Bind, FunctionCall), not an Execute.
+    pub request: bool,
+}
+
+/// What each of the client's portals runs, by the Bind that made it (one the gate let
+/// through): the statement's fingerprint, if the gate read it, and whether a kill stops it
+/// (what ends a transaction is never stopped).
+#[derive(Debug, Default)]
+pub(in crate::session) struct PortalWorks {
+    unnamed: Portal,
+    named: Vec<(Bytes, Portal)>,
+}
+
+/// A portal as the gate last saw it bound.
+#[derive(Clone, Copy, Debug, Default)]
+enum Portal {
+    /// Not bound since the gate followed the client (or forgotten): an Execute of it runs
+    /// whatever it was.
+    #[default]
+    Unknown,
+    /// Its Bind was refused: the server skips an Execute of it with the rest of the batch.
+    Refused,
+    Runs(PortalWork),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct PortalWork {
+    fingerprint: Option<u64>,
+    killable: bool,
+}
+
+/// Named portals followed at most; the oldest is forgotten first (an Execute of a portal
+/// not followed is stopped by no kill).
+const MAX_NAMED_PORTALS: usize = 64;
+
+impl PortalWorks {
+    /// A Bind of `portal` passed the gate, running `work` (`None`: it was refused).
+    fn bound(&mut self, portal: &[u8], work: Option<PortalWork>) {
+        let bound = work.map_or(Portal::Refused, Portal::Runs);
+        if portal.is_empty() {
+            self.unnamed = bound;
+            return;
+        }
+        self.named.retain(|(name, _)| name != portal);
+        if self.named.len() >= MAX_NAMED_PORTALS {
+            self.named.remove(0);
+        }
+        self.named.push((Bytes::copy_from_slice(portal), bound));
+    }
+
+    /// What an Execute of `portal` runs, as far as the gate knows.
+    fn of(&self, portal: &[u8]) -> Portal {
+        match portal.is_empty() {
+            true => self.unnamed,
+            false => self
+                .named
+                .iter()
+                .find(|(n, _)| n == portal)
+                .map_or(Portal::Unknown, |(_, p)| *p),
+        }
+    }
+}
+
+/// The portal a Bind makes or an Execute runs: the first string of its body.
+fn portal_of(body: &[u8]) -> &[u8] {
+    body.split(|b| *b == 0).next().unwrap_or_default()
 }
 
 /// What the gate keeps per session.
@@ -124,6 +190,10 @@ pub(in crate::session) struct GateState {
     pub verdicts: VecDeque<Gated>,
     /// The statement of the request admitted last, until its verdict is queued.
     admitted_work: Option<u64>,
+    /// Whether a kill stops the request admitted last (see `admitted_work`).
+    admitted_killable: bool,
+    /// What the client's portals run, by the Binds that passed the gate.
+    portals: PortalWorks,
     /// Bytes at the front of the client's read buffer that passed the gate.
     gated: usize,
     /// The Parses that passed the gate and may not have gone out yet, by statement name.
@@ -636,7 +706,7 @@ impl GateState {
     /// buffer to go out: they are part of the current run, under the slot the session holds
     /// (a refused one has no part in it).
     pub fn requests_unsent(&self) -> bool {
-        self.gated > 0 && self.verdicts.iter().any(|v| v.hit.is_none())
+        self.gated > 0 && self.verdicts.iter().any(|v| v.request && v.hit.is_none())
     }
 
     /// `n` gated bytes went to the server.
@@ -937,6 +1007,7 @@ impl Session {
                 tag::FUNCTION_CALL => Some(Work::Function),
                 tag::EXECUTE => {
                     self.note_execute(body);
+                    self.gate_execute(body, false);
                     None
                 }
                 _ => None,
@@ -947,7 +1018,21 @@ impl Session {
                         // The Flush it may have waited for is spent.
                         self.gate.flush_sent = false;
                         let work = self.gate.admitted_work.take();
-                        self.gate.verdicts.push_back(Gated { hit: v, work });
+                        if span.tag == tag::BIND {
+                            let killable = std::mem::take(&mut self.gate.admitted_killable);
+                            let made = v.is_none().then_some(PortalWork {
+                                fingerprint: work,
+                                killable,
+                            });
+                            self.gate
+                                .portals
+                                .bound(portal_of(&io.rbuf[span.body()]), made);
+                        }
+                        self.gate.verdicts.push_back(Gated {
+                            hit: v,
+                            work,
+                            request: true,
+                        });
                         // (Known now: what went before it has been answered.)
                         self.note_unnamed_use(span.tag, &io.rbuf[span.body()]);
                     }
@@ -968,6 +1053,35 @@ impl Session {
             self.gate.gated = span.end;
         }
         Ok(self.gate.gated)
+    }
+
+    /// An Execute passed the gate: it runs what its portal's Bind did (what KILL STATEMENT
+    /// finds running), and a kill (not SOFT) made since that Bind refuses it, as one made
+    /// while an admitted request waits does. `by_role`: without a policy, the role is the
+    /// tenant and no statement is read.
+    fn gate_execute(&mut self, body: &[u8], by_role: bool) {
+        let (fingerprint, killable) = match self.gate.portals.of(portal_of(body)) {
+            Portal::Unknown => (None, true),
+            // (Refused once already, at its Bind.)
+            Portal::Refused => (None, false),
+            Portal::Runs(w) => (w.fingerprint, w.killable),
+        };
+        let hit = match killable && self.rt.gatekeeper.may_have_kills() {
+            true => {
+                let tenant = match by_role {
+                    true => Arc::from(self.user.as_str()),
+                    false => Arc::clone(&self.gate.tenant),
+                };
+                let now = Instant::now();
+                self.killed_by(&tenant, fingerprint.map(Fingerprint), now, true)
+            }
+            false => None,
+        };
+        self.gate.verdicts.push_back(Gated {
+            hit: hit.map(|r| Box::new(refusal_hit(&r))),
+            work: fingerprint,
+            request: false,
+        });
     }
 
     fn note_parse(&mut self, body: &Bytes) {
@@ -1548,6 +1662,7 @@ impl Session {
                 self.note_waited(governance, &pass);
                 self.handle.set_tenant(&tenant);
                 self.gate.admitted_work = fingerprint.map(|f| f.0);
+                self.gate.admitted_killable = kind.killable();
                 let charged = pass.charged();
                 self.gate.run.add(
                     Part {
@@ -1665,6 +1780,7 @@ impl Session {
             self.note_waited(governance, &pass);
             self.handle.set_tenant(&tenant);
             self.gate.admitted_work = fingerprint.map(|f| f.0);
+            self.gate.admitted_killable = kind.killable();
             if held {
                 self.gate.run.held.push((tenant.clone(), pass.id));
             }
@@ -2010,8 +2126,22 @@ impl Session {
             };
             if let Some(kind) = kind {
                 let hit = kind.killable().then(|| self.killed_role(now)).flatten();
+                if span.tag == tag::BIND {
+                    let made = hit.is_none().then_some(PortalWork {
+                        fingerprint: None,
+                        killable: kind.killable(),
+                    });
+                    self.gate.portals.bound(portal_of(body), made);
+                }
                 let hit = hit.as_ref().map(|h| Box::new(refusal_hit(h)));
-                self.gate.verdicts.push_back(Gated { hit, work: None });
+                self.gate.verdicts.push_back(Gated {
+                    hit,
+                    work: None,
+                    request: true,
+                });
+            }
+            if span.tag == tag::EXECUTE {
+                self.gate_execute(body, true);
             }
             // Kept in step with the messages, as the gate's own reading keeps it: a policy
             // that comes with a reload before these go out reads on after them.

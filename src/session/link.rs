@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 
 use crate::pool::ServerGuard;
 use crate::server::Expected;
@@ -78,49 +78,6 @@ pub struct Link {
     pub shared: bool,
     /// The client declared a cursor on this shared server (see [`Mark::Cursor`]).
     pub cursor_declared: bool,
-    /// The statement each portal the client bound on this server runs.
-    pub portals: PortalWorks,
-}
-
-/// The statement each of the client's portals runs, by the Bind that made it, when the gate
-/// read it: what an Execute of the portal runs (for KILL STATEMENT).
-#[derive(Debug, Default)]
-pub struct PortalWorks {
-    unnamed: Option<u64>,
-    named: Vec<(Bytes, u64)>,
-}
-
-/// Named portals followed at most; the oldest is forgotten first (an Execute of a portal
-/// not followed runs a statement no KILL STATEMENT finds).
-const MAX_NAMED_PORTALS: usize = 64;
-
-impl PortalWorks {
-    /// A Bind of `portal` went out, running `work`.
-    pub fn bound(&mut self, portal: &[u8], work: Option<u64>) {
-        if portal.is_empty() {
-            self.unnamed = work;
-            return;
-        }
-        self.named.retain(|(name, _)| name != portal);
-        if let Some(work) = work {
-            if self.named.len() >= MAX_NAMED_PORTALS {
-                self.named.remove(0);
-            }
-            self.named.push((Bytes::copy_from_slice(portal), work));
-        }
-    }
-
-    /// The statement an Execute of `portal` runs, if known.
-    pub fn work_of(&self, portal: &[u8]) -> Option<u64> {
-        match portal.is_empty() {
-            true => self.unnamed,
-            false => self
-                .named
-                .iter()
-                .find(|(n, _)| n == portal)
-                .map(|(_, w)| *w),
-        }
-    }
 }
 
 impl Link {

@@ -291,8 +291,8 @@ pub(super) struct MessageContext<'a> {
     pub rules: Option<RuleCheck<'a>>,
     /// pgward refused a Parse itself and drops the client's messages until Sync.
     pub skip_to_sync: &'a mut bool,
-    /// The admission gate's verdicts on the Query, Bind and FunctionCall messages to come,
-    /// in order (empty without a policy).
+    /// The admission gate's verdicts on the Query, Bind, FunctionCall and Execute messages to
+    /// come, in order (empty without a policy).
     pub verdicts: &'a mut std::collections::VecDeque<super::admit::Gated>,
     /// SHOW STATS' parse and bind counts.
     pub counters: &'a crate::ops::PoolCounters,
@@ -321,7 +321,10 @@ impl MessageContext<'_> {
         // Each gated request has its verdict, even one that is skipped below, and each gated
         // Parse what it defines for the gate.
         let (verdict, work) = match tag {
-            frontend::tag::QUERY | frontend::tag::BIND | frontend::tag::FUNCTION_CALL => self
+            frontend::tag::QUERY
+            | frontend::tag::BIND
+            | frontend::tag::FUNCTION_CALL
+            | frontend::tag::EXECUTE => self
                 .verdicts
                 .pop_front()
                 .map_or((None, None), |g| (g.hit, g.work)),
@@ -378,12 +381,15 @@ impl MessageContext<'_> {
             }
             frontend::tag::COPY_DONE | frontend::tag::COPY_FAIL => expected.end_copy_in(),
             frontend::tag::EXECUTE => {
+                if let Some(hit) = verdict {
+                    // (A kill made since its portal was bound.)
+                    return Ok(Some(self.refuse_in_batch(&hit)));
+                }
                 expected.push(Owed::Execute);
-                let portal = body.split(|b| *b == 0).next().unwrap_or_default();
-                expected.mark_work(self.link.portals.work_of(portal));
+                expected.mark_work(work);
             }
             frontend::tag::PARSE => return self.parse(body, definition),
-            frontend::tag::BIND => return self.bind(body, (verdict, work), unnamed),
+            frontend::tag::BIND => return self.bind(body, verdict, unnamed),
             frontend::tag::DESCRIBE => return self.describe(body, unnamed),
             frontend::tag::CLOSE => return self.close(body),
             _ => {}
@@ -686,16 +692,13 @@ impl MessageContext<'_> {
 
     /// `unnamed`: the client's unnamed statement where the gate read the Bind, if it binds
     /// that one.
-    /// `work`: the statement the portal runs, if the gate read it.
     fn bind(
         &mut self,
         body: &[u8],
-        (verdict, work): (Option<Box<RuleHit>>, Option<u64>),
+        verdict: Option<Box<RuleHit>>,
         unnamed: Option<Arc<Parsed>>,
     ) -> Result<Option<BytesMut>, SessionError> {
         let bind = BindView::new(body).map_err(|_| malformed("Bind"))?;
-        let made = work.filter(|_| verdict.is_none());
-        self.link.portals.bound(bind.portal, made);
         if let Some(hit) = verdict {
             return Ok(Some(self.refuse_in_batch(&hit)));
         }

@@ -822,7 +822,6 @@ impl Session {
             unnamed_unsettled: false,
             unreported_named: false,
             cursor_declared: false,
-            portals: Default::default(),
             shared: self.mode != crate::config::PoolMode::Session,
         });
         Ok(now.saturating_duration_since(asked))
