@@ -342,6 +342,7 @@ impl Expected {
     }
 
     /// Takes the owed message at the front of the queue.
+    #[inline]
     fn pop_front(&mut self) -> Option<Owed> {
         let owed = self.queue.pop_front();
         if let Some(o) = &owed {
@@ -367,11 +368,12 @@ impl Expected {
     /// The statement the server runs now (or runs next: the oldest request not answered),
     /// if it was marked.
     pub fn running_work(&self) -> Option<u64> {
-        if self.works.is_empty() {
-            return None;
-        }
-        let at = self.popped + self.queue.iter().position(Owed::is_request)? as u64;
-        self.works.iter().find(|(w, _)| *w == at).map(|(_, fp)| *fp)
+        // The oldest mark is the running request's unless a request before it is owed
+        // (one with no mark: pgward's own, or one the gate did not read).
+        let &(at, fingerprint) = self.works.front()?;
+        let before = usize::try_from(at.checked_sub(self.popped)?).ok()?;
+        let first = !self.queue.iter().take(before).any(Owed::is_request);
+        first.then_some(fingerprint)
     }
 
     /// For the statement at the front, which starts COPY FROM STDIN now: how many of the
@@ -845,6 +847,13 @@ mod tests {
         assert_eq!(q.running_work(), None);
         assert!(q.works.is_empty());
         assert_eq!(q.requests_owed(), 0);
+        // pgward's own request ahead of a marked one runs first.
+        q.push(Owed::InternalExecute);
+        q.push(Owed::Execute);
+        q.mark_work(Some(5));
+        assert_eq!(q.running_work(), None);
+        feed(&mut q, b"C");
+        assert_eq!(q.running_work(), Some(5));
     }
 
     #[test]
