@@ -154,8 +154,8 @@ pub struct Member {
     /// The store's time of its last report.
     pub reported: Time,
     pub demands: Amounts,
-    /// What it held at its last report, counted until `using_ends` (the store's time the
-    /// last grant's fallback ends, margin included).
+    /// What it held at its last report, counted until `using_ends`: when the fallback of
+    /// the grant answering that report ends (margin included), on the store's clock.
     pub using: Amounts,
     pub using_ends: Time,
     /// Every grant it may still be using.

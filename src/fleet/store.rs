@@ -247,7 +247,8 @@ fn ledger_of(
                 reported,
                 demands,
                 using,
-                using_ends: reported + terms.using_counted(),
+                // (Set from its grants below.)
+                using_ends: reported,
                 issued: Vec::new(),
             },
         );
@@ -269,6 +270,12 @@ fn ledger_of(
             .or_default()
             .issued
             .push(issued);
+    }
+    // What a member holds counts as long as the grant answering its last report: the
+    // instance's own terms dated it (another instance's may differ).
+    for m in ledger.members.values_mut() {
+        let newest = m.issued.iter().map(|g| g.fallback_ends).max();
+        m.using_ends = newest.unwrap_or(m.reported);
     }
     ledger
 }
@@ -344,7 +351,13 @@ mod tests {
         let (members, grants) = rows_of(&ledger);
         let members: Vec<MemberRow> = json(&serde_json::to_string(&members).unwrap()).unwrap();
         let grants: Vec<GrantRow> = json(&serde_json::to_string(&grants).unwrap()).unwrap();
-        let again = ledger_of(terms, caps, ledger.next_seq, members, grants);
+        // Read by an instance with other terms: what each grant and each member's use count
+        // for was dated by the instance that reported.
+        let other = Terms {
+            fallback: Duration::from_secs(5),
+            ..terms
+        };
+        let again = ledger_of(other, caps, ledger.next_seq, members, grants);
         assert_eq!(again.next_seq, ledger.next_seq);
         for (id, m) in &ledger.members {
             let n = &again.members[id];
