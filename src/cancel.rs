@@ -342,7 +342,9 @@ impl CancelRegistry {
                 let target = state.target.as_ref().filter(|t| *t.addr == *addr)?;
                 let pid = target.key.pid;
                 let (sent, owed, tenant) = (state.sent, state.owed, state.tenant.to_string());
-                let fingerprint = state.fingerprint.or(state.last_run);
+                // (Busy with a statement the gate did not read: not the last one.)
+                let idle = state.owed == 0;
+                let fingerprint = state.fingerprint.or(state.last_run.filter(|_| idle));
                 drop(state);
                 Some((
                     pid,
