@@ -496,3 +496,45 @@ async fn a_portal_bound_before_a_kill_is_stopped_at_its_next_execute() {
         assert_eq!(outcome(c, unkill).await, "", "{kill}");
     }
 }
+
+/// A cursor is stopped by a kill of the tenant its Bind named, whatever the client ran since
+/// for another tenant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_portal_is_stopped_by_a_kill_of_its_own_tenant() {
+    use common::raw::{query_message, Batch};
+    let f = Fixture::start(
+        "trusted_roles = [\"trustuser\"]\n[tenants.a]\npriority = \"normal\"\n[tenants.b]\npriority = \"normal\"\n",
+    );
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    let mut r = f.0.pw.client_as("trustuser", "app");
+    let exchange = |r: common::raw::Raw, bytes: Vec<u8>| {
+        let mut r = r;
+        r.send(&bytes);
+        answers(r)
+    };
+    let got;
+    (r, got) = exchange(r, query_message("BEGIN")).await;
+    assert_eq!(got, "CZ");
+    let bound = Batch::new()
+        .parse("", "SELECT generate_series(1, 10) /*tenant='a'*/", &[])
+        .bind("c1", "", &[]);
+    let got;
+    (r, got) = exchange(r, bound.execute("c1", 2).sync().bytes).await;
+    assert_eq!(got, "12DDsZ");
+    let got;
+    (r, got) = exchange(r, query_message("SELECT 1 /*tenant='b'*/")).await;
+    assert_eq!(got, "TDCZ");
+    assert_eq!(outcome(c, "KILL TENANT b FOR '1m'").await, "");
+    let fetch = || Batch::new().execute("c1", 2).sync().bytes;
+    let got;
+    (r, got) = exchange(r, fetch()).await;
+    assert_eq!(got, "DDsZ", "a kill of another tenant stopped a's cursor");
+    assert_eq!(outcome(c, "UNKILL TENANT b").await, "");
+    assert_eq!(outcome(c, "KILL TENANT a FOR '1m'").await, "");
+    let got;
+    (r, got) = exchange(r, fetch()).await;
+    assert_eq!(got, "E[53000]Z", "a kill of a let its cursor run on");
+    let (_, got) = exchange(r, query_message("ROLLBACK")).await;
+    assert_eq!(got, "CZ");
+}

@@ -119,10 +119,10 @@ pub(in crate::session) struct PortalWorks {
 }
 
 /// A portal as the gate last saw it bound.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 enum Portal {
     /// Not bound since the gate followed the client (or forgotten): an Execute of it runs
-    /// whatever it was.
+    /// whatever it was, stopped by no kill (it may end a transaction).
     #[default]
     Unknown,
     /// Its Bind was refused: the server skips an Execute of it with the rest of the batch.
@@ -130,8 +130,10 @@ enum Portal {
     Runs(PortalWork),
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct PortalWork {
+    /// The tenant of its Bind (a kill of that tenant stops it).
+    tenant: Arc<str>,
     fingerprint: Option<u64>,
     killable: bool,
 }
@@ -156,14 +158,22 @@ impl PortalWorks {
     }
 
     /// What an Execute of `portal` runs, as far as the gate knows.
-    fn of(&self, portal: &[u8]) -> Portal {
+    fn of(&self, portal: &[u8]) -> &Portal {
         match portal.is_empty() {
-            true => self.unnamed,
+            true => &self.unnamed,
             false => self
                 .named
                 .iter()
                 .find(|(n, _)| n == portal)
-                .map_or(Portal::Unknown, |(_, p)| *p),
+                .map_or(&Portal::Unknown, |(_, p)| p),
+        }
+    }
+
+    /// Binds went out that the gate did not read (no policy and no kill in force): what it
+    /// knew of the portals may be stale.
+    pub(in crate::session) fn forget(&mut self) {
+        if !matches!(self.unnamed, Portal::Unknown) || !self.named.is_empty() {
+            *self = PortalWorks::default();
         }
     }
 }
@@ -193,7 +203,7 @@ pub(in crate::session) struct GateState {
     /// Whether a kill stops the request admitted last (see `admitted_work`).
     admitted_killable: bool,
     /// What the client's portals run, by the Binds that passed the gate.
-    portals: PortalWorks,
+    pub portals: PortalWorks,
     /// Bytes at the front of the client's read buffer that passed the gate.
     gated: usize,
     /// The Parses that passed the gate and may not have gone out yet, by statement name.
@@ -1007,7 +1017,7 @@ impl Session {
                 tag::FUNCTION_CALL => Some(Work::Function),
                 tag::EXECUTE => {
                     self.note_execute(body);
-                    self.gate_execute(body, false);
+                    self.gate_execute(body);
                     None
                 }
                 _ => None,
@@ -1020,7 +1030,8 @@ impl Session {
                         let work = self.gate.admitted_work.take();
                         if span.tag == tag::BIND {
                             let killable = std::mem::take(&mut self.gate.admitted_killable);
-                            let made = v.is_none().then_some(PortalWork {
+                            let made = v.is_none().then(|| PortalWork {
+                                tenant: Arc::clone(&self.gate.tenant),
                                 fingerprint: work,
                                 killable,
                             });
@@ -1059,23 +1070,19 @@ impl Session {
     /// finds running), and a kill (not SOFT) made since that Bind refuses it, as one made
     /// while an admitted request waits does. `by_role`: without a policy, the role is the
     /// tenant and no statement is read.
-    fn gate_execute(&mut self, body: &[u8], by_role: bool) {
-        let (fingerprint, killable) = match self.gate.portals.of(portal_of(body)) {
-            Portal::Unknown => (None, true),
-            // (Refused once already, at its Bind.)
-            Portal::Refused => (None, false),
-            Portal::Runs(w) => (w.fingerprint, w.killable),
+    fn gate_execute(&mut self, body: &[u8]) {
+        let (tenant, fingerprint) = match self.gate.portals.of(portal_of(body)) {
+            Portal::Runs(w) if w.killable => (Some(Arc::clone(&w.tenant)), w.fingerprint),
+            Portal::Runs(w) => (None, w.fingerprint),
+            // (Refused once already, at its Bind; or not known, and perhaps a COMMIT.)
+            Portal::Refused | Portal::Unknown => (None, None),
         };
-        let hit = match killable && self.rt.gatekeeper.may_have_kills() {
-            true => {
-                let tenant = match by_role {
-                    true => Arc::from(self.user.as_str()),
-                    false => Arc::clone(&self.gate.tenant),
-                };
+        let hit = match (tenant, self.rt.gatekeeper.may_have_kills()) {
+            (Some(tenant), true) => {
                 let now = Instant::now();
                 self.killed_by(&tenant, fingerprint.map(Fingerprint), now, true)
             }
-            false => None,
+            _ => None,
         };
         self.gate.verdicts.push_back(Gated {
             hit: hit.map(|r| Box::new(refusal_hit(&r))),
@@ -2127,7 +2134,8 @@ impl Session {
             if let Some(kind) = kind {
                 let hit = kind.killable().then(|| self.killed_role(now)).flatten();
                 if span.tag == tag::BIND {
-                    let made = hit.is_none().then_some(PortalWork {
+                    let made = hit.is_none().then(|| PortalWork {
+                        tenant: Arc::from(self.user.as_str()),
                         fingerprint: None,
                         killable: kind.killable(),
                     });
@@ -2141,7 +2149,7 @@ impl Session {
                 });
             }
             if span.tag == tag::EXECUTE {
-                self.gate_execute(body, true);
+                self.gate_execute(body);
             }
             // Kept in step with the messages, as the gate's own reading keeps it: a policy
             // that comes with a reload before these go out reads on after them.

@@ -515,7 +515,11 @@ impl Session {
             let ready = match &governance {
                 Some(governance) => self.gate_chunk(io, chunk.len, governance).await?,
                 None if self.rt.gatekeeper.may_have_kills() => self.kill_chunk(&io.rbuf, chunk.len),
-                None => chunk.len,
+                None => {
+                    // (Its Binds go out unread.)
+                    self.gate.portals.forget();
+                    chunk.len
+                }
             };
             if ready == 0 {
                 // A request inside an open batch may wait for the answers to what went
@@ -1375,8 +1379,9 @@ fn own_cancel_error(
 }
 
 /// Tells a client that has waited query_wait_notify (for a server, a slot, a RESUME) of
-/// database `db` that it is queued: behind what it is still owed (`to_client`, sent with
-/// it), and never waiting on a client that reads nothing.
+/// database `db` that it is queued: behind what it is still owed (`to_client`), written as
+/// far as the socket takes it now; the rest goes with the client's next answers (a client
+/// that reads nothing while it sends is not waited on).
 async fn tell_queued(
     io: &mut ClientIo,
     to_client: &mut BytesMut,
@@ -1387,11 +1392,8 @@ async fn tell_queued(
         "00000",
         format!("No server connection available in {db} backend, client being queued"),
     );
-    let mut out = std::mem::take(to_client);
-    crate::wire::encode_notice(&mut out, &notice);
-    tokio::time::timeout(CLOSE_GRACE, io.send(&out))
-        .await
-        .map_err(|_| SessionError::Gone)??;
+    crate::wire::encode_notice(to_client, &notice);
+    poll_fn(|cx| Poll::Ready(flush(&mut io.stream, to_client, cx))).await?;
     Ok(())
 }
 
