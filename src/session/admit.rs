@@ -195,8 +195,8 @@ pub(in crate::session) struct GateState {
     /// The pass of the last request admitted, once it is done with: the next one is made in
     /// its allocation.
     spare_pass: Option<Pass>,
-    /// The verdicts on the requests (Query, Bind, FunctionCall) gated at the front of the
-    /// client's read buffer, in order.
+    /// The verdicts on the messages (Query, Bind, FunctionCall, Execute) gated at the front
+    /// of the client's read buffer, in order.
     pub verdicts: VecDeque<Gated>,
     /// The statement of the request admitted last, until its verdict is queued.
     admitted_work: Option<u64>,
@@ -1028,8 +1028,8 @@ impl Session {
                         // The Flush it may have waited for is spent.
                         self.gate.flush_sent = false;
                         let work = self.gate.admitted_work.take();
+                        let killable = std::mem::take(&mut self.gate.admitted_killable);
                         if span.tag == tag::BIND {
-                            let killable = std::mem::take(&mut self.gate.admitted_killable);
                             let made = v.is_none().then(|| PortalWork {
                                 tenant: Arc::clone(&self.gate.tenant),
                                 fingerprint: work,
@@ -1066,10 +1066,10 @@ impl Session {
         Ok(self.gate.gated)
     }
 
-    /// An Execute passed the gate: it runs what its portal's Bind did (what KILL STATEMENT
-    /// finds running), and a kill (not SOFT) made since that Bind refuses it, as one made
-    /// while an admitted request waits does. `by_role`: without a policy, the role is the
-    /// tenant and no statement is read.
+    /// An Execute passed the gate (under a policy, or while a kill may be in force without
+    /// one): it runs what its portal's Bind did (what KILL STATEMENT finds running), and a
+    /// kill (not SOFT) of the Bind's tenant or statement made since refuses it, as one made
+    /// while an admitted request waits does.
     fn gate_execute(&mut self, body: &[u8]) {
         let (tenant, fingerprint) = match self.gate.portals.of(portal_of(body)) {
             Portal::Runs(w) if w.killable => (Some(Arc::clone(&w.tenant)), w.fingerprint),
