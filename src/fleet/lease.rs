@@ -516,6 +516,23 @@ mod tests {
         grant.shares["acme"].amount
     }
 
+    /// A ledger of one resource shared in whole units (slots), `lane`, of `capacity`.
+    fn lane_ledger(capacity: f64) -> Ledger {
+        let mut ledger = Ledger::new(terms(), amounts(&[("lane", capacity)]));
+        ledger.whole.insert("lane".into());
+        ledger
+    }
+
+    /// `holder` reports wanting `want` of the lane and holding `using` at `at`, and receives
+    /// the grant; its amount.
+    fn lane_turn(ledger: &mut Ledger, holder: &mut Holder, at: u64, want: f64, using: f64) -> f64 {
+        let lane = |n: f64| amounts(&[("lane", n)]);
+        let report = holder.report(secs(at), lane(want), &lane(using));
+        let grant = ledger.answer(secs(at), &report).expect("answered");
+        assert!(holder.receive(&grant));
+        grant.shares["lane"].amount
+    }
+
     #[test]
     fn enough_for_everyone_gives_demand_plus_an_even_part_of_the_spare() {
         let mut ledger = Ledger::new(terms(), amounts(&[("acme", 10.0)]));
@@ -633,17 +650,10 @@ mod tests {
 
     #[test]
     fn a_cut_share_of_slots_still_counts_the_slots_held_until_they_are_given_back() {
-        let mut ledger = Ledger::new(terms(), amounts(&[("lane", 4.0)]));
-        ledger.whole.insert("lane".into());
-        let lane = |n: f64| amounts(&[("lane", n)]);
+        let mut ledger = lane_ledger(4.0);
         let mut a = Holder::new(1, 1, terms());
         let mut b = Holder::new(2, 1, terms());
-        let mut turn = |h: &mut Holder, at: u64, want: f64, using: f64| {
-            let report = h.report(secs(at), lane(want), &lane(using));
-            let grant = ledger.answer(secs(at), &report).expect("answered");
-            assert!(h.receive(&grant));
-            grant.shares["lane"].amount
-        };
+        let mut turn = |h: &mut Holder, at, want, using| lane_turn(&mut ledger, h, at, want, using);
         assert_eq!(turn(&mut a, 0, 4.0, 0.0), 4.0);
         assert_eq!(turn(&mut a, 1, 4.0, 4.0), 4.0);
         // b arrives: a's share is cut to half, but a still holds its four slots.
@@ -662,17 +672,10 @@ mod tests {
 
     #[test]
     fn slots_held_past_a_lease_and_its_fallback_are_still_counted() {
-        let mut ledger = Ledger::new(terms(), amounts(&[("lane", 4.0)]));
-        ledger.whole.insert("lane".into());
-        let lane = |n: f64| amounts(&[("lane", n)]);
+        let mut ledger = lane_ledger(4.0);
         let mut a = Holder::new(1, 1, terms());
         let mut b = Holder::new(2, 1, terms());
-        let mut turn = |h: &mut Holder, at: u64, want: f64, using: f64| {
-            let report = h.report(secs(at), lane(want), &lane(using));
-            let grant = ledger.answer(secs(at), &report).expect("answered");
-            assert!(h.receive(&grant));
-            grant.shares["lane"].amount
-        };
+        let mut turn = |h: &mut Holder, at, want, using| lane_turn(&mut ledger, h, at, want, using);
         assert_eq!(turn(&mut a, 0, 4.0, 0.0), 4.0);
         assert_eq!(turn(&mut a, 1, 4.0, 4.0), 4.0);
         // a's four slots are taken by transactions that outlast the grant's lease and
