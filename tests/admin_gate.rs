@@ -447,6 +447,21 @@ async fn kill_statement_in_a_pipeline_cancels_the_running_statement_only() {
     assert_eq!(got, "12E[57014]Z", "the running sleep was not cancelled");
 }
 
+/// `r` in a transaction with portal `c1` of `sql` bound, its first two rows read.
+async fn cursor_opened(mut r: common::raw::Raw, sql: &str) -> common::raw::Raw {
+    use common::raw::{query_message, Batch};
+    r.send(&query_message("BEGIN"));
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "CZ");
+    let bound = Batch::new().parse("", sql, &[]).bind("c1", "", &[]);
+    r.send(&bound.execute("c1", 2).sync().bytes);
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "12DDsZ", "{sql}");
+    r
+}
+
 /// A portal bound before a kill goes on only if the kill is SOFT: each later Execute of it
 /// (a cursor's next rows) is refused by one that is not, and what ends the transaction
 /// still runs.
@@ -472,15 +487,7 @@ async fn a_portal_bound_before_a_kill_is_stopped_at_its_next_execute() {
             true,
         ),
     ] {
-        r.send(&query_message("BEGIN"));
-        let got;
-        (r, got) = answers(r).await;
-        assert_eq!(got, "CZ");
-        let bound = Batch::new().parse("", series, &[]).bind("c1", "", &[]);
-        r.send(&bound.execute("c1", 2).sync().bytes);
-        let got;
-        (r, got) = answers(r).await;
-        assert_eq!(got, "12DDsZ", "{kill}");
+        r = cursor_opened(r, series).await;
         assert_eq!(outcome(c, kill).await, "", "{kill}");
         r.send(&fetch("c1"));
         let got;
@@ -495,6 +502,39 @@ async fn a_portal_bound_before_a_kill_is_stopped_at_its_next_execute() {
         assert_eq!(got, "CZ", "{kill}: what ends the transaction runs");
         assert_eq!(outcome(c, unkill).await, "", "{kill}");
     }
+}
+
+/// An Execute refused by a kill fails its batch: the server skips what follows it up to the
+/// Sync, and the gate neither admits nor counts it (SHOW STATEMENTS counts no run of it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_behind_a_refused_execute_in_its_batch_are_not_counted_as_run() {
+    use common::raw::Batch;
+    let f = Fixture::start(TENANT_POLICY);
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    let series = "SELECT generate_series(1, 10)";
+    let mut r = cursor_opened(f.0.pw.client_as("trustuser", "app"), series).await;
+    let kill = format!("KILL STATEMENT {} FOR '1m'", fingerprint(series));
+    assert_eq!(outcome(c, &kill).await, "");
+    let behind = "SELECT 40 + 2 AS behind";
+    let batch = Batch::new()
+        .execute("c1", 2)
+        .parse("", behind, &[])
+        .bind("", "", &[])
+        .execute("", 0)
+        .sync();
+    r.send(&batch.bytes);
+    let (_r, got) = answers(r).await;
+    assert_eq!(got, "E[53000]Z");
+    let rows = show(c, "SHOW STATEMENTS").await;
+    let counted: Vec<_> = rows
+        .iter()
+        .filter(|r| r["query"].as_deref().is_some_and(|q| q.contains("behind")))
+        .collect();
+    assert!(
+        counted.is_empty(),
+        "a skipped statement was counted as run: {counted:?}"
+    );
 }
 
 /// A cursor is stopped by a kill of the tenant its Bind named, whatever the client ran since

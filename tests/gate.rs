@@ -900,6 +900,32 @@ mod pipelines {
         assert_eq!(got, "1E[22012]Z", "{got}");
     }
 
+    /// A request the gate refuses inside a batch fails it: the server skips every request
+    /// up to the Sync, and the gate neither admits nor counts them (SHOW STATEMENTS counts no
+    /// run of a statement that never ran).
+    #[test]
+    fn requests_behind_a_refused_one_in_its_batch_are_not_counted_as_run() {
+        let policy = "[[rules]]\nrule = \"deny_ddl\"\n";
+        let f = gated(policy, "admin_users = admin\n");
+        let mut r = f.pw.client_as("trustuser", "app");
+        let mut m = extended_query("DROP TABLE small");
+        m.extend(extended_query("SELECT v FROM small WHERE id = 7"));
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();
+        assert!(got.starts_with("E[") && got.ends_with('Z'), "{got}");
+        assert!(
+            !got.contains("D["),
+            "the statement after the refusal ran: {got}"
+        );
+        let out = common::psql_at(f.pw.port, "admin", None, "pgward", "SHOW STATEMENTS");
+        let text = common::stdout_of(&out);
+        assert!(
+            !text.contains("FROM small WHERE"),
+            "a skipped statement was counted as run: {text}"
+        );
+    }
+
     /// Pricing a Query leaves the client's unnamed statement alone: a Bind of it (prepared
     /// in an earlier read) ahead of the Query in the same read still finds it.
     #[test]

@@ -1039,6 +1039,10 @@ impl Session {
                                 .portals
                                 .bound(portal_of(&io.rbuf[span.body()]), made);
                         }
+                        if v.is_some() && span.tag == tag::BIND {
+                            // Refused in its batch: the server skips everything up to the Sync.
+                            self.gate.skipping = true;
+                        }
                         self.gate.verdicts.push_back(Gated {
                             hit: v,
                             work,
@@ -1084,6 +1088,8 @@ impl Session {
             }
             _ => None,
         };
+        // A refused Execute fails its batch: the server skips everything up to the Sync.
+        self.gate.skipping |= hit.is_some();
         self.gate.verdicts.push_back(Gated {
             hit: hit.map(|r| Box::new(refusal_hit(&r))),
             work: fingerprint,
