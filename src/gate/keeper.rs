@@ -666,10 +666,19 @@ impl Gatekeeper {
 
     fn deliver(self: &Arc<Self>, granted: impl IntoIterator<Item = Granted<SlotWaiter>>) {
         for g in granted {
-            // A client that left drops the guard, and with it the slot.
-            let _ = g
-                .waiter
-                .send(SlotAnswer::Granted(g.pass, SlotGuard::new(self, g.slot)));
+            let answer = SlotAnswer::Granted(g.pass, SlotGuard::new(self, g.slot));
+            if let Err(answer) = g.waiter.send(answer) {
+                self.unclaimed(answer);
+            }
+        }
+    }
+
+    /// An answer whose client gave up its wait (it left, or its request ended otherwise): a
+    /// slot granted goes back, and what its request was charged before the wait is refunded.
+    fn unclaimed(self: &Arc<Self>, answer: SlotAnswer) {
+        if let SlotAnswer::Granted(mut pass, guard) = answer {
+            drop(guard);
+            self.refund(&mut pass);
         }
     }
 
@@ -719,7 +728,9 @@ impl Drop for Withdraw<'_> {
         if let Some(id) = self.id.take() {
             self.keeper.lock().withdraw(id, Instant::now());
             // A slot granted just before, not yet taken, goes back (outside the gate's lock).
-            drop(self.mailbox.close());
+            if let Some(answer) = self.mailbox.close() {
+                self.keeper.unclaimed(answer);
+            }
             self.keeper.wake.notify_one();
         }
     }
@@ -915,6 +926,42 @@ mod tests {
         assert!((keeper.charged_of("acme") - 1.0).abs() < 1e-6);
         assert!(keeper.try_acquire(&waiting).is_some(), "the slot is back");
     }
+    /// A wait given up as its slot comes (granted, not yet taken): the slot goes back, and
+    /// what the request was charged before its wait is refunded, as for a wait withdrawn.
+    #[test]
+    fn a_slot_granted_to_a_wait_given_up_is_not_charged() {
+        use std::future::Future;
+        use std::task::{Context, Waker};
+        let keeper = Gatekeeper::new();
+        let now = Instant::now();
+        let first = keeper.admit(&request(1, now), now, Some((PRICE, true)), None);
+        let Some(Ok((_, SlotLook::Taken(slot)))) = first.paid else {
+            panic!("a slot: {:?}", first.paid);
+        };
+        let second = keeper.admit(&request(2, now), now, Some((PRICE, true)), None);
+        let Decision::Admit(pass) = second.decision else {
+            panic!("admitted");
+        };
+        assert!((keeper.charged_of("acme") - 2.0 * PRICE.seconds).abs() < 1e-9);
+        let mailbox = Arc::new(SlotMailbox::default());
+        let mut acquire = Box::pin(keeper.acquire(pass, &mailbox, |_| Vec::new()));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(acquire.as_mut().poll(&mut cx).is_pending(), "it waits");
+        // The slot goes back and is granted to the wait, which is given up before it looks.
+        drop(slot);
+        drop(acquire);
+        assert!(
+            (keeper.charged_of("acme") - PRICE.seconds).abs() < 1e-9,
+            "charged for a slot it never took: {}",
+            keeper.charged_of("acme")
+        );
+        let third = keeper.admit(&request(3, now), now, None, None);
+        let Decision::Admit(third) = third.decision else {
+            panic!("admitted");
+        };
+        assert!(keeper.try_acquire(&third).is_some(), "the slot is back");
+    }
+
     /// Sessions on two threads take turns at two slots, a third of them giving up their wait
     /// at any moment (a slot may be on its way to them): every wait ends, and afterwards no
     /// slot is held and no ticket waits.
