@@ -537,6 +537,71 @@ async fn requests_behind_a_refused_execute_in_its_batch_are_not_counted_as_run()
     );
 }
 
+/// In session pooling the client's unnamed statement outlives a Bind of it that a kill
+/// refused inside a transaction (the server raised the refusal in its place): once the kill
+/// is lifted, the next Bind of it runs it, as on PostgreSQL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_bind_leaves_the_unnamed_statement_in_session_pooling() {
+    use common::raw::Batch;
+    let settings = "pool_mode = session\ndefault_pool_size = 4\nadmin_users = admin\n";
+    let f = Fixture(gated(TENANT_POLICY, settings));
+    let admin = f.console("admin").await;
+    let c = &admin.client;
+    let sql = "SELECT 41 + 1 AS unnamed";
+    let mut r = f.0.pw.client_as("trustuser", "app");
+    // Transaction control by named statements: a simple Query, or an unnamed Parse, would
+    // replace the unnamed statement on PostgreSQL itself.
+    let prepared = Batch::new()
+        .parse("", sql, &[])
+        .parse("b", "BEGIN", &[])
+        .parse("rb", "ROLLBACK", &[]);
+    r.send(&prepared.sync().bytes);
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "111Z");
+    let run = |statement: &str| Batch::new().bind("", statement, &[]).execute("", 0).sync();
+    let kill = format!("KILL STATEMENT {} FOR '1m'", fingerprint(sql));
+    assert_eq!(outcome(c, &kill).await, "");
+    for (statement, want) in [("b", "2CZ"), ("", "E[53000]Z"), ("rb", "2CZ")] {
+        r.send(&run(statement).bytes);
+        let got;
+        (r, got) = answers(r).await;
+        assert_eq!(got, want, "{statement}");
+    }
+    let unkill = format!("UNKILL STATEMENT {}", fingerprint(sql));
+    assert_eq!(outcome(c, &unkill).await, "");
+    r.send(&run("").bytes);
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "2DCZ", "the client's unnamed statement is gone");
+    // A Parse of it that fails drops it, as on PostgreSQL: nothing is prepared again.
+    r.send(
+        &Batch::new()
+            .parse("", "SELECT * FROM no_such_table", &[])
+            .sync()
+            .bytes,
+    );
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "E[42P01]Z");
+    r.send(&run("").bytes);
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "E[26000]Z");
+    // As does one pgward refuses itself.
+    r.send(&Batch::new().parse("", sql, &[]).sync().bytes);
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "1Z");
+    r.send(&Batch::new().parse("", "SELEC 1", &[]).sync().bytes);
+    let got;
+    (r, got) = answers(r).await;
+    assert_eq!(got, "E[42501]Z");
+    r.send(&run("").bytes);
+    let (_r, got) = answers(r).await;
+    assert_eq!(got, "E[26000]Z");
+}
+
 /// A cursor is stopped by a kill of the tenant its Bind named, whatever the client ran since
 /// for another tenant.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

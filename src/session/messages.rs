@@ -549,6 +549,12 @@ impl MessageContext<'_> {
         let types = parse.param_types().map_err(|_| malformed("Parse"))?;
         let (name, query) = (parse.name, parse.query);
         if let Some(hit) = self.refusal(query, None).or_else(|| self.reserved(query)) {
+            if name.is_empty() {
+                // PostgreSQL drops the unnamed statement before it reads the new text: the
+                // client has none now, whichever answers the refusal.
+                self.link.unnamed_ours = false;
+                self.link.unnamed_answered = false;
+            }
             return Ok(Some(self.refuse_in_batch(&hit)));
         }
         if name.is_empty() {
@@ -747,13 +753,14 @@ impl MessageContext<'_> {
     /// or one of pgward's own names): the name to use instead, which cannot exist, so the
     /// server answers 26000 as for any statement that does not exist.
     fn foreign_statement(&self, name: &[u8]) -> Option<Bytes> {
-        if !self.pooled {
-            return None;
-        }
         let foreign = if name.is_empty() {
+            // In session pooling too: a refusal pgward raised in a message's place left its
+            // own statement there, or one it answered itself left the client none.
             !self.link.unnamed_ours
         } else {
-            self.capacity.is_some() && name.starts_with(prepared::OWN_PREFIX.as_bytes())
+            self.pooled
+                && self.capacity.is_some()
+                && name.starts_with(prepared::OWN_PREFIX.as_bytes())
         };
         foreign.then(|| {
             let mut out = self.not_here.as_bytes().to_vec();
@@ -846,7 +853,9 @@ impl MessageContext<'_> {
         known: Option<Arc<Parsed>>,
         out: &mut BytesMut,
     ) -> Result<bool, Box<RuleHit>> {
-        if !name.is_empty() || !self.pooled || self.link.unnamed_ours {
+        // (In session pooling too: a refusal raised in a Bind's place leaves pgward's own
+        // statement there.)
+        if !name.is_empty() || self.link.unnamed_ours {
             return Ok(false);
         }
         let Some(parsed) = known else {
