@@ -905,11 +905,25 @@ mod pipelines {
     /// run of a statement that never ran).
     #[test]
     fn requests_behind_a_refused_one_in_its_batch_are_not_counted_as_run() {
+        behind_a_refusal(false);
+    }
+
+    /// The same where the rest of the batch comes in a later write, once pgward has answered
+    /// the refusal itself and drops what follows it.
+    #[test]
+    fn requests_behind_a_refused_one_in_a_later_write_are_not_counted_as_run() {
+        behind_a_refusal(true);
+    }
+
+    fn behind_a_refusal(split: bool) {
         let policy = "[[rules]]\nrule = \"deny_ddl\"\n";
         let f = gated(policy, "admin_users = admin\n");
         let mut r = f.pw.client_as("trustuser", "app");
-        let mut m = extended_query("DROP TABLE small");
-        m.extend(extended_query("SELECT v FROM small WHERE id = 7"));
+        r.send(&extended_query("DROP TABLE small"));
+        if split {
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        let mut m = extended_query("SELECT v FROM small WHERE id = 7");
         m.extend(sync_message());
         r.send(&m);
         let got = read_to_ready_within(&mut r, Duration::from_secs(10)).unwrap();

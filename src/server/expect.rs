@@ -306,6 +306,19 @@ impl Expected {
         self.skipping
     }
 
+    /// Whether a refusal pgward raised in the client's batch (in a refused message's place)
+    /// is owed its answer with no Sync sent behind it: the server fails there, and skips what
+    /// the client sends until its Sync.
+    pub fn raises_before_sync(&self) -> bool {
+        self.batch_open
+            && self
+                .queue
+                .iter()
+                .rev()
+                .take_while(|o| !matches!(o, Owed::Sync))
+                .any(|o| matches!(o, Owed::InternalExecute))
+    }
+
     /// One of pgward's own statements failed inside the client's open batch: the server
     /// skips what the client sends until its Sync.
     pub fn own_error_in_batch(&mut self) {
@@ -1007,11 +1020,8 @@ mod tests {
         );
     }
 
-    #[test]
-    fn a_refusal_raised_in_a_batch_answers_the_refused_parse() {
-        let mut q = Expected::default();
-        q.push(Owed::Bind);
-        q.push(Owed::Execute);
+    /// What a refusal raised in the client's batch owes: pgward's Parse, Bind and Execute.
+    fn push_raise(q: &mut Expected) {
         q.push(Owed::Parse {
             client: false,
             statement: None,
@@ -1021,6 +1031,14 @@ mod tests {
         });
         q.push(Owed::InternalBind);
         q.push(Owed::InternalExecute);
+    }
+
+    #[test]
+    fn a_refusal_raised_in_a_batch_answers_the_refused_parse() {
+        let mut q = Expected::default();
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        push_raise(&mut q);
         q.push(Owed::Bind);
         q.push(Owed::Execute);
         q.push(Owed::Sync);
@@ -1042,6 +1060,25 @@ mod tests {
         );
         feed(&mut q, b"Z");
         assert!(q.is_quiet());
+    }
+
+    /// A refusal raised in the batch fails it until the Sync sent behind it, answered or not.
+    #[test]
+    fn a_raised_refusal_is_known_to_fail_its_batch_up_to_its_sync() {
+        let mut q = Expected::default();
+        q.push(Owed::Bind);
+        q.push(Owed::Execute);
+        assert!(!q.raises_before_sync());
+        push_raise(&mut q);
+        q.push(Owed::Bind);
+        assert!(
+            q.raises_before_sync(),
+            "owed, the rest of the batch behind it"
+        );
+        q.push(Owed::Sync);
+        assert!(!q.raises_before_sync(), "a Sync went out behind it");
+        q.push(Owed::Bind);
+        assert!(!q.raises_before_sync(), "a later batch");
     }
 
     #[test]

@@ -983,7 +983,11 @@ impl Session {
             // Everything gated so far has gone out: the server's view of the batch is exact.
             let link = self.link.as_ref();
             self.gate.batch_open = link.is_some_and(|l| l.expected.batch_open());
-            self.gate.skipping = link.is_some_and(|l| l.expected.skipping());
+            // The server skips what comes up to the Sync after an error, and after a refusal
+            // pgward raised there that is not answered yet; pgward drops what follows one it
+            // answered itself.
+            self.gate.skipping = self.skip_to_sync
+                || link.is_some_and(|l| l.expected.skipping() || l.expected.raises_before_sync());
             let marks = self.gate.views.has_marks();
             if (self.gate.unsettled_all || !self.gate.unsettled.is_empty() || marks)
                 && self.answered_before_gated()
@@ -1017,7 +1021,8 @@ impl Session {
                 tag::FUNCTION_CALL => Some(Work::Function),
                 tag::EXECUTE => {
                     self.note_execute(body);
-                    self.gate_execute(body);
+                    // A refused Execute fails its batch: the server skips the rest of it.
+                    self.gate.skipping |= self.gate_execute(body);
                     None
                 }
                 _ => None,
@@ -1073,8 +1078,8 @@ impl Session {
     /// An Execute passed the gate (under a policy, or while a kill may be in force without
     /// one): it runs what its portal's Bind did (what KILL STATEMENT finds running), and a
     /// kill (not SOFT) of the Bind's tenant or statement made since refuses it, as one made
-    /// while an admitted request waits does.
-    fn gate_execute(&mut self, body: &[u8]) {
+    /// while an admitted request waits does. Whether it refused it.
+    fn gate_execute(&mut self, body: &[u8]) -> bool {
         let (tenant, fingerprint) = match self.gate.portals.of(portal_of(body)) {
             Portal::Runs(w) if w.killable => (Some(Arc::clone(&w.tenant)), w.fingerprint),
             Portal::Runs(w) => (None, w.fingerprint),
@@ -1088,13 +1093,13 @@ impl Session {
             }
             _ => None,
         };
-        // A refused Execute fails its batch: the server skips everything up to the Sync.
-        self.gate.skipping |= hit.is_some();
+        let refused = hit.is_some();
         self.gate.verdicts.push_back(Gated {
             hit: hit.map(|r| Box::new(refusal_hit(&r))),
             work: fingerprint,
             request: false,
         });
+        refused
     }
 
     fn note_parse(&mut self, body: &Bytes) {
@@ -2155,6 +2160,7 @@ impl Session {
                 });
             }
             if span.tag == tag::EXECUTE {
+                // (What the server skips is the policy's gate's to know: none reads here.)
                 self.gate_execute(body);
             }
             // Kept in step with the messages, as the gate's own reading keeps it: a policy
