@@ -940,6 +940,34 @@ mod pipelines {
         );
     }
 
+    /// A refusal of an unnamed Parse raised on the server in a batch that already failed is
+    /// skipped with the rest of it: the client's unnamed statement is still there, as on
+    /// PostgreSQL, which never reads a skipped Parse (session pooling).
+    #[test]
+    fn a_skipped_refusal_of_an_unnamed_parse_leaves_the_client_its_statement() {
+        let policy = "[[rules]]\nrule = \"deny_ddl\"\n";
+        let f = gated(policy, "pool_mode = session\n");
+        let mut r = f.pw.client_as("trustuser", "app");
+        let mut m = parse_message("", "SELECT 41 + 1");
+        m.extend(sync_message());
+        r.send(&m);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert_eq!(got, "1Z");
+        let failing = Batch::new()
+            .describe(b'S', "nope")
+            .parse("", "DROP TABLE small", &[])
+            .sync();
+        r.send(&failing.bytes);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert_eq!(got, "E[26000]Z");
+        let mut run = bind_message("");
+        run.extend(execute_message());
+        run.extend(sync_message());
+        r.send(&run);
+        let got = read_to_ready_within(&mut r, Duration::from_secs(5)).unwrap();
+        assert_eq!(got, "2D[42]CZ");
+    }
+
     /// Pricing a Query leaves the client's unnamed statement alone: a Bind of it (prepared
     /// in an earlier read) ahead of the Query in the same read still finds it.
     #[test]

@@ -549,9 +549,10 @@ impl MessageContext<'_> {
         let types = parse.param_types().map_err(|_| malformed("Parse"))?;
         let (name, query) = (parse.name, parse.query);
         if let Some(hit) = self.refusal(query, None).or_else(|| self.reserved(query)) {
-            if name.is_empty() {
+            if name.is_empty() && self.can_answer_alone(&hit) {
                 // PostgreSQL drops the unnamed statement before it reads the new text: the
-                // client has none now, whichever answers the refusal.
+                // client has none now. (A refusal raised on the server in its place says so
+                // by its own answers, and leaves the client's where the server skips it.)
                 self.link.unnamed_ours = false;
                 self.link.unnamed_answered = false;
             }
