@@ -237,6 +237,8 @@ pub struct Expected {
     /// An error in the extended protocol with no Sync sent yet: the server skips every
     /// message until the client's next Sync.
     skipping: bool,
+    /// A refusal pgward raised in the client's batch went out with no Sync behind it yet.
+    raised: bool,
     /// A message that creates or drops one of the client's statement names may still be
     /// owed an answer (see [`Expected::waits_for_name`]): set as one goes out, cleared once
     /// none is owed.
@@ -250,8 +252,13 @@ impl Expected {
             Owed::Sync => {
                 self.batch_open = false;
                 self.skipping = false;
+                self.raised = false;
             }
             Owed::Query | Owed::Synthetic { batch: false, .. } => {}
+            Owed::InternalExecute => {
+                self.batch_open = true;
+                self.raised = true;
+            }
             _ => self.batch_open = true,
         }
         if owed.owes_ready() {
@@ -307,16 +314,10 @@ impl Expected {
     }
 
     /// Whether a refusal pgward raised in the client's batch (in a refused message's place)
-    /// is owed its answer with no Sync sent behind it: the server fails there, and skips what
-    /// the client sends until its Sync.
+    /// went out with no Sync sent behind it: the server fails there, and skips what the
+    /// client sends until its Sync.
     pub fn raises_before_sync(&self) -> bool {
-        self.batch_open
-            && self
-                .queue
-                .iter()
-                .rev()
-                .take_while(|o| !matches!(o, Owed::Sync))
-                .any(|o| matches!(o, Owed::InternalExecute))
+        self.raised
     }
 
     /// One of pgward's own statements failed inside the client's open batch: the server
