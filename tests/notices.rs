@@ -54,7 +54,8 @@ fn a_queued_client_is_told_after_query_wait_notify() {
     assert_eq!(stdout_of(&out).trim(), "1", "{}", stderr_of(&out));
     assert!(
         stderr_of(&out).contains(
-            "NOTICE:  No server connection available in app backend, client being queued"
+            // PgBouncer's words, whatever the database.
+            "NOTICE:  No server connection available in postgres backend, client being queued"
         ),
         "stderr: {}",
         stderr_of(&out)
@@ -73,7 +74,7 @@ fn a_client_queued_by_the_gate_or_a_pause_is_told_after_query_wait_notify() {
         "default_pool_size = 1\nquery_wait_notify = 1\nadmin_users = admin\n",
     );
     let port = f.pw.port;
-    let queued = "NOTICE:  No server connection available in app backend, client being queued";
+    let queued = "NOTICE:  No server connection available in postgres backend, client being queued";
     let holder =
         thread::spawn(move || psql_at(port, "postgres", None, "app", "select pg_sleep(2.5)"));
     thread::sleep(Duration::from_millis(500));

@@ -2507,7 +2507,7 @@ impl Session {
         if let Ok(out) = reading_while(io, tokio::time::timeout(after, wait.as_mut())).await? {
             return Ok(out);
         }
-        super::tell_queued(io, &mut self.to_client, &self.pool.key.db).await?;
+        super::tell_queued(io, &mut self.to_client).await?;
         reading_while(io, wait).await
     }
 

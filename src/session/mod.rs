@@ -797,7 +797,7 @@ impl Session {
                         Checkout::Server(server, at) => break (server, at),
                         Checkout::Waiting(step) => {
                             checkout.set(self.hooks.checkout(&self.pool, step, None));
-                            tell_queued(io, &mut self.to_client, &self.pool.key.db).await?;
+                            tell_queued(io, &mut self.to_client).await?;
                         }
                     },
                     more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
@@ -1378,19 +1378,15 @@ fn own_cancel_error(
         .map(|c| c.error())
 }
 
-/// Tells a client that has waited query_wait_notify (for a server, a slot, a RESUME) of
-/// database `db` that it is queued: behind what it is still owed (`to_client`), written as
-/// far as the socket takes it now; the rest goes with the client's next answers (a client
-/// that reads nothing while it sends is not waited on).
-async fn tell_queued(
-    io: &mut ClientIo,
-    to_client: &mut BytesMut,
-    db: &str,
-) -> Result<(), SessionError> {
+/// Tells a client that has waited query_wait_notify (for a server, a slot, a RESUME) that it
+/// is queued, in PgBouncer's words (the same whatever the database): behind what it is still
+/// owed (`to_client`), written as far as the socket takes it now; the rest goes with the
+/// client's next answers (a client that reads nothing while it sends is not waited on).
+async fn tell_queued(io: &mut ClientIo, to_client: &mut BytesMut) -> Result<(), SessionError> {
     let notice = ErrorResponse::new(
         crate::wire::Severity::Notice,
         "00000",
-        format!("No server connection available in {db} backend, client being queued"),
+        "No server connection available in postgres backend, client being queued".to_string(),
     );
     crate::wire::encode_notice(to_client, &notice);
     poll_fn(|cx| Poll::Ready(flush(&mut io.stream, to_client, cx))).await?;
