@@ -926,6 +926,7 @@ mod tests {
         assert!((keeper.charged_of("acme") - 1.0).abs() < 1e-6);
         assert!(keeper.try_acquire(&waiting).is_some(), "the slot is back");
     }
+
     /// A wait given up as its slot comes (granted, not yet taken): the slot goes back, and
     /// what the request was charged before its wait is refunded, as for a wait withdrawn.
     #[test]

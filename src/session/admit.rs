@@ -2160,7 +2160,7 @@ impl Session {
                 });
             }
             if span.tag == tag::EXECUTE {
-                // (What the server skips is the policy's gate's to know: none reads here.)
+                // (Only the policy's gate follows what the server skips.)
                 self.gate_execute(body);
             }
             // Kept in step with the messages, as the gate's own reading keeps it: a policy

@@ -751,8 +751,9 @@ impl MessageContext<'_> {
 
     /// A statement name that would reach something this client did not prepare on this
     /// server (the unnamed statement of another transaction, which may be another client's,
-    /// or one of pgward's own names): the name to use instead, which cannot exist, so the
-    /// server answers 26000 as for any statement that does not exist.
+    /// or the one a refusal left, or one of pgward's own names): the name to use instead,
+    /// which cannot exist, so the server answers 26000 as for any statement that does not
+    /// exist.
     fn foreign_statement(&self, name: &[u8]) -> Option<Bytes> {
         let foreign = if name.is_empty() {
             // In session pooling too: a refusal pgward raised in a message's place left its
