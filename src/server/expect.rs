@@ -202,6 +202,9 @@ pub struct Skipped {
     /// A Parse of the unnamed statement (the client's, or one of pgward's own) failed or was
     /// skipped: the server's unnamed statement may not be the client's.
     pub unnamed_parse: bool,
+    /// The gate's places of the client's Parses of the unnamed statement that the server
+    /// skipped (not the one that failed): they dropped nothing there.
+    pub unnamed_skipped: Vec<u64>,
 }
 
 #[derive(Debug, thiserror::Error, Clone, PartialEq, Eq)]
@@ -683,6 +686,7 @@ impl Expected {
         let mut still_prepared = Vec::new();
         let mut reopened: Vec<Reopen> = Vec::new();
         let mut unnamed_parse = false;
+        let mut unnamed_skipped = Vec::new();
         if matches!(self.queue.front(), Some(Owed::Query)) {
             return (Route::Forward, Learned::Nothing);
         }
@@ -692,6 +696,8 @@ impl Expected {
         }
         // Everything up to the next Sync is skipped, a simple Query included: the server
         // answers nothing for it, not even ReadyForQuery.
+        // The first is the one that failed; the server skips the rest.
+        let mut failed = true;
         while let Some(head) = self.queue.front() {
             if matches!(head, Owed::Sync) {
                 break;
@@ -700,14 +706,22 @@ impl Expected {
             if skipped.as_ref().is_some_and(Owed::owes_ready) {
                 self.syncs -= 1;
             }
+            let was_failed = std::mem::take(&mut failed);
             match skipped {
                 Some(Owed::Parse {
                     statement,
                     client_name,
                     unnamed,
+                    defines,
                     ..
                 }) => {
                     unnamed_parse |= unnamed;
+                    if let (false, Some(d)) = (was_failed, defines) {
+                        // (Only the client's Parses define anything for the gate.)
+                        if d.name.is_empty() {
+                            unnamed_skipped.push(d.seq);
+                        }
+                    }
                     server_statements.extend(statement);
                     client_statements.extend(client_name);
                 }
@@ -743,6 +757,7 @@ impl Expected {
             && still_prepared.is_empty()
             && reopened.is_empty()
             && !unnamed_parse
+            && unnamed_skipped.is_empty()
         {
             return (Route::Forward, Learned::Nothing);
         }
@@ -754,6 +769,7 @@ impl Expected {
                 still_prepared,
                 reopened,
                 unnamed_parse,
+                unnamed_skipped,
             })),
         )
     }
@@ -929,12 +945,44 @@ mod tests {
                     still_prepared: vec![],
                     reopened: vec![],
                     unnamed_parse: false,
+                    unnamed_skipped: vec![],
                 }))
             )
         );
         assert_eq!(q.len(), 3, "only the Sync and the next batch remain");
         feed(&mut q, b"Z1Z");
         assert!(q.is_quiet());
+    }
+
+    #[test]
+    fn the_clients_parses_of_the_unnamed_statement_skipped_after_an_error_are_listed() {
+        let unnamed = |seq: u64| Owed::Parse {
+            client: true,
+            statement: None,
+            client_name: None,
+            defines: Some(Arc::new(Definition {
+                name: Bytes::new(),
+                parsed: Arc::new(crate::wire::Parsed::new(
+                    Bytes::from_static(b"SELECT 1"),
+                    Bytes::from_static(b"\0\0"),
+                )),
+                seq,
+            })),
+            unnamed: true,
+        };
+        let mut q = Expected::default();
+        // The first fails (it dropped the statement); the server skips the next two.
+        q.push(unnamed(1));
+        q.push(unnamed(2));
+        q.push(Owed::Bind);
+        q.push(unnamed(3));
+        q.push(Owed::Sync);
+        let r = feed(&mut q, b"E");
+        let Learned::Skipped(skipped) = &r[0].1 else {
+            panic!("{r:?}");
+        };
+        assert_eq!(skipped.unnamed_skipped, vec![2, 3]);
+        assert!(skipped.unnamed_parse);
     }
 
     #[test]
@@ -969,6 +1017,7 @@ mod tests {
                 still_prepared: vec![],
                 reopened: vec![],
                 unnamed_parse: false,
+                unnamed_skipped: vec![],
             }))
         );
         feed(&mut q, b"Z");
@@ -1142,6 +1191,7 @@ mod tests {
                 still_prepared: vec![],
                 reopened: vec![],
                 unnamed_parse: false,
+                unnamed_skipped: vec![],
             }))
         );
     }
@@ -1314,6 +1364,7 @@ mod tests {
                 still_prepared: vec![Bytes::from_static(b"pgw_old")],
                 reopened: vec![],
                 unnamed_parse: true,
+                unnamed_skipped: vec![],
             }))
         );
     }

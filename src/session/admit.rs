@@ -1114,15 +1114,17 @@ impl Session {
         // follow; pgward's statement map follows the others.
         let followed = name.is_empty() || !self.statements_mapped();
         let gate = &mut self.gate;
-        if name.is_empty() {
-            // PostgreSQL drops the unnamed statement before it reads the new text.
-            gate.views.drop_unnamed();
-        }
         let definition = followed.then(|| {
+            // PostgreSQL drops the unnamed statement before it reads the new text (unless it
+            // skips the Parse).
+            let seq = match name.is_empty() {
+                true => gate.views.parse_unnamed(),
+                false => gate.views.next_seq(),
+            };
             Arc::new(Definition {
                 name: name.clone(),
                 parsed: Arc::clone(&parsed),
-                seq: gate.views.next_seq(),
+                seq,
             })
         });
         gate.defines.push_back(definition);

@@ -212,8 +212,12 @@ pub(super) fn learn(
                 client_statements,
                 still_prepared,
                 reopened,
+                unnamed_skipped,
                 ..
             } = *skipped;
+            for seq in unnamed_skipped {
+                client.views.skipped_parse(seq);
+            }
             for name in &missing {
                 server_statements.remove(name);
             }
@@ -341,6 +345,13 @@ impl MessageContext<'_> {
             true => self.unnamed_uses.pop_front().flatten(),
             false => None,
         };
+        let skipped = *self.skip_to_sync || self.link.expected.skipping();
+        if let (true, Some(d)) = (skipped && tag != frontend::tag::SYNC, &definition) {
+            // A Parse PostgreSQL skips drops nothing.
+            if d.name.is_empty() {
+                self.views.skipped_parse(d.seq);
+            }
+        }
         if *self.skip_to_sync {
             // pgward refused a Parse itself: drop what PostgreSQL would skip.
             if tag == frontend::tag::SYNC {

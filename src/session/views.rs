@@ -75,7 +75,24 @@ pub struct Views {
     /// Parses went to the server that the gate did not see (the session ran without a
     /// policy for a while): a statement not in view may still exist.
     pub partial: bool,
+    /// The unnamed statement as it was before the Parses of it sent since, which the server
+    /// may yet skip (an error before them in their batch): put back if it skips them all.
+    before_parses: Option<BeforeParses>,
 }
+
+/// The unnamed statement before Parses of it that are not answered yet (see
+/// [`Views::parse_unnamed`]).
+#[derive(Debug)]
+struct BeforeParses {
+    unnamed: Option<(Arc<Parsed>, u64)>,
+    dropped: u64,
+    /// Each Parse's place in the gate's count.
+    parses: Vec<u64>,
+}
+
+/// Unanswered Parses of the unnamed statement followed, at most: past them the statement
+/// before them is given up (the view knows less, as for any drop).
+const MAX_BEFORE_PARSES: usize = 64;
 
 impl Views {
     /// The next place in the gate's count.
@@ -90,6 +107,8 @@ impl Views {
         if definition.name.is_empty() {
             if definition.seq > self.unnamed_dropped {
                 self.unnamed = Some((parsed, definition.seq));
+                // Nothing dropped it since: what it replaced is gone for good.
+                self.before_parses = None;
             }
             return;
         }
@@ -105,11 +124,46 @@ impl Views {
     }
 
     /// What follows the messages seen so far drops the unnamed statement, as PostgreSQL
-    /// does at a simple Query, at a Parse of it (even one that fails) and at a Close of it.
+    /// does at a simple Query and at a Close of it (a Parse of it: [`Views::parse_unnamed`]).
     /// (One the server skips drops nothing there: the view then knows less than it could.)
     pub fn drop_unnamed(&mut self) {
         self.unnamed = None;
         self.unnamed_dropped = self.seq;
+        self.before_parses = None;
+    }
+
+    /// A Parse of the unnamed statement follows the messages seen so far: it drops the
+    /// statement, unless the server skips it (PostgreSQL never reads a skipped Parse). Returns
+    /// the Parse's place in the gate's count, for [`Views::skipped_parse`].
+    pub fn parse_unnamed(&mut self) -> u64 {
+        let before = self.before_parses.take();
+        let mut before = before.unwrap_or_else(|| BeforeParses {
+            unnamed: self.unnamed.take(),
+            dropped: self.unnamed_dropped,
+            parses: Vec::new(),
+        });
+        self.drop_unnamed();
+        let seq = self.next_seq();
+        if before.parses.len() < MAX_BEFORE_PARSES {
+            before.parses.push(seq);
+            self.before_parses = Some(before);
+        }
+        seq
+    }
+
+    /// The server skipped the Parse of the unnamed statement at `seq` in the gate's count
+    /// (an error before it in its batch): when it skipped every Parse of it since the
+    /// statement last known, that statement is the unnamed one again.
+    pub fn skipped_parse(&mut self, seq: u64) {
+        let Some(before) = self.before_parses.as_mut() else {
+            return;
+        };
+        before.parses.retain(|s| *s != seq);
+        if before.parses.is_empty() {
+            let before = self.before_parses.take().expect("looked at above");
+            self.unnamed = before.unnamed;
+            self.unnamed_dropped = before.dropped;
+        }
     }
 
     /// The unnamed statement, as the server last created it.
@@ -164,6 +218,7 @@ impl Views {
         self.partial = true;
         // The answers to Parses sent so far define nothing.
         self.forgot = self.seq;
+        self.before_parses = None;
         if !self.named.is_empty() || !self.touched.is_empty() || self.unnamed.is_some() {
             self.touched.clear();
             self.named.clear();
@@ -283,6 +338,51 @@ mod tests {
         let third = definition(&mut views, "", "SELECT 3");
         views.commit(&third);
         assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 3"[..]));
+    }
+
+    fn unnamed_parse(views: &mut Views, text: &'static str) -> Definition {
+        let seq = views.parse_unnamed();
+        Definition {
+            name: Bytes::new(),
+            parsed: Arc::new(Parsed::new(
+                Bytes::from_static(text.as_bytes()),
+                Bytes::from_static(b"\0\0"),
+            )),
+            seq,
+        }
+    }
+
+    #[test]
+    fn parses_of_the_unnamed_statement_that_the_server_skips_drop_nothing() {
+        let mut views = Views::default();
+        let first = unnamed_parse(&mut views, "SELECT 1");
+        views.commit(&first);
+        // Two Parses skipped: the first statement again, once both are known skipped.
+        let two = unnamed_parse(&mut views, "SELECT 2");
+        let three = unnamed_parse(&mut views, "SELECT 3");
+        assert_eq!(views.unnamed(), None);
+        views.skipped_parse(three.seq);
+        assert_eq!(views.unnamed(), None, "the other may still run");
+        views.skipped_parse(two.seq);
+        assert_eq!(text(views.unnamed()).as_deref(), Some(&b"SELECT 1"[..]));
+        // One that failed (not skipped) dropped it; a skip after it brings nothing back.
+        let _failed = unnamed_parse(&mut views, "SELEC 4");
+        let skipped = unnamed_parse(&mut views, "SELECT 5");
+        views.skipped_parse(skipped.seq);
+        assert_eq!(views.unnamed(), None);
+        // One answered replaces it for good, and a simple Query drops it for good.
+        let six = unnamed_parse(&mut views, "SELECT 6");
+        views.commit(&six);
+        let seven = unnamed_parse(&mut views, "SELECT 7");
+        views.drop_unnamed();
+        views.skipped_parse(seven.seq);
+        assert_eq!(views.unnamed(), None, "the Query dropped it");
+        let eight = unnamed_parse(&mut views, "SELECT 8");
+        views.commit(&eight);
+        let nine = unnamed_parse(&mut views, "SELECT 9");
+        views.forget();
+        views.skipped_parse(nine.seq);
+        assert_eq!(views.unnamed(), None, "forgotten");
     }
 
     #[test]
