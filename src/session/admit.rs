@@ -2161,9 +2161,20 @@ impl Session {
                     request: true,
                 });
             }
-            if span.tag == tag::EXECUTE {
-                // (Only the policy's gate follows what the server skips.)
-                self.gate_execute(body);
+            // The batch's marks are kept whichever gate reads it: a policy that comes with a
+            // reload before these go out reads on after them (with none left from before a
+            // Sync). Only the policy's gate marks what the server skips.
+            match span.tag {
+                tag::EXECUTE => {
+                    self.gate_execute(body);
+                    self.gate.batch_open = true;
+                }
+                tag::SYNC => {
+                    self.gate.batch_open = false;
+                    self.gate.skipping = false;
+                }
+                tag::PARSE | tag::BIND | tag::DESCRIBE | tag::CLOSE => self.gate.batch_open = true,
+                _ => {}
             }
             // Kept in step with the messages, as the gate's own reading keeps it: a policy
             // that comes with a reload before these go out reads on after them.
