@@ -724,3 +724,23 @@ fn a_later_bind_of_a_name_waits_for_what_the_server_did_with_it() {
         assert_eq!(got, expected, "pgward, then PostgreSQL");
     }
 }
+
+/// A second Parse of a name the client has is refused as PostgreSQL refuses it, in the
+/// client's words: the error names the client's statement, not pgward's name for it.
+#[test]
+fn a_second_parse_of_a_name_is_refused_in_the_clients_words() {
+    let pg = Postgres::start();
+    let pw = Pgward::transaction_pool(&pg, TWO_STATEMENTS);
+    let twice = |client: &mut Raw| {
+        let first = [parse_message("s1", "SELECT 1"), sync_message()].concat();
+        let answer = client.exchange_within(&first, 3 * SECOND, "the first Parse");
+        assert!(first_error(&answer).is_none(), "{}", describe(&answer));
+        let second = [parse_message("s1", "SELECT 2"), sync_message()].concat();
+        let answer = client.exchange_within(&second, 3 * SECOND, "the second Parse");
+        let error = first_error(&answer).expect("an error");
+        (error.code().to_string(), error.message().to_string())
+    };
+    let expected = twice(&mut pg.client());
+    assert_eq!(expected.0, "42P05", "PostgreSQL's answer: {expected:?}");
+    assert_eq!(twice(&mut pw.client()), expected, "pgward, then PostgreSQL");
+}

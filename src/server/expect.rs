@@ -49,6 +49,9 @@ pub enum Owed {
         defines: Option<Arc<Definition>>,
         /// A Parse of the unnamed statement (the client's, or pgward's own).
         unnamed: bool,
+        /// A second Parse of a name the client has: the server's refusal (42P05) names
+        /// pgward's statement, and is worded for the client's name (see [`Renamed`]).
+        renamed: Option<Box<Renamed>>,
     },
     /// BindComplete.
     Bind,
@@ -87,6 +90,13 @@ pub enum Owed {
         batch: bool,
         reopens: Option<Box<Reopen>>,
     },
+}
+
+/// The client's name of a statement the server knows by pgward's (`ours`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Renamed {
+    pub client: Bytes,
+    pub ours: Bytes,
 }
 
 /// A client's statement dropped by a Close or DEALLOCATE that pgward answers itself: its
@@ -288,6 +298,17 @@ impl Expected {
     /// [`Expected::waits_for_name`]).
     pub fn names_changing(&self) -> bool {
         self.names_changing
+    }
+
+    /// The client's name of the statement whose second Parse the server answers next (see
+    /// [`Renamed`]).
+    pub fn renamed_next(&self) -> Option<&Renamed> {
+        match self.queue.front() {
+            Some(Owed::Parse {
+                renamed: Some(r), ..
+            }) => Some(r),
+            _ => None,
+        }
     }
 
     /// Whether the message at the head of the queue is a Parse of the unnamed statement, and
@@ -800,6 +821,7 @@ mod tests {
             client_name: None,
             defines: None,
             unnamed: true,
+            renamed: None,
         }
     }
 
@@ -810,6 +832,7 @@ mod tests {
             client_name: client.map(|c| Bytes::from_static(c.as_bytes())),
             defines: None,
             unnamed: false,
+            renamed: None,
         }
     }
 
@@ -855,6 +878,7 @@ mod tests {
             client_name: None,
             defines: None,
             unnamed: true,
+            renamed: None,
         });
         q.push(Owed::Bind);
         q.push(Owed::Execute);
@@ -969,6 +993,7 @@ mod tests {
                 seq,
             })),
             unnamed: true,
+            renamed: None,
         };
         let mut q = Expected::default();
         // The first fails (it dropped the statement); the server skips the next two.
@@ -1078,6 +1103,7 @@ mod tests {
             client_name: None,
             defines: None,
             unnamed: true,
+            renamed: None,
         });
         q.push(Owed::InternalBind);
         q.push(Owed::InternalExecute);

@@ -17,7 +17,7 @@ use crate::net::Stream;
 use crate::params::{ParamSet, Tracked};
 use crate::wire::{self, Backend, ErrorFields, Frame, TxStatus, WireError};
 
-pub use expect::{Definition, Desync, Expected, Learned, Owed, Reopen, Route, Skipped};
+pub use expect::{Definition, Desync, Expected, Learned, Owed, Renamed, Reopen, Route, Skipped};
 pub use login::connect;
 pub use lookup::{OwnStatement, TextRow};
 pub use statements::ServerStatements;

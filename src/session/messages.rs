@@ -15,7 +15,7 @@ use crate::client::SessionError;
 use crate::params::{ParamSet, Tracked};
 use crate::policy::RuleHit;
 use crate::server::{
-    Definition, Expected, Learned, Owed, Reopen, Route, ServerStatements, Skipped,
+    Definition, Expected, Learned, Owed, Renamed, Reopen, Route, ServerStatements, Skipped,
 };
 use crate::wire::frontend::target;
 use crate::wire::{
@@ -62,6 +62,33 @@ pub(super) fn foreign_statement_error(body: &[u8], not_here: &str) -> Option<Byt
             None => Some(Cow::Borrowed(value)),
         },
         field::FILE | field::LINE | field::ROUTINE if unnamed => None,
+        _ => Some(Cow::Borrowed(value)),
+    });
+    Some(out)
+}
+
+/// The server's refusal (42P05) of a second Parse of a name the client has, which pgward sent
+/// under its own name (see [`Renamed`]): worded for the client's name, as PostgreSQL words
+/// it. None for any other error.
+pub(super) fn renamed_error(body: &[u8], renamed: &Renamed) -> Option<BytesMut> {
+    use backend::field;
+    let code = wire::ErrorFields::find(body, field::CODE)?;
+    if code != sqlstate::DUPLICATE_PSTATEMENT.as_bytes() {
+        return None;
+    }
+    let message = wire::ErrorFields::find(body, field::MESSAGE)?;
+    memchr::memmem::find(message, &renamed.ours)?;
+    let mut out = BytesMut::new();
+    wire::encode_error_reworded(&mut out, body, |kind, value| match kind {
+        field::MESSAGE => match memchr::memmem::find(value, &renamed.ours) {
+            Some(at) => {
+                let mut reworded = value[..at].to_vec();
+                reworded.extend_from_slice(&renamed.client);
+                reworded.extend_from_slice(&value[at + renamed.ours.len()..]);
+                Some(Cow::Owned(reworded))
+            }
+            None => Some(Cow::Borrowed(value)),
+        },
         _ => Some(Cow::Borrowed(value)),
     });
     Some(out)
@@ -582,6 +609,7 @@ impl MessageContext<'_> {
                 client_name: None,
                 unnamed: name.is_empty(),
                 defines: definition,
+                renamed: None,
             });
             return Ok(None);
         };
@@ -599,13 +627,20 @@ impl MessageContext<'_> {
                 Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
             };
             self.counters.add_server_parse();
-            out.extend_from_slice(&here.as_ref().unwrap_or(&existing).parse);
+            let sent = here.as_ref().unwrap_or(&existing);
+            out.extend_from_slice(&sent.parse);
+            // Its 42P05 names pgward's statement: worded for the client's name.
+            let renamed = Renamed {
+                client: Bytes::copy_from_slice(name),
+                ours: sent.server_name.clone(),
+            };
             self.link.expected.push(Owed::Parse {
                 client: true,
                 statement: None,
                 client_name: None,
                 unnamed: false,
                 defines: None,
+                renamed: Some(Box::new(renamed)),
             });
             return Ok(Some(out));
         }
@@ -648,6 +683,7 @@ impl MessageContext<'_> {
                 client_name: Some(client_name),
                 unnamed: false,
                 defines: None,
+                renamed: None,
             });
             wire::encode_close(&mut out, target::STATEMENT, probe);
             self.link.expected.push(Owed::Close {
@@ -672,6 +708,7 @@ impl MessageContext<'_> {
             client_name: Some(client_name),
             unnamed: false,
             defines: None,
+            renamed: None,
         });
         Ok(Some(out))
     }
@@ -699,6 +736,7 @@ impl MessageContext<'_> {
                 client_name: None,
                 unnamed: true,
                 defines: None,
+                renamed: None,
             },
             Owed::InternalBind,
             Owed::InternalExecute,
@@ -885,6 +923,7 @@ impl MessageContext<'_> {
             client_name: None,
             unnamed: true,
             defines: None,
+            renamed: None,
         });
         Ok(true)
     }
@@ -930,6 +969,7 @@ impl MessageContext<'_> {
             client_name: None,
             unnamed: false,
             defines: None,
+            renamed: None,
         });
         Ok(here)
     }
@@ -1141,5 +1181,31 @@ mod tests {
         assert_eq!(messages.len(), 2);
         assert_eq!(messages[0].1, other.as_bytes());
         assert_eq!(messages[1].1, b"x");
+    }
+
+    #[test]
+    fn a_refusal_of_a_second_parse_names_the_clients_statement() {
+        use backend::field;
+        let renamed = Renamed {
+            client: Bytes::from_static(b"s1"),
+            ours: Bytes::from_static(NAME.as_bytes()),
+        };
+        let message = |m: &BytesMut| field_of(&fields_of(m), field::MESSAGE).map(<[u8]>::to_vec);
+        let english = format!("prepared statement \"{NAME}\" already exists");
+        let reworded = renamed_error(&error("42P05", &english), &renamed).expect("reworded");
+        let want = b"prepared statement \"s1\" already exists".to_vec();
+        assert_eq!(message(&reworded), Some(want));
+        // In another language, the name is put in its place.
+        let german = format!("Prepared Statement \u{bb}{NAME}\u{ab} existiert bereits");
+        let reworded = renamed_error(&error("42P05", &german), &renamed).expect("reworded");
+        let want = "Prepared Statement \u{bb}s1\u{ab} existiert bereits"
+            .as_bytes()
+            .to_vec();
+        assert_eq!(message(&reworded), Some(want));
+        // Any other error, or one not naming pgward's statement, is left alone.
+        assert!(renamed_error(&error("42601", &english), &renamed).is_none());
+        let other = "prepared statement \"s2\" already exists";
+        assert!(renamed_error(&error("42P05", other), &renamed).is_none());
+        assert!(renamed_error(b"not an error body", &renamed).is_none());
     }
 }

@@ -957,6 +957,10 @@ impl Session {
                     .or_else(|| {
                         messages::foreign_statement_error(body, &self.rt.gatekeeper.own.not_here)
                     })
+                    .or_else(|| {
+                        let renamed = link.expected.renamed_next()?;
+                        messages::renamed_error(body, renamed)
+                    })
                 })
                 .flatten();
             let mut client = ClientSide {
@@ -967,7 +971,8 @@ impl Session {
             };
             if let Some(replacement) = replacement {
                 // PostgreSQL's answer to pgward's cancel: say why pgward cancelled; or its
-                // answer about a statement pgward renamed: in the client's words.
+                // answer about a statement pgward renamed (or names by its own name): in the
+                // client's words.
                 let route = server_message(link, &mut client, span, None)?;
                 let out = kept.get_or_insert_with(BytesMut::new);
                 out.extend_from_slice(&link.server.rbuf[run_start..offset]);

@@ -22,6 +22,8 @@ pub const IDLE_IN_TRANSACTION_TIMEOUT: &str = "25P03";
 pub const TRANSACTION_TIMEOUT: &str = "25P04";
 /// Class 26: invalid_sql_statement_name (a prepared statement that does not exist).
 pub const UNDEFINED_PSTATEMENT: &str = "26000";
+/// A prepared statement of that name exists already.
+pub const DUPLICATE_PSTATEMENT: &str = "42P05";
 /// Class 28: invalid_authorization_specification.
 pub const INVALID_AUTHORIZATION: &str = "28000";
 /// Class 28: invalid_password.
