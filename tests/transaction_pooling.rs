@@ -424,3 +424,50 @@ fn a_long_batch_of_pgward_s_own_answers_still_moves() {
     assert_eq!(error_code(&answers), "", "an error");
     assert_eq!(answers.iter().filter(|m| m.tag == b'3').count(), closes);
 }
+
+/// Without a policy, while a kill is in force (the gate reads the messages for kills alone),
+/// then with a policy a reload brings: a Bind of the unnamed statement prepared before is not
+/// taken for the text of a Parse of it that the server skipped. A kill of that text's
+/// statement does not stop it (the server runs the statement it had); the gate knows no
+/// statement from before the policy.
+#[test]
+fn a_policy_from_a_reload_does_not_take_a_skipped_parses_text() {
+    use pgward::sql::{Analyzer, Depth, ParseContext};
+    let pg = Postgres::start();
+    let pw = Pgward::trusting(&pg, "pool_mode = session\nadmin_users = admin\n", "");
+    let console = |sql: &str| {
+        let out = common::psql_at(pw.port, "admin", None, "pgward", sql);
+        assert!(out.status.success(), "{sql}: {}", common::stderr_of(&out));
+    };
+    console("KILL TENANT postgres FOR '1m'");
+    let mut r = pw.client_as("trustuser", "app");
+    let run = Batch::new().bind("", "", &[]).execute("", 0).sync().bytes;
+    let first = Batch::new()
+        .parse("", "SELECT 41 + 1", &[])
+        .bind("", "", &[])
+        .execute("", 0)
+        .sync();
+    let answer = r.exchange_within(&first.bytes, 3 * SECOND, "the first statement");
+    assert!(first_error(&answer).is_none(), "{}", describe(&answer));
+    let skipped = Batch::new()
+        .describe(b'S', "nope")
+        .parse("", "SELECT 'skipped'", &[])
+        .sync();
+    let answer = r.exchange_within(&skipped.bytes, 3 * SECOND, "the skipped Parse");
+    assert_eq!(error_code(&answer), "26000", "{}", describe(&answer));
+    let dir = tempfile::tempdir().expect("a directory");
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(&policy, "[tenants.acme]\nroles = [\"trustuser\"]\n").expect("the policy");
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("the ini");
+    let line = format!("policy_file = {}\n", policy.display());
+    std::fs::write(&pw.ini_path, format!("{ini}{line}")).expect("the ini");
+    pw.reload_and_wait();
+    let skipped_statement = Analyzer::new(Depth::Shape, 4)
+        .analyze(b"SELECT 'skipped'", &ParseContext::server_defaults())
+        .fingerprint_hex();
+    console(&format!("KILL STATEMENT {skipped_statement} FOR '1m'"));
+    let answer = r.exchange_within(&run, 3 * SECOND, "the Bind under the policy");
+    assert!(first_error(&answer).is_none(), "{}", describe(&answer));
+    let row = answer.iter().find(|m| m.tag == b'D');
+    assert_eq!(row.and_then(|m| m.first_column()).as_deref(), Some("42"));
+}

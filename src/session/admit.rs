@@ -979,22 +979,7 @@ impl Session {
         // Under a policy the runs are counted (SHOW STATEMENTS, the unusual minutes, the
         // traffic log), even when `max_statement_stats = 0` keeps no row of them.
         self.gate.stats_on = true;
-        if self.gate.gated == 0 {
-            // Everything gated so far has gone out: the server's view of the batch is exact.
-            let link = self.link.as_ref();
-            self.gate.batch_open = link.is_some_and(|l| l.expected.batch_open());
-            // The server skips what comes up to the Sync after an error, and after a refusal
-            // pgward raised there that is not answered yet; pgward drops what follows one it
-            // answered itself.
-            self.gate.skipping = self.skip_to_sync
-                || link.is_some_and(|l| l.expected.skipping() || l.expected.raises_before_sync());
-            let marks = self.gate.views.has_marks();
-            if (self.gate.unsettled_all || !self.gate.unsettled.is_empty() || marks)
-                && self.answered_before_gated()
-            {
-                self.gate.settle_names();
-            }
-        }
+        self.fresh_marks();
         while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
             // Read in place; only what the gate keeps (a Parse's text and types, a Query's
             // text, a Bind's values) is copied out of the read buffer.
@@ -1073,6 +1058,27 @@ impl Session {
             self.gate.gated = span.end;
         }
         Ok(self.gate.gated)
+    }
+
+    /// When everything gated so far has gone out, the batch's marks are read again from the
+    /// server's view, which is exact then (whichever gate read what went before).
+    fn fresh_marks(&mut self) {
+        if self.gate.gated != 0 {
+            return;
+        }
+        let link = self.link.as_ref();
+        self.gate.batch_open = link.is_some_and(|l| l.expected.batch_open());
+        // The server skips what comes up to the Sync after an error, and after a refusal
+        // pgward raised there that is not answered yet; pgward drops what follows one it
+        // answered itself.
+        self.gate.skipping = self.skip_to_sync
+            || link.is_some_and(|l| l.expected.skipping() || l.expected.raises_before_sync());
+        let marks = self.gate.views.has_marks();
+        if (self.gate.unsettled_all || !self.gate.unsettled.is_empty() || marks)
+            && self.answered_before_gated()
+        {
+            self.gate.settle_names();
+        }
     }
 
     /// An Execute passed the gate (under a policy, or while a kill may be in force without
@@ -2115,6 +2121,7 @@ impl Session {
     /// killed. Returns how many bytes may go.
     pub(super) fn kill_chunk(&mut self, rbuf: &[u8], len: usize) -> usize {
         let now = Instant::now();
+        self.fresh_marks();
         while let Some(span) = frame_at(&rbuf[..len], self.gate.gated) {
             let body = &rbuf[span.body()];
             let kind = match span.tag {
@@ -2172,6 +2179,7 @@ impl Session {
                 tag::SYNC => {
                     self.gate.batch_open = false;
                     self.gate.skipping = false;
+                    self.gate.end_batch();
                 }
                 tag::PARSE | tag::BIND | tag::DESCRIBE | tag::CLOSE => self.gate.batch_open = true,
                 _ => {}
