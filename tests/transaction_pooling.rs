@@ -425,6 +425,69 @@ fn a_long_batch_of_pgward_s_own_answers_still_moves() {
     assert_eq!(answers.iter().filter(|m| m.tag == b'3').count(), closes);
 }
 
+/// Without a policy a kill reads each Bind as the statement it runs: a name prepared again in
+/// the same write (behind a Close of it and a Sync) is its new text, not the one pgward mapped
+/// for it before; and a ROLLBACK prepared after the kill still ends the killed role's
+/// transaction, in session pooling too, where pgward keeps no map of the names.
+#[test]
+fn without_a_policy_a_kill_reads_a_bind_as_its_latest_parse() {
+    let pg = Postgres::start();
+    for mode in ["transaction", "session"] {
+        let pw = Pgward::trusting(
+            &pg,
+            &format!("pool_mode = {mode}\nadmin_users = admin\n"),
+            "",
+        );
+        let mut r = pw.client_as("trustuser", "app");
+        r.query("BEGIN").expect("BEGIN");
+        let kill = "KILL TENANT trustuser FOR '1m'";
+        let out = common::psql_at(pw.port, "admin", None, "pgward", kill);
+        assert!(out.status.success(), "{}", common::stderr_of(&out));
+        let prepared = Batch::new().parse("s", "ROLLBACK", &[]).sync();
+        let answer = r.exchange_within(&prepared.bytes, 3 * SECOND, "the Parse");
+        assert!(
+            first_error(&answer).is_none(),
+            "{mode}: {}",
+            describe(&answer)
+        );
+        let again = Batch::new()
+            .close(b'S', "s")
+            .parse("s", "SELECT pg_sleep(0)", &[])
+            .sync()
+            .bind("", "s", &[])
+            .execute("", 0)
+            .sync();
+        r.send(&again.bytes);
+        let answer = r.until_ready_within(3 * SECOND).expect("the first batch");
+        assert!(
+            first_error(&answer).is_none(),
+            "{mode}: {}",
+            describe(&answer)
+        );
+        let answer = r.until_ready_within(3 * SECOND).expect("the second batch");
+        assert_eq!(
+            error_code(&answer),
+            "53000",
+            "{mode}: {}",
+            describe(&answer)
+        );
+        let rollback = Batch::new().parse("r", "ROLLBACK", &[]).sync();
+        let answer = r.exchange_within(&rollback.bytes, 3 * SECOND, "the Parse of ROLLBACK");
+        assert!(
+            first_error(&answer).is_none(),
+            "{mode}: {}",
+            describe(&answer)
+        );
+        let run = Batch::new().bind("", "r", &[]).execute("", 0).sync();
+        let answer = r.exchange_within(&run.bytes, 3 * SECOND, "ROLLBACK");
+        assert!(
+            first_error(&answer).is_none(),
+            "{mode}: {}",
+            describe(&answer)
+        );
+    }
+}
+
 /// Without a policy, while a kill is in force (the gate reads the messages for kills alone),
 /// then with a policy a reload brings: a Bind of the unnamed statement prepared before is not
 /// taken for the text of a Parse of it that the server skipped. A kill of that text's

@@ -261,6 +261,9 @@ pub(in crate::session) struct GateState {
     /// A message of the batch failed and no Sync has passed the gate since: the server skips
     /// every request up to the next one.
     skipping: bool,
+    /// Messages went out that the policy's gate did not read (no policy in force, kills
+    /// alone or nothing): the Parses noted meanwhile are no record of a batch for it.
+    pub lapsed: bool,
     /// DDL or ANALYZE ran: the database's cached plans are dropped at the end of each run
     /// until the transaction is over (its changes count only once it commits).
     pub stale_plans: bool,
@@ -683,6 +686,15 @@ impl GateState {
         self.forget_deferred();
     }
 
+    /// The policy's gate reads on after messages it did not read: what a name parsed since
+    /// holds is known from the server's answers alone (the kill-only path keeps the last
+    /// Parse of each name, across Syncs and whether or not the server ran it).
+    fn lapse_ended(&mut self) {
+        self.batch_parses.clear();
+        self.unsettled.clear();
+        self.unsettled_all = true;
+    }
+
     /// A Sync passed the gate: the names parsed in its batch are settled by the answers.
     fn end_batch(&mut self) {
         if self.batch_parses.is_empty() {
@@ -979,6 +991,9 @@ impl Session {
         // Under a policy the runs are counted (SHOW STATEMENTS, the unusual minutes, the
         // traffic log), even when `max_statement_stats = 0` keeps no row of them.
         self.gate.stats_on = true;
+        if std::mem::take(&mut self.gate.lapsed) {
+            self.gate.lapse_ended();
+        }
         self.fresh_marks();
         while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
             // Read in place; only what the gate keeps (a Parse's text and types, a Query's
@@ -2121,6 +2136,7 @@ impl Session {
     /// killed. Returns how many bytes may go.
     pub(super) fn kill_chunk(&mut self, rbuf: &[u8], len: usize) -> usize {
         let now = Instant::now();
+        self.gate.lapsed = true;
         self.fresh_marks();
         while let Some(span) = frame_at(&rbuf[..len], self.gate.gated) {
             let body = &rbuf[span.body()];
@@ -2176,10 +2192,11 @@ impl Session {
                     self.gate_execute(body);
                     self.gate.batch_open = true;
                 }
+                // (Its Parses stand for their names across Syncs: a Bind's statement is the
+                // name's last Parse here, as no Bind waits for the server's answers.)
                 tag::SYNC => {
                     self.gate.batch_open = false;
                     self.gate.skipping = false;
-                    self.gate.end_batch();
                 }
                 tag::PARSE | tag::BIND | tag::DESCRIBE | tag::CLOSE => self.gate.batch_open = true,
                 _ => {}

@@ -518,6 +518,7 @@ impl Session {
                 None => {
                     // (Its Binds go out unread.)
                     self.gate.portals.forget();
+                    self.gate.lapsed = true;
                     chunk.len
                 }
             };
