@@ -519,6 +519,9 @@ impl Session {
                     // (Its Binds go out unread.)
                     self.gate.portals.forget();
                     self.gate.lapsed = true;
+                    if !self.gate.kill_parses.is_empty() {
+                        self.gate.kill_parses.clear();
+                    }
                     chunk.len
                 }
             };
