@@ -518,13 +518,7 @@ fn a_policy_from_a_reload_does_not_take_a_skipped_parses_text() {
         .sync();
     let answer = r.exchange_within(&skipped.bytes, 3 * SECOND, "the skipped Parse");
     assert_eq!(error_code(&answer), "26000", "{}", describe(&answer));
-    let dir = tempfile::tempdir().expect("a directory");
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(&policy, "[tenants.acme]\nroles = [\"trustuser\"]\n").expect("the policy");
-    let ini = std::fs::read_to_string(&pw.ini_path).expect("the ini");
-    let line = format!("policy_file = {}\n", policy.display());
-    std::fs::write(&pw.ini_path, format!("{ini}{line}")).expect("the ini");
-    pw.reload_and_wait();
+    let _policy = add_policy(&pw, "[tenants.acme]\nroles = [\"trustuser\"]\n");
     let skipped_statement = Analyzer::new(Depth::Shape, 4)
         .analyze(b"SELECT 'skipped'", &ParseContext::server_defaults())
         .fingerprint_hex();
@@ -551,13 +545,7 @@ fn a_batch_open_across_a_reload_keeps_its_statement() {
     let mut r = pw.client_as("trustuser", "app");
     r.send(&Batch::new().parse("", "SELECT 41 + 1", &[]).bytes);
     thread::sleep(Duration::from_millis(300));
-    let dir = tempfile::tempdir().expect("a directory");
-    let policy = dir.path().join("policy.toml");
-    std::fs::write(&policy, "[tenants.acme]\nroles = [\"trustuser\"]\n").expect("the policy");
-    let ini = std::fs::read_to_string(&pw.ini_path).expect("the ini");
-    let line = format!("policy_file = {}\n", policy.display());
-    std::fs::write(&pw.ini_path, format!("{ini}{line}")).expect("the ini");
-    pw.reload_and_wait();
+    let _policy = add_policy(&pw, "[tenants.acme]\nroles = [\"trustuser\"]\n");
     let statement = Analyzer::new(Depth::Shape, 4)
         .analyze(b"SELECT 41 + 1", &ParseContext::server_defaults())
         .fingerprint_hex();
@@ -565,4 +553,16 @@ fn a_batch_open_across_a_reload_keeps_its_statement() {
     let rest = Batch::new().bind("", "", &[]).execute("", 0).sync();
     let answer = r.exchange_within(&rest.bytes, 3 * SECOND, "the rest of the batch");
     assert_eq!(error_code(&answer), "53000", "{}", describe(&answer));
+}
+
+/// Adds `policy` as pgward's policy file by a reload (the file lives as long as the result).
+fn add_policy(pw: &Pgward, policy: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("a directory");
+    let path = dir.path().join("policy.toml");
+    std::fs::write(&path, policy).expect("the policy");
+    let ini = std::fs::read_to_string(&pw.ini_path).expect("the ini");
+    let line = format!("policy_file = {}\n", path.display());
+    std::fs::write(&pw.ini_path, format!("{ini}{line}")).expect("the ini");
+    pw.reload_and_wait();
+    dir
 }
