@@ -529,32 +529,6 @@ fn a_policy_from_a_reload_does_not_take_a_skipped_parses_text() {
     assert_eq!(row.and_then(|m| m.first_column()).as_deref(), Some("42"));
 }
 
-/// A batch still open when a reload brings a policy (its Parse read by the kill-only path,
-/// its Bind by the policy's gate): the Bind runs that Parse's statement, and a kill of that
-/// statement stops it.
-#[test]
-fn a_batch_open_across_a_reload_keeps_its_statement() {
-    use pgward::sql::{Analyzer, Depth, ParseContext};
-    let pg = Postgres::start();
-    let pw = Pgward::trusting(&pg, "pool_mode = session\nadmin_users = admin\n", "");
-    let console = |sql: &str| {
-        let out = common::psql_at(pw.port, "admin", None, "pgward", sql);
-        assert!(out.status.success(), "{sql}: {}", common::stderr_of(&out));
-    };
-    console("KILL TENANT postgres FOR '1m'");
-    let mut r = pw.client_as("trustuser", "app");
-    r.send(&Batch::new().parse("", "SELECT 41 + 1", &[]).bytes);
-    thread::sleep(Duration::from_millis(300));
-    let _policy = add_policy(&pw, "[tenants.acme]\nroles = [\"trustuser\"]\n");
-    let statement = Analyzer::new(Depth::Shape, 4)
-        .analyze(b"SELECT 41 + 1", &ParseContext::server_defaults())
-        .fingerprint_hex();
-    console(&format!("KILL STATEMENT {statement} FOR '1m'"));
-    let rest = Batch::new().bind("", "", &[]).execute("", 0).sync();
-    let answer = r.exchange_within(&rest.bytes, 3 * SECOND, "the rest of the batch");
-    assert_eq!(error_code(&answer), "53000", "{}", describe(&answer));
-}
-
 /// Adds `policy` as pgward's policy file by a reload (the file lives as long as the result).
 fn add_policy(pw: &Pgward, policy: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("a directory");

@@ -261,12 +261,9 @@ pub(in crate::session) struct GateState {
     /// A message of the batch failed and no Sync has passed the gate since: the server skips
     /// every request up to the next one.
     skipping: bool,
-    /// Messages went out that no gate read (no policy in force, no kill): the Parses noted
-    /// before are no record of a batch for the policy's gate.
+    /// Messages went out that the policy's gate did not read (no policy in force, kills
+    /// alone or nothing): the Parses noted meanwhile are no record of a batch for it.
     pub lapsed: bool,
-    /// The last Parse of each name the kill-only path read, across Syncs (it holds nothing for
-    /// the server's answers): what a Bind of the name runs, as far as it can tell.
-    pub kill_parses: HashMap<Bytes, Arc<Parsed>>,
     /// DDL or ANALYZE ran: the database's cached plans are dropped at the end of each run
     /// until the transaction is over (its changes count only once it commits).
     pub stale_plans: bool,
@@ -691,7 +688,8 @@ impl GateState {
 
     /// The policy's gate reads on after messages it did not read: what a name parsed since
     /// holds is known from the server's answers alone (the kill-only path keeps the last
-    /// Parse of each name, across Syncs and whether or not the server ran it).
+    /// Parse of each name, across Syncs and whether or not the server ran it), and a Flush a
+    /// held request waited for before is spent.
     fn lapse_ended(&mut self) {
         self.batch_parses.clear();
         self.unsettled.clear();
@@ -998,10 +996,6 @@ impl Session {
         self.gate.stats_on = true;
         if std::mem::take(&mut self.gate.lapsed) {
             self.gate.lapse_ended();
-        }
-        if !self.gate.kill_parses.is_empty() {
-            // (Parses read from here on are not the kill-only path's.)
-            self.gate.kill_parses.clear();
         }
         self.fresh_marks();
         while let Some(span) = frame_at(&io.rbuf[..len], self.gate.gated) {
@@ -2145,9 +2139,7 @@ impl Session {
     /// killed. Returns how many bytes may go.
     pub(super) fn kill_chunk(&mut self, rbuf: &[u8], len: usize) -> usize {
         let now = Instant::now();
-        // Everything read goes out: a Flush a held request waited for is spent.
-        self.gate.flush_wanted = false;
-        self.gate.flush_sent = false;
+        self.gate.lapsed = true;
         self.fresh_marks();
         while let Some(span) = frame_at(&rbuf[..len], self.gate.gated) {
             let body = &rbuf[span.body()];
@@ -2157,11 +2149,6 @@ impl Session {
                     // reading notes it.
                     let text = QueryView::new(body).text;
                     self.note_query(text);
-                    let touches = super::prepared::sql_touches(text);
-                    if touches != super::prepared::Touches::Nothing {
-                        // (A name it frees or prepares by SQL is not known here any more.)
-                        self.gate.kill_parses.clear();
-                    }
                     Some(kind_of(text))
                 }
                 // A Bind is what its statement is: a prepared COMMIT or ROLLBACK still ends
@@ -2169,25 +2156,16 @@ impl Session {
                 tag::BIND => Some(
                     BindView::new(body)
                         .ok()
-                        .and_then(|b| self.kill_statement_of(b.statement))
+                        .and_then(|b| self.statement_of(b.statement).0)
                         .map_or(RequestKind::Statement, |p| kind_of(&p.text)),
                 ),
                 tag::FUNCTION_CALL => Some(RequestKind::Statement),
                 tag::PARSE => {
                     self.note_parse(&Bytes::copy_from_slice(body));
-                    self.note_kill_parse(body);
                     None
                 }
                 tag::CLOSE => {
                     self.note_close(body);
-                    if let Ok(CloseView {
-                        kind: target::STATEMENT,
-                        name,
-                    }) = CloseView::new(body)
-                    {
-                        let key = Bytes::copy_from_slice(self.gate_key(name));
-                        self.gate.kill_parses.remove(&key);
-                    }
                     None
                 }
                 _ => None,
@@ -2217,10 +2195,11 @@ impl Session {
                     self.gate_execute(body);
                     self.gate.batch_open = true;
                 }
+                // (Its Parses stand for their names across Syncs: a Bind's statement is the
+                // name's last Parse here, as no Bind waits for the server's answers.)
                 tag::SYNC => {
                     self.gate.batch_open = false;
                     self.gate.skipping = false;
-                    self.gate.end_batch();
                 }
                 tag::PARSE | tag::BIND | tag::DESCRIBE | tag::CLOSE => self.gate.batch_open = true,
                 _ => {}
@@ -2231,33 +2210,6 @@ impl Session {
             self.gate.gated = span.end;
         }
         self.gate.gated
-    }
-
-    /// What the kill-only path reads a Bind of `name` as: the last Parse of the name it read,
-    /// else what the gate knows of it.
-    fn kill_statement_of(&mut self, name: &[u8]) -> Option<Arc<Parsed>> {
-        let key = self.gate_key(name);
-        match self.gate.kill_parses.get(key) {
-            Some(p) => Some(Arc::clone(p)),
-            None => self.statement_of(name).0,
-        }
-    }
-
-    /// The kill-only path read the Parse `body`: its text is what the name runs from here on,
-    /// as far as that path can tell.
-    fn note_kill_parse(&mut self, body: &[u8]) {
-        let Ok(parse) = ParseView::new(body) else {
-            return;
-        };
-        let key = self.gate_key(parse.name);
-        let Some(parsed) = self.gate.batch_parses.get(key).cloned() else {
-            return;
-        };
-        if self.gate.kill_parses.len() >= MAX_PARSED {
-            self.gate.kill_parses.clear();
-        }
-        let key = Bytes::copy_from_slice(key);
-        self.gate.kill_parses.insert(key, parsed);
     }
 
     /// Whose statement it is, for the decision log.

@@ -519,9 +519,6 @@ impl Session {
                     // (Its Binds go out unread.)
                     self.gate.portals.forget();
                     self.gate.lapsed = true;
-                    if !self.gate.kill_parses.is_empty() {
-                        self.gate.kill_parses.clear();
-                    }
                     chunk.len
                 }
             };
