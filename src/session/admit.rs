@@ -698,6 +698,23 @@ impl GateState {
         self.flush_sent = false;
     }
 
+    /// A message with the tag `message` passed a gate: an extended-protocol message opens the
+    /// batch, a Sync ends it and the failed-batch mark with it. Whether it was a Sync.
+    fn mark_batch(&mut self, message: u8) -> bool {
+        match message {
+            tag::SYNC => {
+                self.batch_open = false;
+                self.skipping = false;
+                return true;
+            }
+            tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE => {
+                self.batch_open = true
+            }
+            _ => {}
+        }
+        false
+    }
+
     /// A Sync passed the gate: the names parsed in its batch are settled by the answers.
     fn end_batch(&mut self) {
         if self.batch_parses.is_empty() {
@@ -1062,16 +1079,8 @@ impl Session {
                     Step::Hold => return Ok(self.gate.gated),
                 }
             }
-            match span.tag {
-                tag::SYNC => {
-                    self.gate.batch_open = false;
-                    self.gate.skipping = false;
-                    self.gate.end_batch();
-                }
-                tag::PARSE | tag::BIND | tag::DESCRIBE | tag::EXECUTE | tag::CLOSE => {
-                    self.gate.batch_open = true
-                }
-                _ => {}
+            if self.gate.mark_batch(span.tag) {
+                self.gate.end_batch();
             }
             self.gate.gated = span.end;
         }
@@ -2187,23 +2196,16 @@ impl Session {
                     request: true,
                 });
             }
+            if span.tag == tag::EXECUTE {
+                // (Only the policy's gate follows what the server skips.)
+                self.gate_execute(body);
+            }
             // The batch's marks are kept whichever gate reads it: a policy that comes with a
             // reload before these go out reads on after them (with none left from before a
-            // Sync). Only the policy's gate marks what the server skips.
-            match span.tag {
-                tag::EXECUTE => {
-                    self.gate_execute(body);
-                    self.gate.batch_open = true;
-                }
-                // (Its Parses stand for their names across Syncs: a Bind's statement is the
-                // name's last Parse here, as no Bind waits for the server's answers.)
-                tag::SYNC => {
-                    self.gate.batch_open = false;
-                    self.gate.skipping = false;
-                }
-                tag::PARSE | tag::BIND | tag::DESCRIBE | tag::CLOSE => self.gate.batch_open = true,
-                _ => {}
-            }
+            // Sync). Its Parses stand for their names across Syncs (not ended at a Sync): a
+            // Bind's statement is the name's last Parse here, as no Bind waits for the
+            // server's answers.
+            self.gate.mark_batch(span.tag);
             // Kept in step with the messages, as the gate's own reading keeps it: a policy
             // that comes with a reload before these go out reads on after them.
             self.note_unnamed_use(span.tag, body);
