@@ -372,10 +372,9 @@ impl MessageContext<'_> {
             true => self.unnamed_uses.pop_front().flatten(),
             false => None,
         };
-        let skipped = *self.skip_to_sync || self.link.expected.skipping();
-        if let (true, Some(d)) = (skipped && tag != frontend::tag::SYNC, &definition) {
-            // A Parse PostgreSQL skips drops nothing.
-            if d.name.is_empty() {
+        if let Some(d) = definition.as_ref().filter(|d| d.name.is_empty()) {
+            if *self.skip_to_sync || self.link.expected.skipping() {
+                // A Parse PostgreSQL skips drops nothing.
                 self.views.skipped_parse(d.seq);
             }
         }
