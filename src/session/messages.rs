@@ -53,14 +53,7 @@ pub(super) fn foreign_statement_error(body: &[u8], not_here: &str) -> Option<Byt
     let mut out = BytesMut::new();
     wire::encode_error_reworded(&mut out, body, |kind, value| match kind {
         field::MESSAGE if unnamed => Some(Cow::Borrowed(NO_UNNAMED)),
-        field::MESSAGE => match memchr::memmem::find(value, not_here.as_bytes()) {
-            Some(at) => {
-                let mut reworded = value[..at].to_vec();
-                reworded.extend_from_slice(&value[at + not_here.len()..]);
-                Some(Cow::Owned(reworded))
-            }
-            None => Some(Cow::Borrowed(value)),
-        },
+        field::MESSAGE => Some(replaced(value, not_here.as_bytes(), b"")),
         field::FILE | field::LINE | field::ROUTINE if unnamed => None,
         _ => Some(Cow::Borrowed(value)),
     });
@@ -80,18 +73,23 @@ pub(super) fn renamed_error(body: &[u8], renamed: &Renamed) -> Option<BytesMut> 
     memchr::memmem::find(message, &renamed.ours)?;
     let mut out = BytesMut::new();
     wire::encode_error_reworded(&mut out, body, |kind, value| match kind {
-        field::MESSAGE => match memchr::memmem::find(value, &renamed.ours) {
-            Some(at) => {
-                let mut reworded = value[..at].to_vec();
-                reworded.extend_from_slice(&renamed.client);
-                reworded.extend_from_slice(&value[at + renamed.ours.len()..]);
-                Some(Cow::Owned(reworded))
-            }
-            None => Some(Cow::Borrowed(value)),
-        },
+        field::MESSAGE => Some(replaced(value, &renamed.ours, &renamed.client)),
         _ => Some(Cow::Borrowed(value)),
     });
     Some(out)
+}
+
+/// `value` with the first `name` in it put as `with` (unchanged if it has none).
+fn replaced<'a>(value: &'a [u8], name: &[u8], with: &[u8]) -> Cow<'a, [u8]> {
+    match memchr::memmem::find(value, name) {
+        Some(at) => {
+            let mut reworded = value[..at].to_vec();
+            reworded.extend_from_slice(with);
+            reworded.extend_from_slice(&value[at + name.len()..]);
+            Cow::Owned(reworded)
+        }
+        None => Cow::Borrowed(value),
+    }
 }
 
 /// Handles one server message (where it lies in the server's buffer): matches it to what it
