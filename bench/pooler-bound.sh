@@ -10,7 +10,9 @@
 # environment:
 #   TARGETS        default "pgbouncer pgward": pgbouncer (Debian's), pgbouncer-new (the binary
 #                  in PGBOUNCER_NEW_BIN, e.g. 1.25.2 from ../shared/tools/build-pgbouncer.sh),
-#                  pgward, pgward2 (pgward with worker_threads = 2 and 2 cores); the relay
+#                  pgward, pgward2 (pgward with worker_threads = 2 and 2 cores),
+#                  pgward-base and pgward-base2 (the same with PGWARD_BASE_BIN, another build
+#                  to compare with in paired rounds); the relay
 #                  prototypes of bench/harness/src/bin/relay-proto.rs: proto-mio (a loop over
 #                  state machines), proto-tokio (a task per client on a current-thread
 #                  runtime), proto-unordered (the clients as futures in one task), and
@@ -18,10 +20,12 @@
 #   ROUNDS         rounds, each running every target once in a rotated order; default 3
 #   RUN_SECONDS    length of one run, default 8
 #   CLIENTS        client connections, default 32; POOL_SIZE default_pool_size, default 8
-#   POOLER_CPU     the core the pooler runs on, default 0; HARNESS_CPU the harness's, default 1
+#   POOLER_CPU     the core the pooler runs on, default 0; HARNESS_CPU the harness's, default 1;
+#                  POOLER2_CPUS the cores of the 2-thread targets, default both
 #   INSTRUCTIONS   1: count instructions per transaction too (callgrind; TRANSACTIONS per
 #                  client, default 2000), once per target and mode
 #   PGWARD_BIN     the pgward to run (default: built with cargo build --release)
+#   PGWARD_BASE_BIN  the pgward of the pgward-base targets
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -42,7 +46,7 @@ count_instructions=${INSTRUCTIONS:-0}
 per_client=${TRANSACTIONS:-2000}
 
 check_choices "protocol" "simple extended prepared" "${modes[@]}"
-check_choices "target" "pgbouncer pgbouncer-new pgward pgward2 proto-mio proto-tokio proto-unordered proto-mio2 proto-tokio2 proto-unordered2" \
+check_choices "target" "pgbouncer pgbouncer-new pgward pgward2 pgward-base pgward-base2 proto-mio proto-tokio proto-unordered proto-mio2 proto-tokio2 proto-unordered2" \
     "${targets[@]}"
 [ "$(nproc)" -ge 2 ] || die "the harness needs two cores: one for the pooler, one for itself"
 command -v taskset >/dev/null || apt_install util-linux
@@ -53,6 +57,7 @@ for target in "${targets[@]}"; do
     pgbouncer) ensure_pgbouncer ;;
     pgbouncer-new) [ -x "${PGBOUNCER_NEW_BIN:-}" ] || die "pgbouncer-new needs PGBOUNCER_NEW_BIN" ;;
     pgward | pgward2) [ -n "$pgward_bin" ] || pgward_bin=$(pgward_binary) ;;
+    pgward-base | pgward-base2) [ -x "${PGWARD_BASE_BIN:-}" ] || die "$target needs PGWARD_BASE_BIN" ;;
     esac
 done
 echo "building the harness (bench/harness, cargo build --release)"
@@ -74,6 +79,10 @@ program_of() {
     proto-*)
         install -m 755 "$relay_proto" "$work/relay-proto"
         echo "$work/relay-proto"
+        ;;
+    pgward-base*)
+        install -m 755 "$PGWARD_BASE_BIN" "$work/pgward-base-bin"
+        echo "$work/pgward-base-bin"
         ;;
     *)
         install -m 755 "$pgward_bin" "$work/pgward-bin"
@@ -101,7 +110,7 @@ start() {
     case $target in
     *2)
         echo "worker_threads = 2" >>"$dir/pooler.ini"
-        cpus="$pooler_cpu,$harness_cpu"
+        cpus="${POOLER2_CPUS:-$pooler_cpu,$harness_cpu}"
         ;;
     esac
     program=${3:-$(program_of "$target")}
@@ -189,22 +198,26 @@ table_awk='
     END {
         for (i = 1; i <= n; i++) {
             split(order[i], kv, SUBSEP); mode = kv[1]; target = kv[2]
-            ratios = ""
+            ratios = ""; own = ""
+            base = (target == "pgward" ? "pgward-base" : target == "pgward2" ? "pgward-base2" : "")
             split(rounds[mode], rs, " ")
             for (j in rs) {
                 r = rs[j]
                 if ((r, mode, "pgbouncer") in round_cpu && round_cpu[r, mode, "pgbouncer"] > 0)
                     ratios = ratios " " round_cpu[r, mode, target] / round_cpu[r, mode, "pgbouncer"]
+                if (base != "" && (r, mode, base) in round_cpu && round_cpu[r, mode, base] > 0)
+                    own = own " " round_cpu[r, mode, target] / round_cpu[r, mode, base]
             }
-            printf "| %s | %s | %.0f | %.2f | %s |\n", mode, target, median(tps[order[i]]), \
-                median(cpu[order[i]]), (ratios == "" ? "-" : sprintf("%.3f", median(ratios)))
+            printf "| %s | %s | %.0f | %.2f | %s | %s |\n", mode, target, median(tps[order[i]]), \
+                median(cpu[order[i]]), (ratios == "" ? "-" : sprintf("%.3f", median(ratios))), \
+                (own == "" ? "-" : sprintf("%.3f", median(own)))
         }
     }'
 
 report="bench/results/pooler-bound-$stamp.md"
 {
-    echo "| protocol | target | TPS (median) | CPU µs per transaction (median) | CPU per transaction / PgBouncer's (median of rounds) |"
-    echo "| --- | --- | ---: | ---: | ---: |"
+    echo "| protocol | target | TPS (median) | CPU µs per transaction (median) | CPU per transaction / PgBouncer's (median of rounds) | CPU per transaction / its pgward-base's (median of rounds) |"
+    echo "| --- | --- | ---: | ---: | ---: | ---: |"
     awk -F'\t' -f bench/median.awk -f <(printf '%s\n' "$table_awk") "$tsv"
     if [ "$count_instructions" = 1 ]; then
         echo
@@ -212,7 +225,6 @@ report="bench/results/pooler-bound-$stamp.md"
         echo "| --- | --- | ---: |"
         for mode in "${modes[@]}"; do
             for target in "${targets[@]}"; do
-                case $target in *2) continue ;; esac
                 echo "| $mode | $target | $(instructions "$target" "$mode") |"
             done
         done
