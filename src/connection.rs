@@ -14,6 +14,7 @@ use crate::pool::Pool;
 use crate::runtime::Runtime;
 use crate::session::{Session, Timeouts};
 use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
+use crate::workers::Seat;
 
 /// Counts a client from accept to close, for max_client_conn.
 struct ClientCount<'a>(&'a Runtime);
@@ -35,7 +36,7 @@ pub enum Accepts {
 }
 
 /// Serves one accepted client connection to its end.
-pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
+pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts, seat: Seat) {
     let peer = stream.peer_label();
     let max_message =
         (rt.config.load().settings.max_packet_size as usize).min(wire::DEFAULT_MAX_MESSAGE_LEN);
@@ -63,6 +64,7 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts) {
     // resumes this task, and each enclosing future is one more step on the way in.
     let ended = match open(&rt, &mut io, &entry, limits).await {
         Ok(Some(mut relay)) => {
+            relay.session.home = seat.home();
             // The session logs how it ended.
             let result = relay.session.run(&mut io).await;
             rt.cancels.remove(&relay.handle);

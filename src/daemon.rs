@@ -15,6 +15,7 @@ use crate::listener::Listeners;
 use crate::ops::Shutdown;
 use crate::pool::PoolError;
 use crate::runtime::Runtime;
+use crate::workers::Workers;
 
 /// What main set up for pgward's own log.
 #[derive(Debug, Default)]
@@ -27,7 +28,7 @@ pub struct Logging {
 /// Serves `config` until a signal or the console stops pgward; the process's exit code.
 /// `log`: pgward's own log file, if it writes one (opened again at every reload), and the
 /// control of its level.
-pub async fn serve(config: Config, log: Logging) -> ExitCode {
+pub async fn serve(config: Config, log: Logging, workers: Workers) -> ExitCode {
     let userlist = match &config.settings.auth_file {
         Some(path) => match config::load_userlist(path) {
             Ok(u) => u,
@@ -90,7 +91,8 @@ pub async fn serve(config: Config, log: Logging) -> ExitCode {
         use std::os::unix::fs::MetadataExt;
         std::fs::metadata(p).ok().map(|m| (p.clone(), m.ino()))
     });
-    let rt = Runtime::new(config, userlist, governance, edge, gatekeeper, ops);
+    let parts = (edge, gatekeeper, ops, workers);
+    let rt = Runtime::new(config, userlist, governance, parts);
     load_state(&rt);
     let mut tasks = Vec::new();
     if let Some(l) = metrics {

@@ -59,3 +59,5 @@ pub mod sync;
 pub mod watch;
 // The sans-IO protocol codec.
 pub mod wire;
+// The worker threads, each with its own runtime, and which one serves each client.
+pub mod workers;

@@ -71,11 +71,75 @@ fn serve_tcp(rt: &Arc<Runtime>, s: tokio::net::TcpStream) {
     if let Err(e) = keepalive.apply(&s) {
         tracing::warn!("could not set TCP keepalive on a client socket: {e}");
     }
-    tokio::spawn(connection::serve(
-        rt.clone(),
-        Stream::client_tcp(s),
-        Accepts::All,
-    ));
+    serve_on_worker(rt, Accepted::Tcp(s), Accepts::All);
+}
+
+/// A connection just accepted, on the acceptor's thread.
+enum Accepted {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+/// The same connection taken off the acceptor's reactor, on its way to a worker thread.
+enum Moving {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
+}
+
+impl Accepted {
+    fn stream(self) -> Stream {
+        match self {
+            Accepted::Tcp(s) => Stream::client_tcp(s),
+            Accepted::Unix(s) => Stream::client_unix(s),
+        }
+    }
+
+    fn moving(self) -> io::Result<Moving> {
+        match self {
+            Accepted::Tcp(s) => s.into_std().map(Moving::Tcp),
+            Accepted::Unix(s) => s.into_std().map(Moving::Unix),
+        }
+    }
+}
+
+impl Moving {
+    /// Registered with the reactor of the thread this runs on.
+    fn arrived(self) -> io::Result<Stream> {
+        match self {
+            Moving::Tcp(s) => tokio::net::TcpStream::from_std(s).map(Stream::client_tcp),
+            Moving::Unix(s) => tokio::net::UnixStream::from_std(s).map(Stream::client_unix),
+        }
+    }
+}
+
+/// Serves a connection on the worker thread with the fewest clients (the acceptors run on
+/// the daemon's thread, worker 0): its socket moves to that thread's reactor first.
+fn serve_on_worker(rt: &Arc<Runtime>, accepted: Accepted, accepts: Accepts) {
+    let seat = rt.workers.seat();
+    let id = seat.id();
+    if id == 0 {
+        tokio::spawn(connection::serve(
+            rt.clone(),
+            accepted.stream(),
+            accepts,
+            seat,
+        ));
+        return;
+    }
+    let moving = match accepted.moving() {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!("cannot hand a client connection to a worker thread: {e}");
+            return;
+        }
+    };
+    let rt2 = rt.clone();
+    rt.workers.spawn(id, async move {
+        match moving.arrived() {
+            Ok(stream) => connection::serve(rt2, stream, accepts, seat).await,
+            Err(e) => tracing::warn!("a worker thread cannot take a client connection: {e}"),
+        }
+    });
 }
 
 async fn accept_tcp(rt: Arc<Runtime>, l: TcpListener, mut stop: watch::Receiver<bool>) {
@@ -111,11 +175,7 @@ async fn accept_unix(rt: Arc<Runtime>, l: UnixListener, stop: watch::Receiver<bo
                 } else {
                     Accepts::All
                 };
-                tokio::spawn(connection::serve(
-                    rt.clone(),
-                    Stream::client_unix(s),
-                    admission,
-                ));
+                serve_on_worker(&rt, Accepted::Unix(s), admission);
             }
             Err(e) => accept_failed(e).await,
         }

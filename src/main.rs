@@ -164,23 +164,48 @@ fn main() -> ExitCode {
         tracing::warn!("{w}");
     }
     let threads = config.settings.worker_threads.max(1);
-    let runtime = if threads == 1 {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-    } else {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(threads)
-            .enable_all()
-            .build()
-    };
-    match runtime {
-        Ok(rt) => rt.block_on(pgward::daemon::serve(config, log)),
+    let started = current_thread().and_then(|rt| Ok((start_workers(threads - 1)?, rt)));
+    match started {
+        Ok((others, rt)) => {
+            let handles = std::iter::once(rt.handle().clone()).chain(others).collect();
+            let workers = pgward::workers::Workers::new(handles);
+            rt.block_on(pgward::daemon::serve(config, log, workers))
+        }
         Err(e) => {
             eprintln!("pgward: cannot start: {e}");
             ExitCode::FAILURE
         }
     }
+}
+
+/// A runtime for one thread: each worker thread runs one, the daemon's thread too.
+fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+}
+
+/// Starts `n` worker threads besides the daemon's, each running its own runtime for the life
+/// of the process, and returns their runtimes' handles.
+fn start_workers(n: usize) -> std::io::Result<Vec<tokio::runtime::Handle>> {
+    (1..=n)
+        .map(|i| {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::Builder::new()
+                .name(format!("pgward-worker-{i}"))
+                .spawn(move || match current_thread() {
+                    Ok(rt) => {
+                        let _ = tx.send(Ok(rt.handle().clone()));
+                        rt.block_on(std::future::pending::<()>());
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                    }
+                })?;
+            rx.recv()
+                .map_err(|_| std::io::Error::other("a worker thread ended as it started"))?
+        })
+        .collect()
 }
 
 /// Sets up pgward's own log: the log file, when `logfile` names one (opened again at every

@@ -132,6 +132,30 @@ impl Stream {
         std::mem::replace(self, Stream::Detached)
     }
 
+    /// Moves a plain socket to the reactor of the runtime this runs on (a worker thread's,
+    /// see [`crate::workers`]), so that its events wake tasks there; false for a TLS stream,
+    /// which stays where it is. On an error the socket is gone ([`Stream::Detached`]).
+    pub fn rehome(&mut self) -> io::Result<bool> {
+        match self.take() {
+            Stream::Tcp(p) => {
+                let remember = p.arm.is_some();
+                let s = TcpStream::from_std(p.into_inner().into_std()?)?;
+                *self = Stream::Tcp(Plain::new(s, remember));
+                Ok(true)
+            }
+            Stream::Unix(p) => {
+                let remember = p.arm.is_some();
+                let s = UnixStream::from_std(p.into_inner().into_std()?)?;
+                *self = Stream::Unix(Plain::new(s, remember));
+                Ok(true)
+            }
+            other => {
+                *self = other;
+                Ok(false)
+            }
+        }
+    }
+
     /// The TCP socket under a TCP or TLS stream.
     pub fn tcp(&self) -> Option<&TcpStream> {
         match self {

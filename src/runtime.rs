@@ -23,6 +23,7 @@ use crate::policy::PolicyError;
 use crate::pool::{Limits, Pool, PoolKey, PoolSettings, Pools};
 use crate::server::{Credential, ServerAddr, ServerTarget};
 use crate::sync::lock;
+use crate::workers::Workers;
 
 /// What a reload applied only in part: warnings about the files, and why the running TLS
 /// was kept, if it was.
@@ -72,6 +73,8 @@ pub struct Runtime {
     pub watch: crate::watch::Board,
     /// The fleet's leases as this instance last saw them (under a policy's `[fleet]`).
     pub fleet: crate::fleet::Board,
+    /// The worker threads, and which serves each client.
+    pub workers: Arc<Workers>,
 }
 
 impl Runtime {
@@ -79,9 +82,7 @@ impl Runtime {
         config: Config,
         userlist: HashMap<String, Secret>,
         governance: Option<Arc<Governance>>,
-        edge: Edge,
-        gatekeeper: Arc<Gatekeeper>,
-        ops: Ops,
+        (edge, gatekeeper, ops, workers): (Edge, Arc<Gatekeeper>, Ops, Workers),
     ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
@@ -108,6 +109,7 @@ impl Runtime {
             gatekeeper,
             watch: crate::watch::Board::default(),
             fleet: crate::fleet::Board::default(),
+            workers: Arc::new(workers),
         })
     }
 

@@ -8,12 +8,11 @@ use std::process::{Command, Stdio};
 use std::thread;
 use std::time::{Duration, Instant};
 
-use common::driver::{code, must_connect, must_value, value};
+use common::driver::{cancel_a_sleep, code, must_connect, must_value, value};
 use common::raw::{self, describe, first_error, Raw};
 use common::relay::{slow_relay, Slowness};
 use common::script::{Script, ScriptedAuth, ScriptedServer};
 use common::{eventually, server_count, stderr_of, Pgward, Postgres, HOST, SECOND};
-use tokio_postgres::NoTls;
 
 fn login(pw: &Pgward) -> (Raw, (u32, Vec<u8>)) {
     login_to(pw, "app")
@@ -90,20 +89,7 @@ async fn driver_cancel_token_cancels_pg_sleep() {
     let pg = Postgres::start();
     let pw = Pgward::transaction_pool(&pg, "default_pool_size = 1\n");
     let conn = must_connect(&pw.connstr("trustuser", None, "app")).await;
-    let token = conn.client.cancel_token();
-    let client = conn.client;
-    let sleeper = tokio::spawn(async move {
-        let result = client.simple_query("SELECT pg_sleep(10)").await;
-        (client, result)
-    });
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    token.cancel_query(NoTls).await.expect("cancel request");
-    let (client, result) = tokio::time::timeout(Duration::from_secs(3), sleeper)
-        .await
-        .expect("the statement was not cancelled")
-        .expect("task");
-    let err = result.expect_err("pg_sleep finished");
-    assert_eq!(code(&err), "57014", "{err:?}");
+    let client = cancel_a_sleep(conn).await;
     assert_eq!(must_value(&client, "SELECT 'after'").await, "after");
 }
 

@@ -19,6 +19,9 @@ impl Ticket {
     }
 }
 
+/// How far into the queue [`WaitQueue::pop_preferring`] looks for a waiter it prefers.
+pub const PREFER_WITHIN: usize = 64;
+
 /// Tickets waiting for a server, each with the waiter `W` that receives it. The order in
 /// which waiters are served is the gate's decision; today it is first come, first served.
 #[derive(Debug)]
@@ -48,6 +51,43 @@ impl<W> WaitQueue<W> {
             }
         }
         None
+    }
+
+    /// Like [`pop_next`](Self::pop_next), but the first live waiter for which `prefer` holds
+    /// goes first if every live waiter ahead of it may be passed (`may_pass`; each one passed
+    /// is told through `passed`). Only the first [`PREFER_WITHIN`] waiters are looked at.
+    pub fn pop_preferring(
+        &mut self,
+        live: impl Fn(&W) -> bool,
+        prefer: impl Fn(&W) -> bool,
+        may_pass: impl Fn(&W) -> bool,
+        passed: impl Fn(&mut W),
+    ) -> Option<(Ticket, W)> {
+        while self.entries.front().is_some_and(|(_, w)| !live(w)) {
+            self.entries.pop_front();
+        }
+        let mut chosen = None;
+        for (i, (_, w)) in self.entries.iter().enumerate().take(PREFER_WITHIN) {
+            if !live(w) {
+                continue;
+            }
+            if prefer(w) {
+                chosen = Some(i);
+                break;
+            }
+            if !may_pass(w) {
+                break;
+            }
+        }
+        let Some(at) = chosen.filter(|&i| i > 0) else {
+            return self.pop_next(live);
+        };
+        for (_, w) in self.entries.iter_mut().take(at) {
+            if live(w) {
+                passed(w);
+            }
+        }
+        self.entries.remove(at)
     }
 
     /// Drops every waiter for which `live` is false.
@@ -91,6 +131,28 @@ mod tests {
         let order: Vec<u64> =
             std::iter::from_fn(|| q.pop_next(|_| true).map(|(t, _)| t.client_id)).collect();
         assert_eq!(order, vec![1, 2, 3]);
+    }
+
+    #[test]
+    fn a_preferred_waiter_passes_only_those_that_may_still_be_passed() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::default();
+        // (thread, times passed); client 1's waiter has gone.
+        for (id, home) in [(1, 0u8), (2, 1), (3, 1), (4, 0), (5, 0)] {
+            q.push(Ticket::new(id, t0), (home, 0u8, id != 1));
+        }
+        let mut next = |home: u8| {
+            q.pop_preferring(|w| w.2, |w| w.0 == home, |w| w.1 < 1, |w| w.1 += 1)
+                .map(|(t, _)| t.client_id)
+        };
+        // Thread 0's server goes to its first waiter, past 2 and 3 (each passed once).
+        assert_eq!(next(0), Some(4));
+        // Nobody may pass 2 again: it goes first whatever the thread.
+        assert_eq!(next(0), Some(2));
+        assert_eq!(next(1), Some(3));
+        // No waiter of thread 1 left: first come, first served.
+        assert_eq!(next(1), Some(5));
+        assert_eq!(next(0), None);
     }
 
     #[test]

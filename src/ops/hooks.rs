@@ -12,12 +12,14 @@ use super::Ops;
 use crate::gate::Ticket;
 use crate::pool::{Handout, Pool, PoolError, Queued, ServerGuard, WaitLimits, WaitTimeout};
 use crate::wire::TxStatus;
+use crate::workers::WorkerId;
 
 /// A session's wait: the pool's query_wait_timeout, and `notify` (query_wait_notify).
-fn limits(notify: Option<Duration>) -> WaitLimits {
+fn limits(notify: Option<Duration>, home: Option<WorkerId>) -> WaitLimits {
     WaitLimits {
         timeout: WaitTimeout::Pool,
         notify,
+        home,
     }
 }
 
@@ -72,11 +74,12 @@ impl SessionHooks {
     /// suspended, refuses new work while the pooler shuts down waiting for servers, then
     /// checks out through the pool's wait queue (bounded by query_wait_timeout). A session told
     /// it is still queued (after `notify`, once) calls again with the [`Waiting`] it got.
+    /// `home`: the session's worker thread, whose idle servers it takes first.
     pub async fn checkout(
         &self,
         pool: &Arc<Pool>,
         step: Waiting,
-        notify: Option<Duration>,
+        (notify, home): (Option<Duration>, Option<WorkerId>),
     ) -> Result<Checkout, PoolError> {
         let (since, handout) = match step {
             Waiting::Start(ticket) => {
@@ -88,13 +91,19 @@ impl SessionHooks {
                 }
                 self.refuse_if_stopping()?;
                 let since = ticket.enqueued_at;
-                (since, pool.wait_for_server(ticket, limits(notify)).await?)
+                (
+                    since,
+                    pool.wait_for_server(ticket, limits(notify, home)).await?,
+                )
             }
             Waiting::Held(ticket) => {
                 self.ops.control.wait_open(&pool.key.db).await;
                 self.refuse_if_stopping()?;
                 let since = ticket.enqueued_at;
-                (since, pool.wait_for_server(ticket, limits(None)).await?)
+                (
+                    since,
+                    pool.wait_for_server(ticket, limits(None, home)).await?,
+                )
             }
             Waiting::Queued(since, queued) => (since, queued.await?),
         };

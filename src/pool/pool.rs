@@ -362,6 +362,7 @@ impl Pool {
         let limits = WaitLimits {
             timeout: WaitTimeout::Given(wait),
             notify: None,
+            home: None,
         };
         let mut handout = self.wait_for_server(ticket, limits).await?;
         loop {
@@ -417,7 +418,7 @@ impl Pool {
         let now = Instant::now();
         let mut inner = lock(&self.inner);
         let settings = inner.settings.clone();
-        while let Some(conn) = next_idle(&mut inner, settings.round_robin) {
+        while let Some(conn) = next_idle(&mut inner, settings.round_robin, limits.home) {
             let reason = if !conn.is_alive() {
                 "server conn crashed?"
             } else if idle_expired(&conn, &settings, now, &mut inner.lifetime_closed) {
@@ -448,6 +449,7 @@ impl Pool {
         if by_query.is_some() {
             waiter.expiry = PoolError::QueryTimeout;
         }
+        waiter.home = limits.home;
         if let Some(at) = waiter.alarm() {
             self.arm(&mut inner, at);
         }
@@ -595,7 +597,17 @@ impl Pool {
         }
         inner.active = inner.active.saturating_sub(1);
         conn.last_used = now;
-        match inner.waiters.pop_next(ServerWaiter::live) {
+        // A waiter on the thread whose reactor serves the server first, within bounds.
+        let next = match conn.home {
+            None => inner.waiters.pop_next(ServerWaiter::live),
+            Some(home) => inner.waiters.pop_preferring(
+                ServerWaiter::live,
+                |w| w.home == Some(home),
+                |w| w.passed < MAX_PASSED,
+                |w| w.passed += 1,
+            ),
+        };
+        match next {
             Some((_, waiter)) => {
                 inner.active += 1;
                 drop(inner);
@@ -1121,6 +1133,9 @@ enum Taken {
 pub struct WaitLimits {
     pub timeout: WaitTimeout,
     pub notify: Option<Duration>,
+    /// The asking session's worker thread (when there are several): an idle server whose
+    /// socket that thread serves is taken first.
+    pub home: Option<crate::workers::WorkerId>,
 }
 
 /// Where a wait's query_wait_timeout comes from.
@@ -1168,7 +1183,16 @@ struct ServerWaiter {
     expiry: PoolError,
     /// query_wait_notify is due (once).
     notify_at: Option<Instant>,
+    /// The worker thread of the waiting session (when there are several): a server coming
+    /// back on that thread goes to it before waiters ahead of it on other threads.
+    home: Option<crate::workers::WorkerId>,
+    /// How many waiters went ahead of it so (at most [`MAX_PASSED`]).
+    passed: u8,
 }
+
+/// How many times a waiter can see one that came after it served first (by a server coming
+/// back on the later one's worker thread, which serves it without moving the socket).
+const MAX_PASSED: u8 = 16;
 
 impl ServerWaiter {
     /// A waiter for `ticket`, joining the queue at `now` with a (timeout, notify) pair.
@@ -1183,6 +1207,8 @@ impl ServerWaiter {
             deadline: timeout.and_then(|t| now.checked_add(t)),
             expiry: PoolError::WaitTimeout,
             notify_at: notify.and_then(|t| ticket.enqueued_at.checked_add(t)),
+            home: None,
+            passed: 0,
         };
         (waiter, Queued { rx })
     }
@@ -1229,6 +1255,8 @@ impl ServerWaiter {
                 deadline: self.deadline,
                 expiry: self.expiry,
                 notify_at: None,
+                home: self.home,
+                passed: self.passed,
             })
     }
 }
@@ -1337,10 +1365,20 @@ fn expired(
 
 /// The idle server to take next: the most recently used (PgBouncer's default, which keeps
 /// the fewest servers busy), or with `round_robin` the one idle longest.
-fn next_idle(inner: &mut Inner, round_robin: bool) -> Option<Box<ServerConn>> {
-    match round_robin {
-        true => (!inner.idle.is_empty()).then(|| inner.idle.remove(0)),
-        false => inner.idle.pop(),
+/// The idle server to hand out next: the least recently used under `round_robin`, else the
+/// most recently used one whose socket thread `home` serves, or the most recently used.
+fn next_idle(
+    inner: &mut Inner,
+    round_robin: bool,
+    home: Option<crate::workers::WorkerId>,
+) -> Option<Box<ServerConn>> {
+    if round_robin {
+        return (!inner.idle.is_empty()).then(|| inner.idle.remove(0));
+    }
+    let own = home.and_then(|h| inner.idle.iter().rposition(|c| c.home == Some(h)));
+    match own {
+        Some(i) => Some(inner.idle.remove(i)),
+        None => inner.idle.pop(),
     }
 }
 

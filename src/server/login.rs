@@ -46,6 +46,7 @@ pub async fn connect(
             statements: Default::default(),
             internal_busy: false,
             last_tenant: None,
+            home: None,
             max_message,
         };
         login(&mut conn, target, credential, tracked).await?;

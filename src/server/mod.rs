@@ -298,6 +298,9 @@ pub struct ServerConn {
     /// The tenant whose work it last ran (under a policy): runaway eviction closes the
     /// idle servers of a tenant over its share.
     pub last_tenant: Option<Arc<str>>,
+    /// The worker thread whose reactor serves its socket, once a session of one moved it
+    /// there (see [`crate::workers`]).
+    pub home: Option<crate::workers::WorkerId>,
     max_message: usize,
 }
 
@@ -315,6 +318,24 @@ impl ServerConn {
     /// Marks the connection as not to be reused.
     pub fn poison(&mut self) {
         self.reusable = false;
+    }
+
+    /// Serves the socket from worker thread `home`'s reactor (the caller runs there), moving
+    /// it if it is elsewhere; a TLS connection stays where it is. On an error the connection
+    /// is lost and poisoned.
+    pub fn rehome(&mut self, home: crate::workers::WorkerId) -> io::Result<()> {
+        if self.home == Some(home) {
+            return Ok(());
+        }
+        match self.stream.rehome() {
+            Ok(true) => self.home = Some(home),
+            Ok(false) => {}
+            Err(e) => {
+                self.poison();
+                return Err(e);
+            }
+        }
+        Ok(())
     }
 
     /// Whether an idle connection is still open: an idle server sends nothing, so readable

@@ -184,6 +184,9 @@ pub struct Session {
     readings: readings::Readings,
     /// How the server reads a statement as the session's parameters say.
     settled: rules::SettledParams,
+    /// The worker thread this session runs on, when there are several: a server it checks
+    /// out is served by that thread's reactor (see [`crate::workers`]).
+    pub home: Option<crate::workers::WorkerId>,
 }
 
 impl Session {
@@ -235,6 +238,7 @@ impl Session {
             gate: admit::GateState::default(),
             readings: readings::Readings::default(),
             settled: rules::SettledParams::default(),
+            home: None,
         }
     }
 
@@ -787,9 +791,9 @@ impl Session {
             // query_wait_notify: a client queued that long is told so, once. The pool's
             // queue keeps the time, so a wait sets no timer of its own.
             let notify = self.config.load().settings.query_wait_notify;
-            let checkout = self
-                .hooks
-                .checkout(&self.pool, Waiting::Start(ticket), notify);
+            let checkout =
+                self.hooks
+                    .checkout(&self.pool, Waiting::Start(ticket), (notify, self.home));
             tokio::pin!(checkout);
             loop {
                 tokio::select! {
@@ -797,7 +801,7 @@ impl Session {
                     got = &mut checkout => match got? {
                         Checkout::Server(server, at) => break (server, at),
                         Checkout::Waiting(step) => {
-                            checkout.set(self.hooks.checkout(&self.pool, step, None));
+                            checkout.set(self.hooks.checkout(&self.pool, step, (None, self.home)));
                             tell_queued(io, &mut self.to_client).await?;
                         }
                     },
@@ -805,6 +809,16 @@ impl Session {
                 }
             }
         };
+        if let Some(home) = self.home {
+            // Its socket's events wake this session's thread, not the one it last served.
+            if let Err(e) = server.rehome(home) {
+                tracing::warn!(
+                    server = server.id,
+                    "cannot move a server connection to this worker thread: {e}"
+                );
+                return Err(self.server_lost());
+            }
+        }
         if self.params != server.params {
             self.sync_params(&mut server).await?;
             now = Instant::now();

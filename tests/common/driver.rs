@@ -69,6 +69,27 @@ pub async fn must_value(client: &Client, sql: &str) -> String {
         .unwrap_or_else(|err| panic!("{sql}: {err:?}"))
 }
 
+/// Runs `SELECT pg_sleep(10)` on `conn`, cancels it with the driver's cancel token (a cancel
+/// request on a connection of its own) 300 ms later, checks that it ended in 57014 within 3 s
+/// and returns the client.
+pub async fn cancel_a_sleep(conn: Conn) -> Client {
+    let token = conn.client.cancel_token();
+    let client = conn.client;
+    let sleeper = tokio::spawn(async move {
+        let result = client.simple_query("SELECT pg_sleep(10)").await;
+        (client, result)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    token.cancel_query(NoTls).await.expect("cancel request");
+    let (client, result) = tokio::time::timeout(Duration::from_secs(3), sleeper)
+        .await
+        .expect("the statement was not cancelled")
+        .expect("task");
+    let err = result.expect_err("pg_sleep finished");
+    assert_eq!(code(&err), "57014", "{err:?}");
+    client
+}
+
 /// The result of the connection task once it ends within `wait`: `Some(code)` of the error
 /// that ended it (an empty string for a clean end), `None` if it is still running.
 pub async fn end_of(conn: Conn, wait: Duration) -> Option<String> {
