@@ -9,7 +9,7 @@
 //! first, so that move is rare.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::runtime::Handle;
@@ -23,6 +23,8 @@ pub struct Workers {
     clients: Vec<AtomicUsize>,
     /// Where the search for the least busy thread starts next (ties go round).
     next: AtomicUsize,
+    /// Server sockets moved from one thread's reactor to another's.
+    moves: AtomicU64,
 }
 
 /// A worker thread's index.
@@ -36,6 +38,7 @@ impl Workers {
             handles,
             clients,
             next: AtomicUsize::new(0),
+            moves: AtomicU64::new(0),
         }
     }
 
@@ -45,6 +48,7 @@ impl Workers {
             handles: Vec::new(),
             clients: Vec::new(),
             next: AtomicUsize::new(0),
+            moves: AtomicU64::new(0),
         }
     }
 
@@ -85,6 +89,16 @@ impl Workers {
             Some(handle) => drop(handle.spawn(task)),
             None => drop(tokio::spawn(task)),
         }
+    }
+
+    /// A server's socket moved to another thread's reactor.
+    pub fn note_move(&self) {
+        self.moves.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Server sockets moved between threads so far.
+    pub fn moves(&self) -> u64 {
+        self.moves.load(Ordering::Relaxed)
     }
 
     /// Clients served on each thread (empty with one thread).

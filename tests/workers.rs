@@ -20,6 +20,36 @@ fn scrape(port: u16) -> String {
     text
 }
 
+/// The value of the metric `name` (no labels) in `text`.
+fn metric(text: &str, name: &str) -> Option<u64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+}
+
+/// CPU time (clock ticks) each of pgward's worker threads (`pgward-worker-N`) has used.
+fn worker_ticks(pid: u32) -> Vec<(String, u64)> {
+    let mut rows = Vec::new();
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).expect("threads") {
+        let dir = task.expect("thread").path();
+        let comm = std::fs::read_to_string(dir.join("comm")).unwrap_or_default();
+        let comm = comm.trim().to_string();
+        if !comm.starts_with("pgward-worker") {
+            continue;
+        }
+        let stat = std::fs::read_to_string(dir.join("stat")).unwrap_or_default();
+        // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+        let fields: Vec<&str> = stat
+            .rsplit_once(')')
+            .map_or("", |(_, rest)| rest)
+            .split_whitespace()
+            .collect();
+        let ticks = |i: usize| fields.get(i - 3).and_then(|v| v.parse::<u64>().ok());
+        rows.push((comm, ticks(14).unwrap_or(0) + ticks(15).unwrap_or(0)));
+    }
+    rows.sort();
+    rows
+}
+
 /// The clients each worker thread serves, from the metrics' `pgward_worker_clients`.
 fn clients_by_worker(metrics_port: u16) -> Vec<(String, u64)> {
     let text = scrape(metrics_port);
@@ -64,6 +94,7 @@ async fn clients_spread_over_the_threads_and_servers_follow_them() {
     }
     // More clients than servers, from every thread, simple and prepared (pgward's statements
     // prepared on servers that change threads).
+    let ticks_before = worker_ticks(pw.pid());
     for mode in ["simple", "prepared"] {
         let out = pw.pgbench(&["-c", "9", "-j", "3", "-T", "2", "-S", "-M", mode]);
         let text = stdout_of(&out);
@@ -75,6 +106,18 @@ async fn clients_spread_over_the_threads_and_servers_follow_them() {
         );
         assert!(text.contains("number of failed transactions: 0"), "{text}");
     }
+    // The clients ran on the worker threads (two besides the daemon's), and the servers moved
+    // to them.
+    let ticks_after = worker_ticks(pw.pid());
+    assert_eq!(ticks_after.len(), 2, "{ticks_after:?}");
+    for ((name, before), (_, after)) in ticks_before.iter().zip(&ticks_after) {
+        assert!(
+            after > before,
+            "{name} ran nothing: {ticks_before:?} {ticks_after:?}"
+        );
+    }
+    let moves = metric(&scrape(metrics_port), "pgward_worker_server_moves_total");
+    assert!(moves.is_some_and(|n| n > 0), "{moves:?}");
     // A cancel sent on one connection reaches a statement served on another thread.
     let client = cancel_a_sleep(held.pop().expect("a client")).await;
     assert_eq!(must_value(&client, "SELECT 'after'").await, "after");
@@ -97,5 +140,5 @@ fn one_thread_shows_no_worker_counts() {
     );
     let out = pw.psql("trustuser", None, "app", "SELECT 1");
     assert_eq!(stdout_of(&out), "1", "{}", stderr_of(&out));
-    assert!(!scrape(metrics_port).contains("pgward_worker_clients{"));
+    assert!(!scrape(metrics_port).contains("pgward_worker"));
 }

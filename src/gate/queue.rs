@@ -19,100 +19,158 @@ impl Ticket {
     }
 }
 
-/// How far into the queue [`WaitQueue::pop_preferring`] looks for a waiter it prefers.
-pub const PREFER_WITHIN: usize = 64;
+/// How many later arrivals may be served before a waiter because a server came back on their
+/// worker thread (see [`WaitQueue::pop_preferring`]).
+pub const PASS_WINDOW: u64 = 16;
 
-/// Tickets waiting for a server, each with the waiter `W` that receives it. The order in
-/// which waiters are served is the gate's decision; today it is first come, first served.
+/// Tickets waiting for a server, each with the waiter `W` that receives it, first come, first
+/// served; with several worker threads, in a line per thread, so that a server coming back on
+/// one can go to that thread's first waiter.
 #[derive(Debug)]
 pub struct WaitQueue<W> {
-    entries: VecDeque<(Ticket, W)>,
+    /// Line 0 holds the waiters of no particular thread; line `i + 1` those of thread `i`.
+    lines: Vec<VecDeque<Waiting<W>>>,
+    /// The number the next arrival takes.
+    arrivals: u64,
+    len: usize,
+}
+
+#[derive(Debug)]
+struct Waiting<W> {
+    arrival: u64,
+    ticket: Ticket,
+    waiter: W,
 }
 
 impl<W> Default for WaitQueue<W> {
     fn default() -> Self {
         WaitQueue {
-            entries: VecDeque::new(),
+            lines: vec![VecDeque::new()],
+            arrivals: 0,
+            len: 0,
         }
     }
 }
 
 impl<W> WaitQueue<W> {
     pub fn push(&mut self, ticket: Ticket, waiter: W) {
-        self.entries.push_back((ticket, waiter));
+        self.push_on(None, ticket, waiter);
+    }
+
+    /// Queues a waiter of worker thread `thread` (`None`: of no particular one).
+    pub fn push_on(&mut self, thread: Option<usize>, ticket: Ticket, waiter: W) {
+        let line = thread.map_or(0, |t| t + 1);
+        if self.lines.len() <= line {
+            self.lines.resize_with(line + 1, VecDeque::new);
+        }
+        let arrival = self.arrivals;
+        self.arrivals += 1;
+        self.len += 1;
+        self.lines[line].push_back(Waiting {
+            arrival,
+            ticket,
+            waiter,
+        });
     }
 
     /// The next waiter to serve, skipping (and dropping) those for which `live` is false:
     /// a client that gave up waiting removes itself this way.
     pub fn pop_next(&mut self, live: impl Fn(&W) -> bool) -> Option<(Ticket, W)> {
-        while let Some((ticket, waiter)) = self.entries.pop_front() {
-            if live(&waiter) {
-                return Some((ticket, waiter));
-            }
-        }
-        None
+        let line = self.first_line(&live)?;
+        self.take_front(line)
     }
 
-    /// Like [`pop_next`](Self::pop_next), but the first live waiter for which `prefer` holds
-    /// goes first if every live waiter ahead of it may be passed (`may_pass`; each one passed
-    /// is told through `passed`). Only the first [`PREFER_WITHIN`] waiters are looked at.
+    /// Like [`pop_next`](Self::pop_next), but the first waiter of worker thread `thread`
+    /// goes first, unless it came more than [`PASS_WINDOW`] arrivals after the first waiter
+    /// of all: no waiter is passed by one that came much later, so none starves.
     pub fn pop_preferring(
         &mut self,
+        thread: usize,
         live: impl Fn(&W) -> bool,
-        prefer: impl Fn(&W) -> bool,
-        may_pass: impl Fn(&W) -> bool,
-        passed: impl Fn(&mut W),
     ) -> Option<(Ticket, W)> {
-        while self.entries.front().is_some_and(|(_, w)| !live(w)) {
-            self.entries.pop_front();
+        let first = self.first_line(&live)?;
+        let own = thread + 1;
+        if own < self.lines.len() && own != first && self.drop_dead(own, &live) {
+            let ahead = self.lines[first].front().map_or(0, |w| w.arrival);
+            let mine = self.lines[own].front().map_or(u64::MAX, |w| w.arrival);
+            if mine.saturating_sub(ahead) <= PASS_WINDOW {
+                return self.take_front(own);
+            }
         }
-        let mut chosen = None;
-        for (i, (_, w)) in self.entries.iter().enumerate().take(PREFER_WITHIN) {
-            if !live(w) {
+        self.take_front(first)
+    }
+
+    /// Drops line `line`'s dead waiters at its front; whether a live one is left there.
+    fn drop_dead(&mut self, line: usize, live: &impl Fn(&W) -> bool) -> bool {
+        while let Some(front) = self.lines[line].front() {
+            if live(&front.waiter) {
+                return true;
+            }
+            self.lines[line].pop_front();
+            self.len -= 1;
+        }
+        false
+    }
+
+    /// The line whose first live waiter came first (dead ones at the fronts are dropped).
+    fn first_line(&mut self, live: &impl Fn(&W) -> bool) -> Option<usize> {
+        let mut first: Option<(u64, usize)> = None;
+        for line in 0..self.lines.len() {
+            if !self.drop_dead(line, live) {
                 continue;
             }
-            if prefer(w) {
-                chosen = Some(i);
-                break;
-            }
-            if !may_pass(w) {
-                break;
+            let arrival = self.lines[line].front().map_or(u64::MAX, |w| w.arrival);
+            if first.is_none_or(|(a, _)| arrival < a) {
+                first = Some((arrival, line));
             }
         }
-        let Some(at) = chosen.filter(|&i| i > 0) else {
-            return self.pop_next(live);
-        };
-        for (_, w) in self.entries.iter_mut().take(at) {
-            if live(w) {
-                passed(w);
-            }
-        }
-        self.entries.remove(at)
+        first.map(|(_, line)| line)
+    }
+
+    fn take_front(&mut self, line: usize) -> Option<(Ticket, W)> {
+        let w = self.lines.get_mut(line)?.pop_front()?;
+        self.len -= 1;
+        Some((w.ticket, w.waiter))
     }
 
     /// Drops every waiter for which `live` is false.
     pub fn prune(&mut self, live: impl Fn(&W) -> bool) {
-        self.entries.retain(|(_, w)| live(w));
+        for line in &mut self.lines {
+            line.retain(|w| live(&w.waiter));
+        }
+        self.len = self.lines.iter().map(VecDeque::len).sum();
     }
 
-    /// Removes and returns every waiter, in order.
-    pub fn drain(&mut self) -> impl Iterator<Item = (Ticket, W)> + '_ {
-        self.entries.drain(..)
+    /// Removes and returns every waiter, in the order they came, with its thread.
+    pub fn drain(&mut self) -> impl Iterator<Item = (Option<usize>, Ticket, W)> {
+        let mut all: Vec<(u64, Option<usize>, Ticket, W)> = Vec::with_capacity(self.len);
+        for (line, waiters) in self.lines.iter_mut().enumerate() {
+            let thread = line.checked_sub(1);
+            all.extend(
+                waiters
+                    .drain(..)
+                    .map(|w| (w.arrival, thread, w.ticket, w.waiter)),
+            );
+        }
+        self.len = 0;
+        all.sort_unstable_by_key(|w| w.0);
+        all.into_iter().map(|(_, thread, t, w)| (thread, t, w))
     }
 
     pub fn len(&self) -> usize {
-        self.entries.len()
+        self.len
     }
 
     pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
+        self.len == 0
     }
 
     /// How long the longest-waiting ticket has waited.
     pub fn oldest_wait(&self, now: Instant) -> Option<Duration> {
-        self.entries
+        self.lines
             .iter()
-            .map(|(t, _)| now.saturating_duration_since(t.enqueued_at))
+            .flatten()
+            .map(|w| now.saturating_duration_since(w.ticket.enqueued_at))
             .max()
     }
 }
@@ -134,25 +192,61 @@ mod tests {
     }
 
     #[test]
-    fn a_preferred_waiter_passes_only_those_that_may_still_be_passed() {
+    fn a_threads_waiter_goes_first_unless_it_came_far_later() {
         let t0 = Instant::now();
         let mut q = WaitQueue::default();
-        // (thread, times passed); client 1's waiter has gone.
-        for (id, home) in [(1, 0u8), (2, 1), (3, 1), (4, 0), (5, 0)] {
-            q.push(Ticket::new(id, t0), (home, 0u8, id != 1));
+        // Client 1 (thread 0) has gone; 2 waits on thread 1, 3 on thread 0.
+        q.push_on(Some(0), Ticket::new(1, t0), false);
+        q.push_on(Some(1), Ticket::new(2, t0), true);
+        q.push_on(Some(0), Ticket::new(3, t0), true);
+        // Thread 0's waiter 3 passes 2, which came just before it.
+        assert_eq!(
+            q.pop_preferring(0, |w| *w).map(|(t, _)| t.client_id),
+            Some(3)
+        );
+        // Later arrivals on thread 0 pass 2 as long as they came at most PASS_WINDOW
+        // arrivals after it (it came second: arrival 1).
+        for id in 10..10 + PASS_WINDOW + 2 {
+            q.push_on(Some(0), Ticket::new(id, t0), true);
         }
-        let mut next = |home: u8| {
-            q.pop_preferring(|w| w.2, |w| w.0 == home, |w| w.1 < 1, |w| w.1 += 1)
-                .map(|(t, _)| t.client_id)
-        };
-        // Thread 0's server goes to its first waiter, past 2 and 3 (each passed once).
-        assert_eq!(next(0), Some(4));
-        // Nobody may pass 2 again: it goes first whatever the thread.
-        assert_eq!(next(0), Some(2));
-        assert_eq!(next(1), Some(3));
-        // No waiter of thread 1 left: first come, first served.
-        assert_eq!(next(1), Some(5));
-        assert_eq!(next(0), None);
+        let served: Vec<u64> = (0..PASS_WINDOW)
+            .filter_map(|_| q.pop_preferring(0, |w| *w).map(|(t, _)| t.client_id))
+            .collect();
+        // Arrivals 3 to 17 (clients 10 to 24) passed it; 25 came too late to.
+        assert_eq!(served.last(), Some(&2), "{served:?}");
+        assert_eq!(served.len() as u64, PASS_WINDOW);
+        assert!(served[..served.len() - 1]
+            .windows(2)
+            .all(|p| p[0] + 1 == p[1]));
+        // With no waiter of its own thread (or an unknown one), a server goes to the first
+        // waiter of all.
+        assert_eq!(
+            q.pop_preferring(1, |w| *w).map(|(t, _)| t.client_id),
+            Some(25)
+        );
+        q.push_on(Some(1), Ticket::new(30, t0), true);
+        assert_eq!(
+            q.pop_preferring(5, |w| *w).map(|(t, _)| t.client_id),
+            Some(26)
+        );
+        q.push(Ticket::new(31, t0), true);
+        // Drained in the order they came, with their threads.
+        let order: Vec<(Option<usize>, u64)> =
+            q.drain().map(|(th, t, _)| (th, t.client_id)).collect();
+        assert_eq!(order, vec![(Some(0), 27), (Some(1), 30), (None, 31)]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn first_come_first_served_across_threads() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::default();
+        q.push_on(Some(1), Ticket::new(1, t0), ());
+        q.push(Ticket::new(2, t0), ());
+        q.push_on(Some(0), Ticket::new(3, t0), ());
+        let order: Vec<u64> =
+            std::iter::from_fn(|| q.pop_next(|_| true).map(|(t, _)| t.client_id)).collect();
+        assert_eq!(order, vec![1, 2, 3]);
     }
 
     #[test]

@@ -607,15 +607,25 @@ fn process(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
         "Client connections, console included",
         vec![(Vec::new(), gauge_of(clients))],
     )?;
-    let by_worker = rt.workers.clients().into_iter().enumerate();
-    gauges(
-        e,
-        "pgward_worker_clients",
-        "Client connections served on each worker thread (with worker_threads above 1)",
-        by_worker
-            .map(|(i, n)| (vec![("worker", i.to_string())], gauge_of(n)))
-            .collect(),
-    )?;
+    let by_worker = rt.workers.clients();
+    if !by_worker.is_empty() {
+        gauges(
+            e,
+            "pgward_worker_clients",
+            "Client connections served on each worker thread (with worker_threads above 1)",
+            by_worker
+                .into_iter()
+                .enumerate()
+                .map(|(i, n)| (vec![("worker", i.to_string())], gauge_of(n)))
+                .collect(),
+        )?;
+        counters(
+            e,
+            "pgward_worker_server_moves",
+            "Server connections moved to the worker thread of the session that checked them out",
+            vec![(Vec::new(), rt.workers.moves())],
+        )?;
+    }
     let uptime = rt.started.elapsed().as_secs();
     gauges(
         e,

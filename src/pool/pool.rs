@@ -453,7 +453,7 @@ impl Pool {
         if let Some(at) = waiter.alarm() {
             self.arm(&mut inner, at);
         }
-        inner.waiters.push(ticket.clone(), waiter);
+        inner.waiters.push_on(waiter.home, ticket.clone(), waiter);
         let growth = self.grow(&settings, &mut inner);
         Ok((Taken::Wait(queued), shared_limit(growth)))
     }
@@ -477,12 +477,12 @@ impl Pool {
         if inner.alarm.map(|(_, armed)| armed) != Some(id) {
             return None;
         }
-        let entries: Vec<(Ticket, ServerWaiter)> = inner.waiters.drain().collect();
+        let entries: Vec<(Option<usize>, Ticket, ServerWaiter)> = inner.waiters.drain().collect();
         let mut next: Option<Instant> = None;
-        for (ticket, waiter) in entries {
+        for (thread, ticket, waiter) in entries {
             if let Some(waiter) = waiter.expire(now) {
                 next = earliest(next, waiter.alarm());
-                inner.waiters.push(ticket, waiter);
+                inner.waiters.push_on(thread, ticket, waiter);
             }
         }
         let next = next.map(|at| at.max(now + WATCH_STEP));
@@ -600,12 +600,7 @@ impl Pool {
         // A waiter on the thread whose reactor serves the server first, within bounds.
         let next = match conn.home {
             None => inner.waiters.pop_next(ServerWaiter::live),
-            Some(home) => inner.waiters.pop_preferring(
-                ServerWaiter::live,
-                |w| w.home == Some(home),
-                |w| w.passed < MAX_PASSED,
-                |w| w.passed += 1,
-            ),
+            Some(home) => inner.waiters.pop_preferring(home, ServerWaiter::live),
         };
         match next {
             Some((_, waiter)) => {
@@ -840,7 +835,7 @@ impl Pool {
                 // can serve it; otherwise it waits for the servers the pool has.
                 match self.serves_queue(&inner) {
                     true => Vec::new(),
-                    false => inner.waiters.drain().map(|(_, w)| w).collect(),
+                    false => inner.waiters.drain().map(|(_, _, w)| w).collect(),
                 }
             }
         };
@@ -908,7 +903,7 @@ impl Pool {
         let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
             inner.refusing = Some(err.clone());
-            inner.waiters.drain().map(|(_, w)| w).collect()
+            inner.waiters.drain().map(|(_, _, w)| w).collect()
         };
         self.welcomed.notify_waiters();
         for w in waiters {
@@ -1184,15 +1179,10 @@ struct ServerWaiter {
     /// query_wait_notify is due (once).
     notify_at: Option<Instant>,
     /// The worker thread of the waiting session (when there are several): a server coming
-    /// back on that thread goes to it before waiters ahead of it on other threads.
+    /// back on that thread goes to it before waiters of other threads that came a little
+    /// earlier (see [`WaitQueue::pop_preferring`]).
     home: Option<crate::workers::WorkerId>,
-    /// How many waiters went ahead of it so (at most [`MAX_PASSED`]).
-    passed: u8,
 }
-
-/// How many times a waiter can see one that came after it served first (by a server coming
-/// back on the later one's worker thread, which serves it without moving the socket).
-const MAX_PASSED: u8 = 16;
 
 impl ServerWaiter {
     /// A waiter for `ticket`, joining the queue at `now` with a (timeout, notify) pair.
@@ -1208,7 +1198,6 @@ impl ServerWaiter {
             expiry: PoolError::WaitTimeout,
             notify_at: notify.and_then(|t| ticket.enqueued_at.checked_add(t)),
             home: None,
-            passed: 0,
         };
         (waiter, Queued { rx })
     }
@@ -1256,7 +1245,6 @@ impl ServerWaiter {
                 expiry: self.expiry,
                 notify_at: None,
                 home: self.home,
-                passed: self.passed,
             })
     }
 }

@@ -321,21 +321,21 @@ impl ServerConn {
     }
 
     /// Serves the socket from worker thread `home`'s reactor (the caller runs there), moving
-    /// it if it is elsewhere; a TLS connection stays where it is. On an error the connection
-    /// is lost and poisoned.
-    pub fn rehome(&mut self, home: crate::workers::WorkerId) -> io::Result<()> {
+    /// it if it is elsewhere; a TLS connection stays where it is. Whether it moved. On an
+    /// error the connection is lost and poisoned.
+    pub fn rehome(&mut self, home: crate::workers::WorkerId) -> io::Result<bool> {
         if self.home == Some(home) {
-            return Ok(());
+            return Ok(false);
         }
         match self.stream.rehome() {
             Ok(true) => self.home = Some(home),
-            Ok(false) => {}
+            Ok(false) => return Ok(false),
             Err(e) => {
                 self.poison();
                 return Err(e);
             }
         }
-        Ok(())
+        Ok(true)
     }
 
     /// Whether an idle connection is still open: an idle server sends nothing, so readable

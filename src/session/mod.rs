@@ -811,12 +811,16 @@ impl Session {
         };
         if let Some(home) = self.home {
             // Its socket's events wake this session's thread, not the one it last served.
-            if let Err(e) = server.rehome(home) {
-                tracing::warn!(
-                    server = server.id,
-                    "cannot move a server connection to this worker thread: {e}"
-                );
-                return Err(self.server_lost());
+            match server.rehome(home) {
+                Ok(true) => self.rt.workers.note_move(),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(
+                        server = server.id,
+                        "cannot move a server connection to this worker thread: {e}"
+                    );
+                    return Err(self.server_lost());
+                }
             }
         }
         if self.params != server.params {
