@@ -133,6 +133,20 @@ impl<W> WaitQueue<W> {
         Some((w.ticket, w.waiter))
     }
 
+    /// Passes every waiter through `keep`, in the order they came: it goes on waiting, in its
+    /// place and with its arrival number (so with the same standing against later arrivals),
+    /// as what `keep` returns, or leaves the queue when that is `None`.
+    pub fn retain_map(&mut self, mut keep: impl FnMut(W) -> Option<W>) {
+        for line in &mut self.lines {
+            let waiting = std::mem::take(line);
+            line.extend(waiting.into_iter().filter_map(|w| {
+                let waiter = keep(w.waiter)?;
+                Some(Waiting { waiter, ..w })
+            }));
+        }
+        self.len = self.lines.iter().map(VecDeque::len).sum();
+    }
+
     /// Drops every waiter for which `live` is false.
     pub fn prune(&mut self, live: impl Fn(&W) -> bool) {
         for line in &mut self.lines {
@@ -141,20 +155,15 @@ impl<W> WaitQueue<W> {
         self.len = self.lines.iter().map(VecDeque::len).sum();
     }
 
-    /// Removes and returns every waiter, in the order they came, with its thread.
-    pub fn drain(&mut self) -> impl Iterator<Item = (Option<usize>, Ticket, W)> {
-        let mut all: Vec<(u64, Option<usize>, Ticket, W)> = Vec::with_capacity(self.len);
-        for (line, waiters) in self.lines.iter_mut().enumerate() {
-            let thread = line.checked_sub(1);
-            all.extend(
-                waiters
-                    .drain(..)
-                    .map(|w| (w.arrival, thread, w.ticket, w.waiter)),
-            );
+    /// Removes and returns every waiter, in the order they came.
+    pub fn drain(&mut self) -> impl Iterator<Item = (Ticket, W)> {
+        let mut all: Vec<Waiting<W>> = Vec::with_capacity(self.len);
+        for waiters in &mut self.lines {
+            all.extend(waiters.drain(..));
         }
         self.len = 0;
-        all.sort_unstable_by_key(|w| w.0);
-        all.into_iter().map(|(_, thread, t, w)| (thread, t, w))
+        all.sort_unstable_by_key(|w| w.arrival);
+        all.into_iter().map(|w| (w.ticket, w.waiter))
     }
 
     pub fn len(&self) -> usize {
@@ -230,10 +239,33 @@ mod tests {
             Some(26)
         );
         q.push(Ticket::new(31, t0), true);
-        // Drained in the order they came, with their threads.
-        let order: Vec<(Option<usize>, u64)> =
-            q.drain().map(|(th, t, _)| (th, t.client_id)).collect();
-        assert_eq!(order, vec![(Some(0), 27), (Some(1), 30), (None, 31)]);
+        // Drained in the order they came.
+        let order: Vec<u64> = q.drain().map(|(t, _)| t.client_id).collect();
+        assert_eq!(order, vec![27, 30, 31]);
+        assert!(q.is_empty());
+    }
+
+    #[test]
+    fn a_waiter_kept_by_the_watchdog_keeps_its_standing() {
+        let t0 = Instant::now();
+        let mut q = WaitQueue::default();
+        q.push_on(Some(1), Ticket::new(1, t0), ());
+        for id in 10..10 + PASS_WINDOW + 4 {
+            q.push_on(Some(0), Ticket::new(id, t0), ());
+        }
+        let thread0 =
+            |q: &mut WaitQueue<()>| q.pop_preferring(0, |_| true).map(|(t, _)| t.client_id);
+        for _ in 0..PASS_WINDOW - 1 {
+            assert_ne!(thread0(&mut q), Some(1));
+        }
+        // The watchdog's look at every waiter (each kept) changes no one's standing: client 1
+        // has been passed by 15 later arrivals, and goes after one more.
+        q.retain_map(Some);
+        assert_eq!(q.len(), PASS_WINDOW as usize + 4 - 15 + 1);
+        assert_ne!(thread0(&mut q), Some(1));
+        assert_eq!(thread0(&mut q), Some(1));
+        // A waiter `keep` drops leaves.
+        q.retain_map(|_| None);
         assert!(q.is_empty());
     }
 

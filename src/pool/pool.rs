@@ -477,14 +477,12 @@ impl Pool {
         if inner.alarm.map(|(_, armed)| armed) != Some(id) {
             return None;
         }
-        let entries: Vec<(Option<usize>, Ticket, ServerWaiter)> = inner.waiters.drain().collect();
         let mut next: Option<Instant> = None;
-        for (thread, ticket, waiter) in entries {
-            if let Some(waiter) = waiter.expire(now) {
-                next = earliest(next, waiter.alarm());
-                inner.waiters.push_on(thread, ticket, waiter);
-            }
-        }
+        inner.waiters.retain_map(|waiter| {
+            let waiter = waiter.expire(now)?;
+            next = earliest(next, waiter.alarm());
+            Some(waiter)
+        });
         let next = next.map(|at| at.max(now + WATCH_STEP));
         inner.alarm = next.map(|at| (at, id));
         next
@@ -835,7 +833,7 @@ impl Pool {
                 // can serve it; otherwise it waits for the servers the pool has.
                 match self.serves_queue(&inner) {
                     true => Vec::new(),
-                    false => inner.waiters.drain().map(|(_, _, w)| w).collect(),
+                    false => inner.waiters.drain().map(|(_, w)| w).collect(),
                 }
             }
         };
@@ -903,7 +901,7 @@ impl Pool {
         let waiters: Vec<ServerWaiter> = {
             let mut inner = lock(&self.inner);
             inner.refusing = Some(err.clone());
-            inner.waiters.drain().map(|(_, _, w)| w).collect()
+            inner.waiters.drain().map(|(_, w)| w).collect()
         };
         self.welcomed.notify_waiters();
         for w in waiters {
