@@ -321,21 +321,22 @@ impl ServerConn {
     }
 
     /// Serves the socket from worker thread `home`'s reactor (the caller runs there), moving
-    /// it if it is elsewhere; a TLS connection stays where it is. Whether it moved. On an
+    /// it if it is elsewhere; a TLS connection stays where it is. Whether it left another
+    /// worker thread's reactor (a server's first home, where it is first checked out, is
+    /// registered anew whatever thread opened it, and is no move between threads). On an
     /// error the connection is lost and poisoned.
     pub fn rehome(&mut self, home: crate::workers::WorkerId) -> io::Result<bool> {
         if self.home == Some(home) {
             return Ok(false);
         }
         match self.stream.rehome() {
-            Ok(true) => self.home = Some(home),
-            Ok(false) => return Ok(false),
+            Ok(true) => Ok(self.home.replace(home).is_some()),
+            Ok(false) => Ok(false),
             Err(e) => {
                 self.poison();
-                return Err(e);
+                Err(e)
             }
         }
-        Ok(true)
     }
 
     /// Whether an idle connection is still open: an idle server sends nothing, so readable
