@@ -133,9 +133,9 @@ impl<W> WaitQueue<W> {
         Some((w.ticket, w.waiter))
     }
 
-    /// Passes every waiter through `keep`, in the order they came: it goes on waiting, in its
-    /// place and with its arrival number (so with the same standing against later arrivals),
-    /// as what `keep` returns, or leaves the queue when that is `None`.
+    /// Passes every waiter through `keep` (a thread's line at a time): it goes on waiting, in
+    /// its place and with its arrival number (so with the same standing against later
+    /// arrivals), as what `keep` returns, or leaves the queue when that is `None`.
     pub fn retain_map(&mut self, mut keep: impl FnMut(W) -> Option<W>) {
         for line in &mut self.lines {
             let waiting = std::mem::take(line);
