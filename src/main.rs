@@ -167,8 +167,9 @@ fn main() -> ExitCode {
     let started = current_thread().and_then(|rt| Ok((start_workers(threads - 1)?, rt)));
     match started {
         Ok((others, rt)) => {
-            let handles = std::iter::once(rt.handle().clone()).chain(others).collect();
-            let workers = pgward::workers::Workers::new(handles);
+            let here = (rt.handle().clone(), std::thread::current().id());
+            let threads = std::iter::once(here).chain(others).collect();
+            let workers = pgward::workers::Workers::new(threads);
             rt.block_on(pgward::daemon::serve(config, log, workers))
         }
         Err(e) => {
@@ -186,8 +187,10 @@ fn current_thread() -> std::io::Result<tokio::runtime::Runtime> {
 }
 
 /// Starts `n` worker threads besides the daemon's, each running its own runtime for the life
-/// of the process, and returns their runtimes' handles.
-fn start_workers(n: usize) -> std::io::Result<Vec<tokio::runtime::Handle>> {
+/// of the process, and returns their runtimes' handles and the threads.
+fn start_workers(
+    n: usize,
+) -> std::io::Result<Vec<(tokio::runtime::Handle, std::thread::ThreadId)>> {
     (1..=n)
         .map(|i| {
             let (tx, rx) = std::sync::mpsc::channel();
@@ -195,7 +198,8 @@ fn start_workers(n: usize) -> std::io::Result<Vec<tokio::runtime::Handle>> {
                 .name(format!("pgward-worker-{i}"))
                 .spawn(move || match current_thread() {
                     Ok(rt) => {
-                        let _ = tx.send(Ok(rt.handle().clone()));
+                        let me = std::thread::current().id();
+                        let _ = tx.send(Ok((rt.handle().clone(), me)));
                         rt.block_on(std::future::pending::<()>());
                     }
                     Err(e) => {

@@ -87,6 +87,7 @@ impl Runtime {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::of(&config.settings);
+        let workers = Arc::new(workers);
         configure_gate(&gatekeeper, governance.as_deref());
         lock(&ops.statements).set_max_rows(config.settings.max_statement_stats);
         configure_anomalies(&ops, governance.as_deref());
@@ -95,7 +96,7 @@ impl Runtime {
             userlist: ArcSwap::from_pointee(userlist),
             tracked: ArcSwap::from_pointee(tracked),
             governance: Arc::new(ArcSwap::from_pointee(governance)),
-            pools: Pools::default(),
+            pools: Pools::new(workers.clone()),
             cancels: CancelRegistry::default(),
             clients: AtomicUsize::new(0),
             mock_key,
@@ -109,7 +110,7 @@ impl Runtime {
             gatekeeper,
             watch: crate::watch::Board::default(),
             fleet: crate::fleet::Board::default(),
-            workers: Arc::new(workers),
+            workers,
         })
     }
 

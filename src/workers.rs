@@ -12,6 +12,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use std::thread::ThreadId;
+
 use tokio::runtime::Handle;
 
 /// The worker threads' runtimes, and how many clients each serves.
@@ -19,6 +21,8 @@ use tokio::runtime::Handle;
 pub struct Workers {
     /// Thread `i`'s runtime (0: the thread that runs the daemon's own tasks).
     handles: Vec<Handle>,
+    /// Thread `i` itself.
+    threads: Vec<ThreadId>,
     /// Clients served on each thread.
     clients: Vec<AtomicUsize>,
     /// Where the search for the least busy thread starts next (ties go round).
@@ -31,11 +35,14 @@ pub struct Workers {
 pub type WorkerId = usize;
 
 impl Workers {
-    /// `handles[0]` is the daemon's own runtime; the others run on threads of their own.
-    pub fn new(handles: Vec<Handle>) -> Self {
-        let clients = handles.iter().map(|_| AtomicUsize::new(0)).collect();
+    /// Each thread's runtime and the thread; the first is the daemon's own, the others run
+    /// on threads of their own.
+    pub fn new(threads: Vec<(Handle, ThreadId)>) -> Self {
+        let clients = threads.iter().map(|_| AtomicUsize::new(0)).collect();
+        let (handles, threads) = threads.into_iter().unzip();
         Workers {
             handles,
+            threads,
             clients,
             next: AtomicUsize::new(0),
             moves: AtomicU64::new(0),
@@ -46,10 +53,21 @@ impl Workers {
     pub fn single() -> Self {
         Workers {
             handles: Vec::new(),
+            threads: Vec::new(),
             clients: Vec::new(),
             next: AtomicUsize::new(0),
             moves: AtomicU64::new(0),
         }
+    }
+
+    /// The worker thread this runs on, when there are several (a socket opened here is served
+    /// by its reactor).
+    pub fn current(&self) -> Option<WorkerId> {
+        if !self.several() {
+            return None;
+        }
+        let me = std::thread::current().id();
+        self.threads.iter().position(|t| *t == me)
     }
 
     /// Whether there is more than one thread (a socket may then have to move).
@@ -113,6 +131,12 @@ impl Workers {
     }
 }
 
+impl Default for Workers {
+    fn default() -> Self {
+        Workers::single()
+    }
+}
+
 /// A client's place on a worker thread, given up when dropped.
 #[derive(Debug)]
 pub struct Seat {
@@ -152,8 +176,9 @@ mod tests {
                     .unwrap()
             })
             .collect();
+        let me = std::thread::current().id();
         let workers = Arc::new(Workers::new(
-            rts.iter().map(|r| r.handle().clone()).collect(),
+            rts.iter().map(|r| (r.handle().clone(), me)).collect(),
         ));
         (rts, workers)
     }
@@ -176,6 +201,8 @@ mod tests {
         assert_eq!(workers.clients().iter().sum::<usize>(), 2);
         assert!(Workers::single().clients().is_empty());
         assert_eq!(a.home(), Some(a.id()));
+        // (Every runtime here was made on this thread: the first is this thread's.)
+        assert_eq!(workers.current(), Some(0));
     }
 
     #[test]
@@ -184,7 +211,9 @@ mod tests {
         let seat = workers.seat();
         assert_eq!(seat.id(), 0);
         assert_eq!(seat.home(), None);
+        assert_eq!(workers.current(), None);
         let (_rts, one) = runtimes(1);
         assert_eq!(one.seat().home(), None);
+        assert_eq!(one.current(), None);
     }
 }

@@ -622,7 +622,7 @@ fn process(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Erro
         counters(
             e,
             "pgward_worker_server_moves",
-            "Server connections moved from the worker thread of the session that last used them to another's",
+            "Server connections moved from one worker thread to the thread of the session that checked them out",
             vec![(Vec::new(), rt.workers.moves())],
         )?;
     }

@@ -80,9 +80,19 @@ pub struct Pools {
     db_counts: Mutex<HashMap<String, Arc<AtomicUsize>>>,
     user_counts: Mutex<HashMap<String, Arc<AtomicUsize>>>,
     ids: Arc<AtomicU64>,
+    /// The worker threads: a server opened on one is first offered to its sessions.
+    workers: Arc<crate::workers::Workers>,
 }
 
 impl Pools {
+    /// No pool yet, for a process with these worker threads.
+    pub fn new(workers: Arc<crate::workers::Workers>) -> Self {
+        Pools {
+            workers,
+            ..Pools::default()
+        }
+    }
+
     /// The pool for `key`, created with `settings()` if it does not exist yet.
     pub fn get_or_create(
         &self,
@@ -103,7 +113,7 @@ impl Pools {
             credential,
             db_count,
             user_count,
-            self.ids.clone(),
+            (self.ids.clone(), self.workers.clone()),
             Arc::downgrade(&self.map),
         ));
         map.insert(key.clone(), pool.clone());

@@ -122,6 +122,8 @@ pub struct Pool {
     db_count: Arc<AtomicUsize>,
     user_count: Arc<AtomicUsize>,
     ids: Arc<AtomicU64>,
+    /// The worker threads (which one opened a server).
+    workers: Arc<crate::workers::Workers>,
     /// Every pool, to make room under limits shared between pools.
     siblings: Weak<Mutex<PoolMap>>,
     /// Servers to close at check-in (RECONNECT, eviction).
@@ -178,7 +180,7 @@ impl Pool {
         credential: Credential,
         db_count: Arc<AtomicUsize>,
         user_count: Arc<AtomicUsize>,
-        ids: Arc<AtomicU64>,
+        (ids, workers): (Arc<AtomicU64>, Arc<crate::workers::Workers>),
         siblings: Weak<Mutex<PoolMap>>,
     ) -> Self {
         let settings = Arc::new(settings);
@@ -197,6 +199,7 @@ impl Pool {
             db_count,
             user_count,
             ids,
+            workers,
             siblings,
             closing: Default::default(),
             room: tokio::sync::Notify::new(),
@@ -742,6 +745,8 @@ impl Pool {
                 // Opened when its connect was counted, before it read the settings: a
                 // RECONNECT or reload after that replaces it whichever settings it read.
                 conn.created = begun;
+                // Its socket is served by this thread's reactor (the task runs on one thread).
+                conn.home = self.workers.current();
                 self.opened(Box::new(conn), begun)
             }
             Err(err) => self.open_failed(err, &settings, begun).await,

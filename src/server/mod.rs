@@ -321,10 +321,10 @@ impl ServerConn {
     }
 
     /// Serves the socket from worker thread `home`'s reactor (the caller runs there), moving
-    /// it if it is elsewhere; a TLS connection stays where it is. Whether it left the thread of
-    /// a session that used it before (a new server has no home yet: it is registered anew at
-    /// its first checkout, whichever thread opened it, and that is not counted as a move). On
-    /// an error the connection is lost and poisoned.
+    /// it if it is elsewhere; a TLS connection stays where it is. Whether it left another
+    /// worker thread's reactor (a connection with no home, opened where pgward did not note
+    /// the thread, is registered anew, and that is not counted). On an error the connection
+    /// is lost and poisoned.
     pub fn rehome(&mut self, home: crate::workers::WorkerId) -> io::Result<bool> {
         if self.home == Some(home) {
             return Ok(false);
