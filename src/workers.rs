@@ -3,8 +3,9 @@
 //! its whole life, so a session's wakes never cross threads and no task is stolen. One
 //! process, one gate, one set of pools: only the sockets are each thread's own.
 //!
-//! A server's socket is registered with the reactor of the thread that last used it. A
-//! session that checks out a server living on another thread moves the socket to its own
+//! A server's socket is registered with the reactor of the thread that opened it, or of the
+//! last session that moved it. A session that checks out a server living on another thread
+//! moves the socket to its own
 //! (see [`crate::net::Stream::rehome`]); a pool hands out an idle server of the asking thread
 //! first, so that move is rare.
 

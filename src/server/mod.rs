@@ -298,8 +298,9 @@ pub struct ServerConn {
     /// The tenant whose work it last ran (under a policy): runaway eviction closes the
     /// idle servers of a tenant over its share.
     pub last_tenant: Option<Arc<str>>,
-    /// The worker thread whose reactor serves its socket, once a session of one moved it
-    /// there (see [`crate::workers`]).
+    /// The worker thread whose reactor serves its socket (with several threads): the one that
+    /// opened it for a pool, or the last session's that moved it there (see
+    /// [`crate::workers`]).
     pub home: Option<crate::workers::WorkerId>,
     max_message: usize,
 }
