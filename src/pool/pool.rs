@@ -1354,10 +1354,9 @@ fn expired(
     due
 }
 
-/// The idle server to take next: the most recently used (PgBouncer's default, which keeps
-/// the fewest servers busy), or with `round_robin` the one idle longest.
-/// The idle server to hand out next: the least recently used under `round_robin`, else the
-/// most recently used one whose socket thread `home` serves, or the most recently used.
+/// The idle server to take next: with `round_robin` the one idle longest; else the most
+/// recently used (PgBouncer's default, which keeps the fewest servers busy) of those whose
+/// socket thread `home` serves, if any, or of all.
 fn next_idle(
     inner: &mut Inner,
     round_robin: bool,
