@@ -88,16 +88,15 @@ impl<W> WaitQueue<W> {
         thread: usize,
         live: impl Fn(&W) -> bool,
     ) -> Option<(Ticket, W)> {
+        // (Every line's front is live now: `first_line` dropped the dead ones.)
         let first = self.first_line(&live)?;
         let own = thread + 1;
-        if own < self.lines.len() && own != first && self.drop_dead(own, &live) {
-            let ahead = self.lines[first].front().map_or(0, |w| w.arrival);
-            let mine = self.lines[own].front().map_or(u64::MAX, |w| w.arrival);
-            if mine.saturating_sub(ahead) <= PASS_WINDOW {
-                return self.take_front(own);
-            }
-        }
-        self.take_front(first)
+        let front = |line: usize| self.lines.get(line)?.front().map(|w| w.arrival);
+        let (ahead, mine) = (front(first), front(own));
+        let near = mine
+            .zip(ahead)
+            .is_some_and(|(m, a)| m.saturating_sub(a) <= PASS_WINDOW);
+        self.take_front(if own != first && near { own } else { first })
     }
 
     /// Drops line `line`'s dead waiters at its front; whether a live one is left there.
