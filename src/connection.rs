@@ -14,7 +14,7 @@ use crate::pool::Pool;
 use crate::runtime::Runtime;
 use crate::session::{Session, Timeouts};
 use crate::wire::{self, sqlstate, ErrorResponse, TxStatus};
-use crate::workers::Seat;
+use crate::workers::{Seat, WorkerId};
 
 /// Counts a client from accept to close, for max_client_conn.
 struct ClientCount<'a>(&'a Runtime);
@@ -59,6 +59,7 @@ pub async fn serve(rt: Arc<Runtime>, stream: Stream, accepts: Accepts, seat: Sea
         over_limit,
         max_message,
         accepts,
+        worker: seat.id(),
     };
     // The session's relay runs here, not inside the login's future: every turn of the relay
     // resumes this task, and each enclosing future is one more step on the way in.
@@ -118,6 +119,8 @@ struct Admit {
     over_limit: bool,
     max_message: usize,
     accepts: Accepts,
+    /// The thread the client is served on.
+    worker: WorkerId,
 }
 
 /// A completed login: to a pool, or to the admin console.
@@ -155,7 +158,7 @@ async fn open(
     entry: &Arc<crate::ops::ClientEntry>,
     admit: Admit,
 ) -> Result<Option<Relay>, SessionError> {
-    let id = entry.id;
+    let (id, worker) = (entry.id, admit.worker);
     let login_timeout = rt.config.load().settings.client_login_timeout;
     let login = async {
         let mut req = match client::read_opening(io, rt).await? {
@@ -217,7 +220,7 @@ async fn open(
     let (req, pool, welcome, cap) = match opened {
         None => return Ok(None),
         Some(Opened::Console(req, role, _cap)) => {
-            let ended = crate::admin::serve(rt, io, entry, &req, role).await;
+            let ended = crate::admin::serve(rt, io, entry, &req, (role, worker)).await;
             if let Err(SessionError::Fatal(_)) = ended {
                 // Logged and answered as a refusal.
                 return ended.map(|()| None);
@@ -226,7 +229,7 @@ async fn open(
             return Ok(None);
         }
         Some(Opened::Replication(req, pool, _cap)) => {
-            logged_in(rt, entry, &req, &pool);
+            logged_in(rt, entry, &req, (&pool, worker));
             let ended = crate::session::replication::serve(rt, io, entry, &req, pool).await;
             if entry.killed().is_some() && !matches!(ended, Err(SessionError::Fatal(_))) {
                 // A stream relayed whole cannot tell a Terminate from an end of stream: only
@@ -239,11 +242,11 @@ async fn open(
         }
         Some(Opened::Pool(req, pool, welcome, cap)) => (req, pool, welcome, cap),
     };
-    logged_in(rt, entry, &req, &pool);
+    logged_in(rt, entry, &req, (&pool, worker));
     let handle = rt
         .cancels
         .register(id, rt.config.load().settings.peer_id as u16);
-    let hooks = crate::ops::SessionHooks::new(rt.ops.clone(), entry.clone(), &pool);
+    let hooks = crate::ops::SessionHooks::new(rt.ops.clone(), entry.clone(), &pool, worker);
     match greet(rt, io, req, pool, &welcome, &handle, hooks).await {
         Ok(session) => Ok(Some(Relay {
             session,
@@ -258,10 +261,15 @@ async fn open(
 }
 
 /// Records a completed login for the console and the pool's statistics.
-fn logged_in(rt: &Runtime, entry: &crate::ops::ClientEntry, req: &StartupRequest, pool: &Pool) {
+fn logged_in(
+    rt: &Runtime,
+    entry: &crate::ops::ClientEntry,
+    req: &StartupRequest,
+    (pool, worker): (&Pool, WorkerId),
+) {
     let app_name = req.application_name();
     entry.logged_in(&req.user, &req.database, &pool.key.user, app_name, false);
-    rt.ops.stats.for_pool(&pool.key).add_login();
+    rt.ops.stats.for_pool(&pool.key, worker).add_login();
 }
 
 /// A search_path set at startup (options -c) is judged by the schema rules like a SET.

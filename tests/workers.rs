@@ -8,7 +8,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Duration;
 
-use common::driver::{cancel_a_sleep, must_connect, must_value};
+use common::driver::{cancel_a_sleep, must_connect, must_value, show};
 use common::{stderr_of, stdout_of, Pgward, Postgres};
 
 /// The body of GET /metrics.
@@ -65,6 +65,17 @@ fn clients_by_worker(metrics_port: u16) -> Vec<(String, u64)> {
     rows
 }
 
+/// SHOW STATS' total_query_count of database app.
+async fn app_queries(console: &tokio_postgres::Client) -> u64 {
+    let rows = show(console, "SHOW STATS").await;
+    let app = rows
+        .iter()
+        .find(|r| r["database"].as_deref() == Some("app"))
+        .expect("a row for app");
+    let count = app["total_query_count"].as_deref().unwrap_or_default();
+    count.parse().expect("a count")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_spread_over_the_threads_and_servers_follow_them() {
     let pg = Postgres::start();
@@ -74,7 +85,8 @@ async fn clients_spread_over_the_threads_and_servers_follow_them() {
     let pw = Pgward::transaction_pool(
         &pg,
         &format!(
-            "worker_threads = 3\ndefault_pool_size = 2\nprometheus_listen = 127.0.0.1:{metrics_port}\n"
+            "worker_threads = 3\ndefault_pool_size = 2\nadmin_users = trustuser\n\
+             prometheus_listen = 127.0.0.1:{metrics_port}\n"
         ),
     );
     // Six clients that stay: two on each thread.
@@ -85,13 +97,17 @@ async fn clients_spread_over_the_threads_and_servers_follow_them() {
     let spread = clients_by_worker(metrics_port);
     let expected: Vec<(String, u64)> = (0..3).map(|i| (i.to_string(), 2)).collect();
     assert_eq!(spread, expected, "{}", pw.log());
-    // Each runs statements on the two servers, which move between the threads.
+    // Each runs statements on the two servers, which move between the threads; SHOW STATS
+    // counts those of every thread.
+    let console = must_connect(&pw.connstr("trustuser", None, "pgbouncer")).await;
+    let queries_before = app_queries(&console.client).await;
     for round in 0..5 {
         for (i, c) in held.iter().enumerate() {
             let v = must_value(&c.client, &format!("SELECT '{round}-{i}'")).await;
             assert_eq!(v, format!("{round}-{i}"));
         }
     }
+    assert_eq!(app_queries(&console.client).await - queries_before, 30);
     // More clients than servers, from every thread, simple and prepared (pgward's statements
     // prepared on servers that change threads).
     let ticks_before = worker_ticks(pw.pid());
@@ -123,6 +139,7 @@ async fn clients_spread_over_the_threads_and_servers_follow_them() {
     assert_eq!(must_value(&client, "SELECT 'after'").await, "after");
     drop(client);
     drop(held);
+    drop(console);
     // The threads' counts follow clients that leave.
     let gone = common::eventually(Duration::from_secs(5), || {
         clients_by_worker(metrics_port).iter().all(|(_, n)| *n == 0)

@@ -131,13 +131,14 @@ fn local_os_user(rt: &Runtime, stream: &Stream, user: &str) -> bool {
         && (is_console(user) || ops.os_user.as_deref() == Some(user))
 }
 
-/// Serves a logged-in console session until the client leaves.
+/// Serves a logged-in console session until the client leaves; `worker` is the thread it is
+/// served on (whose set of the console pool's counters it bumps).
 pub async fn serve(
     rt: &Arc<Runtime>,
     io: &mut ClientIo,
     entry: &Arc<ClientEntry>,
     req: &StartupRequest,
-    role: Role,
+    (role, worker): (Role, crate::workers::WorkerId),
 ) -> Result<(), SessionError> {
     let param = |name: &str| {
         req.params
@@ -147,10 +148,11 @@ pub async fn serve(
     };
     let app_name = param("application_name").unwrap_or_default();
     entry.logged_in(&req.user, &req.database, &req.user, &app_name, true);
-    let counters = rt.ops.stats.for_pool(&PoolKey {
+    let key = PoolKey {
         db: req.database.clone(),
         user: req.user.clone(),
-    });
+    };
+    let counters = rt.ops.stats.for_pool(&key, worker);
     counters.add_login();
     io.send(&welcome(param("client_encoding"), &app_name))
         .await?;

@@ -52,8 +52,9 @@ pub struct SessionHooks {
 }
 
 impl SessionHooks {
-    pub fn new(ops: Arc<Ops>, entry: Arc<ClientEntry>, pool: &Pool) -> Self {
-        let counters = ops.stats.for_pool(&pool.key);
+    /// `worker`: the thread the session runs on, whose set of the pool's counters it bumps.
+    pub fn new(ops: Arc<Ops>, entry: Arc<ClientEntry>, pool: &Pool, worker: WorkerId) -> Self {
+        let counters = ops.stats.for_pool(&pool.key, worker);
         SessionHooks {
             ops,
             entry,

@@ -1,5 +1,7 @@
 //! Traffic counters per pool, as PgBouncer's SHOW STATS reports them: plain atomics bumped by
-//! the sessions, and the per-second averages of the last `stats_period`.
+//! the sessions, a set per pool and worker thread (a thread's sessions bump only its own, so
+//! no cache line goes back and forth between cores), summed when read; and the per-second
+//! averages of the last `stats_period`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,9 +10,12 @@ use std::time::{Duration, Instant};
 
 use crate::pool::PoolKey;
 use crate::sync::lock;
+use crate::workers::WorkerId;
 
-/// The counters of one pool. Times are in microseconds.
+/// The counters of one pool on one worker thread. Times are in microseconds. Each set has
+/// cache lines of its own.
 #[derive(Debug, Default)]
+#[repr(align(128))]
 pub struct PoolCounters {
     pub server_assignments: AtomicU64,
     pub xacts: AtomicU64,
@@ -217,26 +222,36 @@ struct Period {
     started: Option<Instant>,
 }
 
-/// The counters of every pool that ever served a client (the admin console included), and
-/// the averages of the last period.
+/// The counters of every pool that ever served a client (the admin console included), a set
+/// per worker thread that served it, and the averages of the last period.
 #[derive(Debug, Default)]
 pub struct StatsRegistry {
-    pools: Mutex<BTreeMap<PoolKey, Arc<PoolCounters>>>,
+    pools: Mutex<BTreeMap<(PoolKey, WorkerId), Arc<PoolCounters>>>,
     period: Mutex<Period>,
 }
 
 impl StatsRegistry {
-    /// The counters of pool `key`, created at first use.
-    pub fn for_pool(&self, key: &PoolKey) -> Arc<PoolCounters> {
-        lock(&self.pools).entry(key.clone()).or_default().clone()
+    /// The counters of pool `key` bumped by sessions of worker thread `worker`, created at
+    /// first use.
+    pub fn for_pool(&self, key: &PoolKey, worker: WorkerId) -> Arc<PoolCounters> {
+        lock(&self.pools)
+            .entry((key.clone(), worker))
+            .or_default()
+            .clone()
     }
 
-    /// Every pool's totals, in key order.
+    /// Every pool's totals (its threads' counters summed), in key order.
     pub fn totals(&self) -> Vec<(PoolKey, StatValues)> {
-        lock(&self.pools)
-            .iter()
-            .map(|(k, c)| (k.clone(), c.read()))
-            .collect()
+        let pools = lock(&self.pools);
+        let mut rows: Vec<(PoolKey, StatValues)> = Vec::new();
+        for ((key, _), counters) in pools.iter() {
+            let values = counters.read();
+            match rows.last_mut() {
+                Some((last, sum)) if last == key => *sum = sum.plus(&values),
+                _ => rows.push((key.clone(), values)),
+            }
+        }
+        rows
     }
 
     /// Every pool's averages over the last complete period.
@@ -312,7 +327,7 @@ mod tests {
             db: "d".into(),
             user: "u".into(),
         };
-        let c = reg.for_pool(&key);
+        let c = reg.for_pool(&key, 0);
         let t0 = Instant::now();
         reg.tick(t0, Duration::from_secs(1));
         c.add_query(Duration::from_micros(10), Some(Duration::from_micros(30)));
@@ -320,10 +335,13 @@ mod tests {
         let all = reg.tick(t0 + Duration::from_secs(1), Duration::from_secs(1));
         let avg = reg.averages()[&key];
         assert_eq!(all, Some(avg), "one pool: its averages are the whole's");
-        let other = reg.for_pool(&PoolKey {
-            db: "e".into(),
-            user: "u".into(),
-        });
+        let other = reg.for_pool(
+            &PoolKey {
+                db: "e".into(),
+                user: "u".into(),
+            },
+            0,
+        );
         other.add_query(Duration::from_micros(40), None);
         c.add_query(Duration::from_micros(20), None);
         let all = reg.tick(t0 + Duration::from_secs(3), Duration::from_secs(1));
@@ -337,5 +355,30 @@ mod tests {
         assert_eq!((avg.queries, avg.query_time, avg.xact_time), (2, 20, 30));
         let by_db = by_database(&reg.totals());
         assert_eq!(by_db[0].1.queries, 3);
+    }
+
+    #[test]
+    fn a_pools_threads_are_summed_into_one_row() {
+        let reg = StatsRegistry::default();
+        let key = |db: &str| PoolKey {
+            db: db.into(),
+            user: "u".into(),
+        };
+        reg.for_pool(&key("a"), 2).add_received(5);
+        reg.for_pool(&key("b"), 0).add_received(7);
+        reg.for_pool(&key("a"), 0).add_received(10);
+        reg.for_pool(&key("a"), 2).add_received(1);
+        let rows = reg.totals();
+        let got: Vec<(&str, u64)> = rows
+            .iter()
+            .map(|(k, v)| (k.db.as_str(), v.received))
+            .collect();
+        assert_eq!(got, [("a", 16), ("b", 7)]);
+        let (t0, second) = (Instant::now(), Duration::from_secs(1));
+        reg.tick(t0, second);
+        reg.tick(t0 + second, second);
+        reg.for_pool(&key("a"), 1).add_received(4);
+        reg.tick(t0 + 2 * second, second);
+        assert_eq!(reg.averages()[&key("a")].received, 4);
     }
 }
