@@ -82,14 +82,16 @@ impl Runtime {
         config: Config,
         userlist: HashMap<String, Secret>,
         governance: Option<Arc<Governance>>,
-        (edge, gatekeeper, ops, workers): (Edge, Arc<Gatekeeper>, Ops, Workers),
+        (edge, gatekeeper, mut ops, workers): (Edge, Arc<Gatekeeper>, Ops, Workers),
     ) -> Arc<Self> {
         let mut mock_key = [0u8; 32];
         rand::thread_rng().fill_bytes(&mut mock_key);
         let tracked = Tracked::of(&config.settings);
         let workers = Arc::new(workers);
         configure_gate(&gatekeeper, governance.as_deref());
-        lock(&ops.statements).set_max_rows(config.settings.max_statement_stats);
+        // A table of statement statistics per worker thread.
+        let max_rows = config.settings.max_statement_stats;
+        ops.statements = crate::ops::StatementTables::new(workers.count(), max_rows);
         configure_anomalies(&ops, governance.as_deref());
         Arc::new(Runtime {
             config: Arc::new(ArcSwap::from_pointee(config)),
@@ -196,7 +198,9 @@ impl Runtime {
     /// Makes `config` (and `userlist`, if given) the running configuration and brings every
     /// pool in line with it.
     pub fn install(&self, config: Config, userlist: Option<HashMap<String, Secret>>) {
-        lock(&self.ops.statements).set_max_rows(config.settings.max_statement_stats);
+        self.ops
+            .statements
+            .set_max_rows(config.settings.max_statement_stats);
         if let Some(level) = &self.ops.log_level {
             level.set(config.settings.verbose);
         }
@@ -676,7 +680,7 @@ impl crate::watch::Watched for Runtime {
 
     fn note_lock_waits(&self, upstream: &str, n: usize) {
         self.gatekeeper.note_lock_waits(upstream, n);
-        lock(&self.ops.statements).note_lock_waits(n);
+        self.ops.statements.note_lock_waits(n);
     }
 
     fn decisions(&self) -> &crate::gate::DecisionLog {
@@ -684,10 +688,10 @@ impl crate::watch::Watched for Runtime {
     }
 
     fn add_server_statements(&self, changes: Vec<crate::watch::server_stats::Delta>) {
-        let mut table = lock(&self.ops.statements);
-        for c in changes {
-            table.add_server(c.fingerprint, &c.role, &c.database, &c.counters);
-        }
+        let changes = changes
+            .iter()
+            .map(|c| (c.fingerprint, &*c.role, &*c.database, &c.counters));
+        self.ops.statements.add_server(changes);
     }
 
     fn cap_tenant(&self, tenant: &str, on: bool) {

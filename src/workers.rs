@@ -71,6 +71,11 @@ impl Workers {
         self.threads.iter().position(|t| *t == me)
     }
 
+    /// How many threads serve clients (1 when everything runs on the caller's runtime).
+    pub fn count(&self) -> usize {
+        self.handles.len().max(1)
+    }
+
     /// Whether there is more than one thread (a socket may then have to move).
     pub fn several(&self) -> bool {
         self.handles.len() > 1

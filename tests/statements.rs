@@ -125,6 +125,45 @@ async fn show_statements_gives_a_known_mix_its_percentiles_and_keeps_errors_and_
     assert_eq!(show(&admin.client, "SHOW STATEMENTS 1").await.len(), 1);
 }
 
+/// With several worker threads each keeps its own table: SHOW STATEMENTS sums a statement's
+/// rows of every thread into one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_worker_threads_a_statements_rows_of_every_thread_are_summed() {
+    let f = gated(
+        REJECT_POLICY,
+        "worker_threads = 3\ndefault_pool_size = 2\nadmin_users = admin\n",
+    );
+    // Six clients, two on each thread.
+    let mut clients = Vec::new();
+    for _ in 0..6 {
+        clients.push(must_connect(&f.pw.connstr("postgres", None, "app")).await);
+    }
+    for round in 0..5 {
+        for (i, c) in clients.iter().enumerate() {
+            let sql = format!("SELECT {round} + {i}");
+            assert_eq!(outcome(&c.client, &sql).await, "");
+        }
+    }
+    for c in &clients[..3] {
+        assert_eq!(outcome(&c.client, "SELECT 1 / (2 - 2)").await, "22012");
+    }
+    let admin = must_connect(&f.pw.connstr("admin", None, "pgward")).await;
+    let rows = show(&admin.client, "SHOW STATEMENTS").await;
+    let sum = row(&rows, "SELECT $1 + $2", "postgres");
+    assert_eq!(number(sum, "calls"), 30.0);
+    assert_eq!(number(sum, "rows"), 30.0);
+    let same = |text: &str| {
+        rows.iter()
+            .filter(|r| r["query"].as_deref() == Some(text))
+            .count()
+    };
+    assert_eq!(same("SELECT $1 + $2"), 1, "{rows:?}");
+    let division = row(&rows, "SELECT $1 / ($2 - $3)", "postgres");
+    assert_eq!(number(division, "calls"), 3.0);
+    assert_eq!(division["errors"].as_deref(), Some("22012:3"));
+    assert_eq!(same("SELECT $1 / ($2 - $3)"), 1, "{rows:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_table_stays_within_max_statement_stats_under_many_distinct_statements() {
     // Ten thousand distinct statements through pgward against a bound of 50 (a hundred

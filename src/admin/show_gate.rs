@@ -446,7 +446,7 @@ const STATEMENTS: &[(&str, Ty)] = &[
 pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
     let config = rt.config.load();
     let (rows, server): (Vec<_>, Vec<_>) = {
-        let table = crate::sync::lock(&rt.ops.statements);
+        let table = &rt.ops.statements;
         let rows = table.top(limit, tenant);
         let server = rows
             .iter()

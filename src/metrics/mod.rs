@@ -529,10 +529,8 @@ fn plan_cache(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::E
 /// most total time, their calls, time and latency percentiles; the rows kept and evicted.
 fn statement_stats(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let cap = rt.config.load().settings.prometheus_max_statements;
-    let (rows, evicted, top) = {
-        let table = crate::sync::lock(&rt.ops.statements);
-        (table.len(), table.evicted(), table.top(cap, None))
-    };
+    let (rows, evicted) = rt.ops.statements.counts();
+    let top = rt.ops.statements.top(cap, None);
     let (mut calls, mut seconds, mut latency) = (Vec::new(), Vec::new(), Vec::new());
     for (key, row, _) in &top {
         let labels = || -> Labels {

@@ -139,6 +139,13 @@ impl Coarse {
         self.n += 1;
     }
 
+    fn merge(&mut self, other: &Coarse) {
+        for (mine, theirs) in self.counts.iter_mut().zip(other.counts.iter()) {
+            *mine += theirs;
+        }
+        self.n += other.n;
+    }
+
     /// The `q` quantile: the upper bound of the bucket of rank `ceil(q·n)` (within 10%).
     fn quantile(&self, q: f64) -> Option<f64> {
         if self.n == 0 {
@@ -196,6 +203,24 @@ impl Tally {
         b.failed += u64::from(failed);
         b.slow += u64::from(slow);
         b.long += u64::from(long);
+    }
+
+    /// Adds the tally of the same minute kept elsewhere (another worker thread's).
+    pub fn merge(&mut self, other: Tally) {
+        self.statements += other.statements;
+        self.failures += other.failures;
+        self.slow += other.slow;
+        self.latency.merge(&other.latency);
+        self.lock_waits = self.lock_waits.max(other.lock_waits);
+        for (key, b) in other.behind {
+            if self.behind.len() >= MAX_BEHIND && !self.behind.contains_key(&key) {
+                continue;
+            }
+            let mine = self.behind.entry(key).or_default();
+            mine.failed += b.failed;
+            mine.slow += b.slow;
+            mine.long += b.long;
+        }
     }
 
     /// The server reading counted `n` of pgward's sessions waiting for a lock.
@@ -481,6 +506,26 @@ mod tests {
         for m in from..from + minutes {
             assert_eq!(d.close(minute(100, 0.002, 0), at(m)), None, "minute {m}");
         }
+    }
+
+    #[test]
+    fn a_minute_kept_on_two_threads_merges_into_the_whole_minute() {
+        let mut one = minute(60, 0.002, 0);
+        one.note_lock_waits(3);
+        let mut other = minute(40, 0.5, 10);
+        other.note_lock_waits(2);
+        one.merge(other);
+        let mut whole = minute(60, 0.002, 0);
+        for i in 0..40 {
+            whole.add(1, "a", Latency::of(0.5), i < 10, Some(0.002));
+        }
+        assert_eq!(one.statements(), 100);
+        assert_eq!((one.failures, one.slow, one.lock_waits), (10, 40, 3));
+        for s in [Signal::P99, Signal::Failures, Signal::Slow] {
+            assert_eq!(one.value(s), whole.value(s), "{s:?}");
+        }
+        let behind = &one.behind[&(1, "a".to_string())];
+        assert_eq!((behind.failed, behind.slow, behind.long), (10, 40, 40));
     }
 
     #[test]

@@ -25,7 +25,7 @@ pub use clients::{ClientEntry, ClientInfo, ClientRegistry, ClientState, Registra
 pub use hooks::{Checkout, SessionHooks, Waiting};
 pub use overrides::Overrides;
 pub use state::{Control, OpState, PauseMode, Shutdown};
-pub use statements::{Ran, StatementKey, StatementRow, Statements};
+pub use statements::{Ran, StatementKey, StatementRow, StatementTables, Statements};
 pub use stats::{PoolCounters, StatValues, StatsRegistry};
 
 /// The operations layer's part of the runtime.
@@ -36,8 +36,8 @@ pub struct Ops {
     pub control: Control,
     /// SET USER / SET POOL values, kept across reloads.
     pub overrides: Mutex<Overrides>,
-    /// Statement statistics (SHOW STATEMENTS), under a policy.
-    pub statements: Mutex<Statements>,
+    /// Statement statistics (SHOW STATEMENTS), under a policy: a table per worker thread.
+    pub statements: StatementTables,
     /// The judge of unusual minutes (SHOW ANOMALIES), fed by the statement statistics.
     pub anomalies: Mutex<Detector>,
     /// The traffic log (`pgward simulate` reads it), under a policy that names one.
@@ -63,7 +63,7 @@ impl Default for Ops {
             stats: StatsRegistry::default(),
             control: Control::default(),
             overrides: Mutex::new(Overrides::default()),
-            statements: Mutex::new(Statements::default()),
+            statements: StatementTables::default(),
             anomalies: Mutex::new(Detector::default()),
             traffic: traffic::TrafficLog::default(),
             logfile: None,
@@ -83,7 +83,7 @@ impl Ops {
         if !detector.due(now) {
             return;
         }
-        let tally = lock(&self.statements).take_minute();
+        let tally = self.statements.take_minute();
         let change = detector.close(tally, wall);
         drop(detector);
         match change {
@@ -110,12 +110,12 @@ impl Ops {
     /// fingerprint, normalized text (when it can be shown), tenant and runs that failed or
     /// were slow or long.
     pub fn statements_of(&self, incident: &Incident) -> String {
-        let table = lock(&self.statements);
         let named: Vec<String> = incident
             .named(anomalies::NAMED)
             .into_iter()
             .map(|(fingerprint, tenant, b)| {
-                let text = table.text(fingerprint).unwrap_or("?");
+                let text = self.statements.text(fingerprint);
+                let text = text.as_deref().unwrap_or("?");
                 format!(
                     "{fingerprint:016x} [{text}] tenant={tenant} failed={} slow={} long={}",
                     b.failed, b.slow, b.long

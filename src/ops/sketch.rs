@@ -77,6 +77,16 @@ impl Sketch {
         self.max = self.max.max(x);
     }
 
+    /// Adds every value of `other`.
+    pub fn merge(&mut self, other: &Sketch) {
+        for (&i, &n) in &other.buckets {
+            *self.buckets.entry(i).or_default() += n;
+        }
+        self.count += other.count;
+        self.sum += other.sum;
+        self.max = self.max.max(other.max);
+    }
+
     /// Values added.
     pub fn count(&self) -> u64 {
         self.count
@@ -182,6 +192,28 @@ mod tests {
         }
         let below = f64::from_bits(7.0f64.to_bits() - 1);
         assert_eq!(ceil_index(below), 7);
+    }
+
+    #[test]
+    fn two_sketches_merged_answer_as_one_of_all_their_values() {
+        let (mut a, mut b, mut all) = (Sketch::default(), Sketch::default(), Sketch::default());
+        for i in 1..=200u32 {
+            let v = f64::from(i) * 1e-4;
+            match i % 3 {
+                0 => a.add(v),
+                _ => b.add(v),
+            }
+            all.add(v);
+        }
+        a.merge(&b);
+        assert_eq!(
+            (a.count(), a.buckets(), a.max()),
+            (all.count(), all.buckets(), all.max())
+        );
+        assert!((a.sum() - all.sum()).abs() < 1e-9);
+        for q in [0.0, 0.5, 0.9, 0.99, 1.0] {
+            assert_eq!(a.quantile(q), all.quantile(q), "q {q}");
+        }
     }
 
     #[test]

@@ -5,15 +5,19 @@
 //! Bounded: at `max_rows`, the least-called twentieth of the rows is evicted (and counted), as
 //! pg_stat_statements does. Each fingerprint's normalized text (constants replaced by `$n`,
 //! never the constants) is kept once. Pure: the caller says when.
+//!
+//! [`StatementTables`] keeps a table per worker thread, which that thread's sessions record in
+//! (no lock shared between cores per statement), and merges them when they are read.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::hash::BuildHasher;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use foldhash::HashMap;
 
 use super::anomalies::{Tally, SLOW_FLOOR};
 use super::sketch::{Latency, Sketch};
+use crate::sync::lock;
 
 /// The longest text kept for a statement, in bytes (a longer one is cut, and says so).
 pub const MAX_TEXT: usize = 4096;
@@ -87,6 +91,22 @@ pub struct StatementRow {
     pub refusals: BTreeMap<String, u64>,
 }
 
+impl StatementRow {
+    /// Adds `other`'s counts (the same statement's row in another thread's table).
+    pub fn merge(&mut self, other: &StatementRow) {
+        self.calls += other.calls;
+        self.rows += other.rows;
+        self.latency.merge(&other.latency);
+        self.waited += other.waited;
+        for (code, n) in &other.errors {
+            *self.errors.entry(code.clone()).or_default() += n;
+        }
+        for (reason, n) in &other.refusals {
+            *self.refusals.entry(reason.clone()).or_default() += n;
+        }
+    }
+}
+
 /// What pg_stat_statements counts of a statement (or what changed of it).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct ServerCounters {
@@ -152,9 +172,6 @@ pub struct Statements {
     evicted: u64,
     /// The current minute, for the judge of unusual minutes.
     minute: Tally,
-    /// What pg_stat_statements counted since pgward began reading it, by fingerprint, role
-    /// and database (PostgreSQL knows no tenant: a role's tenants share it).
-    server: HashMap<(u64, String, String), ServerCounters>,
 }
 
 impl Default for Statements {
@@ -174,7 +191,6 @@ impl Statements {
             max_rows,
             evicted: 0,
             minute: Tally::default(),
-            server: HashMap::default(),
         }
     }
 
@@ -184,7 +200,6 @@ impl Statements {
         if max_rows == 0 {
             self.rows.clear();
             self.texts.clear();
-            self.server.clear();
             self.count = 0;
         }
     }
@@ -235,32 +250,6 @@ impl Statements {
         }
         self.minute
             .add(fingerprint, tenant, latency, failed, median);
-    }
-
-    /// Adds what pg_stat_statements counted for statement `fingerprint` of server role
-    /// `role` in server database `database`: only for statements pgward has rows of, bounded
-    /// with the rows (and evicted with them).
-    pub fn add_server(&mut self, fingerprint: u64, role: &str, database: &str, c: &ServerCounters) {
-        if !self.texts.contains_key(&fingerprint) {
-            return;
-        }
-        let key = (fingerprint, role.to_string(), database.to_string());
-        if self.server.len() >= self.max_rows && !self.server.contains_key(&key) {
-            return;
-        }
-        self.server.entry(key).or_default().add(c);
-    }
-
-    /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
-    /// in server database `database`.
-    pub fn server_counters(
-        &self,
-        fingerprint: u64,
-        role: &str,
-        database: &str,
-    ) -> Option<ServerCounters> {
-        let k = (fingerprint, role.to_string(), database.to_string());
-        self.server.get(&k).copied()
     }
 
     /// The current minute's tally, handed over; a new minute begins.
@@ -347,12 +336,11 @@ impl Statements {
         self.rows.retain(|_, rows| !rows.is_empty());
         self.count -= gone;
         self.evicted += gone as u64;
-        let used: std::collections::HashSet<u64> = self.rows.keys().map(|k| k.0).collect();
+        let used: HashSet<u64> = self.rows.keys().map(|k| k.0).collect();
         self.texts.retain(|f, _| used.contains(f));
-        self.server.retain(|k, _| used.contains(&k.0));
     }
 
-    fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
+    pub fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
         self.rows.values().flatten().map(|(k, r)| (k, r))
     }
 
@@ -381,21 +369,209 @@ impl Statements {
             .all()
             .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t))
             .collect();
-        rows.sort_by(|a, b| {
-            b.1.latency
-                .sum()
-                .total_cmp(&a.1.latency.sum())
-                .then(a.0.cmp(b.0))
-        });
+        by_total_time(&mut rows);
         rows.into_iter()
             .take(n)
-            .map(|(k, r)| {
-                // An empty text is one that could not be shown without its constants.
-                let text = self.texts.get(&k.fingerprint).filter(|t| !t.is_empty());
-                (k.clone(), r.clone(), text.cloned())
-            })
+            .map(|(k, r)| (k.clone(), r.clone(), self.shown_text(k.fingerprint)))
             .collect()
     }
+
+    /// The normalized text of `fingerprint` as SHOW shows it: an empty text is one that could
+    /// not be shown without its constants.
+    fn shown_text(&self, fingerprint: u64) -> Option<String> {
+        let text = self.texts.get(&fingerprint)?;
+        (!text.is_empty()).then(|| text.clone())
+    }
+}
+
+/// Most total time first, then by key.
+fn by_total_time(rows: &mut [(&StatementKey, &StatementRow)]) {
+    rows.sort_by(|a, b| {
+        b.1.latency
+            .sum()
+            .total_cmp(&a.1.latency.sum())
+            .then(a.0.cmp(b.0))
+    });
+}
+
+/// What pg_stat_statements counted since pgward began reading it, by fingerprint, role and
+/// database (PostgreSQL knows no tenant: a role's tenants share it).
+type ServerTable = HashMap<(u64, String, String), ServerCounters>;
+
+/// The statement statistics of every worker thread: one [`Statements`] per thread, locked by
+/// that thread's sessions as they record and by the readers, which merge them. Each table is
+/// bounded by its share of `max_statement_stats`. What pg_stat_statements counted is kept
+/// once, for the statements some table has the text of.
+#[derive(Debug)]
+pub struct StatementTables {
+    tables: Vec<Mutex<Statements>>,
+    server: Mutex<ServerTable>,
+    /// The bound of all tables together (and of the server's counters).
+    max_rows: std::sync::atomic::AtomicUsize,
+}
+
+impl Default for StatementTables {
+    fn default() -> Self {
+        StatementTables::new(1, DEFAULT_MAX_ROWS)
+    }
+}
+
+impl StatementTables {
+    /// Tables for `threads` worker threads, of `max_rows` rows together.
+    pub fn new(threads: usize, max_rows: usize) -> StatementTables {
+        let threads = threads.max(1);
+        let share = share_of(max_rows, threads);
+        StatementTables {
+            tables: (0..threads)
+                .map(|_| Mutex::new(Statements::new(share)))
+                .collect(),
+            server: Mutex::new(ServerTable::default()),
+            max_rows: max_rows.into(),
+        }
+    }
+
+    /// The table of worker thread `worker`'s sessions.
+    pub fn of(&self, worker: usize) -> &Mutex<Statements> {
+        &self.tables[worker % self.tables.len()]
+    }
+
+    /// A new bound for all tables together (a reload).
+    pub fn set_max_rows(&self, max_rows: usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        self.max_rows.store(max_rows, Relaxed);
+        let share = share_of(max_rows, self.tables.len());
+        for table in &self.tables {
+            lock(table).set_max_rows(share);
+        }
+        if max_rows == 0 {
+            lock(&self.server).clear();
+        }
+    }
+
+    /// The current minute's tally of every table, handed over; a new minute begins.
+    pub fn take_minute(&self) -> Tally {
+        let mut minute = Tally::default();
+        for table in &self.tables {
+            minute.merge(lock(table).take_minute());
+        }
+        minute
+    }
+
+    /// The server reading counted `n` of pgward's sessions waiting for a lock.
+    pub fn note_lock_waits(&self, n: usize) {
+        lock(&self.tables[0]).note_lock_waits(n);
+    }
+
+    /// The normalized text of `fingerprint`, if a table keeps it and it can be shown.
+    pub fn text(&self, fingerprint: u64) -> Option<String> {
+        self.tables
+            .iter()
+            .find_map(|t| lock(t).text(fingerprint).map(str::to_string))
+    }
+
+    /// Adds what pg_stat_statements counted for each statement of `changes` (fingerprint,
+    /// server role, server database, counters): only for statements some table has a text
+    /// of; counters of statements no table has any more go.
+    pub fn add_server<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (u64, &'a str, &'a str, &'a ServerCounters)>,
+    ) {
+        let known: HashSet<u64> = self
+            .tables
+            .iter()
+            .flat_map(|t| lock(t).texts.keys().copied().collect::<Vec<_>>())
+            .collect();
+        let max_rows = self.max_rows.load(std::sync::atomic::Ordering::Relaxed);
+        let mut server = lock(&self.server);
+        server.retain(|k, _| known.contains(&k.0));
+        for (fingerprint, role, database, c) in changes {
+            if !known.contains(&fingerprint) {
+                continue;
+            }
+            let key = (fingerprint, role.to_string(), database.to_string());
+            if server.len() >= max_rows && !server.contains_key(&key) {
+                continue;
+            }
+            server.entry(key).or_default().add(c);
+        }
+    }
+
+    /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
+    /// in server database `database`.
+    pub fn server_counters(
+        &self,
+        fingerprint: u64,
+        role: &str,
+        database: &str,
+    ) -> Option<ServerCounters> {
+        let k = (fingerprint, role.to_string(), database.to_string());
+        lock(&self.server).get(&k).copied()
+    }
+
+    /// Rows kept (a statement with rows in several tables counts once) and rows evicted
+    /// since the start.
+    pub fn counts(&self) -> (usize, u64) {
+        if let [table] = self.tables.as_slice() {
+            let table = lock(table);
+            return (table.len(), table.evicted());
+        }
+        let mut keys = HashSet::new();
+        let mut evicted = 0;
+        for table in &self.tables {
+            let table = lock(table);
+            evicted += table.evicted();
+            keys.extend(table.all().map(|(k, _)| k.clone()));
+        }
+        (keys.len(), evicted)
+    }
+
+    /// The `n` rows with the most total time (of `tenant` only, if given), most first, with
+    /// their texts: each statement's rows of every table summed.
+    pub fn top(
+        &self,
+        n: usize,
+        tenant: Option<&str>,
+    ) -> Vec<(StatementKey, StatementRow, Option<String>)> {
+        if let [table] = self.tables.as_slice() {
+            return lock(table).top(n, tenant);
+        }
+        let mut merged: std::collections::HashMap<StatementKey, (StatementRow, Option<String>)> =
+            std::collections::HashMap::new();
+        for table in &self.tables {
+            let table = lock(table);
+            let mine = table
+                .all()
+                .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t));
+            for (key, row) in mine {
+                match merged.get_mut(key) {
+                    Some((sum, text)) => {
+                        sum.merge(row);
+                        if text.is_none() {
+                            *text = table.shown_text(key.fingerprint);
+                        }
+                    }
+                    None => {
+                        let text = table.shown_text(key.fingerprint);
+                        merged.insert(key.clone(), (row.clone(), text));
+                    }
+                }
+            }
+        }
+        let mut rows: Vec<(&StatementKey, &StatementRow)> =
+            merged.iter().map(|(k, (r, _))| (k, r)).collect();
+        by_total_time(&mut rows);
+        let chosen: Vec<StatementKey> = rows.into_iter().take(n).map(|(k, _)| k.clone()).collect();
+        chosen
+            .into_iter()
+            .filter_map(|k| merged.remove_entry(&k))
+            .map(|(k, (row, text))| (k, row, text))
+            .collect()
+    }
+}
+
+/// Each of `tables` tables' share of a bound of `max_rows` (none when it is 0).
+fn share_of(max_rows: usize, tables: usize) -> usize {
+    max_rows.div_ceil(tables.max(1))
 }
 
 /// How much a row was used: its runs and refusals.
@@ -458,30 +634,77 @@ mod tests {
 
     #[test]
     fn server_counters_are_kept_only_for_statements_with_rows_and_go_with_them() {
-        let mut s = Statements::new(2);
+        let tables = StatementTables::new(2, 4);
         let c = ServerCounters {
             calls: 1,
             wal_bytes: 10,
             ..ServerCounters::default()
         };
+        let change = |f| [(f, "app", "db", &c)];
         // A statement pgward never ran (the reading's own, another application's): left out.
-        s.add_server(9, "app", "db", &c);
-        assert_eq!(s.server_counters(9, "app", "db"), None);
-        s.record(key(1, "a").borrowed(), &ran(0.01));
-        s.set_text(1, "SELECT $1".into());
-        s.add_server(1, "app", "db", &c);
-        s.add_server(1, "app", "db", &c);
+        tables.add_server(change(9));
+        assert_eq!(tables.server_counters(9, "app", "db"), None);
+        {
+            // Run on the second thread only.
+            let mut s = lock(tables.of(1));
+            s.record(key(1, "a").borrowed(), &ran(0.01));
+            s.set_text(1, "SELECT $1".into());
+        }
+        tables.add_server(change(1));
+        tables.add_server(change(1));
         assert_eq!(
-            s.server_counters(1, "app", "db").map(|c| c.wal_bytes),
+            tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
             Some(20)
         );
-        // Evicted with its row.
+        // Evicted with its row (the thread's share of the bound is 2 rows).
         for i in 2..5 {
+            let mut s = lock(tables.of(1));
             s.record(key(i, "a").borrowed(), &ran(0.01));
             s.record(key(i, "a").borrowed(), &ran(0.01));
+            s.set_text(i, format!("SELECT {i}"));
         }
-        assert!(s.top(10, None).iter().all(|(k, _, _)| k.fingerprint != 1));
-        assert_eq!(s.server_counters(1, "app", "db"), None);
+        tables.add_server(change(2));
+        assert!(tables
+            .top(10, None)
+            .iter()
+            .all(|(k, _, _)| k.fingerprint != 1));
+        assert_eq!(tables.server_counters(1, "app", "db"), None);
+        assert_eq!(tables.text(1), None);
+    }
+
+    #[test]
+    fn each_threads_rows_are_summed_when_read() {
+        let tables = StatementTables::new(3, 30);
+        let failed = Ran {
+            seconds: 0.5,
+            waited: 0.25,
+            rows: 0,
+            error: Some("57014"),
+        };
+        lock(tables.of(0)).record(key(1, "a").borrowed(), &ran(0.01));
+        lock(tables.of(2)).record(key(1, "a").borrowed(), &ran(0.02));
+        lock(tables.of(2)).record(key(1, "a").borrowed(), &failed);
+        lock(tables.of(1)).refused(key(1, "a").borrowed(), "budget");
+        lock(tables.of(1)).record(key(2, "b").borrowed(), &ran(0.001));
+        lock(tables.of(2)).set_text(1, "SELECT $1".into());
+        let top = tables.top(10, None);
+        assert_eq!(top.len(), 2);
+        let (k, row, text) = &top[0];
+        assert_eq!(k, &key(1, "a"));
+        assert_eq!((row.calls, row.rows, row.latency.count()), (3, 2, 3));
+        assert!((row.latency.sum() - 0.53).abs() < 1e-9);
+        assert!((row.waited - 0.25).abs() < 1e-12);
+        assert_eq!((row.errors["57014"], row.refusals["budget"]), (1, 1));
+        assert_eq!(text.as_deref(), Some("SELECT $1"));
+        assert_eq!(tables.top(1, None).len(), 1);
+        assert_eq!(tables.top(10, Some("b")).len(), 1);
+        assert_eq!(tables.counts(), (2, 0));
+        assert_eq!(tables.text(1).as_deref(), Some("SELECT $1"));
+        assert_eq!(tables.take_minute().statements(), 4);
+        assert_eq!(tables.take_minute().statements(), 0);
+        // A reload's bound is shared out too.
+        tables.set_max_rows(3);
+        assert_eq!(lock(tables.of(0)).max_rows, 1);
     }
 
     #[test]

@@ -2228,7 +2228,7 @@ impl Session {
     /// and log theirs): counted, logged and in the statement statistics.
     fn log_rule_refusal(&self, hit: &RuleHit, text: &[u8]) {
         let stats = super::stats_sink(
-            &self.rt,
+            (&self.rt, self.home),
             self.gate.stats_on,
             &self.role_name,
             &self.database_name,
@@ -2307,7 +2307,7 @@ impl Session {
     /// reason, or that its client left while it waited.
     fn log_unrun(&self, arrival: &Arrival, tenant: &str, outcome: &str, predicted: Option<f64>) {
         let sink = super::stats_sink(
-            &self.rt,
+            (&self.rt, self.home),
             self.gate.stats_on,
             &self.role_name,
             &self.database_name,
@@ -2325,7 +2325,7 @@ impl Session {
         reason: &str,
     ) {
         if let Some(sink) = super::stats_sink(
-            &self.rt,
+            (&self.rt, self.home),
             self.gate.stats_on,
             &self.role_name,
             &self.database_name,

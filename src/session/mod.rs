@@ -686,7 +686,7 @@ impl Session {
             database: &self.pool.key.db,
             log_refusals: true,
             statements: stats_sink(
-                &self.rt,
+                (&self.rt, self.home),
                 self.gate.stats_on,
                 &self.role_name,
                 &self.database_name,
@@ -1115,7 +1115,7 @@ impl Session {
         self.gate.end_run(
             &self.rt.gatekeeper,
             stats_sink(
-                &self.rt,
+                (&self.rt, self.home),
                 self.gate.stats_on,
                 &self.role_name,
                 &self.database_name,
@@ -1176,7 +1176,7 @@ impl Session {
         self.gate.end_run(
             &self.rt.gatekeeper,
             stats_sink(
-                &self.rt,
+                (&self.rt, self.home),
                 self.gate.stats_on,
                 &self.role_name,
                 &self.database_name,
@@ -1279,7 +1279,7 @@ impl Session {
     /// The gate's run ends before the server answered it (see `GateState::cut_short`).
     fn cut_run_short(&mut self, sqlstate: &str) {
         let stats = stats_sink(
-            &self.rt,
+            (&self.rt, self.home),
             self.gate.stats_on,
             &self.role_name,
             &self.database_name,
@@ -1552,16 +1552,17 @@ fn scan_client(
     Ok(chunk)
 }
 
-/// Where the runs of a session of `role` in `database` are counted, if they are (`on`:
+/// Where the runs of a session of `role` in `database` on thread `home` are counted, if they are (`on`:
 /// under a policy, which reads statements, unless `max_statement_stats` is 0).
 fn stats_sink<'a>(
-    rt: &'a Runtime,
+    (rt, home): (&'a Runtime, Option<crate::workers::WorkerId>),
     on: bool,
     role: &'a Arc<str>,
     database: &'a Arc<str>,
 ) -> Option<admit::StatsSink<'a>> {
     on.then_some(admit::StatsSink {
-        table: &rt.ops.statements,
+        // The table of the session's thread.
+        table: rt.ops.statements.of(home.unwrap_or(0)),
         traffic: &rt.ops.traffic,
         role,
         database,
