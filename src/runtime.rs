@@ -688,10 +688,11 @@ impl crate::watch::Watched for Runtime {
     }
 
     fn add_server_statements(&self, changes: Vec<crate::watch::server_stats::Delta>) {
-        let changes = changes
+        let changes: Vec<_> = changes
             .iter()
-            .map(|c| (c.fingerprint, &*c.role, &*c.database, &c.counters));
-        self.ops.statements.add_server(changes);
+            .map(|c| (c.fingerprint, &*c.role, &*c.database, &c.counters))
+            .collect();
+        self.ops.statements.add_server(&changes);
     }
 
     fn cap_tenant(&self, tenant: &str, on: bool) {

@@ -172,6 +172,9 @@ pub struct Statements {
     evicted: u64,
     /// The current minute, for the judge of unusual minutes.
     minute: Tally,
+    /// What pg_stat_statements counted since pgward began reading it, by fingerprint, role
+    /// and database (PostgreSQL knows no tenant: a role's tenants share it).
+    server: HashMap<(u64, String, String), ServerCounters>,
 }
 
 impl Default for Statements {
@@ -191,6 +194,7 @@ impl Statements {
             max_rows,
             evicted: 0,
             minute: Tally::default(),
+            server: HashMap::default(),
         }
     }
 
@@ -200,6 +204,7 @@ impl Statements {
         if max_rows == 0 {
             self.rows.clear();
             self.texts.clear();
+            self.server.clear();
             self.count = 0;
         }
     }
@@ -250,6 +255,32 @@ impl Statements {
         }
         self.minute
             .add(fingerprint, tenant, latency, failed, median);
+    }
+
+    /// Adds what pg_stat_statements counted for statement `fingerprint` of server role
+    /// `role` in server database `database`: only for statements pgward has rows of, bounded
+    /// with the rows (and evicted with them).
+    pub fn add_server(&mut self, fingerprint: u64, role: &str, database: &str, c: &ServerCounters) {
+        if !self.texts.contains_key(&fingerprint) {
+            return;
+        }
+        let key = (fingerprint, role.to_string(), database.to_string());
+        if self.server.len() >= self.max_rows && !self.server.contains_key(&key) {
+            return;
+        }
+        self.server.entry(key).or_default().add(c);
+    }
+
+    /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
+    /// in server database `database`.
+    pub fn server_counters(
+        &self,
+        fingerprint: u64,
+        role: &str,
+        database: &str,
+    ) -> Option<ServerCounters> {
+        let k = (fingerprint, role.to_string(), database.to_string());
+        self.server.get(&k).copied()
     }
 
     /// The current minute's tally, handed over; a new minute begins.
@@ -338,6 +369,7 @@ impl Statements {
         self.evicted += gone as u64;
         let used: HashSet<u64> = self.rows.keys().map(|k| k.0).collect();
         self.texts.retain(|f, _| used.contains(f));
+        self.server.retain(|k, _| used.contains(&k.0));
     }
 
     pub fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
@@ -369,7 +401,12 @@ impl Statements {
             .all()
             .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t))
             .collect();
-        by_total_time(&mut rows);
+        rows.sort_by(|a, b| {
+            b.1.latency
+                .sum()
+                .total_cmp(&a.1.latency.sum())
+                .then(a.0.cmp(b.0))
+        });
         rows.into_iter()
             .take(n)
             .map(|(k, r)| (k.clone(), r.clone(), self.shown_text(k.fingerprint)))
@@ -384,30 +421,14 @@ impl Statements {
     }
 }
 
-/// Most total time first, then by key.
-fn by_total_time(rows: &mut [(&StatementKey, &StatementRow)]) {
-    rows.sort_by(|a, b| {
-        b.1.latency
-            .sum()
-            .total_cmp(&a.1.latency.sum())
-            .then(a.0.cmp(b.0))
-    });
-}
-
-/// What pg_stat_statements counted since pgward began reading it, by fingerprint, role and
-/// database (PostgreSQL knows no tenant: a role's tenants share it).
-type ServerTable = HashMap<(u64, String, String), ServerCounters>;
-
-/// The statement statistics of every worker thread: one [`Statements`] per thread, locked by
-/// that thread's sessions as they record and by the readers, which merge them. Each table is
-/// bounded by its share of `max_statement_stats`. What pg_stat_statements counted is kept
-/// once, for the statements some table has the text of.
+/// The statement statistics of every worker thread: one [`Statements`] per thread, each
+/// bounded by `max_statement_stats`, locked by that thread's sessions as they record and by
+/// the readers, which sum a statement's rows of every table. A reader that needs several
+/// tables locks them in their order, and no one holds one table's lock while taking another
+/// out of that order.
 #[derive(Debug)]
 pub struct StatementTables {
     tables: Vec<Mutex<Statements>>,
-    server: Mutex<ServerTable>,
-    /// The bound of all tables together (and of the server's counters).
-    max_rows: std::sync::atomic::AtomicUsize,
 }
 
 impl Default for StatementTables {
@@ -417,16 +438,12 @@ impl Default for StatementTables {
 }
 
 impl StatementTables {
-    /// Tables for `threads` worker threads, of `max_rows` rows together.
+    /// Tables for `threads` worker threads, of at most `max_rows` rows each.
     pub fn new(threads: usize, max_rows: usize) -> StatementTables {
-        let threads = threads.max(1);
-        let share = share_of(max_rows, threads);
         StatementTables {
-            tables: (0..threads)
-                .map(|_| Mutex::new(Statements::new(share)))
+            tables: (0..threads.max(1))
+                .map(|_| Mutex::new(Statements::new(max_rows)))
                 .collect(),
-            server: Mutex::new(ServerTable::default()),
-            max_rows: max_rows.into(),
         }
     }
 
@@ -435,16 +452,15 @@ impl StatementTables {
         &self.tables[worker % self.tables.len()]
     }
 
-    /// A new bound for all tables together (a reload).
+    /// Every table, locked in order.
+    fn all(&self) -> Vec<std::sync::MutexGuard<'_, Statements>> {
+        self.tables.iter().map(lock).collect()
+    }
+
+    /// A new bound for each table (a reload).
     pub fn set_max_rows(&self, max_rows: usize) {
-        use std::sync::atomic::Ordering::Relaxed;
-        self.max_rows.store(max_rows, Relaxed);
-        let share = share_of(max_rows, self.tables.len());
         for table in &self.tables {
-            lock(table).set_max_rows(share);
-        }
-        if max_rows == 0 {
-            lock(&self.server).clear();
+            lock(table).set_max_rows(max_rows);
         }
     }
 
@@ -470,108 +486,96 @@ impl StatementTables {
     }
 
     /// Adds what pg_stat_statements counted for each statement of `changes` (fingerprint,
-    /// server role, server database, counters): only for statements some table has a text
-    /// of; counters of statements no table has any more go.
-    pub fn add_server<'a>(
-        &self,
-        changes: impl IntoIterator<Item = (u64, &'a str, &'a str, &'a ServerCounters)>,
-    ) {
-        let known: HashSet<u64> = self
-            .tables
-            .iter()
-            .flat_map(|t| lock(t).texts.keys().copied().collect::<Vec<_>>())
-            .collect();
-        let max_rows = self.max_rows.load(std::sync::atomic::Ordering::Relaxed);
-        let mut server = lock(&self.server);
-        server.retain(|k, _| known.contains(&k.0));
-        for (fingerprint, role, database, c) in changes {
-            if !known.contains(&fingerprint) {
-                continue;
+    /// server role, server database, counters) to the first table that has its text (so they
+    /// go when that table evicts the statement); a statement no table has is left out.
+    pub fn add_server(&self, changes: &[(u64, &str, &str, &ServerCounters)]) {
+        let mut placed = vec![false; changes.len()];
+        for table in &self.tables {
+            let mut table = lock(table);
+            for (change, done) in changes.iter().zip(placed.iter_mut()) {
+                let (fingerprint, role, database, c) = *change;
+                if !*done && table.texts.contains_key(&fingerprint) {
+                    table.add_server(fingerprint, role, database, c);
+                    *done = true;
+                }
             }
-            let key = (fingerprint, role.to_string(), database.to_string());
-            if server.len() >= max_rows && !server.contains_key(&key) {
-                continue;
-            }
-            server.entry(key).or_default().add(c);
         }
     }
 
     /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
-    /// in server database `database`.
+    /// in server database `database`, summed over the tables.
     pub fn server_counters(
         &self,
         fingerprint: u64,
         role: &str,
         database: &str,
     ) -> Option<ServerCounters> {
-        let k = (fingerprint, role.to_string(), database.to_string());
-        lock(&self.server).get(&k).copied()
+        let parts: Vec<ServerCounters> = self
+            .tables
+            .iter()
+            .filter_map(|t| lock(t).server_counters(fingerprint, role, database))
+            .collect();
+        parts.into_iter().reduce(|mut sum, c| {
+            sum.add(&c);
+            sum
+        })
     }
 
-    /// Rows kept (a statement with rows in several tables counts once) and rows evicted
-    /// since the start.
+    /// Rows kept (a statement with rows in several tables counts once) and rows the tables
+    /// evicted since the start (a statement evicted from two tables counts twice), read at
+    /// one moment.
     pub fn counts(&self) -> (usize, u64) {
-        if let [table] = self.tables.as_slice() {
-            let table = lock(table);
+        let tables = self.all();
+        if let [table] = tables.as_slice() {
             return (table.len(), table.evicted());
         }
-        let mut keys = HashSet::new();
-        let mut evicted = 0;
-        for table in &self.tables {
-            let table = lock(table);
-            evicted += table.evicted();
-            keys.extend(table.all().map(|(k, _)| k.clone()));
-        }
-        (keys.len(), evicted)
+        let keys: HashSet<&StatementKey> = tables
+            .iter()
+            .flat_map(|t| t.all().map(|(k, _)| k))
+            .collect();
+        (keys.len(), tables.iter().map(|t| t.evicted()).sum())
     }
 
     /// The `n` rows with the most total time (of `tenant` only, if given), most first, with
-    /// their texts: each statement's rows of every table summed.
+    /// their texts: each statement's rows of every table summed, read at one moment.
     pub fn top(
         &self,
         n: usize,
         tenant: Option<&str>,
     ) -> Vec<(StatementKey, StatementRow, Option<String>)> {
-        if let [table] = self.tables.as_slice() {
-            return lock(table).top(n, tenant);
+        let tables = self.all();
+        if let [table] = tables.as_slice() {
+            return table.top(n, tenant);
         }
-        let mut merged: std::collections::HashMap<StatementKey, (StatementRow, Option<String>)> =
+        let mut rows: std::collections::HashMap<&StatementKey, Vec<&StatementRow>> =
             std::collections::HashMap::new();
-        for table in &self.tables {
-            let table = lock(table);
+        for table in &tables {
             let mine = table
                 .all()
                 .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t));
             for (key, row) in mine {
-                match merged.get_mut(key) {
-                    Some((sum, text)) => {
-                        sum.merge(row);
-                        if text.is_none() {
-                            *text = table.shown_text(key.fingerprint);
-                        }
-                    }
-                    None => {
-                        let text = table.shown_text(key.fingerprint);
-                        merged.insert(key.clone(), (row.clone(), text));
-                    }
-                }
+                rows.entry(key).or_default().push(row);
             }
         }
-        let mut rows: Vec<(&StatementKey, &StatementRow)> =
-            merged.iter().map(|(k, (r, _))| (k, r)).collect();
-        by_total_time(&mut rows);
-        let chosen: Vec<StatementKey> = rows.into_iter().take(n).map(|(k, _)| k.clone()).collect();
-        chosen
+        let mut totals: Vec<(&StatementKey, f64)> = rows
+            .iter()
+            .map(|(k, parts)| (*k, parts.iter().map(|r| r.latency.sum()).sum()))
+            .collect();
+        totals.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+        totals
             .into_iter()
-            .filter_map(|k| merged.remove_entry(&k))
-            .map(|(k, (row, text))| (k, row, text))
+            .take(n)
+            .map(|(key, _)| {
+                let mut sum = StatementRow::default();
+                for part in &rows[key] {
+                    sum.merge(part);
+                }
+                // Any table's text of the statement (a refused run sets none in its own).
+                let text = tables.iter().find_map(|t| t.shown_text(key.fingerprint));
+                (key.clone(), sum, text)
+            })
             .collect()
     }
-}
-
-/// Each of `tables` tables' share of a bound of `max_rows` (none when it is 0).
-fn share_of(max_rows: usize, tables: usize) -> usize {
-    max_rows.div_ceil(tables.max(1))
 }
 
 /// How much a row was used: its runs and refusals.
@@ -634,47 +638,79 @@ mod tests {
 
     #[test]
     fn server_counters_are_kept_only_for_statements_with_rows_and_go_with_them() {
-        let tables = StatementTables::new(2, 4);
+        let mut s = Statements::new(2);
         let c = ServerCounters {
             calls: 1,
             wal_bytes: 10,
             ..ServerCounters::default()
         };
-        let change = |f| [(f, "app", "db", &c)];
         // A statement pgward never ran (the reading's own, another application's): left out.
-        tables.add_server(change(9));
-        assert_eq!(tables.server_counters(9, "app", "db"), None);
+        s.add_server(9, "app", "db", &c);
+        assert_eq!(s.server_counters(9, "app", "db"), None);
+        s.record(key(1, "a").borrowed(), &ran(0.01));
+        s.set_text(1, "SELECT $1".into());
+        s.add_server(1, "app", "db", &c);
+        s.add_server(1, "app", "db", &c);
+        assert_eq!(
+            s.server_counters(1, "app", "db").map(|c| c.wal_bytes),
+            Some(20)
+        );
+        // Evicted with its row.
+        for i in 2..5 {
+            s.record(key(i, "a").borrowed(), &ran(0.01));
+            s.record(key(i, "a").borrowed(), &ran(0.01));
+        }
+        assert!(s.top(10, None).iter().all(|(k, _, _)| k.fingerprint != 1));
+        assert_eq!(s.server_counters(1, "app", "db"), None);
+    }
+
+    #[test]
+    fn server_counters_go_to_a_table_that_has_the_statement_and_with_its_row() {
+        let tables = StatementTables::new(2, 2);
+        let c = ServerCounters {
+            calls: 1,
+            wal_bytes: 10,
+            ..ServerCounters::default()
+        };
+        tables.add_server(&[(1, "app", "db", &c)]);
+        assert_eq!(tables.server_counters(1, "app", "db"), None);
         {
             // Run on the second thread only.
             let mut s = lock(tables.of(1));
             s.record(key(1, "a").borrowed(), &ran(0.01));
             s.set_text(1, "SELECT $1".into());
         }
-        tables.add_server(change(1));
-        tables.add_server(change(1));
+        tables.add_server(&[(1, "app", "db", &c), (1, "app", "db", &c)]);
         assert_eq!(
             tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
             Some(20)
         );
-        // Evicted with its row (the thread's share of the bound is 2 rows).
-        for i in 2..5 {
-            let mut s = lock(tables.of(1));
-            s.record(key(i, "a").borrowed(), &ran(0.01));
-            s.record(key(i, "a").borrowed(), &ran(0.01));
-            s.set_text(i, format!("SELECT {i}"));
+        // Now on the first thread too: later counts go there, and both are summed.
+        {
+            let mut s = lock(tables.of(0));
+            s.record(key(1, "b").borrowed(), &ran(0.01));
+            s.set_text(1, "SELECT $1".into());
         }
-        tables.add_server(change(2));
-        assert!(tables
-            .top(10, None)
-            .iter()
-            .all(|(k, _, _)| k.fingerprint != 1));
+        tables.add_server(&[(1, "app", "db", &c)]);
+        assert_eq!(
+            tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
+            Some(30)
+        );
+        // Evicted with their rows, table by table.
+        for i in 2..5 {
+            for t in 0..2 {
+                let mut s = lock(tables.of(t));
+                s.record(key(i, "a").borrowed(), &ran(0.01));
+                s.record(key(i, "a").borrowed(), &ran(0.01));
+            }
+        }
         assert_eq!(tables.server_counters(1, "app", "db"), None);
         assert_eq!(tables.text(1), None);
     }
 
     #[test]
     fn each_threads_rows_are_summed_when_read() {
-        let tables = StatementTables::new(3, 30);
+        let tables = StatementTables::new(3, 10);
         let failed = Ran {
             seconds: 0.5,
             waited: 0.25,
@@ -702,9 +738,14 @@ mod tests {
         assert_eq!(tables.text(1).as_deref(), Some("SELECT $1"));
         assert_eq!(tables.take_minute().statements(), 4);
         assert_eq!(tables.take_minute().statements(), 0);
-        // A reload's bound is shared out too.
+        // Refused only on its thread: the text comes from another table.
+        lock(tables.of(1)).refused(key(3, "c").borrowed(), "rule");
+        lock(tables.of(0)).set_text(3, "SELECT $1, $2".into());
+        let refused = tables.top(10, Some("c"));
+        assert_eq!(refused[0].2.as_deref(), Some("SELECT $1, $2"));
+        // Each table is bounded by the whole bound.
         tables.set_max_rows(3);
-        assert_eq!(lock(tables.of(0)).max_rows, 1);
+        assert_eq!(lock(tables.of(2)).max_rows, 3);
     }
 
     #[test]
