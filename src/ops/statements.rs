@@ -175,6 +175,19 @@ pub struct Statements {
     /// What pg_stat_statements counted since pgward began reading it, by fingerprint, role
     /// and database (PostgreSQL knows no tenant: a role's tenants share it).
     server: HashMap<(u64, String, String), ServerCounters>,
+    /// The text and server counters of statements the last evictions took the last row of,
+    /// kept for another thread's table that still has the statement (`None`: the only
+    /// table, they go).
+    leaving: Option<Vec<Leaving>>,
+}
+
+/// A statement that left a table: its text and what pg_stat_statements counted of it, by
+/// server role and database.
+#[derive(Debug)]
+pub struct Leaving {
+    fingerprint: u64,
+    text: Option<String>,
+    server: Vec<((String, String), ServerCounters)>,
 }
 
 impl Default for Statements {
@@ -195,6 +208,40 @@ impl Statements {
             evicted: 0,
             minute: Tally::default(),
             server: HashMap::default(),
+            leaving: None,
+        }
+    }
+
+    /// A table that keeps what its evictions take for another table (one of several).
+    fn handing_off(max_rows: usize) -> Statements {
+        Statements {
+            leaving: Some(Vec::new()),
+            ..Statements::new(max_rows)
+        }
+    }
+
+    /// What the evictions since the last call took the last row of.
+    fn take_leaving(&mut self) -> Vec<Leaving> {
+        self.leaving
+            .as_mut()
+            .map(std::mem::take)
+            .unwrap_or_default()
+    }
+
+    /// Whether a row of statement `fingerprint` is kept.
+    fn fingerprints(&self) -> HashSet<u64> {
+        self.rows.keys().map(|k| k.0).collect()
+    }
+
+    /// Takes over what another table's eviction took of a statement this one has rows of:
+    /// its text, if this table has none, and its server counters (within the bound).
+    fn adopt(&mut self, leaving: Leaving) {
+        let fingerprint = leaving.fingerprint;
+        if let (false, Some(text)) = (self.has_text(fingerprint), leaving.text) {
+            self.set_text(fingerprint, text);
+        }
+        for ((role, database), c) in leaving.server {
+            self.add_server(fingerprint, &role, &database, &c);
         }
     }
 
@@ -259,16 +306,23 @@ impl Statements {
 
     /// Adds what pg_stat_statements counted for statement `fingerprint` of server role
     /// `role` in server database `database`: only for statements pgward has rows of, bounded
-    /// with the rows (and evicted with them).
-    pub fn add_server(&mut self, fingerprint: u64, role: &str, database: &str, c: &ServerCounters) {
+    /// with the rows (and evicted with them). Whether they were added.
+    pub fn add_server(
+        &mut self,
+        fingerprint: u64,
+        role: &str,
+        database: &str,
+        c: &ServerCounters,
+    ) -> bool {
         if !self.texts.contains_key(&fingerprint) {
-            return;
+            return false;
         }
         let key = (fingerprint, role.to_string(), database.to_string());
         if self.server.len() >= self.max_rows && !self.server.contains_key(&key) {
-            return;
+            return false;
         }
         self.server.entry(key).or_default().add(c);
+        true
     }
 
     /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
@@ -367,9 +421,27 @@ impl Statements {
         self.rows.retain(|_, rows| !rows.is_empty());
         self.count -= gone;
         self.evicted += gone as u64;
-        let used: HashSet<u64> = self.rows.keys().map(|k| k.0).collect();
-        self.texts.retain(|f, _| used.contains(f));
-        self.server.retain(|k, _| used.contains(&k.0));
+        let used = self.fingerprints();
+        let mut left: HashMap<u64, Leaving> = HashMap::default();
+        let keep = self.leaving.is_some();
+        self.texts.retain(|&f, text| {
+            if !used.contains(&f) && keep {
+                let l = left.entry(f).or_insert_with(|| Leaving::of(f));
+                l.text = Some(std::mem::take(text));
+            }
+            used.contains(&f)
+        });
+        self.server.retain(|(f, role, database), c| {
+            if !used.contains(f) && keep {
+                let l = left.entry(*f).or_insert_with(|| Leaving::of(*f));
+                let (role, database) = (role.clone(), database.clone());
+                l.server.push(((role, database), *c));
+            }
+            used.contains(f)
+        });
+        if let Some(leaving) = self.leaving.as_mut() {
+            leaving.extend(left.into_values());
+        }
     }
 
     pub fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
@@ -421,6 +493,16 @@ impl Statements {
     }
 }
 
+impl Leaving {
+    fn of(fingerprint: u64) -> Leaving {
+        Leaving {
+            fingerprint,
+            text: None,
+            server: Vec::new(),
+        }
+    }
+}
+
 /// The statement statistics of every worker thread: one [`Statements`] per thread, each
 /// bounded by `max_statement_stats`, locked by that thread's sessions as they record and by
 /// the readers, which sum a statement's rows of every table. A reader that needs several
@@ -440,16 +522,53 @@ impl Default for StatementTables {
 impl StatementTables {
     /// Tables for `threads` worker threads, of at most `max_rows` rows each.
     pub fn new(threads: usize, max_rows: usize) -> StatementTables {
+        let table = |_| match threads > 1 {
+            true => Mutex::new(Statements::handing_off(max_rows)),
+            false => Mutex::new(Statements::new(max_rows)),
+        };
         StatementTables {
-            tables: (0..threads.max(1))
-                .map(|_| Mutex::new(Statements::new(max_rows)))
-                .collect(),
+            tables: (0..threads.max(1)).map(table).collect(),
         }
     }
 
     /// The table of worker thread `worker`'s sessions.
-    pub fn of(&self, worker: usize) -> &Mutex<Statements> {
+    fn of(&self, worker: usize) -> &Mutex<Statements> {
         &self.tables[worker % self.tables.len()]
+    }
+
+    /// Runs `record` on the table of worker thread `worker` (a session of that thread counts
+    /// its runs), then hands what an eviction took of a statement to another table that still
+    /// has rows of it: its text and server counters go only with the statement's last row.
+    pub fn record<T>(&self, worker: usize, record: impl FnOnce(&mut Statements) -> T) -> T {
+        let (out, leaving) = {
+            let mut table = lock(self.of(worker));
+            let out = record(&mut table);
+            (out, table.take_leaving())
+        };
+        if !leaving.is_empty() {
+            self.hand_off(worker, leaving);
+        }
+        out
+    }
+
+    /// Gives each statement of `leaving` (which left table `from`) to the first other table
+    /// that has rows of it, one table locked at a time; what none has goes.
+    fn hand_off(&self, from: usize, leaving: Vec<Leaving>) {
+        let mut leaving: Vec<Option<Leaving>> = leaving.into_iter().map(Some).collect();
+        for (i, table) in self.tables.iter().enumerate() {
+            if i == from % self.tables.len() || leaving.iter().all(Option::is_none) {
+                continue;
+            }
+            let mut table = lock(table);
+            let has = table.fingerprints();
+            for slot in leaving.iter_mut() {
+                if slot.as_ref().is_some_and(|l| has.contains(&l.fingerprint)) {
+                    if let Some(l) = slot.take() {
+                        table.adopt(l);
+                    }
+                }
+            }
+        }
     }
 
     /// Every table, locked in order.
@@ -486,17 +605,17 @@ impl StatementTables {
     }
 
     /// Adds what pg_stat_statements counted for each statement of `changes` (fingerprint,
-    /// server role, server database, counters) to the first table that has its text (so they
-    /// go when that table evicts the statement); a statement no table has is left out.
+    /// server role, server database, counters) to the first table that has its text and room
+    /// for them (they go with the statement's last row of any table); a statement no table
+    /// has is left out.
     pub fn add_server(&self, changes: &[(u64, &str, &str, &ServerCounters)]) {
         let mut placed = vec![false; changes.len()];
         for table in &self.tables {
             let mut table = lock(table);
             for (change, done) in changes.iter().zip(placed.iter_mut()) {
                 let (fingerprint, role, database, c) = *change;
-                if !*done && table.texts.contains_key(&fingerprint) {
-                    table.add_server(fingerprint, role, database, c);
-                    *done = true;
+                if !*done {
+                    *done = table.add_server(fingerprint, role, database, c);
                 }
             }
         }
@@ -665,7 +784,7 @@ mod tests {
     }
 
     #[test]
-    fn server_counters_go_to_a_table_that_has_the_statement_and_with_its_row() {
+    fn a_statements_text_and_server_counters_go_only_with_its_last_row_of_any_thread() {
         let tables = StatementTables::new(2, 2);
         let c = ServerCounters {
             calls: 1,
@@ -674,38 +793,61 @@ mod tests {
         };
         tables.add_server(&[(1, "app", "db", &c)]);
         assert_eq!(tables.server_counters(1, "app", "db"), None);
-        {
-            // Run on the second thread only.
-            let mut s = lock(tables.of(1));
+        // Statement 1 runs once on the first thread and often on the second; statement 3 ran
+        // on the first thread and was only refused on the second.
+        tables.record(0, |s| {
             s.record(key(1, "a").borrowed(), &ran(0.01));
             s.set_text(1, "SELECT $1".into());
-        }
+            s.record(key(3, "a").borrowed(), &ran(0.01));
+            s.set_text(3, "SELECT $1, $2".into());
+        });
+        tables.record(1, |s| {
+            for _ in 0..5 {
+                s.record(key(1, "b").borrowed(), &ran(0.01));
+            }
+            s.set_text(1, "SELECT $1".into());
+            s.refused(key(3, "b").borrowed(), "rule");
+        });
+        // The reading's counts go to the first table that has the statement.
         tables.add_server(&[(1, "app", "db", &c), (1, "app", "db", &c)]);
+        assert_eq!(
+            lock(tables.of(0))
+                .server_counters(1, "app", "db")
+                .map(|c| c.wal_bytes),
+            Some(20)
+        );
+        // The first thread evicts both: what it had of them goes to the second's table.
+        tables.record(0, |s| {
+            for i in 4..6 {
+                s.record(key(i, "a").borrowed(), &ran(0.01));
+                s.record(key(i, "a").borrowed(), &ran(0.01));
+            }
+        });
+        assert!(lock(tables.of(0))
+            .fingerprints()
+            .is_disjoint(&HashSet::from([1, 3])));
         assert_eq!(
             tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
             Some(20)
         );
-        // Now on the first thread too: later counts go there, and both are summed.
-        {
-            let mut s = lock(tables.of(0));
-            s.record(key(1, "b").borrowed(), &ran(0.01));
-            s.set_text(1, "SELECT $1".into());
-        }
+        let refused = tables.top(10, None);
+        let three = refused.iter().find(|(k, _, _)| k.fingerprint == 3);
+        assert_eq!(three.and_then(|r| r.2.as_deref()), Some("SELECT $1, $2"));
         tables.add_server(&[(1, "app", "db", &c)]);
         assert_eq!(
             tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
             Some(30)
         );
-        // Evicted with their rows, table by table.
-        for i in 2..5 {
-            for t in 0..2 {
-                let mut s = lock(tables.of(t));
-                s.record(key(i, "a").borrowed(), &ran(0.01));
-                s.record(key(i, "a").borrowed(), &ran(0.01));
+        // Gone from every table: gone.
+        tables.record(1, |s| {
+            for i in 6..8 {
+                for _ in 0..6 {
+                    s.record(key(i, "b").borrowed(), &ran(0.01));
+                }
             }
-        }
+        });
         assert_eq!(tables.server_counters(1, "app", "db"), None);
-        assert_eq!(tables.text(1), None);
+        assert_eq!((tables.text(1), tables.text(3)), (None, None));
     }
 
     #[test]

@@ -761,10 +761,11 @@ impl GateState {
     }
 }
 
-/// Where a session's runs are counted (SHOW STATEMENTS): the table, and the session's role
-/// and pgward database.
+/// Where a session's runs are counted (SHOW STATEMENTS): the tables and the session's
+/// thread, whose table it records in, and the session's role and pgward database.
 pub(in crate::session) struct StatsSink<'a> {
-    pub table: &'a std::sync::Mutex<crate::ops::Statements>,
+    pub tables: &'a crate::ops::StatementTables,
+    pub worker: crate::workers::WorkerId,
     pub traffic: &'a crate::ops::traffic::TrafficLog,
     pub role: &'a Arc<str>,
     pub database: &'a Arc<str>,
@@ -776,7 +777,12 @@ impl StatsSink<'_> {
     /// cannot be told apart, and are left out.
     fn record(&self, run: &Run, now: Instant) {
         let alone = run.parts.len() == 1;
-        let mut table = crate::sync::lock(self.table);
+        self.tables
+            .record(self.worker, |table| self.record_in(table, run, now, alone));
+    }
+
+    /// [`record`](Self::record) in the session's table.
+    fn record_in(&self, table: &mut crate::ops::Statements, run: &Run, now: Instant, alone: bool) {
         for part in &run.parts {
             let Some(fingerprint) = part.fingerprint else {
                 continue;
@@ -860,7 +866,8 @@ impl StatsSink<'_> {
             role: self.role,
             database: self.database,
         };
-        crate::sync::lock(self.table).refused(key, reason);
+        self.tables
+            .record(self.worker, |table| table.refused(key, reason));
     }
 }
 
@@ -3316,10 +3323,11 @@ mod tests {
         let path = dir.path().join("t.jsonl");
         let traffic = TrafficLog::default();
         traffic.open(Some(&path)).unwrap();
-        let table = std::sync::Mutex::new(crate::ops::Statements::new(10));
+        let tables = crate::ops::StatementTables::new(1, 10);
         let app: Arc<str> = Arc::from("app");
         let sink = StatsSink {
-            table: &table,
+            tables: &tables,
+            worker: 0,
             traffic: &traffic,
             role: &app,
             database: &app,

@@ -1561,8 +1561,9 @@ fn stats_sink<'a>(
     database: &'a Arc<str>,
 ) -> Option<admit::StatsSink<'a>> {
     on.then_some(admit::StatsSink {
-        // The table of the session's thread.
-        table: rt.ops.statements.of(home.unwrap_or(0)),
+        tables: &rt.ops.statements,
+        // The session's thread's table.
+        worker: home.unwrap_or(0),
         traffic: &rt.ops.traffic,
         role,
         database,
