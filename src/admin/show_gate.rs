@@ -448,19 +448,24 @@ pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
     let (rows, server): (Vec<_>, Vec<_>) = {
         let table = &rt.ops.statements;
         let rows = table.top(limit, tenant);
-        let server = rows
+        let defs: Vec<_> = rows
             .iter()
-            .map(|(key, _, _)| {
+            .map(|(key, _, _)| config.database(&key.database))
+            .collect();
+        let wanted: Vec<(u64, &str, &str)> = rows
+            .iter()
+            .zip(&defs)
+            .map(|((key, _, _), def)| {
                 // pg_stat_statements knows the role and database the server logs in as.
-                let def = config.database(&key.database);
                 let def = def.as_ref();
                 let role = def.and_then(|d| d.user.as_deref()).unwrap_or(&key.role);
                 let db = def
                     .and_then(|d| d.dbname.as_deref())
                     .unwrap_or(&key.database);
-                table.server_counters(key.fingerprint, role, db)
+                (key.fingerprint, role, db)
             })
             .collect();
+        let server = table.server_counters(&wanted);
         (rows, server)
     };
     let mut t = Table::new(STATEMENTS);

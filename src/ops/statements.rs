@@ -234,15 +234,23 @@ impl Statements {
     }
 
     /// Takes over what another table's eviction took of a statement this one has rows of:
-    /// its text, if this table has none, and its server counters (within the bound).
-    fn adopt(&mut self, leaving: Leaving) {
+    /// its text, if this table has none, and its server counters (within the bound). What it
+    /// has no room for comes back, for another table.
+    fn adopt(&mut self, leaving: Leaving) -> Option<Leaving> {
         let fingerprint = leaving.fingerprint;
+        let mut rest = Leaving::of(fingerprint);
         if let (false, Some(text)) = (self.has_text(fingerprint), leaving.text) {
-            self.set_text(fingerprint, text);
+            self.set_text(fingerprint, text.clone());
+            if !self.has_text(fingerprint) {
+                rest.text = Some(text);
+            }
         }
         for ((role, database), c) in leaving.server {
-            self.add_server(fingerprint, &role, &database, &c);
+            if !self.add_server(fingerprint, &role, &database, &c) {
+                rest.server.push(((role, database), c));
+            }
         }
+        (rest.text.is_some() || !rest.server.is_empty()).then_some(rest)
     }
 
     /// A new bound (a reload); rows over it go at the next insertion.
@@ -551,8 +559,9 @@ impl StatementTables {
         out
     }
 
-    /// Gives each statement of `leaving` (which left table `from`) to the first other table
-    /// that has rows of it, one table locked at a time; what none has goes.
+    /// Gives each statement of `leaving` (which left table `from`) to the other tables that
+    /// have rows of it, in order, each taking what it has room for, one table locked at a
+    /// time; what none takes goes.
     fn hand_off(&self, from: usize, leaving: Vec<Leaving>) {
         let mut leaving: Vec<Option<Leaving>> = leaving.into_iter().map(Some).collect();
         for (i, table) in self.tables.iter().enumerate() {
@@ -564,7 +573,7 @@ impl StatementTables {
             for slot in leaving.iter_mut() {
                 if slot.as_ref().is_some_and(|l| has.contains(&l.fingerprint)) {
                     if let Some(l) = slot.take() {
-                        table.adopt(l);
+                        *slot = table.adopt(l);
                     }
                 }
             }
@@ -621,23 +630,20 @@ impl StatementTables {
         }
     }
 
-    /// What pg_stat_statements counted for statement `fingerprint` of server role `role`
-    /// in server database `database`, summed over the tables.
-    pub fn server_counters(
-        &self,
-        fingerprint: u64,
-        role: &str,
-        database: &str,
-    ) -> Option<ServerCounters> {
-        let parts: Vec<ServerCounters> = self
-            .tables
-            .iter()
-            .filter_map(|t| lock(t).server_counters(fingerprint, role, database))
-            .collect();
-        parts.into_iter().reduce(|mut sum, c| {
-            sum.add(&c);
-            sum
-        })
+    /// What pg_stat_statements counted for each statement of `wanted` (fingerprint, server
+    /// role, server database), summed over the tables, read at one moment.
+    pub fn server_counters(&self, wanted: &[(u64, &str, &str)]) -> Vec<Option<ServerCounters>> {
+        let tables = self.all();
+        let sum = |&(fingerprint, role, database): &(u64, &str, &str)| {
+            let parts = tables
+                .iter()
+                .filter_map(|t| t.server_counters(fingerprint, role, database));
+            parts.reduce(|mut sum, c| {
+                sum.add(&c);
+                sum
+            })
+        };
+        wanted.iter().map(sum).collect()
     }
 
     /// Rows kept (a statement with rows in several tables counts once) and rows the tables
@@ -792,7 +798,7 @@ mod tests {
             ..ServerCounters::default()
         };
         tables.add_server(&[(1, "app", "db", &c)]);
-        assert_eq!(tables.server_counters(1, "app", "db"), None);
+        assert_eq!(tables.server_counters(&[(1, "app", "db")])[0], None);
         // Statement 1 runs once on the first thread and often on the second; statement 3 ran
         // on the first thread and was only refused on the second.
         tables.record(0, |s| {
@@ -827,7 +833,7 @@ mod tests {
             .fingerprints()
             .is_disjoint(&HashSet::from([1, 3])));
         assert_eq!(
-            tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
+            tables.server_counters(&[(1, "app", "db")])[0].map(|c| c.wal_bytes),
             Some(20)
         );
         let refused = tables.top(10, None);
@@ -835,7 +841,7 @@ mod tests {
         assert_eq!(three.and_then(|r| r.2.as_deref()), Some("SELECT $1, $2"));
         tables.add_server(&[(1, "app", "db", &c)]);
         assert_eq!(
-            tables.server_counters(1, "app", "db").map(|c| c.wal_bytes),
+            tables.server_counters(&[(1, "app", "db")])[0].map(|c| c.wal_bytes),
             Some(30)
         );
         // Gone from every table: gone.
@@ -846,8 +852,43 @@ mod tests {
                 }
             }
         });
-        assert_eq!(tables.server_counters(1, "app", "db"), None);
+        assert_eq!(tables.server_counters(&[(1, "app", "db")])[0], None);
         assert_eq!((tables.text(1), tables.text(3)), (None, None));
+    }
+
+    #[test]
+    fn counters_a_table_has_no_room_for_go_on_to_the_next_that_has_the_statement() {
+        let tables = StatementTables::new(3, 2);
+        let c = ServerCounters {
+            calls: 1,
+            wal_bytes: 10,
+            ..ServerCounters::default()
+        };
+        let run = |worker, fingerprint| {
+            tables.record(worker, |s| {
+                s.record(key(fingerprint, "a").borrowed(), &ran(0.01));
+                s.set_text(fingerprint, format!("SELECT {fingerprint}"));
+            });
+        };
+        for worker in 0..3 {
+            run(worker, 1);
+        }
+        run(1, 2);
+        tables.add_server(&[(1, "app", "db", &c)]);
+        // The second table's counters are full (its bound is 2).
+        tables.add_server(&[(2, "app", "db", &c), (2, "app", "other", &c)]);
+        // The first table evicts statement 1: the second has no room, the third takes them.
+        tables.record(0, |s| {
+            for _ in 0..3 {
+                s.record(key(5, "a").borrowed(), &ran(0.01));
+            }
+            s.record(key(4, "a").borrowed(), &ran(0.01));
+        });
+        assert!(!lock(tables.of(0)).fingerprints().contains(&1));
+        let now = tables.server_counters(&[(1, "app", "db"), (2, "app", "other")]);
+        assert_eq!(now[0].map(|c| c.wal_bytes), Some(10));
+        assert_eq!(now[1].map(|c| c.wal_bytes), Some(10));
+        assert!(lock(tables.of(2)).server_counters(1, "app", "db").is_some());
     }
 
     #[test]
