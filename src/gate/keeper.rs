@@ -18,6 +18,7 @@ use crate::gate::{
     Cost, Decision, Expired, Gate, GateSettings, Granted, Grants, KillTarget, Pass, Refusal,
     Request, Slot, TenantTimeouts,
 };
+use crate::sync::Counted;
 
 /// What [`Gatekeeper::admit`] decided.
 pub struct Admitted {
@@ -109,9 +110,10 @@ impl OwnNames {
 /// The gate, its plan cache, and the clock's wake-up call.
 #[derive(Debug)]
 pub struct Gatekeeper {
-    gate: Mutex<Gate<SlotWaiter>>,
-    /// How often the gate's lock was taken, and found held by another worker thread.
-    gate_locks: crate::sync::LockCounts,
+    /// The gate, with how often its lock was taken.
+    gate: Mutex<Counted<Gate<SlotWaiter>>>,
+    /// How often the gate's lock was found held by another worker thread.
+    gate_contended: crate::sync::Contended,
     plans: Mutex<PlanCache>,
     /// Row counts of tables plans read in full, by database (for `max_scan_rows`).
     sizes: Mutex<HashMap<(String, Relation), f64>>,
@@ -136,7 +138,7 @@ pub struct Gatekeeper {
 /// to the decision log, after the lock is released: the fields drop in their order, the
 /// guard first.
 pub struct GateLock<'a> {
-    guard: MutexGuard<'a, Gate<SlotWaiter>>,
+    guard: MutexGuard<'a, Counted<Gate<SlotWaiter>>>,
     after: Unwritten<'a>,
 }
 
@@ -186,8 +188,8 @@ impl Gatekeeper {
     pub fn new() -> Arc<Gatekeeper> {
         let seed = rand::random();
         Arc::new(Gatekeeper {
-            gate: Mutex::new(Gate::new(GateSettings::default(), seed)),
-            gate_locks: crate::sync::LockCounts::default(),
+            gate: Mutex::new(Counted::new(Gate::new(GateSettings::default(), seed))),
+            gate_contended: crate::sync::Contended::default(),
             plans: Mutex::new(PlanCache::new(PLAN_TTL, PLAN_CAPACITY)),
             sizes: Mutex::new(HashMap::new()),
             calibration: Mutex::new(Calibration::new()),
@@ -271,7 +273,7 @@ impl Gatekeeper {
     /// The gate, for one step (never held across `.await`).
     pub fn lock(&self) -> GateLock<'_> {
         GateLock {
-            guard: crate::sync::lock_counted(&self.gate, &self.gate_locks),
+            guard: crate::sync::lock_counted(&self.gate, &self.gate_contended),
             after: Unwritten {
                 log: &self.decisions,
                 decisions: Vec::new(),
@@ -281,7 +283,8 @@ impl Gatekeeper {
 
     /// How often the gate's lock was taken, and how often another worker thread held it then.
     pub fn lock_counts(&self) -> (u64, u64) {
-        self.gate_locks.read()
+        let taken = crate::sync::lock(&self.gate).taken();
+        (taken, self.gate_contended.read())
     }
 
     /// The plan cache.
