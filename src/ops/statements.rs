@@ -239,16 +239,20 @@ impl Statements {
     fn adopt(&mut self, leaving: Leaving) -> Option<Leaving> {
         let fingerprint = leaving.fingerprint;
         let mut rest = Leaving::of(fingerprint);
-        if let (false, Some(text)) = (self.has_text(fingerprint), leaving.text) {
-            self.set_text(fingerprint, text.clone());
-            if !self.has_text(fingerprint) {
-                rest.text = Some(text);
-            }
-        }
+        let text = leaving.text;
+        let kept = match (self.has_text(fingerprint), &text) {
+            (false, Some(t)) => self.keep_text(fingerprint, t.clone()),
+            _ => false,
+        };
         for ((role, database), c) in leaving.server {
             if !self.add_server(fingerprint, &role, &database, &c) {
                 rest.server.push(((role, database), c));
             }
+        }
+        // The text goes on where this table did not keep it, or with the counters that go on
+        // (a table takes counters only of a statement whose text it has).
+        if !kept || !rest.server.is_empty() {
+            rest.text = text;
         }
         (rest.text.is_some() || !rest.server.is_empty()).then_some(rest)
     }
@@ -280,9 +284,16 @@ impl Statements {
             text.truncate(end);
             text.push_str(" ...");
         }
-        if self.texts.len() < self.max_rows {
+        self.keep_text(fingerprint, text);
+    }
+
+    /// Keeps a text already cut to [`MAX_TEXT`], within the bound; whether it is kept.
+    fn keep_text(&mut self, fingerprint: u64, text: String) -> bool {
+        let room = self.texts.len() < self.max_rows;
+        if room {
             self.texts.insert(fingerprint, text);
         }
+        room
     }
 
     /// Counts a run of `key` (in its row and in the current minute).
@@ -870,14 +881,16 @@ mod tests {
                 s.set_text(fingerprint, format!("SELECT {fingerprint}"));
             });
         };
-        for worker in 0..3 {
-            run(worker, 1);
-        }
+        run(0, 1);
+        run(1, 1);
         run(1, 2);
+        // Only refused on the third thread: no text there.
+        tables.record(2, |s| s.refused(key(1, "a").borrowed(), "rule"));
         tables.add_server(&[(1, "app", "db", &c)]);
         // The second table's counters are full (its bound is 2).
         tables.add_server(&[(2, "app", "db", &c), (2, "app", "other", &c)]);
-        // The first table evicts statement 1: the second has no room, the third takes them.
+        // The first table evicts statement 1: the second has no room, the third takes them
+        // with the text.
         tables.record(0, |s| {
             for _ in 0..3 {
                 s.record(key(5, "a").borrowed(), &ran(0.01));
@@ -888,7 +901,24 @@ mod tests {
         let now = tables.server_counters(&[(1, "app", "db"), (2, "app", "other")]);
         assert_eq!(now[0].map(|c| c.wal_bytes), Some(10));
         assert_eq!(now[1].map(|c| c.wal_bytes), Some(10));
-        assert!(lock(tables.of(2)).server_counters(1, "app", "db").is_some());
+        let third = lock(tables.of(2));
+        assert!(third.server_counters(1, "app", "db").is_some());
+        assert_eq!(third.text(1), Some("SELECT 1"));
+    }
+
+    #[test]
+    fn a_long_text_handed_on_is_not_cut_again() {
+        let tables = StatementTables::new(2, 1);
+        let long = format!("SELECT 'x{}'", "é".repeat(3000));
+        tables.record(0, |s| {
+            s.record(key(1, "a").borrowed(), &ran(0.01));
+            s.set_text(1, long);
+        });
+        let cut = tables.text(1).expect("kept");
+        assert!(cut.ends_with("' ...") || cut.ends_with("é ..."), "{cut}");
+        tables.record(1, |s| s.refused(key(1, "b").borrowed(), "rule"));
+        tables.record(0, |s| s.record(key(2, "a").borrowed(), &ran(0.01)));
+        assert_eq!(lock(tables.of(1)).text(1), Some(cut.as_str()));
     }
 
     #[test]
