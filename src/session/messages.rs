@@ -337,9 +337,25 @@ pub(super) struct MessageContext<'a> {
     /// drawn at random at start, so that no client's own name starts so); the client's name
     /// follows.
     pub not_here: &'a str,
+    /// Room for a rewritten Bind or Describe, kept from one to the next (no allocation for
+    /// each).
+    pub room: &'a mut BytesMut,
 }
 
+/// A replacement's buffer is kept as the room of the next only up to this capacity (a Bind
+/// with large parameters does not leave its buffer behind).
+const KEPT_ROOM: usize = 8 * 1024;
+
 impl MessageContext<'_> {
+    /// Takes back a replacement [`client_message`](Self::client_message) gave, once copied
+    /// out, as the room of the next.
+    pub fn keep_room(&mut self, mut used: BytesMut) {
+        if used.capacity() <= KEPT_ROOM && self.room.capacity() == 0 {
+            used.clear();
+            *self.room = used;
+        }
+    }
+
     /// Records what the server owes for one client message; returns what to send instead of
     /// it, if anything else (an empty buffer sends nothing).
     pub fn client_message(
@@ -761,7 +777,7 @@ impl MessageContext<'_> {
                 // change a setting PostgreSQL never reports (the next client's is set).
                 self.link.server.params.forget_unreported();
             }
-            let mut out = BytesMut::new();
+            let mut out = std::mem::take(self.room);
             let injected = match self.ensure_unnamed(bind.statement, unnamed, &mut out) {
                 Ok(injected) => injected,
                 Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
@@ -769,6 +785,7 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::Bind);
             let foreign = self.foreign_statement(bind.statement).filter(|_| !injected);
             if foreign.is_none() && out.is_empty() {
+                *self.room = out;
                 return Ok(None);
             }
             bind.encode_renamed(&mut out, foreign.as_deref().unwrap_or(bind.statement));
@@ -779,7 +796,7 @@ impl MessageContext<'_> {
             // A run of a statement whose text names a setting PostgreSQL never reports.
             self.link.note_unreported();
         }
-        let mut out = BytesMut::new();
+        let mut out = std::mem::take(self.room);
         let here = match self.ensure(&stmt, capacity, &mut out) {
             Ok(here) => here,
             Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
@@ -830,7 +847,7 @@ impl MessageContext<'_> {
         }
         let name = described.name;
         let Some((stmt, capacity)) = self.mapped(name) else {
-            let mut out = BytesMut::new();
+            let mut out = std::mem::take(self.room);
             let injected = match self.ensure_unnamed(name, unnamed, &mut out) {
                 Ok(injected) => injected,
                 Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),
@@ -838,13 +855,14 @@ impl MessageContext<'_> {
             self.link.expected.push(Owed::DescribeStatement);
             let foreign = self.foreign_statement(name).filter(|_| !injected);
             if foreign.is_none() && out.is_empty() {
+                *self.room = out;
                 return Ok(None);
             }
             let name = foreign.as_deref().unwrap_or(name);
             wire::encode_describe(&mut out, target::STATEMENT, name);
             return Ok(Some(out));
         };
-        let mut out = BytesMut::new();
+        let mut out = std::mem::take(self.room);
         let here = match self.ensure(&stmt, capacity, &mut out) {
             Ok(here) => here,
             Err(hit) => return Ok(Some(self.refuse_in_batch(&hit))),

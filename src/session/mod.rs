@@ -174,6 +174,9 @@ pub struct Session {
     hooks: SessionHooks,
     /// The answer queue of the last server, kept to reuse its allocation.
     spare_expected: Expected,
+    /// The room the rewritten Bind messages are written in, kept between them (see
+    /// [`MessageContext::keep_room`]).
+    rewrite_room: BytesMut,
     /// Client messages wait in the read buffer until the server answers an earlier Parse.
     held: bool,
     /// pgward refused a Parse itself: the client's messages are dropped until Sync.
@@ -233,6 +236,7 @@ impl Session {
             last_client_activity: Instant::now(),
             hooks,
             spare_expected: Expected::default(),
+            rewrite_room: BytesMut::new(),
             held: false,
             skip_to_sync: false,
             gate: admit::GateState::default(),
@@ -705,8 +709,11 @@ impl Session {
             views: &mut self.gate.views,
             unnamed_uses: &mut self.gate.unnamed_uses,
             not_here: &self.rt.gatekeeper.own.not_here,
+            room: &mut self.rewrite_room,
         };
-        let mut rebuilt: Option<BytesMut> = None;
+        // Whether a message was rewritten: what comes before it, then its replacement, go to
+        // the server's buffer as they are read.
+        let mut rewritten = false;
         let mut run_start = 0;
         let mut offset = 0;
         let mut executes = false;
@@ -742,19 +749,20 @@ impl Session {
                 break;
             }
             if let Some(replacement) = ctx.client_message(span.tag, body)? {
-                let out = rebuilt.get_or_insert_with(BytesMut::new);
-                out.extend_from_slice(&chunk[run_start..span.start]);
-                out.extend_from_slice(&replacement);
+                self.to_server
+                    .extend_from_slice(&chunk[run_start..span.start]);
+                self.to_server.extend_from_slice(&replacement);
+                ctx.keep_room(replacement);
                 run_start = span.end;
+                rewritten = true;
             }
             offset = span.end;
         }
         let len = offset;
         self.hooks.received(len);
-        match rebuilt {
-            None => take_front(&mut self.to_server, rbuf, len),
-            Some(out) => {
-                self.to_server.extend_from_slice(&out);
+        match rewritten {
+            false => take_front(&mut self.to_server, rbuf, len),
+            true => {
                 self.to_server.extend_from_slice(&rbuf[run_start..len]);
                 rbuf.advance(len);
             }
