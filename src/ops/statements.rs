@@ -4,7 +4,7 @@
 //! queues apart, PostgreSQL's errors by SQLSTATE and pgward's own refusals by reason, apart.
 //! Bounded: at `max_rows`, the least-called twentieth of the rows is evicted (and counted), as
 //! pg_stat_statements does. Each fingerprint's normalized text (constants replaced by `$n`,
-//! never the constants) is kept once. Pure: the caller says when.
+//! never the constants) is kept once per table. Pure: the caller says when.
 //!
 //! [`StatementTables`] keeps a table per worker thread, which that thread's sessions record in
 //! (no lock shared between cores per statement), and merges them when they are read.
@@ -228,7 +228,7 @@ impl Statements {
             .unwrap_or_default()
     }
 
-    /// Whether a row of statement `fingerprint` is kept.
+    /// The statements this table has rows of.
     fn fingerprints(&self) -> HashSet<u64> {
         self.rows.keys().map(|k| k.0).collect()
     }
@@ -463,7 +463,7 @@ impl Statements {
         }
     }
 
-    pub fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
+    fn all(&self) -> impl Iterator<Item = (&StatementKey, &StatementRow)> {
         self.rows.values().flatten().map(|(k, r)| (k, r))
     }
 

@@ -174,7 +174,7 @@ pub struct Session {
     hooks: SessionHooks,
     /// The answer queue of the last server, kept to reuse its allocation.
     spare_expected: Expected,
-    /// The room the rewritten Bind messages are written in, kept between them (see
+    /// The room rewritten Bind and Describe messages are written in, kept between them (see
     /// [`MessageContext::keep_room`]).
     rewrite_room: BytesMut,
     /// Client messages wait in the read buffer until the server answers an earlier Parse.
