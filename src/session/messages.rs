@@ -343,8 +343,9 @@ pub(super) struct MessageContext<'a> {
 }
 
 /// A replacement's buffer is kept as the room of the next only up to this capacity (a Bind
-/// with large parameters does not leave its buffer behind).
-const KEPT_ROOM: usize = 8 * 1024;
+/// with large parameters, a long text prepared again, do not leave their buffers behind: with
+/// many clients connected, each keeps at most this much).
+const KEPT_ROOM: usize = 1024;
 
 impl MessageContext<'_> {
     /// Takes back a replacement [`client_message`](Self::client_message) gave, once copied
