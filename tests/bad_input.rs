@@ -378,17 +378,7 @@ fn attacks_while_pgbench_runs() {
     }
     let out = bench.join().unwrap();
     let max_rss = watch.finish();
-    let report = stdout_of(&out);
-    assert!(
-        out.status.success(),
-        "pgbench failed:\n{report}\n{}\n{}",
-        stderr_of(&out),
-        pw.log()
-    );
-    assert!(
-        report.contains("number of failed transactions: 0 "),
-        "pgbench saw failures:\n{report}"
-    );
+    common::pgbench_clean(&out, "beside the bad input", &pw.log());
     eprintln!("pgward's largest VmRSS: {max_rss} kB");
     assert!(max_rss < RSS_LIMIT_KB, "pgward used {max_rss} kB");
     assert!(!pw.log().contains("panicked"), "{}", pw.log());

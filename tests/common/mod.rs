@@ -297,6 +297,22 @@ pub fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
+/// The report of a pgbench run (`what`, for the messages) that succeeded with no failed
+/// transaction; `log` is pgward's log, shown when it did not.
+pub fn pgbench_clean(out: &Output, what: &str, log: &str) -> String {
+    let report = stdout_of(out);
+    assert!(
+        out.status.success(),
+        "pgbench {what}: {}\n{report}\n{log}",
+        stderr_of(out),
+    );
+    assert!(
+        report.contains("number of failed transactions: 0 "),
+        "pgbench {what} saw failures:\n{report}"
+    );
+    report
+}
+
 /// Runs `psql -X -w -v ON_ERROR_STOP=1 -At` against 127.0.0.1:`port`. `db` may also be a
 /// libpq connection string (`"dbname=app application_name=x"`).
 pub fn psql_at(port: u16, user: &str, password: Option<&str>, db: &str, sql: &str) -> Output {
