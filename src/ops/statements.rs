@@ -732,6 +732,15 @@ mod tests {
         }
     }
 
+    /// What pg_stat_statements counts of one call that wrote 10 bytes of WAL.
+    fn one_call() -> ServerCounters {
+        ServerCounters {
+            calls: 1,
+            wal_bytes: 10,
+            ..ServerCounters::default()
+        }
+    }
+
     fn ran(seconds: f64) -> Ran<'static> {
         Ran {
             seconds,
@@ -775,11 +784,7 @@ mod tests {
     #[test]
     fn server_counters_are_kept_only_for_statements_with_rows_and_go_with_them() {
         let mut s = Statements::new(2);
-        let c = ServerCounters {
-            calls: 1,
-            wal_bytes: 10,
-            ..ServerCounters::default()
-        };
+        let c = one_call();
         // A statement pgward never ran (the reading's own, another application's): left out.
         s.add_server(9, "app", "db", &c);
         assert_eq!(s.server_counters(9, "app", "db"), None);
@@ -803,11 +808,7 @@ mod tests {
     #[test]
     fn a_statements_text_and_server_counters_go_only_with_its_last_row_of_any_thread() {
         let tables = StatementTables::new(2, 2);
-        let c = ServerCounters {
-            calls: 1,
-            wal_bytes: 10,
-            ..ServerCounters::default()
-        };
+        let c = one_call();
         tables.add_server(&[(1, "app", "db", &c)]);
         assert_eq!(tables.server_counters(&[(1, "app", "db")])[0], None);
         // Statement 1 runs once on the first thread and often on the second; statement 3 ran
@@ -870,11 +871,7 @@ mod tests {
     #[test]
     fn counters_a_table_has_no_room_for_go_on_to_the_next_that_has_the_statement() {
         let tables = StatementTables::new(3, 2);
-        let c = ServerCounters {
-            calls: 1,
-            wal_bytes: 10,
-            ..ServerCounters::default()
-        };
+        let c = one_call();
         let run = |worker, fingerprint| {
             tables.record(worker, |s| {
                 s.record(key(fingerprint, "a").borrowed(), &ran(0.01));
