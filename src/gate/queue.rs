@@ -32,7 +32,6 @@ pub struct WaitQueue<W> {
     lines: Vec<VecDeque<Waiting<W>>>,
     /// The number the next arrival takes.
     arrivals: u64,
-    len: usize,
 }
 
 #[derive(Debug)]
@@ -47,7 +46,6 @@ impl<W> Default for WaitQueue<W> {
         WaitQueue {
             lines: vec![VecDeque::new()],
             arrivals: 0,
-            len: 0,
         }
     }
 }
@@ -65,7 +63,6 @@ impl<W> WaitQueue<W> {
         }
         let arrival = self.arrivals;
         self.arrivals += 1;
-        self.len += 1;
         self.lines[line].push_back(Waiting {
             arrival,
             ticket,
@@ -106,7 +103,6 @@ impl<W> WaitQueue<W> {
                 return true;
             }
             self.lines[line].pop_front();
-            self.len -= 1;
         }
         false
     }
@@ -128,7 +124,6 @@ impl<W> WaitQueue<W> {
 
     fn take_front(&mut self, line: usize) -> Option<(Ticket, W)> {
         let w = self.lines.get_mut(line)?.pop_front()?;
-        self.len -= 1;
         Some((w.ticket, w.waiter))
     }
 
@@ -143,7 +138,6 @@ impl<W> WaitQueue<W> {
                 Some(Waiting { waiter, ..w })
             }));
         }
-        self.len = self.lines.iter().map(VecDeque::len).sum();
     }
 
     /// Drops every waiter for which `live` is false.
@@ -151,26 +145,25 @@ impl<W> WaitQueue<W> {
         for line in &mut self.lines {
             line.retain(|w| live(&w.waiter));
         }
-        self.len = self.lines.iter().map(VecDeque::len).sum();
     }
 
     /// Removes and returns every waiter, in the order they came.
     pub fn drain(&mut self) -> impl Iterator<Item = (Ticket, W)> {
-        let mut all: Vec<Waiting<W>> = Vec::with_capacity(self.len);
+        let mut all: Vec<Waiting<W>> = Vec::with_capacity(self.len());
         for waiters in &mut self.lines {
             all.extend(waiters.drain(..));
         }
-        self.len = 0;
         all.sort_unstable_by_key(|w| w.arrival);
         all.into_iter().map(|w| (w.ticket, w.waiter))
     }
 
+    /// Waiters in every line (a line per worker thread, and one more).
     pub fn len(&self) -> usize {
-        self.len
+        self.lines.iter().map(VecDeque::len).sum()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.lines.iter().all(VecDeque::is_empty)
     }
 
     /// How long the longest-waiting ticket has waited.
