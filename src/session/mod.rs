@@ -1560,8 +1560,8 @@ fn scan_client(
     Ok(chunk)
 }
 
-/// Where the runs of a session of `role` in `database` on thread `home` are counted, if they are (`on`:
-/// under a policy, which reads statements, unless `max_statement_stats` is 0).
+/// Where the runs of a session of `role` in `database` on thread `home` are counted, if they
+/// are (`on`: under a policy, which reads statements, unless `max_statement_stats` is 0).
 fn stats_sink<'a>(
     (rt, home): (&'a Runtime, Option<crate::workers::WorkerId>),
     on: bool,
