@@ -398,6 +398,9 @@ pub struct Gate<W> {
     next_id: u64,
     /// When each waiting ticket's wait ends (deadline or queue timeout), soonest first.
     ends: super::ends::Ends,
+    /// When each waiting ticket's client is to be told it is queued (query_wait_notify),
+    /// soonest first: the queue keeps the time, so a wait sets no timer of its own.
+    notices: super::ends::Ends,
     /// Until when the clock sleeps, as it said last ([`clock_sleeps`](Self::clock_sleeps));
     /// `None` before it has said, or while it sleeps until woken.
     clock_until: Option<Instant>,
@@ -441,6 +444,7 @@ impl<W> Gate<W> {
             rng: StdRng::seed_from_u64(seed),
             next_id: 0,
             ends: super::ends::Ends::default(),
+            notices: super::ends::Ends::default(),
             clock_until: None,
             located: foldhash::HashMap::default(),
             names: super::names::Names::default(),

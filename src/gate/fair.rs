@@ -220,6 +220,13 @@ impl<W> FairQueue<W> {
         Some(&self.tickets.get(place.kept)?.pass)
     }
 
+    /// The waiting ticket `id`, changeable, and its waiter.
+    pub fn get_mut(&mut self, id: TicketId) -> Option<(&mut Pass, &W)> {
+        let place = self.places.get(&id)?;
+        let w = self.tickets.get_mut(place.kept)?;
+        Some((&mut w.pass, &w.waiter))
+    }
+
     /// Removes and returns every ticket for which `drop` is true (a walk over the queue:
     /// for rare events such as a kill, never for a decision).
     pub fn take_where(&mut self, mut drop: impl FnMut(&Pass, &W) -> bool) -> Vec<(Pass, W)> {
@@ -274,6 +281,7 @@ mod tests {
             sent_at: Instant::now(),
             deadline: None,
             enqueued_at: None,
+            notify_at: None,
             waited: Duration::ZERO,
             waited_for_budget: false,
             payment: Payment::Unpaid,

@@ -11,7 +11,7 @@ use tokio::sync::Notify;
 
 use crate::cost::{Calibration, Flip, FlipReason, PlanCache, Relation, PLAN_CAPACITY, PLAN_TTL};
 use crate::gate::decisions::DecisionLog;
-use crate::gate::mailbox::{Mailbox, Sender};
+use crate::gate::mailbox::{Heard, Mailbox, Sender};
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{
@@ -423,25 +423,28 @@ impl Gatekeeper {
     }
 
     /// A slot for `pass`: at once if its lane has one free and nobody waiting comes first,
-    /// else after a wait in the gate's queue. Dropping the future withdraws the ticket.
-    /// When the ticket has to wait, `evict` is told how many idle servers of which tenants
-    /// holding more than their share while others wait may be closed now (a few a second),
-    /// and answers how many of each it closed. The answer comes through `mailbox`, the
-    /// session's own.
-    pub async fn acquire(
-        self: &Arc<Self>,
-        pass: Pass,
-        mailbox: &Arc<SlotMailbox>,
+    /// else after a wait in the gate's queue ([`Acquire::Queued`]: dropping it withdraws the
+    /// ticket). When the ticket has to wait, `evict` is told how many idle servers of which
+    /// tenants holding more than their share while others wait may be closed now (a few a
+    /// second), and answers how many of each it closed. The answer comes through `mailbox`,
+    /// the session's own; with `notify` (query_wait_notify), a notice comes before it once
+    /// the ticket has waited that long, from the gate's clock (no timer of the wait's own).
+    pub fn acquire<'a>(
+        self: &'a Arc<Self>,
+        mut pass: Pass,
+        mailbox: &'a Arc<SlotMailbox>,
         evict: impl FnOnce(&[(String, usize)]) -> Vec<usize>,
-    ) -> SlotAnswer {
+        notify: Option<Duration>,
+    ) -> Acquire<'a> {
         let now = Instant::now();
         // The wait starts before the gate's lock is taken: whatever an earlier wait left in
         // the box (a slot) is dropped outside it.
         let tx = mailbox.sender();
+        pass.notify_at = notify.and_then(|after| now.checked_add(after));
         let (id, over, look) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
-                return SlotAnswer::Granted(pass, SlotGuard::new(self, slot));
+                return Acquire::Answered(SlotAnswer::Granted(pass, SlotGuard::new(self, slot)));
             }
             let id = pass.id;
             let upstream = pass.upstream.clone();
@@ -458,25 +461,17 @@ impl Gatekeeper {
             }
         }
         if look {
-            // The clock would sleep past this ticket's end: it looks again.
+            // The clock would sleep past this ticket's end or notice: it looks again.
             self.wake.notify_one();
         }
-        let mut withdraw = Withdraw {
-            keeper: self,
-            id: Some(id),
-            mailbox,
-        };
-        let answer = mailbox.recv().await;
-        withdraw.id = None;
-        match answer {
-            Some(answer) => answer,
-            // The gate dropped the ticket without an answer (it does not while the client
-            // waits): a refusal is the safe reading.
-            None => {
-                let pass = self.lock().withdraw(id, Instant::now()).map(|(p, _)| p);
-                SlotAnswer::Refused(pass, Refusal::queue_timeout(now.elapsed()))
-            }
-        }
+        Acquire::Queued(SlotWait {
+            withdraw: Withdraw {
+                keeper: self,
+                id: Some(id),
+                mailbox,
+            },
+            since: now,
+        })
     }
 
     /// [`Gate::spend`]; a priced request lets its tenant's next unpaid one take a slot, so
@@ -685,17 +680,19 @@ impl Gatekeeper {
         }
     }
 
-    /// Ends the waits that are over and hands out slots as debts are paid back; runs for
-    /// the life of the process.
+    /// Ends the waits that are over, gives notices to those waiting past query_wait_notify,
+    /// and hands out slots as debts are paid back; runs for the life of the process.
     pub async fn clock(self: Arc<Self>) {
         loop {
             let notified = self.wake.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
             let now = Instant::now();
+            let mut notices = Vec::new();
             let (expired, granted, at) = {
                 let mut gate = self.lock();
                 let expired = gate.expire(now);
+                gate.notices_due(now, |w| notices.extend(w.notifier()));
                 let granted = gate.dispatch(now, |w| !w.is_closed());
                 // Never spin: at least a millisecond between rounds.
                 let at = gate
@@ -705,6 +702,9 @@ impl Gatekeeper {
                 (expired, granted, at)
             };
             self.answer(expired);
+            for notice in notices {
+                notice.notify();
+            }
             self.deliver(granted);
             match at {
                 Some(at) => {
@@ -719,7 +719,72 @@ impl Gatekeeper {
     }
 }
 
+/// A wait for a slot, as [`Gatekeeper::acquire`] starts it.
+#[derive(Debug)]
+pub enum Acquire<'a> {
+    /// A slot was free: no wait.
+    Answered(SlotAnswer),
+    /// The ticket waits in the gate's queue.
+    Queued(SlotWait<'a>),
+}
+
+impl Acquire<'_> {
+    /// The answer, notices left unheard.
+    pub async fn answer(self) -> SlotAnswer {
+        let mut wait = match self {
+            Acquire::Answered(answer) => return answer,
+            Acquire::Queued(wait) => wait,
+        };
+        loop {
+            match wait.next().await {
+                WaitNews::Answer(answer) => return answer,
+                WaitNews::Notice(more) => wait = more,
+            }
+        }
+    }
+}
+
+/// A ticket waiting in the gate's queue: dropped, it is withdrawn.
+#[derive(Debug)]
+pub struct SlotWait<'a> {
+    withdraw: Withdraw<'a>,
+    /// When it joined the queue.
+    since: Instant,
+}
+
+/// What a waiting ticket hears next.
+#[derive(Debug)]
+pub enum WaitNews<'a> {
+    /// Its client is to be told it is queued (query_wait_notify); it still waits.
+    Notice(SlotWait<'a>),
+    /// The wait is over.
+    Answer(SlotAnswer),
+}
+
+impl<'a> SlotWait<'a> {
+    /// Waits for what comes next: a notice, or the answer.
+    pub async fn next(mut self) -> WaitNews<'a> {
+        let heard = self.withdraw.mailbox.listen().await;
+        let answer = match heard {
+            Heard::Notice => return WaitNews::Notice(self),
+            Heard::Answer(answer) => answer,
+            // The gate dropped the ticket without an answer (it does not while the client
+            // waits): a refusal is the safe reading.
+            Heard::Unanswered => {
+                let keeper = self.withdraw.keeper;
+                let id = self.withdraw.id.take();
+                let pass = id.and_then(|id| keeper.lock().withdraw(id, Instant::now()));
+                let pass = pass.map(|(p, _)| p);
+                SlotAnswer::Refused(pass, Refusal::queue_timeout(self.since.elapsed()))
+            }
+        };
+        self.withdraw.id = None;
+        WaitNews::Answer(answer)
+    }
+}
+
 /// Takes a waiting ticket out when its client stops waiting.
+#[derive(Debug)]
 struct Withdraw<'a> {
     keeper: &'a Arc<Gatekeeper>,
     id: Option<crate::gate::TicketId>,
@@ -948,7 +1013,11 @@ mod tests {
         };
         assert!((keeper.charged_of("acme") - 2.0 * PRICE.seconds).abs() < 1e-9);
         let mailbox = Arc::new(SlotMailbox::default());
-        let mut acquire = Box::pin(keeper.acquire(pass, &mailbox, |_| Vec::new()));
+        let mut acquire = Box::pin(
+            keeper
+                .acquire(pass, &mailbox, |_| Vec::new(), None)
+                .answer(),
+        );
         let mut cx = Context::from_waker(Waker::noop());
         assert!(acquire.as_mut().poll(&mut cx).is_pending(), "it waits");
         // The slot goes back and is granted to the wait, which is given up before it looks.
@@ -964,6 +1033,40 @@ mod tests {
             panic!("admitted");
         };
         assert!(keeper.try_acquire(&third).is_some(), "the slot is back");
+    }
+
+    /// query_wait_notify: the gate's clock tells a wait once it has waited that long, and
+    /// the wait goes on to its slot; one answered at once hears nothing.
+    #[tokio::test]
+    async fn a_wait_hears_its_notice_from_the_clock_and_then_its_slot() {
+        let keeper = Gatekeeper::new();
+        let clock = tokio::spawn(Arc::clone(&keeper).clock());
+        let now = Instant::now();
+        let first = keeper.admit(&request(1, now), now, Some((PRICE, true)), None);
+        let Some(Ok((_, SlotLook::Taken(slot)))) = first.paid else {
+            panic!("a slot: {:?}", first.paid);
+        };
+        let Decision::Admit(pass) = keeper.admit(&request(2, now), now, None, None).decision else {
+            panic!("admitted");
+        };
+        let mailbox = Arc::new(SlotMailbox::default());
+        let notify = Some(Duration::from_millis(30));
+        let Acquire::Queued(wait) = keeper.acquire(pass, &mailbox, |_| Vec::new(), notify) else {
+            panic!("the one slot is held");
+        };
+        let heard = tokio::time::timeout(Duration::from_secs(5), wait.next()).await;
+        let WaitNews::Notice(wait) = heard.expect("told before the queue timeout") else {
+            panic!("no slot came");
+        };
+        assert!(now.elapsed() >= Duration::from_millis(30), "told too soon");
+        drop(slot);
+        let WaitNews::Answer(SlotAnswer::Granted(pass, slot)) = wait.next().await else {
+            panic!("the slot given back");
+        };
+        drop(slot);
+        let quick = keeper.acquire(pass, &mailbox, |_| Vec::new(), notify);
+        assert!(matches!(quick, Acquire::Answered(SlotAnswer::Granted(..))));
+        clock.abort();
     }
 
     /// Sessions on two threads take turns at two slots, a third of them giving up their wait
@@ -989,7 +1092,9 @@ mod tests {
                         else {
                             panic!("admitted");
                         };
-                        let acquire = keeper.acquire(pass, &mailbox, |_| Vec::new());
+                        let acquire = keeper
+                            .acquire(pass, &mailbox, |_| Vec::new(), None)
+                            .answer();
                         // Given up after 0 to 2.1 ms: often as a slot comes (the slots are
                         // held about a millisecond at a time).
                         let give_up = Duration::from_micros(700 * (round % 4));

@@ -2,7 +2,8 @@
 //! session and used for each of its waits in turn, where a channel made for every wait
 //! costs an allocation each time (and, with many clients waiting at once, the allocator's
 //! slow path). A wait's [`Sender`] answers at most once; dropped unanswered, it says so, as a
-//! channel's sender would. A sender of an earlier wait is turned away.
+//! channel's sender would. A sender of an earlier wait is turned away. Before its answer a
+//! wait may hear a notice (its client is to be told it is queued), which does not end it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -23,6 +24,8 @@ struct Inner<T> {
     /// waiter did not give up).
     open: bool,
     answer: Option<T>,
+    /// A notice for the wait, not heard yet.
+    notice: bool,
     waker: Option<Waker>,
 }
 
@@ -34,6 +37,24 @@ pub struct Sender<T> {
     wait: u64,
 }
 
+/// What a wait hears next.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Heard<T> {
+    /// Its answer: the wait is over.
+    Answer(T),
+    /// Its sender was dropped unanswered: the wait is over.
+    Unanswered,
+    /// A notice: the wait goes on.
+    Notice,
+}
+
+/// Gives one wait a notice, once, without answering it (see [`Sender::notifier`]).
+#[derive(Debug)]
+pub struct Notifier<T> {
+    mailbox: Arc<Mailbox<T>>,
+    wait: u64,
+}
+
 impl<T> Default for Mailbox<T> {
     fn default() -> Self {
         Mailbox {
@@ -41,6 +62,7 @@ impl<T> Default for Mailbox<T> {
                 wait: 0,
                 open: false,
                 answer: None,
+                notice: false,
                 waker: None,
             }),
         }
@@ -60,6 +82,7 @@ impl<T> Mailbox<T> {
             let mut inner = self.lock();
             inner.wait = inner.wait.wrapping_add(1);
             inner.open = true;
+            inner.notice = false;
             inner.waker = None;
             (inner.wait, inner.answer.take())
         };
@@ -71,8 +94,14 @@ impl<T> Mailbox<T> {
     }
 
     /// The answer of the current wait: `None` when its sender was dropped unanswered.
+    /// Notices are left unheard.
     pub fn recv(&self) -> Recv<'_, T> {
         Recv { mailbox: self }
+    }
+
+    /// What the current wait hears next: a notice, or the end of the wait.
+    pub fn listen(&self) -> Listen<'_, T> {
+        Listen { mailbox: self }
     }
 
     /// The waiter gives up: no sender of this wait may answer any more. An answer that came
@@ -81,6 +110,7 @@ impl<T> Mailbox<T> {
         let mut inner = self.lock();
         inner.open = false;
         inner.wait = inner.wait.wrapping_add(1);
+        inner.notice = false;
         inner.waker = None;
         inner.answer.take()
     }
@@ -118,6 +148,14 @@ impl<T> Sender<T> {
         }
     }
 
+    /// What gives this sender's wait a notice (`None` once it answered).
+    pub fn notifier(&self) -> Option<Notifier<T>> {
+        self.mailbox.as_ref().map(|mailbox| Notifier {
+            mailbox: Arc::clone(mailbox),
+            wait: self.wait,
+        })
+    }
+
     /// The waiter no longer waits for this sender's answer.
     pub fn is_closed(&self) -> bool {
         self.mailbox.as_ref().is_none_or(|m| {
@@ -135,6 +173,23 @@ impl<T> Drop for Sender<T> {
     }
 }
 
+impl<T> Notifier<T> {
+    /// Gives the wait its notice, unless it is over.
+    pub fn notify(self) {
+        let waker = {
+            let mut inner = self.mailbox.lock();
+            if inner.wait != self.wait || !inner.open {
+                return;
+            }
+            inner.notice = true;
+            inner.waker.take()
+        };
+        if let Some(w) = waker {
+            w.wake();
+        }
+    }
+}
+
 /// The future of [`Mailbox::recv`].
 #[derive(Debug)]
 pub struct Recv<'a, T> {
@@ -145,12 +200,41 @@ impl<T> Future for Recv<'_, T> {
     type Output = Option<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        let mut inner = self.mailbox.lock();
+        match self.mailbox.poll_heard(cx, false) {
+            Poll::Ready(Heard::Answer(answer)) => Poll::Ready(Some(answer)),
+            Poll::Ready(_) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+/// The future of [`Mailbox::listen`].
+#[derive(Debug)]
+pub struct Listen<'a, T> {
+    mailbox: &'a Mailbox<T>,
+}
+
+impl<T> Future for Listen<'_, T> {
+    type Output = Heard<T>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Heard<T>> {
+        self.mailbox.poll_heard(cx, true)
+    }
+}
+
+impl<T> Mailbox<T> {
+    /// What the current wait has heard: its answer first, then the end of it, then (when
+    /// `notices`) a notice, taken; otherwise `cx` is woken when there is something.
+    fn poll_heard(&self, cx: &mut Context<'_>, notices: bool) -> Poll<Heard<T>> {
+        let mut inner = self.lock();
         if let Some(answer) = inner.answer.take() {
-            return Poll::Ready(Some(answer));
+            return Poll::Ready(Heard::Answer(answer));
         }
         if !inner.open {
-            return Poll::Ready(None);
+            return Poll::Ready(Heard::Unanswered);
+        }
+        if notices && std::mem::take(&mut inner.notice) {
+            return Poll::Ready(Heard::Notice);
         }
         match &mut inner.waker {
             Some(w) if w.will_wake(cx.waker()) => {}
@@ -231,6 +315,55 @@ mod tests {
         newest.send("fresh".into()).unwrap();
         assert_eq!(mailbox.recv().await.as_deref(), Some("fresh"));
         drop(new);
+    }
+
+    #[tokio::test]
+    async fn a_notice_is_heard_once_before_the_answer_and_does_not_end_the_wait() {
+        let mailbox = boxed();
+        let tx = mailbox.sender();
+        let listening = tokio::spawn({
+            let mailbox = Arc::clone(&mailbox);
+            async move { mailbox.listen().await }
+        });
+        tokio::task::yield_now().await;
+        tx.notifier().expect("unanswered").notify();
+        assert_eq!(listening.await.unwrap(), Heard::Notice);
+        assert!(!tx.is_closed(), "the wait goes on");
+        // Heard once; recv never hears one.
+        tx.notifier().expect("unanswered").notify();
+        tx.send("granted".into()).unwrap();
+        assert_eq!(mailbox.listen().await, Heard::Answer("granted".to_string()));
+        // The answer comes first, and the notice left behind dies with the wait.
+        let tx = mailbox.sender();
+        tx.notifier().expect("unanswered").notify();
+        let notifier = tx.notifier().expect("unanswered");
+        drop(tx);
+        notifier.notify();
+        assert_eq!(mailbox.listen().await, Heard::Unanswered);
+    }
+
+    #[tokio::test]
+    async fn a_notice_for_an_earlier_wait_is_not_heard_by_a_later_one() {
+        let mailbox = boxed();
+        let old = mailbox.sender().notifier().expect("unanswered");
+        let _ = mailbox.close();
+        let tx = mailbox.sender();
+        old.notify();
+        // A notice left by the wait before is dropped when the next starts.
+        tx.notifier().expect("unanswered").notify();
+        let _ = mailbox.close();
+        let tx = mailbox.sender();
+        tx.send("fresh".into()).unwrap();
+        assert_eq!(mailbox.listen().await, Heard::Answer("fresh".to_string()));
+        let tx = mailbox.sender();
+        tx.notifier().expect("unanswered").notify();
+        let mut recv = std::pin::pin!(mailbox.recv());
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(
+            recv.as_mut().poll(&mut cx).is_pending(),
+            "recv hears no notice"
+        );
+        drop(tx);
     }
 
     #[test]

@@ -120,6 +120,9 @@ pub struct PassFields {
     pub deadline: Option<Instant>,
     /// When it last joined a queue.
     pub enqueued_at: Option<Instant>,
+    /// While it waits: when its client is told it is queued (query_wait_notify), if not
+    /// told yet.
+    pub notify_at: Option<Instant>,
     /// How long it waited in the gate's queues in all, until its last slot (a statement
     /// may wait for a slot, then again for its tenant's debt to be paid back).
     pub waited: Duration,

@@ -302,6 +302,54 @@ fn the_clock_is_woken_only_for_a_ticket_it_would_sleep_past() {
     );
 }
 
+/// query_wait_notify: the queue keeps each ticket's moment to be told it is queued, the
+/// clock looks then, and each waiter hears it once, unless its wait ended before.
+#[test]
+fn a_ticket_waiting_past_its_notice_is_told_once() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let slots = fill(&mut g, "holder", t0);
+    let waits = |g: &mut Gate<u64>, n: u64, notify: Option<f64>| {
+        let mut pass = admitted(g.admit(&req("a", n, t0), t0));
+        pass.notify_at = notify.map(|s| t0 + secs(s));
+        let id = pass.id;
+        g.enqueue(pass, n, t0);
+        id
+    };
+    g.clock_sleeps(Some(t0 + secs(4.0)));
+    waits(&mut g, 1, Some(1.0));
+    let gone = waits(&mut g, 2, Some(1.0));
+    waits(&mut g, 3, Some(2.0));
+    waits(&mut g, 4, None);
+    // The clock sleeps past the notice of a ticket queued now: it is woken.
+    let mut pass = admitted(g.admit(&req("a", 5, t0), t0));
+    pass.notify_at = Some(t0 + secs(3.0));
+    assert!(g.enqueue(pass, 5, t0), "woken for the notice");
+    assert_eq!(g.next_wake(t0), Some(t0 + secs(1.0)));
+    let heard = |g: &mut Gate<u64>, at: f64| {
+        let mut told = Vec::new();
+        g.notices_due(t0 + secs(at), |w| told.push(*w));
+        told
+    };
+    assert_eq!(heard(&mut g, 0.9), Vec::<u64>::new());
+    // A ticket whose wait ended is told nothing.
+    assert!(g.withdraw(gone, t0 + secs(0.9)).is_some());
+    assert_eq!(heard(&mut g, 1.0), vec![1]);
+    assert_eq!(heard(&mut g, 1.5), Vec::<u64>::new(), "once");
+    assert_eq!(g.next_wake(t0 + secs(1.5)), Some(t0 + secs(2.0)));
+    // A slot handed out takes its ticket's notice with it.
+    let mut slots = slots.into_iter();
+    g.release(&slots.next().expect("a slot"), t0 + secs(1.5));
+    let granted = g.next_waiter(UP, Lane::Fast, t0 + secs(1.5), |_| true);
+    assert_eq!(granted.expect("the first in line").waiter, 1);
+    g.release(&slots.next().expect("a slot"), t0 + secs(1.5));
+    let granted = g.next_waiter(UP, Lane::Fast, t0 + secs(1.5), |_| true);
+    assert_eq!(granted.expect("the next in line").waiter, 3);
+    assert_eq!(heard(&mut g, 10.0), vec![5]);
+    // Nothing left to tell: the queue's ends are the clock's only moments.
+    assert_eq!(g.next_wake(t0 + secs(10.0)), Some(t0 + secs(5.0)));
+}
+
 #[test]
 fn a_release_says_when_an_unpaid_request_held_its_tenant_on_another_upstream() {
     let t0 = Instant::now();

@@ -33,7 +33,7 @@ use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, CostLimits, Judged, PlanFactorKey, PlanKey,
     PlanSummary, Relation,
 };
-use crate::gate::keeper::{SlotAnswer, SlotGuard, SlotLook};
+use crate::gate::keeper::{Acquire, SlotAnswer, SlotGuard, SlotLook, SlotWait, WaitNews};
 use crate::gate::RefusalReason;
 use crate::gate::{
     Cost, Decision, Pass, Refusal, Request, RequestKind, Spent, Subject, TenantTimeouts,
@@ -2542,9 +2542,9 @@ impl Session {
         Ok(true)
     }
 
-    /// Awaits `wait`, a wait in a queue, while reading the client (see [`reading_while`]): a
+    /// Awaits `wait` (for a RESUME) while reading the client (see [`reading_while`]): a
     /// client still waiting after query_wait_notify is told it is queued, once, as one that
-    /// waits for a server is.
+    /// waits for a server or a slot is.
     async fn queued_while<F: std::future::Future>(
         &mut self,
         io: &mut ClientIo,
@@ -2584,12 +2584,34 @@ impl Session {
         let upstream = pass.upstream.clone();
         let mailbox = Arc::clone(self.gate.mailbox.get_or_insert_default());
         let evict = move |over: &[(String, usize)]| evict_runaways(&rt, &upstream, over);
-        let acquire = keeper.acquire(pass, &mailbox, evict);
+        // query_wait_notify: the gate's queue keeps the time (no timer of the wait's own).
+        let notify = self.config.load().settings.query_wait_notify;
         self.hooks.gate_wait_starts();
-        let answer = self.queued_while(io, acquire).await;
+        let answer = match keeper.acquire(pass, &mailbox, evict, notify) {
+            Acquire::Answered(answer) => Ok(answer),
+            Acquire::Queued(wait) => self.slot_wait(io, wait).await,
+        };
         self.hooks
             .gate_wait_ends(self.link.as_ref().map(|l| &*l.server));
         answer
+    }
+
+    /// Waits in the gate's queue, reading the client meanwhile (see [`reading_while`]); a
+    /// client still waiting after query_wait_notify is told it is queued, once.
+    async fn slot_wait(
+        &mut self,
+        io: &mut ClientIo,
+        mut wait: SlotWait<'_>,
+    ) -> Result<SlotAnswer, SessionError> {
+        loop {
+            match reading_while(io, wait.next()).await? {
+                WaitNews::Answer(answer) => return Ok(answer),
+                WaitNews::Notice(more) => {
+                    wait = more;
+                    super::tell_queued(io, &mut self.to_client).await?;
+                }
+            }
+        }
     }
 
     /// The plan of the request, from an EXPLAIN on the checked-out server (which owes the

@@ -183,6 +183,7 @@ impl<W> Gate<W> {
             sent_at: req.sent_at,
             deadline: within.and_then(|d| req.sent_at.checked_add(d)),
             enqueued_at: None,
+            notify_at: None,
             waited: Duration::ZERO,
             waited_for_budget: false,
             payment: Payment::Unpaid,

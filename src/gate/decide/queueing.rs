@@ -297,14 +297,19 @@ impl<W> Gate<W> {
     /// Queues `pass` for a slot in its lane; `waiter` is told through
     /// [`next_waiter`](Self::next_waiter) or [`expire`](Self::expire). Whether the clock must
     /// look again for it: a lane of its upstream has a free slot and tickets waiting, or the
-    /// ticket has a moment the clock must act at (its wait ends, or its tenant's debt is paid
-    /// back) before the clock's next look.
+    /// ticket has a moment the clock must act at (its wait ends, its client is to be told it
+    /// is queued at `pass.notify_at`, or its tenant's debt is paid back) before the clock's
+    /// next look.
     pub fn enqueue(&mut self, mut pass: Pass, waiter: W, now: Instant) -> bool {
         pass.enqueued_at = Some(now);
         self.tenant_at(pass.places, &pass.tenant, now).waiting += 1;
         let end = wait_end(&pass, self.settings.queue_timeout);
         if let Some(end) = end {
             self.ends.insert(end, pass.id);
+        }
+        let notice = pass.notify_at;
+        if let Some(at) = notice {
+            self.notices.insert(at, pass.id);
         }
         let paid = self.paid_back_at(&pass, now);
         self.located
@@ -319,7 +324,7 @@ impl<W> Gate<W> {
         let free = [Lane::Fast, Lane::Slow]
             .into_iter()
             .any(|l| up.may_serve(l));
-        free || self.clock_sleeps_past([end, paid], now)
+        free || self.clock_sleeps_past([end, paid, notice], now)
     }
 
     /// When `pass`'s tenant's debt is paid back, if it waits for that.
@@ -335,7 +340,7 @@ impl<W> Gate<W> {
 
     /// Whether the clock's next look comes after the first of `moments` (or of the adaptive
     /// limit's), or it has not said when it looks.
-    fn clock_sleeps_past(&self, moments: [Option<Instant>; 2], now: Instant) -> bool {
+    fn clock_sleeps_past(&self, moments: [Option<Instant>; 3], now: Instant) -> bool {
         let adaptive = self.adaptive_wake(now, false);
         let need = moments.into_iter().flatten().chain(adaptive).min();
         need.is_some_and(|t| self.clock_until.is_none_or(|at| t < at))
@@ -358,6 +363,9 @@ impl<W> Gate<W> {
         }
         if let Some(end) = wait_end(&pass, timeout) {
             self.ends.remove(end, id);
+        }
+        if let Some(at) = pass.notify_at {
+            self.notices.remove(at, id);
         }
         let state = self.tenant_at(pass.places, &pass.tenant, now);
         state.waiting = state.waiting.saturating_sub(1);
@@ -562,6 +570,26 @@ impl<W> Gate<W> {
         ended
     }
 
+    /// The waiters of the tickets whose client is to be told by `now` that it is queued
+    /// (query_wait_notify), each once: `each` is called with every one.
+    pub fn notices_due(&mut self, now: Instant, mut each: impl FnMut(&W)) {
+        while let Some((at, id)) = self.notices.first() {
+            if at > now {
+                break;
+            }
+            self.notices.pop_first();
+            let Some((upstream, places, lane)) = self.located.get(&id) else {
+                continue;
+            };
+            let up = self.upstreams.get_at_mut(places.upstream, upstream);
+            let waiting = up.and_then(|u| u.lane(*lane).0.queue.get_mut(id));
+            if let Some((pass, waiter)) = waiting {
+                pass.notify_at = None;
+                each(waiter);
+            }
+        }
+    }
+
     /// Answers every waiting ticket for which `hit` is true with `refusal` (refunded): a
     /// kill refuses what is queued as well as what comes.
     pub(super) fn refuse_waiting(
@@ -603,12 +631,13 @@ impl<W> Gate<W> {
         out
     }
 
-    /// When [`expire`](Self::expire) or [`dispatch`](Self::dispatch) next has work: the
-    /// earliest deadline or queue timeout of a waiting ticket, pay-back of a waiting debt, or
-    /// a moment of the adaptive limits later than `now` (the clock calls this right after
-    /// `expire(now)`).
+    /// When [`expire`](Self::expire), [`notices_due`](Self::notices_due) or
+    /// [`dispatch`](Self::dispatch) next has work: the earliest deadline, queue timeout or
+    /// notice of a waiting ticket, pay-back of a waiting debt, or a moment of the adaptive
+    /// limits later than `now` (the clock calls this right after `expire(now)`).
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
         let end = self.ends.first().map(|(at, _)| at);
+        let notice = self.notices.first().map(|(at, _)| at);
         let paid = self
             .upstreams
             .values()
@@ -617,7 +646,11 @@ impl<W> Gate<W> {
             .flat_map(|q| q.heads())
             .filter_map(|p| self.paid_back_at(p, now));
         let adaptive = self.adaptive_wake(now, true);
-        end.into_iter().chain(paid).chain(adaptive).min()
+        end.into_iter()
+            .chain(notice)
+            .chain(paid)
+            .chain(adaptive)
+            .min()
     }
 
     /// The clock sleeps until `at` (`None`: until it is woken), having looked at everything
