@@ -691,9 +691,9 @@ impl Gatekeeper {
             let mut notices = Vec::new();
             let (expired, granted, at) = {
                 let mut gate = self.lock();
-                let expired = gate.expire(now);
-                gate.notices_due(now, |w| notices.extend(w.notifier()));
-                let granted = gate.dispatch(now, |w| !w.is_closed());
+                let live = |w: &SlotWaiter| !w.is_closed();
+                let notice = |w: &SlotWaiter| notices.extend(w.notifier());
+                let (expired, granted) = gate.clock_turn(now, live, notice);
                 // Never spin: at least a millisecond between rounds.
                 let at = gate
                     .next_wake(now)
@@ -702,10 +702,10 @@ impl Gatekeeper {
                 (expired, granted, at)
             };
             self.answer(expired);
+            self.deliver(granted);
             for notice in notices {
                 notice.notify();
             }
-            self.deliver(granted);
             match at {
                 Some(at) => {
                     tokio::select! {

@@ -329,7 +329,7 @@ mod tests {
         tx.notifier().expect("unanswered").notify();
         assert_eq!(listening.await.unwrap(), Heard::Notice);
         assert!(!tx.is_closed(), "the wait goes on");
-        // Heard once; recv never hears one.
+        // An answer that comes with a notice not heard yet goes first.
         tx.notifier().expect("unanswered").notify();
         tx.send("granted".into()).unwrap();
         assert_eq!(mailbox.listen().await, Heard::Answer("granted".to_string()));
@@ -342,27 +342,38 @@ mod tests {
         assert_eq!(mailbox.listen().await, Heard::Unanswered);
     }
 
-    #[tokio::test]
-    async fn a_notice_for_an_earlier_wait_is_not_heard_by_a_later_one() {
+    /// Whether the current wait has heard nothing yet.
+    fn hears_nothing(mailbox: &Mailbox<String>) -> bool {
+        let mut cx = Context::from_waker(Waker::noop());
+        std::pin::pin!(mailbox.listen()).poll(&mut cx).is_pending()
+    }
+
+    #[test]
+    fn a_notice_for_an_earlier_wait_is_not_heard_by_a_later_one() {
         let mailbox = boxed();
         let old = mailbox.sender().notifier().expect("unanswered");
         let _ = mailbox.close();
         let tx = mailbox.sender();
         old.notify();
-        // A notice left by the wait before is dropped when the next starts.
+        assert!(hears_nothing(&mailbox), "an earlier wait's notice");
+        // A notice left by a wait is dropped when it ends, whether given up or not.
         tx.notifier().expect("unanswered").notify();
         let _ = mailbox.close();
         let tx = mailbox.sender();
-        tx.send("fresh".into()).unwrap();
-        assert_eq!(mailbox.listen().await, Heard::Answer("fresh".to_string()));
-        let tx = mailbox.sender();
+        assert!(hears_nothing(&mailbox), "the notice of a wait given up");
         tx.notifier().expect("unanswered").notify();
-        let mut recv = std::pin::pin!(mailbox.recv());
+        let tx = mailbox.sender();
+        assert!(hears_nothing(&mailbox), "the notice of the wait before");
+        tx.notifier().expect("unanswered").notify();
         let mut cx = Context::from_waker(Waker::noop());
+        let mut recv = std::pin::pin!(mailbox.recv());
         assert!(
             recv.as_mut().poll(&mut cx).is_pending(),
             "recv hears no notice"
         );
+        let heard = std::pin::pin!(mailbox.listen()).poll(&mut cx);
+        assert_eq!(heard, Poll::Ready(Heard::Notice));
+        assert!(hears_nothing(&mailbox), "a notice is heard once");
         drop(tx);
     }
 

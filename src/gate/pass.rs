@@ -120,8 +120,8 @@ pub struct PassFields {
     pub deadline: Option<Instant>,
     /// When it last joined a queue.
     pub enqueued_at: Option<Instant>,
-    /// While it waits: when its client is told it is queued (query_wait_notify), if not
-    /// told yet.
+    /// While it waits: when its client is to be told it is queued (query_wait_notify), if
+    /// not told yet (cleared once told and when it leaves the queue).
     pub notify_at: Option<Instant>,
     /// How long it waited in the gate's queues in all, until its last slot (a statement
     /// may wait for a slot, then again for its tenant's debt to be paid back).

@@ -350,6 +350,42 @@ fn a_ticket_waiting_past_its_notice_is_told_once() {
     assert_eq!(g.next_wake(t0 + secs(10.0)), Some(t0 + secs(5.0)));
 }
 
+/// A ticket the clock hands a slot in the same turn as its notice comes due is told nothing:
+/// it no longer waits. A ticket that waits again (the same pass) is told at its new moment
+/// only.
+#[test]
+fn a_ticket_given_its_slot_in_the_clocks_turn_or_waiting_again_is_told_in_time() {
+    let t0 = Instant::now();
+    let mut g = gate();
+    let slots = fill(&mut g, "holder", t0);
+    let mut pass = admitted(g.admit(&req("a", 1, t0), t0));
+    pass.notify_at = Some(t0 + secs(1.0));
+    let id = pass.id;
+    g.enqueue(pass, 1, t0);
+    // Withdrawn and queued again, with a later moment.
+    let (mut pass, _) = g.withdraw(id, t0 + secs(0.5)).expect("queued");
+    pass.notify_at = Some(t0 + secs(1.5));
+    g.enqueue(pass, 1, t0 + secs(0.5));
+    let mut told = Vec::new();
+    g.clock_turn(t0 + secs(1.0), |_| true, |w| told.push(*w));
+    assert_eq!(told, Vec::<u64>::new(), "not at the moment it had before");
+    g.clock_turn(t0 + secs(1.5), |_| true, |w| told.push(*w));
+    assert_eq!(told, vec![1]);
+    // A slot comes back (the clock hands it out) as the next ticket's notice comes due.
+    let mut pass = admitted(g.admit(&req("a", 2, t0), t0));
+    pass.notify_at = Some(t0 + secs(2.0));
+    g.enqueue(pass, 2, t0 + secs(1.5));
+    let mut slots = slots.into_iter();
+    g.release(&slots.next().expect("a slot"), t0 + secs(1.9));
+    g.release(&slots.next().expect("a slot"), t0 + secs(1.9));
+    told.clear();
+    let (expired, granted) = g.clock_turn(t0 + secs(2.0), |_| true, |w| told.push(*w));
+    assert!(expired.is_empty());
+    let granted: Vec<u64> = granted.iter().map(|g| g.waiter).collect();
+    assert_eq!(granted, vec![1, 2]);
+    assert_eq!(told, Vec::<u64>::new(), "given its slot: told nothing");
+}
+
 #[test]
 fn a_release_says_when_an_unpaid_request_held_its_tenant_on_another_upstream() {
     let t0 = Instant::now();

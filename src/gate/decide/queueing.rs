@@ -352,7 +352,7 @@ impl<W> Gate<W> {
         let timeout = self.settings.queue_timeout;
         let up = self.upstreams.get_at_mut(places.upstream, &upstream)?;
         let state = up.lane(lane).0;
-        let (pass, waiter) = state.queue.remove(id)?;
+        let (mut pass, waiter) = state.queue.remove(id)?;
         if state.queue.is_empty() {
             state.waited_since = None;
         }
@@ -364,7 +364,7 @@ impl<W> Gate<W> {
         if let Some(end) = wait_end(&pass, timeout) {
             self.ends.remove(end, id);
         }
-        if let Some(at) = pass.notify_at {
+        if let Some(at) = pass.notify_at.take() {
             self.notices.remove(at, id);
         }
         let state = self.tenant_at(pass.places, &pass.tenant, now);
@@ -570,6 +570,22 @@ impl<W> Gate<W> {
         ended
     }
 
+    /// The clock's turn at `now`: ends the waits that are over ([`expire`](Self::expire)),
+    /// hands out what slots can be given ([`dispatch`](Self::dispatch)), then tells those
+    /// still waiting whose notice is due ([`notices_due`](Self::notices_due)): a ticket given
+    /// its slot in this turn is told nothing.
+    pub fn clock_turn(
+        &mut self,
+        now: Instant,
+        live: impl Fn(&W) -> bool,
+        notice: impl FnMut(&W),
+    ) -> (Vec<Expired<W>>, Vec<Granted<W>>) {
+        let expired = self.expire(now);
+        let granted = self.dispatch(now, live);
+        self.notices_due(now, notice);
+        (expired, granted)
+    }
+
     /// The waiters of the tickets whose client is to be told by `now` that it is queued
     /// (query_wait_notify), each once: `each` is called with every one.
     pub fn notices_due(&mut self, now: Instant, mut each: impl FnMut(&W)) {
@@ -583,7 +599,8 @@ impl<W> Gate<W> {
             };
             let up = self.upstreams.get_at_mut(places.upstream, upstream);
             let waiting = up.and_then(|u| u.lane(*lane).0.queue.get_mut(id));
-            if let Some((pass, waiter)) = waiting {
+            // (Only at the moment of its present wait.)
+            if let Some((pass, waiter)) = waiting.filter(|(p, _)| p.notify_at == Some(at)) {
                 pass.notify_at = None;
                 each(waiter);
             }
