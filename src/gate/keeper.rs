@@ -440,12 +440,12 @@ impl Gatekeeper {
         // The wait starts before the gate's lock is taken: whatever an earlier wait left in
         // the box (a slot) is dropped outside it.
         let tx = mailbox.sender();
-        pass.notify_at = notify.and_then(|after| now.checked_add(after));
         let (id, over, look) = {
             let mut gate = self.lock();
             if let Some(slot) = gate.try_acquire(&pass, now) {
                 return Acquire::Answered(SlotAnswer::Granted(pass, SlotGuard::new(self, slot)));
             }
+            pass.notify_at = notify.and_then(|after| now.checked_add(after));
             let id = pass.id;
             let upstream = pass.upstream.clone();
             let look = gate.enqueue(pass, tx, now);
@@ -1092,8 +1092,11 @@ mod tests {
                         else {
                             panic!("admitted");
                         };
+                        // Every other wait hears a notice from the clock first, or does not
+                        // (given up or granted as it comes).
+                        let notify = (round % 2 == 0).then(|| Duration::from_micros(500));
                         let acquire = keeper
-                            .acquire(pass, &mailbox, |_| Vec::new(), None)
+                            .acquire(pass, &mailbox, |_| Vec::new(), notify)
                             .answer();
                         // Given up after 0 to 2.1 ms: often as a slot comes (the slots are
                         // held about a millisecond at a time).

@@ -13,11 +13,12 @@
 //!    `Identity`, kind from [`RequestKind::of_sql`] or the session's own reading): a
 //!    [`Decision`]. `Bypass` (transaction control) runs at once without a slot; `Refuse` is
 //!    answered with its SQLSTATE; `Admit` gives a [`Pass`].
-//! 2. With a server checked out: [`Gate::try_acquire`], or [`Gate::enqueue`] with the
-//!    sender of the session's mailbox and wait on the mailbox until the pass's deadline or the queue
-//!    timeout. A client that gives up calls [`Gate::withdraw`] (refunded). A timer at
-//!    [`Gate::next_wake`] calls [`Gate::expire`] (answer each with its refusal) and
-//!    [`Gate::dispatch`] (send each grant).
+//! 2. [`Gate::try_acquire`], or [`Gate::enqueue`] with the sender of the session's mailbox
+//!    and wait on the mailbox until the pass's deadline or the queue timeout (hearing a notice
+//!    after query_wait_notify on the way). A client that gives up calls [`Gate::withdraw`]
+//!    (refunded). The clock, at [`Gate::next_wake`], runs [`Gate::clock_turn`]:
+//!    [`Gate::expire`] (answer each with its refusal), [`Gate::dispatch`] (send each grant),
+//!    then [`Gate::notices_due`] (tell those still waiting that they are queued).
 //! 3. With the slot and the server: the price (the plan cache, or EXPLAIN through
 //!    [`crate::cost`]), the cost rules, then [`Gate::spend`], cached plan or not.
 //!    `MovedToSlow` / `WaitForBudget`: release the slot and queue again.

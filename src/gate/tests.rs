@@ -345,6 +345,12 @@ fn a_ticket_waiting_past_its_notice_is_told_once() {
     g.release(&slots.next().expect("a slot"), t0 + secs(1.5));
     let granted = g.next_waiter(UP, Lane::Fast, t0 + secs(1.5), |_| true);
     assert_eq!(granted.expect("the next in line").waiter, 3);
+    let next = g.next_wake(t0 + secs(1.5));
+    assert_eq!(
+        next,
+        Some(t0 + secs(3.0)),
+        "the clock looks at no moment of a ticket gone"
+    );
     assert_eq!(heard(&mut g, 10.0), vec![5]);
     // Nothing left to tell: the queue's ends are the clock's only moments.
     assert_eq!(g.next_wake(t0 + secs(10.0)), Some(t0 + secs(5.0)));
