@@ -445,36 +445,25 @@ const STATEMENTS: &[(&str, Ty)] = &[
 /// reading it (NULL without the extension), and the normalized text (constants as `$n`).
 pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
     let config = rt.config.load();
-    let (rows, server): (Vec<_>, Vec<_>) = {
-        let table = &rt.ops.statements;
-        let rows = table.top(limit, tenant);
-        let defs: Vec<_> = rows
-            .iter()
-            .map(|(key, _, _)| config.database(&key.database))
-            .collect();
-        let wanted: Vec<(u64, &str, &str)> = rows
-            .iter()
-            .zip(&defs)
-            .map(|((key, _, _), def)| {
-                // pg_stat_statements knows the role and database the server logs in as.
-                let def = def.as_ref();
-                let role = def.and_then(|d| d.user.as_deref()).unwrap_or(&key.role);
-                let db = def
-                    .and_then(|d| d.dbname.as_deref())
-                    .unwrap_or(&key.database);
-                (key.fingerprint, role, db)
-            })
-            .collect();
-        let server = table.server_counters(&wanted);
-        (rows, server)
+    let server_of = |key: &crate::ops::statements::StatementKey| {
+        // pg_stat_statements knows the role and database the server logs in as.
+        let def = config.database(&key.database);
+        let def = def.as_ref();
+        let role = def.and_then(|d| d.user.as_deref()).unwrap_or(&key.role);
+        let db = def
+            .and_then(|d| d.dbname.as_deref())
+            .unwrap_or(&key.database);
+        (role.to_string(), db.to_string())
     };
+    // Rows and counters of one moment (no thread's session changes them in between).
+    let rows = rt.ops.statements.top_with_server(limit, tenant, server_of);
     let mut t = Table::new(STATEMENTS);
     let ms = |s: Option<f64>| s.map_or(Cell::Null, |s| Cell::decimal(s * 1000.0, 3));
     let counts = |m: &std::collections::BTreeMap<String, u64>| {
         let words: Vec<String> = m.iter().map(|(k, n)| format!("{k}:{n}")).collect();
         words.join(" ")
     };
-    for ((key, row, text), server) in rows.into_iter().zip(server) {
+    for ((key, row, text), server) in rows {
         let l = &row.latency;
         let count = |f: fn(&crate::ops::statements::ServerCounters) -> u64| {
             server.as_ref().map_or(Cell::Null, |c| f(c).into())

@@ -643,18 +643,33 @@ impl StatementTables {
 
     /// What pg_stat_statements counted for each statement of `wanted` (fingerprint, server
     /// role, server database), summed over the tables, read at one moment.
+    #[cfg(test)]
     pub fn server_counters(&self, wanted: &[(u64, &str, &str)]) -> Vec<Option<ServerCounters>> {
         let tables = self.all();
         let sum = |&(fingerprint, role, database): &(u64, &str, &str)| {
-            let parts = tables
-                .iter()
-                .filter_map(|t| t.server_counters(fingerprint, role, database));
-            parts.reduce(|mut sum, c| {
-                sum.add(&c);
-                sum
-            })
+            server_counters_of(&tables, fingerprint, role, database)
         };
         wanted.iter().map(sum).collect()
+    }
+
+    /// [`top`](Self::top), each row with what pg_stat_statements counted of its statement
+    /// for the server role and database `server_of` names: rows and counters read at one
+    /// moment (under one locking of every table).
+    pub fn top_with_server(
+        &self,
+        n: usize,
+        tenant: Option<&str>,
+        server_of: impl Fn(&StatementKey) -> (String, String),
+    ) -> Vec<(StatementRowOf, Option<ServerCounters>)> {
+        let tables = self.all();
+        top_of(&tables, n, tenant)
+            .into_iter()
+            .map(|row| {
+                let (role, database) = server_of(&row.0);
+                let server = server_counters_of(&tables, row.0.fingerprint, &role, &database);
+                (row, server)
+            })
+            .collect()
     }
 
     /// Rows kept (a statement with rows in several tables counts once) and rows the tables
@@ -674,44 +689,68 @@ impl StatementTables {
 
     /// The `n` rows with the most total time (of `tenant` only, if given), most first, with
     /// their texts: each statement's rows of every table summed, read at one moment.
-    pub fn top(
-        &self,
-        n: usize,
-        tenant: Option<&str>,
-    ) -> Vec<(StatementKey, StatementRow, Option<String>)> {
-        let tables = self.all();
-        if let [table] = tables.as_slice() {
-            return table.top(n, tenant);
-        }
-        let mut rows: std::collections::HashMap<&StatementKey, Vec<&StatementRow>> =
-            std::collections::HashMap::new();
-        for table in &tables {
-            let mine = table
-                .all()
-                .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t));
-            for (key, row) in mine {
-                rows.entry(key).or_default().push(row);
-            }
-        }
-        let mut totals: Vec<(&StatementKey, f64)> = rows
-            .iter()
-            .map(|(k, parts)| (*k, parts.iter().map(|r| r.latency.sum()).sum()))
-            .collect();
-        totals.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
-        totals
-            .into_iter()
-            .take(n)
-            .map(|(key, _)| {
-                let mut sum = StatementRow::default();
-                for part in &rows[key] {
-                    sum.merge(part);
-                }
-                // Any table's text of the statement (a refused run sets none in its own).
-                let text = tables.iter().find_map(|t| t.shown_text(key.fingerprint));
-                (key.clone(), sum, text)
-            })
-            .collect()
+    pub fn top(&self, n: usize, tenant: Option<&str>) -> Vec<StatementRowOf> {
+        top_of(&self.all(), n, tenant)
     }
+}
+
+/// A statement's row as SHOW STATEMENTS lists it: its key, its counts, its text.
+pub type StatementRowOf = (StatementKey, StatementRow, Option<String>);
+
+/// What pg_stat_statements counted of a statement for a server role and database, summed
+/// over `tables`.
+fn server_counters_of(
+    tables: &[std::sync::MutexGuard<'_, Statements>],
+    fingerprint: u64,
+    role: &str,
+    database: &str,
+) -> Option<ServerCounters> {
+    let parts = tables
+        .iter()
+        .filter_map(|t| t.server_counters(fingerprint, role, database));
+    parts.reduce(|mut sum, c| {
+        sum.add(&c);
+        sum
+    })
+}
+
+/// [`StatementTables::top`] of `tables`, locked.
+fn top_of(
+    tables: &[std::sync::MutexGuard<'_, Statements>],
+    n: usize,
+    tenant: Option<&str>,
+) -> Vec<StatementRowOf> {
+    if let [table] = tables {
+        return table.top(n, tenant);
+    }
+    let mut rows: std::collections::HashMap<&StatementKey, Vec<&StatementRow>> =
+        std::collections::HashMap::new();
+    for table in tables {
+        let mine = table
+            .all()
+            .filter(|(k, _)| tenant.is_none_or(|t| *k.tenant == *t));
+        for (key, row) in mine {
+            rows.entry(key).or_default().push(row);
+        }
+    }
+    let mut totals: Vec<(&StatementKey, f64)> = rows
+        .iter()
+        .map(|(k, parts)| (*k, parts.iter().map(|r| r.latency.sum()).sum()))
+        .collect();
+    totals.sort_by(|a, b| b.1.total_cmp(&a.1).then(a.0.cmp(b.0)));
+    totals
+        .into_iter()
+        .take(n)
+        .map(|(key, _)| {
+            let mut sum = StatementRow::default();
+            for part in &rows[key] {
+                sum.merge(part);
+            }
+            // Any table's text of the statement (a refused run sets none in its own).
+            let text = tables.iter().find_map(|t| t.shown_text(key.fingerprint));
+            (key.clone(), sum, text)
+        })
+        .collect()
 }
 
 /// How much a row was used: its runs and refusals.
@@ -956,6 +995,41 @@ mod tests {
         // Each table is bounded by the whole bound.
         tables.set_max_rows(3);
         assert_eq!(lock(tables.of(2)).max_rows, 3);
+    }
+
+    /// SHOW STATEMENTS' rows, each with pg_stat_statements' counters of its statement for the
+    /// server role and database it runs as, summed over the threads' tables.
+    #[test]
+    fn the_top_rows_come_with_their_statements_server_counters() {
+        for threads in [1, 2] {
+            let tables = StatementTables::new(threads, 10);
+            tables.record(0, |s| {
+                s.record(key(1, "a").borrowed(), &ran(0.02));
+                s.set_text(1, "SELECT $1".into());
+            });
+            tables.record(threads - 1, |s| {
+                s.record(key(1, "a").borrowed(), &ran(0.01));
+                s.record(key(2, "b").borrowed(), &ran(0.001));
+                s.set_text(2, "SELECT 2".into());
+            });
+            let c = one_call();
+            tables.add_server(&[(1, "owner", "real", &c), (2, "app", "db", &c)]);
+            tables.add_server(&[(1, "owner", "real", &c)]);
+            // Statement 1's runs as the server role "owner" in "real"; 2's as pgward names them.
+            let server_of = |k: &StatementKey| match k.fingerprint {
+                1 => ("owner".to_string(), "real".to_string()),
+                _ => (k.role.to_string(), k.database.to_string()),
+            };
+            let rows = tables.top_with_server(10, None, server_of);
+            let seen: Vec<_> = rows
+                .iter()
+                .map(|((k, row, _), c)| (k.fingerprint, row.calls, c.map(|c| c.wal_bytes)))
+                .collect();
+            assert_eq!(seen, vec![(1, 2, Some(20)), (2, 1, Some(10))], "{threads}");
+            let one = tables.top_with_server(1, Some("b"), |_| ("x".into(), "y".into()));
+            assert_eq!(one.len(), 1);
+            assert_eq!((one[0].0 .0.fingerprint, one[0].1), (2, None));
+        }
     }
 
     #[test]
