@@ -455,7 +455,7 @@ pub fn statements(rt: &Runtime, limit: usize, tenant: Option<&str>) -> Table {
             .unwrap_or(&key.database);
         (role.to_string(), db.to_string())
     };
-    // Rows and counters of one moment (no thread's session changes them in between).
+    // Rows and counters read under one locking of the threads' tables.
     let rows = rt.ops.statements.top_with_server(limit, tenant, server_of);
     let mut t = Table::new(STATEMENTS);
     let ms = |s: Option<f64>| s.map_or(Cell::Null, |s| Cell::decimal(s * 1000.0, 3));

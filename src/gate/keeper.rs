@@ -728,8 +728,9 @@ pub enum Acquire<'a> {
     Queued(SlotWait<'a>),
 }
 
+#[cfg(test)]
 impl Acquire<'_> {
-    /// The answer, notices left unheard.
+    /// The answer, any notice before it passed over.
     pub async fn answer(self) -> SlotAnswer {
         let mut wait = match self {
             Acquire::Answered(answer) => return answer,

@@ -653,8 +653,10 @@ impl StatementTables {
     }
 
     /// [`top`](Self::top), each row with what pg_stat_statements counted of its statement
-    /// for the server role and database `server_of` names: rows and counters read at one
-    /// moment (under one locking of every table).
+    /// for the server role and database `server_of` names, rows and counters read under one
+    /// locking of every table (a statement's text and counters on their way from a table
+    /// that evicted its last row there to another, see [`record`](Self::record), are in
+    /// none). `server_of` runs under those locks: it must not touch the tables.
     pub fn top_with_server(
         &self,
         n: usize,

@@ -651,7 +651,7 @@ impl<W> Gate<W> {
     /// When [`expire`](Self::expire), [`notices_due`](Self::notices_due) or
     /// [`dispatch`](Self::dispatch) next has work: the earliest deadline, queue timeout or
     /// notice of a waiting ticket, pay-back of a waiting debt, or a moment of the adaptive
-    /// limits later than `now` (the clock calls this right after `expire(now)`).
+    /// limits later than `now` (the clock calls this right after `clock_turn(now)`).
     pub fn next_wake(&self, now: Instant) -> Option<Instant> {
         let end = self.ends.first().map(|(at, _)| at);
         let notice = self.notices.first().map(|(at, _)| at);
