@@ -93,12 +93,6 @@ impl<T> Mailbox<T> {
         }
     }
 
-    /// The answer of the current wait: `None` when its sender was dropped unanswered.
-    /// Notices are left unheard.
-    pub fn recv(&self) -> Recv<'_, T> {
-        Recv { mailbox: self }
-    }
-
     /// What the current wait hears next: a notice, or the end of the wait.
     pub fn listen(&self) -> Listen<'_, T> {
         Listen { mailbox: self }
@@ -190,24 +184,6 @@ impl<T> Notifier<T> {
     }
 }
 
-/// The future of [`Mailbox::recv`].
-#[derive(Debug)]
-pub struct Recv<'a, T> {
-    mailbox: &'a Mailbox<T>,
-}
-
-impl<T> Future for Recv<'_, T> {
-    type Output = Option<T>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<T>> {
-        match self.mailbox.poll_heard(cx, false) {
-            Poll::Ready(Heard::Answer(answer)) => Poll::Ready(Some(answer)),
-            Poll::Ready(_) => Poll::Ready(None),
-            Poll::Pending => Poll::Pending,
-        }
-    }
-}
-
 /// The future of [`Mailbox::listen`].
 #[derive(Debug)]
 pub struct Listen<'a, T> {
@@ -218,14 +194,14 @@ impl<T> Future for Listen<'_, T> {
     type Output = Heard<T>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Heard<T>> {
-        self.mailbox.poll_heard(cx, true)
+        self.mailbox.poll_heard(cx)
     }
 }
 
 impl<T> Mailbox<T> {
-    /// What the current wait has heard: its answer first, then the end of it, then (when
-    /// `notices`) a notice, taken; otherwise `cx` is woken when there is something.
-    fn poll_heard(&self, cx: &mut Context<'_>, notices: bool) -> Poll<Heard<T>> {
+    /// What the current wait has heard: its answer first, then the end of it, then a
+    /// notice, taken; otherwise `cx` is woken when there is something.
+    fn poll_heard(&self, cx: &mut Context<'_>) -> Poll<Heard<T>> {
         let mut inner = self.lock();
         if let Some(answer) = inner.answer.take() {
             return Poll::Ready(Heard::Answer(answer));
@@ -233,7 +209,7 @@ impl<T> Mailbox<T> {
         if !inner.open {
             return Poll::Ready(Heard::Unanswered);
         }
-        if notices && std::mem::take(&mut inner.notice) {
+        if std::mem::take(&mut inner.notice) {
             return Poll::Ready(Heard::Notice);
         }
         match &mut inner.waker {
@@ -259,15 +235,15 @@ mod tests {
         assert!(!tx.is_closed());
         let waiting = tokio::spawn({
             let mailbox = Arc::clone(&mailbox);
-            async move { mailbox.recv().await }
+            async move { mailbox.listen().await }
         });
         tokio::task::yield_now().await;
         tx.send("granted".into()).unwrap();
-        assert_eq!(waiting.await.unwrap().as_deref(), Some("granted"));
+        assert_eq!(waiting.await.unwrap(), Heard::Answer("granted".to_string()));
         // The box serves the next wait the same way.
         let tx = mailbox.sender();
         tx.send("again".into()).unwrap();
-        assert_eq!(mailbox.recv().await.as_deref(), Some("again"));
+        assert_eq!(mailbox.listen().await, Heard::Answer("again".to_string()));
     }
 
     #[tokio::test]
@@ -275,7 +251,7 @@ mod tests {
         let mailbox = boxed();
         let tx = mailbox.sender();
         drop(tx);
-        assert_eq!(mailbox.recv().await, None);
+        assert_eq!(mailbox.listen().await, Heard::Unanswered);
     }
 
     #[test]
@@ -313,7 +289,7 @@ mod tests {
         drop(older);
         assert!(!newest.is_closed());
         newest.send("fresh".into()).unwrap();
-        assert_eq!(mailbox.recv().await.as_deref(), Some("fresh"));
+        assert_eq!(mailbox.listen().await, Heard::Answer("fresh".to_string()));
         drop(new);
     }
 
@@ -366,11 +342,6 @@ mod tests {
         assert!(hears_nothing(&mailbox), "the notice of the wait before");
         tx.notifier().expect("unanswered").notify();
         let mut cx = Context::from_waker(Waker::noop());
-        let mut recv = std::pin::pin!(mailbox.recv());
-        assert!(
-            recv.as_mut().poll(&mut cx).is_pending(),
-            "recv hears no notice"
-        );
         let heard = std::pin::pin!(mailbox.listen()).poll(&mut cx);
         assert_eq!(heard, Poll::Ready(Heard::Notice));
         assert!(hears_nothing(&mailbox), "a notice is heard once");
