@@ -1,9 +1,12 @@
 //! A client socket with its read buffer, for the sequential phases (startup, login).
 
+use std::pin::Pin;
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
+use tokio_util::io::poll_read_buf;
 
 use super::SessionError;
 use crate::net::Stream;
@@ -26,11 +29,22 @@ impl ClientIo {
 
     /// Reads more bytes; end of stream is [`SessionError::Gone`].
     pub async fn fill(&mut self) -> Result<(), SessionError> {
+        std::future::poll_fn(|cx| self.poll_fill(cx)).await
+    }
+
+    /// [`fill`](Self::fill), polled by hand: for a wait that reads the client meanwhile in
+    /// the same poll.
+    pub fn poll_fill(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), SessionError>> {
         wire::room_for_read(&mut self.rbuf);
-        match self.stream.read_buf(&mut self.rbuf).await? {
+        let read = ready!(poll_read_buf(
+            Pin::new(&mut self.stream),
+            cx,
+            &mut self.rbuf
+        ))?;
+        Poll::Ready(match read {
             0 => Err(SessionError::Gone),
             _ => Ok(()),
-        }
+        })
     }
 
     /// Reads one whole tagged message.

@@ -5,6 +5,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
 use tokio::sync::Notify;
@@ -737,9 +738,8 @@ impl Acquire<'_> {
             Acquire::Queued(wait) => wait,
         };
         loop {
-            match wait.next().await {
-                WaitNews::Answer(answer) => return answer,
-                WaitNews::Notice(more) => wait = more,
+            if let WaitNews::Answer(answer) = wait.next().await {
+                return answer;
             }
         }
     }
@@ -755,19 +755,20 @@ pub struct SlotWait<'a> {
 
 /// What a waiting ticket hears next.
 #[derive(Debug)]
-pub enum WaitNews<'a> {
+pub enum WaitNews {
     /// Its client is to be told it is queued (query_wait_notify); it still waits.
-    Notice(SlotWait<'a>),
+    Notice,
     /// The wait is over.
     Answer(SlotAnswer),
 }
 
-impl<'a> SlotWait<'a> {
-    /// Waits for what comes next: a notice, or the answer.
-    pub async fn next(mut self) -> WaitNews<'a> {
-        let heard = self.withdraw.mailbox.listen().await;
-        let answer = match heard {
-            Heard::Notice => return WaitNews::Notice(self),
+impl SlotWait<'_> {
+    /// What comes next, polled: a notice (the ticket still waits), or the answer (the wait
+    /// is over, and is not polled again). Polled by hand, so that a session waits for it and
+    /// reads its client in one poll.
+    pub fn poll_next(&mut self, cx: &mut Context<'_>) -> Poll<WaitNews> {
+        let answer = match ready!(self.withdraw.mailbox.poll_heard(cx)) {
+            Heard::Notice => return Poll::Ready(WaitNews::Notice),
             Heard::Answer(answer) => answer,
             // The gate dropped the ticket without an answer (it does not while the client
             // waits): a refusal is the safe reading.
@@ -780,7 +781,13 @@ impl<'a> SlotWait<'a> {
             }
         };
         self.withdraw.id = None;
-        WaitNews::Answer(answer)
+        Poll::Ready(WaitNews::Answer(answer))
+    }
+
+    /// [`poll_next`](Self::poll_next), awaited.
+    #[cfg(test)]
+    pub async fn next(&mut self) -> WaitNews {
+        std::future::poll_fn(|cx| self.poll_next(cx)).await
     }
 }
 
@@ -1052,11 +1059,12 @@ mod tests {
         };
         let mailbox = Arc::new(SlotMailbox::default());
         let notify = Some(Duration::from_millis(30));
-        let Acquire::Queued(wait) = keeper.acquire(pass, &mailbox, |_| Vec::new(), notify) else {
+        let Acquire::Queued(mut wait) = keeper.acquire(pass, &mailbox, |_| Vec::new(), notify)
+        else {
             panic!("the one slot is held");
         };
         let heard = tokio::time::timeout(Duration::from_secs(5), wait.next()).await;
-        let WaitNews::Notice(wait) = heard.expect("told before the queue timeout") else {
+        let WaitNews::Notice = heard.expect("told before the queue timeout") else {
             panic!("no slot came");
         };
         assert!(now.elapsed() >= Duration::from_millis(30), "told too soon");

@@ -5,8 +5,6 @@
 //! channel's sender would. A sender of an earlier wait is turned away. Before its answer a
 //! wait may hear a notice (its client is to be told it is queued), which does not end it.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 
@@ -94,8 +92,9 @@ impl<T> Mailbox<T> {
     }
 
     /// What the current wait hears next: a notice, or the end of the wait.
-    pub fn listen(&self) -> Listen<'_, T> {
-        Listen { mailbox: self }
+    #[cfg(test)]
+    pub async fn listen(&self) -> Heard<T> {
+        std::future::poll_fn(|cx| self.poll_heard(cx)).await
     }
 
     /// The waiter gives up: no sender of this wait may answer any more. An answer that came
@@ -184,24 +183,10 @@ impl<T> Notifier<T> {
     }
 }
 
-/// The future of [`Mailbox::listen`].
-#[derive(Debug)]
-pub struct Listen<'a, T> {
-    mailbox: &'a Mailbox<T>,
-}
-
-impl<T> Future for Listen<'_, T> {
-    type Output = Heard<T>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Heard<T>> {
-        self.mailbox.poll_heard(cx)
-    }
-}
-
 impl<T> Mailbox<T> {
     /// What the current wait has heard: its answer first, then the end of it, then a
     /// notice, taken; otherwise `cx` is woken when there is something.
-    fn poll_heard(&self, cx: &mut Context<'_>) -> Poll<Heard<T>> {
+    pub fn poll_heard(&self, cx: &mut Context<'_>) -> Poll<Heard<T>> {
         let mut inner = self.lock();
         if let Some(answer) = inner.answer.take() {
             return Poll::Ready(Heard::Answer(answer));
@@ -321,7 +306,7 @@ mod tests {
     /// Whether the current wait has heard nothing yet.
     fn hears_nothing(mailbox: &Mailbox<String>) -> bool {
         let mut cx = Context::from_waker(Waker::noop());
-        std::pin::pin!(mailbox.listen()).poll(&mut cx).is_pending()
+        mailbox.poll_heard(&mut cx).is_pending()
     }
 
     #[test]
@@ -342,7 +327,7 @@ mod tests {
         assert!(hears_nothing(&mailbox), "the notice of the wait before");
         tx.notifier().expect("unanswered").notify();
         let mut cx = Context::from_waker(Waker::noop());
-        let heard = std::pin::pin!(mailbox.listen()).poll(&mut cx);
+        let heard = mailbox.poll_heard(&mut cx);
         assert_eq!(heard, Poll::Ready(Heard::Notice));
         assert!(hears_nothing(&mailbox), "a notice is heard once");
         drop(tx);

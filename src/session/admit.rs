@@ -27,7 +27,7 @@ use super::prepared::Parsed;
 use super::readings::{worth_remembering, Derived, Facts};
 use super::rules::{context_from, parse_context, Allowed, Analyzed};
 use super::views::Views;
-use super::{frame_at, Session, HIGH_WATER};
+use super::{frame_at, poll_reading, Session};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, CostLimits, Judged, PlanFactorKey, PlanKey,
@@ -60,19 +60,13 @@ const KEPT_BLOCK: usize = 1024;
 const KEPT_MAX: usize = KEPT_BLOCK / 2;
 
 /// Awaits `wait` while reading what the client sends meanwhile (while less than
-/// [`HIGH_WATER`] is buffered), so that a client that leaves ends the wait.
+/// [`HIGH_WATER`](super::HIGH_WATER) is buffered), so that a client that leaves ends the wait.
 async fn reading_while<F: std::future::Future>(
     io: &mut ClientIo,
     wait: F,
 ) -> Result<F::Output, SessionError> {
     tokio::pin!(wait);
-    loop {
-        tokio::select! {
-            biased;
-            out = &mut wait => return Ok(out),
-            more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
-        }
-    }
+    std::future::poll_fn(|cx| poll_reading(io, cx, |cx| wait.as_mut().poll(cx))).await
 }
 
 /// The server taken for a request admitted with `pass` (`attached`); when none came (the
@@ -2604,12 +2598,10 @@ impl Session {
         mut wait: SlotWait<'_>,
     ) -> Result<SlotAnswer, SessionError> {
         loop {
-            match reading_while(io, wait.next()).await? {
+            let news = std::future::poll_fn(|cx| poll_reading(io, cx, |cx| wait.poll_next(cx)));
+            match news.await? {
                 WaitNews::Answer(answer) => return Ok(answer),
-                WaitNews::Notice(more) => {
-                    wait = more;
-                    super::tell_queued(io, &mut self.to_client).await?;
-                }
+                WaitNews::Notice => super::tell_queued(io, &mut self.to_client).await?,
             }
         }
     }

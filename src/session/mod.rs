@@ -4,7 +4,7 @@
 //! One task drives both directions with bounded buffers, so a slow reader on either side
 //! slows the other (backpressure) and neither side's writes can deadlock the other's.
 
-use std::future::poll_fn;
+use std::future::{poll_fn, Future};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -804,16 +804,14 @@ impl Session {
                     .checkout(&self.pool, Waiting::Start(ticket), (notify, self.home));
             tokio::pin!(checkout);
             loop {
-                tokio::select! {
-                    biased;
-                    got = &mut checkout => match got? {
-                        Checkout::Server(server, at) => break (server, at),
-                        Checkout::Waiting(step) => {
-                            checkout.set(self.hooks.checkout(&self.pool, step, (None, self.home)));
-                            tell_queued(io, &mut self.to_client).await?;
-                        }
-                    },
-                    more = io.fill(), if io.rbuf.len() < HIGH_WATER => more?,
+                let got =
+                    poll_fn(|cx| poll_reading(io, cx, |cx| Future::poll(checkout.as_mut(), cx)));
+                match got.await?? {
+                    Checkout::Server(server, at) => break (server, at),
+                    Checkout::Waiting(step) => {
+                        checkout.set(self.hooks.checkout(&self.pool, step, (None, self.home)));
+                        tell_queued(io, &mut self.to_client).await?;
+                    }
                 }
             }
         };
@@ -1408,6 +1406,26 @@ fn own_cancel_error(
     request
         .and_then(|n| handle.take_own_cancel(n))
         .map(|c| c.error())
+}
+
+/// One poll of a wait that reads the client meanwhile: `wait` first, then the client's
+/// socket while less than [`HIGH_WATER`] is buffered, so that a client that leaves ends the
+/// wait (`Err`) and what it sends meanwhile waits in the buffer. Both in one poll: the waits
+/// on the gate's and the pool's queues are polled so, with no future nested for either.
+fn poll_reading<T>(
+    io: &mut ClientIo,
+    cx: &mut Context<'_>,
+    wait: impl FnOnce(&mut Context<'_>) -> Poll<T>,
+) -> Poll<Result<T, SessionError>> {
+    if let Poll::Ready(out) = wait(cx) {
+        return Poll::Ready(Ok(out));
+    }
+    while io.rbuf.len() < HIGH_WATER {
+        if let Err(gone) = std::task::ready!(io.poll_fill(cx)) {
+            return Poll::Ready(Err(gone));
+        }
+    }
+    Poll::Pending
 }
 
 /// Tells a client that has waited query_wait_notify (for a server, a slot, a RESUME) that it
