@@ -16,7 +16,7 @@ use crate::gate::mailbox::{Heard, Mailbox, Sender};
 use crate::gate::Spent;
 use crate::gate::TenantConfig;
 use crate::gate::{
-    Cost, Decision, Expired, Gate, GateSettings, Granted, Grants, KillTarget, Pass, Refusal,
+    Cost, Decision, Expired, Gate, GateSettings, Granted, Grants, KillTarget, Near, Pass, Refusal,
     Request, Slot, TenantTimeouts,
 };
 use crate::sync::Counted;
@@ -447,10 +447,14 @@ impl Gatekeeper {
                 return Acquire::Answered(SlotAnswer::Granted(pass, SlotGuard::new(self, slot)));
             }
             pass.notify_at = notify.and_then(|after| now.checked_add(after));
-            let id = pass.id;
+            let (id, places) = (pass.id, pass.places);
             let upstream = pass.upstream.clone();
             let look = gate.enqueue(pass, tx, now);
-            let over = gate.evictions(&upstream, now);
+            let near = Near {
+                places,
+                upstream: &upstream,
+            };
+            let over = gate.evictions_near(near, now);
             (id, (upstream, over), look)
         };
         let (upstream, over) = over;

@@ -1580,8 +1580,10 @@ impl Session {
             let violation = self.cost_violation(&facts.cost_limits, known, estimate.cost);
             (estimate, violation)
         });
+        // (Looked at once: nothing it reads changes until the charge below.)
+        let slot_first = early.is_some() && self.takes_slot_first();
         let charge = match &early {
-            Some((estimate, None)) => Some((estimate.cost, self.takes_slot_first())),
+            Some((estimate, None)) => Some((estimate.cost, slot_first)),
             _ => None,
         };
         let admitted = keeper.admit(&request, now, charge, spare);
@@ -1620,7 +1622,7 @@ impl Session {
             // A slot free now is taken in the same turn of the gate's lock (as the wait below
             // would at once), unless the server has to be taken first; with the admission
             // itself when the cost rules had nothing to say.
-            let spent = match (paid.take(), self.takes_slot_first()) {
+            let spent = match (paid.take(), slot_first) {
                 (Some(paid), _) => paid,
                 (None, true) => keeper.spend_and_try_acquire(&mut pass, predicted),
                 (None, false) => keeper

@@ -10,7 +10,8 @@ use std::sync::Arc;
 /// What else a ticket's chance depends on: the runaways of its upstream, and the slots each
 /// of its databases holds there against `max_active_per_database`.
 pub(super) struct Room<'a> {
-    demoted: BTreeSet<String>,
+    /// The runaway tenants (none: `None`, which costs nothing to drop).
+    demoted: Option<BTreeSet<String>>,
     by_database: Option<&'a NameCounts>,
     per_database: Option<usize>,
     /// One tenant's tickets are ranked, against none of another: its rank orders nothing.
@@ -38,7 +39,10 @@ pub(super) fn rank(
             score: 0.0,
         },
         false => Rank {
-            demoted: room.demoted.contains(&*pass.tenant),
+            demoted: room
+                .demoted
+                .as_ref()
+                .is_some_and(|d| d.contains(&*pass.tenant)),
             score: state.recent.value(now) / state.config.share(),
         },
     })
@@ -129,12 +133,30 @@ impl<W> Gate<W> {
     /// How many idle servers of each runaway tenant of `upstream` to close now: each its
     /// excess (rounded up), within a small budget per second, so that sustained pressure
     /// closes a few servers a second and never all of them at every wait.
+    #[cfg(test)]
     pub fn evictions(&mut self, upstream: &str, now: Instant) -> Vec<(String, usize)> {
-        let over = self.runaways(upstream);
+        match self.upstreams.find(upstream) {
+            Some(place) => self.evictions_at(place, now),
+            None => Vec::new(),
+        }
+    }
+
+    /// [`evictions`](Self::evictions) on the upstream of a ticket just queued (`near`),
+    /// found at its place (no name looked up).
+    pub fn evictions_near(&mut self, near: Near<'_>, now: Instant) -> Vec<(String, usize)> {
+        match self.upstreams.locate(near.places.upstream, near.upstream) {
+            Some(place) => self.evictions_at(place, now),
+            None => Vec::new(),
+        }
+    }
+
+    /// [`evictions`](Self::evictions) on the upstream at `place`.
+    fn evictions_at(&mut self, place: Place, now: Instant) -> Vec<(String, usize)> {
+        let over = self.runaways_at(place);
         if over.is_empty() {
             return Vec::new();
         }
-        let up = self.upstream_mut(upstream);
+        let up = self.upstreams.at_mut(place);
         let refill = match up.evicted_at {
             Some(at) => now.saturating_duration_since(at).as_secs_f64() * EVICTIONS_PER_SECOND,
             None => EVICTION_BURST,
@@ -160,7 +182,7 @@ impl<W> Gate<W> {
         match self.upstreams.find(upstream) {
             Some(place) => self.room_at(place),
             None => Room {
-                demoted: BTreeSet::new(),
+                demoted: None,
                 by_database: None,
                 per_database: self.settings.per_database,
                 alone: false,
@@ -182,7 +204,7 @@ impl<W> Gate<W> {
     /// a runaway, and the tenant's recent use, only order tenants against each other.
     fn room_alone_at(&self, place: Place) -> Room<'_> {
         Room {
-            demoted: BTreeSet::new(),
+            demoted: None,
             by_database: Some(&self.upstreams.at(place).by_database),
             per_database: self.settings.per_database,
             alone: true,
@@ -203,15 +225,13 @@ impl<W> Gate<W> {
         up.evict_tokens = (up.evict_tokens + missing as f64).min(EVICTION_BURST);
     }
 
-    fn demoted_at(&self, place: Place) -> BTreeSet<String> {
+    fn demoted_at(&self, place: Place) -> Option<BTreeSet<String>> {
         // Nobody waits: nobody is a runaway (and nothing is allocated).
         if !self.upstreams.at(place).anyone_waits() {
-            return BTreeSet::new();
+            return None;
         }
-        self.runaways_at(place)
-            .into_iter()
-            .map(|r| r.tenant)
-            .collect()
+        let runaways = self.runaways_at(place);
+        (!runaways.is_empty()).then(|| runaways.into_iter().map(|r| r.tenant).collect())
     }
 
     /// Takes a slot at once if the lane has one free and no waiting ticket may take it
@@ -235,7 +255,7 @@ impl<W> Gate<W> {
             // Nobody waits here (the common case): nobody goes first and nobody is a
             // runaway, so only whether it may take a slot at all is left.
             let room = Room {
-                demoted: BTreeSet::new(),
+                demoted: None,
                 by_database: Some(&up.by_database),
                 per_database: self.settings.per_database,
                 alone: false,
