@@ -574,7 +574,10 @@ impl Gatekeeper {
             // A request priced: its tenant's tickets on other upstreams may go now.
             self.wake.notify_one();
         }
-        self.deliver(paid.granted);
+        if !paid.granted.is_empty() {
+            // (Nearly always empty: nobody waits, or no slot came free.)
+            self.deliver(paid.granted);
+        }
         (paid.paid, slot)
     }
 
