@@ -529,8 +529,7 @@ fn plan_cache(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::E
 /// most total time, their calls, time and latency percentiles; the rows kept and evicted.
 fn statement_stats(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
     let cap = rt.config.load().settings.prometheus_max_statements;
-    let (rows, evicted) = rt.ops.statements.counts();
-    let top = rt.ops.statements.top(cap, None);
+    let ((rows, evicted), top) = rt.ops.statements.counts_and_top(cap);
     let (mut calls, mut seconds, mut latency) = (Vec::new(), Vec::new(), Vec::new());
     for (key, row, _) in &top {
         let labels = || -> Labels {

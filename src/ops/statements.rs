@@ -677,23 +677,36 @@ impl StatementTables {
     /// Rows kept (a statement with rows in several tables counts once) and rows the tables
     /// evicted since the start (a statement evicted from two tables counts twice), read at
     /// one moment.
+    #[cfg(test)]
     pub fn counts(&self) -> (usize, u64) {
-        let tables = self.all();
-        if let [table] = tables.as_slice() {
-            return (table.len(), table.evicted());
-        }
-        let keys: HashSet<&StatementKey> = tables
-            .iter()
-            .flat_map(|t| t.all().map(|(k, _)| k))
-            .collect();
-        (keys.len(), tables.iter().map(|t| t.evicted()).sum())
+        counts_of(&self.all())
     }
 
     /// The `n` rows with the most total time (of `tenant` only, if given), most first, with
     /// their texts: each statement's rows of every table summed, read at one moment.
+    #[cfg(test)]
     pub fn top(&self, n: usize, tenant: Option<&str>) -> Vec<StatementRowOf> {
         top_of(&self.all(), n, tenant)
     }
+
+    /// [`counts`](Self::counts) and [`top`](Self::top) under one locking of the tables (the
+    /// metrics' families read of one moment).
+    pub fn counts_and_top(&self, n: usize) -> ((usize, u64), Vec<StatementRowOf>) {
+        let tables = self.all();
+        (counts_of(&tables), top_of(&tables, n, None))
+    }
+}
+
+/// [`StatementTables::counts`] of `tables`.
+fn counts_of(tables: &[std::sync::MutexGuard<'_, Statements>]) -> (usize, u64) {
+    if let [table] = tables {
+        return (table.len(), table.evicted());
+    }
+    let keys: HashSet<&StatementKey> = tables
+        .iter()
+        .flat_map(|t| t.all().map(|(k, _)| k))
+        .collect();
+    (keys.len(), tables.iter().map(|t| t.evicted()).sum())
 }
 
 /// A statement's row as SHOW STATEMENTS lists it: its key, its counts, its text.
@@ -986,6 +999,8 @@ mod tests {
         assert_eq!(tables.top(1, None).len(), 1);
         assert_eq!(tables.top(10, Some("b")).len(), 1);
         assert_eq!(tables.counts(), (2, 0));
+        let (counts, top) = tables.counts_and_top(1);
+        assert_eq!((counts, top.len(), &top[0].0), ((2, 0), 1, &key(1, "a")));
         assert_eq!(tables.text(1).as_deref(), Some("SELECT $1"));
         assert_eq!(tables.take_minute().statements(), 4);
         assert_eq!(tables.take_minute().statements(), 0);
