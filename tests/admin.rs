@@ -476,6 +476,54 @@ async fn a_paused_database_taken_out_can_be_resumed() {
     admin.simple_query("RESUME").await.unwrap();
 }
 
+/// SHOW CLIENTS' request_time follows each request, one served at once by an idle server
+/// (no policy, nothing waits) as one that waited for a server.
+#[tokio::test]
+async fn request_time_follows_requests_served_at_once() {
+    let (_pg, pw) = start("");
+    let admin = connect(&pw, "admin", "pgward").await;
+    let app = connect(&pw, "postgres", "app").await;
+    let request_time = || async {
+        let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+        cell(&cols, &rows, ("database", "app"), "request_time")
+    };
+    // The first request waits for the server opened for it; the next finds it idle.
+    must_value(&app, "SELECT 1").await;
+    let first = request_time().await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    must_value(&app, "SELECT 2").await;
+    let second = request_time().await;
+    assert_eq!(first.len(), 1);
+    assert!(second > first, "request_time stayed {first:?}: {second:?}");
+}
+
+/// A client that leaves while server_check_query runs on the idle server it was given is gone
+/// at once, not once the check ends.
+#[tokio::test]
+async fn a_client_leaving_during_the_server_check_is_gone_at_once() {
+    let (_pg, pw) = start("server_check_delay = 0\nserver_check_query = SELECT pg_sleep(4)\n");
+    let admin = connect(&pw, "admin", "pgward").await;
+    // The first request gets a server just opened (no check); the next finds it idle.
+    let mut leaving = common::raw::Raw::login(pw.port, "postgres", None, "app");
+    leaving.send(&common::raw::query_message("SELECT 1"));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    leaving.send(&common::raw::query_message("SELECT 2"));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(leaving);
+    let started = std::time::Instant::now();
+    loop {
+        let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+        if cell(&cols, &rows, ("database", "app"), "id").is_empty() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_millis(2000),
+            "the client stayed while the check ran"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test]
 async fn kill_kill_client_reconnect_wait_close() {
     let (_pg, pw) = start("");

@@ -10,7 +10,7 @@ use super::state::Shutdown;
 use super::stats::PoolCounters;
 use super::Ops;
 use crate::gate::Ticket;
-use crate::pool::{Handout, Pool, PoolError, Queued, ServerGuard, WaitLimits, WaitTimeout};
+use crate::pool::{Handout, Pool, PoolError, Queued, ServerGuard, Taken, WaitLimits, WaitTimeout};
 use crate::wire::TxStatus;
 use crate::workers::WorkerId;
 
@@ -110,14 +110,45 @@ impl SessionHooks {
         };
         match handout {
             Handout::Server(server) => {
-                let now = Instant::now();
-                self.counters
-                    .add_assignment(now.saturating_duration_since(since));
-                self.entry.set_active(ServerLink::of(&server));
+                let now = self.checked_out(&server, since);
                 Ok(Checkout::Server(server, now))
             }
             Handout::StillQueued(queued) => Ok(Checkout::Waiting(Waiting::Queued(since, queued))),
         }
+    }
+
+    /// The checkout's first step with no future, when nothing holds the client back (a
+    /// pause, a suspend, a shutdown that refuses new work): an idle server of `pool` (not
+    /// checked yet; once it is, [`checked_out`](Self::checked_out) counts it), or a place in
+    /// its queue (the client counted as waiting: go on with [`checkout`](Self::checkout) from
+    /// [`Waiting::Queued`]); the request's time noted either way (SHOW CLIENTS). `None`: the client is held, or pgward stops; it goes through
+    /// [`checkout`](Self::checkout) from [`Waiting::Start`].
+    pub fn checkout_now(
+        &self,
+        pool: &Arc<Pool>,
+        ticket: &Ticket,
+        (notify, home): (Option<Duration>, Option<WorkerId>),
+    ) -> Result<Option<Taken>, PoolError> {
+        if self.held(pool) || self.refuse_if_stopping().is_err() {
+            return Ok(None);
+        }
+        let taken = pool.take_or_queue(ticket, limits(notify, home))?;
+        match taken {
+            Taken::Wait(_) => self.entry.set_waiting(ticket.enqueued_at),
+            // (Not waiting, but a request all the same: SHOW CLIENTS' request_time.)
+            Taken::Idle(_) => self.entry.note_request(ticket.enqueued_at),
+        }
+        Ok(Some(taken))
+    }
+
+    /// A server checked out for the client, which asked for it `since`: its wait counted
+    /// (SHOW STATS), the client active on it (SHOW CLIENTS). When that was.
+    pub fn checked_out(&self, server: &ServerGuard, since: Instant) -> Instant {
+        let now = Instant::now();
+        self.counters
+            .add_assignment(now.saturating_duration_since(since));
+        self.entry.set_active(ServerLink::of(server));
+        now
     }
 
     /// Whether the pool's database is paused or the pooler suspended: a client of it waits.

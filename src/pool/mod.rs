@@ -18,7 +18,7 @@ pub use dedicated::Dedicated;
 pub use growth::{Growth, Limits, Usage};
 pub use guard::ServerGuard;
 pub use pool::{
-    Handout, IdleServer, Pool, PoolMap, PoolStats, Queued, WaitLimits, WaitTimeout, Welcome,
+    Handout, IdleServer, Pool, PoolMap, PoolStats, Queued, Taken, WaitLimits, WaitTimeout, Welcome,
 };
 
 use crate::config::PoolMode;

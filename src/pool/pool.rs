@@ -386,16 +386,7 @@ impl Pool {
         limits: WaitLimits,
     ) -> Result<Handout, PoolError> {
         loop {
-            let mut dead = Vec::new();
-            let taken = self.take_idle_or_enqueue(&ticket, limits, &mut dead);
-            for (conn, reason) in dead {
-                self.close(conn, reason);
-            }
-            let (taken, blocked) = taken?;
-            if let Some(growth) = blocked {
-                self.relieve(growth);
-            }
-            match taken {
+            match self.take_or_queue(&ticket, limits)? {
                 Taken::Idle(guard) => {
                     if let Some(guard) = self.checked(guard).await {
                         return Ok(Handout::Server(guard));
@@ -404,6 +395,29 @@ impl Pool {
                 Taken::Wait(queued) => return queued.await,
             }
         }
+    }
+
+    /// The first step of [`wait_for_server`](Self::wait_for_server), with no future: an idle
+    /// server taken (not checked yet, see [`checked`](Self::checked)), or the queue joined
+    /// (what to await). Idle servers found dead or too old on the way are closed; a pool that
+    /// a limit shared with other pools keeps from growing makes room.
+    pub fn take_or_queue(
+        self: &Arc<Self>,
+        ticket: &Ticket,
+        limits: WaitLimits,
+    ) -> Result<Taken, PoolError> {
+        let mut dead = Vec::new();
+        let taken = self.take_idle_or_enqueue(ticket, limits, &mut dead);
+        if !dead.is_empty() {
+            for (conn, reason) in dead {
+                self.close(conn, reason);
+            }
+        }
+        let (taken, blocked) = taken?;
+        if let Some(growth) = blocked {
+            self.relieve(growth);
+        }
+        Ok(taken)
     }
 
     /// Under one lock: take an idle server that is still alive, or join the queue. Doing
@@ -494,7 +508,7 @@ impl Pool {
     /// Runs `server_check_query` on a server that has been idle long enough to need it,
     /// within server_connect_timeout; returns the server if it passed. A server that failed
     /// goes back through its guard, which closes it.
-    async fn checked(self: &Arc<Self>, mut guard: ServerGuard) -> Option<ServerGuard> {
+    pub async fn checked(self: &Arc<Self>, mut guard: ServerGuard) -> Option<ServerGuard> {
         let settings = self.settings.load_full();
         let (Some(delay), Some(query)) = (settings.check_delay, &settings.check_query) else {
             return Some(guard);
@@ -1120,7 +1134,8 @@ pub struct IdleServer {
 }
 
 /// What checkout found: an idle server, or a place in the queue.
-enum Taken {
+#[derive(Debug)]
+pub enum Taken {
     Idle(ServerGuard),
     Wait(Queued),
 }

@@ -32,7 +32,7 @@ use crate::gate::Ticket;
 use crate::ops::{Checkout, SessionHooks, Waiting};
 use crate::params::{self, ParamSet, Tracked};
 use crate::policy::Governance;
-use crate::pool::{Pool, ServerGuard};
+use crate::pool::{Pool, ServerGuard, Taken};
 use crate::runtime::Runtime;
 use crate::server::{Expected, OwnStatement, Route, ServerError};
 use crate::wire::{self, backend, frontend, sqlstate, ErrorResponse, FrameSpan, TxStatus};
@@ -790,30 +790,58 @@ impl Session {
         Ok(())
     }
 
+    /// The checkout from `step` on, reading the client meanwhile: a client queued past
+    /// query_wait_notify (`notify`) is told so, once.
+    async fn wait_for_server(
+        &mut self,
+        io: &mut ClientIo,
+        step: Waiting,
+        notify: Option<Duration>,
+    ) -> Result<(ServerGuard, Instant), SessionError> {
+        let checkout = self.hooks.checkout(&self.pool, step, (notify, self.home));
+        tokio::pin!(checkout);
+        loop {
+            let got = poll_fn(|cx| poll_reading(io, cx, |cx| Future::poll(checkout.as_mut(), cx)));
+            match got.await?? {
+                Checkout::Server(server, at) => return Ok((server, at)),
+                Checkout::Waiting(step) => {
+                    checkout.set(self.hooks.checkout(&self.pool, step, (None, self.home)));
+                    tell_queued(io, &mut self.to_client).await?;
+                }
+            }
+        }
+    }
+
     /// Checks out a server (waiting in the pool's queue) and brings its tracked
     /// parameters in line with the client's. How long that took.
     async fn attach(&mut self, io: &mut ClientIo) -> Result<Duration, SessionError> {
         let asked = Instant::now();
         let ticket = Ticket::new(self.id, asked);
-        let (mut server, mut now) = {
-            // query_wait_notify: a client queued that long is told so, once. The pool's
-            // queue keeps the time, so a wait sets no timer of its own.
-            let notify = self.config.load().settings.query_wait_notify;
-            let checkout =
-                self.hooks
-                    .checkout(&self.pool, Waiting::Start(ticket), (notify, self.home));
-            tokio::pin!(checkout);
-            loop {
-                let got =
-                    poll_fn(|cx| poll_reading(io, cx, |cx| Future::poll(checkout.as_mut(), cx)));
-                match got.await?? {
-                    Checkout::Server(server, at) => break (server, at),
-                    Checkout::Waiting(step) => {
-                        checkout.set(self.hooks.checkout(&self.pool, step, (None, self.home)));
-                        tell_queued(io, &mut self.to_client).await?;
-                    }
-                }
+        // query_wait_notify: a client queued that long is told so, once. The pool's queue
+        // keeps the time, so a wait sets no timer of its own.
+        let notify = self.config.load().settings.query_wait_notify;
+        // The first step with no future: an idle server (the common case), or the queue.
+        let first = self
+            .hooks
+            .checkout_now(&self.pool, &ticket, (notify, self.home))?;
+        let (step, ready) = match first {
+            Some(Taken::Idle(server)) => {
+                // server_check_query, if due, runs while the client is read (one that leaves
+                // ends it); one found broken is closed, and another asked for.
+                let check = self.pool.checked(server);
+                tokio::pin!(check);
+                let checked = poll_fn(|cx| poll_reading(io, cx, |cx| check.as_mut().poll(cx)));
+                (Waiting::Start(ticket), checked.await?)
             }
+            Some(Taken::Wait(queued)) => (Waiting::Queued(asked, queued), None),
+            None => (Waiting::Start(ticket), None),
+        };
+        let (mut server, mut now) = match ready {
+            Some(server) => {
+                let now = self.hooks.checked_out(&server, asked);
+                (server, now)
+            }
+            None => self.wait_for_server(io, step, notify).await?,
         };
         if let Some(home) = self.home {
             // Its socket's events wake this session's thread, not the one it last served.
