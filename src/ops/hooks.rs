@@ -121,8 +121,9 @@ impl SessionHooks {
     /// pause, a suspend, a shutdown that refuses new work): an idle server of `pool` (not
     /// checked yet; once it is, [`checked_out`](Self::checked_out) counts it), or a place in
     /// its queue (the client counted as waiting: go on with [`checkout`](Self::checkout) from
-    /// [`Waiting::Queued`]); the request's time noted either way (SHOW CLIENTS). `None`: the client is held, or pgward stops; it goes through
-    /// [`checkout`](Self::checkout) from [`Waiting::Start`].
+    /// [`Waiting::Queued`]); the request's time noted either way (SHOW CLIENTS). `None`: the
+    /// client is held, or pgward stops; it goes through [`checkout`](Self::checkout) from
+    /// [`Waiting::Start`].
     pub fn checkout_now(
         &self,
         pool: &Arc<Pool>,
