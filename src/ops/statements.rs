@@ -652,8 +652,10 @@ impl StatementTables {
         wanted.iter().map(sum).collect()
     }
 
-    /// [`top`](Self::top), each row with what pg_stat_statements counted of its statement
-    /// for the server role and database `server_of` names, rows and counters read under one
+    /// The `n` rows with the most total time (of `tenant` only, if given), most first, with
+    /// their texts (each statement's rows of every table summed), each row with what
+    /// pg_stat_statements counted of its statement for the server role and database
+    /// `server_of` names, rows and counters read under one
     /// locking of every table (a statement's text and counters on their way from a table
     /// that evicted its last row there to another, see [`record`](Self::record), are in
     /// none). `server_of` runs under those locks: it must not touch the tables.
@@ -689,15 +691,17 @@ impl StatementTables {
         top_of(&self.all(), n, tenant)
     }
 
-    /// [`counts`](Self::counts) and [`top`](Self::top) under one locking of the tables (the
-    /// metrics' families read of one moment).
+    /// Rows kept (a statement with rows in several tables counts once) and rows the tables
+    /// evicted since the start (a statement evicted from two tables counts twice), with the
+    /// `n` rows with the most total time, most first, and their texts: all read under one
+    /// locking of the tables (the metrics' families of one moment).
     pub fn counts_and_top(&self, n: usize) -> ((usize, u64), Vec<StatementRowOf>) {
         let tables = self.all();
         (counts_of(&tables), top_of(&tables, n, None))
     }
 }
 
-/// [`StatementTables::counts`] of `tables`.
+/// The rows kept and evicted of `tables` (see [`StatementTables::counts_and_top`]).
 fn counts_of(tables: &[std::sync::MutexGuard<'_, Statements>]) -> (usize, u64) {
     if let [table] = tables {
         return (table.len(), table.evicted());

@@ -130,9 +130,7 @@ impl<W> Gate<W> {
         runaways(&loads, up.slots())
     }
 
-    /// How many idle servers of each runaway tenant of `upstream` to close now: each its
-    /// excess (rounded up), within a small budget per second, so that sustained pressure
-    /// closes a few servers a second and never all of them at every wait.
+    /// [`evictions_near`](Self::evictions_near) of the upstream named `upstream`.
     #[cfg(test)]
     pub fn evictions(&mut self, upstream: &str, now: Instant) -> Vec<(String, usize)> {
         match self.upstreams.find(upstream) {
@@ -141,8 +139,10 @@ impl<W> Gate<W> {
         }
     }
 
-    /// [`evictions`](Self::evictions) on the upstream of a ticket just queued (`near`),
-    /// found at its place (no name looked up).
+    /// How many idle servers of each runaway tenant of the upstream of a ticket just queued
+    /// (`near`: found at its place, no name looked up) to close now: each its excess (rounded
+    /// up), within a small budget per second, so that sustained pressure closes a few servers
+    /// a second and never all of them at every wait.
     pub fn evictions_near(&mut self, near: Near<'_>, now: Instant) -> Vec<(String, usize)> {
         match self.upstreams.locate(near.places.upstream, near.upstream) {
             Some(place) => self.evictions_at(place, now),
@@ -150,7 +150,7 @@ impl<W> Gate<W> {
         }
     }
 
-    /// [`evictions`](Self::evictions) on the upstream at `place`.
+    /// [`evictions_near`](Self::evictions_near) on the upstream at `place`.
     fn evictions_at(&mut self, place: Place, now: Instant) -> Vec<(String, usize)> {
         let over = self.runaways_at(place);
         if over.is_empty() {
@@ -211,7 +211,7 @@ impl<W> Gate<W> {
         }
     }
 
-    /// Of `asked` idle servers of `tenant` that [`evictions`](Self::evictions) said to close,
+    /// Of `asked` idle servers of `tenant` that [`evictions_near`](Self::evictions_near) said to close,
     /// only `closed` were there: the rest is not counted as done, and its tokens come back.
     pub fn evicted_fewer(&mut self, upstream: &str, tenant: &str, asked: usize, closed: usize) {
         let missing = asked.saturating_sub(closed);
