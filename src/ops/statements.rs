@@ -733,7 +733,8 @@ fn server_counters_of(
     })
 }
 
-/// [`StatementTables::top`] of `tables`, locked.
+/// The `n` rows of `tables` (locked) with the most total time (of `tenant` only, if given),
+/// most first, each statement's rows summed, with its text.
 fn top_of(
     tables: &[std::sync::MutexGuard<'_, Statements>],
     n: usize,

@@ -27,7 +27,7 @@ use super::prepared::Parsed;
 use super::readings::{worth_remembering, Derived, Facts};
 use super::rules::{context_from, parse_context, Allowed, Analyzed};
 use super::views::Views;
-use super::{frame_at, poll_reading, Session};
+use super::{frame_at, poll_reading, reading_while, Session};
 use crate::client::{ClientIo, SessionError};
 use crate::cost::{
     explain_sql, judged_statement, relation_sizes_sql, CostLimits, Judged, PlanFactorKey, PlanKey,
@@ -58,16 +58,6 @@ const KEPT_BLOCK: usize = 1024;
 /// Copies longer than this get an allocation of their own, freed with them: a block would
 /// be mostly theirs, and kept alive by the session until the next copy.
 const KEPT_MAX: usize = KEPT_BLOCK / 2;
-
-/// Awaits `wait` while reading what the client sends meanwhile (while less than
-/// [`HIGH_WATER`](super::HIGH_WATER) is buffered), so that a client that leaves ends the wait.
-async fn reading_while<F: std::future::Future>(
-    io: &mut ClientIo,
-    wait: F,
-) -> Result<F::Output, SessionError> {
-    tokio::pin!(wait);
-    std::future::poll_fn(|cx| poll_reading(io, cx, |cx| wait.as_mut().poll(cx))).await
-}
 
 /// The server taken for a request admitted with `pass` (`attached`); when none came (the
 /// client left, the pool's wait timed out, the server's login failed) the request never runs,
@@ -2538,7 +2528,7 @@ impl Session {
         Ok(true)
     }
 
-    /// Awaits `wait` (for a RESUME) while reading the client (see [`reading_while`]): a
+    /// Awaits `wait` (for a RESUME) while reading the client (see [`super::reading_while`]): a
     /// client still waiting after query_wait_notify is told it is queued, once, as one that
     /// waits for a server or a slot is.
     async fn queued_while<F: std::future::Future>(
@@ -2546,11 +2536,13 @@ impl Session {
         io: &mut ClientIo,
         wait: F,
     ) -> Result<F::Output, SessionError> {
+        tokio::pin!(wait);
         let Some(after) = self.config.load().settings.query_wait_notify else {
             return reading_while(io, wait).await;
         };
-        tokio::pin!(wait);
-        if let Ok(out) = reading_while(io, tokio::time::timeout(after, wait.as_mut())).await? {
+        let first = tokio::time::timeout(after, wait.as_mut());
+        tokio::pin!(first);
+        if let Ok(out) = reading_while(io, first).await? {
             return Ok(out);
         }
         super::tell_queued(io, &mut self.to_client).await?;
@@ -2592,7 +2584,7 @@ impl Session {
         answer
     }
 
-    /// Waits in the gate's queue, reading the client meanwhile (see [`reading_while`]); a
+    /// Waits in the gate's queue, reading the client meanwhile (see [`poll_reading`]); a
     /// client still waiting after query_wait_notify is told it is queued, once.
     async fn slot_wait(
         &mut self,

@@ -801,8 +801,7 @@ impl Session {
         let checkout = self.hooks.checkout(&self.pool, step, (notify, self.home));
         tokio::pin!(checkout);
         loop {
-            let got = poll_fn(|cx| poll_reading(io, cx, |cx| Future::poll(checkout.as_mut(), cx)));
-            match got.await?? {
+            match reading_while(io, checkout.as_mut()).await?? {
                 Checkout::Server(server, at) => return Ok((server, at)),
                 Checkout::Waiting(step) => {
                     checkout.set(self.hooks.checkout(&self.pool, step, (None, self.home)));
@@ -830,8 +829,7 @@ impl Session {
                 // ends it); one found broken is closed, and another asked for.
                 let check = self.pool.checked(server);
                 tokio::pin!(check);
-                let checked = poll_fn(|cx| poll_reading(io, cx, |cx| check.as_mut().poll(cx)));
-                (Waiting::Start(ticket), checked.await?)
+                (Waiting::Start(ticket), reading_while(io, check).await?)
             }
             Some(Taken::Wait(queued)) => (Waiting::Queued(asked, queued), None),
             None => (Waiting::Start(ticket), None),
@@ -1454,6 +1452,15 @@ fn poll_reading<T>(
         }
     }
     Poll::Pending
+}
+
+/// Awaits `wait` while reading what the client sends meanwhile (see [`poll_reading`]), with
+/// no future of its own around it.
+fn reading_while<'a, F: Future>(
+    io: &'a mut ClientIo,
+    mut wait: Pin<&'a mut F>,
+) -> impl Future<Output = Result<F::Output, SessionError>> + 'a {
+    poll_fn(move |cx| poll_reading(io, cx, |cx| wait.as_mut().poll(cx)))
 }
 
 /// Tells a client that has waited query_wait_notify (for a server, a slot, a RESUME) that it

@@ -211,8 +211,9 @@ impl<W> Gate<W> {
         }
     }
 
-    /// Of `asked` idle servers of `tenant` that [`evictions_near`](Self::evictions_near) said to close,
-    /// only `closed` were there: the rest is not counted as done, and its tokens come back.
+    /// Of `asked` idle servers of `tenant` that [`evictions_near`](Self::evictions_near) said
+    /// to close, only `closed` were there: the rest is not counted as done, and its tokens
+    /// come back.
     pub fn evicted_fewer(&mut self, upstream: &str, tenant: &str, asked: usize, closed: usize) {
         let missing = asked.saturating_sub(closed);
         if missing == 0 {
