@@ -525,6 +525,44 @@ async fn a_client_leaving_during_the_server_check_is_gone_at_once() {
 }
 
 #[tokio::test]
+async fn a_client_whose_server_is_being_checked_is_waiting() {
+    let (_pg, pw) = start("server_check_delay = 0\nserver_check_query = SELECT pg_sleep(2)\n");
+    let admin = connect(&pw, "admin", "pgward").await;
+    // The first request gets a server just opened (no check); the next finds it idle.
+    let mut client = common::raw::Raw::login(pw.port, "postgres", None, "app");
+    client.query("SELECT 1").expect("a server just opened");
+    client.send(&common::raw::query_message("SELECT 2"));
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["waiting"],
+        "during server_check_query"
+    );
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "cl_waiting"),
+        vec!["1"]
+    );
+    let of = |col: &str| -> u64 {
+        cell(&cols, &rows, ("database", "app"), col)[0]
+            .parse()
+            .expect(col)
+    };
+    let waited = of("maxwait") * 1_000_000 + of("maxwait_us");
+    assert!(waited >= 500_000, "maxwait {waited} µs");
+    let rows = client
+        .read_result(Duration::from_secs(10))
+        .expect("answered after the check");
+    assert_eq!(rows, vec![vec![Some("2".to_string())]]);
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["idle"]
+    );
+}
+
+#[tokio::test]
 async fn kill_kill_client_reconnect_wait_close() {
     let (_pg, pw) = start("");
     let admin = connect(&pw, "admin", "pgward").await;

@@ -142,6 +142,12 @@ impl SessionHooks {
         Ok(Some(taken))
     }
 
+    /// The idle server taken for the client's request of `since` runs server_check_query
+    /// first: the client waits meanwhile (SHOW CLIENTS, SHOW POOLS' cl_waiting and maxwait).
+    pub fn checking(&self, since: Instant) {
+        self.entry.set_waiting(since);
+    }
+
     /// A server checked out for the client, which asked for it `since`: its wait counted
     /// (SHOW STATS), the client active on it (SHOW CLIENTS). When that was.
     pub fn checked_out(&self, server: &ServerGuard, since: Instant) -> Instant {

@@ -509,13 +509,13 @@ impl Pool {
     /// within server_connect_timeout; returns the server if it passed. A server that failed
     /// goes back through its guard, which closes it.
     pub async fn checked(self: &Arc<Self>, mut guard: ServerGuard) -> Option<ServerGuard> {
-        let settings = self.settings.load_full();
-        let (Some(delay), Some(query)) = (settings.check_delay, &settings.check_query) else {
-            return Some(guard);
-        };
-        if guard.last_used.elapsed() < delay {
+        if !self.check_due(&guard) {
             return Some(guard);
         }
+        let settings = self.settings.load_full();
+        let Some(query) = &settings.check_query else {
+            return Some(guard);
+        };
         let check = guard.simple_query(query, &settings.tracked);
         match tokio::time::timeout(settings.connect_timeout, check).await {
             Ok(Ok(())) if guard.is_clean() => Some(guard),
@@ -524,6 +524,14 @@ impl Pool {
                 None
             }
         }
+    }
+
+    /// Whether [`checked`](Self::checked) runs `server_check_query` on `guard`: it has been
+    /// idle at least server_check_delay.
+    pub fn check_due(&self, guard: &ServerGuard) -> bool {
+        let settings = self.settings.load();
+        let delay = settings.check_query.as_ref().and(settings.check_delay);
+        delay.is_some_and(|d| guard.last_used.elapsed() >= d)
     }
 
     /// A limit shared with other pools (max_db_connections, max_user_connections) keeps

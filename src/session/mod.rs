@@ -824,13 +824,17 @@ impl Session {
             .hooks
             .checkout_now(&self.pool, &ticket, (notify, self.home))?;
         let (step, ready) = match first {
-            Some(Taken::Idle(server)) => {
-                // server_check_query, if due, runs while the client is read (one that leaves
-                // ends it); one found broken is closed, and another asked for.
+            Some(Taken::Idle(server)) if self.pool.check_due(&server) => {
+                // server_check_query runs while the client is read (one that leaves ends it),
+                // the client waiting meanwhile; a server found broken is closed, and another
+                // asked for from the start, as a waiting client (a PAUSE holds it, a SHUTDOWN
+                // WAIT_FOR_SERVERS refuses it, as it does the pool's queue).
+                self.hooks.checking(asked);
                 let check = self.pool.checked(server);
                 tokio::pin!(check);
                 (Waiting::Start(ticket), reading_while(io, check).await?)
             }
+            Some(Taken::Idle(server)) => (Waiting::Start(ticket), Some(server)),
             Some(Taken::Wait(queued)) => (Waiting::Queued(asked, queued), None),
             None => (Waiting::Start(ticket), None),
         };
