@@ -110,7 +110,7 @@ impl SessionHooks {
         };
         match handout {
             Handout::Server(server) => {
-                let now = self.checked_out(&server, since);
+                let now = self.checked_out(&server, since, Instant::now());
                 Ok(Checkout::Server(server, now))
             }
             Handout::StillQueued(queued) => Ok(Checkout::Waiting(Waiting::Queued(since, queued))),
@@ -133,7 +133,8 @@ impl SessionHooks {
         if self.held(pool) || self.refuse_if_stopping().is_err() {
             return Ok(None);
         }
-        let taken = pool.take_or_queue(ticket, limits(notify, home))?;
+        // (The ticket was made just now: its time is the clock's.)
+        let taken = pool.take_or_queue(ticket, limits(notify, home), ticket.enqueued_at)?;
         match taken {
             Taken::Wait(_) => self.entry.set_waiting(ticket.enqueued_at),
             // (Not waiting, but a request all the same: SHOW CLIENTS' request_time.)
@@ -148,10 +149,9 @@ impl SessionHooks {
         self.entry.set_waiting(since);
     }
 
-    /// A server checked out for the client, which asked for it `since`: its wait counted
-    /// (SHOW STATS), the client active on it (SHOW CLIENTS). When that was.
-    pub fn checked_out(&self, server: &ServerGuard, since: Instant) -> Instant {
-        let now = Instant::now();
+    /// A server checked out for the client `now`, which asked for it `since`: its wait
+    /// counted (SHOW STATS), the client active on it (SHOW CLIENTS). Returns `now`.
+    pub fn checked_out(&self, server: &ServerGuard, since: Instant, now: Instant) -> Instant {
         self.counters
             .add_assignment(now.saturating_duration_since(since));
         self.entry.set_active(ServerLink::of(server));

@@ -386,7 +386,7 @@ impl Pool {
         limits: WaitLimits,
     ) -> Result<Handout, PoolError> {
         loop {
-            match self.take_or_queue(&ticket, limits)? {
+            match self.take_or_queue(&ticket, limits, Instant::now())? {
                 Taken::Idle(guard) => {
                     if let Some(guard) = self.checked(guard).await {
                         return Ok(Handout::Server(guard));
@@ -400,14 +400,16 @@ impl Pool {
     /// The first step of [`wait_for_server`](Self::wait_for_server), with no future: an idle
     /// server taken (not checked yet, see [`checked`](Self::checked)), or the queue joined
     /// (what to await). Idle servers found dead or too old on the way are closed; a pool that
-    /// a limit shared with other pools keeps from growing makes room.
+    /// a limit shared with other pools keeps from growing makes room. `now`: the clock's
+    /// reading, taken by the caller.
     pub fn take_or_queue(
         self: &Arc<Self>,
         ticket: &Ticket,
         limits: WaitLimits,
+        now: Instant,
     ) -> Result<Taken, PoolError> {
         let mut dead = Vec::new();
-        let taken = self.take_idle_or_enqueue(ticket, limits, &mut dead);
+        let taken = self.take_idle_or_enqueue(ticket, (limits, now), &mut dead);
         if !dead.is_empty() {
             for (conn, reason) in dead {
                 self.close(conn, reason);
@@ -429,10 +431,9 @@ impl Pool {
     fn take_idle_or_enqueue(
         self: &Arc<Self>,
         ticket: &Ticket,
-        limits: WaitLimits,
+        (limits, now): (WaitLimits, Instant),
         dead: &mut Vec<(Box<ServerConn>, &'static str)>,
     ) -> Result<(Taken, Option<Growth>), PoolError> {
-        let now = Instant::now();
         let mut inner = lock(&self.inner);
         let settings = inner.settings.clone();
         while let Some(conn) = next_idle(&mut inner, settings.round_robin, limits.home) {
@@ -509,7 +510,7 @@ impl Pool {
     /// within server_connect_timeout; returns the server if it passed. A server that failed
     /// goes back through its guard, which closes it.
     pub async fn checked(self: &Arc<Self>, mut guard: ServerGuard) -> Option<ServerGuard> {
-        if !self.check_due(&guard) {
+        if !self.check_due(&guard, Instant::now()) {
             return Some(guard);
         }
         let settings = self.settings.load_full();
@@ -527,11 +528,11 @@ impl Pool {
     }
 
     /// Whether [`checked`](Self::checked) runs `server_check_query` on `guard`: it has been
-    /// idle at least server_check_delay.
-    pub fn check_due(&self, guard: &ServerGuard) -> bool {
+    /// idle at least server_check_delay by `now`.
+    pub fn check_due(&self, guard: &ServerGuard, now: Instant) -> bool {
         let settings = self.settings.load();
         let delay = settings.check_query.as_ref().and(settings.check_delay);
-        delay.is_some_and(|d| guard.last_used.elapsed() >= d)
+        delay.is_some_and(|d| now.saturating_duration_since(guard.last_used) >= d)
     }
 
     /// A limit shared with other pools (max_db_connections, max_user_connections) keeps

@@ -823,8 +823,10 @@ impl Session {
         let first = self
             .hooks
             .checkout_now(&self.pool, &ticket, (notify, self.home))?;
+        // (When the server needed no check, it was taken as the client asked.)
+        let mut taken_at = asked;
         let (step, ready) = match first {
-            Some(Taken::Idle(server)) if self.pool.check_due(&server) => {
+            Some(Taken::Idle(server)) if self.pool.check_due(&server, asked) => {
                 // server_check_query runs while the client is read (one that leaves ends it),
                 // the client waiting meanwhile; a server found broken is closed, and another
                 // asked for from the start, as a waiting client (a PAUSE holds it, a SHUTDOWN
@@ -832,7 +834,9 @@ impl Session {
                 self.hooks.checking(asked);
                 let check = self.pool.checked(server);
                 tokio::pin!(check);
-                (Waiting::Start(ticket), reading_while(io, check).await?)
+                let checked = reading_while(io, check).await?;
+                taken_at = Instant::now();
+                (Waiting::Start(ticket), checked)
             }
             Some(Taken::Idle(server)) => (Waiting::Start(ticket), Some(server)),
             Some(Taken::Wait(queued)) => (Waiting::Queued(asked, queued), None),
@@ -840,7 +844,7 @@ impl Session {
         };
         let (mut server, mut now) = match ready {
             Some(server) => {
-                let now = self.hooks.checked_out(&server, asked);
+                let now = self.hooks.checked_out(&server, asked, taken_at);
                 (server, now)
             }
             None => self.wait_for_server(io, step, notify).await?,
