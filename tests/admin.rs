@@ -544,6 +544,15 @@ async fn a_client_whose_server_is_being_checked_is_waiting() {
         cell(&cols, &rows, ("database", "app"), "cl_waiting"),
         vec!["1"]
     );
+    // The server under test is neither active nor idle (PgBouncer's sv_tested).
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "sv_tested"),
+        vec!["1"]
+    );
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "sv_active"),
+        vec!["0"]
+    );
     let of = |col: &str| -> u64 {
         cell(&cols, &rows, ("database", "app"), col)[0]
             .parse()
@@ -551,6 +560,11 @@ async fn a_client_whose_server_is_being_checked_is_waiting() {
     };
     let waited = of("maxwait") * 1_000_000 + of("maxwait_us");
     assert!(waited >= 500_000, "maxwait {waited} µs");
+    let (cols, rows) = show(&admin, "SHOW SERVERS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["tested"]
+    );
     let rows = client
         .read_result(Duration::from_secs(10))
         .expect("answered after the check");
@@ -559,6 +573,54 @@ async fn a_client_whose_server_is_being_checked_is_waiting() {
     assert_eq!(
         cell(&cols, &rows, ("database", "app"), "state"),
         vec!["idle"]
+    );
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "sv_tested"),
+        vec!["0"]
+    );
+    // (Idle, and due for a check at its next use: server_check_delay is 0.)
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "sv_used"),
+        vec!["1"]
+    );
+}
+
+#[tokio::test]
+async fn a_server_running_server_reset_query_is_tested() {
+    let extra = "server_reset_query = SELECT pg_sleep(2)\nserver_reset_query_always = 1\n";
+    let (_pg, pw) = start(extra);
+    let admin = connect(&pw, "admin", "pgward").await;
+    let app = connect(&pw, "postgres", "app").await;
+    assert_eq!(must_value(&app, "SELECT 7").await, "7");
+    // The answer came; the reset runs on the server after it.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    let pool = |col: &str| cell(&cols, &rows, ("database", "app"), col);
+    assert_eq!(
+        (pool("sv_tested"), pool("sv_active"), pool("sv_idle")),
+        (
+            vec!["1".to_string()],
+            vec!["0".to_string()],
+            vec!["0".to_string()]
+        )
+    );
+    let (cols, rows) = show(&admin, "SHOW SERVERS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["tested"]
+    );
+    let (cols, rows) = show(&admin, "SHOW CLIENTS").await;
+    assert_eq!(
+        cell(&cols, &rows, ("database", "app"), "state"),
+        vec!["idle"]
+    );
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let (cols, rows) = show(&admin, "SHOW POOLS").await;
+    let pool = |col: &str| cell(&cols, &rows, ("database", "app"), col);
+    assert_eq!(
+        (pool("sv_tested"), pool("sv_idle")),
+        (vec!["0".to_string()], vec!["1".to_string()])
     );
 }
 

@@ -200,12 +200,12 @@ pub fn pools(rt: &Runtime) -> Table {
             waiting.into(),
             0u32.into(),
             0u32.into(),
-            st.active.into(),
+            st.active.saturating_sub(st.tested).into(),
             0u32.into(),
             0u32.into(),
             st.idle.saturating_sub(used).into(),
             used.into(),
-            0u32.into(),
+            st.tested.into(),
             st.connecting.into(),
             u64::try_from(max_wait / 1_000_000)
                 .unwrap_or(u64::MAX)

@@ -191,16 +191,20 @@ fn server_rows(rt: &Runtime) -> Vec<Vec<Cell>> {
     let now = Instant::now();
     for pool in &pools {
         let settings = pool.settings();
-        for s in pool.idle_servers() {
+        let idle = pool.idle_servers().into_iter().map(|s| {
             let used = settings
                 .check_delay
                 .is_some_and(|d| now.saturating_duration_since(s.last_used) >= d);
+            (s, if used { "used" } else { "idle" })
+        });
+        let tested = pool.tested_servers().into_iter().map(|s| (s, "tested"));
+        for (s, state) in idle.chain(tested) {
             rows.push(server_row(&ServerRow {
                 id: s.id,
                 pid: s.pid,
                 user: &settings.target.user,
                 database: &pool.key.db,
-                state: if used { "used" } else { "idle" },
+                state,
                 addr: &s.addr,
                 created: s.created,
                 used: s.last_used,

@@ -177,7 +177,8 @@ fn pools(rt: &Runtime, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error>
         }
         let st = pool.stats();
         for (state, n) in [
-            ("active", st.active),
+            ("active", st.active.saturating_sub(st.tested)),
+            ("tested", st.tested),
             ("idle", st.idle),
             ("login", st.connecting),
         ] {

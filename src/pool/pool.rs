@@ -43,6 +43,9 @@ struct Inner {
     #[allow(clippy::vec_box)]
     idle: Vec<Box<ServerConn>>,
     active: usize,
+    /// Servers lent out that run server_check_query or server_reset_query now (counted in
+    /// `active` too): SHOW POOLS' sv_tested, SHOW SERVERS' `tested`.
+    tested: Vec<IdleServer>,
     /// When each server being opened began its connect (how many are being opened).
     connecting: Vec<Instant>,
     /// Servers opened for one replication client each: counted in the pool's size, never
@@ -79,6 +82,7 @@ impl Inner {
             settings,
             idle: Vec::new(),
             active: 0,
+            tested: Vec::new(),
             connecting: Vec::new(),
             dedicated: 0,
             room_waiters: 0,
@@ -102,7 +106,9 @@ impl Inner {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct PoolStats {
     pub idle: usize,
+    /// Servers lent out, `tested` among them.
     pub active: usize,
+    pub tested: usize,
     pub connecting: usize,
     pub waiting: usize,
 }
@@ -350,6 +356,7 @@ impl Pool {
         PoolStats {
             idle: inner.idle.len(),
             active: inner.active + inner.dedicated,
+            tested: inner.tested.len(),
             connecting: inner.connecting.len(),
             waiting: inner.waiters.len(),
         }
@@ -517,6 +524,7 @@ impl Pool {
         let Some(query) = &settings.check_query else {
             return Some(guard);
         };
+        let _tested = self.testing(&guard);
         let check = guard.simple_query(query, &settings.tracked);
         match tokio::time::timeout(settings.connect_timeout, check).await {
             Ok(Ok(())) if guard.is_clean() => Some(guard),
@@ -1121,18 +1129,42 @@ impl Pool {
         lock(&self.inner)
             .idle
             .iter()
-            .map(|c| IdleServer {
-                id: c.id,
-                pid: c.key.pid,
-                addr: c.addr.clone(),
-                created: c.created,
-                last_used: c.last_used,
-            })
+            .map(|c| IdleServer::of(c))
             .collect()
+    }
+
+    /// The servers that run server_check_query or server_reset_query now (see
+    /// [`testing`](Self::testing)).
+    pub fn tested_servers(&self) -> Vec<IdleServer> {
+        lock(&self.inner).tested.clone()
+    }
+
+    /// `conn`, lent out, runs server_check_query or server_reset_query until the result is
+    /// dropped: SHOW POOLS counts it in sv_tested rather than sv_active, and SHOW SERVERS
+    /// lists it as `tested`, as PgBouncer does.
+    pub fn testing(&self, conn: &ServerConn) -> Testing<'_> {
+        lock(&self.inner).tested.push(IdleServer::of(conn));
+        Testing {
+            pool: self,
+            id: conn.id,
+        }
     }
 }
 
-/// An idle server as SHOW SERVERS lists it.
+/// A server's test under way (see [`Pool::testing`]).
+#[derive(Debug)]
+pub struct Testing<'a> {
+    pool: &'a Pool,
+    id: u64,
+}
+
+impl Drop for Testing<'_> {
+    fn drop(&mut self) {
+        lock(&self.pool.inner).tested.retain(|s| s.id != self.id);
+    }
+}
+
+/// A server not lent to a client (idle, or being tested) as SHOW SERVERS lists it.
 #[derive(Debug, Clone)]
 pub struct IdleServer {
     pub id: u64,
@@ -1140,6 +1172,18 @@ pub struct IdleServer {
     pub addr: Arc<crate::server::ServerAddr>,
     pub created: Instant,
     pub last_used: Instant,
+}
+
+impl IdleServer {
+    fn of(c: &ServerConn) -> Self {
+        IdleServer {
+            id: c.id,
+            pid: c.key.pid,
+            addr: c.addr.clone(),
+            created: c.created,
+            last_used: c.last_used,
+        }
+    }
 }
 
 /// What checkout found: an idle server, or a place in the queue.

@@ -1173,8 +1173,7 @@ impl Session {
         if self.gate.has_deferred() {
             // The client has its answers first: it need not wait for pgward's pricing of
             // what already ran (nor time it as its statement's).
-            let to_client = &mut self.to_client;
-            poll_fn(|cx| Poll::Ready(flush(&mut io.stream, to_client, cx))).await?;
+            self.answers_now(io).await?;
             let failed = |s: &Self| s.link.as_ref().map(|l| l.server.tx) == Some(TxStatus::Failed);
             let failed_before = failed(self);
             if self.price_deferred().await? {
@@ -1205,7 +1204,19 @@ impl Session {
             self.gate.slot = None;
             return Ok(());
         }
+        // The client has its answers before the release, which may run server_reset_query
+        // or a CLOSE ALL, or wait for a cancel on its way (PgBouncer tests the server after
+        // the client has its ReadyForQuery).
+        self.answers_now(io).await?;
         self.release(true).await;
+        Ok(())
+    }
+
+    /// Writes what the client is owed as far as its socket takes it now (the rest goes with
+    /// the next turn of the relay).
+    async fn answers_now(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+        let to_client = &mut self.to_client;
+        poll_fn(|cx| Poll::Ready(flush(&mut io.stream, to_client, cx))).await?;
         Ok(())
     }
 
@@ -1269,6 +1280,7 @@ impl Session {
             .flatten();
         if let Some(q) = reset {
             self.gate.settle_kept();
+            let _tested = self.pool.testing(&link.server);
             if link.server.run_configured(&q, &self.tracked).await.is_err() {
                 link.server.poison();
             }
@@ -1374,6 +1386,9 @@ impl Session {
             link.server.poison();
         } else if self.mode == PoolMode::Session {
             if let Some(q) = self.pool.settings().reset_query.clone() {
+                // (The client is gone: the server is the pool's, being reset.)
+                self.hooks.released();
+                let _tested = self.pool.testing(&link.server);
                 if link.server.run_configured(&q, &self.tracked).await.is_err() {
                     link.server.poison();
                 }
