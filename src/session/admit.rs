@@ -526,12 +526,13 @@ impl GateState {
 
     /// The server owes this client nothing (or the session lost its server): the run's time
     /// is settled with the tenants of its requests, and a request that ran alone and ended
-    /// normally teaches its time.
+    /// normally teaches its time. `ended`: when the server's last answer came, if known (else
+    /// the run ends now).
     pub fn end_run(
         &mut self,
         keeper: &crate::gate::keeper::Gatekeeper,
         stats: Option<StatsSink>,
-        slot: SlotAfter,
+        (slot, ended): (SlotAfter, Option<Instant>),
     ) {
         let run = &mut self.run;
         if run.started.is_none() && run.parts.is_empty() && run.held.is_empty() {
@@ -544,7 +545,7 @@ impl GateState {
             return;
         }
         let mut run = std::mem::take(&mut self.run);
-        self.settle_run(&run, keeper, stats, slot);
+        self.settle_run(&run, keeper, stats, (slot, ended));
         // The next run keeps the lists' room (emptied: what they held is dropped here), a
         // little of it after a long pipeline.
         run.parts.clear();
@@ -561,10 +562,10 @@ impl GateState {
         run: &Run,
         keeper: &crate::gate::keeper::Gatekeeper,
         stats: Option<StatsSink>,
-        slot: SlotAfter,
+        (slot, ended): (SlotAfter, Option<Instant>),
     ) {
-        // One reading of the clock for the run's end.
-        let now = Instant::now();
+        // One reading of the clock for the run's end, unless the last answer's is known.
+        let now = ended.unwrap_or_else(Instant::now);
         if let Some(sink) = &stats {
             sink.record(run, now);
         }
@@ -666,7 +667,7 @@ impl GateState {
     ) {
         self.run.failed = true;
         self.run.error.get_or_insert_with(|| sqlstate.to_string());
-        self.end_run(keeper, stats, SlotAfter::Stays);
+        self.end_run(keeper, stats, (SlotAfter::Stays, None));
         self.forget_deferred();
     }
 
@@ -3386,7 +3387,7 @@ mod tests {
         gate.run.rows = 3;
         gate.run.error = Some("57014".to_string());
         gate.run.changes_plans = true;
-        gate.end_run(&keeper, None, SlotAfter::Goes);
+        gate.end_run(&keeper, None, (SlotAfter::Goes, None));
         let run = &gate.run;
         assert!(!run.failed && run.rows == 0 && run.error.is_none() && !run.changes_plans);
         assert!(!gate.stale_plans, "nothing ran that was timed");
@@ -3413,7 +3414,7 @@ mod tests {
         let two_seconds_ago = now.checked_sub(Duration::from_secs(2)).unwrap();
         gate.run.add(part("a", 0.5), two_seconds_ago);
         gate.run.add(part("a", 0.5), two_seconds_ago);
-        gate.end_run(&keeper, None, SlotAfter::Goes);
+        gate.end_run(&keeper, None, (SlotAfter::Goes, None));
         // Each part took about a second where half of one was charged: both are settled
         // before the slot goes back.
         let charged = keeper.charged_of("a");

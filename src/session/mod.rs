@@ -291,7 +291,7 @@ impl Session {
                     }
                 }
                 Event::ServerDrained => {
-                    self.after_answers(io).await?;
+                    self.after_answers(io, None).await?;
                     // Held messages may go now that nothing waits to be written.
                     if self.held && self.retry_held(io).await? {
                         return Ok(());
@@ -1107,7 +1107,7 @@ impl Session {
                 link.ready_since = answered;
             }
         }
-        self.after_answers(io).await
+        self.after_answers(io, last_ready).await
     }
 
     /// The server may have answered everything. Messages the client already sent that the
@@ -1115,7 +1115,11 @@ impl Session {
     /// as it would have with nothing held (the unnamed statement lives there only), unless
     /// they have to wait for a slot (the slot goes back to the gate meanwhile, and they take
     /// one as any request does). Requests the gate already admitted keep the slot too.
-    async fn after_answers(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
+    async fn after_answers(
+        &mut self,
+        io: &mut ClientIo,
+        answered: Option<Instant>,
+    ) -> Result<(), SessionError> {
         if self.gate.requests_unsent() {
             // Requests the gate admitted wait behind a Parse of their name that the server
             // has now answered: the run goes on with them, on this server and under the
@@ -1126,18 +1130,20 @@ impl Session {
         // (Held messages that passed the gate with no request among them, such as a Parse
         // behind a Parse of its name, give back both: they take a slot, then a server.)
         let keep = self.held && !self.gate.admitted_unsent() && self.mode != PoolMode::Session;
-        self.release_when_quiet(io, keep).await
+        self.release_when_quiet(io, keep, answered).await
     }
 
     async fn maybe_release(&mut self, io: &mut ClientIo) -> Result<(), SessionError> {
-        self.release_when_quiet(io, false).await
+        self.release_when_quiet(io, false, None).await
     }
 
     /// `keep`: the server stays with the client even outside a transaction (its slot goes).
+    /// `answered`: when the server's last answer came, if it just did.
     async fn release_when_quiet(
         &mut self,
         io: &mut ClientIo,
         keep: bool,
+        answered: Option<Instant>,
     ) -> Result<(), SessionError> {
         let Some(link) = &self.link else {
             return Ok(());
@@ -1145,10 +1151,15 @@ impl Session {
         if !link.quiet(&self.to_server) {
             return Ok(());
         }
+        // The client has its answers first: what follows is pgward's own bookkeeping, and
+        // the release, which may run server_reset_query or a CLOSE ALL, or wait for a cancel
+        // on its way (PgBouncer too sends the ReadyForQuery, then gives the server back).
+        let idle = link.server.tx == TxStatus::Idle;
+        self.answers_now(io).await?;
         // PostgreSQL owes this client nothing: the run's time is settled, what ran unpriced
         // in a batch is priced for its next run, and the gate's slot goes back, unless a
         // transaction is open (it keeps its slot, as it keeps its server, to its end).
-        let slot = match link.server.tx == TxStatus::Idle && !self.gate.has_deferred() {
+        let slot = match idle && !self.gate.has_deferred() {
             true => SlotAfter::Goes,
             false => SlotAfter::Stays,
         };
@@ -1160,7 +1171,7 @@ impl Session {
                 &self.role_name,
                 &self.database_name,
             ),
-            slot,
+            (slot, answered),
         );
         if self.gate.stale_plans {
             let db = &self.pool.key.db;
@@ -1171,9 +1182,8 @@ impl Session {
                 .is_some_and(|l| l.server.tx != TxStatus::Idle);
         }
         if self.gate.has_deferred() {
-            // The client has its answers first: it need not wait for pgward's pricing of
-            // what already ran (nor time it as its statement's).
-            self.answers_now(io).await?;
+            // (The client has its answers already: it need not wait for pgward's pricing of
+            // what already ran, nor time it as its statement's.)
             let failed = |s: &Self| s.link.as_ref().map(|l| l.server.tx) == Some(TxStatus::Failed);
             let failed_before = failed(self);
             if self.price_deferred().await? {
@@ -1204,10 +1214,6 @@ impl Session {
             self.gate.slot = None;
             return Ok(());
         }
-        // The client has its answers before the release, which may run server_reset_query
-        // or a CLOSE ALL, or wait for a cancel on its way (PgBouncer tests the server after
-        // the client has its ReadyForQuery).
-        self.answers_now(io).await?;
         self.release(true).await;
         Ok(())
     }
@@ -1232,7 +1238,7 @@ impl Session {
                 &self.role_name,
                 &self.database_name,
             ),
-            SlotAfter::Goes,
+            (SlotAfter::Goes, None),
         );
         self.gate.forget_deferred();
         let Some(mut link) = self.link.take() else {
