@@ -517,11 +517,8 @@ impl Pool {
     /// within server_connect_timeout; returns the server if it passed. A server that failed
     /// goes back through its guard, which closes it.
     pub async fn checked(self: &Arc<Self>, mut guard: ServerGuard) -> Option<ServerGuard> {
-        if !self.check_due(&guard, Instant::now()) {
-            return Some(guard);
-        }
         let settings = self.settings.load_full();
-        let Some(query) = &settings.check_query else {
+        let Some(query) = check_query_due(&settings, &guard, Instant::now()) else {
             return Some(guard);
         };
         let _tested = self.testing(&guard);
@@ -538,9 +535,7 @@ impl Pool {
     /// Whether [`checked`](Self::checked) runs `server_check_query` on `guard`: it has been
     /// idle at least server_check_delay by `now`.
     pub fn check_due(&self, guard: &ServerGuard, now: Instant) -> bool {
-        let settings = self.settings.load();
-        let delay = settings.check_query.as_ref().and(settings.check_delay);
-        delay.is_some_and(|d| now.saturating_duration_since(guard.last_used) >= d)
+        check_query_due(&self.settings.load(), guard, now).is_some()
     }
 
     /// A limit shared with other pools (max_db_connections, max_user_connections) keeps
@@ -1149,6 +1144,17 @@ impl Pool {
             id: conn.id,
         }
     }
+}
+
+/// `server_check_query` of `settings`, if `guard` has been idle at least server_check_delay
+/// by `now`.
+fn check_query_due<'s>(
+    settings: &'s PoolSettings,
+    guard: &ServerGuard,
+    now: Instant,
+) -> Option<&'s str> {
+    let (query, delay) = (settings.check_query.as_deref()?, settings.check_delay?);
+    (now.saturating_duration_since(guard.last_used) >= delay).then_some(query)
 }
 
 /// A server's test under way (see [`Pool::testing`]).
